@@ -1,0 +1,34 @@
+# Kiln developer targets. `make help` lists them.
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+UV     := $(VENV)/bin/uv
+STAMP  := $(VENV)/.kiln-installed
+
+.DEFAULT_GOAL := help
+.PHONY: help setup up test lint bench-embeddings
+
+help: ## List the targets
+	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-18s %s\n", $$1, $$2}'
+
+setup: $(STAMP) ## Create .venv with everything locked in uv.lock (+ torch 2.13.0 CPU for model import)
+
+$(STAMP): uv.lock pyproject.toml platform/pyproject.toml runtimes/pyproject.toml console/pyproject.toml
+	test -x $(PY) || python3 -m venv $(VENV)
+	$(PY) -m pip install -q --disable-pip-version-check "uv==0.13.9"
+	$(PY) -m pip install -q --disable-pip-version-check "torch==2.13.0"
+	UV_PROJECT_ENVIRONMENT=$(VENV) $(UV) sync -q --frozen --inexact --all-packages --extra import
+	touch $@
+
+up: setup ## Run Kiln locally on the embedded defaults (imports the bundled models on first run)
+	$(VENV)/bin/kiln up
+
+test: setup ## Run the test suite
+	$(VENV)/bin/pytest
+
+lint: setup ## ruff + mypy
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy platform/src runtimes/src console/src
+
+bench-embeddings: setup ## Kiln vs in-process ONNX Runtime, all-MiniLM-L6-v2 (see docs/benchmarks.md)
+	$(PY) bench/embeddings.py

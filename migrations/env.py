@@ -1,0 +1,36 @@
+"""Alembic environment: runs on the connection Kiln hands over, or on the configured database."""
+
+from __future__ import annotations
+
+import asyncio
+
+from alembic import context
+from kiln_platform.db.tables import Base
+from sqlalchemy.engine import Connection
+
+target_metadata = Base.metadata
+
+
+def _run(connection: Connection) -> None:
+    context.configure(connection=connection, target_metadata=target_metadata, compare_type=True)
+    with context.begin_transaction():
+        context.run_migrations()
+
+
+async def _run_from_settings() -> None:
+    from kiln_platform.db.engine import create_engine, database_url
+    from kiln_platform.settings import Settings
+
+    with database_url(Settings()) as url:
+        engine = create_engine(url, pool_size=1)
+        async with engine.connect() as conn:
+            await conn.run_sync(_run)
+            await conn.commit()
+        await engine.dispose()
+
+
+connection = context.config.attributes.get("connection")
+if connection is not None:
+    _run(connection)
+else:
+    asyncio.run(_run_from_settings())

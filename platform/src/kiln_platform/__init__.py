@@ -1,0 +1,1 @@
+"""Kiln control plane and API gateway."""

@@ -1,0 +1,116 @@
+"""The Litestar application: ``create_app(settings)`` is the only way to build it."""
+
+from __future__ import annotations
+
+import re
+from contextlib import asynccontextmanager
+from typing import TYPE_CHECKING, Any
+
+import structlog
+from litestar import Litestar, MediaType, Request, Response, get
+from litestar.datastructures import State
+from litestar.di import Provide
+from litestar.exceptions import HTTPException, ValidationException
+from litestar.middleware import DefineMiddleware
+from litestar.openapi import OpenAPIConfig
+from litestar.params import SkipValidation
+from litestar.plugins.prometheus import PrometheusConfig, PrometheusController
+
+from kiln_platform.context import Kiln, running
+from kiln_platform.db import migrate
+from kiln_platform.errors import KilnError
+from kiln_platform.gateway.controllers import OpenAIController
+from kiln_platform.gateway.schemas import ErrorBody, ErrorResponse
+from kiln_platform.observability import configure_logging, request_id_middleware
+
+log = structlog.get_logger("kiln.app")
+
+if TYPE_CHECKING:
+    from collections.abc import AsyncIterator
+
+    from kiln_platform.settings import Settings
+
+
+def _error_response(request: Request[Any, Any, Any], exc: Exception) -> Response[Any]:
+    """Map every error to the body its API expects: OpenAI's for `/v1`, problem details else."""
+    if isinstance(exc, KilnError):
+        status, message, param, code, kind = (
+            exc.status_code, exc.message, exc.param, exc.code, exc.type,
+        )  # fmt: skip
+        retry_after = exc.retry_after
+    elif isinstance(exc, HTTPException):
+        status, message, param, retry_after = exc.status_code, exc.detail, None, None
+        code = kind = "invalid_request_error" if status < 500 else "server_error"
+        if isinstance(exc, ValidationException) and exc.extra:
+            message, param = _validation_message(exc)
+    else:
+        log.exception("unhandled error", path=request.url.path)
+        status, message, param, retry_after = 500, "Internal server error.", None, None
+        code = kind = "server_error"
+    headers = {"retry-after": str(max(1, round(retry_after)))} if retry_after else {}
+    if request.url.path.startswith("/v1"):
+        body: Any = ErrorResponse(
+            error=ErrorBody(message=message, type=kind, param=param, code=code)
+        )
+        return Response(body, status_code=status, headers=headers)
+    problem = {"type": "about:blank", "title": code, "status": status, "detail": message}
+    return Response(
+        problem, status_code=status, headers=headers, media_type="application/problem+json"
+    )
+
+
+def _validation_message(exc: ValidationException) -> tuple[str, str | None]:
+    """msgspec's message and the field it names (``$.input[0]`` or "unknown field `n`")."""
+    first = exc.extra[0] if isinstance(exc.extra, list) else exc.extra
+    if not isinstance(first, dict):
+        return str(exc.detail), None
+    message = str(first.get("message", exc.detail))
+    named = _FIELD_IN_MESSAGE.search(message)
+    key = str(first.get("key") or "").removeprefix("$.")
+    param = named.group(1) if named else (key if key not in ("", "data", "$") else None)
+    return (f"{message} (field '{param}')" if param and not named else message), param
+
+
+_FIELD_IN_MESSAGE = re.compile(r"field `([^`]+)`")
+
+
+@get("/healthz", media_type=MediaType.TEXT, include_in_schema=False)
+async def healthz() -> str:
+    """Alive."""
+    return "ok"
+
+
+@get("/readyz", include_in_schema=False)
+async def readyz(kiln: SkipValidation[Kiln]) -> Response[dict[str, Any]]:
+    """Ready: database reachable and migrated."""
+    try:
+        current = await migrate.is_current(kiln.db.engine)
+    except Exception:  # any failure to reach the database means not ready
+        current = False
+    return Response({"database": current}, status_code=200 if current else 503)
+
+
+def _provide_kiln(state: State) -> Kiln:
+    kiln: Kiln = state.kiln
+    return kiln
+
+
+def create_app(settings: Settings) -> Litestar:
+    """Build the app; services start in its lifespan."""
+    configure_logging(settings.log_level, settings.log_format)
+
+    @asynccontextmanager
+    async def lifespan(app: Litestar) -> AsyncIterator[None]:
+        async with running(settings) as kiln:
+            app.state.kiln = kiln
+            yield
+
+    prometheus = PrometheusConfig(app_name="kiln", prefix="kiln", group_path=True)
+    return Litestar(
+        route_handlers=[OpenAIController, PrometheusController, healthz, readyz],
+        dependencies={"kiln": Provide(_provide_kiln, sync_to_thread=False)},
+        lifespan=[lifespan],
+        middleware=[prometheus.middleware, DefineMiddleware(request_id_middleware)],
+        exception_handlers={Exception: _error_response},
+        openapi_config=OpenAPIConfig(title="Kiln", version="0.1.0", path="/docs"),
+    )

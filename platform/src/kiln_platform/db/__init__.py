@@ -1,0 +1,1 @@
+"""Database: embedded or external PostgreSQL, tables, migrations, sessions."""

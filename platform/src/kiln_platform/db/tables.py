@@ -1,0 +1,115 @@
+"""SQLAlchemy 2 table mappings. Money is integer micro-units; times are UTC."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import datetime
+
+from sqlalchemy import (
+    BigInteger,
+    DateTime,
+    ForeignKey,
+    Index,
+    Integer,
+    LargeBinary,
+    MetaData,
+    String,
+    UniqueConstraint,
+    func,
+)
+from sqlalchemy.dialects.postgresql import ARRAY, JSONB
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+NAMING = {
+    "ix": "ix_%(column_0_label)s",
+    "uq": "uq_%(table_name)s_%(column_0_name)s",
+    "ck": "ck_%(table_name)s_%(constraint_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+
+
+class Base(DeclarativeBase):
+    """Declarative base with a stable constraint naming convention (for Alembic)."""
+
+    metadata = MetaData(naming_convention=NAMING)
+
+
+def _uuid_pk() -> Mapped[uuid.UUID]:
+    return mapped_column(primary_key=True, default=uuid.uuid4)
+
+
+def _created() -> Mapped[datetime]:
+    return mapped_column(DateTime(timezone=True), server_default=func.now())
+
+
+class Tenant(Base):
+    """A customer organisation; every tenant-owned row points here."""
+
+    __tablename__ = "tenants"
+    id: Mapped[uuid.UUID] = _uuid_pk()
+    name: Mapped[str] = mapped_column(String(100), unique=True)
+    created_at: Mapped[datetime] = _created()
+
+
+class ApiKey(Base):
+    """An API key: the display prefix is the lookup index, the secret survives only as an HMAC."""
+
+    __tablename__ = "api_keys"
+    id: Mapped[uuid.UUID] = _uuid_pk()
+    tenant_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("tenants.id", ondelete="CASCADE"))
+    name: Mapped[str] = mapped_column(String(100), default="")
+    prefix: Mapped[str] = mapped_column(String(32), unique=True)
+    digest: Mapped[bytes] = mapped_column(LargeBinary(32))
+    scopes: Mapped[list[str]] = mapped_column(ARRAY(String(32)))
+    created_at: Mapped[datetime] = _created()
+    expires_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    revoked_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    last_used_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+
+
+class Model(Base):
+    """A served model name (what clients put in ``model``)."""
+
+    __tablename__ = "models"
+    id: Mapped[uuid.UUID] = _uuid_pk()
+    name: Mapped[str] = mapped_column(String(200), unique=True)
+    task: Mapped[str] = mapped_column(String(20))
+    created_at: Mapped[datetime] = _created()
+
+
+class ModelVersion(Base):
+    """An immutable build of a model: a content-addressed artifact plus its manifest."""
+
+    __tablename__ = "model_versions"
+    __table_args__ = (UniqueConstraint("model_id", "version"),)
+    id: Mapped[uuid.UUID] = _uuid_pk()
+    model_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("models.id", ondelete="CASCADE"))
+    version: Mapped[str] = mapped_column(String(64))
+    artifact_digest: Mapped[str] = mapped_column(String(71))
+    manifest: Mapped[dict[str, object]] = mapped_column(JSONB)
+    created_at: Mapped[datetime] = _created()
+
+
+class UsageEvent(Base):
+    """One immutable record per API request, whatever its outcome."""
+
+    __tablename__ = "usage_events"
+    __table_args__ = (Index("ix_usage_events_tenant_created", "tenant_id", "created_at"),)
+    id: Mapped[int] = mapped_column(BigInteger, primary_key=True, autoincrement=True)
+    request_id: Mapped[str] = mapped_column(String(64), unique=True)
+    tenant_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("tenants.id"))
+    api_key_id: Mapped[uuid.UUID | None] = mapped_column(ForeignKey("api_keys.id"))
+    model: Mapped[str] = mapped_column(String(200))
+    version: Mapped[str] = mapped_column(String(64))
+    endpoint: Mapped[str] = mapped_column(String(64))
+    status: Mapped[int] = mapped_column(Integer)
+    input_tokens: Mapped[int] = mapped_column(Integer, default=0)
+    output_tokens: Mapped[int] = mapped_column(Integer, default=0)
+    items: Mapped[int] = mapped_column(Integer, default=0)
+    queue_ms: Mapped[float] = mapped_column(default=0.0)
+    compute_ms: Mapped[float] = mapped_column(default=0.0)
+    created_at: Mapped[datetime] = _created()
+
+
+__all__ = ["ApiKey", "Base", "Model", "ModelVersion", "Tenant", "UsageEvent"]

@@ -1,0 +1,89 @@
+"""Kiln's own errors. Services raise these; the app maps them to responses in one place."""
+
+from __future__ import annotations
+
+
+class KilnError(Exception):
+    """Base error: ``status_code`` and ``code`` are class attributes, like Litestar's."""
+
+    status_code = 500
+    code = "internal_error"
+    type = "server_error"
+
+    def __init__(
+        self, message: str, *, param: str | None = None, retry_after: float | None = None
+    ) -> None:
+        super().__init__(message)
+        self.message = message
+        self.param = param
+        self.retry_after = retry_after
+
+
+class BadRequest(KilnError):
+    """The request is malformed or violates a limit; ``param`` names the field."""
+
+    status_code = 400
+    code = "invalid_request_error"
+    type = "invalid_request_error"
+
+
+class Unauthorized(KilnError):
+    """Missing, unknown, revoked or expired credentials."""
+
+    status_code = 401
+    code = "invalid_api_key"
+    type = "invalid_request_error"
+
+
+class Forbidden(KilnError):
+    """Authenticated, but the credential lacks the scope."""
+
+    status_code = 403
+    code = "insufficient_permissions"
+    type = "invalid_request_error"
+
+
+class NotFound(KilnError):
+    """The object does not exist (or belongs to another tenant)."""
+
+    status_code = 404
+    code = "not_found"
+    type = "invalid_request_error"
+
+
+class ModelNotFound(NotFound):
+    """No such model is registered."""
+
+    code = "model_not_found"
+
+
+class Conflict(KilnError):
+    """The object already exists or is being changed concurrently."""
+
+    status_code = 409
+    code = "conflict"
+    type = "invalid_request_error"
+
+
+class Overloaded(KilnError):
+    """Capacity is exhausted for now; retry after ``retry_after`` seconds."""
+
+    status_code = 429
+    code = "rate_limit_exceeded"
+    type = "rate_limit_error"
+
+
+class ServiceUnavailable(KilnError):
+    """No ready worker (starting, restarting, draining); retry after ``retry_after`` seconds."""
+
+    status_code = 503
+    code = "service_unavailable"
+    type = "server_error"
+
+
+class DeadlineExceeded(KilnError):
+    """The request could not be served within its deadline."""
+
+    status_code = 504
+    code = "timeout"
+    type = "server_error"

@@ -1,0 +1,1 @@
+"""The `/v1` API gateway: authentication, validation, tokenization, dispatch to workers."""

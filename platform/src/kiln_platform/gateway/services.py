@@ -1,0 +1,142 @@
+"""Embeddings and model listing: validate, tokenize, dispatch, shape the OpenAI response."""
+
+from __future__ import annotations
+
+import base64
+from functools import lru_cache
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+from kiln_runtimes.protocol import EmbedRequest
+from tokenizers import Tokenizer
+
+from kiln_platform.billing.ledger import Usage
+from kiln_platform.errors import BadRequest
+from kiln_platform.gateway.schemas import (
+    Embedding,
+    EmbeddingsRequest,
+    EmbeddingsResponse,
+    EmbeddingsUsage,
+    ModelCard,
+)
+
+if TYPE_CHECKING:
+    from pathlib import Path
+
+    from kiln_platform.context import Kiln
+    from kiln_platform.keys.services import Principal
+    from kiln_platform.registry.services import ResolvedVersion
+
+
+@lru_cache(maxsize=32)
+def load_tokenizer(path: Path) -> Tokenizer:
+    """The tokenizer of a model version (immutable, so cached by path)."""
+    tokenizer = Tokenizer.from_file(str(path))
+    tokenizer.no_padding()
+    tokenizer.no_truncation()
+    return tokenizer
+
+
+def _is_ids(items: list[Any]) -> bool:
+    return all(type(x) is int for x in items)
+
+
+def _sequences(raw: list[Any], tokenizer: Tokenizer) -> list[list[int]]:
+    """Token ids per item of a non-empty ``input`` list (strings are tokenized)."""
+    if _is_ids(raw):
+        return [list(raw)]
+    if all(isinstance(x, str) for x in raw):
+        for i, text in enumerate(raw):
+            if not text:
+                raise BadRequest(f"'input[{i}]' must not be an empty string.", param=f"input[{i}]")
+        return [e.ids for e in tokenizer.encode_batch(raw)]
+    if all(isinstance(x, list) for x in raw):
+        for i, item in enumerate(raw):
+            if not item or not _is_ids(item):
+                raise BadRequest(
+                    f"'input[{i}]' must be a non-empty list of token ids.", param=f"input[{i}]"
+                )
+        return [list(x) for x in raw]
+    raise BadRequest(
+        "'input' must be a string, a list of strings, or a list of token-id lists.", param="input"
+    )
+
+
+def tokenize_input(
+    raw: str | list[Any], tokenizer: Tokenizer, max_items: int, context: int
+) -> list[list[int]]:
+    """Validate ``input`` and return token ids per item; errors name the offending field."""
+    items = [raw] if isinstance(raw, str) else raw
+    if not items:
+        raise BadRequest("'input' must not be empty.", param="input")
+    if len(items) > max_items:
+        raise BadRequest(f"'input' has {len(items)} items; at most {max_items}.", param="input")
+    ids = _sequences(items, tokenizer)
+    vocab = tokenizer.get_vocab_size()
+    for i, seq in enumerate(ids):
+        if len(seq) > context:
+            raise BadRequest(
+                f"'input[{i}]' has {len(seq)} tokens; this model's context is {context} tokens.",
+                param=f"input[{i}]",
+            )
+        if min(seq) < 0 or max(seq) >= vocab:
+            raise BadRequest(
+                f"'input[{i}]' has token ids outside [0, {vocab}).", param=f"input[{i}]"
+            )
+    return ids
+
+
+async def embed(
+    kiln: Kiln, principal: Principal, request: EmbeddingsRequest, request_id: str
+) -> EmbeddingsResponse:
+    """Serve ``POST /v1/embeddings`` and record its usage."""
+    version = await kiln.resolver.resolve(request.model)
+    manifest = version.manifest
+    if manifest.task != "embeddings":
+        raise BadRequest(f"The model `{version.model}` does not produce embeddings.", param="model")
+    if request.dimensions is not None and request.dimensions != manifest.dimensions:
+        raise BadRequest(
+            f"'dimensions' must be {manifest.dimensions} for `{version.model}`.", param="dimensions"
+        )
+    model_dir = kiln.store.path(version.artifact_digest)
+    tokenizer = load_tokenizer(model_dir / (manifest.tokenizer_file or "tokenizer.json"))
+    ids = tokenize_input(
+        request.input, tokenizer, kiln.settings.max_embedding_inputs, manifest.context_length
+    )
+    result = await kiln.workers.embed(
+        version.model, EmbedRequest(request_id=request_id, input_ids=ids)
+    )
+    vectors = np.frombuffer(result.data, dtype="<f4").reshape(len(ids), result.dimensions)
+    if request.encoding_format == "base64":
+        data = [
+            Embedding(index=i, embedding=base64.b64encode(v.tobytes()).decode())
+            for i, v in enumerate(vectors)
+        ]
+    else:
+        data = [Embedding(index=i, embedding=v.tolist()) for i, v in enumerate(vectors)]
+    tokens = sum(map(len, ids))
+    kiln.ledger.record(
+        Usage(
+            request_id=request_id,
+            tenant_id=principal.tenant_id,
+            api_key_id=principal.key_id,
+            model=version.model,
+            version=version.version,
+            endpoint="embeddings",
+            status=200,
+            input_tokens=tokens,
+            items=len(ids),
+            queue_ms=result.queue_ms,
+            compute_ms=result.compute_ms,
+        )
+    )
+    return EmbeddingsResponse(
+        data=data,
+        model=version.model,
+        usage=EmbeddingsUsage(prompt_tokens=tokens, total_tokens=tokens),
+    )
+
+
+def model_card(version: ResolvedVersion) -> ModelCard:
+    """The `/v1/models` entry for a model's newest version."""
+    return ModelCard(id=version.model, created=int(version.created_at.timestamp()))

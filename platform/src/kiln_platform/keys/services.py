@@ -1,0 +1,113 @@
+"""API key creation and verification.
+
+A key reads ``kiln_<8 hex id>_<secret>``. ``kiln_<id>`` is the displayed prefix and the lookup
+index; the whole key is kept only as HMAC-SHA256 under the server secret and compared in
+constant time.
+"""
+
+from __future__ import annotations
+
+import hmac
+import secrets
+import time
+import uuid
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from hashlib import sha256
+from typing import TYPE_CHECKING
+
+from sqlalchemy import select
+
+from kiln_platform.db.tables import ApiKey
+from kiln_platform.errors import Unauthorized
+
+if TYPE_CHECKING:
+    from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+
+SCOPES = frozenset({"inference", "admin:read", "admin:write"})
+
+
+@dataclass(frozen=True, slots=True)
+class Principal:
+    """Who is calling: the tenant and the key."""
+
+    tenant_id: uuid.UUID
+    key_id: uuid.UUID
+    scopes: frozenset[str]
+
+
+def key_digest(hmac_key: bytes, secret: str) -> bytes:
+    """Keyed hash of a presented key."""
+    return hmac.new(hmac_key, secret.encode(), sha256).digest()
+
+
+def split_prefix(secret: str) -> str | None:
+    """The ``kiln_<id>`` prefix of a well-formed key, else None."""
+    parts = secret.split("_", 2)
+    if len(parts) != 3 or parts[0] != "kiln" or len(parts[1]) != 8 or not parts[2]:
+        return None
+    return f"kiln_{parts[1]}"
+
+
+async def create_key(
+    session: AsyncSession,
+    hmac_key: bytes,
+    tenant_id: uuid.UUID,
+    *,
+    name: str = "",
+    scopes: frozenset[str] = frozenset({"inference"}),
+    expires_at: datetime | None = None,
+) -> tuple[ApiKey, str]:
+    """Create a key; returns the row and the secret, which is never stored or shown again."""
+    prefix = f"kiln_{secrets.token_hex(4)}"
+    secret = f"{prefix}_{secrets.token_urlsafe(32)}"
+    key = ApiKey(
+        tenant_id=tenant_id,
+        name=name,
+        prefix=prefix,
+        digest=key_digest(hmac_key, secret),
+        scopes=sorted(scopes),
+        expires_at=expires_at,
+    )
+    session.add(key)
+    await session.flush()
+    return key, secret
+
+
+class KeyVerifier:
+    """Verifies presented keys; results are cached for ``ttl`` seconds (the revocation bound)."""
+
+    def __init__(
+        self, sessions: async_sessionmaker[AsyncSession], hmac_key: bytes, ttl: float
+    ) -> None:
+        self._sessions = sessions
+        self._hmac_key = hmac_key
+        self._ttl = ttl
+        self._cache: dict[bytes, tuple[float, Principal | None]] = {}
+
+    async def verify(self, secret: str) -> Principal:
+        """Return the principal for a key, or raise ``Unauthorized``."""
+        digest = key_digest(self._hmac_key, secret)
+        now = time.monotonic()
+        hit = self._cache.get(digest)
+        if hit is None or hit[0] < now:
+            hit = (now + self._ttl, await self._lookup(secret, digest))
+            if len(self._cache) > 100_000:
+                self._cache.clear()
+            self._cache[digest] = hit
+        if hit[1] is None:
+            raise Unauthorized("Incorrect API key provided.")
+        return hit[1]
+
+    async def _lookup(self, secret: str, digest: bytes) -> Principal | None:
+        prefix = split_prefix(secret)
+        if prefix is None:
+            return None
+        async with self._sessions() as session:
+            key = await session.scalar(select(ApiKey).where(ApiKey.prefix == prefix))
+        if key is None or not hmac.compare_digest(key.digest, digest):
+            return None
+        now = datetime.now(UTC)
+        if key.revoked_at is not None or (key.expires_at is not None and key.expires_at <= now):
+            return None
+        return Principal(key.tenant_id, key.id, frozenset(key.scopes))

@@ -1,0 +1,75 @@
+"""Structured logs with request ids, and the request-id middleware."""
+
+from __future__ import annotations
+
+import logging
+import re
+import sys
+import uuid
+from typing import TYPE_CHECKING
+
+import structlog
+
+if TYPE_CHECKING:
+    from litestar.types import ASGIApp, Message, Receive, Scope, Send
+
+REQUEST_ID_HEADER = "x-request-id"
+_VALID_ID = re.compile(r"^[A-Za-z0-9._:-]{1,64}$")
+
+
+def configure_logging(level: str, fmt: str = "json") -> None:
+    """Route stdlib and structlog records through one JSON (or console) renderer on stderr."""
+    renderer = (
+        structlog.processors.JSONRenderer() if fmt == "json" else structlog.dev.ConsoleRenderer()
+    )
+    structlog.configure(
+        processors=[
+            structlog.contextvars.merge_contextvars,
+            structlog.processors.add_log_level,
+            structlog.processors.TimeStamper(fmt="iso", utc=True),
+            structlog.processors.format_exc_info,
+            renderer,
+        ],
+        wrapper_class=structlog.make_filtering_bound_logger(logging.getLevelName(level.upper())),
+        logger_factory=structlog.PrintLoggerFactory(sys.stderr),
+        cache_logger_on_first_use=True,
+    )
+    logging.basicConfig(
+        level=level.upper(), stream=sys.stderr, format="%(levelname)s %(name)s %(message)s"
+    )
+    for noisy in ("pgserver", "alembic", "aiohttp.access"):
+        logging.getLogger(noisy).setLevel(max(logging.WARNING, logging.getLevelName(level.upper())))
+
+
+def new_request_id() -> str:
+    """A fresh request id."""
+    return f"req_{uuid.uuid4().hex}"
+
+
+def request_id_middleware(app: ASGIApp) -> ASGIApp:
+    """Accept a sane incoming ``x-request-id`` or mint one; echo it on every response."""
+
+    async def middleware(scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await app(scope, receive, send)
+            return
+        incoming = next(
+            (v.decode() for k, v in scope["headers"] if k == REQUEST_ID_HEADER.encode()), ""
+        )
+        request_id = incoming if _VALID_ID.match(incoming) else new_request_id()
+        scope.setdefault("state", {})["request_id"] = request_id
+        structlog.contextvars.bind_contextvars(request_id=request_id)
+
+        async def send_with_id(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                headers = list(message.get("headers", []))
+                headers.append((REQUEST_ID_HEADER.encode(), request_id.encode()))
+                message["headers"] = headers
+            await send(message)
+
+        try:
+            await app(scope, receive, send_with_id)
+        finally:
+            structlog.contextvars.unbind_contextvars("request_id")
+
+    return middleware

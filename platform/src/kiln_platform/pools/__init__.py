@@ -1,0 +1,1 @@
+"""Runtime pools: one per model version; backends that run their workers."""

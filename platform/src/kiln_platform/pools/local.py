@@ -1,0 +1,178 @@
+"""The ``local`` pool backend: supervises one worker subprocess per model version.
+
+The seam for autoscaling is ``replicas``: today every pool runs exactly one worker; the pool
+manager of a later change computes desired replicas (to zero included) and calls ``scale``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import socket
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import aiohttp
+import msgspec
+import structlog
+from kiln_runtimes.protocol import WorkerInfo
+
+if TYPE_CHECKING:
+    from pathlib import Path
+
+    from kiln_platform.settings import Settings
+
+log = structlog.get_logger("kiln.pools")
+_BACKOFF_MAX_S = 10.0
+
+
+@dataclass(frozen=True, slots=True)
+class PoolSpec:
+    """What a pool runs: one model version from a built folder."""
+
+    model: str
+    version: str
+    model_dir: Path
+
+
+@dataclass(slots=True)
+class Worker:
+    """One supervised worker process and what the supervisor knows of it."""
+
+    spec: PoolSpec
+    port: int = 0
+    process: asyncio.subprocess.Process | None = None
+    ready: bool = False
+    restarts: int = 0
+    started_at: float = 0.0
+    info: WorkerInfo | None = None
+    task: asyncio.Task[None] | None = field(default=None, repr=False)
+
+    @property
+    def url(self) -> str:
+        """Base URL of the worker's internal HTTP server."""
+        return f"http://127.0.0.1:{self.port}"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class LocalBackend:
+    """Starts, watches and restarts worker subprocesses on this machine."""
+
+    def __init__(self, settings: Settings, http: aiohttp.ClientSession) -> None:
+        self._settings = settings
+        self._http = http
+        self.workers: dict[str, Worker] = {}
+        self._stopping = False
+        self._rechecks: set[asyncio.Task[None]] = set()
+
+    def ensure(self, spec: PoolSpec) -> None:
+        """Run a worker for ``spec`` (replacing one of an older version of the same model)."""
+        current = self.workers.get(spec.model)
+        if current is not None and current.spec == spec:
+            return
+        if current is not None and current.task is not None:
+            current.task.cancel()
+        worker = Worker(spec)
+        worker.task = asyncio.create_task(self._supervise(worker), name=f"pool:{spec.model}")
+        self.workers[spec.model] = worker
+
+    def retry_after(self, worker: Worker) -> float:
+        """Seconds a caller should wait for this worker to become ready (a rough estimate)."""
+        waited = time.monotonic() - worker.started_at
+        return max(1.0, min(self._settings.worker_start_timeout_s, 5.0 - waited))
+
+    async def stop(self) -> None:
+        """Stop every worker: SIGTERM (they drain), then wait."""
+        self._stopping = True
+        tasks = [w.task for w in self.workers.values() if w.task is not None]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    def _command(self, worker: Worker) -> list[str]:
+        s = self._settings
+        cmd = [
+            sys.executable, "-m", "kiln_runtimes",
+            "--model-dir", str(worker.spec.model_dir),
+            "--model", worker.spec.model,
+            "--version", worker.spec.version,
+            "--port", str(worker.port),
+            "--max-batch-size", str(s.worker_max_batch_size),
+            "--max-wait-ms", str(s.worker_max_wait_ms),
+            "--log-level", s.log_level,
+        ]  # fmt: skip
+        if s.worker_threads:
+            cmd += ["--threads", str(s.worker_threads)]
+        return cmd
+
+    async def _supervise(self, worker: Worker) -> None:
+        backoff = 0.5
+        try:
+            while not self._stopping:
+                worker.port = _free_port()
+                worker.started_at = time.monotonic()
+                worker.process = await asyncio.create_subprocess_exec(*self._command(worker))
+                log.info("worker started", model=worker.spec.model, pid=worker.process.pid)
+                deadline = worker.started_at + self._settings.worker_start_timeout_s
+                watcher = asyncio.create_task(self._watch_ready(worker, deadline))
+                code = await worker.process.wait()
+                worker.ready = False
+                watcher.cancel()
+                if self._stopping:
+                    return
+                lived = time.monotonic() - worker.started_at
+                backoff = 0.5 if lived > 30 else min(backoff * 2, _BACKOFF_MAX_S)
+                worker.restarts += 1
+                log.warning("worker exited", model=worker.spec.model, code=code, restart_in=backoff)
+                await asyncio.sleep(backoff)
+        finally:
+            worker.ready = False
+            await self._terminate(worker)
+
+    def suspect(self, worker: Worker) -> None:
+        """Take a worker out of rotation after a failed call; put it back if it answers again."""
+        if not worker.ready:
+            return
+        worker.ready = False
+        if worker.process is not None and worker.process.returncode is None:
+            deadline = time.monotonic() + self._settings.worker_start_timeout_s
+            self._rechecks.add(asyncio.create_task(self._watch_ready(worker, deadline)))
+            self._rechecks = {t for t in self._rechecks if not t.done()}
+
+    async def _watch_ready(self, worker: Worker, deadline: float) -> None:
+        while time.monotonic() < deadline:
+            info = await self._health(worker)
+            if info is not None and info.ready:
+                worker.info, worker.ready = info, True
+                log.info("worker ready", model=worker.spec.model, port=worker.port)
+                return
+            await asyncio.sleep(0.1)
+        log.error("worker did not become ready in time; restarting", model=worker.spec.model)
+        if worker.process is not None:
+            worker.process.kill()
+
+    async def _health(self, worker: Worker) -> WorkerInfo | None:
+        with contextlib.suppress(aiohttp.ClientError, OSError, asyncio.TimeoutError):
+            async with self._http.get(
+                f"{worker.url}/health", timeout=aiohttp.ClientTimeout(1)
+            ) as r:
+                return msgspec.msgpack.decode(await r.read(), type=WorkerInfo)
+        return None
+
+    async def _terminate(self, worker: Worker) -> None:
+        proc = worker.process
+        if proc is None or proc.returncode is not None:
+            return
+        proc.terminate()
+        try:
+            await asyncio.wait_for(proc.wait(), timeout=30)
+        except TimeoutError:
+            proc.kill()
+            await proc.wait()

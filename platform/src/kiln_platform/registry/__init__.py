@@ -1,0 +1,1 @@
+"""Model registry: models, immutable versions, their artifacts."""

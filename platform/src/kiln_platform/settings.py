@@ -1,0 +1,63 @@
+"""One typed settings object, read once at start-up (``KILN_`` env prefix) and passed down."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import secrets
+from pathlib import Path
+from typing import Literal
+
+import platformdirs
+from pydantic import Field, SecretStr
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+def _default_data_dir() -> Path:
+    return Path(platformdirs.user_data_dir("kiln", appauthor=False))
+
+
+class Settings(BaseSettings):
+    """Kiln configuration; every field maps to ``KILN_<FIELD>`` in the environment."""
+
+    model_config = SettingsConfigDict(env_prefix="KILN_", frozen=True)
+
+    data_dir: Path = Field(default_factory=_default_data_dir)
+    database_url: str | None = None
+    host: str = "127.0.0.1"
+    port: int = 8000
+    log_level: Literal["debug", "info", "warning", "error"] = "info"
+    log_format: Literal["json", "console"] = "json"
+    secret_key: SecretStr | None = None
+    worker_max_batch_size: int = 32
+    worker_max_wait_ms: float = 5.0
+    worker_threads: int | None = None
+    worker_start_timeout_s: float = 120.0
+    key_cache_ttl_s: float = 5.0
+    max_embedding_inputs: int = 2048
+    request_timeout_s: float = 60.0
+
+    @property
+    def store_dir(self) -> Path:
+        """Content-addressed artifact store."""
+        return self.data_dir / "store"
+
+    @property
+    def pg_dir(self) -> Path:
+        """Embedded PostgreSQL data directory (used when ``database_url`` is unset)."""
+        return self.data_dir / "pg"
+
+    def hmac_key(self) -> bytes:
+        """Server secret for keyed hashes; generated once into the data directory if not set."""
+        if self.secret_key is not None:
+            return self.secret_key.get_secret_value().encode()
+        path = self.data_dir / "secret.key"
+        if not path.exists():
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_name(f".secret.{os.getpid()}")
+            tmp.write_text(secrets.token_urlsafe(48))
+            tmp.chmod(0o600)
+            with contextlib.suppress(FileExistsError):
+                os.link(tmp, path)  # atomic: the first process to link wins
+            tmp.unlink()
+        return path.read_text().strip().encode()

@@ -1,0 +1,1 @@
+"""Tenants: the organisations that own keys, usage and budgets."""

@@ -1,0 +1,1 @@
+"""Kiln runtime side: the worker process, its engines, batchers and compilers."""

@@ -1,0 +1,82 @@
+"""Plain data the batcher and its driver hand each other."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Literal
+
+import numpy as np
+import numpy.typing as npt
+
+if TYPE_CHECKING:
+    from kiln_runtimes._errors import WorkerError
+
+CloseReason = Literal["size", "wait", "deadline"]
+Rows = npt.NDArray[np.float32]
+
+
+@dataclass(eq=False, slots=True)
+class Ticket:
+    """One request's inputs; it settles once, with every row or with one error."""
+
+    request_id: str
+    size: int
+    enqueued_at: float
+    deadline: float | None
+    rows: list[Rows | None]
+    pending: int
+    started_at: float | None = None
+    finished_at: float | None = None
+    error: WorkerError | None = None
+
+    @property
+    def settled(self) -> bool:
+        """Whether the ticket has its result or its error."""
+        return self.finished_at is not None
+
+    def embeddings(self) -> Rows:
+        """Return the rows in input order, ``[size, dimensions]``."""
+        return np.stack([row for row in self.rows if row is not None])
+
+
+@dataclass(frozen=True, slots=True)
+class Item:
+    """One input sequence of a ticket."""
+
+    ticket: Ticket
+    index: int
+    input_ids: list[int]
+
+
+@dataclass(frozen=True, slots=True)
+class Batch:
+    """Items closed together, in queue order."""
+
+    items: tuple[Item, ...]
+    reason: CloseReason
+    started_at: float
+
+    @property
+    def inputs(self) -> list[list[int]]:
+        """The token ids to run."""
+        return [item.input_ids for item in self.items]
+
+    def tickets(self) -> list[Ticket]:
+        """The distinct tickets in this batch, in order."""
+        return list(dict.fromkeys(item.ticket for item in self.items))
+
+    def split(self) -> list[Batch]:
+        """One batch per ticket, to isolate a request that makes the backend fail."""
+        return [
+            Batch(tuple(i for i in self.items if i.ticket is t), self.reason, self.started_at)
+            for t in self.tickets()
+        ]
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    """What running one batch produced: rows or the exception, and the seconds it took."""
+
+    batch: Batch
+    result: Rows | Exception
+    seconds: float

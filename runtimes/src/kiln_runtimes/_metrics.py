@@ -1,0 +1,70 @@
+"""The worker's Prometheus metrics, kept in a registry of its own."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+from kiln_runtimes._batch_types import Outcome
+
+_SECONDS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+
+
+class WorkerMetrics:
+    """Requests by outcome, batch shape and timings, and gauges read at scrape time."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        registry = self.registry
+        self.requests = Counter(
+            "kiln_worker_requests",
+            "Requests by endpoint and outcome.",
+            ["endpoint", "outcome"],
+            registry=registry,
+        )
+        self.batch_size = Histogram(
+            "kiln_worker_batch_size",
+            "Items per executed batch.",
+            buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256),
+            registry=registry,
+        )
+        self.queue_wait = Histogram(
+            "kiln_worker_queue_wait_seconds",
+            "Arrival to first batch start, per request.",
+            buckets=_SECONDS,
+            registry=registry,
+        )
+        self.compute = Histogram(
+            "kiln_worker_compute_seconds",
+            "Backend execution time per batch.",
+            buckets=_SECONDS,
+            registry=registry,
+        )
+        self.in_flight = Gauge(
+            "kiln_worker_in_flight", "Requests being handled.", registry=registry
+        )
+        self.queued = Gauge(
+            "kiln_worker_queued", "Queued embedding inputs or waiting sequences.", registry=registry
+        )
+        self.ready = Gauge(
+            "kiln_worker_ready", "1 while the worker accepts work.", registry=registry
+        )
+
+    def observe_batch(self, outcome: Outcome) -> None:
+        """Record one executed batch."""
+        self.batch_size.observe(len(outcome.batch.items))
+        self.compute.observe(outcome.seconds)
+
+    def watch_generation(self, running: Callable[[], float], waiting: Callable[[], float]) -> None:
+        """Expose the generation backend's sequence counts."""
+        Gauge(
+            "kiln_worker_running_sequences", "Sequences being decoded.", registry=self.registry
+        ).set_function(running)
+        Gauge(
+            "kiln_worker_waiting_sequences", "Sequences waiting to start.", registry=self.registry
+        ).set_function(waiting)
+
+    def render(self) -> bytes:
+        """Return the Prometheus text exposition."""
+        return generate_latest(self.registry)

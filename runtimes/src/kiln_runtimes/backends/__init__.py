@@ -1,0 +1,27 @@
+"""Engine backends, chosen by name; heavy libraries are imported only inside their module."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from kiln_runtimes.backends.base import EmbeddingBackend, GenerationBackend
+    from kiln_runtimes.protocol import ModelManifest
+
+
+def get_embedding_backend(manifest: ModelManifest) -> EmbeddingBackend:
+    """Return the embeddings backend for a manifest's engine."""
+    if manifest.engine == "onnxruntime":
+        from kiln_runtimes.backends.onnx_embed import OnnxEmbeddingBackend
+
+        return OnnxEmbeddingBackend()
+    raise ValueError(f"no embeddings backend for engine {manifest.engine!r}")
+
+
+def get_generation_backend(manifest: ModelManifest) -> GenerationBackend:
+    """Return the generation backend for a manifest's engine."""
+    if manifest.engine == "onnxruntime-genai":
+        from kiln_runtimes.backends.genai import GenAIGenerationBackend
+
+        return GenAIGenerationBackend()
+    raise ValueError(f"no generation backend for engine {manifest.engine!r}")

@@ -1,0 +1,43 @@
+"""Backend lifecycles: ``load`` -> ``warmup`` -> ``run``/``stream`` -> ``unload``."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Protocol
+
+if TYPE_CHECKING:
+    from collections.abc import AsyncIterator
+    from pathlib import Path
+
+    import numpy as np
+
+    from kiln_runtimes.protocol import GenerateChunk, GenerateRequest, ModelManifest
+
+
+class EmbeddingBackend(Protocol):
+    """Sentence embeddings over a padded batch; ``run`` is synchronous and called off the loop."""
+
+    def load(self, model_dir: Path, manifest: ModelManifest, threads: int) -> None: ...
+
+    def warmup(self) -> None: ...
+
+    def run(self, input_ids: list[list[int]]) -> np.ndarray:
+        """Embed unpadded token-id sequences; returns float32 ``[len(input_ids), dimensions]``."""
+        ...
+
+    def unload(self) -> None: ...
+
+
+class GenerationBackend(Protocol):
+    """Continuous-batching text generation over token ids."""
+
+    async def load(self, model_dir: Path, manifest: ModelManifest, max_sequences: int) -> None: ...
+
+    def stream(self, request: GenerateRequest) -> AsyncIterator[GenerateChunk]:
+        """Yield chunks of new token ids; closing the iterator cancels the sequence."""
+        ...
+
+    def running(self) -> int: ...
+
+    def waiting(self) -> int: ...
+
+    async def unload(self) -> None: ...

@@ -1,0 +1,84 @@
+"""Sentence embeddings on ONNX Runtime CPU: ``input_ids``, ``attention_mask`` -> ``embeddings``."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import numpy.typing as npt
+import onnxruntime as ort
+
+if TYPE_CHECKING:
+    from pathlib import Path
+
+    from kiln_runtimes.protocol import ModelManifest
+
+INPUTS = frozenset({"input_ids", "attention_mask"})
+OUTPUT = "embeddings"
+PAD_ID = 0
+# The factory takes no batch size, so warmup assumes the worker's default --max-batch-size.
+WARMUP_BATCH_SIZES = (1, 32, 1)
+WARMUP_LENGTH = 128
+
+
+class OnnxEmbeddingBackend:
+    """One CPU ``InferenceSession``; ``run`` pads each batch to its longest sequence."""
+
+    def __init__(self) -> None:
+        self._session: Any = None
+        self._context_length = 0
+        self._dimensions: int | None = None
+
+    def load(self, model_dir: Path, manifest: ModelManifest, threads: int) -> None:
+        """Open the model named by the manifest, confined to ``model_dir``."""
+        root = model_dir.resolve()
+        path = (root / manifest.model_file).resolve()
+        if not path.is_relative_to(root):
+            raise ValueError(f"model file {manifest.model_file!r} is outside {root}")
+        options = ort.SessionOptions()
+        options.intra_op_num_threads = threads
+        options.inter_op_num_threads = 1
+        options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        options.enable_cpu_mem_arena = True
+        session = ort.InferenceSession(
+            str(path), sess_options=options, providers=["CPUExecutionProvider"]
+        )
+        inputs = {i.name for i in session.get_inputs()}
+        outputs = {o.name for o in session.get_outputs()}
+        if inputs != INPUTS or OUTPUT not in outputs:
+            raise ValueError(
+                f"{path.name} has inputs {sorted(inputs)} and outputs {sorted(outputs)}; "
+                f"expected inputs {sorted(INPUTS)} and output {OUTPUT!r}"
+            )
+        self._session = session
+        self._context_length = manifest.context_length
+        self._dimensions = manifest.dimensions
+
+    def warmup(self) -> None:
+        """Run synthetic batches so the first real request finds kernels and arena ready."""
+        length = min(self._context_length, WARMUP_LENGTH)
+        for size in WARMUP_BATCH_SIZES:
+            shape = self.run([[PAD_ID] * length] * size).shape
+            if len(shape) != 2 or shape[0] != size or shape[1] != (self._dimensions or shape[1]):
+                raise ValueError(
+                    f"model returned embeddings of shape {shape} for {size} inputs "
+                    f"(manifest dimensions: {self._dimensions})"
+                )
+
+    def run(self, input_ids: list[list[int]]) -> npt.NDArray[np.float32]:
+        """Embed unpadded sequences; returns float32 ``[len(input_ids), dimensions]``."""
+        if self._session is None:
+            raise RuntimeError("backend is not loaded")
+        longest = max(map(len, input_ids))
+        ids = np.full((len(input_ids), longest), PAD_ID, dtype=np.int64)
+        mask = np.zeros((len(input_ids), longest), dtype=np.int64)
+        for row, sequence in enumerate(input_ids):
+            ids[row, : len(sequence)] = sequence
+            mask[row, : len(sequence)] = 1
+        (embeddings,) = self._session.run([OUTPUT], {"input_ids": ids, "attention_mask": mask})
+        return np.asarray(embeddings, dtype=np.float32)
+
+    def unload(self) -> None:
+        """Release the session."""
+        self._session = None

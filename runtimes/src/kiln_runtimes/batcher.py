@@ -1,0 +1,282 @@
+"""Deadline-aware dynamic batching: pure decisions read off an injectable clock, and a thin driver.
+
+``BatchQueue`` decides and never sleeps or does I/O. A batch closes when it holds
+``max_batch_size`` items, when its oldest item has waited ``max_wait`` seconds, or early when the
+tightest deadline's slack is no more than the predicted execution time of the batch at its current
+size. Queued items whose deadline can no longer be met (``now + t(1) > deadline``) are expired,
+also while a batch runs. ``Batcher`` drives a queue on the event loop, one batch at a time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import math
+import time
+from collections import deque
+from collections.abc import Callable, Coroutine, Iterable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import structlog
+
+from kiln_runtimes._batch_types import Batch, CloseReason, Item, Outcome, Rows, Ticket
+from kiln_runtimes._errors import DeadlineExceeded, Internal, Overloaded, WorkerError
+from kiln_runtimes._latency import LatencyModel
+
+Clock = Callable[[], float]
+log = structlog.get_logger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class BatchPolicy:
+    """The knobs: items per batch, seconds the oldest item may wait, items the queue holds."""
+
+    max_batch_size: int = 32
+    max_wait: float = 0.005
+    max_queue: int = 1024
+
+
+def close_reason(
+    policy: BatchPolicy,
+    model: LatencyModel,
+    now: float,
+    *,
+    size: int,
+    oldest_enqueued_at: float,
+    tightest_deadline: float | None,
+) -> CloseReason | None:
+    """Decide whether a candidate batch of ``size >= 1`` items closes now."""
+    if size >= policy.max_batch_size:
+        return "size"
+    if tightest_deadline is not None and tightest_deadline - now <= model.predict(size):
+        return "deadline"
+    if now - oldest_enqueued_at >= policy.max_wait:
+        return "wait"
+    return None
+
+
+@dataclass(slots=True)
+class BatchQueue:
+    """FIFO items, at most one running batch, and the decisions about both."""
+
+    policy: BatchPolicy
+    clock: Clock
+    model: LatencyModel = field(default_factory=LatencyModel)
+    running: Batch | None = None
+    _items: deque[Item] = field(default_factory=deque)
+
+    @property
+    def queued(self) -> int:
+        """Items waiting (not counting the running batch)."""
+        return len(self._items)
+
+    def submit(
+        self, request_id: str, inputs: Sequence[list[int]], time_budget: float | None
+    ) -> Ticket:
+        """Enqueue a request's inputs, or raise ``Overloaded`` if the queue cannot hold them."""
+        if len(self._items) + len(inputs) > self.policy.max_queue:
+            batches = math.ceil((len(self._items) + len(inputs)) / self.policy.max_batch_size)
+            drain = batches * self.model.predict(self.policy.max_batch_size)
+            raise Overloaded("worker queue is full", retry_after_s=round(drain, 3))
+        now = self.clock()
+        deadline = None if time_budget is None else now + time_budget
+        ticket = Ticket(request_id, len(inputs), now, deadline, [None] * len(inputs), len(inputs))
+        self._items.extend(Item(ticket, i, ids) for i, ids in enumerate(inputs))
+        return ticket
+
+    def poll(self) -> tuple[Batch | None, list[Ticket]]:
+        """Expire what cannot meet its deadline, then close a batch if none runs and one is due."""
+        now = self.clock()
+        expired = self._settle(self._late(now), DeadlineExceeded, "deadline can no longer be met")
+        if self.running is not None or not self._items:
+            return None, expired
+        candidate = list(self._candidate())
+        reason = close_reason(
+            self.policy,
+            self.model,
+            now,
+            size=len(candidate),
+            oldest_enqueued_at=candidate[0].ticket.enqueued_at,
+            tightest_deadline=_tightest(candidate),
+        )
+        if reason is None:
+            return None, expired
+        for item in candidate:
+            self._items.popleft()
+            if item.ticket.started_at is None:
+                item.ticket.started_at = now
+        self.running = Batch(tuple(candidate), reason, now)
+        return self.running, expired
+
+    def next_wakeup(self) -> float | None:
+        """The clock time at which ``poll`` may next decide something without new input."""
+        t1 = self.model.predict(1)
+        times = [i.ticket.deadline - t1 for i in self._items if i.ticket.deadline is not None]
+        if self.running is None and self._items:
+            candidate = list(self._candidate())
+            times.append(candidate[0].ticket.enqueued_at + self.policy.max_wait)
+            tightest = _tightest(candidate)
+            if tightest is not None:
+                times.append(tightest - self.model.predict(len(candidate)))
+        return min(times, default=None)
+
+    def finish(self, outcomes: Iterable[Outcome]) -> list[Ticket]:
+        """Record the running batch's outcomes; return the tickets that settled."""
+        settled: list[Ticket] = []
+        for outcome in outcomes:
+            rows, batch = outcome.result, outcome.batch
+            if not isinstance(rows, np.ndarray) or rows.ndim != 2 or len(rows) != len(batch.items):
+                message = f"backend failed: {rows!r}"[:300]
+                settled += self._settle(batch.tickets(), Internal, message)
+                continue
+            self.model.observe(len(batch.items), outcome.seconds)
+            for item, row in zip(batch.items, rows, strict=True):
+                ticket = item.ticket
+                if not ticket.settled:
+                    ticket.rows[item.index] = row
+                    ticket.pending -= 1
+                    if ticket.pending == 0:
+                        ticket.finished_at = self.clock()
+                        settled.append(ticket)
+        self.running = None
+        return settled
+
+    def _candidate(self) -> Iterator[Item]:
+        for n, item in enumerate(self._items):
+            if n == self.policy.max_batch_size:
+                return
+            yield item
+
+    def _late(self, now: float) -> list[Ticket]:
+        t1 = self.model.predict(1)
+        late = (i.ticket for i in self._items if i.ticket.deadline is not None)
+        return [t for t in dict.fromkeys(late) if t.deadline is not None and now + t1 > t.deadline]
+
+    def _settle(
+        self, tickets: list[Ticket], error: type[WorkerError], message: str
+    ) -> list[Ticket]:
+        """Fail whole tickets and drop their queued items, so none is half answered."""
+        failed = [t for t in tickets if not t.settled]
+        now = self.clock()
+        for ticket in failed:
+            ticket.error, ticket.finished_at = error(message), now
+        if failed:
+            self._items = deque(i for i in self._items if not i.ticket.settled)
+        return failed
+
+
+def _tightest(items: Iterable[Item]) -> float | None:
+    return min((i.ticket.deadline for i in items if i.ticket.deadline is not None), default=None)
+
+
+class Batcher:
+    """Drives a ``BatchQueue`` on the event loop; ``run`` executes in one worker thread."""
+
+    def __init__(
+        self,
+        run: Callable[[list[list[int]]], Rows],
+        policy: BatchPolicy,
+        *,
+        clock: Clock = time.monotonic,
+        model: LatencyModel | None = None,
+        on_batch: Callable[[Outcome], None] | None = None,
+    ) -> None:
+        self.queue = BatchQueue(policy, clock, model or LatencyModel())
+        self._run, self._clock, self._on_batch = run, clock, on_batch
+        self._waiters: dict[Ticket, asyncio.Future[None]] = {}
+        self._wake = asyncio.Event()
+        self._executor = ThreadPoolExecutor(1, thread_name_prefix="kiln-batch")
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    def start(self) -> None:
+        """Start the scheduling loop on the running event loop."""
+        self._spawn(self._loop())
+
+    async def submit(
+        self, request_id: str, inputs: list[list[int]], time_budget: float | None
+    ) -> Ticket:
+        """Queue one request's inputs and wait until all of them are embedded; errors raise.
+
+        ``time_budget`` is the seconds from now to the request's deadline (``None``: no deadline).
+        """
+        ticket = self.queue.submit(request_id, inputs, time_budget)
+        waiter = self._waiters[ticket] = asyncio.get_running_loop().create_future()
+        self._wake.set()
+        await waiter
+        if ticket.error is not None:
+            raise ticket.error
+        return ticket
+
+    async def close(self) -> None:
+        """Stop the loop and the worker thread (call once nothing is queued)."""
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        self._executor.shutdown(wait=True)
+
+    async def _loop(self) -> None:
+        while True:
+            self._wake.clear()
+            batch, expired = self.queue.poll()
+            self._resolve(expired)
+            if batch is not None:
+                self._spawn(self._execute(batch))
+            wakeup = self.queue.next_wakeup()
+            delay = None if wakeup is None else max(wakeup - self._clock(), 0.0)
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(delay):
+                    await self._wake.wait()
+
+    async def _execute(self, batch: Batch) -> None:
+        loop = asyncio.get_running_loop()
+        outcomes = await loop.run_in_executor(self._executor, self._run_isolated, batch)
+        for outcome in outcomes:
+            request_ids = [t.request_id for t in outcome.batch.tickets()]
+            if isinstance(outcome.result, Exception):
+                log.error("batch failed", request_ids=request_ids, exc_info=outcome.result)
+            else:
+                log.debug(
+                    "batch done",
+                    request_ids=request_ids,
+                    size=len(outcome.batch.items),
+                    reason=batch.reason,
+                    seconds=round(outcome.seconds, 6),
+                )
+            if self._on_batch is not None:
+                self._on_batch(outcome)
+        self._resolve(self.queue.finish(outcomes))
+        self._wake.set()
+
+    def _run_isolated(self, batch: Batch) -> list[Outcome]:
+        """Run a batch; if it fails with several requests in it, rerun each alone."""
+        outcome = self._timed(batch)
+        if isinstance(outcome.result, Exception) and len(batch.tickets()) > 1:
+            return [self._timed(part) for part in batch.split()]
+        return [outcome]
+
+    def _timed(self, batch: Batch) -> Outcome:
+        start = self._clock()
+        try:
+            result: Rows | Exception = self._run(batch.inputs)
+        except Exception as exc:
+            result = exc
+        return Outcome(batch, result, self._clock() - start)
+
+    def _resolve(self, tickets: list[Ticket]) -> None:
+        for ticket in tickets:
+            waiter = self._waiters.pop(ticket, None)
+            if waiter is not None and not waiter.done():
+                waiter.set_result(None)
+
+    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._forget)
+
+    def _forget(self, task: asyncio.Task[None]) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.error("batcher task crashed", exc_info=task.exception())

@@ -1,0 +1,1 @@
+"""Model importers: turn packaged upstream weights into built Kiln model folders."""

@@ -1,0 +1,85 @@
+"""Content-addressed artifact store (local directory; S3-compatible storage is the production seam).
+
+Files are stored once as ``blobs/sha256/<hex>``; a folder is a *tree*: a JSON list of
+``[relative path, blob digest, size]`` whose own sha256 names it. ``path(digest)`` returns the
+tree materialized as hard links, which is what workers load from.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import msgspec
+
+_CHUNK = 1 << 20
+
+
+def _sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        while chunk := f.read(_CHUNK):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+class ArtifactStore:
+    """A local content-addressed store rooted at ``root``."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self._blobs = root / "blobs" / "sha256"
+        self._trees = root / "trees"
+
+    def put_file(self, src: Path) -> str:
+        """Store one file; returns its hex sha256."""
+        digest = _sha256_file(src)
+        dest = self._blobs / digest
+        if not dest.exists():
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(dir=dest.parent, prefix=".tmp-")
+            os.close(fd)
+            shutil.copyfile(src, tmp)
+            os.replace(tmp, dest)
+        return digest
+
+    def put_dir(self, src: Path) -> str:
+        """Store every file under ``src``; returns the tree digest ``sha256:<hex>``."""
+        entries = [
+            [p.relative_to(src).as_posix(), self.put_file(p), p.stat().st_size]
+            for p in sorted(src.rglob("*"))
+            if p.is_file()
+        ]
+        listing = msgspec.json.encode(entries)
+        digest = "sha256:" + hashlib.sha256(listing).hexdigest()
+        self._materialize(digest, entries)
+        return digest
+
+    def has(self, digest: str) -> bool:
+        """Whether a tree is present."""
+        return self.path(digest).is_dir()
+
+    def path(self, digest: str) -> Path:
+        """The materialized folder of a tree."""
+        algo, _, hexdigest = digest.partition(":")
+        if algo != "sha256" or len(hexdigest) != 64:
+            raise ValueError(f"not a sha256 tree digest: {digest!r}")
+        return self._trees / hexdigest
+
+    def _materialize(self, digest: str, entries: list[list[str | int]]) -> None:
+        dest = self.path(digest)
+        if dest.is_dir():
+            return
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(dir=dest.parent, prefix=".tmp-"))
+        for rel, blob, _size in entries:
+            target = tmp / str(rel)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            os.link(self._blobs / str(blob), target)
+        try:
+            tmp.rename(dest)
+        except OSError:  # another process materialized it first
+            shutil.rmtree(tmp)

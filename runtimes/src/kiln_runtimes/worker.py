@@ -1,0 +1,131 @@
+"""The runtime worker process: one model behind the HTTP endpoints documented in ``protocol``.
+
+The server listens at once (``/health`` answers 503 while loading), becomes ready after load and
+warmup, and on SIGTERM/SIGINT drains: it refuses new work, finishes what it admitted, exits 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import signal
+from collections.abc import Sequence
+from pathlib import Path
+
+import msgspec
+import structlog
+from aiohttp import web
+
+from kiln_runtimes._app import create_app
+from kiln_runtimes._logging import configure_logging
+from kiln_runtimes._runtime import Worker, WorkerSettings
+from kiln_runtimes.protocol import MANIFEST_NAME, ModelManifest
+
+log = structlog.get_logger(__name__)
+
+
+def parse_args(argv: Sequence[str] | None = None) -> WorkerSettings:
+    """Read the command line into settings."""
+    parser = argparse.ArgumentParser(prog="kiln-worker", description=__doc__)
+    parser.add_argument(
+        "--model-dir",
+        type=Path,
+        required=True,
+        help=f"folder with {MANIFEST_NAME} and the model files it names",
+    )
+    parser.add_argument("--model", help="served model name (default: the manifest's)")
+    parser.add_argument("--version", default="0", help="served model version")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=0, help="0 picks a free port (logged)")
+    parser.add_argument(
+        "--max-batch-size",
+        type=int,
+        default=32,
+        help="items per batch (embeddings) or concurrent sequences (generation)",
+    )
+    parser.add_argument(
+        "--max-wait-ms",
+        type=float,
+        default=5.0,
+        help="longest time the oldest queued item waits for a batch to fill",
+    )
+    parser.add_argument(
+        "--threads", type=int, default=os.cpu_count() or 1, help="engine intra-op threads"
+    )
+    parser.add_argument(
+        "--max-queue",
+        type=int,
+        default=1024,
+        help="queued inputs (or waiting sequences) beyond which requests get 429",
+    )
+    parser.add_argument(
+        "--log-level", default="info", choices=["debug", "info", "warning", "error"]
+    )
+    args = parser.parse_args(argv)
+    for name in ("max_batch_size", "threads", "max_queue"):
+        if getattr(args, name) < 1:
+            parser.error(f"--{name.replace('_', '-')} must be at least 1")
+    return WorkerSettings(
+        model_dir=args.model_dir,
+        model=args.model,
+        version=args.version,
+        host=args.host,
+        port=args.port,
+        max_batch_size=args.max_batch_size,
+        max_wait=args.max_wait_ms / 1000,
+        threads=args.threads,
+        max_queue=args.max_queue,
+        log_level=args.log_level,
+    )
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """Run a worker until it is told to stop; the exit status says how it ended."""
+    settings = parse_args(argv)
+    configure_logging(settings.log_level)
+    raise SystemExit(asyncio.run(serve(settings)))
+
+
+async def serve(settings: WorkerSettings) -> int:
+    """Listen, load, serve until SIGTERM/SIGINT, drain; return the exit status."""
+    try:
+        manifest_bytes = (settings.model_dir / MANIFEST_NAME).read_bytes()
+        manifest = msgspec.json.decode(manifest_bytes, type=ModelManifest)
+    except (OSError, msgspec.DecodeError):
+        log.exception("cannot read the model manifest", model_dir=str(settings.model_dir))
+        return 1
+    worker = Worker(settings, manifest)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, _on_signal, worker, stop, signum)
+    runner = web.AppRunner(create_app(worker), access_log=None)
+    await runner.setup()
+    await web.TCPSite(runner, settings.host, settings.port).start()
+    log.info(
+        "listening",
+        addresses=[list(a) for a in runner.addresses],
+        model=manifest.name,
+        version=settings.version,
+        task=manifest.task,
+    )
+    try:
+        await worker.load()
+    except Exception:
+        log.exception("model failed to load")
+        await runner.cleanup()
+        return 1
+    await stop.wait()
+    log.info("draining", in_flight=worker.in_flight, queued=worker.queued())
+    await worker.drain()
+    await runner.cleanup()
+    await worker.close()
+    log.info("stopped")
+    return 0
+
+
+def _on_signal(worker: Worker, stop: asyncio.Event, signum: int) -> None:
+    log.info("signal received", signal=signal.Signals(signum).name)
+    worker.begin_drain()
+    stop.set()

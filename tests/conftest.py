@@ -1,0 +1,74 @@
+"""Shared fixtures: one embedded PostgreSQL per test session, a migrated template database,
+and a fresh database cloned from it per test module."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import uuid
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import asyncpg
+import pytest
+from kiln_platform.db import migrate
+from kiln_platform.db.engine import asyncpg_url, create_engine, embedded_server
+
+if TYPE_CHECKING:
+    pass
+
+TEMPLATE = "kiln_template"
+
+
+@pytest.fixture(scope="session")
+def model_cache() -> Path:
+    """Where built models are kept between test runs (never inside the repository)."""
+    path = Path(os.environ.get("KILN_TEST_CACHE") or Path.home() / ".cache" / "kiln-test")
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+async def _create_template(uri: str) -> None:
+    conn = await asyncpg.connect(uri)
+    try:
+        await conn.execute(f'DROP DATABASE IF EXISTS "{TEMPLATE}"')
+        await conn.execute(f'CREATE DATABASE "{TEMPLATE}"')
+    finally:
+        await conn.close()
+    engine = create_engine(asyncpg_url(_with_db(uri, TEMPLATE)), pool_size=1)
+    await migrate.upgrade(engine)
+    await engine.dispose()
+
+
+def _with_db(uri: str, name: str) -> str:
+    base, _, query = uri.partition("?")
+    return f"{base.rsplit('/', 1)[0]}/{name}" + (f"?{query}" if query else "")
+
+
+@pytest.fixture(scope="session")
+def pg_uri(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A libpq URI of the session's embedded PostgreSQL (migrated template created)."""
+    with embedded_server(tmp_path_factory.mktemp("pg")) as uri:
+        asyncio.run(_create_template(uri))
+        yield uri
+
+
+def new_database(pg_uri: str) -> str:
+    """Clone the migrated template into a fresh database; returns its libpq URI."""
+    name = f"t_{uuid.uuid4().hex[:12]}"
+
+    async def create() -> None:
+        conn = await asyncpg.connect(pg_uri)
+        try:
+            await conn.execute(f'CREATE DATABASE "{name}" TEMPLATE "{TEMPLATE}"')
+        finally:
+            await conn.close()
+
+    asyncio.run(create())
+    return _with_db(pg_uri, name)
+
+
+@pytest.fixture(scope="module")
+def database_uri(pg_uri: str) -> str:
+    """A fresh, migrated database for one test module."""
+    return new_database(pg_uri)

