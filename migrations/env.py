@@ -5,8 +5,9 @@ from __future__ import annotations
 import asyncio
 
 from alembic import context
-from kiln_platform.db.tables import Base
 from sqlalchemy.engine import Connection
+
+from kiln_platform.db.tables import Base
 
 target_metadata = Base.metadata
 

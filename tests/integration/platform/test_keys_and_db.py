@@ -6,6 +6,8 @@ from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 
 import pytest
+from sqlalchemy import select, text, update
+
 from kiln_platform.context import Database, open_database
 from kiln_platform.db.tables import ApiKey
 from kiln_platform.errors import Conflict, Unauthorized
@@ -14,7 +16,6 @@ from kiln_platform.registry.services import Resolver, register_version
 from kiln_platform.settings import Settings
 from kiln_platform.tenants.services import create_tenant
 from kiln_runtimes.protocol import ModelManifest
-from sqlalchemy import select, text, update
 
 HMAC_KEY = b"test-secret"
 

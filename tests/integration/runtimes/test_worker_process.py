@@ -20,6 +20,8 @@ import numpy as np
 import numpy.typing as npt
 import onnx
 import pytest
+from onnx import TensorProto, helper, numpy_helper
+
 from kiln_runtimes.protocol import (
     CONTENT_TYPE,
     MANIFEST_NAME,
@@ -29,7 +31,6 @@ from kiln_runtimes.protocol import (
     ModelManifest,
     WorkerInfo,
 )
-from onnx import TensorProto, helper, numpy_helper
 
 VOCAB, DIMENSIONS, CONTEXT, MAX_QUEUE = 50, 8, 16, 256
 Table = npt.NDArray[np.float32]

@@ -7,6 +7,7 @@ import threading
 
 import numpy as np
 import pytest
+
 from kiln_runtimes._batch_types import Batch, Outcome, Rows, Ticket
 from kiln_runtimes._errors import DeadlineExceeded, Internal, Overloaded
 from kiln_runtimes._latency import LatencyModel

@@ -11,6 +11,7 @@ import aiohttp
 import msgspec
 import pytest
 from aiohttp import web
+
 from kiln_runtimes import _runtime
 from kiln_runtimes._app import create_app
 from kiln_runtimes._errors import Overloaded, WorkerError

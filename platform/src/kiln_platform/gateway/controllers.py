@@ -2,13 +2,20 @@
 
 from __future__ import annotations
 
-from litestar import Controller, Request, get, post
+from litestar import Controller, MediaType, Request, Response, get, post
 from litestar.di import Provide
 from litestar.params import SkipValidation
+from litestar.response import Stream
 
 from kiln_platform.context import Kiln
-from kiln_platform.gateway import services
+from kiln_platform.gateway import completions, llm, services
 from kiln_platform.gateway.auth import provide_principal
+from kiln_platform.gateway.llm_schemas import (
+    ChatCompletion,
+    ChatCompletionRequest,
+    CompletionRequest,
+    TextCompletion,
+)
 from kiln_platform.gateway.schemas import (
     EmbeddingsRequest,
     EmbeddingsResponse,
@@ -17,6 +24,7 @@ from kiln_platform.gateway.schemas import (
 )
 from kiln_platform.keys.services import Principal
 
+SSE = "text/event-stream"
 # Already-built objects: skip Litestar's per-request validation of their fields.
 KilnDep = SkipValidation[Kiln]
 PrincipalDep = SkipValidation[Principal]
@@ -49,3 +57,35 @@ class OpenAIController(Controller):
     ) -> EmbeddingsResponse:
         """Create embeddings."""
         return await services.embed(kiln, principal, data, request.state.request_id)
+
+    # Litestar's Stream takes the handler's media type over its own, hence media_type=SSE here
+    # and an explicit JSON Response for the non-streamed case.
+    @post("/chat/completions", status_code=200, media_type=SSE)
+    async def chat_completions(
+        self,
+        request: Request[object, object, object],
+        kiln: KilnDep,
+        principal: PrincipalDep,
+        data: ChatCompletionRequest,
+    ) -> Response[ChatCompletion] | Stream:
+        """Create a chat completion (``stream: true`` for server-sent events)."""
+        gen = await llm.prepare(kiln, principal, data, request.state.request_id)
+        if data.stream:
+            include_usage = bool(data.stream_options and data.stream_options.include_usage)
+            return Stream(completions.stream_chat(gen, include_usage), media_type=SSE)
+        return Response(await completions.complete_chat(gen), media_type=MediaType.JSON)
+
+    @post("/completions", status_code=200, media_type=SSE)
+    async def text_completions(
+        self,
+        request: Request[object, object, object],
+        kiln: KilnDep,
+        principal: PrincipalDep,
+        data: CompletionRequest,
+    ) -> Response[TextCompletion] | Stream:
+        """Create a text completion (``stream: true`` for server-sent events)."""
+        gen = await llm.prepare(kiln, principal, data, request.state.request_id)
+        if data.stream:
+            include_usage = bool(data.stream_options and data.stream_options.include_usage)
+            return Stream(completions.stream_text(gen, include_usage), media_type=SSE)
+        return Response(await completions.complete_text(gen), media_type=MediaType.JSON)

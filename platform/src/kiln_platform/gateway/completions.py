@@ -1,0 +1,116 @@
+"""Response and SSE stream builders for chat and text completions."""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING
+
+from kiln_platform.errors import KilnError
+from kiln_platform.gateway.llm import Generation, sse
+from kiln_platform.gateway.llm_schemas import (
+    AssistantMessage,
+    ChatChoice,
+    ChatCompletion,
+    ChatCompletionChunk,
+    ChunkChoice,
+    Delta,
+    TextChoice,
+    TextCompletion,
+    Usage,
+)
+from kiln_platform.gateway.schemas import ErrorBody, ErrorResponse
+
+if TYPE_CHECKING:
+    from collections.abc import AsyncIterator
+
+DONE = b"data: [DONE]\n\n"
+
+
+def _usage(gen: Generation) -> Usage:
+    prompt, completion, total = gen.usage_counts()
+    return Usage(prompt_tokens=prompt, completion_tokens=completion, total_tokens=total)
+
+
+def _id(prefix: str, gen: Generation) -> str:
+    return f"{prefix}-{gen.request.request_id.removeprefix('req_')}"
+
+
+async def _collect(gen: Generation) -> tuple[str, str]:
+    parts, finish = [], "stop"
+    async for piece in gen.pieces():
+        parts.append(piece.text)
+        finish = piece.finish_reason or finish
+    return "".join(parts), finish
+
+
+async def complete_chat(gen: Generation) -> ChatCompletion:
+    """A non-streamed chat completion."""
+    text, finish = await _collect(gen)
+    return ChatCompletion(
+        id=_id("chatcmpl", gen),
+        created=int(time.time()),
+        model=gen.version.model,
+        choices=[ChatChoice(message=AssistantMessage(content=text), finish_reason=finish)],
+        usage=_usage(gen),
+    )
+
+
+async def complete_text(gen: Generation) -> TextCompletion:
+    """A non-streamed text completion."""
+    text, finish = await _collect(gen)
+    return TextCompletion(
+        id=_id("cmpl", gen),
+        created=int(time.time()),
+        model=gen.version.model,
+        choices=[TextChoice(text=text, finish_reason=finish)],
+        usage=_usage(gen),
+    )
+
+
+def _error_event(exc: KilnError) -> bytes:
+    return sse(
+        ErrorResponse(
+            error=ErrorBody(message=exc.message, type=exc.type, param=exc.param, code=exc.code)
+        )
+    )
+
+
+async def stream_chat(gen: Generation, include_usage: bool) -> AsyncIterator[bytes]:
+    """``chat.completion.chunk`` events, then usage (if asked) and ``[DONE]``."""
+    cid, created, model = _id("chatcmpl", gen), int(time.time()), gen.version.model
+
+    def chunk(delta: Delta, finish: str | None = None) -> bytes:
+        choice = ChunkChoice(delta=delta, finish_reason=finish)
+        return sse(ChatCompletionChunk(id=cid, created=created, model=model, choices=[choice]))
+
+    yield chunk(Delta(role="assistant", content=""))
+    try:
+        async for piece in gen.pieces():
+            if piece.text:
+                yield chunk(Delta(content=piece.text))
+            if piece.finish_reason:
+                yield chunk(Delta(), piece.finish_reason)
+    except KilnError as exc:
+        yield _error_event(exc)
+    if include_usage:
+        yield sse(
+            ChatCompletionChunk(id=cid, created=created, model=model, choices=[], usage=_usage(gen))
+        )
+    yield DONE
+
+
+async def stream_text(gen: Generation, include_usage: bool) -> AsyncIterator[bytes]:
+    """``text_completion`` events, then usage (if asked) and ``[DONE]``."""
+    cid, created, model = _id("cmpl", gen), int(time.time()), gen.version.model
+    try:
+        async for piece in gen.pieces():
+            if piece.text or piece.finish_reason:
+                choice = TextChoice(text=piece.text, finish_reason=piece.finish_reason)
+                yield sse(TextCompletion(id=cid, created=created, model=model, choices=[choice]))
+    except KilnError as exc:
+        yield _error_event(exc)
+    if include_usage:
+        yield sse(
+            TextCompletion(id=cid, created=created, model=model, choices=[], usage=_usage(gen))
+        )
+    yield DONE

@@ -1,0 +1,256 @@
+"""Chat and text completions: validate, template, tokenize, generate, detokenize, meter."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import msgspec
+
+from kiln_platform.billing.ledger import Usage
+from kiln_platform.errors import BadRequest, KilnError
+from kiln_platform.gateway import metrics
+from kiln_platform.gateway._textmodel import TextModel, load_text_model
+from kiln_platform.gateway._textstream import TextStream
+from kiln_platform.gateway.llm_schemas import (
+    UNSUPPORTED,
+    ChatCompletionRequest,
+    CompletionRequest,
+    Message,
+)
+from kiln_runtimes.protocol import GenerateRequest
+
+if TYPE_CHECKING:
+    from collections.abc import AsyncIterator
+
+    from kiln_platform.context import Kiln
+    from kiln_platform.keys.services import Principal
+    from kiln_platform.registry.services import ResolvedVersion
+
+ROLES = {"system", "developer", "user", "assistant"}
+MAX_STOP = 4
+
+
+@dataclass(frozen=True, slots=True)
+class Piece:
+    """Text made final, and the finish reason once generation ends."""
+
+    text: str
+    finish_reason: str | None = None
+
+
+@dataclass(slots=True)
+class Generation:
+    """One resolved, validated generation request and its running token counts."""
+
+    kiln: Kiln
+    principal: Principal
+    version: ResolvedVersion
+    model: TextModel
+    request: GenerateRequest
+    stop: tuple[str, ...]
+    endpoint: str
+    completion_tokens: int = 0
+
+    @property
+    def prompt_tokens(self) -> int:
+        """Tokens in the prompt."""
+        return len(self.request.prompt_ids)
+
+    async def pieces(self) -> AsyncIterator[Piece]:
+        """Generate; records exactly one usage event however the stream ends."""
+        name, status = self.version.model, 499
+        text = TextStream(self.model.tokenizer, self.stop)
+        start = last = time.perf_counter()
+        metrics.ACTIVE_STREAMS.labels(name).inc()
+        metrics.PROMPT_TOKENS.labels(name).inc(self.prompt_tokens)
+        try:
+            async for chunk in self.kiln.workers.generate(name, self.request):
+                now = time.perf_counter()
+                hist = (
+                    metrics.INTER_TOKEN_LATENCY
+                    if self.completion_tokens
+                    else metrics.TIME_TO_FIRST_TOKEN
+                )
+                hist.labels(name).observe(now - (last if self.completion_tokens else start))
+                last = now
+                self.completion_tokens += len(chunk.token_ids)
+                piece = text.push(chunk.token_ids)
+                if text.stopped:
+                    status = 200
+                    yield Piece(piece, "stop")
+                    return
+                if chunk.finish_reason in ("cancelled", "error"):
+                    status = 500
+                    raise KilnError("The model failed while generating; please retry.")
+                if chunk.finish_reason is not None:
+                    status = 200
+                    yield Piece(piece + text.flush(), chunk.finish_reason)
+                    return
+                if piece:
+                    yield Piece(piece)
+        finally:
+            metrics.ACTIVE_STREAMS.labels(name).dec()
+            metrics.COMPLETION_TOKENS.labels(name).inc(self.completion_tokens)
+            self._record(status)
+
+    def usage_counts(self) -> tuple[int, int, int]:
+        """(prompt, completion, total) tokens so far."""
+        return (
+            self.prompt_tokens,
+            self.completion_tokens,
+            self.prompt_tokens + self.completion_tokens,
+        )
+
+    def _record(self, status: int) -> None:
+        self.kiln.ledger.record(
+            Usage(
+                request_id=self.request.request_id,
+                tenant_id=self.principal.tenant_id,
+                api_key_id=self.principal.key_id,
+                model=self.version.model,
+                version=self.version.version,
+                endpoint=self.endpoint,
+                status=status,
+                input_tokens=self.prompt_tokens,
+                output_tokens=self.completion_tokens,
+            )
+        )
+
+
+def _reject_unsupported(request: ChatCompletionRequest | CompletionRequest) -> None:
+    for field, unused in UNSUPPORTED.items():
+        value = getattr(request, field, None)
+        if value not in unused:
+            raise BadRequest(f"The parameter '{field}' is not supported by Kiln.", param=field)
+
+
+def _message_text(i: int, message: Message) -> str:
+    if message.role not in ROLES:
+        raise BadRequest(
+            f"'messages[{i}].role' is '{message.role}'; Kiln supports system, developer, user "
+            "and assistant.",
+            param=f"messages[{i}].role",
+        )
+    if isinstance(message.content, str):
+        return message.content
+    if message.content is None:
+        raise BadRequest(f"'messages[{i}].content' is required.", param=f"messages[{i}].content")
+    parts = []
+    for j, part in enumerate(message.content):
+        if part.type != "text" or part.text is None:
+            raise BadRequest(
+                f"'messages[{i}].content[{j}]' has type '{part.type}'; only text is supported.",
+                param=f"messages[{i}].content[{j}].type",
+            )
+        parts.append(part.text)
+    return "".join(parts)
+
+
+def chat_prompt(request: ChatCompletionRequest, model: TextModel) -> list[int]:
+    """Validate the messages, render the model's chat template, tokenize."""
+    if not request.messages:
+        raise BadRequest("'messages' must contain at least one message.", param="messages")
+    messages = [
+        {"role": "system" if m.role == "developer" else m.role, "content": _message_text(i, m)}
+        for i, m in enumerate(request.messages)
+    ]
+    return model.encode(model.render(messages))
+
+
+def completion_prompt(request: CompletionRequest, model: TextModel) -> list[int]:
+    """A text completion's prompt: a string, one-string list, or token ids."""
+    prompt = request.prompt
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str | list):
+        prompt = prompt[0]
+    if isinstance(prompt, str) and prompt:
+        return model.encode(prompt)
+    vocab = model.tokenizer.get_vocab_size()
+    if (
+        isinstance(prompt, list)
+        and prompt
+        and all(type(t) is int and 0 <= t < vocab for t in prompt)
+    ):
+        return list(prompt)
+    raise BadRequest(
+        "'prompt' must be a non-empty string or a list of token ids (one prompt per request).",
+        param="prompt",
+    )
+
+
+def _stop(value: str | list[str] | None) -> tuple[str, ...]:
+    stops = [value] if isinstance(value, str) else list(value or [])
+    if len(stops) > MAX_STOP or not all(stops):
+        raise BadRequest(f"'stop' takes up to {MAX_STOP} non-empty strings.", param="stop")
+    return tuple(stops)
+
+
+def _max_tokens(
+    request: ChatCompletionRequest | CompletionRequest, prompt: int, context: int
+) -> int:
+    field, source = "max_tokens", "prompt"
+    requested = request.max_tokens
+    if isinstance(request, ChatCompletionRequest):
+        source = "messages"
+        if request.max_completion_tokens is not None:
+            field, requested = "max_completion_tokens", request.max_completion_tokens
+    if requested is not None and requested < 1:
+        raise BadRequest(f"'{field}' must be at least 1.", param=field)
+    wanted = requested if requested is not None else max(1, context - prompt)
+    if prompt + wanted > context:
+        raise BadRequest(
+            f"This model's maximum context length is {context} tokens. However, you requested "
+            f"{prompt + wanted} tokens ({prompt} in the {source}, {wanted} for the completion). "
+            f"Shorten the {source} or lower '{field}'.",
+            param=field if requested is not None and prompt < context else source,
+        )
+    return wanted
+
+
+def _sampling(request: ChatCompletionRequest | CompletionRequest) -> tuple[float, float]:
+    temperature = 1.0 if request.temperature is None else request.temperature
+    top_p = 1.0 if request.top_p is None else request.top_p
+    if not 0.0 <= temperature <= 2.0:
+        raise BadRequest("'temperature' must be between 0 and 2.", param="temperature")
+    if not 0.0 < top_p <= 1.0:
+        raise BadRequest("'top_p' must be greater than 0 and at most 1.", param="top_p")
+    return temperature, top_p
+
+
+async def prepare(
+    kiln: Kiln,
+    principal: Principal,
+    request: ChatCompletionRequest | CompletionRequest,
+    request_id: str,
+) -> Generation:
+    """Everything up to dispatch: validation, templating, tokenization, limits."""
+    _reject_unsupported(request)
+    version = await kiln.resolver.resolve(request.model)
+    manifest = version.manifest
+    if manifest.task != "generate":
+        raise BadRequest(f"The model `{version.model}` does not generate text.", param="model")
+    model = load_text_model(
+        kiln.store.path(version.artifact_digest), manifest.tokenizer_file or "tokenizer.json"
+    )
+    if isinstance(request, ChatCompletionRequest):
+        prompt, endpoint = chat_prompt(request, model), "chat.completions"
+    else:
+        prompt, endpoint = completion_prompt(request, model), "completions"
+    stop = _stop(request.stop)
+    temperature, top_p = _sampling(request)
+    generate = GenerateRequest(
+        request_id=request_id,
+        prompt_ids=prompt,
+        max_tokens=_max_tokens(request, len(prompt), manifest.context_length),
+        temperature=temperature,
+        top_p=top_p,
+        seed=request.seed,
+        stop_token_ids=list(model.eos_token_ids),
+    )
+    return Generation(kiln, principal, version, model, generate, stop, endpoint)
+
+
+def sse(payload: Any) -> bytes:
+    """One server-sent event carrying JSON."""
+    return b"data: " + msgspec.json.encode(payload) + b"\n\n"

@@ -1,0 +1,155 @@
+"""The scheduler on the asyncio clock: what the gateway awaits around each call to a worker."""
+
+from __future__ import annotations
+
+import asyncio
+from collections import Counter
+from typing import TYPE_CHECKING, TypeVar
+
+from kiln_platform.errors import DeadlineExceeded, KilnError, Overloaded, ServiceUnavailable
+from kiln_platform.scheduler.admission import RejectReason
+from kiln_platform.scheduler.schemas import Credit, Priority, Request
+
+if TYPE_CHECKING:
+    from collections.abc import Awaitable, Callable, Mapping
+
+    from kiln_platform.scheduler.admission import Decision
+    from kiln_platform.scheduler.core import PoolScheduler
+
+T = TypeVar("T")
+
+_MESSAGES = {
+    RejectReason.TENANT_QUEUE_FULL: "You have too many requests queued for this model.",
+    RejectReason.TENANT_OVER_SHARE: "You are using more than your share of this model's capacity.",
+    RejectReason.POOL_QUEUE_FULL: "This model's queue is full.",
+    RejectReason.POOL_OVERLOADED: "This model is overloaded and cannot meet the deadline.",
+    RejectReason.DEADLINE_TOO_SHORT: "The deadline is shorter than this request's service time.",
+    RejectReason.DEADLINE_EXPIRED: "The request could not be started within its deadline.",
+}
+
+
+def rejection(reason: RejectReason, retry_after_s: float | None = None) -> KilnError:
+    """The Kiln error the gateway answers a rejection with (429, 503 or 504)."""
+    message = _MESSAGES[reason]
+    if reason.status == 429:
+        return Overloaded(f"{message} Retry after the indicated time.", retry_after=retry_after_s)
+    if reason.status == 503:
+        return ServiceUnavailable(f"{message} Retry shortly.", retry_after=retry_after_s)
+    return DeadlineExceeded(message)
+
+
+def _rejected(decision: Decision) -> KilnError:
+    assert decision.reason is not None
+    return rejection(decision.reason, decision.retry_after_s)
+
+
+class PoolRunner:
+    """Queues requests in a :class:`PoolScheduler` and runs each on the worker it is sent to.
+
+    ``slots()`` returns the ready workers and the credits each advertises; the runner subtracts
+    what it has in flight on each, so a worker is never sent more than it advertised.
+    """
+
+    def __init__(self, scheduler: PoolScheduler, slots: Callable[[], Mapping[str, int]]) -> None:
+        self.scheduler = scheduler
+        self._slots = slots
+        self._waiting: dict[str, asyncio.Future[str]] = {}
+        self._in_flight: Counter[str] = Counter()
+        self._timer: asyncio.TimerHandle | None = None
+
+    @staticmethod
+    def now() -> float:
+        """The scheduler's clock: the event loop's monotonic time."""
+        return asyncio.get_running_loop().time()
+
+    def request(
+        self,
+        request_id: str,
+        tenant: str,
+        cost: float,
+        *,
+        timeout_s: float | None,
+        priority: Priority = Priority.INTERACTIVE,
+        weight: float = 1.0,
+    ) -> Request:
+        """A request arriving now, with its deadline on the scheduler's clock."""
+        now = self.now()
+        deadline = None if timeout_s is None else now + timeout_s
+        return Request(request_id, tenant, cost, now, deadline, priority, weight)
+
+    async def run(
+        self,
+        request: Request,
+        call: Callable[[Request, str], Awaitable[T]],
+        *,
+        actual_cost: Callable[[T], float] | None = None,
+    ) -> T:
+        """Admit, wait for a worker, and ``call(request, worker)``; rejections raise Kiln errors."""
+        decision = self.scheduler.submit(request, self.now())
+        if not decision.admitted:
+            raise _rejected(decision)
+        future: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+        self._waiting[request.id] = future
+        self.poke()
+        try:
+            worker = await future
+        except asyncio.CancelledError:  # the client went away
+            self._waiting.pop(request.id, None)
+            if not future.done() or future.cancelled():
+                self.scheduler.cancel(request.id)
+            elif future.exception() is None:  # dispatched in the same tick: give the credit back
+                self._finish(request.id, future.result(), None, ok=False)
+            raise
+        cost: float | None = None
+        ok = False
+        try:
+            result = await call(request, worker)
+            cost = None if actual_cost is None else actual_cost(result)
+            ok = True
+            return result
+        finally:
+            self._finish(request.id, worker, cost, ok=ok)
+
+    def poke(self) -> None:
+        """Fill free credits now (call it too when a worker becomes ready or changes slots)."""
+        now, wasted = self.now(), True
+        slots = self._slots()
+        self.scheduler.slots = sum(slots.values())
+        while wasted:
+            wasted = False
+            credits = [Credit(w, n - self._in_flight[w]) for w, n in slots.items()]
+            dispatches, expired = self.scheduler.dispatch(now, [c for c in credits if c.free > 0])
+            for d in dispatches:
+                future = self._waiting.pop(d.request.id, None)
+                if future is None or future.done():  # cancelled, its task not resumed yet
+                    self.scheduler.complete(d.request.id, now, ok=False)
+                    wasted = True
+                    continue
+                self._in_flight[d.worker] += 1
+                future.set_result(d.worker)
+            self._fail(expired)
+        self._arm()
+
+    def _finish(self, request_id: str, worker: str, cost: float | None, *, ok: bool) -> None:
+        self._in_flight[worker] -= 1
+        self.scheduler.complete(request_id, self.now(), actual_cost=cost, ok=ok)
+        self.poke()
+
+    def _fail(self, expired: list[Request]) -> None:
+        for r in expired:
+            future = self._waiting.pop(r.id, None)
+            if future is not None and not future.done():
+                future.set_exception(rejection(RejectReason.DEADLINE_EXPIRED))
+
+    def _arm(self) -> None:
+        at = self.scheduler.next_expiry()
+        if self._timer is not None and (at is None or self._timer.when() != at):
+            self._timer.cancel()
+            self._timer = None
+        if at is not None and self._timer is None:
+            self._timer = asyncio.get_running_loop().call_at(at, self._on_timer)
+
+    def _on_timer(self) -> None:
+        self._timer = None
+        self._fail(self.scheduler.expire(self.now()))
+        self.poke()

@@ -1,0 +1,73 @@
+"""Plain data the scheduler takes and gives: requests, credits, dispatches, backlog snapshots."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import IntEnum
+
+
+class Priority(IntEnum):
+    """Priority classes, highest first."""
+
+    INTERACTIVE = 0
+    BATCH = 1
+
+
+@dataclass(frozen=True, slots=True)
+class Request:
+    """A request waiting for a worker; times are seconds on the scheduler's clock."""
+
+    id: str
+    tenant: str
+    cost: float
+    """What fair share charges: tokens for LLMs, items for tensor models."""
+    arrival: float
+    deadline: float | None = None
+    priority: Priority = Priority.INTERACTIVE
+    weight: float = 1.0
+    """The tenant's share weight, from its plan."""
+
+
+@dataclass(frozen=True, slots=True)
+class Credit:
+    """Free slots a worker advertises; the scheduler never sends it more."""
+
+    worker: str
+    free: int
+
+
+@dataclass(frozen=True, slots=True)
+class Dispatch:
+    """Send ``request`` to ``worker`` now."""
+
+    request: Request
+    worker: str
+
+
+@dataclass(frozen=True, slots=True)
+class TenantBacklog:
+    """What one tenant has queued in one priority class."""
+
+    tenant: str
+    priority: Priority
+    weight: float
+    count: int
+    cost: float
+    rate: float = 0.0
+    """Cost per second the tenant has recently been adding to this class."""
+
+
+@dataclass(frozen=True, slots=True)
+class Backlog:
+    """A snapshot of a pool's queue, the input of admission control."""
+
+    flows: tuple[TenantBacklog, ...] = ()
+
+    @property
+    def count(self) -> int:
+        """Requests queued in the pool."""
+        return sum(f.count for f in self.flows)
+
+    def tenant_count(self, tenant: str) -> int:
+        """Requests ``tenant`` has queued, all classes."""
+        return sum(f.count for f in self.flows if f.tenant == tenant)

@@ -1,0 +1,243 @@
+"""Chat and text completions through the official openai SDK against a real ``kiln up``."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import jinja2
+import openai
+import pytest
+from sqlalchemy import select
+from tokenizers import Tokenizer
+
+from kiln_platform.context import open_database
+from kiln_platform.db.tables import UsageEvent
+from kiln_platform.settings import Settings
+
+MODEL = "smollm2-135m-instruct"
+PARIS = [{"role": "user", "content": "What is the capital of France?"}]
+
+
+@pytest.fixture(scope="module")
+def client(llm_up: Any) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{llm_up.base_url}/v1", api_key=llm_up.key, max_retries=0)
+
+
+def _chat(client: openai.OpenAI, **kwargs: Any) -> Any:
+    return client.chat.completions.create(
+        model=MODEL, messages=kwargs.pop("messages", PARIS), **kwargs
+    )
+
+
+def test_paris_deterministic_and_usage_matches_tokenizer(
+    client: openai.OpenAI, smollm2_dir: Path
+) -> None:
+    first = _chat(client, temperature=0, max_tokens=40)
+    second = _chat(client, temperature=0, max_tokens=40)
+    text = first.choices[0].message.content
+    assert "Paris" in text
+    assert second.choices[0].message.content == text
+    assert first.model == MODEL
+    config = json.loads((smollm2_dir / "tokenizer_config.json").read_text())
+    template = jinja2.Environment(trim_blocks=True, lstrip_blocks=True, autoescape=False)  # noqa: S701.from_string(
+        config["chat_template"]
+    )
+    prompt = template.render(messages=PARIS, add_generation_prompt=True)
+    tokenizer = Tokenizer.from_file(str(smollm2_dir / "tokenizer.json"))
+    assert first.usage.prompt_tokens == len(tokenizer.encode(prompt, add_special_tokens=False).ids)
+    assert 0 < first.usage.completion_tokens <= 40
+    assert first.usage.total_tokens == first.usage.prompt_tokens + first.usage.completion_tokens
+    if first.choices[0].finish_reason == "stop":
+        assert tokenizer.decode(tokenizer.encode(text, add_special_tokens=False).ids) == text
+
+
+@pytest.mark.parametrize("params", [{"temperature": 0}, {"temperature": 0.8, "seed": 1234}])
+def test_stream_concatenation_equals_non_streamed(
+    client: openai.OpenAI, params: dict[str, Any]
+) -> None:
+    full = _chat(client, max_tokens=48, **params)
+    stream = _chat(
+        client, max_tokens=48, stream=True, stream_options={"include_usage": True}, **params
+    )
+    chunks = list(stream)
+    pieces = [c.choices[0].delta.content or "" for c in chunks if c.choices]
+    assert len([p for p in pieces if p]) > 3  # really incremental
+    assert "".join(pieces) == full.choices[0].message.content
+    finishes = [
+        c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason
+    ]
+    assert finishes == [full.choices[0].finish_reason]
+    assert chunks[-1].choices == []
+    assert chunks[-1].usage.completion_tokens == full.usage.completion_tokens
+    assert chunks[-1].usage.prompt_tokens == full.usage.prompt_tokens
+
+
+def test_raw_sse_has_data_lines_and_done(llm_up: Any) -> None:
+    body = {"model": MODEL, "messages": PARIS, "max_tokens": 8, "stream": True}
+    headers = {"authorization": f"Bearer {llm_up.key}"}
+    with httpx.stream(
+        "POST", f"{llm_up.base_url}/v1/chat/completions", json=body, headers=headers
+    ) as r:
+        assert r.headers["content-type"].startswith("text/event-stream")
+        lines = [line for line in r.iter_lines() if line]
+    assert all(line.startswith("data: ") for line in lines)
+    assert lines[-1] == "data: [DONE]"
+    assert json.loads(lines[0][6:])["object"] == "chat.completion.chunk"
+
+
+def test_max_tokens_gives_length(client: openai.OpenAI) -> None:
+    resp = _chat(client, max_tokens=5, temperature=0)
+    assert resp.usage.completion_tokens == 5
+    assert resp.choices[0].finish_reason == "length"
+    resp = _chat(client, max_completion_tokens=3, temperature=0)
+    assert resp.usage.completion_tokens == 3
+
+
+def test_stop_string_ends_output_before_it(client: openai.OpenAI) -> None:
+    messages = [{"role": "user", "content": "Describe the sea in two sentences."}]
+    free = _chat(client, messages=messages, temperature=0, max_tokens=40).choices[0].message.content
+    assert len(free) > 30, free
+    stop = free[15:19]  # a string that spans tokens somewhere in the middle of the answer
+    cut = _chat(client, messages=messages, temperature=0, max_tokens=40, stop=[stop])
+    assert cut.choices[0].message.content == free[: free.index(stop)]
+    assert cut.choices[0].finish_reason == "stop"
+    streamed = _chat(
+        client, messages=messages, temperature=0, max_tokens=40, stop=stop, stream=True
+    )
+    assert (
+        "".join(c.choices[0].delta.content or "" for c in streamed if c.choices)
+        == free[: free.index(stop)]
+    )
+
+
+def test_text_completions(client: openai.OpenAI) -> None:
+    resp = client.completions.create(
+        model=MODEL, prompt="The capital of France is", max_tokens=6, temperature=0
+    )
+    assert resp.object == "text_completion"
+    assert resp.usage.completion_tokens <= 6
+    assert resp.choices[0].text
+    streamed = client.completions.create(
+        model=MODEL, prompt="The capital of France is", max_tokens=6, temperature=0, stream=True
+    )
+    assert "".join(c.choices[0].text for c in streamed if c.choices) == resp.choices[0].text
+
+
+def test_sixteen_concurrent_streams_complete(llm_up: Any) -> None:
+    async def one(i: int, client: openai.AsyncOpenAI) -> tuple[str, str | None]:
+        stream = await client.chat.completions.create(
+            model=MODEL,
+            messages=[{"role": "user", "content": f"Write a sentence about the number {i}."}],
+            max_tokens=24 + i,
+            temperature=0,
+            stream=True,
+        )
+        text, finish = "", None
+        async for chunk in stream:
+            if chunk.choices:
+                text += chunk.choices[0].delta.content or ""
+                finish = chunk.choices[0].finish_reason or finish
+        return text, finish
+
+    async def run() -> list[tuple[str, str | None]]:
+        async with openai.AsyncOpenAI(
+            base_url=f"{llm_up.base_url}/v1", api_key=llm_up.key, max_retries=0
+        ) as c:
+            return await asyncio.gather(*(one(i, c) for i in range(16)))
+
+    results = asyncio.run(run())
+    assert all(text and finish in ("stop", "length") for text, finish in results), results
+
+
+def _worker_gauge(llm_up: Any, name: str) -> float:
+    (worker,) = llm_up.workers()
+    port = worker.cmdline()[worker.cmdline().index("--port") + 1]
+    metrics = httpx.get(f"http://127.0.0.1:{port}/metrics").text
+    return sum(float(line.split()[-1]) for line in metrics.splitlines() if line.startswith(name))
+
+
+def test_disconnect_frees_slot_and_bills_partial_tokens(llm_up: Any) -> None:
+    body = {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": "Tell me a very long story about dragons."}],
+        "max_tokens": 2000,
+        "stream": True,
+    }
+    headers = {"authorization": f"Bearer {llm_up.key}"}
+    with httpx.stream(
+        "POST", f"{llm_up.base_url}/v1/chat/completions", json=body, headers=headers
+    ) as r:
+        request_id = r.headers["x-request-id"]
+        lines = r.iter_lines()
+        got = [next(lines) for _ in range(8) if True]  # role chunk + content chunks
+        assert sum(1 for line in got if line.startswith("data: ")) >= 3
+        assert _worker_gauge(llm_up, "kiln_worker_running_sequences") >= 1
+    closed = time.monotonic()
+    while _worker_gauge(llm_up, "kiln_worker_running_sequences") > 0:
+        assert time.monotonic() - closed < 1.0, "the sequence kept running after the client left"
+        time.sleep(0.02)
+
+    async def usage() -> Any:
+        async with (
+            open_database(Settings(data_dir=llm_up.env["KILN_DATA_DIR"])) as db,
+            db.sessions() as s,
+        ):
+            return await s.scalar(select(UsageEvent).where(UsageEvent.request_id == request_id))
+
+    deadline = time.monotonic() + 5
+    while (event := asyncio.run(usage())) is None and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert event is not None
+    assert event.status == 499
+    assert 3 <= event.output_tokens < 2000
+
+
+@pytest.mark.parametrize(
+    ("extra", "param"),
+    [
+        ({"n": 2}, "n"),
+        ({"logprobs": True}, "logprobs"),
+        ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
+        ({"response_format": {"type": "json_object"}}, "response_format"),
+        ({"frobnicate": 1}, "frobnicate"),
+        ({"messages": []}, "messages"),
+        ({"messages": [{"role": "wizard", "content": "hi"}]}, "messages[0].role"),
+        (
+            {"messages": [{"role": "user", "content": [{"type": "image_url"}]}]},
+            "messages[0].content[0].type",
+        ),
+        ({"messages": [{"role": "user", "content": "hello " * 9000}]}, "messages"),
+        ({"max_tokens": 9000}, "max_tokens"),
+        ({"max_tokens": 0}, "max_tokens"),
+        ({"temperature": 3}, "temperature"),
+        ({"stop": ["a", "b", "c", "d", "e"]}, "stop"),
+    ],
+)
+def test_bad_requests_are_400_naming_the_problem(
+    llm_up: Any, extra: dict[str, Any], param: str
+) -> None:
+    body = {"model": MODEL, "messages": PARIS, **extra}
+    r = httpx.post(
+        f"{llm_up.base_url}/v1/chat/completions",
+        json=body,
+        headers={"authorization": f"Bearer {llm_up.key}"},
+        timeout=30,
+    )
+    assert r.status_code == 400, r.text
+    error = r.json()["error"]
+    assert error["param"] == param, error
+    assert param.split(".", maxsplit=1)[0].split("[", maxsplit=1)[0] in error["message"]
+
+
+def test_over_long_prompt_message_has_both_numbers(client: openai.OpenAI) -> None:
+    with pytest.raises(openai.BadRequestError) as err:
+        _chat(client, messages=[{"role": "user", "content": "hello " * 9000}], max_tokens=10)
+    message = err.value.body["message"]  # type: ignore[index]
+    assert "8192" in message
+    assert re.search(r"\d{4,} in the messages, 10 for the completion", message)

@@ -1,0 +1,56 @@
+"""Incremental detokenization and stop strings, with a real tokenizer built in the test."""
+
+from __future__ import annotations
+
+import pytest
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+
+from kiln_platform.gateway._textstream import TextStream
+
+
+@pytest.fixture(scope="module")
+def byte_tokenizer() -> Tokenizer:
+    """A byte-level BPE with single-byte tokens: multi-byte characters span several tokens."""
+    vocab = {c: i for i, c in enumerate(pre_tokenizers.ByteLevel.alphabet())}
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    return tok
+
+
+def _stream(tok: Tokenizer, text: str, stop: tuple[str, ...] = ()) -> tuple[list[str], str]:
+    ts = TextStream(tok, stop)
+    pieces = [ts.push([i]) for i in tok.encode(text).ids]
+    pieces.append(ts.flush())
+    return pieces, "".join(pieces)
+
+
+def test_multibyte_and_emoji_never_split(byte_tokenizer: Tokenizer) -> None:
+    text = "Café 🚀 naïve 日本語 done"
+    pieces, joined = _stream(byte_tokenizer, text)
+    assert joined == text
+    assert all("\ufffd" not in p for p in pieces)
+    assert len(byte_tokenizer.encode("🚀").ids) == 4  # the test really crosses token boundaries
+
+
+def test_stop_string_across_token_boundaries_is_cut(byte_tokenizer: Tokenizer) -> None:
+    pieces, joined = _stream(byte_tokenizer, "The answer is 42.\nUser: more", ("\nUser:",))
+    assert joined == "The answer is 42."
+    assert all("\nUser" not in p for p in pieces)
+
+
+def test_partial_stop_prefix_is_released_when_it_diverges(byte_tokenizer: Tokenizer) -> None:
+    _, joined = _stream(byte_tokenizer, "a \nUse the force", ("\nUser:",))
+    assert joined == "a \nUse the force"
+
+
+def test_earliest_of_several_stops_wins(byte_tokenizer: Tokenizer) -> None:
+    _, joined = _stream(byte_tokenizer, "one two three", ("three", "two"))
+    assert joined == "one "
+
+
+def test_stop_at_very_start_gives_empty_text(byte_tokenizer: Tokenizer) -> None:
+    ts = TextStream(byte_tokenizer, ("ab",))
+    out = "".join(ts.push([i]) for i in byte_tokenizer.encode("abc").ids) + ts.flush()
+    assert out == ""
+    assert ts.stopped

@@ -1,0 +1,163 @@
+"""The scheduler on a real asyncio loop, with fake async workers."""
+
+from __future__ import annotations
+
+import asyncio
+from collections import Counter
+
+import pytest
+
+from kiln_platform.errors import DeadlineExceeded, Overloaded, ServiceUnavailable
+from kiln_platform.scheduler.admission import AdmissionLimits, RejectReason
+from kiln_platform.scheduler.core import PoolScheduler, SchedulerConfig
+from kiln_platform.scheduler.runner import PoolRunner, rejection
+
+
+class FakeWorkers:
+    """Async workers that record their concurrency and can be held busy."""
+
+    def __init__(self, slots: dict[str, int]) -> None:
+        self.slots = slots
+        self.running: Counter[str] = Counter()
+        self.peak: Counter[str] = Counter()
+        self.release = asyncio.Event()
+        self.release.set()
+
+    async def call(self, request, worker: str) -> str:
+        self.running[worker] += 1
+        self.peak[worker] = max(self.peak[worker], self.running[worker])
+        try:
+            await self.release.wait()
+            await asyncio.sleep(0.001)
+            if request.tenant == "broken":
+                raise RuntimeError("worker failed")
+            return f"{request.id}@{worker}"
+        finally:
+            self.running[worker] -= 1
+
+
+def make_runner(slots: dict[str, int], **limits) -> tuple[PoolRunner, FakeWorkers]:
+    workers = FakeWorkers(slots)
+    config = SchedulerConfig(limits=AdmissionLimits(**limits))
+    return PoolRunner(PoolScheduler(config), lambda: workers.slots), workers
+
+
+async def test_requests_run_without_overfilling_any_worker() -> None:
+    runner, workers = make_runner({"w0": 2, "w1": 1})
+    requests = [runner.request(f"r{i}", "abc"[i % 3], 1.0, timeout_s=None) for i in range(30)]
+    results = await asyncio.gather(*(runner.run(r, workers.call) for r in requests))
+    assert len(results) == 30
+    assert workers.peak["w0"] <= 2
+    assert workers.peak["w1"] <= 1
+    assert runner.scheduler.in_flight == 0
+
+
+async def test_a_tenant_over_its_queue_bound_gets_429_at_once() -> None:
+    runner, workers = make_runner({"w": 1}, max_tenant_queue=1)
+    workers.release.clear()
+    busy = asyncio.ensure_future(
+        runner.run(runner.request("1", "a", 1.0, timeout_s=None), workers.call)
+    )
+    queued = asyncio.ensure_future(
+        runner.run(runner.request("2", "a", 1.0, timeout_s=None), workers.call)
+    )
+    await asyncio.sleep(0.001)
+    with pytest.raises(Overloaded) as info:
+        await runner.run(runner.request("3", "a", 1.0, timeout_s=None), workers.call)
+    assert info.value.status_code == 429
+    assert info.value.retry_after is not None
+    assert info.value.retry_after > 0
+    workers.release.set()
+    assert await asyncio.gather(busy, queued) == ["1@w", "2@w"]
+
+
+async def test_a_queued_request_expires_before_its_deadline_passes() -> None:
+    runner, workers = make_runner({"w": 1})
+    workers.release.clear()
+    busy = asyncio.ensure_future(
+        runner.run(runner.request("1", "a", 1.0, timeout_s=None), workers.call)
+    )
+    await asyncio.sleep(0)
+    start = runner.now()
+    with pytest.raises(DeadlineExceeded):
+        await runner.run(runner.request("2", "b", 1.0, timeout_s=0.05), workers.call)
+    assert runner.now() - start < 0.05  # answered before the deadline, not after it
+    workers.release.set()
+    await busy
+    (b,) = [t for t in runner.scheduler.snapshot(runner.now()).tenants if t.tenant == "b"]
+    assert b.rejected == {"deadline_expired": 1}
+
+
+async def test_a_cancelled_waiter_leaves_the_queue() -> None:
+    runner, workers = make_runner({"w": 1})
+    workers.release.clear()
+    busy = asyncio.ensure_future(
+        runner.run(runner.request("1", "a", 1.0, timeout_s=None), workers.call)
+    )
+    waiter = asyncio.ensure_future(
+        runner.run(runner.request("2", "a", 1.0, timeout_s=None), workers.call)
+    )
+    await asyncio.sleep(0.001)
+    waiter.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await waiter
+    assert len(runner.scheduler.queue) == 0
+    workers.release.set()
+    await busy
+    assert runner.scheduler.in_flight == 0
+
+
+async def test_a_failed_call_gives_its_credit_back() -> None:
+    runner, workers = make_runner({"w": 1})
+    with pytest.raises(RuntimeError, match="worker failed"):
+        await runner.run(runner.request("1", "broken", 1.0, timeout_s=None), workers.call)
+    assert await runner.run(runner.request("2", "a", 1.0, timeout_s=None), workers.call) == "2@w"
+
+
+async def test_no_ready_worker_means_503_for_deadlines() -> None:
+    runner, workers = make_runner({})
+    waiting = asyncio.ensure_future(
+        runner.run(runner.request("1", "a", 1.0, timeout_s=None), workers.call)
+    )
+    await asyncio.sleep(0)
+    with pytest.raises(ServiceUnavailable) as info:
+        await runner.run(runner.request("2", "b", 1.0, timeout_s=1.0), workers.call)
+    assert info.value.status_code == 503
+    workers.slots = {"w": 1}  # a worker became ready
+    runner.poke()
+    assert await waiting == "1@w"
+
+
+@pytest.mark.parametrize(
+    ("reason", "status"),
+    [
+        (RejectReason.TENANT_OVER_SHARE, 429),
+        (RejectReason.POOL_OVERLOADED, 503),
+        (RejectReason.DEADLINE_TOO_SHORT, 504),
+    ],
+)
+def test_rejections_map_to_kiln_errors(reason: RejectReason, status: int) -> None:
+    error = rejection(reason, 2.5)
+    assert error.status_code == status
+
+
+async def test_a_waiter_cancelled_just_after_dispatch_gives_its_credit_back() -> None:
+    runner, workers = make_runner({"w": 1})
+    workers.release.clear()
+    busy = asyncio.ensure_future(
+        runner.run(runner.request("1", "a", 1.0, timeout_s=None), workers.call)
+    )
+    waiter = asyncio.ensure_future(
+        runner.run(runner.request("2", "a", 1.0, timeout_s=None), workers.call)
+    )
+    await asyncio.sleep(0.001)
+    workers.slots = {"w": 2}
+    runner.poke()  # dispatches the waiter: its future is resolved...
+    waiter.cancel()  # ...but the client leaves before its task resumes
+    with pytest.raises(asyncio.CancelledError):
+        await waiter
+    assert runner.scheduler.in_flight == 1
+    workers.release.set()
+    await busy
+    assert runner.scheduler.in_flight == 0
+    assert await runner.run(runner.request("3", "a", 1.0, timeout_s=None), workers.call) == "3@w"
