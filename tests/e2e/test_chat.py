@@ -45,9 +45,8 @@ def test_paris_deterministic_and_usage_matches_tokenizer(
     assert second.choices[0].message.content == text
     assert first.model == MODEL
     config = json.loads((smollm2_dir / "tokenizer_config.json").read_text())
-    template = jinja2.Environment(trim_blocks=True, lstrip_blocks=True, autoescape=False)  # noqa: S701.from_string(
-        config["chat_template"]
-    )
+    env = jinja2.Environment(trim_blocks=True, lstrip_blocks=True, autoescape=False)  # noqa: S701
+    template = env.from_string(config["chat_template"])
     prompt = template.render(messages=PARIS, add_generation_prompt=True)
     tokenizer = Tokenizer.from_file(str(smollm2_dir / "tokenizer.json"))
     assert first.usage.prompt_tokens == len(tokenizer.encode(prompt, add_special_tokens=False).ids)

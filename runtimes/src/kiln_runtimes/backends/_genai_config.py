@@ -1,0 +1,82 @@
+"""What the engine needs to know about a GenAI model folder, read from ``genai_config.json``."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from pathlib import Path
+
+    from kiln_runtimes.protocol import ModelManifest
+
+GENAI_CONFIG = "genai_config.json"
+
+
+@dataclass(frozen=True, kw_only=True)
+class ModelSpec:
+    """A decoder-only model with a GroupQueryAttention KV cache, as the GenAI builder exports it."""
+
+    model_path: Path
+    num_layers: int
+    num_kv_heads: int
+    head_size: int
+    vocab_size: int
+    context_length: int
+    eos_token_ids: frozenset[int]
+    pad_token_id: int
+    input_ids: str = "input_ids"
+    attention_mask: str = "attention_mask"
+    past_key: str = "past_key_values.%d.key"
+    past_value: str = "past_key_values.%d.value"
+    present_key: str = "present.%d.key"
+    present_value: str = "present.%d.value"
+    logits: str = "logits"
+
+    def kv_names(self) -> list[tuple[str, str]]:
+        """``(past input, present output)`` name pairs, keys and values of every layer."""
+        pairs = []
+        for layer in range(self.num_layers):
+            pairs.append((self.past_key % layer, self.present_key % layer))
+            pairs.append((self.past_value % layer, self.present_value % layer))
+        return pairs
+
+
+def load_spec(model_dir: Path, manifest: ModelManifest) -> ModelSpec:
+    """Read ``genai_config.json``; the model file must stay inside ``model_dir``."""
+    root = model_dir.resolve()
+    config = json.loads((root / GENAI_CONFIG).read_text())
+    path = (root / manifest.model_file).resolve()
+    if not path.is_relative_to(root):
+        raise ValueError(f"model file {manifest.model_file!r} is outside {root}")
+    return spec_from_config(config, path, manifest.context_length)
+
+
+def spec_from_config(config: dict[str, Any], model_path: Path, context_length: int) -> ModelSpec:
+    """Build a ``ModelSpec`` from a parsed ``genai_config.json``."""
+    model = config["model"]
+    decoder = model["decoder"]
+    if "dynamic_batching" in config.get("engine", {}) or decoder.get("sliding_window"):
+        raise ValueError("paged-attention and sliding-window exports are not supported")
+    inputs, outputs = decoder.get("inputs", {}), decoder.get("outputs", {})
+    eos = model["eos_token_id"]
+    eos_ids = frozenset(eos if isinstance(eos, list) else [eos])
+    pad = model.get("pad_token_id", min(eos_ids))
+    return ModelSpec(
+        model_path=model_path,
+        num_layers=int(decoder["num_hidden_layers"]),
+        num_kv_heads=int(decoder["num_key_value_heads"]),
+        head_size=int(decoder["head_size"]),
+        vocab_size=int(model["vocab_size"]),
+        context_length=min(context_length, int(model["context_length"])),
+        eos_token_ids=eos_ids,
+        pad_token_id=int(pad[0] if isinstance(pad, list) else pad),
+        input_ids=inputs.get("input_ids", "input_ids"),
+        attention_mask=inputs.get("attention_mask", "attention_mask"),
+        past_key=inputs.get("past_key_names", "past_key_values.%d.key"),
+        past_value=inputs.get("past_value_names", "past_key_values.%d.value"),
+        present_key=outputs.get("present_key_names", "present.%d.key"),
+        present_value=outputs.get("present_value_names", "present.%d.value"),
+        logits=outputs.get("logits", "logits"),
+    )

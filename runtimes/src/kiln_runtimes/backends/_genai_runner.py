@@ -1,0 +1,141 @@
+"""Runs a ``Batch`` on the GenAI folder's ``model.onnx`` with one slot-indexed KV cache.
+
+The KV cache of every layer is one ``[slots, kv_heads, capacity, head_size]`` buffer bound as both
+past input and present output (GroupQueryAttention's shared-buffer mode), so a decode step over
+rows ``0..n-1`` is a single ONNX Runtime call on a contiguous view and a prefill is a call on one
+row. Sequence lengths travel in ``attention_mask``; rows never move. ``capacity`` grows in powers
+of two with the longest sequence and shrinks back when the engine is idle.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import numpy.typing as npt
+import onnxruntime as ort
+
+if TYPE_CHECKING:
+    from kiln_runtimes.backends._genai_config import ModelSpec
+    from kiln_runtimes.backends._genai_scheduler import Batch, PrefillWork
+
+MIN_CAPACITY = 256
+ORT_TYPES: dict[str, Any] = {
+    "tensor(float)": np.float32,
+    "tensor(float16)": np.float16,
+    "tensor(int64)": np.int64,
+    "tensor(int32)": np.int32,
+}
+
+
+class ModelRunner:
+    """Owns the ONNX Runtime session and the KV buffers; not thread-safe (one engine thread)."""
+
+    def __init__(
+        self, spec: ModelSpec, max_sequences: int, threads: int = 0, spin: bool = True
+    ) -> None:
+        options = ort.SessionOptions()
+        options.intra_op_num_threads = threads
+        # Spinning workers win ~25% per step on idle cores and lose badly on oversubscribed ones.
+        options.add_session_config_entry("session.intra_op.allow_spinning", "1" if spin else "0")
+        options.inter_op_num_threads = 1
+        options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        self._session = ort.InferenceSession(
+            str(spec.model_path), sess_options=options, providers=["CPUExecutionProvider"]
+        )
+        types = {i.name: ORT_TYPES[i.type] for i in self._session.get_inputs()}
+        self.spec = spec
+        self._slots = max_sequences
+        self._id_type = types[spec.input_ids]
+        self._mask_type = types[spec.attention_mask]
+        self._kv_type = types[spec.past_key % 0]
+        logits = next(o for o in self._session.get_outputs() if o.name == spec.logits)
+        self._logits_type = ORT_TYPES[logits.type]
+        self._pruned = logits.shape[1] == 1  # ``prune_lm_head``: last position only
+        self._kv: list[npt.NDArray[Any]] = []
+        self._decode_bindings: dict[int, Any] = {}
+        self.capacity = 0
+        self.reserve(MIN_CAPACITY)
+
+    def execute(self, batch: Batch) -> dict[int, npt.NDArray[np.float32]]:
+        """Run the batch; returns last-position logits for every slot that samples this step."""
+        logits: dict[int, npt.NDArray[np.float32]] = {}
+        for work in batch.prefills:
+            row = self._prefill(work)
+            if work.last:
+                logits[work.slot] = row
+        if batch.decode_slots:
+            rows = self._decode(batch.decode_tokens, batch.decode_lengths)
+            logits.update((slot, rows[slot]) for slot in batch.decode_slots)
+        return logits
+
+    def reserve(self, positions: int) -> None:
+        """Make every row hold at least ``positions`` tokens (copying what is cached)."""
+        if positions <= self.capacity:
+            return
+        if positions > self.spec.context_length:
+            raise ValueError(f"{positions} positions exceed the context length")
+        capacity = max(MIN_CAPACITY, 1 << (positions - 1).bit_length())
+        capacity = min(capacity, self.spec.context_length)
+        shape = (self._slots, self.spec.num_kv_heads, capacity, self.spec.head_size)
+        kv = [np.zeros(shape, dtype=self._kv_type) for _ in self.spec.kv_names()]
+        for new, old in zip(kv, self._kv, strict=False):
+            new[:, :, : self.capacity] = old
+        self._kv, self.capacity = kv, capacity
+        self._decode_bindings.clear()
+
+    def shrink(self) -> None:
+        """Release cache memory; call only when no sequence holds a slot."""
+        if self.capacity <= MIN_CAPACITY:
+            return
+        self._kv, self.capacity = [], 0
+        self._decode_bindings.clear()
+        self.reserve(MIN_CAPACITY)
+
+    def _prefill(self, work: PrefillWork) -> npt.NDArray[np.float32]:
+        end = work.start + len(work.token_ids)
+        self.reserve(end)
+        binding = self._bind_kv(work.slot, work.slot + 1)
+        ids = np.asarray([work.token_ids], dtype=self._id_type)
+        mask = np.ones((1, end), dtype=self._mask_type)
+        logits: npt.NDArray[np.float32] = self._run(binding, ids, mask)[0, -1]
+        return logits
+
+    def _decode(self, tokens: tuple[int, ...], lengths: tuple[int, ...]) -> npt.NDArray[np.float32]:
+        totals = np.asarray(lengths, dtype=np.int64) + 1
+        width = int(totals.max())
+        self.reserve(width)
+        binding = self._decode_bindings.get(len(tokens))
+        if binding is None:
+            binding = self._decode_bindings[len(tokens)] = self._bind_kv(0, len(tokens))
+        ids = np.asarray(tokens, dtype=self._id_type)[:, None]
+        mask = (np.arange(width)[None, :] < totals[:, None]).astype(self._mask_type)
+        return self._run(binding, ids, mask)[:, -1]
+
+    def _run(
+        self, binding: Any, ids: npt.NDArray[Any], mask: npt.NDArray[Any]
+    ) -> npt.NDArray[np.float32]:
+        """Bind inputs and a fresh logits buffer, run, return ``[rows, positions, vocab]``."""
+        positions = 1 if self._pruned else ids.shape[1]
+        shape = (ids.shape[0], positions, self.spec.vocab_size)
+        logits = np.empty(shape, dtype=self._logits_type)
+        binding.bind_cpu_input(self.spec.input_ids, ids)
+        binding.bind_cpu_input(self.spec.attention_mask, mask)
+        _bind_array(binding.bind_output, self.spec.logits, logits)
+        self._session.run_with_iobinding(binding)
+        return logits.astype(np.float32, copy=False)
+
+    def _bind_kv(self, start: int, stop: int) -> Any:
+        """A binding whose past and present tensors are rows ``start:stop`` of the cache."""
+        binding = self._session.io_binding()
+        for buffer, (past, present) in zip(self._kv, self.spec.kv_names(), strict=True):
+            rows = buffer[start:stop]
+            _bind_array(binding.bind_input, past, rows)
+            _bind_array(binding.bind_output, present, rows)
+        return binding
+
+
+def _bind_array(bind: Any, name: str, array: npt.NDArray[Any]) -> None:
+    """Bind a C-contiguous numpy array by address (no copy); ``array`` must outlive the run."""
+    bind(name, "cpu", 0, array.dtype, list(array.shape), array.ctypes.data)

