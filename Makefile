@@ -4,6 +4,10 @@ PY     := $(VENV)/bin/python
 UV     := $(VENV)/bin/uv
 STAMP  := $(VENV)/.kiln-installed
 
+SHELL  := /bin/bash
+.SHELLFLAGS := -eu -o pipefail -c
+QUIET  := 2>&1 | { grep -v "is ignored: it is neither" || true; }
+
 .DEFAULT_GOAL := help
 .PHONY: help setup up test lint bench-embeddings
 
@@ -14,8 +18,8 @@ setup: $(STAMP) ## Create .venv with everything locked in uv.lock (+ torch 2.13.
 
 $(STAMP): uv.lock pyproject.toml platform/pyproject.toml runtimes/pyproject.toml console/pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
-	$(PY) -m pip install -q --disable-pip-version-check "uv==0.13.9"
-	$(PY) -m pip install -q --disable-pip-version-check "torch==2.13.0"
+	$(PY) -m pip install -q --disable-pip-version-check "uv==0.13.9" $(QUIET)
+	$(PY) -m pip install -q --disable-pip-version-check "torch==2.13.0" $(QUIET)
 	UV_PROJECT_ENVIRONMENT=$(VENV) $(UV) sync -q --frozen --inexact --all-packages --extra import
 	touch $@
 
