@@ -4,6 +4,7 @@ and a fresh database cloned from it per test module."""
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 import os
 import uuid
 from collections.abc import Iterator
@@ -70,3 +71,16 @@ def new_database(pg_uri: str) -> str:
 def database_uri(pg_uri: str) -> str:
     """A fresh, migrated database for one test module."""
     return new_database(pg_uri)
+
+
+@pytest.fixture(scope="session")
+def tensor_models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """The tensor test models from ``tests/fixtures/make_tensor_models.py`` (name -> path)."""
+    script = Path(__file__).parent / "fixtures" / "make_tensor_models.py"
+    spec = importlib.util.spec_from_file_location("make_tensor_models", script)
+    assert spec is not None
+    assert spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    built: dict[str, Path] = module.build(tmp_path_factory.mktemp("tensor-models"))
+    return built

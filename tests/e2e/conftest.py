@@ -29,6 +29,7 @@ from kiln_runtimes.store import ArtifactStore
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator
+    from contextlib import AbstractContextManager
 
 MINILM = "all-minilm-l6-v2"
 SMOLLM2 = "smollm2-135m-instruct"
@@ -129,9 +130,12 @@ async def _register(settings: Settings, model_dir: Path) -> None:
         await register_version(session, manifest, "test", digest)
 
 
-def _start_kiln(data_dir: Path, model_dirs: list[Path]) -> KilnProcess:
+def _start_kiln(
+    data_dir: Path, model_dirs: list[Path], extra_env: dict[str, str] | None = None
+) -> KilnProcess:
     """Register models in a fresh data directory and start ``kiln up`` on it."""
     env = {**os.environ, "KILN_DATA_DIR": str(data_dir), "KILN_LOG_LEVEL": "warning"}
+    env.update(extra_env or {})
     env.pop("KILN_DATABASE_URL", None)
     settings = Settings(data_dir=data_dir)
     for model_dir in model_dirs:
@@ -145,7 +149,7 @@ def _start_kiln(data_dir: Path, model_dirs: list[Path]) -> KilnProcess:
 
 
 @pytest.fixture(scope="session")
-def start_kiln() -> Callable[[Path, list[Path]], KilnProcess]:
+def start_kiln() -> Callable[..., KilnProcess]:
     """Register models in a fresh data directory and start ``kiln up`` on it."""
     return _start_kiln
 
@@ -162,6 +166,12 @@ def data_dir() -> Iterator[Path]:
         yield path
     finally:
         shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def kiln_data_dir() -> Callable[[], AbstractContextManager[Path]]:
+    """``data_dir`` as a fixture, for modules that start their own ``kiln up``."""
+    return data_dir
 
 
 @pytest.fixture

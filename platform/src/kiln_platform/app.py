@@ -20,8 +20,10 @@ from kiln_platform.context import Kiln, running
 from kiln_platform.db import migrate
 from kiln_platform.errors import KilnError
 from kiln_platform.gateway.controllers import OpenAIController
+from kiln_platform.gateway.oip import OIPController
 from kiln_platform.gateway.schemas import ErrorBody, ErrorResponse
 from kiln_platform.observability import configure_logging, request_id_middleware
+from kiln_platform.registry.controllers import AdminModelsController
 
 log = structlog.get_logger("kiln.app")
 
@@ -48,6 +50,8 @@ def _error_response(request: Request[Any, Any, Any], exc: Exception) -> Response
         status, message, param, retry_after = 500, "Internal server error.", None, None
         code = kind = "server_error"
     headers = {"retry-after": str(max(1, round(retry_after)))} if retry_after else {}
+    if request.url.path.startswith("/v2"):  # the Open Inference Protocol's error shape
+        return Response({"error": message}, status_code=status, headers=headers)
     if request.url.path.startswith("/v1"):
         body: Any = ErrorResponse(
             error=ErrorBody(message=message, type=kind, param=param, code=code)
@@ -107,7 +111,14 @@ def create_app(settings: Settings) -> Litestar:
 
     prometheus = PrometheusConfig(app_name="kiln", prefix="kiln", group_path=True)
     return Litestar(
-        route_handlers=[OpenAIController, PrometheusController, healthz, readyz],
+        route_handlers=[
+            OpenAIController,
+            OIPController,
+            AdminModelsController,
+            PrometheusController,
+            healthz,
+            readyz,
+        ],
         dependencies={"kiln": Provide(_provide_kiln, sync_to_thread=False)},
         lifespan=[lifespan],
         middleware=[prometheus.middleware, DefineMiddleware(request_id_middleware)],

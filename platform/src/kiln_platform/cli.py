@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
+from kiln_platform import _cli_models
 from kiln_platform.settings import Settings
 
 if TYPE_CHECKING:
@@ -128,15 +129,16 @@ def tenants() -> None:
 
 @tenants.command("create")
 @click.argument("name")
+@click.option("--weight", type=float, default=1.0, show_default=True, help="Fair-share weight.")
 @click.pass_context
-def tenants_create(ctx: click.Context, name: str) -> None:
+def tenants_create(ctx: click.Context, name: str, weight: float) -> None:
     """Create a tenant."""
     from kiln_platform.errors import KilnError
     from kiln_platform.tenants.services import create_tenant
 
     async def action(db: Database, settings: Settings) -> str:
         async with db.sessions.begin() as session:
-            return str((await create_tenant(session, name)).id)
+            return str((await create_tenant(session, name, weight)).id)
 
     try:
         click.echo(_with_db(ctx.find_root(), action))
@@ -152,8 +154,15 @@ def keys() -> None:
 @keys.command("create")
 @click.option("--tenant", required=True, help="Tenant name.")
 @click.option("--name", "label", default="", help="A label for the key.")
+@click.option(
+    "--scope",
+    "scopes",
+    multiple=True,
+    type=click.Choice(["inference", "admin:read", "admin:write"]),
+    help="A scope (repeatable; default: inference).",
+)
 @click.pass_context
-def keys_create(ctx: click.Context, tenant: str, label: str) -> None:
+def keys_create(ctx: click.Context, tenant: str, label: str, scopes: tuple[str, ...]) -> None:
     """Create an API key; its secret is printed once, alone on the last line."""
     from kiln_platform.errors import KilnError
     from kiln_platform.keys.services import create_key
@@ -162,7 +171,13 @@ def keys_create(ctx: click.Context, tenant: str, label: str) -> None:
     async def action(db: Database, settings: Settings) -> tuple[str, str]:
         async with db.sessions.begin() as session:
             t = await get_tenant_by_name(session, tenant)
-            key, secret = await create_key(session, settings.hmac_key(), t.id, name=label)
+            key, secret = await create_key(
+                session,
+                settings.hmac_key(),
+                t.id,
+                name=label,
+                scopes=frozenset(scopes or ("inference",)),
+            )
             return key.prefix, secret
 
     try:
@@ -217,6 +232,9 @@ def import_bundled(ctx: click.Context, only: tuple[str, ...]) -> None:
 
     built = _with_db(ctx.find_root(), action)
     click.echo(f"imported: {', '.join(built) if built else 'nothing (all up to date)'}")
+
+
+_cli_models.register(models, _with_db, _fail)  # `kiln models upload | compile | jobs`
 
 
 @main.command()

@@ -9,9 +9,11 @@ from typing import TYPE_CHECKING
 import aiohttp
 
 from kiln_platform.billing.ledger import LedgerWriter
+from kiln_platform.compiler.runner import CompileRunner
 from kiln_platform.db import migrate
 from kiln_platform.db.engine import create_engine, database_url, sessionmaker
 from kiln_platform.gateway.dispatch import WorkerClient
+from kiln_platform.gateway.tensor_dispatch import TensorClient
 from kiln_platform.keys.services import KeyVerifier
 from kiln_platform.pools.local import LocalBackend
 from kiln_platform.pools.services import PoolManager
@@ -59,6 +61,8 @@ class Kiln:
     pools: PoolManager
     workers: WorkerClient
     ledger: LedgerWriter
+    tensors: TensorClient
+    compiler: CompileRunner
 
 
 @asynccontextmanager
@@ -83,11 +87,15 @@ async def running(settings: Settings) -> AsyncIterator[Kiln]:
             pools=pools,
             workers=WorkerClient(pools, http, settings.request_timeout_s),
             ledger=ledger,
+            tensors=TensorClient(pools, http, settings.request_timeout_s),
+            compiler=CompileRunner(db.sessions, settings),
         )
         await ledger.start()
         await pools.start()
+        kiln.compiler.start()
         try:
             yield kiln
         finally:
+            await kiln.compiler.stop()
             await pools.stop()
             await ledger.stop()

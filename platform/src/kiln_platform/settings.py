@@ -32,10 +32,15 @@ class Settings(BaseSettings):
     worker_max_batch_size: int = 32
     worker_max_wait_ms: float = 5.0
     worker_threads: int | None = None
+    worker_slots: int | None = None
+    """Requests the scheduler keeps in flight per worker (default: its max batch size)."""
     worker_start_timeout_s: float = 120.0
     key_cache_ttl_s: float = 5.0
     max_embedding_inputs: int = 2048
     request_timeout_s: float = 60.0
+    max_upload_bytes: int = 2 << 30
+    min_opset: int = 7
+    max_opset: int = 23
 
     @property
     def store_dir(self) -> Path:

@@ -10,16 +10,23 @@ import structlog
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from kiln_runtimes import _embed, _generate
+from kiln_runtimes import _embed, _generate, _tensor
 from kiln_runtimes._errors import BadRequest, Internal, WorkerError
 from kiln_runtimes._runtime import Worker
-from kiln_runtimes.protocol import CONTENT_TYPE, EmbedRequest, GenerateRequest, encoder
+from kiln_runtimes.protocol import (
+    CONTENT_TYPE,
+    EmbedRequest,
+    GenerateRequest,
+    InferRequest,
+    encoder,
+)
 
 T = TypeVar("T")
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 WORKER = web.AppKey("worker", Worker)
 OUTCOME = web.RequestKey("outcome", str)
-COUNTED = frozenset({"/embed", "/generate"})
+COUNTED = frozenset({"/embed", "/generate", "/infer"})
+TENSOR_BODY_LIMIT = 256 << 20
 log = structlog.get_logger(__name__)
 
 
@@ -28,6 +35,8 @@ def create_app(worker: Worker) -> web.Application:
     settings, manifest = worker.settings, worker.manifest
     # A msgpack int takes at most 9 bytes: room for a full queue of full-context inputs.
     body_limit = settings.max_queue * manifest.context_length * 9 + 65536
+    if manifest.task == "tensor":
+        body_limit = TENSOR_BODY_LIMIT
     app = web.Application(middlewares=[_errors], client_max_size=body_limit)
     app[WORKER] = worker
     app.router.add_get("/health", _health)
@@ -36,6 +45,8 @@ def create_app(worker: Worker) -> web.Application:
         app.router.add_post("/embed", _embed_handler)
     if manifest.task == "generate":
         app.router.add_post("/generate", _generate_handler)
+    if manifest.task == "tensor":
+        app.router.add_post("/infer", _infer_handler)
     return app
 
 
@@ -97,6 +108,18 @@ async def _generate_handler(request: web.Request) -> web.StreamResponse:
         )
     log.debug("generated", outcome=request[OUTCOME])
     return response
+
+
+async def _infer_handler(request: web.Request) -> web.Response:
+    worker = request.app[WORKER]
+    infer_request = _decode(await request.read(), InferRequest)
+    structlog.contextvars.bind_contextvars(request_id=infer_request.request_id)
+    with worker.admit():
+        result = await _tensor.infer(
+            worker.batcher, infer_request, worker.manifest, worker.settings.max_queue
+        )
+    worker.metrics.queue_wait.observe(result.queue_ms / 1000)
+    return _reply(result, 200)
 
 
 def _decode(body: bytes, kind: type[T]) -> T:

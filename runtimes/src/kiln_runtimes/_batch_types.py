@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 import numpy.typing as npt
@@ -13,6 +13,8 @@ if TYPE_CHECKING:
 
 CloseReason = Literal["size", "wait", "deadline"]
 Rows = npt.NDArray[np.float32]
+# What a backend returns for a batch: float32 rows (embeddings), or one entry per item (tensors).
+BatchResult = Rows | list[Any]
 
 
 @dataclass(eq=False, slots=True)
@@ -23,7 +25,7 @@ class Ticket:
     size: int
     enqueued_at: float
     deadline: float | None
-    rows: list[Rows | None]
+    rows: list[Any]
     pending: int
     started_at: float | None = None
     finished_at: float | None = None
@@ -41,11 +43,11 @@ class Ticket:
 
 @dataclass(frozen=True, slots=True)
 class Item:
-    """One input sequence of a ticket."""
+    """One input of a ticket: token ids (embeddings) or one tensor row (tensor models)."""
 
     ticket: Ticket
     index: int
-    input_ids: list[int]
+    input_ids: Any
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,8 +59,8 @@ class Batch:
     started_at: float
 
     @property
-    def inputs(self) -> list[list[int]]:
-        """The token ids to run."""
+    def inputs(self) -> list[Any]:
+        """The inputs to run (token-id lists, or tensor rows)."""
         return [item.input_ids for item in self.items]
 
     def tickets(self) -> list[Ticket]:
@@ -78,5 +80,5 @@ class Outcome:
     """What running one batch produced: rows or the exception, and the seconds it took."""
 
     batch: Batch
-    result: Rows | Exception
+    result: BatchResult | Exception
     seconds: float

@@ -50,6 +50,17 @@ class WorkerMetrics:
         self.ready = Gauge(
             "kiln_worker_ready", "1 while the worker accepts work.", registry=registry
         )
+        self.engine_cache = Counter(
+            "kiln_worker_engine_cache",
+            "Compiled-engine lookups at load: hit, miss (compiled now) or uncached.",
+            ["result"],
+            registry=registry,
+        )
+        self.load_seconds = Gauge(
+            "kiln_worker_load_seconds",
+            "Seconds from load start to ready (engine, session, warmup).",
+            registry=registry,
+        )
 
     def observe_batch(self, outcome: Outcome) -> None:
         """Record one executed batch."""

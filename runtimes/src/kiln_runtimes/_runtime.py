@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Literal
 
 import structlog
 
+from kiln_runtimes import _tensor
 from kiln_runtimes._errors import Draining, NotReady
 from kiln_runtimes._metrics import WorkerMetrics
 from kiln_runtimes.backends import get_embedding_backend, get_generation_backend
@@ -18,7 +19,7 @@ from kiln_runtimes.batcher import Batcher, BatchPolicy
 from kiln_runtimes.protocol import ModelManifest, WorkerInfo
 
 if TYPE_CHECKING:
-    from kiln_runtimes.backends.base import EmbeddingBackend, GenerationBackend
+    from kiln_runtimes.backends.base import EmbeddingBackend, GenerationBackend, TensorBackend
 
 Phase = Literal["loading", "ready", "draining"]
 log = structlog.get_logger(__name__)
@@ -38,6 +39,8 @@ class WorkerSettings:
     threads: int
     max_queue: int
     log_level: str
+    target: str = "cpu"
+    precision: str = "fp32"
 
 
 class Worker:
@@ -53,6 +56,7 @@ class Worker:
         self._embedder: EmbeddingBackend | None = None
         self._batcher: Batcher | None = None
         self._generator: GenerationBackend | None = None
+        self._tensor: TensorBackend | None = None
         self.metrics.in_flight.set_function(lambda: self.in_flight)
         self.metrics.queued.set_function(self.queued)
         self.metrics.ready.set_function(lambda: self.phase == "ready")
@@ -87,6 +91,8 @@ class Worker:
             await generator.load(settings.model_dir, manifest, settings.max_batch_size)
             self._generator = generator
             self.metrics.watch_generation(generator.running, generator.waiting)
+        elif manifest.task == "tensor":
+            self._tensor, self._batcher = await _tensor.load(settings, manifest, self.metrics)
         else:
             raise ValueError(f"task {manifest.task!r} is not served by this worker")
         if self.phase == "loading":
@@ -124,6 +130,8 @@ class Worker:
             await self._batcher.close()
         if self._embedder is not None:
             self._embedder.unload()
+        if self._tensor is not None:
+            self._tensor.unload()
         if self._generator is not None:
             await self._generator.unload()
 

@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 import structlog
 
-from kiln_runtimes._batch_types import Batch, CloseReason, Item, Outcome, Rows, Ticket
+from kiln_runtimes._batch_types import Batch, BatchResult, CloseReason, Item, Outcome, Ticket
 from kiln_runtimes._errors import DeadlineExceeded, Internal, Overloaded, WorkerError
 from kiln_runtimes._latency import LatencyModel
 
@@ -73,9 +73,7 @@ class BatchQueue:
         """Items waiting (not counting the running batch)."""
         return len(self._items)
 
-    def submit(
-        self, request_id: str, inputs: Sequence[list[int]], time_budget: float | None
-    ) -> Ticket:
+    def submit(self, request_id: str, inputs: Sequence[Any], time_budget: float | None) -> Ticket:
         """Enqueue a request's inputs, or raise ``Overloaded`` if the queue cannot hold them."""
         if len(self._items) + len(inputs) > self.policy.max_queue:
             batches = math.ceil((len(self._items) + len(inputs)) / self.policy.max_batch_size)
@@ -128,7 +126,7 @@ class BatchQueue:
         settled: list[Ticket] = []
         for outcome in outcomes:
             rows, batch = outcome.result, outcome.batch
-            if not isinstance(rows, np.ndarray) or rows.ndim != 2 or len(rows) != len(batch.items):
+            if isinstance(rows, Exception) or not _well_formed(rows, len(batch.items)):
                 message = f"backend failed: {rows!r}"[:300]
                 settled += self._settle(batch.tickets(), Internal, message)
                 continue
@@ -168,6 +166,13 @@ class BatchQueue:
         return failed
 
 
+def _well_formed(rows: BatchResult, size: int) -> bool:
+    """float32 rows ``[size, d]``, or a list of ``size`` per-item results (tensor models)."""
+    if isinstance(rows, np.ndarray):
+        return rows.ndim == 2 and len(rows) == size
+    return isinstance(rows, list) and len(rows) == size
+
+
 def _tightest(items: Iterable[Item]) -> float | None:
     return min((i.ticket.deadline for i in items if i.ticket.deadline is not None), default=None)
 
@@ -177,7 +182,7 @@ class Batcher:
 
     def __init__(
         self,
-        run: Callable[[list[list[int]]], Rows],
+        run: Callable[[list[Any]], BatchResult],
         policy: BatchPolicy,
         *,
         clock: Clock = time.monotonic,
@@ -196,9 +201,9 @@ class Batcher:
         self._spawn(self._loop())
 
     async def submit(
-        self, request_id: str, inputs: list[list[int]], time_budget: float | None
+        self, request_id: str, inputs: Sequence[Any], time_budget: float | None
     ) -> Ticket:
-        """Queue one request's inputs and wait until all of them are embedded; errors raise.
+        """Queue one request's inputs and wait until all of them have run; errors raise.
 
         ``time_budget`` is the seconds from now to the request's deadline (``None``: no deadline).
         """
@@ -260,7 +265,7 @@ class Batcher:
     def _timed(self, batch: Batch) -> Outcome:
         start = self._clock()
         try:
-            result: Rows | Exception = self._run(batch.inputs)
+            result: BatchResult | Exception = self._run(batch.inputs)
         except Exception as exc:
             result = exc
         return Outcome(batch, result, self._clock() - start)

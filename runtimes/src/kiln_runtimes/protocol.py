@@ -9,6 +9,7 @@ Worker endpoints:
 - ``GET /health``    -> ``WorkerInfo`` (200 when ready, 503 while warming up or draining)
 - ``POST /embed``    ``EmbedRequest`` -> ``EmbedResult`` | ``ErrorReply``
 - ``POST /generate`` ``GenerateRequest`` -> frames of ``GenerateChunk`` | ``ErrorReply``
+- ``POST /infer``    ``InferRequest`` -> ``InferResult`` | ``ErrorReply`` (``task == "tensor"``)
 - ``GET /metrics``   Prometheus text format
 """
 
@@ -24,6 +25,21 @@ MANIFEST_NAME = "kiln.json"
 Task = Literal["embeddings", "generate", "tensor"]
 ErrorCode = Literal["bad_request", "overloaded", "deadline_exceeded", "draining", "internal"]
 FinishReason = Literal["stop", "length", "cancelled", "error"]
+# Open Inference Protocol datatypes -> little-endian numpy dtype strings (BYTES is not served).
+DATATYPES: dict[str, str] = {
+    "BOOL": "|b1", "UINT8": "|u1", "UINT16": "<u2", "UINT32": "<u4", "UINT64": "<u8",
+    "INT8": "|i1", "INT16": "<i2", "INT32": "<i4", "INT64": "<i8",
+    "FP16": "<f2", "FP32": "<f4", "FP64": "<f8",
+}  # fmt: skip
+
+
+class TensorSpec(msgspec.Struct, frozen=True, kw_only=True):
+    """A model input or output: OIP datatype and shape, ``-1`` for a dynamic dimension."""
+
+    name: str
+    datatype: str
+    shape: list[int]
+    dim_names: list[str | None] = []
 
 
 class ModelManifest(msgspec.Struct, frozen=True, kw_only=True):
@@ -37,6 +53,10 @@ class ModelManifest(msgspec.Struct, frozen=True, kw_only=True):
     context_length: int = 512
     dimensions: int | None = None
     source: str = ""
+    inputs: list[TensorSpec] = []
+    outputs: list[TensorSpec] = []
+    opset: int | None = None
+    batching: bool = False
 
 
 class WorkerInfo(msgspec.Struct, frozen=True, kw_only=True):
@@ -92,6 +112,50 @@ class GenerateChunk(msgspec.Struct, frozen=True, kw_only=True):
     finish_reason: FinishReason | None = None
     prompt_tokens: int = 0
     completion_tokens: int = 0
+
+
+class Tensor(msgspec.Struct, frozen=True, kw_only=True):
+    """A named tensor: raw little-endian row-major bytes of ``datatype`` in ``shape``."""
+
+    name: str
+    datatype: str
+    shape: list[int]
+    data: bytes
+
+
+class InferRequest(msgspec.Struct, frozen=True, kw_only=True):
+    """Named input tensors of one request; batched along dim 0 when the model allows it."""
+
+    request_id: str
+    inputs: list[Tensor]
+    outputs: list[str] | None = None
+    timeout_ms: int | None = None
+
+
+class InferResult(msgspec.Struct, frozen=True, kw_only=True):
+    """Named output tensors of one request, with where its time went."""
+
+    request_id: str
+    outputs: list[Tensor]
+    queue_ms: float
+    compute_ms: float
+
+
+class CompileReport(msgspec.Struct, frozen=True, kw_only=True):
+    """What ``python -m kiln_runtimes.compile`` built (its last stdout line, as JSON)."""
+
+    cache_key: str
+    engine_digest: str
+    target: str
+    precision: str
+    hardware: str
+    seconds: float
+    cache_hit: bool = False
+    max_abs_diff: float | None = None
+    cosine: float | None = None
+    reference_ms: float | None = None
+    engine_ms: float | None = None
+    notes: str = ""
 
 
 class ErrorReply(msgspec.Struct, frozen=True, kw_only=True):

@@ -62,6 +62,31 @@ class ArtifactStore:
         """Whether a tree is present."""
         return self.path(digest).is_dir()
 
+    @classmethod
+    def owning(cls, folder: Path) -> tuple[ArtifactStore, str] | None:
+        """The store a materialized tree belongs to and the tree's digest, or None."""
+        folder = folder.resolve()
+        if folder.parent.name != "trees" or len(folder.name) != 64:
+            return None
+        store = cls(folder.parent.parent)
+        return (store, f"sha256:{folder.name}") if store._blobs.is_dir() else None
+
+    def put_bytes(self, name: str, data: bytes) -> None:
+        """Write a small mutable record (a ref, not content-addressed) atomically."""
+        dest = self.root / "refs" / name
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=dest.parent, prefix=".tmp-")
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.replace(tmp, dest)
+
+    def get_bytes(self, name: str) -> bytes | None:
+        """Read a record written by ``put_bytes``, or None."""
+        try:
+            return (self.root / "refs" / name).read_bytes()
+        except FileNotFoundError:
+            return None
+
     def path(self, digest: str) -> Path:
         """The materialized folder of a tree."""
         algo, _, hexdigest = digest.partition(":")

@@ -62,6 +62,10 @@ def parse_args(argv: Sequence[str] | None = None) -> WorkerSettings:
     parser.add_argument(
         "--log-level", default="info", choices=["debug", "info", "warning", "error"]
     )
+    parser.add_argument("--target", default="cpu", help="engine target (tensor models)")
+    parser.add_argument(
+        "--precision", default="fp32", help="engine precision (tensor models): fp32, int8, fp16"
+    )
     args = parser.parse_args(argv)
     for name in ("max_batch_size", "threads", "max_queue"):
         if getattr(args, name) < 1:
@@ -77,6 +81,8 @@ def parse_args(argv: Sequence[str] | None = None) -> WorkerSettings:
         threads=args.threads,
         max_queue=args.max_queue,
         log_level=args.log_level,
+        target=args.target,
+        precision=args.precision,
     )
 
 

@@ -7,6 +7,7 @@ from datetime import datetime
 
 from sqlalchemy import (
     BigInteger,
+    CheckConstraint,
     DateTime,
     ForeignKey,
     Index,
@@ -14,6 +15,7 @@ from sqlalchemy import (
     LargeBinary,
     MetaData,
     String,
+    Text,
     UniqueConstraint,
     func,
 )
@@ -49,6 +51,8 @@ class Tenant(Base):
     __tablename__ = "tenants"
     id: Mapped[uuid.UUID] = _uuid_pk()
     name: Mapped[str] = mapped_column(String(100), unique=True)
+    weight: Mapped[float] = mapped_column(server_default="1")
+    """Fair-share weight of the tenant's requests in every pool."""
     created_at: Mapped[datetime] = _created()
 
 
@@ -91,6 +95,32 @@ class ModelVersion(Base):
     created_at: Mapped[datetime] = _created()
 
 
+class CompileJob(Base):
+    """Compiling a model version for one target; ``cache_key`` makes it unique (engine key)."""
+
+    __tablename__ = "compile_jobs"
+    __table_args__ = (
+        CheckConstraint("status IN ('queued', 'running', 'done', 'failed')", name="status"),
+        Index("ix_compile_jobs_status_created", "status", "created_at"),
+    )
+    id: Mapped[uuid.UUID] = _uuid_pk()
+    model_version_id: Mapped[uuid.UUID] = mapped_column(
+        ForeignKey("model_versions.id", ondelete="CASCADE")
+    )
+    cache_key: Mapped[str] = mapped_column(String(71), unique=True)
+    target: Mapped[str] = mapped_column(String(16))
+    precision: Mapped[str] = mapped_column(String(8))
+    hardware: Mapped[str] = mapped_column(String(200))
+    status: Mapped[str] = mapped_column(String(16))
+    reason: Mapped[str | None] = mapped_column(Text)
+    engine_digest: Mapped[str | None] = mapped_column(String(71))
+    report: Mapped[dict[str, object] | None] = mapped_column(JSONB)
+    attempts: Mapped[int] = mapped_column(Integer, server_default="0")
+    created_at: Mapped[datetime] = _created()
+    started_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    finished_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+
+
 class UsageEvent(Base):
     """One immutable record per API request, whatever its outcome."""
 
@@ -112,4 +142,4 @@ class UsageEvent(Base):
     created_at: Mapped[datetime] = _created()
 
 
-__all__ = ["ApiKey", "Base", "Model", "ModelVersion", "Tenant", "UsageEvent"]
+__all__ = ["ApiKey", "Base", "CompileJob", "Model", "ModelVersion", "Tenant", "UsageEvent"]

@@ -1,4 +1,4 @@
-"""Bearer-credential authentication for `/v1`."""
+"""Bearer-credential authentication for `/v1`, `/v2` and `/admin/v1`."""
 
 from __future__ import annotations
 
@@ -12,17 +12,41 @@ from kiln_platform.errors import Forbidden, Unauthorized
 from kiln_platform.keys.services import Principal
 
 
-async def provide_principal(
-    request: Request[Any, Any, Any], kiln: SkipValidation[Kiln]
-) -> Principal:
-    """Authenticate ``Authorization: Bearer <key>`` and require the inference scope."""
+async def _authenticate(request: Request[Any, Any, Any], kiln: Kiln) -> Principal:
     header = request.headers.get("authorization", "")
     scheme, _, token = header.partition(" ")
     if scheme.lower() != "bearer" or not token.strip():
         raise Unauthorized(
             "You didn't provide an API key. Provide it as 'Authorization: Bearer <key>'."
         )
-    principal = await kiln.keys.verify(token.strip())
+    return await kiln.keys.verify(token.strip())
+
+
+async def provide_principal(
+    request: Request[Any, Any, Any], kiln: SkipValidation[Kiln]
+) -> Principal:
+    """Authenticate ``Authorization: Bearer <key>`` and require the inference scope."""
+    principal = await _authenticate(request, kiln)
     if "inference" not in principal.scopes:
         raise Forbidden("This API key does not have the 'inference' scope.")
+    return principal
+
+
+async def provide_admin_writer(
+    request: Request[Any, Any, Any], kiln: SkipValidation[Kiln]
+) -> Principal:
+    """Authenticate a key with the ``admin:write`` scope."""
+    principal = await _authenticate(request, kiln)
+    if "admin:write" not in principal.scopes:
+        raise Forbidden("This API key does not have the 'admin:write' scope.")
+    return principal
+
+
+async def provide_admin_reader(
+    request: Request[Any, Any, Any], kiln: SkipValidation[Kiln]
+) -> Principal:
+    """Authenticate a key with ``admin:read`` (or ``admin:write``)."""
+    principal = await _authenticate(request, kiln)
+    if not {"admin:read", "admin:write"} & principal.scopes:
+        raise Forbidden("This API key does not have the 'admin:read' scope.")
     return principal

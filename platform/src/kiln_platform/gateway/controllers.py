@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from litestar import Controller, MediaType, Request, Response, get, post
 from litestar.di import Provide
 from litestar.params import SkipValidation
@@ -10,6 +12,7 @@ from litestar.response import Stream
 from kiln_platform.context import Kiln
 from kiln_platform.gateway import completions, llm, services
 from kiln_platform.gateway.auth import provide_principal
+from kiln_platform.gateway.dispatch import Ticket
 from kiln_platform.gateway.llm_schemas import (
     ChatCompletion,
     ChatCompletionRequest,
@@ -22,19 +25,24 @@ from kiln_platform.gateway.schemas import (
     ModelCard,
     ModelList,
 )
+from kiln_platform.gateway.tickets import provide_ticket
 from kiln_platform.keys.services import Principal
 
 SSE = "text/event-stream"
 # Already-built objects: skip Litestar's per-request validation of their fields.
 KilnDep = SkipValidation[Kiln]
 PrincipalDep = SkipValidation[Principal]
+TicketDep = SkipValidation[Ticket]
 
 
 class OpenAIController(Controller):
     """The OpenAI-compatible API."""
 
     path = "/v1"
-    dependencies = {"principal": Provide(provide_principal)}  # noqa: RUF012
+    dependencies = {  # noqa: RUF012
+        "principal": Provide(provide_principal),
+        "ticket": Provide(provide_ticket),
+    }
 
     @get("/models")
     async def list_models(self, kiln: KilnDep, principal: PrincipalDep) -> ModelList:
@@ -50,26 +58,28 @@ class OpenAIController(Controller):
     @post("/embeddings", status_code=200)
     async def embeddings(
         self,
-        request: Request[object, object, object],
+        request: Request[Any, Any, Any],
         kiln: KilnDep,
         principal: PrincipalDep,
+        ticket: TicketDep,
         data: EmbeddingsRequest,
     ) -> EmbeddingsResponse:
         """Create embeddings."""
-        return await services.embed(kiln, principal, data, request.state.request_id)
+        return await services.embed(kiln, principal, data, request.state.request_id, ticket)
 
     # Litestar's Stream takes the handler's media type over its own, hence media_type=SSE here
     # and an explicit JSON Response for the non-streamed case.
     @post("/chat/completions", status_code=200, media_type=SSE)
     async def chat_completions(
         self,
-        request: Request[object, object, object],
+        request: Request[Any, Any, Any],
         kiln: KilnDep,
         principal: PrincipalDep,
+        ticket: TicketDep,
         data: ChatCompletionRequest,
     ) -> Response[ChatCompletion] | Stream:
         """Create a chat completion (``stream: true`` for server-sent events)."""
-        gen = await llm.prepare(kiln, principal, data, request.state.request_id)
+        gen = await llm.prepare(kiln, principal, data, request.state.request_id, ticket)
         if data.stream:
             include_usage = bool(data.stream_options and data.stream_options.include_usage)
             return Stream(completions.stream_chat(gen, include_usage), media_type=SSE)
@@ -78,13 +88,14 @@ class OpenAIController(Controller):
     @post("/completions", status_code=200, media_type=SSE)
     async def text_completions(
         self,
-        request: Request[object, object, object],
+        request: Request[Any, Any, Any],
         kiln: KilnDep,
         principal: PrincipalDep,
+        ticket: TicketDep,
         data: CompletionRequest,
     ) -> Response[TextCompletion] | Stream:
         """Create a text completion (``stream: true`` for server-sent events)."""
-        gen = await llm.prepare(kiln, principal, data, request.state.request_id)
+        gen = await llm.prepare(kiln, principal, data, request.state.request_id, ticket)
         if data.stream:
             include_usage = bool(data.stream_options and data.stream_options.include_usage)
             return Stream(completions.stream_text(gen, include_usage), media_type=SSE)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import aiohttp
@@ -16,6 +17,7 @@ from kiln_platform.errors import (
     Overloaded,
     ServiceUnavailable,
 )
+from kiln_platform.scheduler.schemas import Priority
 from kiln_runtimes.protocol import (
     CONTENT_TYPE,
     EmbedRequest,
@@ -30,6 +32,8 @@ if TYPE_CHECKING:
 
     from kiln_platform.pools.local import Worker
     from kiln_platform.pools.services import PoolManager
+    from kiln_platform.scheduler.runner import PoolRunner
+    from kiln_platform.scheduler.schemas import Request
 
 _ERRORS: dict[str, type[KilnError]] = {
     "bad_request": BadRequest,
@@ -44,41 +48,60 @@ _chunk = msgspec.msgpack.Decoder(GenerateChunk)
 _error_decoder = msgspec.msgpack.Decoder(ErrorReply)
 
 
+@dataclass(frozen=True, slots=True)
+class Ticket:
+    """How the scheduler should treat one request: whose it is, its weight, class and deadline."""
+
+    tenant: str
+    weight: float = 1.0
+    priority: Priority = Priority.INTERACTIVE
+    timeout_s: float | None = None
+
+
 class WorkerClient:
-    """Sends requests to the worker the pool manager routes to; maps worker errors to Kiln's."""
+    """Queues each request in its pool's scheduler, then sends it to the worker it is given."""
 
     def __init__(self, pools: PoolManager, http: aiohttp.ClientSession, timeout_s: float) -> None:
         self._pools = pools
         self._http = http
         self._timeout = aiohttp.ClientTimeout(total=timeout_s)
-        self._stream_timeout = aiohttp.ClientTimeout(total=None, sock_read=timeout_s)
+        self._stream = aiohttp.ClientTimeout(total=None, sock_read=timeout_s)
 
-    async def embed(self, model: str, request: EmbedRequest) -> EmbedResult:
-        """Embed token ids on a worker of ``model``."""
-        worker = self._pools.route(model)
-        async with self._post(worker, model, "/embed", request, self._timeout) as resp:
-            body = await resp.read()
-            if resp.status == 200:
-                return _result.decode(body)
-        raise _error(body)
+    async def embed(self, model: str, request: EmbedRequest, ticket: Ticket) -> EmbedResult:
+        """Embed token ids on a worker of ``model``; fair-share cost is the number of inputs."""
+        runner = self._pools.runner(model)
+        queued = _queued(runner, request.request_id, ticket, len(request.input_ids))
+        async with runner.slot(queued) as lease:
+            worker = self._pools.worker(model, lease.worker)
+            async with self._post(worker, model, "/embed", request, self._timeout) as resp:
+                body = await resp.read()
+                if resp.status == 200:
+                    return _result.decode(body)
+            raise _error(body)
 
-    async def generate(self, model: str, request: GenerateRequest) -> AsyncIterator[GenerateChunk]:
-        """Stream chunks of a generation; closing the iterator cancels it on the worker."""
-        worker = self._pools.route(model)
-        async with self._post(worker, model, "/generate", request, self._stream_timeout) as resp:
-            if resp.status != 200:
-                raise _error(await resp.read())
-            try:
-                while True:
-                    header = await resp.content.readexactly(4)
-                    chunk = _chunk.decode(await resp.content.readexactly(int.from_bytes(header)))
-                    yield chunk
-                    if chunk.finish_reason is not None:
-                        return
-            except (asyncio.IncompleteReadError, aiohttp.ClientPayloadError) as exc:
-                raise ServiceUnavailable(f"The worker for `{model}` went away.") from exc
-            finally:
-                resp.close()  # drops the connection: the worker sees it and cancels
+    async def generate(
+        self, model: str, request: GenerateRequest, ticket: Ticket
+    ) -> AsyncIterator[GenerateChunk]:
+        """Stream a generation; closing the iterator cancels it on the worker.
+
+        The fair-share cost is prompt + max tokens at admission, settled to the tokens actually
+        processed when the stream ends.
+        """
+        runner = self._pools.runner(model)
+        cost = len(request.prompt_ids) + request.max_tokens
+        async with runner.slot(_queued(runner, request.request_id, ticket, cost)) as lease:
+            worker = self._pools.worker(model, lease.worker)
+            async with self._post(worker, model, "/generate", request, self._stream) as resp:
+                if resp.status != 200:
+                    raise _error(await resp.read())
+                generated = 0
+                try:
+                    async for chunk in _frames(resp, model):
+                        generated = chunk.completion_tokens or generated + len(chunk.token_ids)
+                        yield chunk
+                finally:
+                    lease.actual_cost = len(request.prompt_ids) + generated
+                    resp.close()  # drops the connection: the worker sees it and cancels
 
     @contextlib.asynccontextmanager
     async def _post(
@@ -104,6 +127,30 @@ class WorkerClient:
             ) from exc
         except TimeoutError as exc:
             raise DeadlineExceeded("The model did not answer in time.") from exc
+
+
+async def _frames(resp: aiohttp.ClientResponse, model: str) -> AsyncIterator[GenerateChunk]:
+    """Decode length-prefixed ``GenerateChunk`` frames up to the one that finishes."""
+    try:
+        while True:
+            size = int.from_bytes(await resp.content.readexactly(4))
+            chunk = _chunk.decode(await resp.content.readexactly(size))
+            yield chunk
+            if chunk.finish_reason is not None:
+                return
+    except (asyncio.IncompleteReadError, aiohttp.ClientPayloadError) as exc:
+        raise ServiceUnavailable(f"The worker for `{model}` went away.") from exc
+
+
+def _queued(runner: PoolRunner, request_id: str, ticket: Ticket, cost: float) -> Request:
+    return runner.request(
+        request_id,
+        ticket.tenant,
+        cost,
+        timeout_s=ticket.timeout_s,
+        priority=ticket.priority,
+        weight=ticket.weight,
+    )
 
 
 def _error(body: bytes) -> KilnError:

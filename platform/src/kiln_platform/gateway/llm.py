@@ -25,6 +25,7 @@ if TYPE_CHECKING:
     from collections.abc import AsyncIterator
 
     from kiln_platform.context import Kiln
+    from kiln_platform.gateway.dispatch import Ticket
     from kiln_platform.keys.services import Principal
     from kiln_platform.registry.services import ResolvedVersion
 
@@ -46,6 +47,7 @@ class Generation:
 
     kiln: Kiln
     principal: Principal
+    ticket: Ticket
     version: ResolvedVersion
     model: TextModel
     request: GenerateRequest
@@ -66,7 +68,7 @@ class Generation:
         metrics.ACTIVE_STREAMS.labels(name).inc()
         metrics.PROMPT_TOKENS.labels(name).inc(self.prompt_tokens)
         try:
-            async for chunk in self.kiln.workers.generate(name, self.request):
+            async for chunk in self.kiln.workers.generate(name, self.request, self.ticket):
                 now = time.perf_counter()
                 hist = (
                     metrics.INTER_TOKEN_LATENCY
@@ -223,6 +225,7 @@ async def prepare(
     principal: Principal,
     request: ChatCompletionRequest | CompletionRequest,
     request_id: str,
+    ticket: Ticket,
 ) -> Generation:
     """Everything up to dispatch: validation, templating, tokenization, limits."""
     _reject_unsupported(request)
@@ -248,7 +251,7 @@ async def prepare(
         seed=request.seed,
         stop_token_ids=list(model.eos_token_ids),
     )
-    return Generation(kiln, principal, version, model, generate, stop, endpoint)
+    return Generation(kiln, principal, ticket, version, model, generate, stop, endpoint)
 
 
 def sse(payload: Any) -> bytes:

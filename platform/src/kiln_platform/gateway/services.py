@@ -24,6 +24,7 @@ if TYPE_CHECKING:
     from pathlib import Path
 
     from kiln_platform.context import Kiln
+    from kiln_platform.gateway.dispatch import Ticket
     from kiln_platform.keys.services import Principal
     from kiln_platform.registry.services import ResolvedVersion
 
@@ -87,7 +88,7 @@ def tokenize_input(
 
 
 async def embed(
-    kiln: Kiln, principal: Principal, request: EmbeddingsRequest, request_id: str
+    kiln: Kiln, principal: Principal, request: EmbeddingsRequest, request_id: str, ticket: Ticket
 ) -> EmbeddingsResponse:
     """Serve ``POST /v1/embeddings`` and record its usage."""
     version = await kiln.resolver.resolve(request.model)
@@ -104,7 +105,7 @@ async def embed(
         request.input, tokenizer, kiln.settings.max_embedding_inputs, manifest.context_length
     )
     result = await kiln.workers.embed(
-        version.model, EmbedRequest(request_id=request_id, input_ids=ids)
+        version.model, EmbedRequest(request_id=request_id, input_ids=ids), ticket
     )
     vectors = np.frombuffer(result.data, dtype="<f4").reshape(len(ids), result.dimensions)
     if request.encoding_format == "base64":

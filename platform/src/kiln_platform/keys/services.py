@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 
 from sqlalchemy import select
 
-from kiln_platform.db.tables import ApiKey
+from kiln_platform.db.tables import ApiKey, Tenant
 from kiln_platform.errors import Unauthorized
 
 if TYPE_CHECKING:
@@ -34,6 +34,7 @@ class Principal:
     tenant_id: uuid.UUID
     key_id: uuid.UUID
     scopes: frozenset[str]
+    weight: float = 1.0
 
 
 def key_digest(hmac_key: bytes, secret: str) -> bytes:
@@ -104,10 +105,17 @@ class KeyVerifier:
         if prefix is None:
             return None
         async with self._sessions() as session:
-            key = await session.scalar(select(ApiKey).where(ApiKey.prefix == prefix))
-        if key is None or not hmac.compare_digest(key.digest, digest):
+            row = (
+                await session.execute(
+                    select(ApiKey, Tenant.weight)
+                    .join(Tenant, Tenant.id == ApiKey.tenant_id)
+                    .where(ApiKey.prefix == prefix)
+                )
+            ).first()
+        if row is None or not hmac.compare_digest(row[0].digest, digest):
             return None
+        key, weight = row
         now = datetime.now(UTC)
         if key.revoked_at is not None or (key.expires_at is not None and key.expires_at <= now):
             return None
-        return Principal(key.tenant_id, key.id, frozenset(key.scopes))
+        return Principal(key.tenant_id, key.id, frozenset(key.scopes), weight)

@@ -21,6 +21,7 @@ import structlog
 from kiln_runtimes.protocol import WorkerInfo
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
     from pathlib import Path
 
     from kiln_platform.settings import Settings
@@ -72,6 +73,8 @@ class LocalBackend:
         self.workers: dict[str, Worker] = {}
         self._stopping = False
         self._rechecks: set[asyncio.Task[None]] = set()
+        self.on_change: Callable[[Worker], None] = lambda worker: None
+        """Called when a worker becomes ready or stops being ready."""
 
     def ensure(self, spec: PoolSpec) -> None:
         """Run a worker for ``spec`` (replacing one of an older version of the same model)."""
@@ -83,6 +86,12 @@ class LocalBackend:
         worker = Worker(spec)
         worker.task = asyncio.create_task(self._supervise(worker), name=f"pool:{spec.model}")
         self.workers[spec.model] = worker
+
+    def credits(self, worker: Worker) -> int:
+        """Requests the scheduler may keep in flight on ``worker`` (about one batch)."""
+        if self._settings.worker_slots:
+            return self._settings.worker_slots
+        return worker.info.max_batch_size if worker.info is not None else 1
 
     def retry_after(self, worker: Worker) -> float:
         """Seconds a caller should wait for this worker to become ready (a rough estimate)."""
@@ -124,7 +133,7 @@ class LocalBackend:
                 deadline = worker.started_at + self._settings.worker_start_timeout_s
                 watcher = asyncio.create_task(self._watch_ready(worker, deadline))
                 code = await worker.process.wait()
-                worker.ready = False
+                self._set_ready(worker, False)
                 watcher.cancel()
                 if self._stopping:
                     return
@@ -134,24 +143,30 @@ class LocalBackend:
                 log.warning("worker exited", model=worker.spec.model, code=code, restart_in=backoff)
                 await asyncio.sleep(backoff)
         finally:
-            worker.ready = False
+            self._set_ready(worker, False)
             await self._terminate(worker)
 
     def suspect(self, worker: Worker) -> None:
         """Take a worker out of rotation after a failed call; put it back if it answers again."""
         if not worker.ready:
             return
-        worker.ready = False
+        self._set_ready(worker, False)
         if worker.process is not None and worker.process.returncode is None:
             deadline = time.monotonic() + self._settings.worker_start_timeout_s
             self._rechecks.add(asyncio.create_task(self._watch_ready(worker, deadline)))
             self._rechecks = {t for t in self._rechecks if not t.done()}
 
+    def _set_ready(self, worker: Worker, ready: bool) -> None:
+        if worker.ready != ready:
+            worker.ready = ready
+            self.on_change(worker)
+
     async def _watch_ready(self, worker: Worker, deadline: float) -> None:
         while time.monotonic() < deadline:
             info = await self._health(worker)
             if info is not None and info.ready:
-                worker.info, worker.ready = info, True
+                worker.info = info
+                self._set_ready(worker, True)
                 log.info("worker ready", model=worker.spec.model, port=worker.port)
                 return
             await asyncio.sleep(0.1)

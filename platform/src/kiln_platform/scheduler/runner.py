@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 from collections import Counter
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, TypeVar
 
 from kiln_platform.errors import DeadlineExceeded, KilnError, Overloaded, ServiceUnavailable
@@ -11,7 +13,7 @@ from kiln_platform.scheduler.admission import RejectReason
 from kiln_platform.scheduler.schemas import Credit, Priority, Request
 
 if TYPE_CHECKING:
-    from collections.abc import Awaitable, Callable, Mapping
+    from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 
     from kiln_platform.scheduler.admission import Decision
     from kiln_platform.scheduler.core import PoolScheduler
@@ -43,6 +45,14 @@ def _rejected(decision: Decision) -> KilnError:
     return rejection(decision.reason, decision.retry_after_s)
 
 
+@dataclass(slots=True)
+class Lease:
+    """A dispatched request's hold on one worker credit."""
+
+    worker: str
+    actual_cost: float | None = None
+
+
 class PoolRunner:
     """Queues requests in a :class:`PoolScheduler` and runs each on the worker it is sent to.
 
@@ -56,6 +66,8 @@ class PoolRunner:
         self._waiting: dict[str, asyncio.Future[str]] = {}
         self._in_flight: Counter[str] = Counter()
         self._timer: asyncio.TimerHandle | None = None
+        self.on_wait: Callable[[Request, float], None] = lambda request, seconds: None
+        """Called with each request's queue wait when it is dispatched (for metrics)."""
 
     @staticmethod
     def now() -> float:
@@ -77,14 +89,13 @@ class PoolRunner:
         deadline = None if timeout_s is None else now + timeout_s
         return Request(request_id, tenant, cost, now, deadline, priority, weight)
 
-    async def run(
-        self,
-        request: Request,
-        call: Callable[[Request, str], Awaitable[T]],
-        *,
-        actual_cost: Callable[[T], float] | None = None,
-    ) -> T:
-        """Admit, wait for a worker, and ``call(request, worker)``; rejections raise Kiln errors."""
+    @asynccontextmanager
+    async def slot(self, request: Request) -> AsyncIterator[Lease]:
+        """Admit, wait for a worker, hold its credit for the ``async with`` body.
+
+        Rejections raise Kiln errors before anything waits. Set ``lease.actual_cost`` to charge
+        what the request really cost (tokens generated, say) instead of its estimate.
+        """
         decision = self.scheduler.submit(request, self.now())
         if not decision.admitted:
             raise _rejected(decision)
@@ -100,15 +111,26 @@ class PoolRunner:
             elif future.exception() is None:  # dispatched in the same tick: give the credit back
                 self._finish(request.id, future.result(), None, ok=False)
             raise
-        cost: float | None = None
-        ok = False
+        self.on_wait(request, self.now() - request.arrival)
+        lease, ok = Lease(worker), False
         try:
-            result = await call(request, worker)
-            cost = None if actual_cost is None else actual_cost(result)
+            yield lease
             ok = True
-            return result
         finally:
-            self._finish(request.id, worker, cost, ok=ok)
+            self._finish(request.id, worker, lease.actual_cost, ok=ok)
+
+    async def run(
+        self,
+        request: Request,
+        call: Callable[[Request, str], Awaitable[T]],
+        *,
+        actual_cost: Callable[[T], float] | None = None,
+    ) -> T:
+        """Admit, wait for a worker, and ``call(request, worker)``; rejections raise Kiln errors."""
+        async with self.slot(request) as lease:
+            result = await call(request, lease.worker)
+            lease.actual_cost = None if actual_cost is None else actual_cost(result)
+            return result
 
     def poke(self) -> None:
         """Fill free credits now (call it too when a worker becomes ready or changes slots)."""

@@ -14,12 +14,14 @@ if TYPE_CHECKING:
     from sqlalchemy.ext.asyncio import AsyncSession
 
 
-async def create_tenant(session: AsyncSession, name: str) -> Tenant:
-    """Create a tenant with a unique name."""
+async def create_tenant(session: AsyncSession, name: str, weight: float = 1.0) -> Tenant:
+    """Create a tenant with a unique name and a fair-share weight."""
     name = name.strip()
     if not name or len(name) > 100:
         raise BadRequest("tenant name must be 1 to 100 characters", param="name")
-    tenant = Tenant(name=name)
+    if not 0 < weight <= 1000:
+        raise BadRequest("tenant weight must be in (0, 1000]", param="weight")
+    tenant = Tenant(name=name, weight=weight)
     session.add(tenant)
     try:
         await session.flush()

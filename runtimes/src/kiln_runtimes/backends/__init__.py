@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from kiln_runtimes.backends.base import EmbeddingBackend, GenerationBackend
+    from kiln_runtimes.backends.base import EmbeddingBackend, GenerationBackend, TensorBackend
     from kiln_runtimes.protocol import ModelManifest
 
 
@@ -25,3 +25,12 @@ def get_generation_backend(manifest: ModelManifest) -> GenerationBackend:
 
         return GenAIGenerationBackend()
     raise ValueError(f"no generation backend for engine {manifest.engine!r}")
+
+
+def get_tensor_backend(manifest: ModelManifest) -> TensorBackend:
+    """Return the tensor backend for a manifest's engine."""
+    if manifest.engine in ("onnxruntime", "tensorrt"):
+        from kiln_runtimes.backends.onnx_tensor import OnnxTensorBackend
+
+        return OnnxTensorBackend()
+    raise ValueError(f"no tensor backend for engine {manifest.engine!r}")

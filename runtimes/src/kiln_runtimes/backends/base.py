@@ -41,3 +41,25 @@ class GenerationBackend(Protocol):
     def waiting(self) -> int: ...
 
     async def unload(self) -> None: ...
+
+
+class TensorBackend(Protocol):
+    """Named tensors batched along dim 0; ``run`` is synchronous and called off the loop."""
+
+    def load(
+        self,
+        model: Path,
+        manifest: ModelManifest,
+        threads: int,
+        *,
+        optimized: bool,
+        providers: list[tuple[str, dict[str, str]]] | None = None,
+    ) -> None: ...
+
+    def warmup(self, max_batch_size: int) -> None: ...
+
+    def run(self, rows: list[dict[str, np.ndarray]]) -> list[dict[str, np.ndarray]]:
+        """Run one row per item; returns each item's named outputs, in order."""
+        ...
+
+    def unload(self) -> None: ...

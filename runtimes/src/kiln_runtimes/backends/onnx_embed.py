@@ -41,6 +41,11 @@ class OnnxEmbeddingBackend:
         options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
         options.enable_cpu_mem_arena = True
+        import os  # EXPERIMENT (temporary)
+
+        if os.environ.get("KILN_EXP_NOSPIN"):
+            options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+        self._chunk = int(os.environ.get("KILN_EXP_CHUNK", "0"))
         session = ort.InferenceSession(
             str(path), sess_options=options, providers=["CPUExecutionProvider"]
         )
@@ -70,6 +75,16 @@ class OnnxEmbeddingBackend:
         """Embed unpadded sequences; returns float32 ``[len(input_ids), dimensions]``."""
         if self._session is None:
             raise RuntimeError("backend is not loaded")
+        if self._chunk:  # EXPERIMENT (temporary)
+            order = sorted(range(len(input_ids)), key=lambda i: len(input_ids[i]))
+            out = np.empty((len(input_ids), self._dimensions or 384), dtype=np.float32)
+            for k in range(0, len(order), self._chunk):
+                part = order[k : k + self._chunk]
+                out[part] = self._run([input_ids[i] for i in part])
+            return out
+        return self._run(input_ids)
+
+    def _run(self, input_ids: list[list[int]]) -> npt.NDArray[np.float32]:
         longest = max(map(len, input_ids))
         ids = np.full((len(input_ids), longest), PAD_ID, dtype=np.int64)
         mask = np.zeros((len(input_ids), longest), dtype=np.int64)

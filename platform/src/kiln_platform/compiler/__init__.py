@@ -1,0 +1,1 @@
+"""Compile jobs: model versions compiled into cached engines, run in the background."""

@@ -1,0 +1,109 @@
+"""Runs compile jobs in the background: claim one, compile in a subprocess, record the end.
+
+The compiler is ``python -m kiln_runtimes.compile`` in its own process, so the control plane never
+imports an engine library and a crashing compiler cannot take the gateway down. Several runners
+(``kiln up`` and ``kiln models compile``) share the queue safely: claims use SKIP LOCKED.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import sys
+from typing import TYPE_CHECKING
+
+import msgspec
+import structlog
+
+from kiln_platform.compiler import services
+from kiln_runtimes.protocol import CompileReport
+
+if TYPE_CHECKING:
+    import uuid
+
+    from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+
+    from kiln_platform.settings import Settings
+
+log = structlog.get_logger("kiln.compiler")
+_POLL_S = 1.0
+
+
+class CompileRunner:
+    """Claims and runs queued compile jobs one at a time."""
+
+    def __init__(self, sessions: async_sessionmaker[AsyncSession], settings: Settings) -> None:
+        self._sessions = sessions
+        self._settings = settings
+        self._task: asyncio.Task[None] | None = None
+        self._wake = asyncio.Event()
+
+    def start(self) -> None:
+        """Poll for jobs in the background."""
+        self._task = asyncio.create_task(self._loop(), name="compile-runner")
+
+    def poke(self) -> None:
+        """A job was queued: look now rather than at the next poll."""
+        self._wake.set()
+
+    async def stop(self) -> None:
+        """Stop polling (a running compile subprocess is killed)."""
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+
+    async def run_once(self, only: uuid.UUID | None = None) -> bool:
+        """Claim and run one job (``only`` that one); False if there was none to claim."""
+        async with self._sessions.begin() as session:
+            job = await services.claim(session, only)
+        if job is None:
+            return False
+        log.info("compile started", job=str(job.id), target=job.target, precision=job.precision)
+        try:
+            report, reason = await self._compile(job)
+        except asyncio.CancelledError:  # shutting down: hand the job back to the queue
+            async with self._sessions.begin() as session:
+                await services.requeue(session, job.id)
+            raise
+        async with self._sessions.begin() as session:
+            await services.finish(session, job.id, report, reason)
+        log.info("compile finished", job=str(job.id), ok=report is not None, reason=reason)
+        return True
+
+    async def _loop(self) -> None:
+        while True:
+            try:
+                while await self.run_once():
+                    pass
+            except Exception:  # the next poll tries again
+                log.exception("compile runner failed")
+            self._wake.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), _POLL_S)
+
+    async def _compile(self, job: services.ClaimedJob) -> tuple[CompileReport | None, str | None]:
+        s = self._settings
+        cmd = [
+            sys.executable, "-m", "kiln_runtimes.compile",
+            "--store-dir", str(s.store_dir),
+            "--artifact-digest", job.artifact_digest,
+            "--target", job.target,
+            "--precision", job.precision,
+            "--max-batch-size", str(s.worker_max_batch_size),
+        ]  # fmt: skip
+        if s.worker_threads:
+            cmd += ["--threads", str(s.worker_threads)]
+        proc = await asyncio.create_subprocess_exec(
+            *cmd, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
+        )
+        try:
+            out, err = await proc.communicate()
+        except asyncio.CancelledError:
+            proc.kill()
+            raise
+        if proc.returncode != 0:
+            lines = err.decode(errors="replace").strip().splitlines()
+            return None, (lines[-1] if lines else f"compiler exited with {proc.returncode}")[:2000]
+        last = out.decode().strip().splitlines()[-1]
+        return msgspec.json.decode(last, type=CompileReport), None

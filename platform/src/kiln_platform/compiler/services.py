@@ -1,0 +1,169 @@
+"""Compile jobs: enqueue (one row per engine cache key), claim with SKIP LOCKED, finish."""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from sqlalchemy import select, text, update
+from sqlalchemy.dialects.postgresql import insert
+
+from kiln_platform.compiler.schemas import CompileJobView
+from kiln_platform.db.tables import CompileJob, Model, ModelVersion
+from kiln_platform.errors import BadRequest, NotFound
+from kiln_runtimes.engines import engine_key, validate_target
+
+if TYPE_CHECKING:
+    from sqlalchemy.ext.asyncio import AsyncSession
+
+    from kiln_runtimes.protocol import CompileReport
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimedJob:
+    """A job this process now runs, with what the compiler needs."""
+
+    id: uuid.UUID
+    artifact_digest: str
+    target: str
+    precision: str
+
+
+_CLAIM = text(
+    """
+    UPDATE compile_jobs SET status = 'running', started_at = now(), attempts = attempts + 1
+    WHERE id = (
+        SELECT id FROM compile_jobs
+        WHERE status = 'queued' AND (CAST(:only AS uuid) IS NULL OR id = CAST(:only AS uuid))
+        ORDER BY created_at
+        FOR UPDATE SKIP LOCKED
+        LIMIT 1
+    )
+    RETURNING id, model_version_id, target, precision
+    """
+)
+
+
+async def _version(session: AsyncSession, model: str, version: str) -> tuple[Model, ModelVersion]:
+    row = (
+        await session.execute(
+            select(Model, ModelVersion)
+            .join(ModelVersion, ModelVersion.model_id == Model.id)
+            .where(Model.name == model, ModelVersion.version == version)
+        )
+    ).first()
+    if row is None:
+        raise NotFound(f"{model} version {version} does not exist")
+    return row[0], row[1]
+
+
+async def enqueue(
+    session: AsyncSession, model: str, version: str, target: str, precision: str
+) -> CompileJob:
+    """Queue a compile; an identical one (same cache key) is returned, a failed one requeued."""
+    found_model, found_version = await _version(session, model, version)
+    if found_model.task != "tensor":
+        raise BadRequest(f"{model} is a {found_model.task} model; only tensor models compile")
+    try:
+        checked_target, checked_precision = validate_target(target, precision)
+    except ValueError as exc:
+        raise BadRequest(str(exc)) from None
+    key = engine_key(found_version.artifact_digest, checked_target, checked_precision)
+    await session.execute(
+        insert(CompileJob)
+        .values(
+            id=uuid.uuid4(),
+            model_version_id=found_version.id,
+            cache_key=key.digest,
+            target=target,
+            precision=precision,
+            hardware=key.hardware,
+            status="queued",
+        )
+        .on_conflict_do_nothing(index_elements=["cache_key"])
+    )
+    job = await session.scalar(select(CompileJob).where(CompileJob.cache_key == key.digest))
+    assert job is not None
+    if job.status == "failed":
+        job.status, job.reason, job.finished_at = "queued", None, None
+    await session.flush()
+    return job
+
+
+async def claim(session: AsyncSession, only: uuid.UUID | None = None) -> ClaimedJob | None:
+    """Take the oldest queued job (or ``only``) that nobody else holds; it becomes running."""
+    row = (await session.execute(_CLAIM, {"only": str(only) if only else None})).first()
+    if row is None:
+        return None
+    digest = await session.scalar(
+        select(ModelVersion.artifact_digest).where(ModelVersion.id == row.model_version_id)
+    )
+    return ClaimedJob(row.id, str(digest), row.target, row.precision)
+
+
+async def finish(
+    session: AsyncSession, job_id: uuid.UUID, report: CompileReport | None, reason: str | None
+) -> None:
+    """Record a job's end: done with its report, or failed with the reason."""
+    import msgspec
+
+    values: dict[str, object] = {"finished_at": text("now()")}
+    if report is not None:
+        values.update(status="done", engine_digest=report.engine_digest)
+        values["report"] = msgspec.to_builtins(report)
+    else:
+        values.update(status="failed", reason=reason or "unknown failure")
+    await session.execute(update(CompileJob).where(CompileJob.id == job_id).values(**values))
+
+
+async def requeue(session: AsyncSession, job_id: uuid.UUID) -> None:
+    """Put a running job back in the queue (its runner is stopping)."""
+    await session.execute(
+        update(CompileJob)
+        .where(CompileJob.id == job_id, CompileJob.status == "running")
+        .values(status="queued", started_at=None)
+    )
+
+
+async def view(session: AsyncSession, job_id: uuid.UUID) -> CompileJobView:
+    """One job, or ``NotFound``."""
+    jobs = await _views(session, CompileJob.id == job_id)
+    if not jobs:
+        raise NotFound(f"compile job {job_id} does not exist")
+    return jobs[0]
+
+
+async def list_jobs(session: AsyncSession, limit: int = 100) -> list[CompileJobView]:
+    """The newest jobs first."""
+    return await _views(session, None, limit)
+
+
+async def _views(session: AsyncSession, where: object, limit: int = 100) -> list[CompileJobView]:
+    query = (
+        select(CompileJob, Model.name, ModelVersion.version)
+        .join(ModelVersion, ModelVersion.id == CompileJob.model_version_id)
+        .join(Model, Model.id == ModelVersion.model_id)
+        .order_by(CompileJob.created_at.desc())
+        .limit(limit)
+    )
+    if where is not None:
+        query = query.where(where)  # type: ignore[arg-type]
+    return [
+        CompileJobView(
+            id=str(job.id),
+            model=name,
+            version=version,
+            target=job.target,
+            precision=job.precision,
+            hardware=job.hardware,
+            status=job.status,
+            reason=job.reason,
+            engine_digest=job.engine_digest,
+            report=job.report,
+            created_at=job.created_at,
+            started_at=job.started_at,
+            finished_at=job.finished_at,
+        )
+        for job, name, version in (await session.execute(query)).all()
+    ]

@@ -1,0 +1,94 @@
+"""`/v2` HTTP handlers (Open Inference Protocol, REST): thin, behaviour in ``oip_services``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from litestar import Controller, Request, Response, get, post
+from litestar.di import Provide
+from litestar.params import SkipValidation
+
+from kiln_platform.context import Kiln
+from kiln_platform.gateway import oip_services as oip
+from kiln_platform.gateway.auth import provide_principal
+from kiln_platform.gateway.dispatch import Ticket
+from kiln_platform.gateway.oip_codec import HEADER_LENGTH
+from kiln_platform.gateway.oip_schemas import ModelMetadata, ServerMetadata
+from kiln_platform.gateway.tickets import provide_ticket
+from kiln_platform.keys.services import Principal
+
+KilnDep = SkipValidation[Kiln]
+PrincipalDep = SkipValidation[Principal]
+AUTH = {"principal": Provide(provide_principal)}
+SCHEDULED = {**AUTH, "ticket": Provide(provide_ticket)}
+MAX_BODY = 256 << 20
+
+
+def _status(ok: bool, what: str) -> Response[Any]:
+    if ok:
+        return Response(b"", status_code=200)
+    return Response({"error": f"{what} is not ready"}, status_code=503)
+
+
+class OIPController(Controller):
+    """The Open Inference Protocol v2 REST API (what ``tritonclient.http`` speaks)."""
+
+    path = "/v2"
+
+    @get("/health/live")
+    async def live(self) -> Response[Any]:
+        """The server is alive."""
+        return Response(b"", status_code=200)
+
+    @get("/health/ready")
+    async def ready(self, kiln: KilnDep) -> Response[Any]:
+        """The server is ready (database reachable and migrated)."""
+        return _status(await oip.server_ready(kiln), "the server")
+
+    @get("/", dependencies=AUTH)
+    async def server_metadata(self, principal: PrincipalDep) -> ServerMetadata:
+        """Server name, version and extensions."""
+        return oip.server_metadata()
+
+    @get(["/models/{name:str}", "/models/{name:str}/versions/{version:str}"], dependencies=AUTH)
+    async def model_metadata(
+        self, kiln: KilnDep, principal: PrincipalDep, name: str, version: str | None = None
+    ) -> ModelMetadata:
+        """A model's inputs and outputs (``-1`` marks a dynamic dimension)."""
+        return oip.model_metadata(await oip.resolve(kiln, name, version))
+
+    @get(
+        ["/models/{name:str}/ready", "/models/{name:str}/versions/{version:str}/ready"],
+        dependencies=AUTH,
+    )
+    async def model_ready(
+        self, kiln: KilnDep, principal: PrincipalDep, name: str, version: str | None = None
+    ) -> Response[Any]:
+        """200 when a worker of the model is ready."""
+        resolved = await oip.resolve(kiln, name, version)
+        return _status(oip.model_ready(kiln, resolved), f"the model `{name}`")
+
+    @post(
+        ["/models/{name:str}/infer", "/models/{name:str}/versions/{version:str}/infer"],
+        dependencies=SCHEDULED,
+        request_max_body_size=MAX_BODY,
+    )
+    async def infer(
+        self,
+        request: Request[Any, Any, Any],
+        *,
+        kiln: KilnDep,
+        principal: PrincipalDep,
+        ticket: SkipValidation[Ticket],
+        name: str,
+        version: str | None = None,
+    ) -> Response[bytes]:
+        """Run inference: JSON tensors, or the binary tensor data extension."""
+        resolved = await oip.resolve(kiln, name, version)
+        body, headers = await oip.infer(
+            kiln, principal, resolved, await request.body(),
+            header_length=request.headers.get(HEADER_LENGTH),
+            request_id=request.state.request_id, ticket=ticket,
+        )  # fmt: skip
+        media_type = headers.pop("content-type")
+        return Response(body, status_code=200, headers=headers, media_type=media_type)

@@ -1,0 +1,121 @@
+"""OIP v2 bodies <-> wire tensors: JSON tensors and the binary tensor data extension (pure)."""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING, Any
+
+import msgspec
+import numpy as np
+
+from kiln_platform.errors import BadRequest
+from kiln_platform.gateway.oip_schemas import InferOutput, InferRequestBody, InferResponseBody
+from kiln_runtimes.protocol import DATATYPES, Tensor
+
+if TYPE_CHECKING:
+    from kiln_runtimes.protocol import InferResult
+
+HEADER_LENGTH = "inference-header-content-length"
+_decoder = msgspec.json.Decoder(InferRequestBody)
+
+
+def parse(body: bytes, header_length: str | None) -> tuple[InferRequestBody, list[Tensor]]:
+    """Decode a request body (JSON, or JSON header + binary buffers) into wire tensors."""
+    if header_length is not None:
+        try:
+            size = int(header_length)
+        except ValueError:
+            raise BadRequest(f"{HEADER_LENGTH} must be an integer") from None
+        if not 0 < size <= len(body):
+            raise BadRequest(f"{HEADER_LENGTH} {size} does not fit a {len(body)}-byte body")
+        header, binary = body[:size], memoryview(body)[size:]
+    else:
+        header, binary = body, memoryview(b"")
+    try:
+        request = _decoder.decode(header)
+    except msgspec.DecodeError as exc:
+        raise BadRequest(f"invalid inference request: {exc}") from None
+    tensors, offset = [], 0
+    for item in request.inputs:
+        dtype = _dtype(item.datatype, f"input {item.name!r}")
+        if any(d < 0 for d in item.shape):
+            raise BadRequest(f"input {item.name!r} has a negative dimension")
+        nbytes = math.prod(item.shape) * dtype.itemsize
+        binary_size = (item.parameters or {}).get("binary_data_size")
+        if binary_size is not None:
+            size = int(binary_size)
+            if size != nbytes or offset + size > len(binary):
+                raise BadRequest(f"input {item.name!r}: binary_data_size {size} does not fit")
+            data = bytes(binary[offset : offset + size])
+            offset += size
+        elif item.data is not None:
+            data = _from_json(item.data, dtype, item.shape, item.name)
+        else:
+            raise BadRequest(f"input {item.name!r} has neither data nor binary_data_size")
+        tensors.append(Tensor(name=item.name, datatype=item.datatype, shape=item.shape, data=data))
+    if offset != len(binary):
+        raise BadRequest(f"{len(binary) - offset} bytes of binary data belong to no input")
+    return request, tensors
+
+
+def _dtype(datatype: str, what: str) -> np.dtype[Any]:
+    if datatype not in DATATYPES:
+        raise BadRequest(f"{what}: datatype {datatype} is not supported")
+    return np.dtype(DATATYPES[datatype])
+
+
+def _from_json(data: list[Any], dtype: np.dtype[Any], shape: list[int], name: str) -> bytes:
+    try:
+        array = np.asarray(data, dtype=dtype)
+    except (ValueError, TypeError, OverflowError):
+        raise BadRequest(f"input {name!r}: data is not all {dtype.name}") from None
+    if array.size != math.prod(shape):
+        raise BadRequest(f"input {name!r}: {array.size} values do not fill shape {shape}")
+    return array.tobytes()
+
+
+def encode(
+    request: InferRequestBody, result: InferResult, model: str, version: str
+) -> tuple[bytes, dict[str, str]]:
+    """The response body and headers; binary outputs go after the JSON header when asked for."""
+    default_binary = bool((request.parameters or {}).get("binary_data_output", False))
+    wanted = {o.name: (o.parameters or {}) for o in request.outputs or []}
+    outputs, buffers = [], []
+    for tensor in result.outputs:
+        params = wanted.get(tensor.name, {})
+        if params.get("binary_data", default_binary):
+            outputs.append(
+                InferOutput(
+                    name=tensor.name, datatype=tensor.datatype, shape=tensor.shape,
+                    parameters={"binary_data_size": len(tensor.data)},
+                )
+            )  # fmt: skip
+            buffers.append(tensor.data)
+        else:
+            array = np.frombuffer(tensor.data, dtype=DATATYPES[tensor.datatype])
+            outputs.append(
+                InferOutput(
+                    name=tensor.name, datatype=tensor.datatype, shape=tensor.shape,
+                    data=array.tolist(),
+                )
+            )  # fmt: skip
+    header = msgspec.json.encode(
+        InferResponseBody(model_name=model, model_version=version, outputs=outputs, id=request.id)
+    )
+    if not buffers:
+        return header, {"content-type": "application/json"}
+    headers = {"content-type": "application/octet-stream", HEADER_LENGTH: str(len(header))}
+    return b"".join([header, *buffers]), headers
+
+
+def output_names(request: InferRequestBody) -> list[str] | None:
+    """The outputs the client asked for (None: all of them)."""
+    return [o.name for o in request.outputs] if request.outputs else None
+
+
+def timeout_ms(request: InferRequestBody, default_s: float) -> int:
+    """The request's deadline: Triton's ``timeout`` parameter (microseconds) or the default."""
+    micros = (request.parameters or {}).get("timeout")
+    if isinstance(micros, int) and micros > 0:
+        return max(1, micros // 1000)
+    return int(default_s * 1000)

@@ -1,0 +1,117 @@
+"""Open Inference Protocol v2: health, metadata, readiness and inference for tensor models."""
+
+from __future__ import annotations
+
+import dataclasses
+from importlib import metadata
+from typing import TYPE_CHECKING
+
+from kiln_platform.billing.ledger import Usage
+from kiln_platform.db import migrate
+from kiln_platform.errors import BadRequest, KilnError, ModelNotFound
+from kiln_platform.gateway import oip_codec
+from kiln_platform.gateway.oip_schemas import MetadataTensor, ModelMetadata, ServerMetadata
+from kiln_runtimes.protocol import InferRequest
+
+if TYPE_CHECKING:
+    from kiln_platform.context import Kiln
+    from kiln_platform.gateway.dispatch import Ticket
+    from kiln_platform.keys.services import Principal
+    from kiln_platform.registry.services import ResolvedVersion
+
+EXTENSIONS = ["binary_tensor_data"]
+
+
+def server_metadata() -> ServerMetadata:
+    """``GET /v2``."""
+    return ServerMetadata(
+        name="kiln", version=metadata.version("kiln-platform"), extensions=EXTENSIONS
+    )
+
+
+async def server_ready(kiln: Kiln) -> bool:
+    """Ready to serve: the database is reachable and migrated."""
+    try:
+        return await migrate.is_current(kiln.db.engine)
+    except Exception:  # any failure to reach the database means not ready
+        return False
+
+
+async def resolve(kiln: Kiln, name: str, version: str | None) -> ResolvedVersion:
+    """The served version of a tensor model; a version other than the served one is not found."""
+    resolved = await kiln.resolver.resolve(name)
+    if resolved.manifest.task != "tensor":
+        raise BadRequest(f"The model `{name}` is not a tensor model; use /v1.")
+    if version is not None and version != resolved.version:
+        raise ModelNotFound(f"The model `{name}` version `{version}` is not being served.")
+    return resolved
+
+
+def model_metadata(version: ResolvedVersion) -> ModelMetadata:
+    """``GET /v2/models/{name}[/versions/{v}]``."""
+    m = version.manifest
+    return ModelMetadata(
+        name=version.model,
+        versions=[version.version],
+        platform="onnxruntime_onnx",
+        inputs=[MetadataTensor(name=s.name, datatype=s.datatype, shape=s.shape) for s in m.inputs],
+        outputs=[
+            MetadataTensor(name=s.name, datatype=s.datatype, shape=s.shape) for s in m.outputs
+        ],
+    )
+
+
+def model_ready(kiln: Kiln, version: ResolvedVersion) -> bool:
+    """Whether a worker of the model is ready now."""
+    try:
+        kiln.pools.runner(version.model)
+    except KilnError:
+        return False
+    return True
+
+
+async def infer(
+    kiln: Kiln,
+    principal: Principal,
+    version: ResolvedVersion,
+    body: bytes,
+    *,
+    header_length: str | None,
+    request_id: str,
+    ticket: Ticket,
+) -> tuple[bytes, dict[str, str]]:
+    """Decode, schedule and run on a worker, encode; records the request's usage.
+
+    The deadline is Triton's ``timeout`` parameter when the client sets one, else the ticket's.
+    """
+    request, tensors = oip_codec.parse(body, header_length)
+    timeout_ms = oip_codec.timeout_ms(request, ticket.timeout_s or kiln.settings.request_timeout_s)
+    ticket = dataclasses.replace(ticket, timeout_s=timeout_ms / 1000)
+    batched = version.manifest.batching and tensors and tensors[0].shape
+    rows = tensors[0].shape[0] if batched else 1
+    result = await kiln.tensors.infer(
+        version.model,
+        InferRequest(
+            request_id=request_id,
+            inputs=tensors,
+            outputs=oip_codec.output_names(request),
+            timeout_ms=timeout_ms,
+        ),
+        ticket,
+        max(rows, 1),
+    )
+    kiln.ledger.record(
+        Usage(
+            request_id=request_id,
+            tenant_id=principal.tenant_id,
+            api_key_id=principal.key_id,
+            model=version.model,
+            version=version.version,
+            endpoint="infer",
+            status=200,
+            items=rows,
+            queue_ms=result.queue_ms,
+            compute_ms=result.compute_ms,
+        )
+    )
+    return oip_codec.encode(request, result, version.model, version.version)

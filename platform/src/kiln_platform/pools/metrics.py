@@ -1,0 +1,77 @@
+"""Per-pool, per-tenant scheduler metrics, read from the schedulers at scrape time."""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING
+
+from prometheus_client import REGISTRY, Histogram
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator
+
+    from prometheus_client.core import Metric
+
+    from kiln_platform.pools.services import PoolManager
+    from kiln_platform.scheduler.schemas import Request
+
+QUEUE_WAIT = Histogram(
+    "kiln_scheduler_queue_wait_seconds",
+    "Time from arrival to dispatch, per pool and tenant.",
+    ["model", "tenant"],
+    buckets=(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
+)
+
+
+def observe_wait(model: str, request: Request, seconds: float) -> None:
+    """Record one request's queue wait."""
+    QUEUE_WAIT.labels(model, request.tenant).observe(seconds)
+
+
+class SchedulerCollector:
+    """Admitted/rejected counts, service shares and Jain's index of every pool."""
+
+    def __init__(self, pools: PoolManager) -> None:
+        self._pools = pools
+
+    def collect(self) -> Iterator[Metric]:
+        """Build the metric families from each pool's stats snapshot."""
+        admitted = CounterMetricFamily(
+            "kiln_scheduler_admitted", "Requests admitted.", labels=["model", "tenant"]
+        )
+        rejected = CounterMetricFamily(
+            "kiln_scheduler_rejected", "Requests rejected.", labels=["model", "tenant", "reason"]
+        )
+        share = GaugeMetricFamily(
+            "kiln_scheduler_service_share",
+            "Tenant's part of the cost served over the stats window.",
+            labels=["model", "tenant"],
+        )
+        jain = GaugeMetricFamily(
+            "kiln_scheduler_fairness_index",
+            "Jain's index of served vs weighted max-min fair share over the window.",
+            labels=["model"],
+        )
+        now = time.monotonic()  # the event loop's clock, which the schedulers run on
+        for model, runner in self._pools.runners.items():
+            snapshot = runner.scheduler.snapshot(now)
+            jain.add_metric([model], snapshot.jain)
+            for t in snapshot.tenants:
+                admitted.add_metric([model, t.tenant], t.admitted)
+                share.add_metric([model, t.tenant], t.share)
+                for reason, count in t.rejected.items():
+                    rejected.add_metric([model, t.tenant, reason], count)
+        yield from (admitted, rejected, share, jain)
+
+
+def register(pools: PoolManager) -> SchedulerCollector:
+    """Export ``pools``' scheduler metrics from the default registry."""
+    collector = SchedulerCollector(pools)
+    REGISTRY.register(collector)
+    return collector
+
+
+def unregister(collector: SchedulerCollector) -> None:
+    """Stop exporting (on shutdown, so a test process can start another app)."""
+    REGISTRY.unregister(collector)

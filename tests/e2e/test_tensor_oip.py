@@ -1,0 +1,203 @@
+"""Tensor models end to end: upload through the admin API, then ``tritonclient.http`` on `/v2`."""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import httpx
+import numpy as np
+import onnxruntime as ort
+import pytest
+import tritonclient.http as triton
+from tritonclient.utils import InferenceServerException
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Iterator
+
+    from tests.e2e.conftest import KilnProcess
+
+UPLOAD_LIMIT = 2 << 20
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def tensor_up(
+    tensor_models: dict[str, Path], start_kiln: Callable[[Path, list[Path]], KilnProcess]
+) -> Iterator[KilnProcess]:
+    """``kiln up`` with no model; a tenant, an inference+admin key, and the MLP uploaded."""
+    path = Path(tempfile.mkdtemp(prefix="kiln-e2e-"))
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("KILN_MAX_UPLOAD_BYTES", str(UPLOAD_LIMIT))
+        kiln = start_kiln(path, [])
+    try:
+        kiln.cli("tenants", "create", "acme")
+        out = kiln.cli(
+            "keys", "create", "--tenant", "acme",
+            "--scope", "inference", "--scope", "admin:write",
+        )  # fmt: skip
+        kiln.env["TEST_KEY"] = out.strip().splitlines()[-1]
+        _wait_http(kiln)
+        r = _upload(kiln, "mlp", tensor_models["mlp"].read_bytes())
+        assert r.status_code == 201, r.text
+        _wait_model(kiln, "mlp")
+        yield kiln
+    finally:
+        if kiln.proc.poll() is None:
+            kiln.stop()
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def _auth(kiln: KilnProcess) -> dict[str, str]:
+    return {"authorization": f"Bearer {kiln.key}"}
+
+
+def _upload(kiln: KilnProcess, name: str, body: bytes, **params: str) -> httpx.Response:
+    return httpx.post(
+        f"{kiln.base_url}/admin/v1/models/{name}/versions",
+        content=body, params=params, headers=_auth(kiln), timeout=60,
+    )  # fmt: skip
+
+
+def _wait_http(kiln: KilnProcess, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(f"{kiln.base_url}/v2/health/live", timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.2)
+    raise TimeoutError("kiln up did not answer")
+
+
+def _client(kiln: KilnProcess) -> triton.InferenceServerClient:
+    return triton.InferenceServerClient(kiln.base_url.removeprefix("http://"))
+
+
+def _wait_model(kiln: KilnProcess, name: str, timeout: float = 120) -> None:
+    client, deadline = _client(kiln), time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if client.is_model_ready(name, headers=_auth(kiln)):
+            return
+        time.sleep(0.2)
+    raise TimeoutError(f"{name} not ready")
+
+
+def _inputs(n: int, *, binary: bool) -> tuple[list[triton.InferInput], dict[str, np.ndarray]]:
+    rng = np.random.default_rng(n)
+    feeds = {
+        "x": rng.standard_normal((n, 16)).astype(np.float32),
+        "scale": rng.standard_normal((n, 1)).astype(np.float32),
+    }
+    inputs = []
+    for name, array in feeds.items():
+        tensor = triton.InferInput(name, list(array.shape), "FP32")
+        tensor.set_data_from_numpy(array, binary_data=binary)
+        inputs.append(tensor)
+    return inputs, feeds
+
+
+def test_server_health_and_metadata(tensor_up: KilnProcess) -> None:
+    client = _client(tensor_up)
+    assert client.is_server_live()
+    assert client.is_server_ready()
+    meta = client.get_server_metadata(headers=_auth(tensor_up))
+    assert meta["name"] == "kiln"
+    assert "binary_tensor_data" in meta["extensions"]
+    model = client.get_model_metadata("mlp", headers=_auth(tensor_up))
+    assert model["versions"] == ["1"]
+    assert model["inputs"] == [
+        {"name": "x", "datatype": "FP32", "shape": [-1, 16]},
+        {"name": "scale", "datatype": "FP32", "shape": [-1, 1]},
+    ]
+    assert [o["name"] for o in model["outputs"]] == ["y", "norm"]
+    assert client.get_model_metadata("mlp", "1", headers=_auth(tensor_up))["name"] == "mlp"
+
+
+@pytest.mark.parametrize("binary", [False, True], ids=["json", "binary"])
+def test_infer_matches_onnxruntime(
+    tensor_up: KilnProcess, tensor_models: dict[str, Path], binary: bool
+) -> None:
+    session = ort.InferenceSession(str(tensor_models["mlp"]), providers=["CPUExecutionProvider"])
+    client = _client(tensor_up)
+    for n in (1, 5):
+        inputs, feeds = _inputs(n, binary=binary)
+        outputs = [triton.InferRequestedOutput(o, binary_data=binary) for o in ("y", "norm")]
+        result = client.infer("mlp", inputs, outputs=outputs, headers=_auth(tensor_up))
+        expected = session.run(["y", "norm"], feeds)
+        for name, want in zip(("y", "norm"), expected, strict=True):
+            got = result.as_numpy(name)
+            assert got.shape == want.shape
+            assert float(np.max(np.abs(got - want))) <= 1e-5
+
+
+def test_infer_without_outputs_returns_all_as_binary(tensor_up: KilnProcess) -> None:
+    inputs, _ = _inputs(2, binary=True)
+    result = _client(tensor_up).infer("mlp", inputs, headers=_auth(tensor_up))
+    assert result.as_numpy("y").shape == (2, 4)
+    assert result.as_numpy("norm").shape == (2, 1)
+
+
+def test_oip_errors(tensor_up: KilnProcess) -> None:
+    client = _client(tensor_up)
+    inputs, _ = _inputs(1, binary=False)
+    with pytest.raises(InferenceServerException, match="API key"):
+        client.infer("mlp", inputs)
+    with pytest.raises(InferenceServerException, match="does not exist"):
+        client.infer("nope", inputs, headers=_auth(tensor_up))
+    r = httpx.post(
+        f"{tensor_up.base_url}/v2/models/mlp/infer",
+        json={"inputs": [{"name": "x", "shape": [1, 3], "datatype": "FP32", "data": [0, 0, 0]}]},
+        headers=_auth(tensor_up),
+    )
+    assert r.status_code == 400
+    assert set(r.json()) == {"error"}
+    assert r.headers["x-request-id"]
+
+
+def _store_files(kiln: KilnProcess) -> set[str]:
+    root = Path(kiln.env["KILN_DATA_DIR"]) / "store"
+    return {str(p.relative_to(root)) for p in root.rglob("*") if "refs" not in p.parts}
+
+
+@pytest.mark.parametrize("case", ["corrupt", "not-onnx", "outside", "oversized"])
+def test_bad_uploads_are_rejected_with_nothing_left(
+    tensor_up: KilnProcess, tensor_models: dict[str, Path], case: str
+) -> None:
+    before_files, before_models = _store_files(tensor_up), tensor_up.cli("models", "list")
+    if case == "oversized":  # a valid model padded past the limit this server runs with
+        body = tensor_models["mlp"].read_bytes() + b"\0" * UPLOAD_LIMIT
+    else:
+        body = tensor_models[case].read_bytes()
+    r = _upload(tensor_up, f"bad-{case}", body)
+    assert r.status_code == 400, r.text
+    assert r.json()["detail"]
+    assert _store_files(tensor_up) == before_files
+    assert tensor_up.cli("models", "list") == before_models
+
+
+def test_compile_job_through_the_admin_api(tensor_up: KilnProcess) -> None:
+    url = f"{tensor_up.base_url}/admin/v1"
+    r = httpx.post(
+        f"{url}/models/mlp/versions/1/compile", json={"target": "cpu", "precision": "int8"},
+        headers=_auth(tensor_up),
+    )  # fmt: skip
+    assert r.status_code == 202, r.text
+    job = r.json()
+    again = httpx.post(
+        f"{url}/models/mlp/versions/1/compile", json={"target": "cpu", "precision": "int8"},
+        headers=_auth(tensor_up),
+    )  # fmt: skip
+    assert again.json()["id"] == job["id"]  # the same compile is one job
+    deadline = time.monotonic() + 60
+    while job["status"] in ("queued", "running") and time.monotonic() < deadline:
+        time.sleep(0.3)
+        job = httpx.get(f"{url}/compile-jobs/{job['id']}", headers=_auth(tensor_up)).json()
+    assert job["status"] == "done", job
+    assert job["report"]["cosine"] > 0.99
+    assert job["id"] in tensor_up.cli("models", "jobs")

@@ -1,0 +1,100 @@
+"""OIP v2 bodies: JSON tensors, the binary tensor data extension, and their errors."""
+
+from __future__ import annotations
+
+import json
+
+import msgspec
+import numpy as np
+import pytest
+
+from kiln_platform.errors import BadRequest
+from kiln_platform.gateway import oip_codec
+from kiln_runtimes.protocol import InferResult, Tensor
+
+
+def binary_body(header: dict[str, object], *buffers: bytes) -> tuple[bytes, str]:
+    text = json.dumps(header).encode()
+    return text + b"".join(buffers), str(len(text))
+
+
+def test_parses_json_tensors_flat_or_nested() -> None:
+    body = {
+        "inputs": [
+            {"name": "a", "shape": [2, 2], "datatype": "FP32", "data": [[1, 2], [3, 4]]},
+            {"name": "b", "shape": [3], "datatype": "INT64", "data": [1, 2, 3]},
+        ]
+    }
+    _, tensors = oip_codec.parse(json.dumps(body).encode(), None)
+    assert np.frombuffer(tensors[0].data, "<f4").tolist() == [1, 2, 3, 4]
+    assert np.frombuffer(tensors[1].data, "<i8").tolist() == [1, 2, 3]
+
+
+def test_parses_binary_tensor_data_in_input_order() -> None:
+    a, b = np.arange(4, dtype="<f4"), np.arange(3, dtype="<i4")
+    header = {
+        "inputs": [
+            {"name": "a", "shape": [4], "datatype": "FP32",
+             "parameters": {"binary_data_size": a.nbytes}},
+            {"name": "b", "shape": [3], "datatype": "INT32",
+             "parameters": {"binary_data_size": b.nbytes}},
+        ]
+    }  # fmt: skip
+    body, length = binary_body(header, a.tobytes(), b.tobytes())
+    _, tensors = oip_codec.parse(body, length)
+    assert tensors[0].data == a.tobytes()
+    assert tensors[1].data == b.tobytes()
+
+
+@pytest.mark.parametrize(
+    ("body", "length", "message"),
+    [
+        (b"{", None, "invalid inference request"),
+        (b'{"inputs": [{"name": "a", "shape": [2], "datatype": "BYTES", "data": ["x", "y"]}]}',
+         None, "not supported"),
+        (b'{"inputs": [{"name": "a", "shape": [3], "datatype": "FP32", "data": [1, 2]}]}',
+         None, "do not fill"),
+        (b'{"inputs": [{"name": "a", "shape": [1], "datatype": "FP32"}]}', None, "neither"),
+        (b'{"inputs": []}', "999", "does not fit"),
+        (b'{"inputs": []}xx', "14", "belong to no input"),
+    ],
+)  # fmt: skip
+def test_rejects_malformed_requests(body: bytes, length: str | None, message: str) -> None:
+    with pytest.raises(BadRequest, match=message):
+        oip_codec.parse(body, length)
+
+
+def result() -> InferResult:
+    y = np.array([[1.5, 2.5]], dtype="<f4")
+    return InferResult(
+        request_id="r", queue_ms=0, compute_ms=0,
+        outputs=[Tensor(name="y", datatype="FP32", shape=[1, 2], data=y.tobytes())],
+    )  # fmt: skip
+
+
+def test_encodes_json_outputs_by_default() -> None:
+    request, _ = oip_codec.parse(b'{"id": "7", "inputs": []}', None)
+    body, headers = oip_codec.encode(request, result(), "m", "1")
+    assert headers == {"content-type": "application/json"}
+    decoded = msgspec.json.decode(body)
+    assert decoded["id"] == "7"
+    assert decoded["outputs"] == [{"name": "y", "datatype": "FP32", "shape": [1, 2],
+                                   "data": [1.5, 2.5]}]  # fmt: skip
+
+
+def test_encodes_binary_outputs_after_the_json_header() -> None:
+    request, _ = oip_codec.parse(
+        b'{"inputs": [], "parameters": {"binary_data_output": true}}', None
+    )
+    body, headers = oip_codec.encode(request, result(), "m", "1")
+    size = int(headers[oip_codec.HEADER_LENGTH])
+    header = msgspec.json.decode(body[:size])
+    assert header["outputs"][0]["parameters"] == {"binary_data_size": 8}
+    assert np.frombuffer(body[size:], "<f4").tolist() == [1.5, 2.5]
+
+
+def test_timeout_parameter_is_microseconds() -> None:
+    request, _ = oip_codec.parse(b'{"inputs": [], "parameters": {"timeout": 250000}}', None)
+    assert oip_codec.timeout_ms(request, 60) == 250
+    plain, _ = oip_codec.parse(b'{"inputs": []}', None)
+    assert oip_codec.timeout_ms(plain, 60) == 60000
