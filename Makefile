@@ -9,7 +9,7 @@ SHELL  := /bin/bash
 QUIET  := 2>&1 | { grep -v "is ignored: it is neither" || true; }
 
 .DEFAULT_GOAL := help
-.PHONY: help setup up test lint bench-embeddings
+.PHONY: help setup up test lint bench-embeddings bench-tensor
 
 help: ## List the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-18s %s\n", $$1, $$2}'
@@ -36,3 +36,6 @@ lint: setup ## ruff + mypy
 
 bench-embeddings: setup ## Kiln vs in-process ONNX Runtime, all-MiniLM-L6-v2 (see docs/benchmarks.md)
 	$(PY) bench/embeddings.py
+
+bench-tensor: setup ## Kiln /v2 vs in-process ONNX Runtime on a 77-MFLOP CNN (see docs/benchmarks.md)
+	$(PY) bench/tensor.py

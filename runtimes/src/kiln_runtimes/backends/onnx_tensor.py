@@ -44,6 +44,8 @@ class OnnxTensorBackend:
         options.intra_op_num_threads = threads
         options.inter_op_num_threads = 1
         options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+        # No spin-waiting between batches: those cores serve the gateway and the event loop.
+        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
         options.graph_optimization_level = (
             ort.GraphOptimizationLevel.ORT_DISABLE_ALL
             if optimized

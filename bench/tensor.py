@@ -1,0 +1,285 @@
+"""Tensor inference: Kiln's `/v2` vs ONNX Runtime in-process, on a compute-heavy CNN.
+
+Builds the CNN of ``bench/models/make_cnn.py`` (77 MFLOPs per image), then in one run measures:
+
+1. ONNX Runtime in this process at batch sizes 1..32 (threads = cores), before and after the
+   Kiln runs (the better figure of the two counts): the best batch size.
+2. Kiln (``kiln up`` on a fresh data dir; the model uploaded with ``kiln models upload``):
+   single-request latency, then a closed loop at ``--concurrency`` over OIP binary tensors.
+3. The same Kiln with ``KILN_WORKER_MAX_BATCH_SIZE=1``: the batching speedup.
+4. Worker start: first start (engine compiled: cache miss) vs second (cache hit), medians of 3.
+5. The int8 engine: accuracy report vs fp32 and in-process throughput change.
+
+    python bench/tensor.py --duration 10 [--items 8]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import httpx
+import msgspec
+import numpy as np
+import onnxruntime as ort
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _kiln import CpuMeter, Kiln, free_port
+from models.make_cnn import flops, write
+
+SHAPE = (3, 64, 64)
+
+
+def direct(model: Path, batch: int, duration: float, threads: int) -> float:
+    """Images per second, ONNX Runtime in-process at one batch size."""
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = threads
+    options.inter_op_num_threads = 1
+    options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+    session = ort.InferenceSession(str(model), options, providers=["CPUExecutionProvider"])
+    x = np.random.default_rng(0).standard_normal((batch, *SHAPE)).astype(np.float32)
+    for _ in range(5):
+        session.run(None, {"image": x})
+    count, start = 0, time.perf_counter()
+    while time.perf_counter() - start < duration:
+        session.run(None, {"image": x})
+        count += batch
+    return count / (time.perf_counter() - start)
+
+
+def _body(items: int) -> tuple[bytes, dict[str, str]]:
+    x = np.random.default_rng(1).standard_normal((items, *SHAPE)).astype(np.float32)
+    header = json.dumps({
+        "inputs": [{"name": "image", "shape": [items, *SHAPE], "datatype": "FP32",
+                    "parameters": {"binary_data_size": x.nbytes}}],
+        "outputs": [{"name": "logits", "parameters": {"binary_data": True}}],
+    }).encode()  # fmt: skip
+    return header + x.tobytes(), {"inference-header-content-length": str(len(header))}
+
+
+async def _loop(
+    url: str, key: str, concurrency: int, items: int, duration: float
+) -> dict[str, Any]:
+    body, extra = _body(items)
+    headers = {
+        "authorization": f"Bearer {key}",
+        "content-type": "application/octet-stream",
+        **extra,
+    }
+    latencies: list[float] = []
+    errors = 0
+    start = time.perf_counter() + 1.0  # one second of warmup
+    end = start + duration
+
+    async def sender(session: aiohttp.ClientSession) -> None:
+        nonlocal errors
+        while (sent := time.perf_counter()) < end:
+            async with session.post(url, data=body, headers=headers) as resp:
+                await resp.read()
+                ok = resp.status == 200
+            done = time.perf_counter()
+            if start <= done <= end and ok:
+                latencies.append(done - sent)
+            elif start <= done <= end:
+                errors += 1
+
+    connector = aiohttp.TCPConnector(limit=concurrency)
+    async with aiohttp.ClientSession(connector=connector) as session:
+        await asyncio.gather(*(sender(session) for _ in range(concurrency)))
+    lat = np.array(latencies) * 1000
+    return {
+        "per_s": len(latencies) * items / duration,
+        "p50_ms": float(np.percentile(lat, 50)),
+        "p99_ms": float(np.percentile(lat, 99)),
+        "errors": errors,
+    }
+
+
+def start_kiln(model: Path, env_extra: dict[str, str]) -> Kiln:
+    """``kiln up`` on a fresh data dir with the CNN uploaded; returns when the model is ready."""
+    data_dir = Path(tempfile.mkdtemp(prefix="kiln-bench-"))
+    env = {**os.environ, "KILN_DATA_DIR": str(data_dir), "KILN_LOG_LEVEL": "warning", **env_extra}
+    env.pop("KILN_DATABASE_URL", None)
+    kiln = Kiln(data_dir, env, model="cnn")
+    try:
+        kiln.cli("tenants", "create", "bench")
+        kiln.key = kiln.cli("keys", "create", "--tenant", "bench").strip().splitlines()[-1]
+        kiln.cli("models", "upload", "cnn", str(model))
+        port = free_port()
+        kiln.base_url = f"http://127.0.0.1:{port}"
+        kiln.proc = subprocess.Popen(
+            [sys.executable, "-m", "kiln_platform", "up", "--no-import", "--port", str(port)],
+            env=env, stdout=subprocess.DEVNULL,
+        )  # fmt: skip
+        deadline = time.monotonic() + 180
+        auth = {"authorization": f"Bearer {kiln.key}"}
+        while time.monotonic() < deadline:
+            try:
+                r = httpx.get(f"{kiln.base_url}/v2/models/cnn/ready", headers=auth, timeout=2)
+                if r.status_code == 200:
+                    kiln._owned = kiln.processes()
+                    return kiln
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.2)
+        raise TimeoutError("cnn not ready")
+    except BaseException:
+        kiln.stop()
+        raise
+
+
+def measure_kiln(model: Path, args: argparse.Namespace, max_batch: int) -> dict[str, Any]:
+    """Single-request latency, then the concurrency loop, on a fresh Kiln."""
+    env = {"KILN_WORKER_MAX_BATCH_SIZE": str(max_batch),
+           "KILN_WORKER_MAX_WAIT_MS": str(args.max_queue_delay_ms)}  # fmt: skip
+    kiln = start_kiln(model, env)
+    try:
+        url = f"{kiln.base_url}/v2/models/cnn/infer"
+        single = asyncio.run(_loop(url, kiln.key, 1, 1, args.duration / 2))
+        with CpuMeter(kiln.processes()) as cpu:
+            loaded = asyncio.run(_loop(url, kiln.key, args.concurrency, args.items, args.duration))
+        loaded["foreign_cores"] = cpu.foreign
+        return {"single": single, "loaded": loaded}
+    finally:
+        kiln.stop()
+
+
+def _worker_start(model_dir: Path) -> tuple[float, float, str]:
+    port = free_port()
+    begin = time.perf_counter()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "kiln_runtimes", "--model-dir", str(model_dir), "--port", str(port),
+         "--log-level", "warning"], stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+        while True:
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.01)
+        total = time.perf_counter() - begin
+        text = httpx.get(f"http://127.0.0.1:{port}/metrics").text
+        load = next(
+            float(x.split()[1])
+            for x in text.splitlines()
+            if x.startswith("kiln_worker_load_seconds ")
+        )
+        cache = next(x for x in text.splitlines() if x.startswith("kiln_worker_engine_cache_total"))
+        return total, load, cache
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=30)
+
+
+def _stored(model: Path, root: Path) -> tuple[Any, Path]:
+    """A fresh store holding the CNN as a registered tree would (manifest from validation)."""
+    from kiln_platform.registry import validation
+    from kiln_runtimes.protocol import ModelManifest
+    from kiln_runtimes.store import ArtifactStore
+
+    folder = root / "cnn"
+    folder.mkdir(parents=True)
+    (folder / "model.onnx").write_bytes(model.read_bytes())
+    checked = validation.inspect(folder, 7, 23)
+    manifest = ModelManifest(
+        name="cnn", task="tensor", engine="onnxruntime", tokenizer_file=None,
+        inputs=checked.inputs, outputs=checked.outputs, batching=checked.batching,
+    )  # fmt: skip
+    (folder / "kiln.json").write_bytes(msgspec.json.encode(manifest))
+    store = ArtifactStore(root / "store")
+    return store, store.path(store.put_dir(folder))
+
+
+def measure_starts(model: Path, repeats: int) -> dict[str, Any]:
+    """Cold (engine compiled: cache miss) vs warm (cache hit) worker starts; medians."""
+    cold, warm = [], []
+    for _ in range(repeats):
+        with tempfile.TemporaryDirectory(prefix="kiln-bench-store-") as tmp:
+            _, tree = _stored(model, Path(tmp))
+            cold.append(_worker_start(tree))
+            warm.append(_worker_start(tree))
+    assert all("miss" in c[2] for c in cold)
+    assert all("hit" in w[2] for w in warm)
+    med = lambda xs: float(np.median(xs))  # noqa: E731
+    return {
+        "cold_start_s": med([c[0] for c in cold]), "cold_load_s": med([c[1] for c in cold]),
+        "warm_start_s": med([w[0] for w in warm]), "warm_load_s": med([w[1] for w in warm]),
+        "repeats": repeats,
+    }  # fmt: skip
+
+
+def measure_int8(model: Path, duration: float, threads: int) -> dict[str, Any]:
+    """The int8 engine's accuracy report and in-process throughput vs the fp32 engine."""
+    from kiln_runtimes.compile import compile_engine
+
+    with tempfile.TemporaryDirectory(prefix="kiln-bench-store-") as tmp:
+        store, tree = _stored(model, Path(tmp))
+        digest = f"sha256:{tree.name}"
+        fp32, _ = compile_engine(store, digest, target="cpu", precision="fp32", threads=threads)
+        int8, report = compile_engine(
+            store, digest, target="cpu", precision="int8", threads=threads
+        )
+        batch = 16
+        fp32_s = direct(fp32 / "model.onnx", batch, duration, threads)
+        int8_s = direct(int8 / "model.onnx", batch, duration, threads)
+    return {"max_abs_diff": report.max_abs_diff, "cosine": report.cosine,
+            "fp32_engine_per_s": fp32_s, "int8_engine_per_s": int8_s, "batch": batch}  # fmt: skip
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--duration", type=float, default=10.0)
+    parser.add_argument("--concurrency", type=int, default=32)
+    parser.add_argument("--items", type=int, default=1, help="images per request")
+    parser.add_argument("--max-queue-delay-ms", type=float, default=5.0)
+    args = parser.parse_args()
+    threads = os.cpu_count() or 1
+    print(f"load before: {os.getloadavg()}; {threads} cores; onnxruntime {ort.__version__}")
+    with tempfile.TemporaryDirectory(prefix="kiln-bench-model-") as tmp:
+        model = write(Path(tmp) / "cnn.onnx")
+        print(f"model: {flops() / 1e6:.1f} MFLOPs per image, input {SHAPE}")
+        sizes = (1, 2, 4, 8, 16, 32)
+        before = {b: direct(model, b, args.duration / 2, threads) for b in sizes}
+        batched = measure_kiln(model, args, 32)
+        print("kiln max_batch_size=32:", json.dumps(batched))
+        unbatched = measure_kiln(model, args, 1)
+        print("kiln max_batch_size=1:", json.dumps(unbatched))
+        # Direct runs before and after Kiln; the better of the two counts (the stricter ratio).
+        batches = {b: max(before[b], direct(model, b, args.duration / 2, threads)) for b in sizes}
+        best = max(batches, key=lambda b: batches[b])
+        print("direct:", {b: round(v) for b, v in batches.items()}, f"best batch {best}")
+        starts = measure_starts(model, 3)
+        print("worker starts:", json.dumps(starts))
+        int8 = measure_int8(model, args.duration / 2, threads)
+        print("int8:", json.dumps(int8))
+    loaded, single = batched["loaded"], batched["single"]
+    bound = 2 * (single["p50_ms"] + args.max_queue_delay_ms)
+    print(f"load after: {os.getloadavg()}")
+    print(f"kiln/direct-best throughput: {loaded['per_s'] / batches[best]:.3f} (target >= 0.85)")
+    print(f"p99 {loaded['p99_ms']:.1f} ms vs 2 x (single {single['p50_ms']:.2f} ms + "
+          f"{args.max_queue_delay_ms} ms) = {bound:.1f} ms")  # fmt: skip
+    print(f"batching speedup: {loaded['per_s'] / unbatched['loaded']['per_s']:.2f}x")
+    s = starts
+    print(f"worker start (median of {s['repeats']}): cold {s['cold_start_s']:.2f} s "
+          f"(load {s['cold_load_s']:.3f} s), warm {s['warm_start_s']:.2f} s "
+          f"(load {s['warm_load_s']:.3f} s)")  # fmt: skip
+    print(
+        f"int8 engine: {int8['int8_engine_per_s'] / int8['fp32_engine_per_s']:.2f}x fp32 "
+        f"throughput, cosine {int8['cosine']:.6f}, max abs diff {int8['max_abs_diff']:.4f}"
+    )
+
+
+if __name__ == "__main__":
+    main()
