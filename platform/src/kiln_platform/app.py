@@ -16,6 +16,8 @@ from litestar.openapi import OpenAPIConfig
 from litestar.params import SkipValidation
 from litestar.plugins.prometheus import PrometheusConfig, PrometheusController
 
+from kiln_platform.admin.controllers import TenantsController
+from kiln_platform.audit.controllers import AuditController
 from kiln_platform.context import Kiln, running
 from kiln_platform.db import migrate
 from kiln_platform.errors import KilnError
@@ -23,7 +25,10 @@ from kiln_platform.gateway.controllers import OpenAIController
 from kiln_platform.gateway.oip import OIPController
 from kiln_platform.gateway.schemas import ErrorBody, ErrorResponse
 from kiln_platform.observability import configure_logging, request_id_middleware
+from kiln_platform.quotas.controllers import QuotasController
+from kiln_platform.quotas.middleware import quota_middleware
 from kiln_platform.registry.controllers import AdminModelsController
+from kiln_platform.users.controllers import UsersController
 
 log = structlog.get_logger("kiln.app")
 
@@ -115,13 +120,21 @@ def create_app(settings: Settings) -> Litestar:
             OpenAIController,
             OIPController,
             AdminModelsController,
+            TenantsController,
+            UsersController,
+            AuditController,
+            QuotasController,
             PrometheusController,
             healthz,
             readyz,
         ],
         dependencies={"kiln": Provide(_provide_kiln, sync_to_thread=False)},
         lifespan=[lifespan],
-        middleware=[prometheus.middleware, DefineMiddleware(request_id_middleware)],
+        middleware=[
+            prometheus.middleware,
+            DefineMiddleware(request_id_middleware),
+            DefineMiddleware(quota_middleware),
+        ],
         exception_handlers={Exception: _error_response},
         openapi_config=OpenAPIConfig(title="Kiln", version="0.1.0", path="/docs"),
     )

@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import signal
 import sys
+import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import click
 
 from kiln_platform import _cli_models
+from kiln_platform.admin import _cli as _cli_admin
 from kiln_platform.settings import Settings
 
 if TYPE_CHECKING:
@@ -97,10 +100,13 @@ async def _has_models(db: Database, settings: Settings) -> bool:
         return bool(await latest_versions(session))
 
 
-@main.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
+@main.command(
+    add_help_option=False,  # `kiln worker --help` shows the worker's own options
+    context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False},
+)
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
 def worker(args: tuple[str, ...]) -> None:
-    """Run one runtime worker (same as ``python -m kiln_runtimes``; see ``kiln worker --help``)."""
+    """Run one runtime worker (same as ``python -m kiln_runtimes``)."""
     from kiln_runtimes.worker import main as worker_main
 
     worker_main(list(args))
@@ -133,12 +139,14 @@ def tenants() -> None:
 @click.pass_context
 def tenants_create(ctx: click.Context, name: str, weight: float) -> None:
     """Create a tenant."""
+    from kiln_platform.admin.schemas import TenantCreate
+    from kiln_platform.admin.services import create_tenant
     from kiln_platform.errors import KilnError
-    from kiln_platform.tenants.services import create_tenant
 
     async def action(db: Database, settings: Settings) -> str:
         async with db.sessions.begin() as session:
-            return str((await create_tenant(session, name, weight)).id)
+            data = TenantCreate(name=name, weight=weight)
+            return str((await create_tenant(session, _cli_admin.cli_actor(), data)).id)
 
     try:
         click.echo(_with_db(ctx.find_root(), action))
@@ -161,24 +169,24 @@ def keys() -> None:
     type=click.Choice(["inference", "admin:read", "admin:write"]),
     help="A scope (repeatable; default: inference).",
 )
+@click.option("--role", type=click.Choice(_cli_admin.ROLES), help="Admin role (see README).")
 @click.pass_context
-def keys_create(ctx: click.Context, tenant: str, label: str, scopes: tuple[str, ...]) -> None:
+def keys_create(
+    ctx: click.Context, tenant: str, label: str, scopes: tuple[str, ...], role: str | None
+) -> None:
     """Create an API key; its secret is printed once, alone on the last line."""
+    from kiln_platform.admin.schemas import KeyCreate
+    from kiln_platform.admin.services import create_tenant_key
     from kiln_platform.errors import KilnError
-    from kiln_platform.keys.services import create_key
-    from kiln_platform.tenants.services import get_tenant_by_name
 
     async def action(db: Database, settings: Settings) -> tuple[str, str]:
         async with db.sessions.begin() as session:
-            t = await get_tenant_by_name(session, tenant)
-            key, secret = await create_key(
-                session,
-                settings.hmac_key(),
-                t.id,
-                name=label,
-                scopes=frozenset(scopes or ("inference",)),
+            tid = await _cli_admin.tenant_id(session, tenant)
+            data = KeyCreate(name=label, scopes=list(scopes or ("inference",)), role=role)  # type: ignore[arg-type]
+            made = await create_tenant_key(
+                session, _cli_admin.cli_actor(), tid, data, settings.hmac_key()
             )
-            return key.prefix, secret
+            return made.key.prefix, made.secret
 
     try:
         prefix, secret = _with_db(ctx.find_root(), action)
@@ -217,6 +225,11 @@ def import_bundled(ctx: click.Context, only: tuple[str, ...]) -> None:
     from kiln_platform.registry import bundled
     from kiln_runtimes.store import ArtifactStore
 
+    # The converters' own progress bars and tracer warnings would drown ours.
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    os.environ.setdefault("TRANSFORMERS_NO_TQDM", "1")
+    warnings.filterwarnings("ignore", module=r"(torch|transformers|onnxruntime_genai)\.")
+
     async def action(db: Database, settings: Settings) -> list[str]:
         with Progress(SpinnerColumn(), "{task.description}", TimeElapsedColumn()) as progress:
             tasks: dict[str, Any] = {}
@@ -235,6 +248,7 @@ def import_bundled(ctx: click.Context, only: tuple[str, ...]) -> None:
 
 
 _cli_models.register(models, _with_db, _fail)  # `kiln models upload | compile | jobs`
+_cli_admin.register(main, keys, _with_db, _fail)  # `kiln users | quotas | oauth-clients`, revoke
 
 
 @main.command()

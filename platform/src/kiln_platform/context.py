@@ -17,6 +17,7 @@ from kiln_platform.gateway.tensor_dispatch import TensorClient
 from kiln_platform.keys.services import KeyVerifier
 from kiln_platform.pools.local import LocalBackend
 from kiln_platform.pools.services import PoolManager
+from kiln_platform.quotas.enforcer import MeteredLedger, QuotaEnforcer
 from kiln_platform.registry.services import Resolver
 from kiln_runtimes.store import ArtifactStore
 
@@ -63,6 +64,7 @@ class Kiln:
     ledger: LedgerWriter
     tensors: TensorClient
     compiler: CompileRunner
+    quotas: QuotaEnforcer
 
 
 @asynccontextmanager
@@ -77,7 +79,13 @@ async def running(settings: Settings) -> AsyncIterator[Kiln]:
         store = ArtifactStore(settings.store_dir)
         resolver = Resolver(db.sessions)
         pools = PoolManager(LocalBackend(settings, http), resolver, store)
-        ledger = LedgerWriter(db.sessions)
+        quotas = QuotaEnforcer(
+            db.sessions,
+            ttl=settings.key_cache_ttl_s,
+            lease_s=2 * settings.request_timeout_s + 30,
+            price_micros_per_token=settings.price_micros_per_token,
+        )
+        ledger = MeteredLedger(db.sessions, quotas)
         kiln = Kiln(
             settings=settings,
             db=db,
@@ -89,6 +97,7 @@ async def running(settings: Settings) -> AsyncIterator[Kiln]:
             ledger=ledger,
             tensors=TensorClient(pools, http, settings.request_timeout_s),
             compiler=CompileRunner(db.sessions, settings),
+            quotas=quotas,
         )
         await ledger.start()
         await pools.start()
@@ -99,3 +108,4 @@ async def running(settings: Settings) -> AsyncIterator[Kiln]:
             await kiln.compiler.stop()
             await pools.stop()
             await ledger.stop()
+            await quotas.drain()

@@ -87,3 +87,18 @@ class DeadlineExceeded(KilnError):
     status_code = 504
     code = "timeout"
     type = "server_error"
+
+
+class RateLimited(Overloaded):
+    """A tenant's or key's requests/min, tokens/min or concurrency limit is reached for now."""
+
+    code = "rate_limit_exceeded"
+    type = "requests"
+
+
+class QuotaExceeded(KilnError):
+    """The monthly budget is spent: no retry helps before the next month (or a higher budget)."""
+
+    status_code = 429
+    code = "insufficient_quota"
+    type = "insufficient_quota"

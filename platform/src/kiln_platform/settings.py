@@ -36,6 +36,9 @@ class Settings(BaseSettings):
     """Requests the scheduler keeps in flight per worker (default: its max batch size)."""
     worker_start_timeout_s: float = 120.0
     key_cache_ttl_s: float = 5.0
+    """How long keys, quota limits and the JWT denylist are cached (the revocation bound)."""
+    price_micros_per_token: int = 1
+    """Cost of one token in micro-units, charged against monthly budgets (until price books)."""
     max_embedding_inputs: int = 2048
     request_timeout_s: float = 60.0
     max_upload_bytes: int = 2 << 30

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import uuid
-from datetime import datetime
+from datetime import date, datetime
 
 from sqlalchemy import (
     BigInteger,
     CheckConstraint,
+    Date,
     DateTime,
     ForeignKey,
     Index,
@@ -70,6 +71,8 @@ class ApiKey(Base):
     expires_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     revoked_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     last_used_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    role: Mapped[str] = mapped_column(String(32), server_default="tenant-member")
+    """What the key may do besides its scopes (``kiln_platform.admin.authz``)."""
 
 
 class Model(Base):
@@ -142,4 +145,130 @@ class UsageEvent(Base):
     created_at: Mapped[datetime] = _created()
 
 
-__all__ = ["ApiKey", "Base", "CompileJob", "Model", "ModelVersion", "Tenant", "UsageEvent"]
+class User(Base):
+    """A console user: a local account (argon2 hash) with one role, in a tenant or platform-wide."""
+
+    __tablename__ = "users"
+    id: Mapped[uuid.UUID] = _uuid_pk()
+    email: Mapped[str] = mapped_column(String(320), unique=True)
+    password_hash: Mapped[str] = mapped_column(Text)
+    role: Mapped[str] = mapped_column(String(32))
+    tenant_id: Mapped[uuid.UUID | None] = mapped_column(
+        ForeignKey("tenants.id", ondelete="CASCADE")
+    )
+    created_at: Mapped[datetime] = _created()
+    last_login_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+
+
+class Quota(Base):
+    """Limits of a tenant (``api_key_id`` null) or a per-key override; null fields: no limit."""
+
+    __tablename__ = "quotas"
+    id: Mapped[uuid.UUID] = _uuid_pk()
+    tenant_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("tenants.id", ondelete="CASCADE"))
+    api_key_id: Mapped[uuid.UUID | None] = mapped_column(
+        ForeignKey("api_keys.id", ondelete="CASCADE")
+    )
+    rpm: Mapped[int | None] = mapped_column(Integer)
+    tpm: Mapped[int | None] = mapped_column(Integer)
+    concurrency: Mapped[int | None] = mapped_column(Integer)
+    monthly_budget_micros: Mapped[int | None] = mapped_column(BigInteger)
+    updated_at: Mapped[datetime] = _created()
+
+
+class QuotaCounter(Base):
+    """Requests and tokens of one subject (tenant or key) in one fixed one-minute window."""
+
+    __tablename__ = "quota_counters"
+    subject: Mapped[str] = mapped_column(String(80), primary_key=True)
+    window_start: Mapped[datetime] = mapped_column(DateTime(timezone=True), primary_key=True)
+    requests: Mapped[int] = mapped_column(Integer, server_default="0")
+    tokens: Mapped[int] = mapped_column(BigInteger, server_default="0")
+
+
+class QuotaLease(Base):
+    """One request in flight against a concurrency cap; expires if its process dies."""
+
+    __tablename__ = "quota_leases"
+    id: Mapped[uuid.UUID] = _uuid_pk()
+    subject: Mapped[str] = mapped_column(String(80), index=True)
+    expires_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+
+
+class BudgetSpend(Base):
+    """What a tenant spent in one calendar month (UTC), in micro-units."""
+
+    __tablename__ = "budget_spend"
+    tenant_id: Mapped[uuid.UUID] = mapped_column(primary_key=True)
+    month: Mapped[date] = mapped_column(Date, primary_key=True)
+    spent_micros: Mapped[int] = mapped_column(BigInteger, server_default="0")
+
+
+class AuditRecord(Base):
+    """One append-only audit entry (a trigger refuses UPDATE, DELETE and TRUNCATE)."""
+
+    __tablename__ = "audit_log"
+    id: Mapped[int] = mapped_column(BigInteger, primary_key=True, autoincrement=True)
+    created_at: Mapped[datetime] = _created()
+    actor: Mapped[str] = mapped_column(String(200))
+    actor_role: Mapped[str] = mapped_column(String(32))
+    tenant_id: Mapped[uuid.UUID | None]
+    action: Mapped[str] = mapped_column(String(64))
+    target_type: Mapped[str] = mapped_column(String(32))
+    target_id: Mapped[str] = mapped_column(String(64))
+    before: Mapped[dict[str, object] | None] = mapped_column(JSONB)
+    after: Mapped[dict[str, object] | None] = mapped_column(JSONB)
+    request_id: Mapped[str | None] = mapped_column(String(64))
+    source: Mapped[str | None] = mapped_column(String(64))
+
+
+class OAuthClient(Base):
+    """An OAuth2 client-credentials client of a tenant; the secret survives only as an HMAC."""
+
+    __tablename__ = "oauth_clients"
+    id: Mapped[uuid.UUID] = _uuid_pk()
+    tenant_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("tenants.id", ondelete="CASCADE"))
+    client_id: Mapped[str] = mapped_column(String(64), unique=True)
+    secret_digest: Mapped[bytes] = mapped_column(LargeBinary(32))
+    name: Mapped[str] = mapped_column(String(100))
+    scopes: Mapped[list[str]] = mapped_column(ARRAY(String(32)))
+    created_at: Mapped[datetime] = _created()
+    revoked_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+
+
+class SigningKey(Base):
+    """A JWT signing key (RS256); retired keys stay published until their tokens expire."""
+
+    __tablename__ = "oauth_signing_keys"
+    kid: Mapped[str] = mapped_column(String(64), primary_key=True)
+    private_pem: Mapped[str] = mapped_column(Text)
+    created_at: Mapped[datetime] = _created()
+    retired_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+
+
+class RevokedToken(Base):
+    """The jti denylist (RFC 7009 revocation); rows can go once the token has expired."""
+
+    __tablename__ = "oauth_revoked_tokens"
+    jti: Mapped[str] = mapped_column(String(64), primary_key=True)
+    expires_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+
+
+__all__ = [
+    "ApiKey",
+    "AuditRecord",
+    "Base",
+    "BudgetSpend",
+    "CompileJob",
+    "Model",
+    "ModelVersion",
+    "OAuthClient",
+    "Quota",
+    "QuotaCounter",
+    "QuotaLease",
+    "RevokedToken",
+    "SigningKey",
+    "Tenant",
+    "UsageEvent",
+    "User",
+]

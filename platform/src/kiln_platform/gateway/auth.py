@@ -10,6 +10,7 @@ from litestar.params import SkipValidation
 from kiln_platform.context import Kiln
 from kiln_platform.errors import Forbidden, Unauthorized
 from kiln_platform.keys.services import Principal
+from kiln_platform.quotas.middleware import admission_of
 
 
 async def _authenticate(request: Request[Any, Any, Any], kiln: Kiln) -> Principal:
@@ -25,10 +26,11 @@ async def _authenticate(request: Request[Any, Any, Any], kiln: Kiln) -> Principa
 async def provide_principal(
     request: Request[Any, Any, Any], kiln: SkipValidation[Kiln]
 ) -> Principal:
-    """Authenticate ``Authorization: Bearer <key>`` and require the inference scope."""
+    """Authenticate ``Authorization: Bearer <key>``, require the inference scope, admit quotas."""
     principal = await _authenticate(request, kiln)
     if "inference" not in principal.scopes:
         raise Forbidden("This API key does not have the 'inference' scope.")
+    await kiln.quotas.admit(principal, admission_of(request.scope))
     return principal
 
 

@@ -16,7 +16,7 @@ from datetime import UTC, datetime
 from hashlib import sha256
 from typing import TYPE_CHECKING
 
-from sqlalchemy import select
+from sqlalchemy import select, update
 
 from kiln_platform.db.tables import ApiKey, Tenant
 from kiln_platform.errors import Unauthorized
@@ -25,6 +25,7 @@ if TYPE_CHECKING:
     from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 SCOPES = frozenset({"inference", "admin:read", "admin:write"})
+ADMIN_SCOPES = frozenset({"admin:read", "admin:write"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,6 +36,10 @@ class Principal:
     key_id: uuid.UUID
     scopes: frozenset[str]
     weight: float = 1.0
+    role: str = "tenant-member"
+    """The key's role on ``/admin/v1`` (``kiln_platform.admin.authz``)."""
+    name: str = ""
+    """How the audit log names the caller: the key's prefix (or ``oauth:<client id>``)."""
 
 
 def key_digest(hmac_key: bytes, secret: str) -> bytes:
@@ -58,8 +63,12 @@ async def create_key(
     name: str = "",
     scopes: frozenset[str] = frozenset({"inference"}),
     expires_at: datetime | None = None,
+    role: str | None = None,
 ) -> tuple[ApiKey, str]:
-    """Create a key; returns the row and the secret, which is never stored or shown again."""
+    """Create a key; returns the row and the secret, which is never stored or shown again.
+
+    Without ``role``, a key with an admin scope is a tenant-admin key, else a tenant-member key.
+    """
     prefix = f"kiln_{secrets.token_hex(4)}"
     secret = f"{prefix}_{secrets.token_urlsafe(32)}"
     key = ApiKey(
@@ -69,6 +78,7 @@ async def create_key(
         digest=key_digest(hmac_key, secret),
         scopes=sorted(scopes),
         expires_at=expires_at,
+        role=role or ("tenant-admin" if scopes & ADMIN_SCOPES else "tenant-member"),
     )
     session.add(key)
     await session.flush()
@@ -112,10 +122,15 @@ class KeyVerifier:
                     .where(ApiKey.prefix == prefix)
                 )
             ).first()
-        if row is None or not hmac.compare_digest(row[0].digest, digest):
-            return None
-        key, weight = row
-        now = datetime.now(UTC)
-        if key.revoked_at is not None or (key.expires_at is not None and key.expires_at <= now):
-            return None
-        return Principal(key.tenant_id, key.id, frozenset(key.scopes), weight)
+            if row is None or not hmac.compare_digest(row[0].digest, digest):
+                return None
+            key, weight = row
+            now = datetime.now(UTC)
+            if key.revoked_at is not None or (key.expires_at is not None and key.expires_at <= now):
+                return None
+            # once per cache period per process: cheap enough, and "last used" stays current
+            await session.execute(
+                update(ApiKey).where(ApiKey.id == key.id).values(last_used_at=now)
+            )
+            await session.commit()
+        return Principal(key.tenant_id, key.id, frozenset(key.scopes), weight, key.role, prefix)

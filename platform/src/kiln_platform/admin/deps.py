@@ -1,0 +1,69 @@
+"""Admin authentication (API keys, OAuth/login JWTs) and the actor-scoped transaction."""
+
+from __future__ import annotations
+
+from contextlib import asynccontextmanager
+from typing import TYPE_CHECKING, Any
+
+from litestar import Request
+from litestar.params import SkipValidation
+from sqlalchemy import text
+
+from kiln_platform.admin.authz import Actor, Role, actor_tenant
+from kiln_platform.context import Kiln
+from kiln_platform.errors import Forbidden, Unauthorized
+
+if TYPE_CHECKING:
+    from collections.abc import AsyncIterator
+
+    from sqlalchemy.ext.asyncio import AsyncSession
+
+APP_ROLE = "kiln_tenant"
+
+
+def bearer(request: Request[Any, Any, Any]) -> str:
+    """The bearer credential, or ``Unauthorized``."""
+    scheme, _, token = request.headers.get("authorization", "").partition(" ")
+    if scheme.lower() != "bearer" or not token.strip():
+        raise Unauthorized("Provide a credential as 'Authorization: Bearer <key or token>'.")
+    return token.strip()
+
+
+def source_of(request: Request[Any, Any, Any]) -> str | None:
+    """The peer address of a request."""
+    return request.client.host if request.client else None
+
+
+async def provide_actor(request: Request[Any, Any, Any], kiln: SkipValidation[Kiln]) -> Actor:
+    """Who calls ``/admin/v1``: a key or token with an admin scope (else 403)."""
+    token = bearer(request)
+    principal = await kiln.keys.verify(token)
+    name = f"key:{principal.name}"
+    if not {"admin:read", "admin:write"} & principal.scopes:
+        raise Forbidden("This credential does not have an admin scope.")
+    role = Role(principal.role)
+    return Actor(
+        name=name,
+        role=role,
+        tenant_id=actor_tenant(role, principal.tenant_id),
+        scopes=principal.scopes,
+        request_id=request.state.request_id,
+        source=source_of(request),
+    )
+
+
+@asynccontextmanager
+async def transaction(kiln: Kiln, actor: Actor) -> AsyncIterator[AsyncSession]:
+    """A transaction for an admin action.
+
+    For an actor confined to a tenant it also runs as the ``kiln_tenant`` database role with
+    ``kiln.tenant_id`` set, so PostgreSQL's row-level security hides every other tenant's rows
+    even if a service forgot a filter (the second wall).
+    """
+    async with kiln.db.sessions.begin() as session:
+        if actor.tenant_id is not None:
+            await session.execute(text(f"SET LOCAL ROLE {APP_ROLE}"))
+            await session.execute(
+                text("SELECT set_config('kiln.tenant_id', :t, true)"), {"t": str(actor.tenant_id)}
+            )
+        yield session

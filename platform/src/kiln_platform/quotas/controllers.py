@@ -1,0 +1,38 @@
+"""`/admin/v1/quotas`: thin handlers, behaviour in ``quotas.services``."""
+
+from __future__ import annotations
+
+import uuid
+
+from litestar import get, put
+
+from kiln_platform.admin.controllers import ActorDep, AdminController, KilnDep
+from kiln_platform.admin.deps import transaction
+from kiln_platform.quotas import services
+from kiln_platform.quotas.schemas import Limits, QuotaView
+
+
+class QuotasController(AdminController):
+    """Plans and quotas: requests/min, tokens/min, concurrency, monthly budget."""
+
+    @get("/quotas/{tenant_id:uuid}")
+    async def get_quotas(self, kiln: KilnDep, actor: ActorDep, tenant_id: uuid.UUID) -> QuotaView:
+        """A tenant's limits, per-key overrides, and this month's spend."""
+        async with transaction(kiln, actor) as session:
+            return await services.get_quotas(session, actor, tenant_id)
+
+    @put("/quotas/{tenant_id:uuid}")
+    async def set_quotas(
+        self, kiln: KilnDep, actor: ActorDep, tenant_id: uuid.UUID, data: Limits
+    ) -> Limits:
+        """Replace a tenant's limits (platform-admin; effective everywhere within 5 s)."""
+        async with transaction(kiln, actor) as session:
+            return await services.set_limits(session, actor, tenant_id, data)
+
+    @put("/quotas/{tenant_id:uuid}/keys/{key_id:uuid}")
+    async def set_key_quotas(
+        self, kiln: KilnDep, actor: ActorDep, tenant_id: uuid.UUID, key_id: uuid.UUID, data: Limits
+    ) -> Limits:
+        """Replace one key's overrides (null fields: the tenant's limit applies)."""
+        async with transaction(kiln, actor) as session:
+            return await services.set_limits(session, actor, tenant_id, data, key_id)

@@ -1,0 +1,248 @@
+"""Quota admission, shared by every gateway process through PostgreSQL.
+
+- requests/min: a fixed one-minute window counter per subject, incremented only while under the
+  limit by one atomic ``INSERT … ON CONFLICT DO UPDATE … WHERE … RETURNING`` (no read-then-write
+  race between processes);
+- tokens/min: the same row's ``tokens``, checked at admission and charged when usage is known;
+- concurrency: lease rows counted under a transaction-scoped advisory lock per subject; a lease
+  expires if its process dies;
+- monthly budget: ``budget_spend`` in micro-units, checked at admission, charged with usage.
+
+A subject is the key when it has its own override of that limit, else the tenant. Limits are
+cached per process for ``ttl`` seconds (like keys), so an unlimited tenant costs no query.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import time
+import uuid
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import TYPE_CHECKING
+
+from sqlalchemy import select, text
+
+from kiln_platform.billing.ledger import LedgerWriter, Usage
+from kiln_platform.db.tables import Quota
+from kiln_platform.errors import QuotaExceeded, RateLimited
+from kiln_platform.quotas.services import FIELDS, month_start
+
+if TYPE_CHECKING:
+    from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+
+    from kiln_platform.keys.services import Principal
+
+_COUNT = text(
+    """
+    INSERT INTO quota_counters AS c (subject, window_start, requests, tokens)
+    VALUES (:s, date_trunc('minute', now()), 1, 0)
+    ON CONFLICT (subject, window_start) DO UPDATE SET requests = c.requests + 1
+        WHERE c.requests < :limit
+    RETURNING requests, tokens
+    """
+)
+_TOKENS = text(
+    "SELECT tokens FROM quota_counters"
+    " WHERE subject = :s AND window_start = date_trunc('minute', now())"
+)
+_CHARGE = text(
+    """
+    INSERT INTO quota_counters AS c (subject, window_start, requests, tokens)
+    VALUES (:s, date_trunc('minute', now()), 0, :n)
+    ON CONFLICT (subject, window_start) DO UPDATE SET tokens = c.tokens + :n
+    """
+)
+_SPEND = text(
+    """
+    INSERT INTO budget_spend AS b (tenant_id, month, spent_micros) VALUES (:t, :m, :n)
+    ON CONFLICT (tenant_id, month) DO UPDATE SET spent_micros = b.spent_micros + :n
+    """
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Effective:
+    """Each limit with the subject it is counted against."""
+
+    limits: dict[str, tuple[int, str]] = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class Admission:
+    """What admission decided: response headers, and the concurrency lease to release."""
+
+    headers: dict[str, str] = field(default_factory=dict)
+    lease: uuid.UUID | None = None
+
+
+def _reset() -> float:
+    return 60.0 - (time.time() % 60.0)
+
+
+class QuotaEnforcer:
+    """Admits requests against their tenant's and key's limits."""
+
+    def __init__(
+        self, sessions: async_sessionmaker[AsyncSession], ttl: float, lease_s: float,
+        price_micros_per_token: int,
+    ) -> None:  # fmt: skip
+        self._sessions = sessions
+        self._ttl = ttl
+        self._lease = timedelta(seconds=lease_s)
+        self._price = price_micros_per_token
+        self._cache: dict[tuple[uuid.UUID, uuid.UUID], tuple[float, Effective]] = {}
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    async def effective(self, principal: Principal) -> Effective:
+        """The limits that apply to a key (its overrides over its tenant's), cached."""
+        cache_key = (principal.tenant_id, principal.key_id)
+        hit = self._cache.get(cache_key)
+        if hit is not None and hit[0] > time.monotonic():
+            return hit[1]
+        async with self._sessions() as session:
+            rows = await session.scalars(
+                select(Quota).where(
+                    Quota.tenant_id == principal.tenant_id,
+                    Quota.api_key_id.is_(None) | (Quota.api_key_id == principal.key_id),
+                )
+            )
+            limits: dict[str, tuple[int, str]] = {}
+            for row in sorted(rows, key=lambda r: r.api_key_id is not None):  # key rows last
+                subject = f"key:{row.api_key_id}" if row.api_key_id else f"tenant:{row.tenant_id}"
+                for name in FIELDS:
+                    if getattr(row, name) is not None:
+                        limits[name] = (getattr(row, name), subject)
+        found = Effective(limits)
+        self._cache[cache_key] = (time.monotonic() + self._ttl, found)
+        return found
+
+    async def admit(self, principal: Principal, admission: Admission) -> None:
+        """Count the request in, or raise ``RateLimited`` / ``QuotaExceeded`` (429).
+
+        ``admission`` receives the rate-limit headers even when the request is refused.
+        """
+        eff = (await self.effective(principal)).limits
+        if not eff:
+            return
+        reset = _reset()
+        async with self._sessions.begin() as session:
+            if "monthly_budget_micros" in eff:
+                await self._check_budget(
+                    session, principal.tenant_id, eff["monthly_budget_micros"][0]
+                )
+            if "rpm" in eff:
+                limit, subject = eff["rpm"]
+                row = (await session.execute(_COUNT, {"s": subject, "limit": limit})).first()
+                used = limit if row is None else row[0]
+                admission.headers.update(_headers("requests", limit, limit - used, reset))
+                if row is None:
+                    raise RateLimited(
+                        f"Rate limit reached: {limit} requests per minute.", retry_after=reset
+                    )
+            if "tpm" in eff:
+                limit, subject = eff["tpm"]
+                tokens = int(await session.scalar(_TOKENS, {"s": subject}) or 0)
+                admission.headers.update(_headers("tokens", limit, limit - tokens, reset))
+                if tokens >= limit:
+                    raise TokensLimited(
+                        f"Rate limit reached: {limit} tokens per minute.", retry_after=reset
+                    )
+        if "concurrency" in eff:
+            admission.lease = await self._acquire(*eff["concurrency"])
+
+    async def _check_budget(self, session: AsyncSession, tenant: uuid.UUID, budget: int) -> None:
+        spent = await session.scalar(
+            text("SELECT spent_micros FROM budget_spend WHERE tenant_id = :t AND month = :m"),
+            {"t": tenant, "m": month_start().date()},
+        )
+        if int(spent or 0) >= budget:
+            now = datetime.now(UTC)
+            next_month = (month_start(now) + timedelta(days=32)).replace(day=1)
+            raise QuotaExceeded(
+                "You exceeded your current quota: this month's budget is spent.",
+                retry_after=(next_month - now).total_seconds(),
+            )
+
+    async def _acquire(self, limit: int, subject: str) -> uuid.UUID:
+        async with self._sessions.begin() as session:
+            await session.execute(
+                text("SELECT pg_advisory_xact_lock(hashtextextended(:s, 0))"), {"s": subject}
+            )
+            await session.execute(
+                text("DELETE FROM quota_leases WHERE subject = :s AND expires_at < now()"),
+                {"s": subject},
+            )
+            held = await session.scalar(
+                text("SELECT count(*) FROM quota_leases WHERE subject = :s"), {"s": subject}
+            )
+            if int(held or 0) >= limit:
+                raise RateLimited(
+                    f"Concurrency limit reached: {limit} requests in flight.", retry_after=1.0
+                )
+            lease = uuid.uuid4()
+            await session.execute(
+                text("INSERT INTO quota_leases (id, subject, expires_at) VALUES (:i, :s, :e)"),
+                {"i": lease, "s": subject, "e": datetime.now(UTC) + self._lease},
+            )
+        return lease
+
+    async def release(self, lease: uuid.UUID) -> None:
+        """End a concurrency lease."""
+        async with self._sessions.begin() as session:
+            await session.execute(text("DELETE FROM quota_leases WHERE id = :i"), {"i": lease})
+
+    def charge(self, tenant_id: uuid.UUID, key_id: uuid.UUID | None, tokens: int) -> None:
+        """Charge a request's tokens and cost (off the request path, right away)."""
+        if tokens <= 0:
+            return
+        task = asyncio.create_task(self._charge(tenant_id, key_id, tokens))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _charge(self, tenant_id: uuid.UUID, key_id: uuid.UUID | None, tokens: int) -> None:
+        hit = self._cache.get((tenant_id, key_id)) if key_id else None
+        eff = hit[1].limits if hit else {}
+        if not eff:  # an unlimited tenant: the ledger alone records its usage
+            return
+        async with self._sessions.begin() as session:
+            if "tpm" in eff:
+                await session.execute(_CHARGE, {"s": eff["tpm"][1], "n": tokens})
+            await session.execute(
+                _SPEND, {"t": tenant_id, "m": month_start().date(), "n": tokens * self._price}
+            )
+
+    async def drain(self) -> None:
+        """Wait for pending charges (at shutdown)."""
+        if self._tasks:
+            await asyncio.gather(*self._tasks, return_exceptions=True)
+
+
+class TokensLimited(RateLimited):
+    """The tokens-per-minute limit is reached."""
+
+    type = "tokens"
+
+
+class MeteredLedger(LedgerWriter):
+    """The usage ledger, also charging each request's tokens to its quota counters."""
+
+    def __init__(self, sessions: async_sessionmaker[AsyncSession], quotas: QuotaEnforcer) -> None:
+        super().__init__(sessions)
+        self._quotas = quotas
+
+    def record(self, usage: Usage) -> None:
+        """Queue the event and charge its tokens."""
+        super().record(usage)
+        self._quotas.charge(
+            usage.tenant_id, usage.api_key_id, usage.input_tokens + usage.output_tokens
+        )
+
+
+def _headers(kind: str, limit: int, remaining: int, reset: float) -> dict[str, str]:
+    return {
+        f"x-ratelimit-limit-{kind}": str(limit),
+        f"x-ratelimit-remaining-{kind}": str(max(0, remaining)),
+        f"x-ratelimit-reset-{kind}": f"{math.ceil(reset)}s",
+    }

@@ -1,0 +1,50 @@
+"""`/admin/v1/users` and the console login: thin handlers, behaviour in ``users.services``."""
+
+from __future__ import annotations
+
+import uuid
+
+from litestar import delete, get, patch, post
+
+from kiln_platform.admin.controllers import ActorDep, AdminController, KilnDep
+from kiln_platform.admin.deps import transaction
+from kiln_platform.users import services
+from kiln_platform.users.schemas import UserCreate, UserUpdate, UserView
+
+
+class UsersController(AdminController):
+    """Console users and their roles."""
+
+    @get("/users")
+    async def list_users(
+        self, kiln: KilnDep, actor: ActorDep, tenant_id: uuid.UUID | None = None
+    ) -> list[UserView]:
+        """Users visible to the caller (optionally of one tenant)."""
+        async with transaction(kiln, actor) as session:
+            return await services.list_users(session, actor, tenant_id)
+
+    @post("/users", status_code=201)
+    async def create_user(self, kiln: KilnDep, actor: ActorDep, data: UserCreate) -> UserView:
+        """Create a user with a role (tenant-admins grant tenant roles in their tenant only)."""
+        async with transaction(kiln, actor) as session:
+            return await services.create_user(session, actor, data)
+
+    @get("/users/{user_id:uuid}")
+    async def get_user(self, kiln: KilnDep, actor: ActorDep, user_id: uuid.UUID) -> UserView:
+        """One user."""
+        async with transaction(kiln, actor) as session:
+            return services.user_view(await services.get_user(session, actor, user_id))
+
+    @patch("/users/{user_id:uuid}")
+    async def change_role(
+        self, kiln: KilnDep, actor: ActorDep, user_id: uuid.UUID, data: UserUpdate
+    ) -> UserView:
+        """Change a user's role."""
+        async with transaction(kiln, actor) as session:
+            return await services.change_role(session, actor, user_id, data)
+
+    @delete("/users/{user_id:uuid}")
+    async def delete_user(self, kiln: KilnDep, actor: ActorDep, user_id: uuid.UUID) -> None:
+        """Delete a user."""
+        async with transaction(kiln, actor) as session:
+            await services.delete_user(session, actor, user_id)

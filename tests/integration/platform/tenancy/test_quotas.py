@@ -1,0 +1,82 @@
+"""Quotas in one process: headers, tokens/min, monthly budget, per-key overrides, audit."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+
+from .conftest import Admin
+
+
+async def _models(admin: Admin, key: str) -> int:
+    r = await admin.client.get("/v1/models", headers={"authorization": f"Bearer {key}"})
+    return r.status_code
+
+
+async def _setup(admin: Admin, root: str, name: str, **limits: int) -> tuple[str, str]:
+    tenant = await admin.tenant(root, name)
+    r = await admin.call("PUT", f"/admin/v1/quotas/{tenant}", root, json=limits)
+    assert r.status_code == 200, r.text
+    return tenant, await admin.key(root, tenant)
+
+
+async def test_rpm_headers_and_429(admin: Admin, root: str) -> None:
+    _, key = await _setup(admin, root, "q-rpm", rpm=3)
+    got = [
+        await admin.client.get("/v1/models", headers={"authorization": f"Bearer {key}"})
+        for _ in range(4)
+    ]
+    assert [r.status_code for r in got] == [200, 200, 200, 429]
+    assert [r.headers["x-ratelimit-remaining-requests"] for r in got] == ["2", "1", "0", "0"]
+    body = got[-1].json()["error"]
+    assert (body["code"], body["type"]) == ("rate_limit_exceeded", "requests")
+    assert int(got[-1].headers["retry-after"]) >= 1
+
+
+async def test_tokens_per_minute(admin: Admin, root: str) -> None:
+    _, key = await _setup(admin, root, "q-tpm", tpm=100)
+    assert await _models(admin, key) == 200
+    kiln = admin.kiln
+    principal = await kiln.keys.verify(key)
+    kiln.quotas.charge(principal.tenant_id, principal.key_id, 150)
+    await kiln.quotas.drain()
+    r = await admin.client.get("/v1/models", headers={"authorization": f"Bearer {key}"})
+    assert r.status_code == 429
+    assert r.json()["error"]["type"] == "tokens"
+    assert r.headers["x-ratelimit-limit-tokens"] == "100"
+    assert r.headers["x-ratelimit-remaining-tokens"] == "0"
+
+
+async def test_monthly_budget_is_insufficient_quota(admin: Admin, root: str) -> None:
+    tenant, key = await _setup(admin, root, "q-budget", monthly_budget_micros=100)
+    assert await _models(admin, key) == 200
+    principal = await admin.kiln.keys.verify(key)
+    admin.kiln.quotas.charge(principal.tenant_id, principal.key_id, 100)
+    await admin.kiln.quotas.drain()
+    r = await admin.client.get("/v1/models", headers={"authorization": f"Bearer {key}"})
+    assert r.status_code == 429
+    assert r.json()["error"]["code"] == "insufficient_quota"
+    view = (await admin.call("GET", f"/admin/v1/quotas/{tenant}", root)).json()
+    assert view["spent_this_month_micros"] == 100
+
+
+async def test_per_key_override(admin: Admin, root: str) -> None:
+    tenant, key = await _setup(admin, root, "q-key", rpm=1000)
+    special = (await admin.call("POST", f"/admin/v1/tenants/{tenant}/keys", root, json={})).json()
+    r = await admin.call(
+        "PUT", f"/admin/v1/quotas/{tenant}/keys/{special['key']['id']}", root, json={"rpm": 1}
+    )
+    assert r.status_code == 200
+    assert [await _models(admin, special["secret"]) for _ in range(2)] == [200, 429]
+    assert [await _models(admin, key) for _ in range(2)] == [200, 200]
+    other = str(uuid.uuid4())
+    r = await admin.call("PUT", f"/admin/v1/quotas/{tenant}/keys/{other}", root, json={"rpm": 1})
+    assert r.status_code == 404
+
+
+async def test_concurrency_lease_is_released(admin: Admin, root: str) -> None:
+    _, key = await _setup(admin, root, "q-conc", concurrency=2)
+    statuses = await asyncio.gather(*(_models(admin, key) for _ in range(6)))
+    assert 200 in statuses
+    assert set(statuses) <= {200, 429}
+    assert [await _models(admin, key) for _ in range(3)] == [200, 200, 200]  # leases released
