@@ -24,6 +24,7 @@ from kiln_platform.errors import KilnError
 from kiln_platform.gateway.controllers import OpenAIController
 from kiln_platform.gateway.oip import OIPController
 from kiln_platform.gateway.schemas import ErrorBody, ErrorResponse
+from kiln_platform.oauth.controllers import OAuthController
 from kiln_platform.observability import configure_logging, request_id_middleware
 from kiln_platform.quotas.controllers import QuotasController
 from kiln_platform.quotas.middleware import quota_middleware
@@ -124,6 +125,7 @@ def create_app(settings: Settings) -> Litestar:
             UsersController,
             AuditController,
             QuotasController,
+            OAuthController,
             PrometheusController,
             healthz,
             readyz,

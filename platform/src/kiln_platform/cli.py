@@ -14,6 +14,7 @@ import click
 
 from kiln_platform import _cli_models
 from kiln_platform.admin import _cli as _cli_admin
+from kiln_platform.oauth import _cli as _cli_oauth
 from kiln_platform.settings import Settings
 
 if TYPE_CHECKING:
@@ -248,7 +249,8 @@ def import_bundled(ctx: click.Context, only: tuple[str, ...]) -> None:
 
 
 _cli_models.register(models, _with_db, _fail)  # `kiln models upload | compile | jobs`
-_cli_admin.register(main, keys, _with_db, _fail)  # `kiln users | quotas | oauth-clients`, revoke
+_cli_admin.register(main, keys, _with_db, _fail)  # `kiln users | quotas`, `keys revoke`
+_cli_oauth.register(main, _with_db, _fail)  # `kiln oauth-clients create`, `kiln oauth keys rotate`
 
 
 @main.command()

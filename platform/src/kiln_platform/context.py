@@ -15,6 +15,8 @@ from kiln_platform.db.engine import create_engine, database_url, sessionmaker
 from kiln_platform.gateway.dispatch import WorkerClient
 from kiln_platform.gateway.tensor_dispatch import TensorClient
 from kiln_platform.keys.services import KeyVerifier
+from kiln_platform.oauth.keys import Keyring
+from kiln_platform.oauth.verifier import TokenVerifier
 from kiln_platform.pools.local import LocalBackend
 from kiln_platform.pools.services import PoolManager
 from kiln_platform.quotas.enforcer import MeteredLedger, QuotaEnforcer
@@ -65,6 +67,8 @@ class Kiln:
     tensors: TensorClient
     compiler: CompileRunner
     quotas: QuotaEnforcer
+    tokens: TokenVerifier
+    """OAuth JWT access tokens: signing keys, local verification, the jti denylist."""
 
 
 @asynccontextmanager
@@ -98,6 +102,13 @@ async def running(settings: Settings) -> AsyncIterator[Kiln]:
             tensors=TensorClient(pools, http, settings.request_timeout_s),
             compiler=CompileRunner(db.sessions, settings),
             quotas=quotas,
+            tokens=TokenVerifier(
+                db.sessions,
+                Keyring(db.sessions, settings.oauth_token_ttl_s),
+                issuer=settings.oauth_issuer,
+                audience=settings.oauth_audience,
+                ttl=settings.key_cache_ttl_s,
+            ),
         )
         await ledger.start()
         await pools.start()

@@ -37,6 +37,12 @@ class Settings(BaseSettings):
     worker_start_timeout_s: float = 120.0
     key_cache_ttl_s: float = 5.0
     """How long keys, quota limits and the JWT denylist are cached (the revocation bound)."""
+    oauth_issuer: str = "urn:kiln"
+    """``iss`` of the JWT access tokens (set it to the public URL; one value for every gateway)."""
+    oauth_audience: str = "urn:kiln:api"
+    """``aud`` the gateway issues and requires in JWT access tokens."""
+    oauth_token_ttl_s: int = 900
+    """Lifetime of an OAuth access token (client credentials), 15 minutes by default."""
     price_micros_per_token: int = 1
     """Cost of one token in micro-units, charged against monthly budgets (until price books)."""
     max_embedding_inputs: int = 2048

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import uuid
 
-from litestar import Controller, delete, get, patch, post
+from litestar import delete, get, patch, post
 from litestar.di import Provide
 from litestar.params import SkipValidation
 
 from kiln_platform.admin import services
 from kiln_platform.admin.authz import Actor
 from kiln_platform.admin.deps import provide_actor, transaction
+from kiln_platform.admin.problems import DocumentedController
 from kiln_platform.admin.schemas import (
     KeyCreate,
     KeyCreated,
@@ -25,7 +26,7 @@ KilnDep = SkipValidation[Kiln]
 ActorDep = SkipValidation[Actor]
 
 
-class AdminController(Controller):
+class AdminController(DocumentedController):
     """Base of the admin controllers: every handler gets the authenticated ``actor``."""
 
     path = "/admin/v1"

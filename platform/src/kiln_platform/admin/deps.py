@@ -8,10 +8,12 @@ from typing import TYPE_CHECKING, Any
 from litestar import Request
 from litestar.params import SkipValidation
 from sqlalchemy import text
+from sqlalchemy.exc import DBAPIError
 
 from kiln_platform.admin.authz import Actor, Role, actor_tenant
 from kiln_platform.context import Kiln
-from kiln_platform.errors import Forbidden, Unauthorized
+from kiln_platform.errors import BadRequest, Forbidden, Unauthorized
+from kiln_platform.gateway.auth import verify_bearer
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator
@@ -19,6 +21,8 @@ if TYPE_CHECKING:
     from sqlalchemy.ext.asyncio import AsyncSession
 
 APP_ROLE = "kiln_tenant"
+BAD_TEXT = frozenset({"22P05", "22021"})
+"""SQLSTATEs of text PostgreSQL cannot store (untranslatable character, e.g. NUL; bad UTF-8)."""
 
 
 def bearer(request: Request[Any, Any, Any]) -> str:
@@ -37,8 +41,9 @@ def source_of(request: Request[Any, Any, Any]) -> str | None:
 async def provide_actor(request: Request[Any, Any, Any], kiln: SkipValidation[Kiln]) -> Actor:
     """Who calls ``/admin/v1``: a key or token with an admin scope (else 403)."""
     token = bearer(request)
-    principal = await kiln.keys.verify(token)
-    name = f"key:{principal.name}"
+    principal = await verify_bearer(kiln, token)
+    oauth = principal.name.startswith("oauth:")
+    name = principal.name if oauth else f"key:{principal.name}"
     if not {"admin:read", "admin:write"} & principal.scopes:
         raise Forbidden("This credential does not have an admin scope.")
     role = Role(principal.role)
@@ -58,12 +63,19 @@ async def transaction(kiln: Kiln, actor: Actor) -> AsyncIterator[AsyncSession]:
 
     For an actor confined to a tenant it also runs as the ``kiln_tenant`` database role with
     ``kiln.tenant_id`` set, so PostgreSQL's row-level security hides every other tenant's rows
-    even if a service forgot a filter (the second wall).
+    even if a service forgot a filter (the second wall). Text PostgreSQL cannot store (a NUL
+    character) is the caller's error: 400, not 500.
     """
-    async with kiln.db.sessions.begin() as session:
-        if actor.tenant_id is not None:
-            await session.execute(text(f"SET LOCAL ROLE {APP_ROLE}"))
-            await session.execute(
-                text("SELECT set_config('kiln.tenant_id', :t, true)"), {"t": str(actor.tenant_id)}
-            )
-        yield session
+    try:
+        async with kiln.db.sessions.begin() as session:
+            if actor.tenant_id is not None:
+                await session.execute(text(f"SET LOCAL ROLE {APP_ROLE}"))
+                await session.execute(
+                    text("SELECT set_config('kiln.tenant_id', :t, true)"),
+                    {"t": str(actor.tenant_id)},
+                )
+            yield session
+    except DBAPIError as exc:
+        if getattr(exc.orig, "sqlstate", None) not in BAD_TEXT:
+            raise
+        raise BadRequest("Text fields may not contain NUL characters.") from exc

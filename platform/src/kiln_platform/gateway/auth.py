@@ -10,6 +10,7 @@ from litestar.params import SkipValidation
 from kiln_platform.context import Kiln
 from kiln_platform.errors import Forbidden, Unauthorized
 from kiln_platform.keys.services import Principal
+from kiln_platform.oauth.verifier import looks_like_jwt
 from kiln_platform.quotas.middleware import admission_of
 
 
@@ -20,7 +21,14 @@ async def _authenticate(request: Request[Any, Any, Any], kiln: Kiln) -> Principa
         raise Unauthorized(
             "You didn't provide an API key. Provide it as 'Authorization: Bearer <key>'."
         )
-    return await kiln.keys.verify(token.strip())
+    return await verify_bearer(kiln, token.strip())
+
+
+async def verify_bearer(kiln: Kiln, token: str) -> Principal:
+    """An API key (cached lookup) or a JWT access token (verified locally, no database)."""
+    if looks_like_jwt(token):
+        return await kiln.tokens.verify(token)
+    return await kiln.keys.verify(token)
 
 
 async def provide_principal(

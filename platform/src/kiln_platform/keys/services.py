@@ -33,7 +33,8 @@ class Principal:
     """Who is calling: the tenant and the key."""
 
     tenant_id: uuid.UUID
-    key_id: uuid.UUID
+    key_id: uuid.UUID | None
+    """The API key; None for an OAuth access token (its client is in ``name``)."""
     scopes: frozenset[str]
     weight: float = 1.0
     role: str = "tenant-member"

@@ -92,7 +92,7 @@ class QuotaEnforcer:
         self._ttl = ttl
         self._lease = timedelta(seconds=lease_s)
         self._price = price_micros_per_token
-        self._cache: dict[tuple[uuid.UUID, uuid.UUID], tuple[float, Effective]] = {}
+        self._cache: dict[tuple[uuid.UUID, uuid.UUID | None], tuple[float, Effective]] = {}
         self._tasks: set[asyncio.Task[None]] = set()
 
     async def effective(self, principal: Principal) -> Effective:

@@ -8,10 +8,11 @@ from pathlib import Path
 from typing import Any
 
 import msgspec
-from litestar import Controller, Request, get, post
+from litestar import Request, get, post
 from litestar.di import Provide
 from litestar.params import SkipValidation
 
+from kiln_platform.admin.problems import DocumentedController
 from kiln_platform.compiler import services as jobs
 from kiln_platform.compiler.schemas import CompileJobView, CompileRequest, UploadView
 from kiln_platform.context import Kiln
@@ -25,7 +26,7 @@ WRITE = {"principal": Provide(provide_admin_writer)}
 READ = {"principal": Provide(provide_admin_reader)}
 
 
-class AdminModelsController(Controller):
+class AdminModelsController(DocumentedController):
     """Model upload and compilation for platform operators."""
 
     path = "/admin/v1"
