@@ -154,9 +154,6 @@ def main(argv: list[str] | None = None) -> None:
             keys[tenant] = kiln.cli("keys", "create", "--tenant", tenant).strip().splitlines()[-1]
             keys[tenant_id] = tenant
         cap = asyncio.run(capacity(kiln, keys["B"], args.duration / 2))
-        print(
-            f"capacity: {cap:.1f} requests/s ({cap * ITEMS:.0f} sentences/s), {ITEMS} sentences a request"
-        )
         alone = asyncio.run(
             open_loop(kiln, {"B": args.b_load * cap}, keys, args.duration, args.seed)
         )
@@ -173,27 +170,39 @@ def main(argv: list[str] | None = None) -> None:
     finally:
         kiln.stop()
 
+    report(alone, both, shares=shares, keys=keys, jain=jain, cap=cap)
+
+
+def report(
+    alone: Outcomes,
+    both: Outcomes,
+    *,
+    shares: dict[str, float],
+    keys: dict[str, str],
+    jain: float,
+    cap: float,
+) -> None:
+    """Print the noisy-neighbour figures."""
     b_alone, b_load = _p(alone.ok["B"], 99), _p(both.ok["B"], 99)
-    a_offered = len(both.ok["A"]) + len(both.rejected["A"]) + both.other["A"]
+    rejected_a = both.rejected["A"]
+    offered_a = len(both.ok["A"]) + len(rejected_a) + both.other["A"]
     named = {keys.get(t, t): s for t, s in shares.items()}
+    onnxruntime = metadata.version("onnxruntime")
+    print(f"capacity {cap:.1f} requests/s; onnxruntime {onnxruntime}")
     print(
-        f"versions: kiln {metadata.version('kiln-platform')}, onnxruntime {metadata.version('onnxruntime')}"
+        f"B alone   : {len(alone.ok['B'])} ok, p50 {_p(alone.ok['B'], 50):.1f} ms, "
+        f"p99 {b_alone:.1f} ms"
     )
     print(
-        f"B alone    : {len(alone.ok['B'])} ok, p50 {_p(alone.ok['B'], 50):.1f} ms, p99 {b_alone:.1f} ms"
+        f"B under A : {len(both.ok['B'])} ok, {len(both.rejected['B'])} rejected, "
+        f"{both.other['B']} other, p50 {_p(both.ok['B'], 50):.1f} ms, p99 {b_load:.1f} ms"
     )
     print(
-        f"B under A  : {len(both.ok['B'])} ok, {len(both.rejected['B'])} rejected, {both.other['B']} other, "
-        f"p50 {_p(both.ok['B'], 50):.1f} ms, p99 {b_load:.1f} ms"
-    )
-    print(
-        f"A          : {a_offered} offered, {len(both.ok['A'])} ok, {len(both.rejected['A'])} rejected "
-        f"(rejection latency p50 {_p(both.rejected['A'], 50):.1f} ms, p99 {_p(both.rejected['A'], 99):.1f} ms), "
+        f"A         : {offered_a} offered, {len(both.ok['A'])} ok, {len(rejected_a)} rejected, "
         f"{both.other['A']} other"
     )
-    print(
-        f"served share over the gateway's window: A {named.get('A', 0):.1%}, B {named.get('B', 0):.1%}"
-    )
+    print(f"A rejection latency: p50 {_p(rejected_a, 50):.1f} ms, p99 {_p(rejected_a, 99):.1f} ms")
+    print(f"served share (gateway window): A {named.get('A', 0):.1%}, B {named.get('B', 0):.1%}")
     print(f"Jain's fairness index (served vs weighted max-min fair share): {jain:.3f}")
     print(f"B p99 under load / alone: {b_load / b_alone:.2f}x (target <= 1.5x)")
 
