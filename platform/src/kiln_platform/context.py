@@ -13,7 +13,6 @@ from kiln_platform.compiler.runner import CompileRunner
 from kiln_platform.db import migrate
 from kiln_platform.db.engine import create_engine, database_url, sessionmaker
 from kiln_platform.gateway.dispatch import WorkerClient
-from kiln_platform.gateway.tensor_dispatch import TensorClient
 from kiln_platform.keys.services import KeyVerifier
 from kiln_platform.oauth.keys import Keyring
 from kiln_platform.oauth.verifier import TokenVerifier
@@ -64,7 +63,6 @@ class Kiln:
     pools: PoolManager
     workers: WorkerClient
     ledger: LedgerWriter
-    tensors: TensorClient
     compiler: CompileRunner
     quotas: QuotaEnforcer
     tokens: TokenVerifier
@@ -99,7 +97,6 @@ async def running(settings: Settings) -> AsyncIterator[Kiln]:
             pools=pools,
             workers=WorkerClient(pools, http, settings.request_timeout_s),
             ledger=ledger,
-            tensors=TensorClient(pools, http, settings.request_timeout_s),
             compiler=CompileRunner(db.sessions, settings),
             quotas=quotas,
             tokens=TokenVerifier(

@@ -25,6 +25,8 @@ from kiln_runtimes.protocol import (
     ErrorReply,
     GenerateChunk,
     GenerateRequest,
+    InferRequest,
+    InferResult,
 )
 
 if TYPE_CHECKING:
@@ -44,6 +46,7 @@ _ERRORS: dict[str, type[KilnError]] = {
 }
 _encoder = msgspec.msgpack.Encoder()
 _result = msgspec.msgpack.Decoder(EmbedResult)
+_infer_result = msgspec.msgpack.Decoder(InferResult)
 _chunk = msgspec.msgpack.Decoder(GenerateChunk)
 _error_decoder = msgspec.msgpack.Decoder(ErrorReply)
 
@@ -103,13 +106,26 @@ class WorkerClient:
                     lease.actual_cost = len(request.prompt_ids) + generated
                     resp.close()  # drops the connection: the worker sees it and cancels
 
+    async def infer(
+        self, model: str, request: InferRequest, ticket: Ticket, rows: int
+    ) -> InferResult:
+        """Run tensors on a worker of ``model``; fair-share cost is the request's batch rows."""
+        runner = self._pools.runner(model)
+        async with runner.slot(_queued(runner, request.request_id, ticket, rows)) as lease:
+            worker = self._pools.worker(model, lease.worker)
+            async with self._post(worker, model, "/infer", request, self._timeout) as resp:
+                body = await resp.read()
+                if resp.status == 200:
+                    return _infer_result.decode(body)
+            raise _error(body)
+
     @contextlib.asynccontextmanager
     async def _post(
         self,
         worker: Worker,
         model: str,
         path: str,
-        message: EmbedRequest | GenerateRequest,
+        message: EmbedRequest | GenerateRequest | InferRequest,
         limit: aiohttp.ClientTimeout,
     ) -> AsyncIterator[aiohttp.ClientResponse]:
         try:

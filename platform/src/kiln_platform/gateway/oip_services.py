@@ -89,7 +89,7 @@ async def infer(
     ticket = dataclasses.replace(ticket, timeout_s=timeout_ms / 1000)
     batched = version.manifest.batching and tensors and tensors[0].shape
     rows = tensors[0].shape[0] if batched else 1
-    result = await kiln.tensors.infer(
+    result = await kiln.workers.infer(
         version.model,
         InferRequest(
             request_id=request_id,
