@@ -7,6 +7,7 @@ import asyncio
 from alembic import context
 from sqlalchemy.engine import Connection
 
+from kiln_platform.billing import tables as _billing_tables  # noqa: F401  (registers them)
 from kiln_platform.db.tables import Base
 
 target_metadata = Base.metadata

@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import uuid
-from datetime import date, datetime
+from datetime import datetime
 
 from sqlalchemy import (
     BigInteger,
     CheckConstraint,
-    Date,
     DateTime,
     ForeignKey,
     Index,
@@ -54,6 +53,10 @@ class Tenant(Base):
     name: Mapped[str] = mapped_column(String(100), unique=True)
     weight: Mapped[float] = mapped_column(server_default="1")
     """Fair-share weight of the tenant's requests in every pool."""
+    plan: Mapped[str] = mapped_column(String(32), server_default="standard")
+    """The plan: selects the price book's discount."""
+    timezone: Mapped[str] = mapped_column(String(64), server_default="UTC")
+    """IANA zone whose calendar months are the tenant's budget and statement periods."""
     created_at: Mapped[datetime] = _created()
 
 
@@ -143,6 +146,12 @@ class UsageEvent(Base):
     queue_ms: Mapped[float] = mapped_column(default=0.0)
     compute_ms: Mapped[float] = mapped_column(default=0.0)
     created_at: Mapped[datetime] = _created()
+    oauth_client_id: Mapped[uuid.UUID | None]
+    adapter: Mapped[str | None] = mapped_column(String(200))
+    price_book_version: Mapped[int | None] = mapped_column(Integer)
+    currency: Mapped[str] = mapped_column(String(3), server_default="USD")
+    list_cost_micros: Mapped[int] = mapped_column(BigInteger, server_default="0")
+    cost_micros: Mapped[int] = mapped_column(BigInteger, server_default="0")
 
 
 class User(Base):
@@ -173,6 +182,9 @@ class Quota(Base):
     tpm: Mapped[int | None] = mapped_column(Integer)
     concurrency: Mapped[int | None] = mapped_column(Integer)
     monthly_budget_micros: Mapped[int | None] = mapped_column(BigInteger)
+    budget_alert_percents: Mapped[list[int]] = mapped_column(
+        ARRAY(Integer), server_default="{50,80,100}"
+    )
     updated_at: Mapped[datetime] = _created()
 
 
@@ -193,15 +205,6 @@ class QuotaLease(Base):
     id: Mapped[uuid.UUID] = _uuid_pk()
     subject: Mapped[str] = mapped_column(String(80), index=True)
     expires_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
-
-
-class BudgetSpend(Base):
-    """What a tenant spent in one calendar month (UTC), in micro-units."""
-
-    __tablename__ = "budget_spend"
-    tenant_id: Mapped[uuid.UUID] = mapped_column(primary_key=True)
-    month: Mapped[date] = mapped_column(Date, primary_key=True)
-    spent_micros: Mapped[int] = mapped_column(BigInteger, server_default="0")
 
 
 class AuditRecord(Base):
@@ -258,7 +261,6 @@ __all__ = [
     "ApiKey",
     "AuditRecord",
     "Base",
-    "BudgetSpend",
     "CompileJob",
     "Model",
     "ModelVersion",

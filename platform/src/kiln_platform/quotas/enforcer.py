@@ -6,7 +6,7 @@
 - tokens/min: the same row's ``tokens``, checked at admission and charged when usage is known;
 - concurrency: lease rows counted under a transaction-scoped advisory lock per subject; a lease
   expires if its process dies;
-- monthly budget: ``budget_spend`` in micro-units, checked at admission, charged with usage.
+- monthly budget: ``budget_periods`` in micro-units, checked at admission, charged with usage.
 
 A subject is the key when it has its own override of that limit, else the tenant. Limits are
 cached per process for ``ttl`` seconds (like keys), so an unlimited tenant costs no query.
@@ -56,8 +56,8 @@ _CHARGE = text(
 )
 _SPEND = text(
     """
-    INSERT INTO budget_spend AS b (tenant_id, month, spent_micros) VALUES (:t, :m, :n)
-    ON CONFLICT (tenant_id, month) DO UPDATE SET spent_micros = b.spent_micros + :n
+    INSERT INTO budget_periods AS b (tenant_id, period, spent_micros) VALUES (:t, :m, :n)
+    ON CONFLICT (tenant_id, period) DO UPDATE SET spent_micros = b.spent_micros + :n
     """
 )
 
@@ -154,7 +154,7 @@ class QuotaEnforcer:
 
     async def _check_budget(self, session: AsyncSession, tenant: uuid.UUID, budget: int) -> None:
         spent = await session.scalar(
-            text("SELECT spent_micros FROM budget_spend WHERE tenant_id = :t AND month = :m"),
+            text("SELECT spent_micros FROM budget_periods WHERE tenant_id = :t AND period = :m"),
             {"t": tenant, "m": month_start().date()},
         )
         if int(spent or 0) >= budget:

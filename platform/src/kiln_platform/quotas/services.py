@@ -12,7 +12,8 @@ from sqlalchemy.dialects.postgresql import insert
 from kiln_platform.admin.authz import Actor, require
 from kiln_platform.admin.services import find_key, get_tenant
 from kiln_platform.audit.services import record
-from kiln_platform.db.tables import BudgetSpend, Quota
+from kiln_platform.billing.tables import BudgetPeriod
+from kiln_platform.db.tables import Quota
 from kiln_platform.errors import NotFound
 from kiln_platform.quotas.schemas import KeyLimits, Limits, QuotaView
 
@@ -41,8 +42,8 @@ async def get_quotas(session: AsyncSession, actor: Actor, tenant_id: uuid.UUID) 
     require(actor, "quotas")
     rows = list(await session.scalars(select(Quota).where(Quota.tenant_id == tenant_id)))
     spent = await session.scalar(
-        select(BudgetSpend.spent_micros).where(
-            BudgetSpend.tenant_id == tenant_id, BudgetSpend.month == month_start().date()
+        select(BudgetPeriod.spent_micros).where(
+            BudgetPeriod.tenant_id == tenant_id, BudgetPeriod.period == month_start().date()
         )
     )
     return QuotaView(

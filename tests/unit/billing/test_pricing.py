@@ -1,0 +1,64 @@
+"""The pricing policy: specificity, rounding, discounts, effective dates."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from decimal import Decimal
+
+from kiln_platform.billing.pricing import PriceList, Quantities, book_at, charges, cost, micros
+
+T0 = datetime(2026, 1, 1, tzinfo=UTC)
+BOOK = PriceList(
+    version=1,
+    effective_from=T0,
+    prices={
+        ("*", "*", "request"): Decimal(100),
+        ("chat", "*", "input_token"): Decimal("0.15"),
+        ("chat", "*", "output_token"): Decimal("0.6"),
+        ("chat", "2", "output_token"): Decimal("0.5"),
+        ("cnn", "*", "compute_second"): Decimal(2000),
+    },
+    discounts_bps={"enterprise": 2_000},
+)
+
+
+def test_most_specific_price_wins() -> None:
+    assert BOOK.unit_price("chat", "2", "output_token") == Decimal("0.5")
+    assert BOOK.unit_price("chat", "1", "output_token") == Decimal("0.6")
+    assert BOOK.unit_price("other", "1", "request") == Decimal(100)
+    assert BOOK.unit_price("other", "1", "input_token") is None
+
+
+def test_lines_round_half_even_and_sum_to_the_request_cost() -> None:
+    lines = charges(BOOK, "chat", "1", "standard", Quantities(input_tokens=10, output_tokens=5))
+    by_unit = {c.unit: c for c in lines}
+    assert by_unit["input_token"].list_cost_micros == 2  # 1.5 -> 2
+    assert by_unit["output_token"].list_cost_micros == 3
+    assert by_unit["request"].list_cost_micros == 100
+    assert cost(lines) == (105, 105)
+
+
+def test_plan_discount_applies_per_line() -> None:
+    lines = charges(BOOK, "chat", "1", "enterprise", Quantities(input_tokens=1000))
+    assert cost(lines) == (150 + 100, 120 + 80)
+
+
+def test_unpriced_and_zero_units_are_not_billed() -> None:
+    lines = charges(BOOK, "emb", "1", "standard", Quantities(input_tokens=7, items=2))
+    assert [c.unit for c in lines] == ["request"]
+    assert charges(None, "chat", "1", "standard", Quantities()) == []
+
+
+def test_compute_seconds_are_exact_to_the_microsecond() -> None:
+    lines = charges(BOOK, "cnn", "1", "standard", Quantities(compute_ms=1.2506))
+    line = next(c for c in lines if c.unit == "compute_second")
+    assert line.quantity == Decimal("0.001251")
+    assert line.list_cost_micros == micros(Decimal("2.502")) == 3
+
+
+def test_book_in_effect() -> None:
+    later = PriceList(version=2, effective_from=datetime(2026, 6, 1, tzinfo=UTC))
+    books = [BOOK, later]
+    assert book_at(books, datetime(2025, 12, 31, tzinfo=UTC)) is None
+    assert book_at(books, T0) is BOOK
+    assert book_at(books, datetime(2026, 6, 1, tzinfo=UTC)) is later
