@@ -135,6 +135,7 @@ def _start_kiln(
 ) -> KilnProcess:
     """Register models in a fresh data directory and start ``kiln up`` on it."""
     env = {**os.environ, "KILN_DATA_DIR": str(data_dir), "KILN_LOG_LEVEL": "warning"}
+    env["KILN_WARM_STANDBY"] = "false"  # workers are found by cmdline; test_standby.py turns it on
     env.update(extra_env or {})
     env.pop("KILN_DATABASE_URL", None)
     settings = Settings(data_dir=data_dir)

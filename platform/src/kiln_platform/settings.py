@@ -34,7 +34,13 @@ class Settings(BaseSettings):
     worker_threads: int | None = None
     worker_slots: int | None = None
     """Requests the scheduler keeps in flight per worker (default: its max batch size)."""
+    worker_target: str = "cpu"
+    """Engine target of tensor workers: cpu, cuda or tensorrt (a GPU machine)."""
+    worker_precision: str = "fp32"
+    """Engine precision of tensor workers: fp32, int8 (cpu) or fp16 (GPU targets)."""
     worker_start_timeout_s: float = 120.0
+    warm_standby: bool = True
+    """Keep one preloaded standby worker process, so starts skip imports (``pools.local``)."""
     key_cache_ttl_s: float = 5.0
     """How long keys, quota limits and the JWT denylist are cached (the revocation bound)."""
     oauth_issuer: str = "urn:kiln"
@@ -43,8 +49,13 @@ class Settings(BaseSettings):
     """``aud`` the gateway issues and requires in JWT access tokens."""
     oauth_token_ttl_s: int = 900
     """Lifetime of an OAuth access token (client credentials), 15 minutes by default."""
-    price_micros_per_token: int = 1
-    """Cost of one token in micro-units, charged against monthly budgets (until price books)."""
+    idempotency_ttl_s: float = 86_400.0
+    """How long a POST's Idempotency-Key and its stored response are replayed (24 h)."""
+    idempotency_lock_s: float = 30.0
+    """A running request's claim on its key; renewed while it runs, so a killed process's lapses."""
+    metering: bool = True
+    """Record usage in the ledger. Off only to measure metering's overhead (``bench/``): with it
+    off nothing is billed and budgets are never settled."""
     max_embedding_inputs: int = 2048
     request_timeout_s: float = 60.0
     max_upload_bytes: int = 2 << 30

@@ -10,6 +10,7 @@ import argparse
 import asyncio
 import os
 import signal
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -17,6 +18,7 @@ import msgspec
 import structlog
 from aiohttp import web
 
+from kiln_runtimes import _standby
 from kiln_runtimes._app import create_app
 from kiln_runtimes._logging import configure_logging
 from kiln_runtimes._runtime import Worker, WorkerSettings
@@ -87,8 +89,15 @@ def parse_args(argv: Sequence[str] | None = None) -> WorkerSettings:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    """Run a worker until it is told to stop; the exit status says how it ended."""
-    settings = parse_args(argv)
+    """Run a worker until it is told to stop; the exit status says how it ended.
+
+    ``--standby`` as the only argument: preload, then take the arguments from stdin (``_standby``).
+    """
+    args = list(sys.argv[1:] if argv is None else argv)
+    if args == ["--standby"]:
+        _standby.preload()
+        args = _standby.assignment()
+    settings = parse_args(args)
     configure_logging(settings.log_level)
     raise SystemExit(asyncio.run(serve(settings)))
 

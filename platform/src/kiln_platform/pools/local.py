@@ -1,5 +1,10 @@
 """The ``local`` pool backend: supervises one worker subprocess per model version.
 
+With ``warm_standby`` on, it also keeps one standby worker: a process that has already imported
+the worker and the engine libraries and waits for a model (``kiln_runtimes._standby``). The next
+start, restart or version change takes it, so a start costs the engine load only, and a new
+standby is made once that worker is ready.
+
 The seam for autoscaling is ``replicas``: today every pool runs exactly one worker; the pool
 manager of a later change computes desired replicas (to zero included) and calls ``scale``.
 """
@@ -8,11 +13,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import socket
 import sys
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import aiohttp
 import msgspec
@@ -75,6 +81,7 @@ class LocalBackend:
         self._rechecks: set[asyncio.Task[None]] = set()
         self.on_change: Callable[[Worker], None] = lambda worker: None
         """Called when a worker becomes ready or stops being ready."""
+        self._standby: asyncio.subprocess.Process | None = None
 
     def ensure(self, spec: PoolSpec) -> None:
         """Run a worker for ``spec`` (replacing one of an older version of the same model)."""
@@ -101,15 +108,20 @@ class LocalBackend:
     async def stop(self) -> None:
         """Stop every worker: SIGTERM (they drain), then wait."""
         self._stopping = True
-        tasks = [w.task for w in self.workers.values() if w.task is not None]
+        tasks: list[asyncio.Future[Any]] = [
+            w.task for w in self.workers.values() if w.task is not None
+        ]
         for task in tasks:
             task.cancel()
+        standby, self._standby = self._standby, None
+        if standby is not None and standby.returncode is None:
+            standby.terminate()
+            tasks.append(asyncio.ensure_future(standby.wait()))
         await asyncio.gather(*tasks, return_exceptions=True)
 
-    def _command(self, worker: Worker) -> list[str]:
+    def _arguments(self, worker: Worker) -> list[str]:
         s = self._settings
         cmd = [
-            sys.executable, "-m", "kiln_runtimes",
             "--model-dir", str(worker.spec.model_dir),
             "--model", worker.spec.model,
             "--version", worker.spec.version,
@@ -117,6 +129,8 @@ class LocalBackend:
             "--max-batch-size", str(s.worker_max_batch_size),
             "--max-wait-ms", str(s.worker_max_wait_ms),
             "--log-level", s.log_level,
+            "--target", s.worker_target,
+            "--precision", s.worker_precision,
         ]  # fmt: skip
         if s.worker_threads:
             cmd += ["--threads", str(s.worker_threads)]
@@ -128,8 +142,10 @@ class LocalBackend:
             while not self._stopping:
                 worker.port = _free_port()
                 worker.started_at = time.monotonic()
-                worker.process = await asyncio.create_subprocess_exec(*self._command(worker))
-                log.info("worker started", model=worker.spec.model, pid=worker.process.pid)
+                worker.process, warm = await self._spawn(self._arguments(worker))
+                log.info(
+                    "worker started", model=worker.spec.model, pid=worker.process.pid, standby=warm
+                )
                 deadline = worker.started_at + self._settings.worker_start_timeout_s
                 watcher = asyncio.create_task(self._watch_ready(worker, deadline))
                 code = await worker.process.wait()
@@ -145,6 +161,29 @@ class LocalBackend:
         finally:
             self._set_ready(worker, False)
             await self._terminate(worker)
+
+    async def _spawn(self, argv: list[str]) -> tuple[asyncio.subprocess.Process, bool]:
+        """Hand ``argv`` to the standby if there is one alive, else start a new process."""
+        standby, self._standby = self._standby, None
+        if standby is not None and standby.returncode is None and standby.stdin is not None:
+            standby.stdin.write(json.dumps(argv).encode() + b"\n")
+            with contextlib.suppress(ConnectionError):
+                await standby.stdin.drain()
+                standby.stdin.close()
+                return standby, True
+        cmd = [sys.executable, "-m", "kiln_runtimes", *argv]
+        return await asyncio.create_subprocess_exec(*cmd), False
+
+    async def _refill(self) -> None:
+        """Start a standby worker unless one is alive (or standbys are off)."""
+        if self._stopping or not self._settings.warm_standby:
+            return
+        if self._standby is not None and self._standby.returncode is None:
+            return
+        self._standby = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "kiln_runtimes", "--standby", stdin=asyncio.subprocess.PIPE
+        )
+        log.info("standby worker started", pid=self._standby.pid)
 
     def suspect(self, worker: Worker) -> None:
         """Take a worker out of rotation after a failed call; put it back if it answers again."""
@@ -168,8 +207,9 @@ class LocalBackend:
                 worker.info = info
                 self._set_ready(worker, True)
                 log.info("worker ready", model=worker.spec.model, port=worker.port)
+                await self._refill()
                 return
-            await asyncio.sleep(0.1)
+            await asyncio.sleep(0.02)
         log.error("worker did not become ready in time; restarting", model=worker.spec.model)
         if worker.process is not None:
             worker.process.kill()
