@@ -171,3 +171,31 @@ async def test_compile_requests_are_checked(db: Database, settings: Settings) ->
             await jobs.enqueue(session, "nope", "1", "cpu", "fp32")
         with pytest.raises(BadRequest, match="precision"):
             await jobs.enqueue(session, "compiled", "1", "cpu", "fp16")
+
+
+async def test_a_job_left_running_by_a_dead_runner_is_requeued(
+    db: Database, settings: Settings, tensor_models: dict[str, Path]
+) -> None:
+    await upload(db, settings, "orphaned", tensor_models["mlp"], version="1")
+    async with db.sessions.begin() as session:
+        dead = await jobs.enqueue(session, "orphaned", "1", "cpu", "fp32")
+        live = await jobs.enqueue(session, "orphaned", "1", "cpu", "int8")
+    # A runner that died: its job is running, but no connection holds the job's lock.
+    async with db.sessions.begin() as session:
+        assert await jobs.claim(session, dead.id) is not None
+    # A live runner: the claim's connection holds the lock while it "compiles".
+    async with db.engine.connect() as holder:
+        async with holder.begin():
+            assert await jobs.claim(holder, live.id, hold=True) is not None
+        runner = CompileRunner(db.sessions, settings)
+        await runner.recover()
+        async with db.sessions() as session:
+            assert (await jobs.view(session, dead.id)).status == "queued"
+            assert (await jobs.view(session, live.id)).status == "running"
+        await holder.invalidate()  # the live runner dies too: its connection closes
+    await runner.recover()
+    async with db.sessions() as session:
+        assert (await jobs.view(session, live.id)).status == "queued"
+    assert await runner.run_once(dead.id)
+    async with db.sessions() as session:
+        assert (await jobs.view(session, dead.id)).status == "done"

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 
 import msgspec
 import structlog
+from sqlalchemy import text
 
 from kiln_platform.compiler import services
 from kiln_runtimes.protocol import CompileReport
@@ -21,7 +22,7 @@ from kiln_runtimes.protocol import CompileReport
 if TYPE_CHECKING:
     import uuid
 
-    from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+    from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 
     from kiln_platform.settings import Settings
 
@@ -54,26 +55,48 @@ class CompileRunner:
                 await self._task
 
     async def run_once(self, only: uuid.UUID | None = None) -> bool:
-        """Claim and run one job (``only`` that one); False if there was none to claim."""
-        async with self._sessions.begin() as session:
-            job = await services.claim(session, only)
-        if job is None:
-            return False
-        log.info("compile started", job=str(job.id), target=job.target, precision=job.precision)
-        try:
-            report, reason = await self._compile(job)
-        except asyncio.CancelledError:  # shutting down: hand the job back to the queue
-            async with self._sessions.begin() as session:
-                await services.requeue(session, job.id)
-            raise
-        async with self._sessions.begin() as session:
-            await services.finish(session, job.id, report, reason)
-        log.info("compile finished", job=str(job.id), ok=report is not None, reason=reason)
+        """Claim and run one job (``only`` that one); False if there was none to claim.
+
+        The claim's connection holds the job's advisory lock until the job ends, so if this
+        process is killed the lock goes with the connection and ``recover`` requeues the job.
+        """
+        engine: AsyncEngine = self._sessions.kw["bind"]
+        async with engine.connect() as conn:
+            async with conn.begin():
+                job = await services.claim(conn, only, hold=True)
+            if job is None:
+                return False
+            try:
+                log.info(
+                    "compile started", job=str(job.id), target=job.target, precision=job.precision
+                )
+                try:
+                    report, reason = await self._compile(job)
+                except asyncio.CancelledError:  # shutting down: hand the job back to the queue
+                    async with conn.begin():
+                        await services.requeue(conn, job.id)
+                    raise
+                async with conn.begin():
+                    await services.finish(conn, job.id, report, reason)
+                log.info("compile finished", job=str(job.id), ok=report is not None, reason=reason)
+            finally:
+                async with conn.begin():
+                    await conn.execute(
+                        text("SELECT pg_advisory_unlock(:k)"), {"k": services.lock_key(job.id)}
+                    )
         return True
+
+    async def recover(self) -> None:
+        """Requeue jobs left running by a runner that died."""
+        async with self._sessions.begin() as session:
+            orphans = await services.recover(session)
+        if orphans:
+            log.warning("requeued compile jobs of a dead runner", jobs=[str(j) for j in orphans])
 
     async def _loop(self) -> None:
         while True:
             try:
+                await self.recover()
                 while await self.run_once():
                     pass
             except Exception:  # the next poll tries again

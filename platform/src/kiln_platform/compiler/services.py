@@ -15,7 +15,7 @@ from kiln_platform.errors import BadRequest, NotFound
 from kiln_runtimes.engines import engine_key, validate_target
 
 if TYPE_CHECKING:
-    from sqlalchemy.ext.asyncio import AsyncSession
+    from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
 
     from kiln_runtimes.protocol import CompileReport
 
@@ -91,11 +91,24 @@ async def enqueue(
     return job
 
 
-async def claim(session: AsyncSession, only: uuid.UUID | None = None) -> ClaimedJob | None:
-    """Take the oldest queued job (or ``only``) that nobody else holds; it becomes running."""
+def lock_key(job_id: uuid.UUID) -> int:
+    """The job's advisory-lock key: a runner holds it, on its own connection, while it runs."""
+    return int.from_bytes(job_id.bytes[:8], "big", signed=True)
+
+
+async def claim(
+    session: AsyncSession | AsyncConnection, only: uuid.UUID | None = None, *, hold: bool = False
+) -> ClaimedJob | None:
+    """Take the oldest queued job (or ``only``) that nobody else holds; it becomes running.
+
+    ``hold``: also take the job's session-level advisory lock on this connection, in the same
+    transaction, so the job is never seen running without a live owner (see ``recover``).
+    """
     row = (await session.execute(_CLAIM, {"only": str(only) if only else None})).first()
     if row is None:
         return None
+    if hold:
+        await session.execute(text("SELECT pg_advisory_lock(:k)"), {"k": lock_key(row.id)})
     digest = await session.scalar(
         select(ModelVersion.artifact_digest).where(ModelVersion.id == row.model_version_id)
     )
@@ -103,7 +116,10 @@ async def claim(session: AsyncSession, only: uuid.UUID | None = None) -> Claimed
 
 
 async def finish(
-    session: AsyncSession, job_id: uuid.UUID, report: CompileReport | None, reason: str | None
+    session: AsyncSession | AsyncConnection,
+    job_id: uuid.UUID,
+    report: CompileReport | None,
+    reason: str | None,
 ) -> None:
     """Record a job's end: done with its report, or failed with the reason."""
     import msgspec
@@ -117,13 +133,37 @@ async def finish(
     await session.execute(update(CompileJob).where(CompileJob.id == job_id).values(**values))
 
 
-async def requeue(session: AsyncSession, job_id: uuid.UUID) -> None:
+async def requeue(session: AsyncSession | AsyncConnection, job_id: uuid.UUID) -> None:
     """Put a running job back in the queue (its runner is stopping)."""
     await session.execute(
         update(CompileJob)
         .where(CompileJob.id == job_id, CompileJob.status == "running")
         .values(status="queued", started_at=None)
     )
+
+
+async def recover(session: AsyncSession) -> list[uuid.UUID]:
+    """Requeue running jobs whose runner is gone: nobody holds their advisory lock any more
+    (the lock went with the killed process's connection)."""
+    running = await session.scalars(
+        select(CompileJob.id)
+        .where(CompileJob.status == "running")
+        .with_for_update(skip_locked=True)
+    )
+    orphans = [
+        job_id
+        for job_id in list(running)
+        if await session.scalar(
+            text("SELECT pg_try_advisory_xact_lock(:k)"), {"k": lock_key(job_id)}
+        )
+    ]
+    if orphans:
+        await session.execute(
+            update(CompileJob)
+            .where(CompileJob.id.in_(orphans))
+            .values(status="queued", started_at=None)
+        )
+    return orphans
 
 
 async def view(session: AsyncSession, job_id: uuid.UUID) -> CompileJobView:
