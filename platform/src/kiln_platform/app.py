@@ -29,6 +29,7 @@ from kiln_platform.observability import configure_logging, request_id_middleware
 from kiln_platform.quotas.controllers import QuotasController
 from kiln_platform.quotas.middleware import quota_middleware
 from kiln_platform.registry.controllers import AdminModelsController
+from kiln_platform.reports.controllers import ReportsController
 from kiln_platform.users.controllers import UsersController
 
 log = structlog.get_logger("kiln.app")
@@ -125,6 +126,7 @@ def create_app(settings: Settings) -> Litestar:
             UsersController,
             AuditController,
             QuotasController,
+            ReportsController,
             OAuthController,
             PrometheusController,
             healthz,

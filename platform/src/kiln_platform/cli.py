@@ -15,6 +15,7 @@ import click
 from kiln_platform import _cli_models
 from kiln_platform.admin import _cli as _cli_admin
 from kiln_platform.oauth import _cli as _cli_oauth
+from kiln_platform.reports import _cli as _cli_reports
 from kiln_platform.settings import Settings
 
 if TYPE_CHECKING:
@@ -251,6 +252,7 @@ def import_bundled(ctx: click.Context, only: tuple[str, ...]) -> None:
 _cli_models.register(models, _with_db, _fail)  # `kiln models upload | compile | jobs`
 _cli_admin.register(main, keys, _with_db, _fail)  # `kiln users | quotas`, `keys revoke`
 _cli_oauth.register(main, _with_db, _fail)  # `kiln oauth-clients create`, `kiln oauth keys rotate`
+_cli_reports.register(main, _with_db, _fail)  # `kiln reports export`
 
 
 @main.command()

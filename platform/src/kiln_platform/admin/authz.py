@@ -8,7 +8,9 @@ client (the key's ``role`` column, bounded by its scopes), or the CLI (platform-
 | platform-admin | all | everything |
 | tenant-admin | its own | its tenant's keys, OAuth clients, users (tenant roles only) |
 | tenant-member | its own | nothing (reads its tenant, keys, quotas) |
-| finance | all (or its own, if it has a tenant) | nothing (reads tenants, quotas, budgets) |
+| finance | all (or its own, if it has a tenant) | nothing (reads costs, statements, prices) |
+
+Finance reads nothing else, and may not call ``/v1`` or ``/v2`` (``gateway.auth``).
 
 Objects of a tenant the actor cannot see are ``NotFound`` — indistinguishable from absent ones.
 """
@@ -35,9 +37,13 @@ GLOBAL_ROLES = frozenset({Role.PLATFORM_ADMIN, Role.FINANCE})
 TENANT_ROLES = frozenset({Role.TENANT_ADMIN, Role.TENANT_MEMBER})
 ALL_SCOPES = frozenset({"inference", "admin:read", "admin:write"})
 
+NOT_FINANCE = frozenset(Role) - {Role.FINANCE}
+BILLING_READERS = frozenset({Role.PLATFORM_ADMIN, Role.FINANCE, Role.TENANT_ADMIN})
+PLATFORM = frozenset({Role.PLATFORM_ADMIN})
+
 # resource -> (roles that may read, roles that may write)
 _RULES: dict[str, tuple[frozenset[Role], frozenset[Role]]] = {
-    "tenants": (frozenset(Role), frozenset({Role.PLATFORM_ADMIN})),
+    "tenants": (NOT_FINANCE, PLATFORM),
     "keys": (
         frozenset({Role.PLATFORM_ADMIN, Role.TENANT_ADMIN, Role.TENANT_MEMBER}),
         frozenset({Role.PLATFORM_ADMIN, Role.TENANT_ADMIN}),
@@ -50,8 +56,13 @@ _RULES: dict[str, tuple[frozenset[Role], frozenset[Role]]] = {
         frozenset({Role.PLATFORM_ADMIN, Role.TENANT_ADMIN}),
         frozenset({Role.PLATFORM_ADMIN, Role.TENANT_ADMIN}),
     ),
-    "quotas": (frozenset(Role), frozenset({Role.PLATFORM_ADMIN})),
+    "quotas": (NOT_FINANCE, PLATFORM),
     "audit": (frozenset({Role.PLATFORM_ADMIN, Role.TENANT_ADMIN}), frozenset()),
+    # What finance may read, and all it may read: costs, statements, adjustments, prices.
+    "reports": (BILLING_READERS, frozenset()),
+    "statements": (BILLING_READERS, PLATFORM),
+    "adjustments": (BILLING_READERS, PLATFORM),
+    "price-books": (frozenset(Role), PLATFORM),
 }
 
 

@@ -53,7 +53,7 @@ class TenantsController(AdminController):
     async def get_tenant(self, kiln: KilnDep, actor: ActorDep, tenant_id: uuid.UUID) -> TenantView:
         """One tenant."""
         async with transaction(kiln, actor) as session:
-            return services.tenant_view(await services.get_tenant(session, actor, tenant_id))
+            return await services.read_tenant(session, actor, tenant_id)
 
     @patch("/tenants/{tenant_id:uuid}")
     async def update_tenant(

@@ -47,6 +47,8 @@ async def provide_actor(request: Request[Any, Any, Any], kiln: SkipValidation[Ki
     if not {"admin:read", "admin:write"} & principal.scopes:
         raise Forbidden("This credential does not have an admin scope.")
     role = Role(principal.role)
+    if role is Role.FINANCE and request.method not in {"GET", "HEAD"}:
+        raise Forbidden("A finance credential may only read cost reports and statements.")
     return Actor(
         name=name,
         role=role,

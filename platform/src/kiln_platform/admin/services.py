@@ -44,6 +44,13 @@ async def get_tenant(session: AsyncSession, actor: Actor, tenant_id: uuid.UUID) 
     return tenant
 
 
+async def read_tenant(session: AsyncSession, actor: Actor, tenant_id: uuid.UUID) -> TenantView:
+    """One tenant, for a role that may read tenants."""
+    tenant = await get_tenant(session, actor, tenant_id)
+    require(actor, "tenants")
+    return tenant_view(tenant)
+
+
 async def list_tenants(session: AsyncSession, actor: Actor) -> list[TenantView]:
     """Tenants visible to the actor, by name."""
     require(actor, "tenants")

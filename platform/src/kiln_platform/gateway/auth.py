@@ -24,6 +24,13 @@ async def _authenticate(request: Request[Any, Any, Any], kiln: Kiln) -> Principa
     return await verify_bearer(kiln, token.strip())
 
 
+def _not_finance(principal: Principal) -> Principal:
+    """Finance credentials read cost reports, statements and price books, and nothing else."""
+    if principal.role == "finance":
+        raise Forbidden("A finance credential may only read cost reports and statements.")
+    return principal
+
+
 async def verify_bearer(kiln: Kiln, token: str) -> Principal:
     """An API key (cached lookup) or a JWT access token (verified locally, no database)."""
     if looks_like_jwt(token):
@@ -35,7 +42,7 @@ async def provide_principal(
     request: Request[Any, Any, Any], kiln: SkipValidation[Kiln]
 ) -> Principal:
     """Authenticate ``Authorization: Bearer <key>``, require the inference scope, admit quotas."""
-    principal = await _authenticate(request, kiln)
+    principal = _not_finance(await _authenticate(request, kiln))
     if "inference" not in principal.scopes:
         raise Forbidden("This API key does not have the 'inference' scope.")
     await kiln.quotas.admit(principal, admission_of(request.scope))
@@ -46,7 +53,7 @@ async def provide_admin_writer(
     request: Request[Any, Any, Any], kiln: SkipValidation[Kiln]
 ) -> Principal:
     """Authenticate a key with the ``admin:write`` scope."""
-    principal = await _authenticate(request, kiln)
+    principal = _not_finance(await _authenticate(request, kiln))
     if "admin:write" not in principal.scopes:
         raise Forbidden("This API key does not have the 'admin:write' scope.")
     return principal
@@ -56,7 +63,7 @@ async def provide_admin_reader(
     request: Request[Any, Any, Any], kiln: SkipValidation[Kiln]
 ) -> Principal:
     """Authenticate a key with ``admin:read`` (or ``admin:write``)."""
-    principal = await _authenticate(request, kiln)
+    principal = _not_finance(await _authenticate(request, kiln))
     if not {"admin:read", "admin:write"} & principal.scopes:
         raise Forbidden("This API key does not have the 'admin:read' scope.")
     return principal
