@@ -30,6 +30,8 @@ class Ticket:
     started_at: float | None = None
     finished_at: float | None = None
     error: WorkerError | None = None
+    compute_s: float = 0.0
+    """This request's share of the batches it ran in (``_attribution.shares``)."""
 
     @property
     def settled(self) -> bool:
@@ -57,6 +59,10 @@ class Batch:
     items: tuple[Item, ...]
     reason: CloseReason
     started_at: float
+
+    def costs(self) -> list[int]:
+        """Each item's cost: its tokens (embeddings), or 1 (a tensor row)."""
+        return [len(i.input_ids) if isinstance(i.input_ids, list) else 1 for i in self.items]
 
     @property
     def inputs(self) -> list[Any]:

@@ -39,11 +39,10 @@ async def embed(batcher: Batcher, request: EmbedRequest) -> EmbedResult:
     ticket = await batcher.submit(request.request_id, request.input_ids, budget)
     rows = ticket.embeddings().astype("<f4", copy=False)
     started = ticket.started_at if ticket.started_at is not None else ticket.enqueued_at
-    finished = ticket.finished_at if ticket.finished_at is not None else started
     return EmbedResult(
         request_id=request.request_id,
         dimensions=rows.shape[1],
         data=np.ascontiguousarray(rows).tobytes(),
         queue_ms=(started - ticket.enqueued_at) * 1000,
-        compute_ms=(finished - started) * 1000,
+        compute_ms=ticket.compute_s * 1000,
     )

@@ -128,10 +128,9 @@ async def infer(
                    data=array.tobytes())
         )  # fmt: skip
     started = ticket.started_at if ticket.started_at is not None else ticket.enqueued_at
-    finished = ticket.finished_at if ticket.finished_at is not None else started
     return InferResult(
         request_id=request.request_id,
         outputs=outputs,
         queue_ms=(started - ticket.enqueued_at) * 1000,
-        compute_ms=(finished - started) * 1000,
+        compute_ms=ticket.compute_s * 1000,
     )

@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 import structlog
 
+from kiln_runtimes._attribution import shares
 from kiln_runtimes._batch_types import Batch, BatchResult, CloseReason, Item, Outcome, Ticket
 from kiln_runtimes._errors import DeadlineExceeded, Internal, Overloaded, WorkerError
 from kiln_runtimes._latency import LatencyModel
@@ -131,9 +132,11 @@ class BatchQueue:
                 settled += self._settle(batch.tickets(), Internal, message)
                 continue
             self.model.observe(len(batch.items), outcome.seconds)
-            for item, row in zip(batch.items, rows, strict=True):
+            seconds = shares(batch.costs(), outcome.seconds)
+            for item, row, share in zip(batch.items, rows, seconds, strict=True):
                 ticket = item.ticket
                 if not ticket.settled:
+                    ticket.compute_s += share
                     ticket.rows[item.index] = row
                     ticket.pending -= 1
                     if ticket.pending == 0:

@@ -112,6 +112,11 @@ class GenerateChunk(msgspec.Struct, frozen=True, kw_only=True):
     finish_reason: FinishReason | None = None
     prompt_tokens: int = 0
     completion_tokens: int = 0
+    queue_ms: float = 0.0
+    """How long the sequence waited for a slot."""
+    compute_ms: float = 0.0
+    """The sequence's share of the engine steps it took part in, so far (each step's time is
+    split among the sequences in it, in proportion to the tokens each processed)."""
 
 
 class Tensor(msgspec.Struct, frozen=True, kw_only=True):

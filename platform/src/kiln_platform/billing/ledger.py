@@ -1,27 +1,66 @@
-"""The usage ledger writer: one row per request, written in batches off the request path."""
+"""The usage ledger: one priced, immutable row per request, durable before the response.
+
+Group commit: ``record`` queues a request's usage; a single flusher writes everything pending in
+one transaction as soon as its previous write finished (no timer), and ``await commit(usage)``
+returns once the batch holding it has committed. Handlers await it before answering; a stream
+awaits it before its final chunk; a client that went away (499) is recorded without waiting.
+
+One transaction per batch inserts the ``usage_events`` rows (``ON CONFLICT (request_id) DO
+NOTHING RETURNING request_id``: exactly once, even if a batch is retried), the charge lines of the
+rows actually inserted, priced with the price-book version in effect when the request was
+recorded, and settles those rows' budget reservations.
+
+If the write fails, every request waiting on the batch fails with 503 instead of answering
+unbilled: the client learns it should retry, and the row is kept and written (with status 503,
+unbilled) once the database is back. Rows nobody waits on are retried as they are.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import uuid
-from dataclasses import asdict, dataclass
-from typing import TYPE_CHECKING
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any
 
 import structlog
-from sqlalchemy.dialects.postgresql import insert
+from sqlalchemy import insert
+from sqlalchemy.dialects.postgresql import insert as pg_insert
+from sqlalchemy.exc import DataError, IntegrityError
 
+from kiln_platform.billing.budgets import Settled, settle
+from kiln_platform.billing.pricing import PriceList, Quantities, book_at, charges, cost
+from kiln_platform.billing.tables import UsageCharge
 from kiln_platform.db.tables import UsageEvent
+from kiln_platform.errors import ServiceUnavailable
 
 if TYPE_CHECKING:
+    from collections.abc import Iterable
+
     from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
+    from kiln_platform.billing.pricebooks import PriceBooks
+    from kiln_platform.keys.services import Principal
+    from kiln_platform.registry.services import ResolvedVersion
+
 log = structlog.get_logger("kiln.ledger")
+CHUNK = 1000
+EVENTS = UsageEvent.metadata.tables["usage_events"]
+CHARGES = UsageCharge.metadata.tables["usage_charges"]
+_NOT_COLUMNS = ("plan", "timezone", "at")
+
+
+def billed(status: int) -> bool:
+    """Whether a request with this status is charged: successes, and what a client that went
+    away (499) consumed. Any other error is recorded with cost 0."""
+    return status < 400 or status == 499
 
 
 @dataclass(frozen=True, slots=True)
 class Usage:
-    """What one request consumed."""
+    """What one request consumed, and who pays for it."""
 
     request_id: str
     tenant_id: uuid.UUID
@@ -35,52 +74,216 @@ class Usage:
     items: int = 0
     queue_ms: float = 0.0
     compute_ms: float = 0.0
+    oauth_client_id: uuid.UUID | None = None
+    adapter: str | None = None
+    plan: str = "standard"
+    timezone: str = "UTC"
+    at: datetime = field(default_factory=lambda: datetime.now(UTC))
+
+
+def usage_of(
+    principal: Principal,
+    version: ResolvedVersion,
+    request_id: str,
+    endpoint: str,
+    *,
+    status: int = 200,
+    input_tokens: int = 0,
+    output_tokens: int = 0,
+    items: int = 0,
+    queue_ms: float = 0.0,
+    compute_ms: float = 0.0,
+) -> Usage:
+    """A request's usage, from the caller and the model version that served it."""
+    return Usage(
+        request_id=request_id,
+        tenant_id=principal.tenant_id,
+        api_key_id=principal.key_id,
+        model=version.model,
+        version=version.version,
+        endpoint=endpoint,
+        status=status,
+        input_tokens=input_tokens,
+        output_tokens=output_tokens,
+        items=items,
+        queue_ms=queue_ms,
+        compute_ms=compute_ms,
+        oauth_client_id=principal.oauth_client_id,
+        plan=principal.plan,
+        timezone=principal.timezone,
+    )
+
+
+def priced(usage: Usage, book: PriceList | None) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """The ``usage_events`` row of a request and its ``usage_charges`` lines."""
+    used = Quantities(
+        input_tokens=usage.input_tokens,
+        output_tokens=usage.output_tokens,
+        items=usage.items,
+        compute_ms=usage.compute_ms,
+    )
+    lines = []
+    if billed(usage.status):
+        lines = charges(book, usage.model, usage.version, usage.plan, used)
+    list_cost, effective = cost(lines)
+    currency = book.currency if book else "USD"
+    version = book.version if book else None
+    event = {
+        f.name: getattr(usage, f.name)
+        for f in dataclasses.fields(usage)
+        if f.name not in _NOT_COLUMNS
+    }
+    event.update(created_at=usage.at, price_book_version=version, currency=currency,
+                 list_cost_micros=list_cost, cost_micros=effective)  # fmt: skip
+    who = {k: event[k] for k in ("request_id", "tenant_id", "api_key_id", "oauth_client_id",
+                                 "model", "version", "adapter")}  # fmt: skip
+    rows = [
+        {**who, "unit": c.unit, "quantity": c.quantity, "unit_price_micros": c.unit_price_micros,
+         "list_cost_micros": c.list_cost_micros, "cost_micros": c.cost_micros,
+         "currency": currency, "price_book_version": version, "charged_at": usage.at}
+        for c in lines
+    ]  # fmt: skip
+    return event, rows
+
+
+def _chunks(rows: list[dict[str, Any]]) -> Iterable[list[dict[str, Any]]]:
+    for i in range(0, len(rows), CHUNK):
+        yield rows[i : i + CHUNK]
+
+
+async def write(session: AsyncSession, usages: list[Usage], books: list[PriceList]) -> list[Usage]:
+    """Insert a batch in the caller's transaction; returns the usages actually inserted."""
+    unique: dict[str, Usage] = {}
+    for u in usages:
+        unique.setdefault(u.request_id, u)
+    priced_rows = {rid: priced(u, book_at(books, u.at)) for rid, u in unique.items()}
+    stmt = (
+        pg_insert(EVENTS)
+        .on_conflict_do_nothing(index_elements=["request_id"])
+        .returning(EVENTS.c.request_id)
+    )
+    inserted: set[str] = set()
+    for chunk in _chunks([event for event, _ in priced_rows.values()]):
+        inserted.update(await session.scalars(stmt, chunk))
+    lines = [line for rid in inserted for line in priced_rows[rid][1]]
+    for chunk in _chunks(lines):
+        await session.execute(insert(CHARGES), chunk)
+    done = [u for rid, u in unique.items() if rid in inserted]
+    settled = [
+        Settled(u.request_id, u.tenant_id, u.timezone, priced_rows[u.request_id][0]["cost_micros"],
+                u.at)
+        for u in done
+    ]  # fmt: skip
+    await settle(session, settled)
+    return done
 
 
 class LedgerWriter:
-    """Buffers usage events; inserts them every ``interval`` s (idempotent by request id)."""
+    """Group-commits usage rows; ``enabled=False`` (``KILN_METERING=0``) records nothing."""
 
     def __init__(
-        self, sessions: async_sessionmaker[AsyncSession], interval: float = 0.2, batch: int = 1000
-    ) -> None:
+        self, sessions: async_sessionmaker[AsyncSession], books: PriceBooks | None = None, *,
+        enabled: bool = True, retry_s: float = 0.5,
+    ) -> None:  # fmt: skip
         self._sessions = sessions
-        self._interval = interval
-        self._batch = batch
+        self._books = books
+        self.enabled = enabled
+        self._retry_s = retry_s
         self._pending: list[Usage] = []
+        self._waiters: dict[str, asyncio.Future[None]] = {}
+        self._wake = asyncio.Event()
+        self._stopping = False
         self._task: asyncio.Task[None] | None = None
 
     def record(self, usage: Usage) -> None:
-        """Queue one event (never blocks the request)."""
-        self._pending.append(usage)
+        """Queue a request's usage without waiting for it to be written."""
+        if self.enabled:
+            self._pending.append(usage)
+            self._wake.set()
+
+    async def commit(self, usage: Usage) -> None:
+        """Queue a request's usage and return once it is durable; 503 if it cannot be written.
+
+        Cancelling the caller does not cancel the write.
+        """
+        if not self.enabled:
+            return
+        done = self._waiters[usage.request_id] = asyncio.get_running_loop().create_future()
+        self.record(usage)
+        try:
+            await asyncio.shield(done)
+        except LedgerUnavailable:
+            raise ServiceUnavailable(
+                "Kiln could not record this request's usage; it was not billed. Retry shortly.",
+                retry_after=1.0,
+            ) from None
 
     async def start(self) -> None:
-        """Start the background flusher."""
+        """Start the flusher."""
         self._task = asyncio.create_task(self._loop(), name="ledger-writer")
 
-    async def stop(self) -> None:
-        """Stop the flusher and write what is left."""
+    async def stop(self, grace_s: float = 10.0) -> None:
+        """Write what is pending (for up to ``grace_s`` seconds), then stop the flusher."""
+        self._stopping = True
+        self._wake.set()
         if self._task is not None:
-            self._task.cancel()
+            try:
+                await asyncio.wait_for(self._task, grace_s)
+            except TimeoutError:
+                log.error("ledger stopped with unwritten usage", rows=len(self._pending))
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
-        await self.flush()
-
-    async def flush(self) -> None:
-        """Write every pending event now."""
-        while self._pending:
-            rows, self._pending = self._pending[: self._batch], self._pending[self._batch :]
-            try:
-                async with self._sessions.begin() as session:
-                    stmt = insert(UsageEvent).on_conflict_do_nothing(index_elements=["request_id"])
-                    await session.execute(stmt, [asdict(r) for r in rows])
-            except Exception:
-                self._pending[:0] = rows  # keep them for the next round
-                raise
 
     async def _loop(self) -> None:
-        while True:
-            await asyncio.sleep(self._interval)
-            try:
-                await self.flush()
-            except Exception:
-                log.exception("ledger flush failed; will retry")
+        while self._pending or not self._stopping:
+            await self._wake.wait()
+            self._wake.clear()
+            if self._pending:
+                rows, self._pending = self._pending, []
+                await self._flush(rows)
+
+    async def _flush(self, rows: list[Usage]) -> None:
+        try:
+            await self._write(rows)
+        except (IntegrityError, DataError):  # a row the database refuses: find it, keep the rest
+            for row in rows:
+                await self._flush_one(row)
+        except Exception:
+            log.exception("ledger write failed; waiting requests answer 503", rows=len(rows))
+            self._pending[:0] = [self._failed(r) for r in rows]
+            await asyncio.sleep(self._retry_s)
+            self._wake.set()
+
+    async def _flush_one(self, row: Usage) -> None:
+        try:
+            await self._write([row])
+        except (IntegrityError, DataError):
+            log.exception("usage row refused by the database; dropped", request_id=row.request_id)
+            self._failed(row)
+        except Exception:
+            self._pending.append(self._failed(row))
+            self._wake.set()
+
+    async def _write(self, rows: list[Usage]) -> None:
+        books = await self._books.all() if self._books is not None else []
+        async with self._sessions.begin() as session:
+            await write(session, rows, books)
+        for row in rows:
+            done = self._waiters.pop(row.request_id, None)
+            if done is not None and not done.done():
+                done.set_result(None)
+
+    def _failed(self, usage: Usage) -> Usage:
+        """Fail the request waiting on a row; a row kept for retry is then recorded as what its
+        request answered (503, unbilled)."""
+        done = self._waiters.pop(usage.request_id, None)
+        if done is None:
+            return usage
+        if not done.done():
+            done.set_exception(LedgerUnavailable())
+            done.exception()  # retrieved: its waiter may be gone
+        return dataclasses.replace(usage, status=503)
+
+
+class LedgerUnavailable(Exception):
+    """The batch could not be written."""

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import msgspec
 
-from kiln_platform.billing.ledger import Usage
+from kiln_platform.billing.ledger import Usage, usage_of
 from kiln_platform.errors import BadRequest, KilnError
 from kiln_platform.gateway import metrics
 from kiln_platform.gateway._textmodel import TextModel, load_text_model
@@ -22,7 +23,7 @@ from kiln_platform.gateway.llm_schemas import (
 from kiln_runtimes.protocol import GenerateRequest
 
 if TYPE_CHECKING:
-    from collections.abc import AsyncIterator
+    from collections.abc import AsyncGenerator, AsyncIterator
 
     from kiln_platform.context import Kiln
     from kiln_platform.gateway.dispatch import Ticket
@@ -54,6 +55,10 @@ class Generation:
     stop: tuple[str, ...]
     endpoint: str
     completion_tokens: int = 0
+    status: int = 499
+    """The outcome so far: 499 (client went away) until generation finishes or fails."""
+    compute_ms: float = 0.0
+    queue_ms: float = 0.0
 
     @property
     def prompt_tokens(self) -> int:
@@ -61,8 +66,35 @@ class Generation:
         return len(self.request.prompt_ids)
 
     async def pieces(self) -> AsyncIterator[Piece]:
-        """Generate; records exactly one usage event however the stream ends."""
-        name, status = self.version.model, 499
+        """Generate; records exactly one usage event however it ends.
+
+        The last piece (the one with a finish reason) comes only once that event is durable, so
+        a stream's usage chunk and ``[DONE]``, or a whole response, never reach a client unbilled.
+        A failed or abandoned generation is recorded without waiting.
+        """
+        recorded = False
+        try:
+            final = None
+            async with contextlib.aclosing(self._generate()) as pieces:
+                async for piece in pieces:
+                    if piece.finish_reason is not None:
+                        final = piece
+                        break
+                    yield piece
+            if final is None:  # the worker's stream always ends with a finish reason
+                raise KilnError("The model stopped without finishing; please retry.")
+            recorded = True  # the worker's slot is free while the ledger writes
+            await self.kiln.ledger.commit(self.usage())
+            yield final
+        except KilnError as exc:
+            self.status = exc.status_code
+            raise
+        finally:
+            if not recorded:
+                self.kiln.ledger.record(self.usage())
+
+    async def _generate(self) -> AsyncGenerator[Piece, None]:
+        name = self.version.model
         text = TextStream(self.model.tokenizer, self.stop)
         start = last = time.perf_counter()
         metrics.ACTIVE_STREAMS.labels(name).inc()
@@ -78,16 +110,17 @@ class Generation:
                 hist.labels(name).observe(now - (last if self.completion_tokens else start))
                 last = now
                 self.completion_tokens += len(chunk.token_ids)
+                self.compute_ms = max(self.compute_ms, chunk.compute_ms)
+                self.queue_ms = max(self.queue_ms, chunk.queue_ms)
                 piece = text.push(chunk.token_ids)
                 if text.stopped:
-                    status = 200
+                    self.status = 200
                     yield Piece(piece, "stop")
                     return
                 if chunk.finish_reason in ("cancelled", "error"):
-                    status = 500
                     raise KilnError("The model failed while generating; please retry.")
                 if chunk.finish_reason is not None:
-                    status = 200
+                    self.status = 200
                     yield Piece(piece + text.flush(), chunk.finish_reason)
                     return
                 if piece:
@@ -95,7 +128,6 @@ class Generation:
         finally:
             metrics.ACTIVE_STREAMS.labels(name).dec()
             metrics.COMPLETION_TOKENS.labels(name).inc(self.completion_tokens)
-            self._record(status)
 
     def usage_counts(self) -> tuple[int, int, int]:
         """(prompt, completion, total) tokens so far."""
@@ -105,20 +137,14 @@ class Generation:
             self.prompt_tokens + self.completion_tokens,
         )
 
-    def _record(self, status: int) -> None:
-        self.kiln.ledger.record(
-            Usage(
-                request_id=self.request.request_id,
-                tenant_id=self.principal.tenant_id,
-                api_key_id=self.principal.key_id,
-                model=self.version.model,
-                version=self.version.version,
-                endpoint=self.endpoint,
-                status=status,
-                input_tokens=self.prompt_tokens,
-                output_tokens=self.completion_tokens,
-            )
-        )
+    def usage(self) -> Usage:
+        """What the request consumed so far, with its outcome (499 until it finishes)."""
+        return usage_of(
+            self.principal, self.version, self.request.request_id, self.endpoint,
+            status=self.status, input_tokens=self.prompt_tokens,
+            output_tokens=self.completion_tokens, queue_ms=self.queue_ms,
+            compute_ms=self.compute_ms,
+        )  # fmt: skip
 
 
 def _reject_unsupported(request: ChatCompletionRequest | CompletionRequest) -> None:

@@ -6,7 +6,7 @@ import dataclasses
 from importlib import metadata
 from typing import TYPE_CHECKING
 
-from kiln_platform.billing.ledger import Usage
+from kiln_platform.billing.ledger import usage_of
 from kiln_platform.db import migrate
 from kiln_platform.errors import BadRequest, KilnError, ModelNotFound
 from kiln_platform.gateway import oip_codec
@@ -89,29 +89,21 @@ async def infer(
     ticket = dataclasses.replace(ticket, timeout_s=timeout_ms / 1000)
     batched = version.manifest.batching and tensors and tensors[0].shape
     rows = tensors[0].shape[0] if batched else 1
-    result = await kiln.workers.infer(
-        version.model,
-        InferRequest(
-            request_id=request_id,
-            inputs=tensors,
-            outputs=oip_codec.output_names(request),
-            timeout_ms=timeout_ms,
-        ),
-        ticket,
-        max(rows, 1),
+    message = InferRequest(
+        request_id=request_id,
+        inputs=tensors,
+        outputs=oip_codec.output_names(request),
+        timeout_ms=timeout_ms,
     )
-    kiln.ledger.record(
-        Usage(
-            request_id=request_id,
-            tenant_id=principal.tenant_id,
-            api_key_id=principal.key_id,
-            model=version.model,
-            version=version.version,
-            endpoint="infer",
-            status=200,
-            items=rows,
-            queue_ms=result.queue_ms,
-            compute_ms=result.compute_ms,
+    try:
+        result = await kiln.workers.infer(version.model, message, ticket, max(rows, 1))
+    except KilnError as exc:  # recorded unbilled; the client sees the error
+        kiln.ledger.record(
+            usage_of(principal, version, request_id, "infer", status=exc.status_code, items=rows)
         )
-    )
+        raise
+    await kiln.ledger.commit(
+        usage_of(principal, version, request_id, "infer", items=rows,
+                 queue_ms=result.queue_ms, compute_ms=result.compute_ms)
+    )  # fmt: skip
     return oip_codec.encode(request, result, version.model, version.version)

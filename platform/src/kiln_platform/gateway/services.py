@@ -9,8 +9,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from tokenizers import Tokenizer
 
-from kiln_platform.billing.ledger import Usage
-from kiln_platform.errors import BadRequest
+from kiln_platform.billing.ledger import usage_of
+from kiln_platform.errors import BadRequest, KilnError
 from kiln_platform.gateway.schemas import (
     Embedding,
     EmbeddingsRequest,
@@ -104,9 +104,17 @@ async def embed(
     ids = tokenize_input(
         request.input, tokenizer, kiln.settings.max_embedding_inputs, manifest.context_length
     )
-    result = await kiln.workers.embed(
-        version.model, EmbedRequest(request_id=request_id, input_ids=ids), ticket
-    )
+    tokens = sum(map(len, ids))
+    try:
+        result = await kiln.workers.embed(
+            version.model, EmbedRequest(request_id=request_id, input_ids=ids), ticket
+        )
+    except KilnError as exc:  # recorded unbilled; the client sees the error
+        kiln.ledger.record(
+            usage_of(principal, version, request_id, "embeddings", status=exc.status_code,
+                     input_tokens=tokens, items=len(ids))
+        )  # fmt: skip
+        raise
     vectors = np.frombuffer(result.data, dtype="<f4").reshape(len(ids), result.dimensions)
     if request.encoding_format == "base64":
         data = [
@@ -115,22 +123,12 @@ async def embed(
         ]
     else:
         data = [Embedding(index=i, embedding=v.tolist()) for i, v in enumerate(vectors)]
-    tokens = sum(map(len, ids))
-    kiln.ledger.record(
-        Usage(
-            request_id=request_id,
-            tenant_id=principal.tenant_id,
-            api_key_id=principal.key_id,
-            model=version.model,
-            version=version.version,
-            endpoint="embeddings",
-            status=200,
-            input_tokens=tokens,
-            items=len(ids),
-            queue_ms=result.queue_ms,
-            compute_ms=result.compute_ms,
+    await kiln.ledger.commit(
+        usage_of(
+            principal, version, request_id, "embeddings", input_tokens=tokens, items=len(ids),
+            queue_ms=result.queue_ms, compute_ms=result.compute_ms,
         )
-    )
+    )  # fmt: skip
     return EmbeddingsResponse(
         data=data,
         model=version.model,

@@ -41,6 +41,12 @@ class Principal:
     """The key's role on ``/admin/v1`` (``kiln_platform.admin.authz``)."""
     name: str = ""
     """How the audit log names the caller: the key's prefix (or ``oauth:<client id>``)."""
+    plan: str = "standard"
+    """The tenant's plan (its discount in price books)."""
+    timezone: str = "UTC"
+    """The tenant's time zone (its budget months)."""
+    oauth_client_id: uuid.UUID | None = None
+    """For an OAuth access token: ``oauth_clients.id`` of its client."""
 
 
 def key_digest(hmac_key: bytes, secret: str) -> bytes:
@@ -118,14 +124,14 @@ class KeyVerifier:
         async with self._sessions() as session:
             row = (
                 await session.execute(
-                    select(ApiKey, Tenant.weight)
+                    select(ApiKey, Tenant.weight, Tenant.plan, Tenant.timezone)
                     .join(Tenant, Tenant.id == ApiKey.tenant_id)
                     .where(ApiKey.prefix == prefix)
                 )
             ).first()
             if row is None or not hmac.compare_digest(row[0].digest, digest):
                 return None
-            key, weight = row
+            key, weight, plan, timezone = row
             now = datetime.now(UTC)
             if key.revoked_at is not None or (key.expires_at is not None and key.expires_at <= now):
                 return None
@@ -134,4 +140,7 @@ class KeyVerifier:
                 update(ApiKey).where(ApiKey.id == key.id).values(last_used_at=now)
             )
             await session.commit()
-        return Principal(key.tenant_id, key.id, frozenset(key.scopes), weight, key.role, prefix)
+        return Principal(
+            key.tenant_id, key.id, frozenset(key.scopes), weight, key.role, prefix,
+            plan=plan, timezone=timezone,
+        )  # fmt: skip

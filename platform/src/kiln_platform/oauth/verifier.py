@@ -6,13 +6,13 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from joserfc import jws, jwt
 from joserfc.errors import ExpiredTokenError, JoseError
 from sqlalchemy import func, select
 
-from kiln_platform.db.tables import RevokedToken, Tenant
+from kiln_platform.db.tables import OAuthClient, RevokedToken, Tenant
 from kiln_platform.errors import Unauthorized
 from kiln_platform.keys.services import ADMIN_SCOPES, SCOPES, Principal
 from kiln_platform.oauth.keys import ALG
@@ -51,7 +51,7 @@ class TokenVerifier:
         self._ttl = ttl
         self._denied: frozenset[str] = frozenset()
         self._denied_until = float("-inf")
-        self._weights: dict[uuid.UUID, tuple[float, float | None]] = {}
+        self._tenants: dict[tuple[uuid.UUID, str], tuple[float, _TenantInfo | None]] = {}
         self._lock = asyncio.Lock()
 
     async def claims(self, token: str) -> dict[str, Any]:
@@ -83,10 +83,13 @@ class TokenVerifier:
             tenant_id = uuid.UUID(str(claims["tenant"]))
         except ValueError as exc:
             raise Unauthorized("Invalid access token.") from exc
-        weight = await self._weight(tenant_id)
-        scopes = frozenset(str(claims.get("scope") or "").split()) & SCOPES
         client = str(claims["client_id"])
-        return Principal(tenant_id, None, scopes, weight, role_of(scopes), f"oauth:{client}")
+        weight, plan, timezone, client_row = await self._tenant(tenant_id, client)
+        scopes = frozenset(str(claims.get("scope") or "").split()) & SCOPES
+        return Principal(
+            tenant_id, None, scopes, weight, role_of(scopes), f"oauth:{client}",
+            plan=plan, timezone=timezone, oauth_client_id=client_row,
+        )  # fmt: skip
 
     async def _denylist(self) -> frozenset[str]:
         if time.monotonic() >= self._denied_until:
@@ -101,15 +104,29 @@ class TokenVerifier:
                     self._denied_until = started + self._ttl
         return self._denied
 
-    async def _weight(self, tenant_id: uuid.UUID) -> float:
-        hit = self._weights.get(tenant_id)
+    async def _tenant(self, tenant_id: uuid.UUID, client: str) -> _TenantInfo:
+        """The tenant's weight, plan and time zone, and the client's row id (cached)."""
+        hit = self._tenants.get((tenant_id, client))
         if hit is None or hit[0] < time.monotonic():
             async with self._sessions() as session:
-                weight = await session.scalar(select(Tenant.weight).where(Tenant.id == tenant_id))
-            hit = (time.monotonic() + self._ttl, weight)
-            if len(self._weights) > 100_000:
-                self._weights.clear()
-            self._weights[tenant_id] = hit
+                row = (
+                    await session.execute(
+                        select(Tenant.weight, Tenant.plan, Tenant.timezone, OAuthClient.id)
+                        .join(OAuthClient, OAuthClient.tenant_id == Tenant.id)
+                        .where(Tenant.id == tenant_id, OAuthClient.client_id == client)
+                    )
+                ).first()
+            hit = (time.monotonic() + self._ttl, None if row is None else _TenantInfo(*row))
+            if len(self._tenants) > 100_000:
+                self._tenants.clear()
+            self._tenants[tenant_id, client] = hit
         if hit[1] is None:
-            raise Unauthorized("The access token's tenant no longer exists.")
+            raise Unauthorized("The access token's tenant or client no longer exists.")
         return hit[1]
+
+
+class _TenantInfo(NamedTuple):
+    weight: float
+    plan: str
+    timezone: str
+    client_id: uuid.UUID

@@ -6,9 +6,12 @@ runs it, samples one token per ready slot and hands the tokens back to ``update(
 
 from __future__ import annotations
 
+import time
 from collections import deque
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
+
+from kiln_runtimes._attribution import shares_by
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
@@ -27,6 +30,11 @@ class Sequence:
     slot: int | None = None
     prefilled: int = 0
     output_ids: list[int] = field(default_factory=list)
+    created_at: float = field(default_factory=time.monotonic)
+    queue_s: float = 0.0
+    """How long it waited for a slot."""
+    compute_s: float = 0.0
+    """Its share of the steps it took part in (``Scheduler.charge``)."""
 
     @property
     def prefill_done(self) -> bool:
@@ -74,6 +82,8 @@ class SequenceOutput:
     finish_reason: FinishReason | None
     prompt_tokens: int
     completion_tokens: int
+    queue_s: float = 0.0
+    compute_s: float = 0.0
 
 
 def finish_reason(seq: Sequence, token: int, context_length: int) -> FinishReason | None:
@@ -95,7 +105,17 @@ def output(
         finish_reason=reason,
         prompt_tokens=len(seq.prompt_ids),
         completion_tokens=len(seq.output_ids),
+        queue_s=seq.queue_s,
+        compute_s=seq.compute_s,
     )
+
+
+def step_tokens(batch: Batch) -> dict[int, int]:
+    """Tokens each slot processes in a step: its prompt chunk, or the one token it decodes."""
+    tokens = {slot: 1 for slot in batch.decode_slots}
+    for work in batch.prefills:
+        tokens[work.slot] = tokens.get(work.slot, 0) + len(work.token_ids)
+    return tokens
 
 
 class Scheduler:
@@ -143,6 +163,12 @@ class Scheduler:
         prefills = self._plan_prefills()
         return self._plan_decode(prefills)
 
+    def charge(self, batch: Batch, seconds: float) -> None:
+        """Share a step's time among its sequences, in proportion to the tokens each processed
+        (the padding rows of a decode are nobody's)."""
+        for slot, share in shares_by(step_tokens(batch), seconds).items():
+            self._occupant(slot).compute_s += share
+
     def update(self, batch: Batch, sampled: Mapping[int, int]) -> list[SequenceOutput]:
         """Record the executed batch and one sampled token per ready slot; free finished slots."""
         for work in batch.prefills:
@@ -160,6 +186,7 @@ class Scheduler:
     def _admit(self) -> None:
         while self.waiting and None in self.slots:
             seq = self.waiting.popleft()
+            seq.queue_s = time.monotonic() - seq.created_at
             seq.slot = self.slots.index(None)
             self.slots[seq.slot] = seq
 

@@ -17,6 +17,7 @@ import asyncio
 import contextlib
 import itertools
 import threading
+import time
 from collections import deque
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -121,8 +122,11 @@ class EngineCore:
         """One iteration: admit/cancel, schedule -> execute -> update, publish new tokens."""
         outputs = self._take_inbox()
         batch = self._scheduler.schedule()
+        started = time.perf_counter()
         logits = self._runner.execute(batch)
-        outputs += self._scheduler.update(batch, self._sample(logits))
+        sampled = self._sample(logits)
+        self._scheduler.charge(batch, time.perf_counter() - started)
+        outputs += self._scheduler.update(batch, sampled)
         self._publish(outputs)
         if not self._scheduler.has_work():
             self._runner.shrink()
@@ -304,6 +308,8 @@ def _chunk(request_id: str, out: SequenceOutput) -> GenerateChunk:
         finish_reason=out.finish_reason,
         prompt_tokens=out.prompt_tokens,
         completion_tokens=out.completion_tokens,
+        queue_ms=out.queue_s * 1000,
+        compute_ms=out.compute_s * 1000,
     )
 
 
@@ -337,4 +343,6 @@ async def _next_chunk(queue: asyncio.Queue[GenerateChunk | BaseException]) -> Ge
         finish_reason=last.finish_reason,
         prompt_tokens=last.prompt_tokens,
         completion_tokens=last.completion_tokens,
+        queue_ms=last.queue_ms,
+        compute_ms=last.compute_ms,
     )
