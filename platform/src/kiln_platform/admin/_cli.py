@@ -102,11 +102,13 @@ def register_quotas(main: click.Group, with_db: WithDb, fail: Callable[[Exceptio
     @click.option("--tpm", type=click.IntRange(min=1), help="Tokens (input + output) per minute.")
     @click.option("--concurrency", type=click.IntRange(min=1), help="Requests in flight.")
     @click.option("--monthly-budget", help="Monthly budget in currency units, e.g. 12.50.")
+    @click.option("--budget-alerts", help="Alert thresholds, percent of the budget: 50,80,100.")
     @click.option("--clear", is_flag=True, help="Remove every limit not given here.")
     @click.pass_context
     def quotas_set(
         ctx: click.Context, *, tenant: str, key_ref: str | None, rpm: int | None, tpm: int | None,
-        concurrency: int | None, monthly_budget: str | None, clear: bool,
+        concurrency: int | None, monthly_budget: str | None, budget_alerts: str | None,
+        clear: bool,
     ) -> None:  # fmt: skip
         """Set a tenant's (or a key's) limits; limits not given keep their value."""
         from decimal import Decimal, InvalidOperation
@@ -120,6 +122,11 @@ def register_quotas(main: click.Group, with_db: WithDb, fail: Callable[[Exceptio
             budget = None if monthly_budget is None else int(Decimal(monthly_budget) * 1_000_000)
         except InvalidOperation:
             fail(BadRequest(f"--monthly-budget: not an amount: {monthly_budget!r}"))
+            return
+        try:
+            alerts = None if budget_alerts is None else [int(p) for p in budget_alerts.split(",")]
+        except ValueError:
+            fail(BadRequest(f"--budget-alerts: not percents: {budget_alerts!r}"))
             return
 
         async def action(db: Database, settings: Settings) -> Limits:
@@ -138,6 +145,7 @@ def register_quotas(main: click.Group, with_db: WithDb, fail: Callable[[Exceptio
                     rpm=rpm or old.rpm, tpm=tpm or old.tpm,
                     concurrency=concurrency or old.concurrency,
                     monthly_budget_micros=old.monthly_budget_micros if budget is None else budget,
+                    budget_alert_percents=alerts or old.budget_alert_percents,
                 )  # fmt: skip
                 return await set_limits(session, actor, tid, new, key_id)
 

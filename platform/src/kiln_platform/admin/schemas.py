@@ -11,6 +11,8 @@ import msgspec
 Name = Annotated[str, msgspec.Meta(min_length=1, max_length=100, pattern=r"^\S(.*\S)?$")]
 Label = Annotated[str, msgspec.Meta(max_length=100)]
 Weight = Annotated[float, msgspec.Meta(gt=0, le=1000)]
+Plan = Annotated[str, msgspec.Meta(min_length=1, max_length=32, pattern=r"^[A-Za-z0-9_.-]+$")]
+Zone = Annotated[str, msgspec.Meta(min_length=1, max_length=64)]
 Scope = Literal["inference", "admin:read", "admin:write"]
 RoleName = Literal["platform-admin", "tenant-admin", "tenant-member", "finance"]
 
@@ -27,6 +29,10 @@ class TenantUpdate(msgspec.Struct, forbid_unknown_fields=True):
 
     name: Name | None = None
     weight: Weight | None = None
+    plan: Plan | None = None
+    """The plan: selects the discount price books give the tenant."""
+    timezone: Zone | None = None
+    """IANA time zone (e.g. ``Europe/Paris``): its calendar months are the budget months."""
 
 
 class TenantView(msgspec.Struct):
@@ -36,6 +42,8 @@ class TenantView(msgspec.Struct):
     name: str
     weight: float
     created_at: datetime
+    plan: str = "standard"
+    timezone: str = "UTC"
 
 
 class KeyCreate(msgspec.Struct, forbid_unknown_fields=True):

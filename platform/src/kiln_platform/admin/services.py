@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import uuid
+import zoneinfo
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING
 
@@ -20,14 +21,14 @@ from kiln_platform.admin.schemas import (
 )
 from kiln_platform.audit.services import record, snapshot
 from kiln_platform.db.tables import ApiKey, Tenant, UsageEvent
-from kiln_platform.errors import Conflict, NotFound
+from kiln_platform.errors import BadRequest, Conflict, NotFound
 from kiln_platform.keys.services import create_key, key_digest, split_prefix
 from kiln_platform.tenants.services import create_tenant as _create_tenant
 
 if TYPE_CHECKING:
     from sqlalchemy.ext.asyncio import AsyncSession
 
-TENANT_FIELDS = ("id", "name", "weight")
+TENANT_FIELDS = ("id", "name", "weight", "plan", "timezone")
 KEY_FIELDS = ("id", "prefix", "name", "role", "scopes", "expires_at", "revoked_at")
 
 
@@ -72,7 +73,7 @@ async def create_tenant(session: AsyncSession, actor: Actor, data: TenantCreate)
 async def update_tenant(
     session: AsyncSession, actor: Actor, tenant_id: uuid.UUID, data: TenantUpdate
 ) -> TenantView:
-    """Rename a tenant or change its weight (platform-admin)."""
+    """Rename a tenant or change its weight, plan or time zone (platform-admin)."""
     tenant = await get_tenant(session, actor, tenant_id)
     require(actor, "tenants", write=True)
     before = snapshot(tenant, *TENANT_FIELDS)
@@ -80,6 +81,10 @@ async def update_tenant(
         tenant.name = data.name
     if data.weight is not None:
         tenant.weight = data.weight
+    if data.plan is not None:
+        tenant.plan = data.plan
+    if data.timezone is not None:
+        tenant.timezone = _zone(data.timezone)
     try:
         await session.flush()
     except IntegrityError as exc:
@@ -169,9 +174,19 @@ async def revoke_key(
     return key_view(key)
 
 
+def _zone(name: str) -> str:
+    if name not in zoneinfo.available_timezones():
+        raise BadRequest(
+            f"'timezone' must be an IANA time zone such as 'Europe/Paris' (got {name!r}).",
+            param="timezone",
+        )
+    return name
+
+
 def tenant_view(t: Tenant) -> TenantView:
     """Wire form of a tenant."""
-    return TenantView(id=t.id, name=t.name, weight=t.weight, created_at=t.created_at)
+    return TenantView(id=t.id, name=t.name, weight=t.weight, created_at=t.created_at,
+                      plan=t.plan, timezone=t.timezone)  # fmt: skip
 
 
 def key_view(k: ApiKey) -> KeyView:

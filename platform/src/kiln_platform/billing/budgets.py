@@ -2,7 +2,7 @@
 
 A tenant's budget is counted per calendar month of its time zone in ``budget_periods``:
 ``spent_micros`` (settled cost) and ``reserved_micros`` (worst cases held by requests in
-flight). Admission reserves (``kiln_platform.billing._reserve``); the ledger settles inside the
+flight). Admission reserves (``billing.reservations``); the ledger settles inside the
 transaction that inserts the usage events, so a request's cost moves from reserved to spent
 exactly once, together with its ledger row.
 """
@@ -12,16 +12,20 @@ from __future__ import annotations
 import uuid
 from collections import defaultdict
 from dataclasses import dataclass
-from datetime import date, datetime
-from typing import TYPE_CHECKING
+from datetime import date, datetime, time
+from typing import TYPE_CHECKING, Any
 from zoneinfo import ZoneInfo
 
 from sqlalchemy import text
+
+from kiln_platform.billing.pricing import charges, cost
 
 if TYPE_CHECKING:
     from collections.abc import Iterable, Sequence
 
     from sqlalchemy.ext.asyncio import AsyncSession
+
+    from kiln_platform.billing.pricing import PriceList, Quantities
 
 _TAKE = text(
     "DELETE FROM budget_reservations WHERE request_id = ANY(:ids)"
@@ -56,6 +60,23 @@ def period_of(timezone: str, when: datetime) -> date:
     return when.astimezone(ZoneInfo(timezone)).date().replace(day=1)
 
 
+def period_end(timezone: str, period: date) -> datetime:
+    """The instant the next period starts (midnight of the 1st, in the zone)."""
+    first = date(period.year + period.month // 12, period.month % 12 + 1, 1)
+    return datetime.combine(first, time(), ZoneInfo(timezone))
+
+
+def worst_case(
+    book: PriceList | None, model: str, version: str, plan: str, most: Quantities
+) -> int:
+    """The most a request can cost, in micro-units: its price at its maximum quantities.
+
+    Rounding and discounts are monotonic, so a request that consumes no more of any unit than
+    ``most`` never costs more than this.
+    """
+    return cost(charges(book, model, version, plan, most))[1]
+
+
 @dataclass(frozen=True, slots=True)
 class Settled:
     """One request's actual cost, recorded by the ledger."""
@@ -78,9 +99,13 @@ async def settle(session: AsyncSession, rows: Sequence[Settled]) -> None:
     spent: dict[Key, int] = defaultdict(int)
     for row in rows:
         spent[(row.tenant_id, period_of(row.timezone, row.charged_at))] += row.cost_micros
-    taken = await session.execute(_TAKE, {"ids": [r.request_id for r in rows]})
-    totals = await move(session, spent, _held(taken))
-    await _thresholds(session, totals)
+    held = await take(session, [r.request_id for r in rows])
+    await _thresholds(session, await move(session, spent, held))
+
+
+async def take(session: AsyncSession, request_ids: list[str]) -> dict[Key, int]:
+    """Delete these requests' reservations; what they held per (tenant, period)."""
+    return _held(await session.execute(_TAKE, {"ids": request_ids}))
 
 
 async def move(
@@ -98,7 +123,7 @@ async def move(
     return totals
 
 
-def _held(taken: Iterable[tuple[uuid.UUID, date, int]]) -> dict[Key, int]:
+def _held(taken: Iterable[Any]) -> dict[Key, int]:
     held: dict[Key, int] = defaultdict(int)
     for tenant, period, amount in taken:
         held[(tenant, period)] += amount

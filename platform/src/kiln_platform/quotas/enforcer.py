@@ -6,7 +6,8 @@
 - tokens/min: the same row's ``tokens``, checked at admission and charged when usage is known;
 - concurrency: lease rows counted under a transaction-scoped advisory lock per subject; a lease
   expires if its process dies;
-- monthly budget: ``budget_periods`` in micro-units, checked at admission, charged with usage.
+- monthly budget: not here; ``billing.reservations`` holds each request's worst-case cost once
+  its quantities are known, against the limit cached here.
 
 A subject is the key when it has its own override of that limit, else the tenant. Limits are
 cached per process for ``ttl`` seconds (like keys), so an unlimited tenant costs no query.
@@ -26,12 +27,14 @@ from sqlalchemy import select, text
 
 from kiln_platform.billing.ledger import LedgerWriter, Usage
 from kiln_platform.db.tables import Quota
-from kiln_platform.errors import QuotaExceeded, RateLimited
-from kiln_platform.quotas.services import FIELDS, month_start
+from kiln_platform.errors import RateLimited
+from kiln_platform.quotas.services import FIELDS
 
 if TYPE_CHECKING:
     from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
+    from kiln_platform.billing.pricebooks import PriceBooks
+    from kiln_platform.billing.reservations import Budgets
     from kiln_platform.keys.services import Principal
 
 _COUNT = text(
@@ -52,12 +55,6 @@ _CHARGE = text(
     INSERT INTO quota_counters AS c (subject, window_start, requests, tokens)
     VALUES (:s, date_trunc('minute', now()), 0, :n)
     ON CONFLICT (subject, window_start) DO UPDATE SET tokens = c.tokens + :n
-    """
-)
-_SPEND = text(
-    """
-    INSERT INTO budget_periods AS b (tenant_id, period, spent_micros) VALUES (:t, :m, :n)
-    ON CONFLICT (tenant_id, period) DO UPDATE SET spent_micros = b.spent_micros + :n
     """
 )
 
@@ -85,13 +82,11 @@ class QuotaEnforcer:
     """Admits requests against their tenant's and key's limits."""
 
     def __init__(
-        self, sessions: async_sessionmaker[AsyncSession], ttl: float, lease_s: float,
-        price_micros_per_token: int,
-    ) -> None:  # fmt: skip
+        self, sessions: async_sessionmaker[AsyncSession], ttl: float, lease_s: float
+    ) -> None:
         self._sessions = sessions
         self._ttl = ttl
         self._lease = timedelta(seconds=lease_s)
-        self._price = price_micros_per_token
         self._cache: dict[tuple[uuid.UUID, uuid.UUID | None], tuple[float, Effective]] = {}
         self._tasks: set[asyncio.Task[None]] = set()
 
@@ -119,19 +114,15 @@ class QuotaEnforcer:
         return found
 
     async def admit(self, principal: Principal, admission: Admission) -> None:
-        """Count the request in, or raise ``RateLimited`` / ``QuotaExceeded`` (429).
+        """Count the request in, or raise ``RateLimited`` (429).
 
         ``admission`` receives the rate-limit headers even when the request is refused.
         """
         eff = (await self.effective(principal)).limits
-        if not eff:
+        if not eff.keys() & {"rpm", "tpm", "concurrency"}:
             return
         reset = _reset()
         async with self._sessions.begin() as session:
-            if "monthly_budget_micros" in eff:
-                await self._check_budget(
-                    session, principal.tenant_id, eff["monthly_budget_micros"][0]
-                )
             if "rpm" in eff:
                 limit, subject = eff["rpm"]
                 row = (await session.execute(_COUNT, {"s": subject, "limit": limit})).first()
@@ -151,19 +142,6 @@ class QuotaEnforcer:
                     )
         if "concurrency" in eff:
             admission.lease = await self._acquire(*eff["concurrency"])
-
-    async def _check_budget(self, session: AsyncSession, tenant: uuid.UUID, budget: int) -> None:
-        spent = await session.scalar(
-            text("SELECT spent_micros FROM budget_periods WHERE tenant_id = :t AND period = :m"),
-            {"t": tenant, "m": month_start().date()},
-        )
-        if int(spent or 0) >= budget:
-            now = datetime.now(UTC)
-            next_month = (month_start(now) + timedelta(days=32)).replace(day=1)
-            raise QuotaExceeded(
-                "You exceeded your current quota: this month's budget is spent.",
-                retry_after=(next_month - now).total_seconds(),
-            )
 
     async def _acquire(self, limit: int, subject: str) -> uuid.UUID:
         async with self._sessions.begin() as session:
@@ -194,7 +172,7 @@ class QuotaEnforcer:
             await session.execute(text("DELETE FROM quota_leases WHERE id = :i"), {"i": lease})
 
     def charge(self, tenant_id: uuid.UUID, key_id: uuid.UUID | None, tokens: int) -> None:
-        """Charge a request's tokens and cost (off the request path, right away)."""
+        """Charge a request's tokens to its tokens/min counter (off the request path)."""
         if tokens <= 0:
             return
         task = asyncio.create_task(self._charge(tenant_id, key_id, tokens))
@@ -204,14 +182,10 @@ class QuotaEnforcer:
     async def _charge(self, tenant_id: uuid.UUID, key_id: uuid.UUID | None, tokens: int) -> None:
         hit = self._cache.get((tenant_id, key_id)) if key_id else None
         eff = hit[1].limits if hit else {}
-        if not eff:  # an unlimited tenant: the ledger alone records its usage
+        if "tpm" not in eff:  # no tokens/min limit: the ledger alone records its usage
             return
         async with self._sessions.begin() as session:
-            if "tpm" in eff:
-                await session.execute(_CHARGE, {"s": eff["tpm"][1], "n": tokens})
-            await session.execute(
-                _SPEND, {"t": tenant_id, "m": month_start().date(), "n": tokens * self._price}
-            )
+            await session.execute(_CHARGE, {"s": eff["tpm"][1], "n": tokens})
 
     async def drain(self) -> None:
         """Wait for pending charges (at shutdown)."""
@@ -226,15 +200,25 @@ class TokensLimited(RateLimited):
 
 
 class MeteredLedger(LedgerWriter):
-    """The usage ledger, also charging each request's tokens to its quota counters."""
+    """The usage ledger, also charging each request's tokens to its quota counters.
 
-    def __init__(self, sessions: async_sessionmaker[AsyncSession], quotas: QuotaEnforcer) -> None:
-        super().__init__(sessions)
+    A request handed to the ledger has its budget reservation settled by the ledger's write,
+    so the end of its response does not release it.
+    """
+
+    def __init__(
+        self, sessions: async_sessionmaker[AsyncSession], quotas: QuotaEnforcer, budgets: Budgets,
+        books: PriceBooks | None = None, *, enabled: bool = True,
+    ) -> None:  # fmt: skip
+        super().__init__(sessions, books, enabled=enabled)
         self._quotas = quotas
+        self._budgets = budgets
 
     def record(self, usage: Usage) -> None:
-        """Queue the event and charge its tokens."""
+        """Queue the event, mark its reservation as the ledger's, and charge its tokens."""
         super().record(usage)
+        if self.enabled:
+            self._budgets.handed(usage.request_id)
         self._quotas.charge(
             usage.tenant_id, usage.api_key_id, usage.input_tokens + usage.output_tokens
         )

@@ -1,5 +1,5 @@
-"""Adds the rate-limit headers admission computed, and releases its concurrency lease when the
-response (streams included) is finished."""
+"""Adds the rate-limit headers admission computed, and releases its concurrency lease and any
+budget reservation the ledger was not handed when the response (streams included) is finished."""
 
 from __future__ import annotations
 
@@ -40,8 +40,11 @@ def quota_middleware(app: ASGIApp) -> ASGIApp:
         try:
             await app(scope, receive, send_with_headers)
         finally:
-            admission = scope.get("state", {}).get(STATE_KEY)
+            state, kiln = scope.get("state", {}), scope["app"].state.kiln
+            admission = state.get(STATE_KEY)
             if admission is not None and admission.lease is not None:
-                await scope["app"].state.kiln.quotas.release(admission.lease)
+                await kiln.quotas.release(admission.lease)
+            if "request_id" in state:
+                await kiln.budgets.finish(state["request_id"])
 
     return middleware

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import uuid
+from datetime import date, datetime
 from typing import Annotated
 
 import msgspec
 
 Limit = Annotated[int, msgspec.Meta(ge=1, le=1_000_000_000)]
 Budget = Annotated[int, msgspec.Meta(ge=0, le=10**15)]
+Percent = Annotated[int, msgspec.Meta(ge=1, le=1000)]
+DEFAULT_ALERTS = (50, 80, 100)
 
 
 class Limits(msgspec.Struct, forbid_unknown_fields=True):
@@ -18,6 +21,9 @@ class Limits(msgspec.Struct, forbid_unknown_fields=True):
     tpm: Limit | None = None
     concurrency: Limit | None = None
     monthly_budget_micros: Budget | None = None
+    budget_alert_percents: Annotated[list[Percent], msgspec.Meta(max_length=10)] | None = None
+    """Soft thresholds (percent of the monthly budget) recorded as budget events once per
+    month; null: 50, 80 and 100. Only a tenant's own limits have them, not a key's."""
 
 
 class KeyLimits(msgspec.Struct):
@@ -27,6 +33,27 @@ class KeyLimits(msgspec.Struct):
     limits: Limits
 
 
+class BudgetEventView(msgspec.Struct):
+    """A soft threshold a month's spend reached."""
+
+    period: date
+    threshold_percent: int
+    spent_micros: int
+    limit_micros: int
+    created_at: datetime
+
+
+class BudgetView(msgspec.Struct):
+    """This month (in the tenant's time zone): settled spend, holds in flight, the limit."""
+
+    period: date
+    timezone: str
+    spent_micros: int
+    reserved_micros: int
+    limit_micros: int | None
+    events: list[BudgetEventView]
+
+
 class QuotaView(msgspec.Struct):
     """A tenant's limits, per-key overrides, and this month's spend."""
 
@@ -34,3 +61,4 @@ class QuotaView(msgspec.Struct):
     limits: Limits
     keys: list[KeyLimits]
     spent_this_month_micros: int
+    budget: BudgetView

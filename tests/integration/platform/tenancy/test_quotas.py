@@ -1,9 +1,13 @@
-"""Quotas in one process: headers, tokens/min, monthly budget, per-key overrides, audit."""
+"""Quotas in one process: headers, tokens/min, the budget view, per-key overrides, audit."""
 
 from __future__ import annotations
 
 import asyncio
 import uuid
+from datetime import UTC, datetime
+from zoneinfo import ZoneInfo
+
+from kiln_platform.billing.budgets import Settled, settle
 
 from .conftest import Admin
 
@@ -13,7 +17,7 @@ async def _models(admin: Admin, key: str) -> int:
     return r.status_code
 
 
-async def _setup(admin: Admin, root: str, name: str, **limits: int) -> tuple[str, str]:
+async def _setup(admin: Admin, root: str, name: str, **limits: object) -> tuple[str, str]:
     tenant = await admin.tenant(root, name)
     r = await admin.call("PUT", f"/admin/v1/quotas/{tenant}", root, json=limits)
     assert r.status_code == 200, r.text
@@ -47,17 +51,36 @@ async def test_tokens_per_minute(admin: Admin, root: str) -> None:
     assert r.headers["x-ratelimit-remaining-tokens"] == "0"
 
 
-async def test_monthly_budget_is_insufficient_quota(admin: Admin, root: str) -> None:
-    tenant, key = await _setup(admin, root, "q-budget", monthly_budget_micros=100)
-    assert await _models(admin, key) == 200
-    principal = await admin.kiln.keys.verify(key)
-    admin.kiln.quotas.charge(principal.tenant_id, principal.key_id, 100)
-    await admin.kiln.quotas.drain()
-    r = await admin.client.get("/v1/models", headers={"authorization": f"Bearer {key}"})
-    assert r.status_code == 429
-    assert r.json()["error"]["code"] == "insufficient_quota"
+async def test_budget_view_alerts_and_tenant_zone(admin: Admin, root: str) -> None:
+    limits = {"monthly_budget_micros": 1000, "budget_alert_percents": [60, 10, 60]}
+    tenant, _ = await _setup(admin, root, "q-budget", **limits)
     view = (await admin.call("GET", f"/admin/v1/quotas/{tenant}", root)).json()
-    assert view["spent_this_month_micros"] == 100
+    assert view["limits"]["budget_alert_percents"] == [10, 60]
+    r = await admin.call("PATCH", f"/admin/v1/tenants/{tenant}", root,
+                         json={"timezone": "Mars/Olympus_Mons"})  # fmt: skip
+    assert r.status_code == 400
+    assert "'timezone'" in r.json()["detail"]
+    r = await admin.call("PATCH", f"/admin/v1/tenants/{tenant}", root,
+                         json={"timezone": "Pacific/Auckland", "plan": "enterprise"})  # fmt: skip
+    assert r.status_code == 200, r.text
+    assert (r.json()["timezone"], r.json()["plan"]) == ("Pacific/Auckland", "enterprise")
+    now = datetime.now(UTC)
+    async with admin.kiln.db.sessions.begin() as session:  # what the ledger does per request
+        await settle(session, [Settled("req_q1", uuid.UUID(tenant), "Pacific/Auckland", 700, now)])
+    budget = (await admin.call("GET", f"/admin/v1/quotas/{tenant}", root)).json()["budget"]
+    assert budget["period"] == str(
+        now.astimezone(ZoneInfo("Pacific/Auckland")).date().replace(day=1)
+    )
+    assert (budget["spent_micros"], budget["reserved_micros"], budget["limit_micros"]) == (
+        700, 0, 1000,
+    )  # fmt: skip
+    assert [(e["threshold_percent"], e["spent_micros"]) for e in budget["events"]] == [
+        (10, 700), (60, 700),
+    ]  # fmt: skip
+    key = (await admin.call("POST", f"/admin/v1/tenants/{tenant}/keys", root, json={})).json()
+    r = await admin.call("PUT", f"/admin/v1/quotas/{tenant}/keys/{key['key']['id']}", root,
+                         json={"budget_alert_percents": [50]})  # fmt: skip
+    assert r.status_code == 400
 
 
 async def test_per_key_override(admin: Admin, root: str) -> None:
