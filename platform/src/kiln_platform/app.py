@@ -20,7 +20,7 @@ from kiln_platform.admin.controllers import TenantsController
 from kiln_platform.audit.controllers import AuditController
 from kiln_platform.context import Kiln, running
 from kiln_platform.db import migrate
-from kiln_platform.errors import KilnError
+from kiln_platform.errors import KilnError, QuotaExceeded
 from kiln_platform.gateway.controllers import OpenAIController
 from kiln_platform.gateway.oip import OIPController
 from kiln_platform.gateway.schemas import ErrorBody, ErrorResponse
@@ -57,6 +57,8 @@ def _error_response(request: Request[Any, Any, Any], exc: Exception) -> Response
         status, message, param, retry_after = 500, "Internal server error.", None, None
         code = kind = "server_error"
     headers = {"retry-after": str(max(1, round(retry_after)))} if retry_after else {}
+    if isinstance(exc, QuotaExceeded):  # no retry helps before the next month (OpenAI SDKs)
+        headers["x-should-retry"] = "false"
     if request.url.path.startswith("/v2"):  # the Open Inference Protocol's error shape
         return Response({"error": message}, status_code=status, headers=headers)
     if request.url.path.startswith("/v1"):

@@ -9,6 +9,8 @@ from typing import TYPE_CHECKING
 import aiohttp
 
 from kiln_platform.billing.ledger import LedgerWriter
+from kiln_platform.billing.pricebooks import PriceBooks
+from kiln_platform.billing.reservations import Budgets
 from kiln_platform.compiler.runner import CompileRunner
 from kiln_platform.db import migrate
 from kiln_platform.db.engine import create_engine, database_url, sessionmaker
@@ -65,6 +67,10 @@ class Kiln:
     ledger: LedgerWriter
     compiler: CompileRunner
     quotas: QuotaEnforcer
+    books: PriceBooks
+    """Every price-book version, cached (pricing and budget holds cost no query)."""
+    budgets: Budgets
+    """Monthly budgets: worst-case holds at admission, released or settled by the ledger."""
     tokens: TokenVerifier
     """OAuth JWT access tokens: signing keys, local verification, the jti denylist."""
 
@@ -81,13 +87,13 @@ async def running(settings: Settings) -> AsyncIterator[Kiln]:
         store = ArtifactStore(settings.store_dir)
         resolver = Resolver(db.sessions)
         pools = PoolManager(LocalBackend(settings, http), resolver, store)
-        quotas = QuotaEnforcer(
-            db.sessions,
-            ttl=settings.key_cache_ttl_s,
-            lease_s=2 * settings.request_timeout_s + 30,
-            price_micros_per_token=settings.price_micros_per_token,
+        hold_s = 2 * settings.request_timeout_s + 30
+        quotas = QuotaEnforcer(db.sessions, ttl=settings.key_cache_ttl_s, lease_s=hold_s)
+        books = PriceBooks(db.sessions, settings.key_cache_ttl_s)
+        budgets = Budgets(
+            db.sessions, quotas, books, timeout_s=settings.request_timeout_s, hold_s=hold_s
         )
-        ledger = MeteredLedger(db.sessions, quotas)
+        ledger = MeteredLedger(db.sessions, quotas, budgets, books, enabled=settings.metering)
         kiln = Kiln(
             settings=settings,
             db=db,
@@ -99,6 +105,8 @@ async def running(settings: Settings) -> AsyncIterator[Kiln]:
             ledger=ledger,
             compiler=CompileRunner(db.sessions, settings),
             quotas=quotas,
+            books=books,
+            budgets=budgets,
             tokens=TokenVerifier(
                 db.sessions,
                 Keyring(db.sessions, settings.oauth_token_ttl_s),
@@ -108,6 +116,7 @@ async def running(settings: Settings) -> AsyncIterator[Kiln]:
             ),
         )
         await ledger.start()
+        await budgets.start()
         await pools.start()
         kiln.compiler.start()
         try:
@@ -116,4 +125,5 @@ async def running(settings: Settings) -> AsyncIterator[Kiln]:
             await kiln.compiler.stop()
             await pools.stop()
             await ledger.stop()
+            await budgets.stop()
             await quotas.drain()

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 
 from kiln_platform.billing.ledger import Usage, usage_of
+from kiln_platform.billing.pricing import Quantities
 from kiln_platform.errors import BadRequest, KilnError
 from kiln_platform.gateway import metrics
 from kiln_platform.gateway._textmodel import TextModel, load_text_model
@@ -277,6 +278,8 @@ async def prepare(
         seed=request.seed,
         stop_token_ids=list(model.eos_token_ids),
     )
+    most = Quantities(input_tokens=len(prompt), output_tokens=generate.max_tokens)
+    await kiln.budgets.reserve(principal, request_id, version, most, ticket.timeout_s)
     return Generation(kiln, principal, ticket, version, model, generate, stop, endpoint)
 
 

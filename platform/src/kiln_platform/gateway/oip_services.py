@@ -7,6 +7,7 @@ from importlib import metadata
 from typing import TYPE_CHECKING
 
 from kiln_platform.billing.ledger import usage_of
+from kiln_platform.billing.pricing import Quantities
 from kiln_platform.db import migrate
 from kiln_platform.errors import BadRequest, KilnError, ModelNotFound
 from kiln_platform.gateway import oip_codec
@@ -89,6 +90,9 @@ async def infer(
     ticket = dataclasses.replace(ticket, timeout_s=timeout_ms / 1000)
     batched = version.manifest.batching and tensors and tensors[0].shape
     rows = tensors[0].shape[0] if batched else 1
+    await kiln.budgets.reserve(
+        principal, request_id, version, Quantities(items=rows), ticket.timeout_s
+    )
     message = InferRequest(
         request_id=request_id,
         inputs=tensors,

@@ -10,6 +10,7 @@ import numpy as np
 from tokenizers import Tokenizer
 
 from kiln_platform.billing.ledger import usage_of
+from kiln_platform.billing.pricing import Quantities
 from kiln_platform.errors import BadRequest, KilnError
 from kiln_platform.gateway.schemas import (
     Embedding,
@@ -105,6 +106,8 @@ async def embed(
         request.input, tokenizer, kiln.settings.max_embedding_inputs, manifest.context_length
     )
     tokens = sum(map(len, ids))
+    most = Quantities(input_tokens=tokens, items=len(ids))
+    await kiln.budgets.reserve(principal, request_id, version, most, ticket.timeout_s)
     try:
         result = await kiln.workers.embed(
             version.model, EmbedRequest(request_id=request_id, input_ids=ids), ticket
