@@ -24,6 +24,7 @@ from kiln_platform.errors import KilnError, QuotaExceeded
 from kiln_platform.gateway.controllers import OpenAIController
 from kiln_platform.gateway.oip import OIPController
 from kiln_platform.gateway.schemas import ErrorBody, ErrorResponse
+from kiln_platform.idempotency.middleware import idempotency_middleware
 from kiln_platform.oauth.controllers import OAuthController
 from kiln_platform.observability import configure_logging, request_id_middleware
 from kiln_platform.quotas.controllers import QuotasController
@@ -139,6 +140,7 @@ def create_app(settings: Settings) -> Litestar:
         middleware=[
             prometheus.middleware,
             DefineMiddleware(request_id_middleware),
+            DefineMiddleware(idempotency_middleware, errors=_error_response),
             DefineMiddleware(quota_middleware),
         ],
         exception_handlers={Exception: _error_response},

@@ -15,6 +15,7 @@ from kiln_platform.compiler.runner import CompileRunner
 from kiln_platform.db import migrate
 from kiln_platform.db.engine import create_engine, database_url, sessionmaker
 from kiln_platform.gateway.dispatch import WorkerClient
+from kiln_platform.idempotency.services import IdempotencyStore
 from kiln_platform.keys.services import KeyVerifier
 from kiln_platform.oauth.keys import Keyring
 from kiln_platform.oauth.verifier import TokenVerifier
@@ -73,6 +74,8 @@ class Kiln:
     """Monthly budgets: worst-case holds at admission, released or settled by the ledger."""
     tokens: TokenVerifier
     """OAuth JWT access tokens: signing keys, local verification, the jti denylist."""
+    idempotency: IdempotencyStore
+    """Idempotency-Key claims and stored responses (``kiln_platform.idempotency``)."""
 
 
 @asynccontextmanager
@@ -114,14 +117,20 @@ async def running(settings: Settings) -> AsyncIterator[Kiln]:
                 audience=settings.oauth_audience,
                 ttl=settings.key_cache_ttl_s,
             ),
+            idempotency=IdempotencyStore(
+                db.sessions, settings.hmac_key(),
+                ttl_s=settings.idempotency_ttl_s, lock_s=settings.idempotency_lock_s,
+            ),  # fmt: skip
         )
         await ledger.start()
         await budgets.start()
         await pools.start()
         kiln.compiler.start()
+        kiln.idempotency.start()
         try:
             yield kiln
         finally:
+            await kiln.idempotency.stop()
             await kiln.compiler.stop()
             await pools.stop()
             await ledger.stop()

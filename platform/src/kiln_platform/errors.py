@@ -65,6 +65,21 @@ class Conflict(KilnError):
     type = "invalid_request_error"
 
 
+class IdempotencyInProgress(Conflict):
+    """A request with the same Idempotency-Key is still running; retry after it has finished."""
+
+    code = "idempotency_key_in_use"
+    type = "idempotency_error"
+
+
+class IdempotencyKeyReused(KilnError):
+    """An Idempotency-Key already used with a different request body."""
+
+    status_code = 422
+    code = "idempotency_key_reused"
+    type = "idempotency_error"
+
+
 class Overloaded(KilnError):
     """Capacity is exhausted for now; retry after ``retry_after`` seconds."""
 

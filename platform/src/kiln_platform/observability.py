@@ -63,7 +63,9 @@ def request_id_middleware(app: ASGIApp) -> ASGIApp:
         async def send_with_id(message: Message) -> None:
             if message["type"] == "http.response.start":
                 headers = list(message.get("headers", []))
-                headers.append((REQUEST_ID_HEADER.encode(), request_id.encode()))
+                if not any(k == REQUEST_ID_HEADER.encode() for k, _ in headers):
+                    # (an idempotent replay already carries the original request's id)
+                    headers.append((REQUEST_ID_HEADER.encode(), request_id.encode()))
                 message["headers"] = headers
             await send(message)
 

@@ -3,7 +3,6 @@ clients made the way ``kiln oauth-clients create`` makes them."""
 
 from __future__ import annotations
 
-import asyncio
 import uuid
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
@@ -21,6 +20,8 @@ from kiln_platform.context import Kiln
 from kiln_platform.oauth import services
 from kiln_platform.oauth.schemas import ClientCreate
 from kiln_platform.settings import Settings
+
+from ..conftest import serving
 
 CLI = Actor("cli:test", Role.PLATFORM_ADMIN, None)
 BASE = "http://127.0.0.1"  # authlib refuses plain http except on loopback
@@ -63,25 +64,13 @@ def settings(database_uri: str, tmp_path_factory: pytest.TempPathFactory) -> Set
 @pytest.fixture(scope="module")
 async def app(settings: Settings) -> AsyncIterator[App]:
     litestar = create_app(settings)
-    started, stop = asyncio.Event(), asyncio.Event()
-
-    async def serve() -> None:  # the lifespan is entered and left in one task
-        async with litestar.lifespan():
-            started.set()
-            await stop.wait()
-
-    task = asyncio.create_task(serve())
-    await started.wait()
-    try:
+    async with serving(litestar):
         peer = ("127.0.0.1", 1)
         yield App(
             litestar.state.kiln,
             httpx.ASGITransport(app=litestar, client=peer),
             httpx2.ASGITransport(app=litestar, client=peer),
         )
-    finally:
-        stop.set()
-        await task
 
 
 @pytest.fixture

@@ -3,7 +3,6 @@ remembers every successful admin mutation so the audit log can be checked agains
 
 from __future__ import annotations
 
-import asyncio
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -20,6 +19,8 @@ from kiln_platform.app import create_app
 from kiln_platform.context import Kiln
 from kiln_platform.db.tables import AuditRecord
 from kiln_platform.settings import Settings
+
+from ..conftest import serving
 
 CLI = Actor("cli:test", Role.PLATFORM_ADMIN, None)
 MUTATIONS = {"POST", "PUT", "PATCH", "DELETE"}
@@ -63,23 +64,13 @@ def settings(database_uri: str, tmp_path_factory: pytest.TempPathFactory) -> Set
 async def admin(settings: Settings) -> AsyncIterator[Admin]:
     app = create_app(settings)
     transport = httpx.ASGITransport(app=app, client=("10.1.2.3", 4321))
-    started, stop = asyncio.Event(), asyncio.Event()
-
-    async def serve() -> None:  # the lifespan is entered and left in one task
-        async with app.lifespan():
-            started.set()
-            await stop.wait()
-
-    task = asyncio.create_task(serve())
-    await started.wait()
-    try:
-        async with httpx.AsyncClient(transport=transport, base_url="http://kiln.test") as client:
-            harness = Admin(client, app.state.kiln)
-            yield harness
-            await _every_mutation_audited_once(harness)
-    finally:
-        stop.set()
-        await task
+    async with (
+        serving(app),
+        httpx.AsyncClient(transport=transport, base_url="http://kiln.test") as client,
+    ):
+        harness = Admin(client, app.state.kiln)
+        yield harness
+        await _every_mutation_audited_once(harness)
 
 
 async def _every_mutation_audited_once(admin: Admin) -> None:
