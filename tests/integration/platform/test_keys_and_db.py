@@ -2,31 +2,20 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 
 import pytest
 from sqlalchemy import select, text, update
 
-from kiln_platform.context import Database, open_database
+from kiln_platform.context import Database
 from kiln_platform.db.tables import ApiKey
 from kiln_platform.errors import Conflict, Unauthorized
 from kiln_platform.keys.services import KeyVerifier, create_key
 from kiln_platform.registry.services import Resolver, register_version
-from kiln_platform.settings import Settings
 from kiln_platform.tenants.services import create_tenant
 from kiln_runtimes.protocol import ModelManifest
 
 HMAC_KEY = b"test-secret"
-
-
-@pytest.fixture(scope="module")
-async def db(
-    database_uri: str, tmp_path_factory: pytest.TempPathFactory
-) -> AsyncIterator[Database]:
-    settings = Settings(data_dir=tmp_path_factory.mktemp("data"), database_url=database_uri)
-    async with open_database(settings) as database:
-        yield database
 
 
 async def test_migrations_are_current_and_idempotent(db: Database) -> None:

@@ -5,29 +5,18 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import AsyncIterator
 
 import pytest
 from sqlalchemy import func, select
 
 from kiln_platform.billing.tables import IdempotencyKey
-from kiln_platform.context import Database, open_database
+from kiln_platform.context import Database
 from kiln_platform.errors import Conflict, IdempotencyInProgress, IdempotencyKeyReused
 from kiln_platform.idempotency.services import IdempotencyStore, KeyScope, StoredResponse
-from kiln_platform.settings import Settings
 from kiln_platform.tenants.services import create_tenant
 
 SECRET = b"idempotency-test-secret"
 ANSWER = StoredResponse(201, {"content-type": "application/json"}, b'{"secret":"kiln_x_abc"}')
-
-
-@pytest.fixture(scope="module")
-async def db(
-    database_uri: str, tmp_path_factory: pytest.TempPathFactory
-) -> AsyncIterator[Database]:
-    settings = Settings(data_dir=tmp_path_factory.mktemp("data"), database_url=database_uri)
-    async with open_database(settings) as database:
-        yield database
 
 
 @pytest.fixture(scope="module")
