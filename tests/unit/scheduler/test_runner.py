@@ -52,8 +52,10 @@ async def test_requests_run_without_overfilling_any_worker() -> None:
     assert runner.scheduler.in_flight == 0
 
 
-async def test_a_tenant_over_its_queue_bound_gets_429_at_once() -> None:
-    runner, workers = make_runner({"w": 1}, max_tenant_queue=1)
+async def _fill_a_queue(
+    runner: PoolRunner, workers: FakeWorkers
+) -> tuple[asyncio.Future[str], asyncio.Future[str]]:
+    """Tenant ``a`` holds the only credit and its one queue place (``max_tenant_queue=1``)."""
     workers.release.clear()
     busy = asyncio.ensure_future(
         runner.run(runner.request("1", "a", 1.0, timeout_s=None), workers.call)
@@ -62,6 +64,12 @@ async def test_a_tenant_over_its_queue_bound_gets_429_at_once() -> None:
         runner.run(runner.request("2", "a", 1.0, timeout_s=None), workers.call)
     )
     await asyncio.sleep(0.001)
+    return busy, queued
+
+
+async def test_a_tenant_over_its_queue_bound_gets_429_at_once() -> None:
+    runner, workers = make_runner({"w": 1}, max_tenant_queue=1)
+    busy, queued = await _fill_a_queue(runner, workers)
     with pytest.raises(Overloaded) as info:
         await runner.run(runner.request("3", "a", 1.0, timeout_s=None), workers.call)
     assert info.value.status_code == 429
@@ -161,3 +169,18 @@ async def test_a_waiter_cancelled_just_after_dispatch_gives_its_credit_back() ->
     await busy
     assert runner.scheduler.in_flight == 0
     assert await runner.run(runner.request("3", "a", 1.0, timeout_s=None), workers.call) == "3@w"
+
+
+async def test_screen_rejects_like_slot_without_queueing() -> None:
+    runner, workers = make_runner({"w": 1}, max_tenant_queue=1)
+    busy, queued = await _fill_a_queue(runner, workers)
+    with pytest.raises(Overloaded) as info:  # a's queue is full: turned away before preparing
+        runner.screen(runner.request("3", "a", 1.0, timeout_s=None))
+    assert info.value.status_code == 429
+    runner.screen(runner.request("4", "b", 1.0, timeout_s=None))  # b would be admitted
+    assert len(runner.scheduler.queue) == 1  # screening queues nothing
+    stats = {t.tenant: t for t in runner.scheduler.snapshot(runner.now()).tenants}
+    assert sum(stats["a"].rejected.values()) == 1
+    assert "b" not in stats or stats["b"].admitted == 0
+    workers.release.set()
+    assert await asyncio.gather(busy, queued) == ["1@w", "2@w"]

@@ -70,6 +70,15 @@ class WorkerClient:
         self._timeout = aiohttp.ClientTimeout(total=timeout_s)
         self._stream = aiohttp.ClientTimeout(total=None, sock_read=timeout_s)
 
+    def screen(self, model: str, request_id: str, ticket: Ticket, cost: float) -> None:
+        """Raise the scheduler's rejection now if ``model``'s pool would turn the request away
+        (cheap: before tokenizing); admitted requests are decided again when they run."""
+        try:
+            runner = self._pools.runner(model)
+        except ServiceUnavailable:  # no ready worker: the request's own call answers that
+            return
+        runner.screen(_queued(runner, request_id, ticket, cost))
+
     async def embed(self, model: str, request: EmbedRequest, ticket: Ticket) -> EmbedResult:
         """Embed token ids on a worker of ``model``; fair-share cost is the number of inputs."""
         runner = self._pools.runner(model)

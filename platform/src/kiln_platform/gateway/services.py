@@ -64,6 +64,13 @@ def _sequences(raw: list[Any], tokenizer: Tokenizer) -> list[list[int]]:
     )
 
 
+def count_items(raw: str | list[Any]) -> int:
+    """The number of inputs, the request's fair-share cost, without tokenizing."""
+    if isinstance(raw, str) or (raw and _is_ids(raw)):
+        return 1
+    return max(len(raw), 1)
+
+
 def tokenize_input(
     raw: str | list[Any], tokenizer: Tokenizer, max_items: int, context: int
 ) -> list[list[int]]:
@@ -102,6 +109,7 @@ async def embed(
         )
     model_dir = kiln.store.path(version.artifact_digest)
     tokenizer = load_tokenizer(model_dir / (manifest.tokenizer_file or "tokenizer.json"))
+    kiln.workers.screen(version.model, request_id, ticket, count_items(request.input))
     ids = tokenize_input(
         request.input, tokenizer, kiln.settings.max_embedding_inputs, manifest.context_length
     )

@@ -61,7 +61,26 @@ class PoolScheduler:
 
     def submit(self, request: Request, now: float) -> Decision:
         """Admit and queue ``request``, or reject it at once."""
-        decision = admit(
+        decision = self._admit(request, now)
+        self.stats.offered(now, request, None if decision.reason is None else decision.reason.value)
+        if decision.admitted:
+            self.queue.push(request, self.service_time)
+            self._track(now)
+        return decision
+
+    def screen(self, request: Request, now: float) -> Decision:
+        """Admission without queueing, for a request not yet ready to submit (not tokenized).
+
+        A rejection is final and counted as :meth:`submit` counts it; an admission commits to
+        nothing: the caller prepares the request and :meth:`submit` decides again.
+        """
+        decision = self._admit(request, now)
+        if decision.reason is not None:
+            self.stats.offered(now, request, decision.reason.value)
+        return decision
+
+    def _admit(self, request: Request, now: float) -> Decision:
+        return admit(
             request,
             self.queue.backlog(now),
             now=now,
@@ -71,11 +90,6 @@ class PoolScheduler:
             limits=self.config.limits,
             policy=self.config.policy,
         )
-        self.stats.offered(now, request, None if decision.reason is None else decision.reason.value)
-        if decision.admitted:
-            self.queue.push(request, self.service_time)
-            self._track(now)
-        return decision
 
     def dispatch(
         self, now: float, credits: Sequence[Credit]

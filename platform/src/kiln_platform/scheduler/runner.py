@@ -89,6 +89,16 @@ class PoolRunner:
         deadline = None if timeout_s is None else now + timeout_s
         return Request(request_id, tenant, cost, now, deadline, priority, weight)
 
+    def screen(self, request: Request) -> None:
+        """Reject now what :meth:`slot` would reject, before the caller spends CPU preparing it.
+
+        A flood that is turned away then costs the gateway no tokenizing; admitted requests are
+        decided again by :meth:`slot`.
+        """
+        decision = self.scheduler.screen(request, self.now())
+        if not decision.admitted:
+            raise _rejected(decision)
+
     @asynccontextmanager
     async def slot(self, request: Request) -> AsyncIterator[Lease]:
         """Admit, wait for a worker, hold its credit for the ``async with`` body.
