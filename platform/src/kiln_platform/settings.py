@@ -32,6 +32,8 @@ class Settings(BaseSettings):
     worker_max_batch_size: int = 32
     worker_max_wait_ms: float = 5.0
     worker_threads: int | None = None
+    worker_concurrency: int = 1
+    """Batches a worker runs at once, each on its own ``worker_threads`` engine threads."""
     worker_slots: int | None = None
     """Requests the scheduler keeps in flight per worker (default: its max batch size)."""
     worker_target: str = "cpu"

@@ -41,6 +41,13 @@ class WorkerSettings:
     log_level: str
     target: str = "cpu"
     precision: str = "fp32"
+    concurrency: int = 1
+    """Batches run at once (embeddings, tensors), each on ``threads`` engine threads."""
+
+    def batch_policy(self, batching: bool = True) -> BatchPolicy:
+        """The batcher's knobs; ``batching=False`` keeps one item per batch."""
+        size = self.max_batch_size if batching else 1
+        return BatchPolicy(size, self.max_wait, self.max_queue, self.concurrency)
 
 
 class Worker:
@@ -82,9 +89,10 @@ class Worker:
             embedder = get_embedding_backend(manifest)
             await asyncio.to_thread(embedder.load, settings.model_dir, manifest, settings.threads)
             await asyncio.to_thread(embedder.warmup)
-            policy = BatchPolicy(settings.max_batch_size, settings.max_wait, settings.max_queue)
             self._embedder = embedder
-            self._batcher = Batcher(embedder.run, policy, on_batch=self.metrics.observe_batch)
+            self._batcher = Batcher(
+                embedder.run, settings.batch_policy(), on_batch=self.metrics.observe_batch
+            )
             self._batcher.start()
         elif manifest.task == "generate":
             generator = get_generation_backend(manifest)

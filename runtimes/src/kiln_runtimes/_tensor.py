@@ -12,7 +12,7 @@ import structlog
 
 from kiln_runtimes._errors import BadRequest
 from kiln_runtimes.backends import get_tensor_backend
-from kiln_runtimes.batcher import Batcher, BatchPolicy
+from kiln_runtimes.batcher import Batcher
 from kiln_runtimes.compile import compile_engine
 from kiln_runtimes.protocol import DATATYPES, InferRequest, InferResult, Tensor
 from kiln_runtimes.store import ArtifactStore
@@ -55,11 +55,8 @@ async def load(
     metrics.engine_cache.labels(result).inc()
     await asyncio.to_thread(backend.load, model, manifest, settings.threads, optimized=optimized)
     await asyncio.to_thread(backend.warmup, settings.max_batch_size)
-    size = settings.max_batch_size if manifest.batching else 1
     batcher = Batcher(
-        backend.run,
-        BatchPolicy(size, settings.max_wait, settings.max_queue),
-        on_batch=metrics.observe_batch,
+        backend.run, settings.batch_policy(manifest.batching), on_batch=metrics.observe_batch
     )
     batcher.start()
     metrics.load_seconds.set(time.perf_counter() - start)

@@ -4,7 +4,9 @@
 ``max_batch_size`` items, when its oldest item has waited ``max_wait`` seconds, or early when the
 tightest deadline's slack is no more than the predicted execution time of the batch at its current
 size. Queued items whose deadline can no longer be met (``now + t(1) > deadline``) are expired,
-also while a batch runs. ``Batcher`` drives a queue on the event loop, one batch at a time.
+also while a batch runs. ``Batcher`` drives a queue on the event loop, ``concurrency`` batches at a
+time, each on its own thread (on CPU: one core each, so a batch that loses its core to another
+process delays only itself, and one batch fills while another runs).
 """
 
 from __future__ import annotations
@@ -33,11 +35,13 @@ log = structlog.get_logger(__name__)
 
 @dataclass(frozen=True, slots=True)
 class BatchPolicy:
-    """The knobs: items per batch, seconds the oldest item may wait, items the queue holds."""
+    """The knobs: items per batch, seconds the oldest item may wait, items the queue holds,
+    and how many batches run at once."""
 
     max_batch_size: int = 32
     max_wait: float = 0.005
     max_queue: int = 1024
+    concurrency: int = 1
 
 
 def close_reason(
@@ -61,12 +65,12 @@ def close_reason(
 
 @dataclass(slots=True)
 class BatchQueue:
-    """FIFO items, at most one running batch, and the decisions about both."""
+    """FIFO items, at most ``policy.concurrency`` running batches, and the decisions about both."""
 
     policy: BatchPolicy
     clock: Clock
     model: LatencyModel = field(default_factory=LatencyModel)
-    running: Batch | None = None
+    running: list[Batch] = field(default_factory=list)
     _items: deque[Item] = field(default_factory=deque)
 
     @property
@@ -87,10 +91,11 @@ class BatchQueue:
         return ticket
 
     def poll(self) -> tuple[Batch | None, list[Ticket]]:
-        """Expire what cannot meet its deadline, then close a batch if none runs and one is due."""
+        """Expire what cannot meet its deadline, then close a batch if a runner is free and one
+        is due."""
         now = self.clock()
         expired = self._settle(self._late(now), DeadlineExceeded, "deadline can no longer be met")
-        if self.running is not None or not self._items:
+        if not self._free() or not self._items:
             return None, expired
         candidate = list(self._candidate())
         reason = close_reason(
@@ -107,14 +112,15 @@ class BatchQueue:
             self._items.popleft()
             if item.ticket.started_at is None:
                 item.ticket.started_at = now
-        self.running = Batch(tuple(candidate), reason, now)
-        return self.running, expired
+        batch = Batch(tuple(candidate), reason, now)
+        self.running.append(batch)
+        return batch, expired
 
     def next_wakeup(self) -> float | None:
         """The clock time at which ``poll`` may next decide something without new input."""
         t1 = self.model.predict(1)
         times = [i.ticket.deadline - t1 for i in self._items if i.ticket.deadline is not None]
-        if self.running is None and self._items:
+        if self._free() and self._items:
             candidate = list(self._candidate())
             times.append(candidate[0].ticket.enqueued_at + self.policy.max_wait)
             tightest = _tightest(candidate)
@@ -123,9 +129,12 @@ class BatchQueue:
         return min(times, default=None)
 
     def finish(self, outcomes: Iterable[Outcome]) -> list[Ticket]:
-        """Record the running batch's outcomes; return the tickets that settled."""
+        """Record a running batch's outcomes (its parts' if it was split); return the tickets
+        that settled."""
         settled: list[Ticket] = []
+        done: set[int] = set()
         for outcome in outcomes:
+            done.update(id(item) for item in outcome.batch.items)
             rows, batch = outcome.result, outcome.batch
             if isinstance(rows, Exception) or not _well_formed(rows, len(batch.items)):
                 message = f"backend failed: {rows!r}"[:300]
@@ -142,8 +151,11 @@ class BatchQueue:
                     if ticket.pending == 0:
                         ticket.finished_at = self.clock()
                         settled.append(ticket)
-        self.running = None
+        self.running = [b for b in self.running if id(b.items[0]) not in done]
         return settled
+
+    def _free(self) -> bool:
+        return len(self.running) < self.policy.concurrency
 
     def _candidate(self) -> Iterator[Item]:
         for n, item in enumerate(self._items):
@@ -181,7 +193,7 @@ def _tightest(items: Iterable[Item]) -> float | None:
 
 
 class Batcher:
-    """Drives a ``BatchQueue`` on the event loop; ``run`` executes in one worker thread."""
+    """Drives a ``BatchQueue`` on the event loop; ``run`` executes on ``concurrency`` threads."""
 
     def __init__(
         self,
@@ -196,7 +208,7 @@ class Batcher:
         self._run, self._clock, self._on_batch = run, clock, on_batch
         self._waiters: dict[Ticket, asyncio.Future[None]] = {}
         self._wake = asyncio.Event()
-        self._executor = ThreadPoolExecutor(1, thread_name_prefix="kiln-batch")
+        self._executor = ThreadPoolExecutor(policy.concurrency, thread_name_prefix="kiln-batch")
         self._tasks: set[asyncio.Task[None]] = set()
 
     def start(self) -> None:

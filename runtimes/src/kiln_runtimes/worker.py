@@ -56,6 +56,12 @@ def parse_args(argv: Sequence[str] | None = None) -> WorkerSettings:
         "--threads", type=int, default=os.cpu_count() or 1, help="engine intra-op threads"
     )
     parser.add_argument(
+        "--concurrency",
+        type=int,
+        default=1,
+        help="batches run at once, each on --threads engine threads (embeddings, tensors)",
+    )
+    parser.add_argument(
         "--max-queue",
         type=int,
         default=1024,
@@ -69,7 +75,7 @@ def parse_args(argv: Sequence[str] | None = None) -> WorkerSettings:
         "--precision", default="fp32", help="engine precision (tensor models): fp32, int8, fp16"
     )
     args = parser.parse_args(argv)
-    for name in ("max_batch_size", "threads", "max_queue"):
+    for name in ("max_batch_size", "threads", "max_queue", "concurrency"):
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be at least 1")
     return WorkerSettings(
@@ -81,6 +87,7 @@ def parse_args(argv: Sequence[str] | None = None) -> WorkerSettings:
         max_batch_size=args.max_batch_size,
         max_wait=args.max_wait_ms / 1000,
         threads=args.threads,
+        concurrency=args.concurrency,
         max_queue=args.max_queue,
         log_level=args.log_level,
         target=args.target,

@@ -84,7 +84,41 @@ def test_closes_at_max_batch_size() -> None:
     assert expired == []
     assert batch.inputs == [[1], [2], [3], [4]]
     assert queue.queued == 0
-    assert queue.running is batch
+    assert queue.running == [batch]
+
+
+def test_concurrency_runs_that_many_batches_at_once() -> None:
+    clock = FakeClock()
+    policy = BatchPolicy(max_batch_size=2, max_wait=1.0, max_queue=64, concurrency=2)
+    queue = BatchQueue(policy, clock, LatencyModel(0.010, 0.020))
+    tickets = [queue.submit(f"r{n}", [[n]], None) for n in range(6)]
+    first, _ = queue.poll()
+    second, _ = queue.poll()
+    assert first is not None
+    assert second is not None
+    assert queue.poll() == (None, [])  # both runners busy: the rest waits
+    assert queue.running == [first, second]
+    assert succeed(queue, second) == tickets[2:4]  # finishing out of order frees a runner
+    third, _ = queue.poll()
+    assert third is not None
+    assert third.inputs == [[4], [5]]
+    assert queue.running == [first, third]
+
+
+async def test_driver_runs_batches_concurrently() -> None:
+    both = threading.Barrier(2, timeout=5)
+
+    def meet(inputs: list[list[int]]) -> Rows:
+        both.wait()  # returns only once two batches run at the same time
+        return echo(inputs)
+
+    batcher = Batcher(meet, BatchPolicy(max_batch_size=1, max_wait=0.0, concurrency=2))
+    batcher.start()
+    try:
+        done = await asyncio.gather(*(batcher.submit(f"r{n}", [[n]], None) for n in range(2)))
+    finally:
+        await batcher.close()
+    assert [t.request_id for t in done] == ["r0", "r1"]
 
 
 def test_takes_at_most_max_batch_size_in_fifo_order() -> None:

@@ -134,6 +134,8 @@ class LocalBackend:
         ]  # fmt: skip
         if s.worker_threads:
             cmd += ["--threads", str(s.worker_threads)]
+        if s.worker_concurrency != 1:
+            cmd += ["--concurrency", str(s.worker_concurrency)]
         return cmd
 
     async def _supervise(self, worker: Worker) -> None:
