@@ -94,6 +94,7 @@ async def test_finance_reads_costs_and_statements_and_nothing_else(admin: Admin,
         "/admin/v1/reports/costs?from=2025-01-01&to=2025-02-01",
         "/admin/v1/reports/costs?from=2025-01-01&to=2025-02-01&format=csv",
         f"/admin/v1/tenants/{t}/statements",
+        "/admin/v1/price-books",
     ]
     for path in reads_ok:
         assert (await admin.call("GET", path, fin)).status_code == 200, path
@@ -118,6 +119,7 @@ async def test_finance_reads_costs_and_statements_and_nothing_else(admin: Admin,
         ("POST", f"/admin/v1/tenants/{t}/adjustments",
          {"amount_micros": 1, "reason": "x", "corrects_period": "2025-01"}),
         ("POST", "/admin/v1/models/m/versions", None),
+        ("POST", "/admin/v1/price-books", {"prices": [], "effective_from": "2030-01-01T00:00:00Z"}),
         ("GET", "/v1/models", None),
         ("POST", "/v1/embeddings", {"model": "all-minilm-l6-v2", "input": "hi"}),
         ("POST", "/v1/chat/completions", {"model": "m", "messages": []}),
