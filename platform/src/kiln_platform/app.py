@@ -18,6 +18,7 @@ from litestar.plugins.prometheus import PrometheusConfig, PrometheusController
 
 from kiln_platform.admin.controllers import TenantsController
 from kiln_platform.audit.controllers import AuditController
+from kiln_platform.billing.controllers import PriceBooksController
 from kiln_platform.context import Kiln, running
 from kiln_platform.db import migrate
 from kiln_platform.errors import KilnError, QuotaExceeded
@@ -129,6 +130,7 @@ def create_app(settings: Settings) -> Litestar:
             UsersController,
             AuditController,
             QuotasController,
+            PriceBooksController,
             ReportsController,
             OAuthController,
             PrometheusController,

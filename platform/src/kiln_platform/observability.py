@@ -14,6 +14,7 @@ if TYPE_CHECKING:
     from litestar.types import ASGIApp, Message, Receive, Scope, Send
 
 REQUEST_ID_HEADER = "x-request-id"
+CLIENT_REQUEST_ID_HEADER = "x-client-request-id"
 _VALID_ID = re.compile(r"^[A-Za-z0-9._:-]{1,64}$")
 
 
@@ -47,7 +48,13 @@ def new_request_id() -> str:
 
 
 def request_id_middleware(app: ASGIApp) -> ASGIApp:
-    """Accept a sane incoming ``x-request-id`` or mint one; echo it on every response."""
+    """Mint a request id and echo it on every response.
+
+    The id is always the server's: the usage ledger records each request once *by this id*, so a
+    client choosing it could have a second request dropped as a duplicate (unbilled). A sane
+    client-sent ``x-request-id`` is kept as ``client_request_id`` in the logs and echoed back as
+    ``x-client-request-id``.
+    """
 
     async def middleware(scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -56,9 +63,12 @@ def request_id_middleware(app: ASGIApp) -> ASGIApp:
         incoming = next(
             (v.decode() for k, v in scope["headers"] if k == REQUEST_ID_HEADER.encode()), ""
         )
-        request_id = incoming if _VALID_ID.match(incoming) else new_request_id()
+        client_id = incoming if _VALID_ID.match(incoming) else None
+        request_id = new_request_id()
         scope.setdefault("state", {})["request_id"] = request_id
         structlog.contextvars.bind_contextvars(request_id=request_id)
+        if client_id:
+            structlog.contextvars.bind_contextvars(client_request_id=client_id)
 
         async def send_with_id(message: Message) -> None:
             if message["type"] == "http.response.start":
@@ -66,12 +76,14 @@ def request_id_middleware(app: ASGIApp) -> ASGIApp:
                 if not any(k == REQUEST_ID_HEADER.encode() for k, _ in headers):
                     # (an idempotent replay already carries the original request's id)
                     headers.append((REQUEST_ID_HEADER.encode(), request_id.encode()))
+                if client_id:
+                    headers.append((CLIENT_REQUEST_ID_HEADER.encode(), client_id.encode()))
                 message["headers"] = headers
             await send(message)
 
         try:
             await app(scope, receive, send_with_id)
         finally:
-            structlog.contextvars.unbind_contextvars("request_id")
+            structlog.contextvars.unbind_contextvars("request_id", "client_request_id")
 
     return middleware
