@@ -149,7 +149,7 @@ def check_csv(path: Path) -> tuple[int, int]:
     return rows, total
 
 
-def metering(model_dir: Path | None, concurrency: int, seconds: float) -> None:
+def metering(model_dir: Path | None, concurrency: int, seconds: float, rounds: int) -> None:
     """Requests/s with metering ÷ without, from ENGINEER LEDGER's ``bench/_metering.py``."""
     try:
         from _metering import metering_ratio  # type: ignore[import-not-found]
@@ -159,7 +159,7 @@ def metering(model_dir: Path | None, concurrency: int, seconds: float) -> None:
     from embeddings import _model_dir  # type: ignore[import-not-found]
 
     on, off, ratio = metering_ratio(_model_dir(model_dir), concurrency=concurrency,
-                                    seconds=seconds)  # fmt: skip
+                                    seconds=seconds, rounds=rounds)  # fmt: skip
     print(f"metering: {on:.1f} req/s with, {off:.1f} req/s without -> ratio {ratio:.3f} "
           f"(overhead {100 * (1 - ratio):.1f}%; target < 5%)")  # fmt: skip
 
@@ -173,6 +173,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--model-dir", type=Path, help="all-MiniLM-L6-v2 (default: the test cache)")
     p.add_argument("--concurrency", type=int, default=16, help="metering run: senders")
     p.add_argument("--seconds", type=float, default=10.0, help="metering run: seconds each")
+    p.add_argument("--rounds", type=int, default=5, help="metering run: rounds (medians)")
     return p.parse_args(argv)
 
 
@@ -203,7 +204,7 @@ def main(argv: list[str] | None = None) -> None:
                     print("export = ledger: every charge line once, sums equal to the micro-unit")
                 out.unlink()
         if not args.no_metering:
-            metering(args.model_dir, args.concurrency, args.seconds)
+            metering(args.model_dir, args.concurrency, args.seconds, args.rounds)
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
