@@ -8,9 +8,6 @@ embeddings requests, two at a time (one to each gateway): about 10 are admitted 
 from __future__ import annotations
 
 import asyncio
-import os
-import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import Iterator

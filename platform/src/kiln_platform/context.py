@@ -118,9 +118,11 @@ async def running(settings: Settings) -> AsyncIterator[Kiln]:
                 ttl=settings.key_cache_ttl_s,
             ),
             idempotency=IdempotencyStore(
-                db.sessions, settings.hmac_key(),
-                ttl_s=settings.idempotency_ttl_s, lock_s=settings.idempotency_lock_s,
-            ),  # fmt: skip
+                db.sessions,
+                settings.hmac_key(),
+                ttl_s=settings.idempotency_ttl_s,
+                lock_s=settings.idempotency_lock_s,
+            ),
         )
         await ledger.start()
         await budgets.start()

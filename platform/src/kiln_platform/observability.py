@@ -57,7 +57,7 @@ def request_id_middleware(app: ASGIApp) -> ASGIApp:
     """
 
     async def middleware(scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
+        if scope["type"] != "http":  # type: ignore[comparison-overlap]
             await app(scope, receive, send)
             return
         incoming = next(

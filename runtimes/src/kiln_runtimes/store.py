@@ -48,7 +48,7 @@ class ArtifactStore:
 
     def put_dir(self, src: Path) -> str:
         """Store every file under ``src``; returns the tree digest ``sha256:<hex>``."""
-        entries = [
+        entries: list[list[str | int]] = [
             [p.relative_to(src).as_posix(), self.put_file(p), p.stat().st_size]
             for p in sorted(src.rglob("*"))
             if p.is_file()

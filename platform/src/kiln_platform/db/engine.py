@@ -30,7 +30,7 @@ def embedded_server(pg_dir: Path) -> Iterator[str]:
         import pgserver
 
         pg_dir.mkdir(parents=True, exist_ok=True)
-        server = pgserver.get_server(pg_dir, cleanup_mode="stop")
+        server = pgserver.get_server(pg_dir, cleanup_mode="stop")  # type: ignore[attr-defined]
     try:
         yield str(server.get_uri())
     finally:

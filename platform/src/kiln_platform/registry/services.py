@@ -53,7 +53,7 @@ async def register_version(
         )
         .on_conflict_do_nothing()
     )
-    return bool(result.rowcount)
+    return bool(result.rowcount)  # type: ignore[attr-defined]  # a CursorResult
 
 
 async def latest_versions(session: AsyncSession) -> list[ResolvedVersion]:

