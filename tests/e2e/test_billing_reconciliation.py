@@ -13,7 +13,6 @@ import uuid
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -40,29 +39,19 @@ PRICES = [
 
 
 @pytest.fixture(scope="module")
-def kiln(
-    start_kiln: Callable[..., KilnProcess],
-    kiln_data_dir: Callable[[], AbstractContextManager[Path]],
-    minilm_dir: Path,
-    smollm2_dir: Path,
-) -> Iterator[KilnProcess]:
-    with kiln_data_dir() as path:
-        kiln = start_kiln(path, [minilm_dir, smollm2_dir], {"KILN_KEY_CACHE_TTL_S": "0.5"})
-        try:
-            kiln.cli("tenants", "create", "ops")
-            root = kiln.cli("keys", "create", "--tenant", "ops", "--scope", "admin:write",
-                            "--role", "platform-admin")  # fmt: skip
-            kiln.env["ROOT_KEY"] = root.strip().splitlines()[-1]
-            for tenant, env in (("warm-up", "TEST_KEY"), ("recon", "RECON_KEY")):
-                kiln.cli("tenants", "create", tenant)
-                made = kiln.cli("keys", "create", "--tenant", tenant)
-                kiln.env[env] = made.strip().splitlines()[-1]
-            kiln.wait_until_serving(MINILM)  # as "warm-up": the ledger of "recon" starts empty
-            kiln.wait_until_serving(SMOLLM2, path="completions")
-            yield kiln
-        finally:
-            if kiln.proc.poll() is None:
-                kiln.stop()
+def kiln(both_models: Callable[..., AbstractContextManager[KilnProcess]]) -> Iterator[KilnProcess]:
+    with both_models({"KILN_KEY_CACHE_TTL_S": "0.5"}) as kiln:
+        kiln.cli("tenants", "create", "ops")
+        root = kiln.cli("keys", "create", "--tenant", "ops", "--scope", "admin:write",
+                        "--role", "platform-admin")  # fmt: skip
+        kiln.env["ROOT_KEY"] = root.strip().splitlines()[-1]
+        for tenant, env in (("warm-up", "TEST_KEY"), ("recon", "RECON_KEY")):
+            kiln.cli("tenants", "create", tenant)
+            made = kiln.cli("keys", "create", "--tenant", tenant)
+            kiln.env[env] = made.strip().splitlines()[-1]
+        kiln.wait_until_serving(MINILM)  # as "warm-up": the ledger of "recon" starts empty
+        kiln.wait_until_serving(SMOLLM2, path="completions")
+        yield kiln
 
 
 def _admin(kiln: KilnProcess, method: str, path: str, **kw: Any) -> httpx.Response:

@@ -39,28 +39,18 @@ MESSAGES: Any = [{"role": "user", "content": "Reply with exactly one word: hello
 
 
 @pytest.fixture(scope="module")
-def kiln(
-    start_kiln: Callable[..., KilnProcess],
-    kiln_data_dir: Callable[[], AbstractContextManager[Path]],
-    minilm_dir: Path,
-    smollm2_dir: Path,
-) -> Iterator[KilnProcess]:
+def kiln(both_models: Callable[..., AbstractContextManager[KilnProcess]]) -> Iterator[KilnProcess]:
     """Both bundled models, a platform-admin key, and a price book in effect."""
-    with kiln_data_dir() as path:
-        proc = start_kiln(path, [minilm_dir, smollm2_dir], {"KILN_KEY_CACHE_TTL_S": "0.5"})
-        try:
-            proc.cli("tenants", "create", "ops")
-            proc.env["ADMIN_KEY"] = _key(proc, "ops", "--scope", "admin:write", "--scope",
-                                         "inference", "--role", "platform-admin")  # fmt: skip
-            proc.env["TEST_KEY"] = proc.env["ADMIN_KEY"]  # wait_until_serving: no budget
-            _admin(proc, "POST", "/admin/v1/price-books",
-                   {"prices": PRICES, "effective_from": "2020-01-01T00:00:00Z"})  # fmt: skip
-            proc.wait_until_serving(MINILM)
-            proc.wait_until_serving(SMOLLM2, path="completions")
-            yield proc
-        finally:
-            if proc.proc.poll() is None:
-                proc.stop()
+    with both_models({"KILN_KEY_CACHE_TTL_S": "0.5"}) as proc:
+        proc.cli("tenants", "create", "ops")
+        proc.env["ADMIN_KEY"] = _key(proc, "ops", "--scope", "admin:write", "--scope",
+                                     "inference", "--role", "platform-admin")  # fmt: skip
+        proc.env["TEST_KEY"] = proc.env["ADMIN_KEY"]  # wait_until_serving: no budget
+        _admin(proc, "POST", "/admin/v1/price-books",
+               {"prices": PRICES, "effective_from": "2020-01-01T00:00:00Z"})  # fmt: skip
+        proc.wait_until_serving(MINILM)
+        proc.wait_until_serving(SMOLLM2, path="completions")
+        yield proc
 
 
 def _key(kiln: KilnProcess, tenant: str, *args: str) -> str:

@@ -11,7 +11,6 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -29,25 +28,15 @@ LONG = [{"role": "user", "content": "Tell me a very long story about dragons and
 
 
 @pytest.fixture(scope="module")
-def kiln(
-    start_kiln: Callable[..., KilnProcess],
-    kiln_data_dir: Callable[[], AbstractContextManager[Path]],
-    minilm_dir: Path,
-    smollm2_dir: Path,
-) -> Iterator[KilnProcess]:
-    with kiln_data_dir() as path:
-        kiln = start_kiln(path, [minilm_dir, smollm2_dir])
-        try:
-            kiln.cli("tenants", "create", "acme")
-            made = kiln.cli("keys", "create", "--tenant", "acme", "--scope", "inference",
-                            "--scope", "admin:write", "--role", "platform-admin")  # fmt: skip
-            kiln.env["TEST_KEY"] = made.strip().splitlines()[-1]
-            kiln.wait_until_serving(MINILM)
-            kiln.wait_until_serving(SMOLLM2, path="completions")
-            yield kiln
-        finally:
-            if kiln.proc.poll() is None:
-                kiln.stop()
+def kiln(both_models: Callable[..., AbstractContextManager[KilnProcess]]) -> Iterator[KilnProcess]:
+    with both_models() as kiln:
+        kiln.cli("tenants", "create", "acme")
+        made = kiln.cli("keys", "create", "--tenant", "acme", "--scope", "inference",
+                        "--scope", "admin:write", "--role", "platform-admin")  # fmt: skip
+        kiln.env["TEST_KEY"] = made.strip().splitlines()[-1]
+        kiln.wait_until_serving(MINILM)
+        kiln.wait_until_serving(SMOLLM2, path="completions")
+        yield kiln
 
 
 def _client(kiln: KilnProcess, retries: int = 0) -> openai.OpenAI:
