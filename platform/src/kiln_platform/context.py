@@ -13,7 +13,7 @@ from kiln_platform.billing.pricebooks import PriceBooks
 from kiln_platform.billing.reservations import Budgets
 from kiln_platform.compiler.runner import CompileRunner
 from kiln_platform.db import migrate
-from kiln_platform.db.engine import create_engine, database_url, sessionmaker
+from kiln_platform.db.engine import create_engine, database_url, sessionmaker, writer_engine
 from kiln_platform.gateway.dispatch import WorkerClient
 from kiln_platform.idempotency.services import IdempotencyStore
 from kiln_platform.keys.services import KeyVerifier
@@ -96,7 +96,10 @@ async def running(settings: Settings) -> AsyncIterator[Kiln]:
         budgets = Budgets(
             db.sessions, quotas, books, timeout_s=settings.request_timeout_s, hold_s=hold_s
         )
-        ledger = MeteredLedger(db.sessions, quotas, budgets, books, enabled=settings.metering)
+        ledger_db = writer_engine(db.engine)
+        ledger = MeteredLedger(
+            sessionmaker(ledger_db), quotas, budgets, books, enabled=settings.metering
+        )
         kiln = Kiln(
             settings=settings,
             db=db,
@@ -136,5 +139,6 @@ async def running(settings: Settings) -> AsyncIterator[Kiln]:
             await kiln.compiler.stop()
             await pools.stop()
             await ledger.stop()
+            await ledger_db.dispose()
             await budgets.stop()
             await quotas.drain()

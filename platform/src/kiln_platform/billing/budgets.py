@@ -86,6 +86,8 @@ class Settled:
     timezone: str
     cost_micros: int
     charged_at: datetime
+    held: bool = True
+    """Whether this process held a reservation for it (False: nothing to take back)."""
 
 
 async def settle(session: AsyncSession, rows: Sequence[Settled]) -> None:
@@ -94,13 +96,14 @@ async def settle(session: AsyncSession, rows: Sequence[Settled]) -> None:
     Call it inside the transaction that inserts the requests' ledger rows (once per request).
     A reservation already expired (or never made) releases nothing; the cost is spent anyway.
     """
-    if not rows:
-        return
     spent: dict[Key, int] = defaultdict(int)
     for row in rows:
-        spent[(row.tenant_id, period_of(row.timezone, row.charged_at))] += row.cost_micros
-    held = await take(session, [r.request_id for r in rows])
-    await _thresholds(session, await move(session, spent, held))
+        if row.cost_micros:
+            spent[(row.tenant_id, period_of(row.timezone, row.charged_at))] += row.cost_micros
+    holds = [r.request_id for r in rows if r.held]
+    held = await take(session, holds) if holds else {}
+    if spent or held:  # requests that cost nothing and held nothing change no period
+        await _thresholds(session, await move(session, spent, held))
 
 
 async def take(session: AsyncSession, request_ids: list[str]) -> dict[Key, int]:

@@ -49,7 +49,7 @@ log = structlog.get_logger("kiln.ledger")
 CHUNK = 1000
 EVENTS = UsageEvent.metadata.tables["usage_events"]
 CHARGES = UsageCharge.metadata.tables["usage_charges"]
-_NOT_COLUMNS = ("plan", "timezone", "at")
+_NOT_COLUMNS = ("plan", "timezone", "at", "held")
 
 
 def billed(status: int) -> bool:
@@ -79,6 +79,8 @@ class Usage:
     plan: str = "standard"
     timezone: str = "UTC"
     at: datetime = field(default_factory=lambda: datetime.now(UTC))
+    held: bool = True
+    """Whether a budget reservation may exist for it (``MeteredLedger`` knows; else assume so)."""
 
 
 def usage_of(
@@ -171,7 +173,7 @@ async def write(session: AsyncSession, usages: list[Usage], books: list[PriceLis
     done = [u for rid, u in unique.items() if rid in inserted]
     settled = [
         Settled(u.request_id, u.tenant_id, u.timezone, priced_rows[u.request_id][0]["cost_micros"],
-                u.at)
+                u.at, u.held)
         for u in done
     ]  # fmt: skip
     await settle(session, settled)

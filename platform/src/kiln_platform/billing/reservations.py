@@ -109,9 +109,14 @@ class Budgets:
             )
         self._open.add(request_id)
 
-    def handed(self, request_id: str) -> None:
-        """The ledger has the request: it settles the reservation with the usage row."""
+    def handed(self, request_id: str) -> bool:
+        """The ledger has the request: it settles the reservation with the usage row.
+
+        Returns whether this process holds one for it (if not, the ledger skips the lookup).
+        """
+        held = request_id in self._open
         self._open.discard(request_id)
+        return held
 
     async def finish(self, request_id: str) -> None:
         """At the end of a response: release the hold if the ledger was not handed the request."""

@@ -55,15 +55,24 @@ def database_url(settings: Settings) -> Iterator[str]:
         yield asyncpg_url(uri)
 
 
-def create_engine(url: str, pool_size: int = 10) -> AsyncEngine:
+def create_engine(url: str, pool_size: int = 10, *, pre_ping: bool = True) -> AsyncEngine:
     """An asyncpg-backed engine; UTC sessions."""
     return create_async_engine(
         url,
         pool_size=pool_size,
         max_overflow=pool_size,
-        pool_pre_ping=True,
+        pool_pre_ping=pre_ping,
         connect_args={"server_settings": {"timezone": "UTC", "application_name": "kiln"}},
     )
+
+
+def writer_engine(engine: AsyncEngine) -> AsyncEngine:
+    """One connection to ``engine``'s database for a single busy writer (the usage ledger).
+
+    No ping before each use: the writer retries a failed batch, and a dead connection is
+    replaced then; the ping would cost a round trip per batch.
+    """
+    return create_engine(engine.url.render_as_string(hide_password=False), 1, pre_ping=False)
 
 
 def sessionmaker(engine: AsyncEngine) -> async_sessionmaker[AsyncSession]:

@@ -16,6 +16,7 @@ cached per process for ``ttl`` seconds (like keys), so an unlimited tenant costs
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import math
 import time
 import uuid
@@ -216,9 +217,9 @@ class MeteredLedger(LedgerWriter):
 
     def record(self, usage: Usage) -> None:
         """Queue the event, mark its reservation as the ledger's, and charge its tokens."""
-        super().record(usage)
         if self.enabled:
-            self._budgets.handed(usage.request_id)
+            usage = dataclasses.replace(usage, held=self._budgets.handed(usage.request_id))
+        super().record(usage)
         self._quotas.charge(
             usage.tenant_id, usage.api_key_id, usage.input_tokens + usage.output_tokens
         )

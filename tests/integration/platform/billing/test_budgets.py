@@ -254,3 +254,25 @@ async def test_a_hold_made_before_midnight_is_released_from_its_own_month(db: Da
             )
         ).all()
     assert [tuple(r) for r in got] == [(0, 0), (40, 0)]
+
+
+async def test_settling_what_cost_and_held_nothing_runs_no_statement(db: Database) -> None:
+    principal = await _tenant(db)
+    now = datetime.now(UTC)
+    free = Settled(_rid(), principal.tenant_id, "UTC", 0, now, held=False)
+    statements: list[str] = []
+
+    def count(*args: object) -> None:
+        statements.append(str(args[2]))
+
+    event.listen(db.engine.sync_engine, "before_cursor_execute", count)
+    try:
+        async with db.sessions.begin() as session:
+            await settle(session, [free])
+    finally:
+        event.remove(db.engine.sync_engine, "before_cursor_execute", count)
+    assert not [s for s in statements if "budget" in s]
+    # Unheld but priced: no reservation lookup, and the cost is still spent.
+    async with db.sessions.begin() as session:
+        await settle(session, [Settled(_rid(), principal.tenant_id, "UTC", 42, now, held=False)])
+    assert await _period(db, principal) == (42, 0)
