@@ -178,10 +178,30 @@ async def capacity(kiln: Kiln, key: str, seconds: float) -> float:
     return done / seconds
 
 
+def server_p99(text: str, status: str) -> float:
+    """Upper bound (bucket edge, ms) of the gateway's own p99 duration for /v1/embeddings
+    answers with ``status``: the server side of a latency the load generator measures."""
+    buckets = []
+    for line in text.splitlines():
+        if (
+            line.startswith("kiln_request_duration_seconds_bucket{")
+            and 'path="/v1/embeddings"' in line
+            and f'status_code="{status}"' in line
+        ):
+            edge = line.split('le="')[1].split('"')[0]
+            buckets.append((float(edge), float(line.rsplit(" ", 1)[1])))
+    if not buckets or buckets[-1][1] == 0:
+        return float("nan")
+    buckets.sort()
+    total = buckets[-1][1]
+    return next(edge for edge, n in buckets if n >= 0.99 * total) * 1000
+
+
 async def scheduler_metrics(kiln: Kiln) -> tuple[dict[str, float], float]:
     """Service shares per tenant id and Jain's index, as the gateway exports them."""
     async with aiohttp.ClientSession() as session, session.get(f"{kiln.base_url}/metrics") as r:
         text = await r.text()
+    print(f"gateway-side p99 of 429 answers: <= {server_p99(text, '429'):.0f} ms (bucket edge)")
     shares, jain = {}, float("nan")
     for line in text.splitlines():
         if line.startswith("kiln_scheduler_service_share{"):

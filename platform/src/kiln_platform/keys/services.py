@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import hmac
 import secrets
-import time
 import uuid
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -18,6 +17,7 @@ from typing import TYPE_CHECKING
 
 from sqlalchemy import select, update
 
+from kiln_platform._ttlcache import TTLCache
 from kiln_platform.db.tables import ApiKey, Tenant
 from kiln_platform.errors import Unauthorized
 
@@ -100,22 +100,15 @@ class KeyVerifier:
     ) -> None:
         self._sessions = sessions
         self._hmac_key = hmac_key
-        self._ttl = ttl
-        self._cache: dict[bytes, tuple[float, Principal | None]] = {}
+        self._cache: TTLCache[bytes, Principal | None] = TTLCache(ttl)
 
     async def verify(self, secret: str) -> Principal:
         """Return the principal for a key, or raise ``Unauthorized``."""
         digest = key_digest(self._hmac_key, secret)
-        now = time.monotonic()
-        hit = self._cache.get(digest)
-        if hit is None or hit[0] < now:
-            hit = (now + self._ttl, await self._lookup(secret, digest))
-            if len(self._cache) > 100_000:
-                self._cache.clear()
-            self._cache[digest] = hit
-        if hit[1] is None:
+        principal = await self._cache.get(digest, lambda: self._lookup(secret, digest))
+        if principal is None:
             raise Unauthorized("Incorrect API key provided.")
-        return hit[1]
+        return principal
 
     async def _lookup(self, secret: str, digest: bytes) -> Principal | None:
         prefix = split_prefix(secret)

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING
 
 from sqlalchemy import select, text
 
+from kiln_platform._ttlcache import TTLCache
 from kiln_platform.billing.ledger import LedgerWriter, Usage
 from kiln_platform.db.tables import Quota
 from kiln_platform.errors import RateLimited
@@ -86,17 +87,17 @@ class QuotaEnforcer:
         self, sessions: async_sessionmaker[AsyncSession], ttl: float, lease_s: float
     ) -> None:
         self._sessions = sessions
-        self._ttl = ttl
         self._lease = timedelta(seconds=lease_s)
-        self._cache: dict[tuple[uuid.UUID, uuid.UUID | None], tuple[float, Effective]] = {}
+        self._cache: TTLCache[tuple[uuid.UUID, uuid.UUID | None], Effective] = TTLCache(ttl)
         self._tasks: set[asyncio.Task[None]] = set()
 
     async def effective(self, principal: Principal) -> Effective:
         """The limits that apply to a key (its overrides over its tenant's), cached."""
-        cache_key = (principal.tenant_id, principal.key_id)
-        hit = self._cache.get(cache_key)
-        if hit is not None and hit[0] > time.monotonic():
-            return hit[1]
+        return await self._cache.get(
+            (principal.tenant_id, principal.key_id), lambda: self._load(principal)
+        )
+
+    async def _load(self, principal: Principal) -> Effective:
         async with self._sessions() as session:
             rows = await session.scalars(
                 select(Quota).where(
@@ -110,9 +111,7 @@ class QuotaEnforcer:
                 for name in FIELDS:
                     if getattr(row, name) is not None:
                         limits[name] = (getattr(row, name), subject)
-        found = Effective(limits)
-        self._cache[cache_key] = (time.monotonic() + self._ttl, found)
-        return found
+        return Effective(limits)
 
     async def admit(self, principal: Principal, admission: Admission) -> None:
         """Count the request in, or raise ``RateLimited`` (429).
@@ -174,19 +173,16 @@ class QuotaEnforcer:
 
     def charge(self, tenant_id: uuid.UUID, key_id: uuid.UUID | None, tokens: int) -> None:
         """Charge a request's tokens to its tokens/min counter (off the request path)."""
-        if tokens <= 0:
-            return
-        task = asyncio.create_task(self._charge(tenant_id, key_id, tokens))
+        hit = self._cache.peek((tenant_id, key_id)) if key_id else None
+        if tokens <= 0 or hit is None or "tpm" not in hit.limits:
+            return  # no tokens/min limit: the ledger alone records its usage
+        task = asyncio.create_task(self._charge(hit.limits["tpm"][1], tokens))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    async def _charge(self, tenant_id: uuid.UUID, key_id: uuid.UUID | None, tokens: int) -> None:
-        hit = self._cache.get((tenant_id, key_id)) if key_id else None
-        eff = hit[1].limits if hit else {}
-        if "tpm" not in eff:  # no tokens/min limit: the ledger alone records its usage
-            return
+    async def _charge(self, subject: str, tokens: int) -> None:
         async with self._sessions.begin() as session:
-            await session.execute(_CHARGE, {"s": eff["tpm"][1], "n": tokens})
+            await session.execute(_CHARGE, {"s": subject, "n": tokens})
 
     async def drain(self) -> None:
         """Wait for pending charges (at shutdown)."""

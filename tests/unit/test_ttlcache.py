@@ -1,0 +1,68 @@
+"""The TTL cache: hits, expiry, one shared load for concurrent misses, failures not cached."""
+
+from __future__ import annotations
+
+import asyncio
+
+from kiln_platform._ttlcache import TTLCache
+
+
+async def test_concurrent_misses_share_one_load_and_hits_do_not_load() -> None:
+    cache: TTLCache[str, int] = TTLCache(ttl=60)
+    loads = 0
+
+    async def load() -> int:
+        nonlocal loads
+        loads += 1
+        await asyncio.sleep(0.01)
+        return 7
+
+    assert await asyncio.gather(*(cache.get("k", load) for _ in range(50))) == [7] * 50
+    assert await cache.get("k", load) == 7
+    assert loads == 1
+    assert cache.peek("k") == 7
+
+
+async def test_an_expired_value_is_loaded_again() -> None:
+    cache: TTLCache[str, int] = TTLCache(ttl=0)
+    values = iter([1, 2])
+
+    async def load() -> int:
+        return next(values)
+
+    assert await cache.get("k", load) == 1
+    await asyncio.sleep(0.001)
+    assert await cache.get("k", load) == 2
+
+
+async def test_a_failed_load_reaches_every_waiter_and_is_not_cached() -> None:
+    cache: TTLCache[str, int] = TTLCache(ttl=60)
+
+    async def boom() -> int:
+        await asyncio.sleep(0.01)
+        raise RuntimeError("db down")
+
+    results = await asyncio.gather(
+        *(cache.get("k", boom) for _ in range(3)), return_exceptions=True
+    )
+    assert all(isinstance(r, RuntimeError) for r in results)
+
+    async def ok() -> int:
+        return 1
+
+    assert await cache.get("k", ok) == 1
+
+
+async def test_a_cancelled_waiter_does_not_cancel_the_shared_load() -> None:
+    cache: TTLCache[str, int] = TTLCache(ttl=60)
+
+    async def load() -> int:
+        await asyncio.sleep(0.02)
+        return 3
+
+    first = asyncio.ensure_future(cache.get("k", load))
+    second = asyncio.ensure_future(cache.get("k", load))
+    await asyncio.sleep(0.005)
+    first.cancel()
+    assert await second == 3
+    assert cache.peek("k") == 3
