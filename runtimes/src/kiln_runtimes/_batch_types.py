@@ -32,6 +32,8 @@ class Ticket:
     error: WorkerError | None = None
     compute_s: float = 0.0
     """This request's share of the batches it ran in (``_attribution.shares``)."""
+    express: bool = False
+    """Queued ahead of normal requests and batched only with other express requests."""
 
     @property
     def settled(self) -> bool:

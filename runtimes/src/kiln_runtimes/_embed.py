@@ -36,7 +36,9 @@ def validate(request: EmbedRequest, context_length: int, max_inputs: int) -> Non
 async def embed(batcher: Batcher, request: EmbedRequest) -> EmbedResult:
     """Embed a validated request's inputs through the batcher."""
     budget = None if request.timeout_ms is None else request.timeout_ms / 1000
-    ticket = await batcher.submit(request.request_id, request.input_ids, budget)
+    ticket = await batcher.submit(
+        request.request_id, request.input_ids, budget, express=request.express
+    )
     rows = ticket.embeddings().astype("<f4", copy=False)
     started = ticket.started_at if ticket.started_at is not None else ticket.enqueued_at
     return EmbedResult(

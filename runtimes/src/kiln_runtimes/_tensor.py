@@ -114,7 +114,7 @@ async def infer(
     if unknown:
         raise BadRequest(f"unknown outputs {unknown}; the model has {sorted(known)}")
     budget = None if request.timeout_ms is None else request.timeout_ms / 1000
-    ticket = await batcher.submit(request.request_id, rows, budget)
+    ticket = await batcher.submit(request.request_id, rows, budget, express=request.express)
     outputs = []
     for name in wanted:
         parts = [r[name] for r in ticket.rows]

@@ -4,9 +4,11 @@
 ``max_batch_size`` items, when its oldest item has waited ``max_wait`` seconds, or early when the
 tightest deadline's slack is no more than the predicted execution time of the batch at its current
 size. Queued items whose deadline can no longer be met (``now + t(1) > deadline``) are expired,
-also while a batch runs. ``Batcher`` drives a queue on the event loop, ``concurrency`` batches at a
-time, each on its own thread (on CPU: one core each, so a batch that loses its core to another
-process delays only itself, and one batch fills while another runs).
+also while a batch runs. Express requests (the gateway's express lane) queue ahead of normal
+ones, behind earlier express ones, and a batch never mixes the two. ``Batcher`` drives a queue on
+the event loop, ``concurrency`` batches at a time, each on its own thread (on CPU: one core each,
+so a batch that loses its core to another process delays only itself, and one batch fills while
+another runs).
 """
 
 from __future__ import annotations
@@ -65,7 +67,8 @@ def close_reason(
 
 @dataclass(slots=True)
 class BatchQueue:
-    """FIFO items, at most ``policy.concurrency`` running batches, and the decisions about both."""
+    """FIFO items (express ones first), at most ``policy.concurrency`` running batches, and the
+    decisions about both."""
 
     policy: BatchPolicy
     clock: Clock
@@ -78,16 +81,34 @@ class BatchQueue:
         """Items waiting (not counting the running batch)."""
         return len(self._items)
 
-    def submit(self, request_id: str, inputs: Sequence[Any], time_budget: float | None) -> Ticket:
-        """Enqueue a request's inputs, or raise ``Overloaded`` if the queue cannot hold them."""
+    def submit(
+        self,
+        request_id: str,
+        inputs: Sequence[Any],
+        time_budget: float | None,
+        *,
+        express: bool = False,
+    ) -> Ticket:
+        """Enqueue a request's inputs, or raise ``Overloaded`` if the queue cannot hold them.
+
+        ``express`` inputs go ahead of every queued normal input, behind earlier express ones.
+        """
         if len(self._items) + len(inputs) > self.policy.max_queue:
             batches = math.ceil((len(self._items) + len(inputs)) / self.policy.max_batch_size)
             drain = batches * self.model.predict(self.policy.max_batch_size)
             raise Overloaded("worker queue is full", retry_after_s=round(drain, 3))
         now = self.clock()
         deadline = None if time_budget is None else now + time_budget
-        ticket = Ticket(request_id, len(inputs), now, deadline, [None] * len(inputs), len(inputs))
-        self._items.extend(Item(ticket, i, ids) for i, ids in enumerate(inputs))
+        n = len(inputs)
+        ticket = Ticket(request_id, n, now, deadline, [None] * n, n, express=express)
+        items = [Item(ticket, i, ids) for i, ids in enumerate(inputs)]
+        if not express:
+            self._items.extend(items)
+            return ticket
+        head = self._express_queued()
+        self._items.rotate(-head)  # queued express items last: append behind them, rotate back
+        self._items.extend(items)
+        self._items.rotate(head + len(items))
         return ticket
 
     def poll(self) -> tuple[Batch | None, list[Ticket]]:
@@ -157,9 +178,18 @@ class BatchQueue:
     def _free(self) -> bool:
         return len(self.running) < self.policy.concurrency
 
+    def _express_queued(self) -> int:
+        n = 0
+        for item in self._items:
+            if not item.ticket.express:
+                break
+            n += 1
+        return n
+
     def _candidate(self) -> Iterator[Item]:
+        express = self._items[0].ticket.express
         for n, item in enumerate(self._items):
-            if n == self.policy.max_batch_size:
+            if n == self.policy.max_batch_size or item.ticket.express is not express:
                 return
             yield item
 
@@ -216,13 +246,19 @@ class Batcher:
         self._spawn(self._loop())
 
     async def submit(
-        self, request_id: str, inputs: Sequence[Any], time_budget: float | None
+        self,
+        request_id: str,
+        inputs: Sequence[Any],
+        time_budget: float | None,
+        *,
+        express: bool = False,
     ) -> Ticket:
         """Queue one request's inputs and wait until all of them have run; errors raise.
 
-        ``time_budget`` is the seconds from now to the request's deadline (``None``: no deadline).
+        ``time_budget`` is the seconds from now to the request's deadline (``None``: no deadline);
+        ``express`` puts them ahead of queued normal requests, in batches of their own.
         """
-        ticket = self.queue.submit(request_id, inputs, time_budget)
+        ticket = self.queue.submit(request_id, inputs, time_budget, express=express)
         waiter = self._waiters[ticket] = asyncio.get_running_loop().create_future()
         self._wake.set()
         await waiter

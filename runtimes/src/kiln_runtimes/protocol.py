@@ -79,6 +79,9 @@ class EmbedRequest(msgspec.Struct, frozen=True, kw_only=True):
     request_id: str
     input_ids: list[list[int]]
     timeout_ms: int | None = None
+    express: bool = False
+    """Sent on the gateway's express credit: run ahead of queued requests, in a batch of its own
+    (a tenant with nothing else in flight; docs/scheduler.md)."""
 
 
 class EmbedResult(msgspec.Struct, frozen=True, kw_only=True):
@@ -135,6 +138,9 @@ class InferRequest(msgspec.Struct, frozen=True, kw_only=True):
     inputs: list[Tensor]
     outputs: list[str] | None = None
     timeout_ms: int | None = None
+    express: bool = False
+    """Sent on the gateway's express credit: run ahead of queued requests, in a batch of its own
+    (a tenant with nothing else in flight; docs/scheduler.md)."""
 
 
 class InferResult(msgspec.Struct, frozen=True, kw_only=True):

@@ -5,13 +5,16 @@ from __future__ import annotations
 import asyncio
 import threading
 
+import msgspec
 import numpy as np
 import pytest
 
 from kiln_runtimes._batch_types import Batch, Outcome, Rows, Ticket
+from kiln_runtimes._embed import embed
 from kiln_runtimes._errors import DeadlineExceeded, Internal, Overloaded
 from kiln_runtimes._latency import LatencyModel
 from kiln_runtimes.batcher import Batcher, BatchPolicy, BatchQueue, close_reason
+from kiln_runtimes.protocol import EmbedRequest, InferRequest
 
 
 class FakeClock:
@@ -458,3 +461,107 @@ async def test_driver_rejects_beyond_the_queue_bound() -> None:
     finally:
         release.set()
         await batcher.close()
+
+
+# Express requests (the gateway's express lane): at the head, FIFO among themselves, never mixed.
+def test_an_express_request_runs_in_the_next_batch_alone() -> None:
+    clock = FakeClock()
+    queue = make_queue(clock, max_batch_size=4)
+    for n in range(6):
+        queue.submit(f"a{n}", [[n]], None)
+    running, _ = queue.poll()
+    assert running is not None
+    assert running.inputs == [[0], [1], [2], [3]]
+    queue.submit("b", [[100], [101]], None, express=True)
+    queue.submit("a6", [[6]], None)
+    succeed(queue, running)
+    clock.advance(0.010)
+    express, _ = queue.poll()
+    assert express is not None
+    assert [t.request_id for t in express.tickets()] == ["b"]  # ahead of a4, a5: not with them
+    assert express.inputs == [[100], [101]]
+    succeed(queue, express)
+    normal, _ = queue.poll()
+    assert normal is not None
+    assert [t.request_id for t in normal.tickets()] == ["a4", "a5", "a6"]
+
+
+def test_express_requests_keep_their_order_and_share_batches() -> None:
+    clock = FakeClock()
+    queue = make_queue(clock, max_batch_size=4)
+    queue.submit("a0", [[0]], None)
+    queue.submit("b0", [[10]], None, express=True)
+    queue.submit("a1", [[1]], None)
+    queue.submit("b1", [[11], [12]], None, express=True)
+    queue.submit("b2", [[13], [14]], None, express=True)
+    clock.advance(0.010)
+    first, _ = queue.poll()
+    assert first is not None
+    assert [t.request_id for t in first.tickets()] == ["b0", "b1", "b2"]
+    assert first.inputs == [[10], [11], [12], [13]]  # max_batch_size, still only express
+    succeed(queue, first)
+    second, _ = queue.poll()
+    assert second is not None
+    assert second.inputs == [[14]]  # the rest of b2; a0 and a1 wait for their own batch
+    succeed(queue, second)
+    third, _ = queue.poll()
+    assert third is not None
+    assert third.inputs == [[0], [1]]
+    assert all(not t.express for t in third.tickets())
+
+
+def test_an_express_batch_closes_by_the_same_rules() -> None:
+    clock = FakeClock()
+    queue = make_queue(clock, max_wait=0.010)
+    queue.submit("a", [[1], [2], [3]], None)
+    queue.submit("b", [[9]], 0.5, express=True)
+    assert queue.poll() == (None, [])  # one express item, young, far from its deadline
+    assert queue.next_wakeup() == pytest.approx(0.010)
+    clock.advance(0.010)
+    batch, _ = queue.poll()
+    assert batch is not None
+    assert batch.inputs == [[9]]
+    assert batch.reason == "wait"
+
+
+def test_an_expired_express_request_leaves_the_head() -> None:
+    clock = FakeClock()
+    queue = make_queue(clock, max_wait=0.010)  # t(1) = 30 ms
+    queue.submit("b", [[9]], 0.030, express=True)
+    queue.submit("a", [[1]], None)
+    running, _ = queue.poll()  # deadline rule: b's slack is t(1)
+    assert running is not None
+    assert running.inputs == [[9]]
+    queue.submit("b2", [[8]], 0.001, express=True)
+    _, expired = queue.poll()
+    assert [t.request_id for t in expired] == ["b2"]
+    succeed(queue, running)
+    clock.advance(0.010)
+    batch, _ = queue.poll()
+    assert batch is not None
+    assert batch.inputs == [[1]]
+
+
+def test_messages_without_the_express_field_still_decode() -> None:
+    old = msgspec.msgpack.encode({"request_id": "r", "input_ids": [[1]]})
+    assert msgspec.msgpack.decode(old, type=EmbedRequest).express is False
+    old = msgspec.msgpack.encode({"request_id": "r", "inputs": []})
+    assert msgspec.msgpack.decode(old, type=InferRequest).express is False
+    new = msgspec.msgpack.encode(EmbedRequest(request_id="r", input_ids=[[1]], express=True))
+    assert msgspec.msgpack.decode(new, type=EmbedRequest).express is True
+
+
+async def test_the_embed_path_passes_the_express_flag_to_the_batcher() -> None:
+    express: list[bool] = []
+
+    def record(outcome: Outcome) -> None:
+        express.extend(t.express for t in outcome.batch.tickets())
+
+    batcher = Batcher(echo, BatchPolicy(max_batch_size=8, max_wait=0.001), on_batch=record)
+    batcher.start()
+    try:
+        for flag in (True, False):
+            await embed(batcher, EmbedRequest(request_id="r", input_ids=[[1, 2]], express=flag))
+    finally:
+        await batcher.close()
+    assert express == [True, False]
