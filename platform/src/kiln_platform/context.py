@@ -23,6 +23,8 @@ from kiln_platform.pools.local import LocalBackend
 from kiln_platform.pools.services import PoolManager
 from kiln_platform.quotas.enforcer import MeteredLedger, QuotaEnforcer
 from kiln_platform.registry.services import Resolver
+from kiln_platform.scheduler.core import SchedulerConfig
+from kiln_platform.scheduler.policy import PolicyConfig
 from kiln_runtimes.store import ArtifactStore
 
 if TYPE_CHECKING:
@@ -89,7 +91,8 @@ async def running(settings: Settings) -> AsyncIterator[Kiln]:
     ):
         store = ArtifactStore(settings.store_dir)
         resolver = Resolver(db.sessions)
-        pools = PoolManager(LocalBackend(settings, http), resolver, store)
+        scheduler = SchedulerConfig(policy=PolicyConfig(express=settings.scheduler_express))
+        pools = PoolManager(LocalBackend(settings, http), resolver, store, scheduler)
         hold_s = 2 * settings.request_timeout_s + 30
         quotas = QuotaEnforcer(db.sessions, ttl=settings.key_cache_ttl_s, lease_s=hold_s)
         books = PriceBooks(db.sessions, settings.key_cache_ttl_s)

@@ -36,6 +36,9 @@ class Settings(BaseSettings):
     """Batches a worker runs at once, each on its own ``worker_threads`` engine threads."""
     worker_slots: int | None = None
     """Requests the scheduler keeps in flight per worker (default: its max batch size)."""
+    scheduler_express: bool = True
+    """The express lane: each worker takes one request beyond its slots from a tenant with
+    nothing in flight in the pool, run at the head of the worker's queue (docs/scheduler.md)."""
     worker_target: str = "cpu"
     """Engine target of tensor workers: cpu, cuda or tensorrt (a GPU machine)."""
     worker_precision: str = "fp32"

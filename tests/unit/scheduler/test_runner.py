@@ -10,6 +10,7 @@ import pytest
 from kiln_platform.errors import DeadlineExceeded, Overloaded, ServiceUnavailable
 from kiln_platform.scheduler.admission import AdmissionLimits, RejectReason
 from kiln_platform.scheduler.core import PoolScheduler, SchedulerConfig
+from kiln_platform.scheduler.policy import PolicyConfig
 from kiln_platform.scheduler.runner import PoolRunner, rejection
 
 
@@ -36,9 +37,13 @@ class FakeWorkers:
             self.running[worker] -= 1
 
 
-def make_runner(slots: dict[str, int], **limits) -> tuple[PoolRunner, FakeWorkers]:
+def make_runner(
+    slots: dict[str, int], *, express: bool = False, **limits
+) -> tuple[PoolRunner, FakeWorkers]:
+    """A runner over fake workers; the express lane is off unless a test is about it."""
     workers = FakeWorkers(slots)
-    config = SchedulerConfig(limits=AdmissionLimits(**limits))
+    policy = PolicyConfig(express=express)
+    config = SchedulerConfig(policy=policy, limits=AdmissionLimits(**limits))
     return PoolRunner(PoolScheduler(config), lambda: workers.slots), workers
 
 
@@ -184,3 +189,25 @@ async def test_screen_rejects_like_slot_without_queueing() -> None:
     assert "b" not in stats or stats["b"].admitted == 0
     workers.release.set()
     assert await asyncio.gather(busy, queued) == ["1@w", "2@w"]
+
+
+async def test_an_idle_tenant_runs_on_the_express_credit() -> None:
+    runner, workers = make_runner({"w": 1}, express=True)
+    workers.release.clear()
+    leases: list[tuple[str, bool]] = []
+
+    async def hold(request_id: str, tenant: str) -> None:
+        async with runner.slot(runner.request(request_id, tenant, 1.0, timeout_s=None)) as lease:
+            leases.append((request_id, lease.express))
+            await workers.release.wait()
+
+    tasks = [asyncio.ensure_future(hold(i, t)) for i, t in (("a1", "a"), ("a2", "a"))]
+    await asyncio.sleep(0.001)
+    tasks += [asyncio.ensure_future(hold(i, t)) for i, t in (("b1", "b"), ("c1", "c"))]
+    await asyncio.sleep(0.001)
+    assert leases == [("a1", False), ("b1", True)]  # one express request per worker
+    assert runner.scheduler.in_flight == 2
+    workers.release.set()
+    await asyncio.gather(*tasks)
+    assert sorted(i for i, _ in leases) == ["a1", "a2", "b1", "c1"]
+    assert runner.scheduler.in_flight == 0

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 import aiohttp
 import msgspec
@@ -85,6 +85,7 @@ class WorkerClient:
         queued = _queued(runner, request.request_id, ticket, len(request.input_ids))
         async with runner.slot(queued) as lease:
             worker = self._pools.worker(model, lease.worker)
+            request = _express(request, lease.express)
             async with self._post(worker, model, "/embed", request, self._timeout) as resp:
                 body = await resp.read()
                 if resp.status == 200:
@@ -122,6 +123,7 @@ class WorkerClient:
         runner = self._pools.runner(model)
         async with runner.slot(_queued(runner, request.request_id, ticket, rows)) as lease:
             worker = self._pools.worker(model, lease.worker)
+            request = _express(request, lease.express)
             async with self._post(worker, model, "/infer", request, self._timeout) as resp:
                 body = await resp.read()
                 if resp.status == 200:
@@ -176,6 +178,14 @@ def _queued(runner: PoolRunner, request_id: str, ticket: Ticket, cost: float) ->
         priority=ticket.priority,
         weight=ticket.weight,
     )
+
+
+M = TypeVar("M", EmbedRequest, InferRequest)
+
+
+def _express(message: M, express: bool) -> M:
+    """``message`` marked to run in the worker's express lane if it holds an express credit."""
+    return msgspec.structs.replace(message, express=True) if express else message
 
 
 def _error(body: bytes) -> KilnError:

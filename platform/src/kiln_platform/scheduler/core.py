@@ -8,6 +8,7 @@ The gateway does so on the asyncio clock (:mod:`.runner`), ``kiln simulate`` on 
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -48,6 +49,7 @@ class PoolScheduler:
         weights = {p: config.policy.class_weight(p) for p in Priority}
         self.stats = PoolStats(config.stats_window_s, config.max_samples, weights)
         self._in_flight: dict[str, tuple[Request, float]] = {}
+        self._tenants_in_flight: Counter[str] = Counter()
         self._busy_since: float | None = None
 
     def service_time(self, cost: float) -> float:
@@ -94,10 +96,15 @@ class PoolScheduler:
     def dispatch(
         self, now: float, credits: Sequence[Credit]
     ) -> tuple[list[Dispatch], list[Request]]:
-        """Fill the workers' free credits; also return requests that expired on the way."""
-        dispatches, expired = self.queue.next_dispatch(now, credits, self.service_time)
+        """Fill the workers' free credits; also return requests that expired on the way.
+
+        A credit's ``express`` credit goes only to a tenant with nothing in flight in the pool.
+        """
+        busy = self._tenants_in_flight.keys()
+        dispatches, expired = self.queue.next_dispatch(now, credits, self.service_time, busy)
         for d in dispatches:
             self._in_flight[d.request.id] = (d.request, now)
+            self._tenants_in_flight[d.request.tenant] += 1
             self.stats.dispatched(now, d.request)
         for r in expired:
             self.stats.expired(r)
@@ -127,6 +134,11 @@ class PoolScheduler:
         if entry is None:
             return None
         request, dispatched_at = entry
+        left = self._tenants_in_flight[request.tenant] - 1
+        if left:
+            self._tenants_in_flight[request.tenant] = left
+        else:
+            del self._tenants_in_flight[request.tenant]
         cost = request.cost if actual_cost is None else actual_cost
         if actual_cost is not None:
             self.queue.adjust(request, actual_cost)
@@ -157,6 +169,10 @@ class PoolScheduler:
     def in_flight(self) -> int:
         """Requests dispatched and not yet completed."""
         return len(self._in_flight)
+
+    def tenant_in_flight(self, tenant: str) -> int:
+        """Requests of ``tenant`` dispatched and not yet completed."""
+        return self._tenants_in_flight[tenant]
 
     def snapshot(self, now: float) -> StatsSnapshot:
         """Per-tenant stats and the fairness index over the stats window."""

@@ -19,7 +19,7 @@ from kiln_platform.scheduler.schemas import (
 )
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Sequence
+    from collections.abc import Callable, Collection, Iterable, Sequence
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,6 +33,8 @@ class PolicyConfig:
     past use (a giant request, a tiny weight) can hold back its next request."""
     rate_half_life_s: float = 2.0
     """Half-life of each tenant's admitted-cost rate, which admission projects forward."""
+    express: bool = True
+    """The express lane: one spare credit per worker for a tenant with nothing in flight."""
 
     def __post_init__(self) -> None:
         if not 0.0 < self.batch_share < 1.0:
@@ -139,16 +141,50 @@ class PoolQueue:
         now: float,
         credits: Sequence[Credit],
         service_time: Callable[[float], float] = _no_service,
+        busy: Collection[str] = (),
     ) -> tuple[list[Dispatch], list[Request]]:
-        """Fill free credits in fair order; also return requests found hopeless on the way."""
+        """Fill free credits in fair order; also return requests found hopeless on the way.
+
+        Once the normal credits are full, each credit's spare ``express`` credit takes the fair
+        head among the tenants with nothing in flight (not in ``busy``, not dispatched now) and
+        no service charged ahead of the others (start tag at ``v``): a tenant served ahead of
+        its share waits for its turn, so the lane never changes the shares.
+        """
         slots = [(-c.free, i, c.worker) for i, c in enumerate(credits) if c.free > 0]
         heapq.heapify(slots)
         dispatches: list[Dispatch] = []
         expired: list[Request] = []
         while slots:
-            head = self._head()
-            if head is None:
+            r = self._pop(now, service_time, expired)
+            if r is None:
                 break
+            free, i, worker = heapq.heappop(slots)  # the least loaded worker
+            dispatches.append(Dispatch(r, worker))
+            if free < -1:
+                heapq.heappush(slots, (free + 1, i, worker))
+        spare = [c.worker for c in credits if c.express] if self.config.express else []
+        if spare and self._entries:
+            sent = set(busy) | {d.request.tenant for d in dispatches}
+            while spare:
+                r = self._pop(now, service_time, expired, sent)
+                if r is None:
+                    break
+                sent.add(r.tenant)
+                dispatches.append(Dispatch(r, spare.pop(0), express=True))
+        if len(self._deadlines) > 2 * len(self._entries) + 1024:  # drop entries that left
+            self._deadlines = [d for d in self._deadlines if d[2].queued]
+            heapq.heapify(self._deadlines)
+        return dispatches, expired
+
+    def _pop(
+        self,
+        now: float,
+        service_time: Callable[[float], float],
+        expired: list[Request],
+        busy: Collection[str] | None = None,
+    ) -> Request | None:
+        """Remove and charge the fair head that can still finish (an express one if ``busy``)."""
+        while (head := self._head(busy)) is not None:
             priority, tenant, entry = head
             r = entry.request
             self._remove(entry)
@@ -157,14 +193,8 @@ class PoolQueue:
                 continue
             self._classes.charge(priority, r.cost, self.config.class_weight(priority))
             self._tenants[priority].charge(tenant, r.cost, r.weight)
-            free, i, worker = heapq.heappop(slots)  # the least loaded worker
-            dispatches.append(Dispatch(r, worker))
-            if free < -1:
-                heapq.heappush(slots, (free + 1, i, worker))
-        if len(self._deadlines) > 2 * len(self._entries) + 1024:  # drop entries that left
-            self._deadlines = [d for d in self._deadlines if d[2].queued]
-            heapq.heapify(self._deadlines)
-        return dispatches, expired
+            return r
+        return None
 
     def adjust(self, request: Request, actual_cost: float) -> None:
         """Charge the difference once the real cost is known (an LLM's output tokens)."""
@@ -192,17 +222,29 @@ class PoolQueue:
         rate, at, _ = self._rates.get(key, (0.0, now, 1.0))
         return rate * math.exp(-max(now - at, 0.0) / self._tau)
 
-    def _head(self) -> tuple[Priority, str, _Entry] | None:
-        priority = self._classes.pick(p for p, flows in self._flows.items() if flows)
+    def _head(self, busy: Collection[str] | None = None) -> tuple[Priority, str, _Entry] | None:
+        """The fair head; with ``busy``, among the tenants eligible for an express credit."""
+        if busy is None:
+            priority = self._classes.pick(p for p, flows in self._flows.items() if flows)
+            tenants: Iterable[str] = () if priority is None else self._flows[priority]
+        else:
+            eligible = {p: self._express(p, busy) for p in self._flows}
+            priority = self._classes.pick(p for p, ts in eligible.items() if ts)
+            tenants = () if priority is None else eligible[priority]
         if priority is None:
             return None
         flows = self._flows[priority]
-        tenant = self._tenants[priority].pick(flows)
+        tenant = self._tenants[priority].pick(tenants)
         assert tenant is not None
         entries = flows[tenant].entries
         while not entries[0].queued:
             entries.popleft()
         return priority, tenant, entries[0]
+
+    def _express(self, priority: Priority, busy: Collection[str]) -> list[str]:
+        """Queued tenants of ``priority`` with nothing in flight and no service charged ahead."""
+        tags = self._tenants[priority]
+        return [t for t in self._flows[priority] if t not in busy and tags.start(t) <= tags.v]
 
     def _watch(self, entry: _Entry, latest_start: float) -> None:
         self._seq += 1

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, TypeVar
 
 from kiln_platform.errors import DeadlineExceeded, KilnError, Overloaded, ServiceUnavailable
 from kiln_platform.scheduler.admission import RejectReason
-from kiln_platform.scheduler.schemas import Credit, Priority, Request
+from kiln_platform.scheduler.schemas import Credit, Dispatch, Priority, Request
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
@@ -47,24 +47,29 @@ def _rejected(decision: Decision) -> KilnError:
 
 @dataclass(slots=True)
 class Lease:
-    """A dispatched request's hold on one worker credit."""
+    """A dispatched request's hold on one worker credit (its express credit if ``express``)."""
 
     worker: str
     actual_cost: float | None = None
+    express: bool = False
 
 
 class PoolRunner:
     """Queues requests in a :class:`PoolScheduler` and runs each on the worker it is sent to.
 
     ``slots()`` returns the ready workers and the credits each advertises; the runner subtracts
-    what it has in flight on each, so a worker is never sent more than it advertised.
+    what it has in flight on each, so a worker is never sent more than it advertised. With the
+    express lane on (``PolicyConfig.express``) each worker also holds one spare express credit,
+    counted apart, for a request of a tenant with nothing in flight.
     """
 
     def __init__(self, scheduler: PoolScheduler, slots: Callable[[], Mapping[str, int]]) -> None:
         self.scheduler = scheduler
         self._slots = slots
-        self._waiting: dict[str, asyncio.Future[str]] = {}
+        self._waiting: dict[str, asyncio.Future[Dispatch]] = {}
         self._in_flight: Counter[str] = Counter()
+        self._express: set[str] = set()
+        """Workers whose express credit is in use."""
         self._timer: asyncio.TimerHandle | None = None
         self.on_wait: Callable[[Request, float], None] = lambda request, seconds: None
         """Called with each request's queue wait when it is dispatched (for metrics)."""
@@ -109,25 +114,25 @@ class PoolRunner:
         decision = self.scheduler.submit(request, self.now())
         if not decision.admitted:
             raise _rejected(decision)
-        future: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+        future: asyncio.Future[Dispatch] = asyncio.get_running_loop().create_future()
         self._waiting[request.id] = future
         self.poke()
         try:
-            worker = await future
+            sent = await future
         except asyncio.CancelledError:  # the client went away
             self._waiting.pop(request.id, None)
             if not future.done() or future.cancelled():
                 self.scheduler.cancel(request.id)
             elif future.exception() is None:  # dispatched in the same tick: give the credit back
-                self._finish(request.id, future.result(), None, ok=False)
+                self._finish(future.result(), None, ok=False)
             raise
         self.on_wait(request, self.now() - request.arrival)
-        lease, ok = Lease(worker), False
+        lease, ok = Lease(sent.worker, express=sent.express), False
         try:
             yield lease
             ok = True
         finally:
-            self._finish(request.id, worker, lease.actual_cost, ok=ok)
+            self._finish(sent, lease.actual_cost, ok=ok)
 
     async def run(
         self,
@@ -147,24 +152,35 @@ class PoolRunner:
         now, wasted = self.now(), True
         slots = self._slots()
         self.scheduler.slots = sum(slots.values())
+        express = self.scheduler.config.policy.express
         while wasted:
             wasted = False
-            credits = [Credit(w, n - self._in_flight[w]) for w, n in slots.items()]
-            dispatches, expired = self.scheduler.dispatch(now, [c for c in credits if c.free > 0])
+            credits = [
+                Credit(w, n - self._in_flight[w], express and w not in self._express)
+                for w, n in slots.items()
+            ]
+            usable = [c for c in credits if c.free > 0 or c.express]
+            dispatches, expired = self.scheduler.dispatch(now, usable)
             for d in dispatches:
                 future = self._waiting.pop(d.request.id, None)
                 if future is None or future.done():  # cancelled, its task not resumed yet
                     self.scheduler.complete(d.request.id, now, ok=False)
                     wasted = True
                     continue
-                self._in_flight[d.worker] += 1
-                future.set_result(d.worker)
+                if d.express:
+                    self._express.add(d.worker)
+                else:
+                    self._in_flight[d.worker] += 1
+                future.set_result(d)
             self._fail(expired)
         self._arm()
 
-    def _finish(self, request_id: str, worker: str, cost: float | None, *, ok: bool) -> None:
-        self._in_flight[worker] -= 1
-        self.scheduler.complete(request_id, self.now(), actual_cost=cost, ok=ok)
+    def _finish(self, sent: Dispatch, cost: float | None, *, ok: bool) -> None:
+        if sent.express:
+            self._express.discard(sent.worker)
+        else:
+            self._in_flight[sent.worker] -= 1
+        self.scheduler.complete(sent.request.id, self.now(), actual_cost=cost, ok=ok)
         self.poke()
 
     def _fail(self, expired: list[Request]) -> None:

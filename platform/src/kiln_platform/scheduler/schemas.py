@@ -30,18 +30,24 @@ class Request:
 
 @dataclass(frozen=True, slots=True)
 class Credit:
-    """Free slots a worker advertises; the scheduler never sends it more."""
+    """Free slots a worker advertises; the scheduler never sends it more.
+
+    ``express``: the worker's spare express credit is unused, so it may take one more request
+    beyond ``free``, from a tenant with nothing in flight in the pool (the express lane).
+    """
 
     worker: str
     free: int
+    express: bool = False
 
 
 @dataclass(frozen=True, slots=True)
 class Dispatch:
-    """Send ``request`` to ``worker`` now."""
+    """Send ``request`` to ``worker`` now; ``express``: on the worker's express credit."""
 
     request: Request
     worker: str
+    express: bool = False
 
 
 @dataclass(frozen=True, slots=True)
