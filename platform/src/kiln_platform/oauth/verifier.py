@@ -12,6 +12,7 @@ from joserfc import jws, jwt
 from joserfc.errors import ExpiredTokenError, JoseError
 from sqlalchemy import func, select
 
+from kiln_platform._ttlcache import TTLCache
 from kiln_platform.db.tables import OAuthClient, RevokedToken, Tenant
 from kiln_platform.errors import Unauthorized
 from kiln_platform.keys.services import ADMIN_SCOPES, SCOPES, Principal
@@ -51,7 +52,7 @@ class TokenVerifier:
         self._ttl = ttl
         self._denied: frozenset[str] = frozenset()
         self._denied_until = float("-inf")
-        self._tenants: dict[tuple[uuid.UUID, str], tuple[float, _TenantInfo | None]] = {}
+        self._tenants: TTLCache[tuple[uuid.UUID, str], _TenantInfo | None] = TTLCache(ttl)
         self._lock = asyncio.Lock()
 
     async def claims(self, token: str) -> dict[str, Any]:
@@ -106,23 +107,21 @@ class TokenVerifier:
 
     async def _tenant(self, tenant_id: uuid.UUID, client: str) -> _TenantInfo:
         """The tenant's weight, plan and time zone, and the client's row id (cached)."""
-        hit = self._tenants.get((tenant_id, client))
-        if hit is None or hit[0] < time.monotonic():
-            async with self._sessions() as session:
-                row = (
-                    await session.execute(
-                        select(Tenant.weight, Tenant.plan, Tenant.timezone, OAuthClient.id)
-                        .join(OAuthClient, OAuthClient.tenant_id == Tenant.id)
-                        .where(Tenant.id == tenant_id, OAuthClient.client_id == client)
-                    )
-                ).first()
-            hit = (time.monotonic() + self._ttl, None if row is None else _TenantInfo(*row))
-            if len(self._tenants) > 100_000:
-                self._tenants.clear()
-            self._tenants[tenant_id, client] = hit
-        if hit[1] is None:
+        info = await self._tenants.get((tenant_id, client), lambda: self._load(tenant_id, client))
+        if info is None:
             raise Unauthorized("The access token's tenant or client no longer exists.")
-        return hit[1]
+        return info
+
+    async def _load(self, tenant_id: uuid.UUID, client: str) -> _TenantInfo | None:
+        async with self._sessions() as session:
+            row = (
+                await session.execute(
+                    select(Tenant.weight, Tenant.plan, Tenant.timezone, OAuthClient.id)
+                    .join(OAuthClient, OAuthClient.tenant_id == Tenant.id)
+                    .where(Tenant.id == tenant_id, OAuthClient.client_id == client)
+                )
+            ).first()
+        return None if row is None else _TenantInfo(*row)
 
 
 class _TenantInfo(NamedTuple):
