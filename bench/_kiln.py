@@ -27,7 +27,8 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-async def _register(data_dir: Path, model_dir: Path) -> str:
+async def register_model(data_dir: Path, model_dir: Path) -> str:
+    """Register a built model folder in a data directory's database; returns its name."""
     from kiln_platform.context import open_database
     from kiln_platform.registry.services import register_version
     from kiln_platform.settings import Settings
@@ -63,7 +64,7 @@ class Kiln:
         env.update(extra_env or {})
         kiln = cls(data_dir, env)
         try:
-            kiln.model = asyncio.run(_register(data_dir, model_dir))
+            kiln.model = asyncio.run(register_model(data_dir, model_dir))
             kiln.cli("tenants", "create", "bench")
             kiln.key = kiln.cli("keys", "create", "--tenant", "bench").strip().splitlines()[-1]
             port = free_port()

@@ -11,7 +11,6 @@ import contextlib
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -20,16 +19,10 @@ from pathlib import Path
 from typing import IO
 
 import httpx
-import msgspec
 import psutil
+from _kiln import free_port, register_model
 
 REPO = Path(__file__).resolve().parent.parent
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class Server:
@@ -160,21 +153,6 @@ class LlamaCppPython(Server):
         self.wait_ready()
 
 
-async def _register(data_dir: Path, model_dir: Path) -> str:
-    from kiln_platform.context import open_database
-    from kiln_platform.registry.services import register_version
-    from kiln_platform.settings import Settings
-    from kiln_runtimes.protocol import ModelManifest
-    from kiln_runtimes.store import ArtifactStore
-
-    settings = Settings(data_dir=data_dir)
-    manifest = msgspec.json.decode((model_dir / "kiln.json").read_bytes(), type=ModelManifest)
-    digest = ArtifactStore(settings.store_dir).put_dir(model_dir)
-    async with open_database(settings) as db, db.sessions.begin() as session:
-        await register_version(session, manifest, "bench", digest)
-    return manifest.name
-
-
 class Kiln(Server):
     """``kiln up --no-import`` on a fresh /tmp data dir, the model registered, tenant + key by CLI.
 
@@ -200,7 +178,7 @@ class Kiln(Server):
         ).stdout  # fmt: skip
 
     def start(self) -> None:
-        self.model = asyncio.run(_register(self.data_dir, self.model_dir))
+        self.model = asyncio.run(register_model(self.data_dir, self.model_dir))
         self.cli("tenants", "create", "bench")
         self.key = self.cli("keys", "create", "--tenant", "bench").strip().splitlines()[-1]
         cmd = [sys.executable, "-m", "kiln_platform", "up", "--no-import", "--port", str(self.port)]
