@@ -27,6 +27,22 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def stop_tree(proc: subprocess.Popen[bytes] | None, owned: list[psutil.Process]) -> None:
+    """Ctrl-C ``proc``, wait (kill it after 60 s), then kill whichever of ``owned`` outlives a
+    30 s grace period (only processes the caller started, by pid)."""
+    if proc is not None and proc.poll() is None:
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+    _, alive = psutil.wait_procs(owned, timeout=30)
+    for p in alive:
+        with contextlib.suppress(psutil.Error):
+            p.kill()
+
+
 async def register_model(data_dir: Path, model_dir: Path) -> str:
     """Register a built model folder in a data directory's database; returns its name."""
     from kiln_platform.context import open_database
@@ -134,18 +150,7 @@ class Kiln:
 
     def stop(self) -> None:
         """Ctrl-C ``kiln up`` and wait for its tree; kill what outlives a grace period."""
-        owned = self._owned or self.processes()
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGINT)
-            try:
-                self.proc.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        _, alive = psutil.wait_procs(owned, timeout=30)
-        for p in alive:  # only processes this Kiln started, by pid
-            with contextlib.suppress(psutil.Error):
-                p.kill()
+        stop_tree(self.proc, self._owned or self.processes())
         shutil.rmtree(self.data_dir, ignore_errors=True)
 
 

@@ -10,7 +10,6 @@ import asyncio
 import contextlib
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -20,7 +19,7 @@ from typing import IO
 
 import httpx
 import psutil
-from _kiln import free_port, register_model
+from _kiln import free_port, register_model, stop_tree
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -93,18 +92,7 @@ class Server:
         return self._owned or self.processes()
 
     def stop(self) -> None:
-        owned = self.owned()
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGINT)
-            try:
-                self.proc.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        _, alive = psutil.wait_procs(owned, timeout=30)
-        for p in alive:  # only processes this server started, by pid
-            with contextlib.suppress(psutil.Error):
-                p.kill()
+        stop_tree(self.proc, self.owned())
         if self._log is not None:
             self._log.close()
 
