@@ -122,10 +122,12 @@ class QuotaEnforcer:
         if not eff.keys() & {"rpm", "tpm", "concurrency"}:
             return
         reset = _reset()
+        counted: tuple[str, int] | None = None  # (subject, tokens) the rpm count returned
         async with self._sessions.begin() as session:
             if "rpm" in eff:
                 limit, subject = eff["rpm"]
                 row = (await session.execute(_COUNT, {"s": subject, "limit": limit})).first()
+                counted = None if row is None else (subject, int(row[1]))
                 used = limit if row is None else row[0]
                 admission.headers.update(_headers("requests", limit, limit - used, reset))
                 if row is None:
@@ -134,7 +136,10 @@ class QuotaEnforcer:
                     )
             if "tpm" in eff:
                 limit, subject = eff["tpm"]
-                tokens = int(await session.scalar(_TOKENS, {"s": subject}) or 0)
+                if counted is not None and counted[0] == subject:
+                    tokens = counted[1]  # the same window row: no second query
+                else:
+                    tokens = int(await session.scalar(_TOKENS, {"s": subject}) or 0)
                 admission.headers.update(_headers("tokens", limit, limit - tokens, reset))
                 if tokens >= limit:
                     raise TokensLimited(
@@ -173,7 +178,7 @@ class QuotaEnforcer:
 
     def charge(self, tenant_id: uuid.UUID, key_id: uuid.UUID | None, tokens: int) -> None:
         """Charge a request's tokens to its tokens/min counter (off the request path)."""
-        hit = self._cache.peek((tenant_id, key_id)) if key_id else None
+        hit = self._cache.peek((tenant_id, key_id))  # an OAuth caller's key is None
         if tokens <= 0 or hit is None or "tpm" not in hit.limits:
             return  # no tokens/min limit: the ledger alone records its usage
         task = asyncio.create_task(self._charge(hit.limits["tpm"][1], tokens))

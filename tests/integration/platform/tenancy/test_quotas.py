@@ -7,7 +7,12 @@ import uuid
 from datetime import UTC, datetime
 from zoneinfo import ZoneInfo
 
+import pytest
+
 from kiln_platform.billing.budgets import Settled, settle
+from kiln_platform.errors import RateLimited
+from kiln_platform.keys.services import Principal
+from kiln_platform.quotas.enforcer import Admission
 
 from .conftest import Admin
 
@@ -103,3 +108,16 @@ async def test_concurrency_lease_is_released(admin: Admin, root: str) -> None:
     assert 200 in statuses
     assert set(statuses) <= {200, 429}
     assert [await _models(admin, key) for _ in range(3)] == [200, 200, 200]  # leases released
+
+
+async def test_tokens_per_minute_counts_oauth_callers_too(admin: Admin, root: str) -> None:
+    tenant, _ = await _setup(admin, root, "q-tpm-oauth", tpm=100)
+    quotas = admin.kiln.quotas
+    client = Principal(uuid.UUID(tenant), None, frozenset({"inference"}), name="oauth:c1")
+    await quotas.admit(client, Admission())  # caches the tenant's limits for this caller
+    quotas.charge(client.tenant_id, client.key_id, 150)
+    await quotas.drain()
+    refused = Admission()
+    with pytest.raises(RateLimited):
+        await quotas.admit(client, refused)
+    assert refused.headers["x-ratelimit-remaining-tokens"] == "0"
