@@ -59,18 +59,19 @@ def _admin(kiln: KilnProcess, method: str, path: str, **kw: Any) -> httpx.Respon
     return httpx.request(method, f"{kiln.base_url}{path}", headers=headers, timeout=30, **kw)
 
 
-Ledger = tuple[dict[str, tuple[int, int]], int, int]
+Ledger = tuple[dict[str, tuple[int, int, int, int]], int, int]
 
 
 def _ledger(kiln: KilnProcess, tenant: str) -> Ledger:
-    """(request id -> (rows in usage_events, cost), summed event cost, summed line cost)."""
+    """(request id -> (rows, cost, status, output tokens)), summed event cost, summed line cost."""
 
     async def read() -> Ledger:
         settings = Settings(data_dir=kiln.env["KILN_DATA_DIR"])
         async with open_database(settings, upgrade=False) as db, db.sessions() as s:
             tid = uuid.UUID(tenant)
             rows = await s.execute(
-                select(UsageEvent.request_id, func.count(), func.sum(UsageEvent.cost_micros))
+                select(UsageEvent.request_id, func.count(), func.sum(UsageEvent.cost_micros),
+                       func.max(UsageEvent.status), func.max(UsageEvent.output_tokens))
                 .where(UsageEvent.tenant_id == tid).group_by(UsageEvent.request_id)
             )  # fmt: skip
             events = await s.scalar(
@@ -79,7 +80,7 @@ def _ledger(kiln: KilnProcess, tenant: str) -> Ledger:
             lines = await s.scalar(
                 select(func.sum(UsageCharge.cost_micros)).where(UsageCharge.tenant_id == tid)
             )
-            seen = {rid: (n, int(cost)) for rid, n, cost in rows}
+            seen = {rid: (n, int(cost), status, out) for rid, n, cost, status, out in rows}
             return seen, int(events or 0), int(lines or 0)
 
     return asyncio.run(read())
@@ -163,9 +164,10 @@ def test_report_equals_ledger_to_the_micro_unit(kiln: KilnProcess) -> None:
     seen, events, lines = _ledger(kiln, tenant)
     assert {rid: seen[rid][0] for rid in metered if rid in seen} == dict.fromkeys(metered, 1)
     assert set(seen) <= set(metered) | set(errors), "rows for requests nobody made"
-    assert all(seen.get(rid, (1, 0)) == (1, 0) for rid in errors)  # unbilled, if recorded
+    assert all(seen.get(rid, (1, 0))[:2] == (1, 0) for rid in errors)  # unbilled, if recorded
     assert all(seen[rid][1] > 0 for rid in metered)  # cut streams too: what was generated
-    assert len(cuts) == 2
+    # cut streams are recorded as cut (499) with what was generated before the cut, not 300
+    assert all(seen[rid][2] == 499 and 0 < seen[rid][3] < 300 for rid in cuts)
     assert lines == events - 1234  # charge lines = the events' costs, plus the adjustment
     end = (datetime.now(UTC) + timedelta(minutes=1)).isoformat()
     params = {"from": start.isoformat(), "to": end, "tenant_id": tenant,

@@ -37,8 +37,11 @@ async def test_an_expired_value_is_loaded_again() -> None:
 
 async def test_a_failed_load_reaches_every_waiter_and_is_not_cached() -> None:
     cache: TTLCache[str, int] = TTLCache(ttl=60)
+    calls = 0
 
     async def boom() -> int:
+        nonlocal calls
+        calls += 1
         await asyncio.sleep(0.01)
         raise RuntimeError("db down")
 
@@ -46,6 +49,7 @@ async def test_a_failed_load_reaches_every_waiter_and_is_not_cached() -> None:
         *(cache.get("k", boom) for _ in range(3)), return_exceptions=True
     )
     assert all(isinstance(r, RuntimeError) for r in results)
+    assert calls == 1  # one shared load, its failure handed to every waiter
 
     async def ok() -> int:
         return 1
