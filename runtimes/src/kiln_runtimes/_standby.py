@@ -14,9 +14,6 @@ import importlib
 import json
 import sys
 
-import structlog
-
-log = structlog.get_logger(__name__)
 _BACKENDS = (
     "kiln_runtimes.backends.onnx_tensor",
     "kiln_runtimes.backends.onnx_embed",

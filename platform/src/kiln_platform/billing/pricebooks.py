@@ -7,14 +7,13 @@ the key cache), so pricing a request costs no query.
 
 from __future__ import annotations
 
-import asyncio
-import time
 from datetime import UTC, datetime
 from decimal import Decimal, InvalidOperation
 from typing import TYPE_CHECKING
 
 from sqlalchemy import func, select, text
 
+from kiln_platform._ttlcache import TTLCache
 from kiln_platform.admin.authz import Actor, require
 from kiln_platform.audit import services as audit
 from kiln_platform.billing.pricing import UNITS, PriceList, book_at
@@ -161,23 +160,16 @@ class PriceBooks:
 
     def __init__(self, sessions: async_sessionmaker[AsyncSession], ttl: float) -> None:
         self._sessions = sessions
-        self._ttl = ttl
-        self._books: list[PriceList] = []
-        self._until = float("-inf")
-        self._lock = asyncio.Lock()
+        self._cache: TTLCache[None, list[PriceList]] = TTLCache(ttl)
 
     async def all(self) -> list[PriceList]:
         """Every version, sorted by effective date (ties: the higher version wins)."""
-        if time.monotonic() >= self._until:
-            async with self._lock:
-                started = time.monotonic()
-                if started >= self._until:
-                    async with self._sessions() as session:
-                        views = await _load(session)
-                    books = [price_list(v) for v in views]
-                    self._books = sorted(books, key=lambda b: (b.effective_from, b.version))
-                    self._until = started + self._ttl
-        return self._books
+        return await self._cache.get(None, self._load)
+
+    async def _load(self) -> list[PriceList]:
+        async with self._sessions() as session:
+            books = [price_list(v) for v in await _load(session)]
+        return sorted(books, key=lambda b: (b.effective_from, b.version))
 
     async def current(self, now: datetime | None = None) -> PriceList | None:
         """The version in effect at ``now`` (default: this instant), or None before any."""

@@ -110,9 +110,10 @@ class Budgets:
         self._open.add(request_id)
 
     def handed(self, request_id: str) -> bool:
-        """The ledger has the request: it settles the reservation with the usage row.
+        """This process stops tracking the request's hold; whether it had one.
 
-        Returns whether this process holds one for it (if not, the ledger skips the lookup).
+        Called when the ledger takes the request (its write settles the hold with the usage row;
+        without one it skips the lookup) and by ``finish``.
         """
         held = request_id in self._open
         self._open.discard(request_id)
@@ -120,8 +121,7 @@ class Budgets:
 
     async def finish(self, request_id: str) -> None:
         """At the end of a response: release the hold if the ledger was not handed the request."""
-        if request_id in self._open:
-            self._open.discard(request_id)
+        if self.handed(request_id):
             await self.release(request_id)
 
     async def release(self, request_id: str) -> None:

@@ -99,15 +99,13 @@ async def infer(
         outputs=oip_codec.output_names(request),
         timeout_ms=timeout_ms,
     )
+    usage = usage_of(principal, version, request_id, "infer", items=rows)
     try:
         result = await kiln.workers.infer(version.model, message, ticket, max(rows, 1))
     except KilnError as exc:  # recorded unbilled; the client sees the error
-        kiln.ledger.record(
-            usage_of(principal, version, request_id, "infer", status=exc.status_code, items=rows)
-        )
+        kiln.ledger.record(dataclasses.replace(usage, status=exc.status_code))
         raise
     await kiln.ledger.commit(
-        usage_of(principal, version, request_id, "infer", items=rows,
-                 queue_ms=result.queue_ms, compute_ms=result.compute_ms)
-    )  # fmt: skip
+        dataclasses.replace(usage, queue_ms=result.queue_ms, compute_ms=result.compute_ms)
+    )
     return oip_codec.encode(request, result, version.model, version.version)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import dataclasses
 from functools import lru_cache
 from typing import TYPE_CHECKING, Any
 
@@ -116,15 +117,15 @@ async def embed(
     tokens = sum(map(len, ids))
     most = Quantities(input_tokens=tokens, items=len(ids))
     await kiln.budgets.reserve(principal, request_id, version, most, ticket.timeout_s)
+    usage = usage_of(
+        principal, version, request_id, "embeddings", input_tokens=tokens, items=len(ids)
+    )
     try:
         result = await kiln.workers.embed(
             version.model, EmbedRequest(request_id=request_id, input_ids=ids), ticket
         )
     except KilnError as exc:  # recorded unbilled; the client sees the error
-        kiln.ledger.record(
-            usage_of(principal, version, request_id, "embeddings", status=exc.status_code,
-                     input_tokens=tokens, items=len(ids))
-        )  # fmt: skip
+        kiln.ledger.record(dataclasses.replace(usage, status=exc.status_code))
         raise
     vectors = np.frombuffer(result.data, dtype="<f4").reshape(len(ids), result.dimensions)
     if request.encoding_format == "base64":
@@ -135,11 +136,8 @@ async def embed(
     else:
         data = [Embedding(index=i, embedding=v.tolist()) for i, v in enumerate(vectors)]
     await kiln.ledger.commit(
-        usage_of(
-            principal, version, request_id, "embeddings", input_tokens=tokens, items=len(ids),
-            queue_ms=result.queue_ms, compute_ms=result.compute_ms,
-        )
-    )  # fmt: skip
+        dataclasses.replace(usage, queue_ms=result.queue_ms, compute_ms=result.compute_ms)
+    )
     return EmbeddingsResponse(
         data=data,
         model=version.model,

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, BinaryIO
 
 import click
 
-from kiln_platform.reports.schemas import GROUPS
+from kiln_platform.reports.schemas import DEFAULT_GROUPS, GROUPS
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -41,7 +41,7 @@ def register(main: click.Group, with_db: WithDb, fail: Callable[[Exception], Non
                   show_default=True)  # fmt: skip
     @click.option("--output", type=click.Path(dir_okay=False, path_type=Path),
                   help="Write here instead of stdout.")  # fmt: skip
-    @click.option("--group-by", default="tenant,model,version", show_default=True,
+    @click.option("--group-by", default=DEFAULT_GROUPS, show_default=True,
                   help=f"Comma-separated: {', '.join(GROUPS)}.")  # fmt: skip
     @click.option("--tenant", help="Only this tenant (name).")
     @click.pass_context

@@ -37,6 +37,7 @@ COLUMNS = (
 
 GROUPS = ("tenant", "model", "version", "key", "day", "request")
 """What ``group_by`` may name; billing period, charge category, unit and currency always are."""
+DEFAULT_GROUPS = "tenant,model,version"
 
 
 class AdjustmentCreate(msgspec.Struct, forbid_unknown_fields=True):

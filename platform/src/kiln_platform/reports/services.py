@@ -18,7 +18,7 @@ from kiln_platform.admin.authz import Actor, check_tenant, require
 from kiln_platform.errors import BadRequest
 from kiln_platform.reports._format import columns, money
 from kiln_platform.reports._query import CostQuery, cost_select
-from kiln_platform.reports.schemas import COLUMNS, GROUPS
+from kiln_platform.reports.schemas import COLUMNS, DEFAULT_GROUPS, GROUPS
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Callable
@@ -29,7 +29,6 @@ if TYPE_CHECKING:
     Scope = Callable[[], AbstractAsyncContextManager[AsyncSession]]
 
 Format = Literal["csv", "json"]
-DEFAULT_GROUPS = "tenant,model,version"
 CHUNK = 64 * 1024
 YIELD_PER = 2000
 

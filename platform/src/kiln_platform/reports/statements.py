@@ -21,6 +21,7 @@ from sqlalchemy.exc import IntegrityError
 from kiln_platform.admin.authz import Actor, require
 from kiln_platform.admin.services import get_tenant
 from kiln_platform.audit.services import record, snapshot
+from kiln_platform.billing.budgets import period_end
 from kiln_platform.billing.tables import PriceBook, Statement, UsageCharge
 from kiln_platform.errors import BadRequest, Conflict, NotFound
 from kiln_platform.reports._format import money
@@ -45,10 +46,8 @@ def period_of(text: str) -> date:
 
 def month_range(period: date, timezone: str) -> tuple[datetime, datetime]:
     """``[start, end)`` of a calendar month in a time zone."""
-    tz = ZoneInfo(timezone)
-    following = date(period.year + period.month // 12, period.month % 12 + 1, 1)
-    return (datetime(period.year, period.month, 1, tzinfo=tz),
-            datetime(following.year, following.month, 1, tzinfo=tz))  # fmt: skip
+    start = datetime(period.year, period.month, 1, tzinfo=ZoneInfo(timezone))
+    return start, period_end(timezone, period)
 
 
 async def close_statement(
@@ -154,7 +153,7 @@ async def _currency(session: AsyncSession) -> str:
     """The currency of the price book in effect now (USD without one)."""
     book = await session.scalar(
         select(PriceBook.currency).where(PriceBook.effective_from <= func.now())
-        .order_by(PriceBook.effective_from.desc()).limit(1)
+        .order_by(PriceBook.effective_from.desc(), PriceBook.version.desc()).limit(1)
     )  # fmt: skip
     return book or "USD"
 

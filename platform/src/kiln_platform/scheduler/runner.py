@@ -152,12 +152,10 @@ class PoolRunner:
         now, wasted = self.now(), True
         slots = self._slots()
         self.scheduler.slots = sum(slots.values())
-        express = self.scheduler.config.policy.express
         while wasted:
             wasted = False
             credits = [
-                Credit(w, n - self._in_flight[w], express and w not in self._express)
-                for w, n in slots.items()
+                Credit(w, n - self._in_flight[w], w not in self._express) for w, n in slots.items()
             ]
             usable = [c for c in credits if c.free > 0 or c.express]
             dispatches, expired = self.scheduler.dispatch(now, usable)
