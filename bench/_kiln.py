@@ -148,10 +148,31 @@ class Kiln:
                     out[f"worker {p.pid}"] = p.pid
         return out
 
+    def roles(self) -> dict[str, list[psutil.Process]]:
+        """This ``kiln up``'s processes by role: gateway, worker, postgres."""
+        out: dict[str, list[psutil.Process]] = {"gateway": [], "worker": [], "postgres": []}
+        for p in self.processes():
+            with contextlib.suppress(psutil.Error):
+                line = " ".join(p.cmdline())
+                role = "worker" if "kiln_runtimes" in line else "gateway"
+                role = "postgres" if "postgres" in line or p.name() == "postgres" else role
+                out[role].append(p)
+        return out
+
     def stop(self) -> None:
         """Ctrl-C ``kiln up`` and wait for its tree; kill what outlives a grace period."""
         stop_tree(self.proc, self._owned or self.processes())
         shutil.rmtree(self.data_dir, ignore_errors=True)
+
+
+def cpu_seconds(procs: list[psutil.Process]) -> float:
+    """User + system CPU seconds of ``procs`` so far (ended ones count 0)."""
+    total = 0.0
+    for p in procs:
+        with contextlib.suppress(psutil.Error):
+            c = p.cpu_times()
+            total += c.user + c.system
+    return total
 
 
 class CpuMeter:

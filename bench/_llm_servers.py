@@ -19,7 +19,7 @@ from typing import IO
 
 import httpx
 import psutil
-from _kiln import free_port, register_model, stop_tree
+from _kiln import cpu_seconds, free_port, register_model, stop_tree
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -197,15 +197,6 @@ class Kiln(Server):
             super().stop()
         finally:
             shutil.rmtree(self.data_dir, ignore_errors=True)
-
-
-def cpu_seconds(procs: list[psutil.Process]) -> float:
-    total = 0.0
-    for p in procs:
-        with contextlib.suppress(psutil.Error):
-            t = p.cpu_times()
-            total += t.user + t.system
-    return total
 
 
 def quiesce(procs: list[psutil.Process], *, idle: float = 0.05, timeout: float = 60) -> float:

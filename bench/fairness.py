@@ -41,7 +41,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _corpus import sentences
-from _kiln import Kiln
+from _kiln import Kiln, cpu_seconds
 
 ITEMS = 8
 SHARD_RATE = 150.0
@@ -55,6 +55,12 @@ class Outcomes:
     ok: dict[str, list[float]] = field(default_factory=lambda: defaultdict(list))
     rejected: dict[str, list[float]] = field(default_factory=lambda: defaultdict(list))
     other: dict[str, int] = field(default_factory=lambda: defaultdict(int))
+    timings: dict[str, list[tuple[float, dict[str, float]]]] = field(
+        default_factory=lambda: defaultdict(list)
+    )
+    """Each served request's latency and its ``Server-Timing`` parts."""
+    cpu: dict[str, float] = field(default_factory=lambda: defaultdict(float))
+    """Cores used during the phase, by role (gateway, worker, postgres, generators)."""
 
 
 def _p(values: list[float], q: float) -> float:
@@ -63,11 +69,20 @@ def _p(values: list[float], q: float) -> float:
 
 async def _send(
     session: aiohttp.ClientSession, url: str, key: str, body: dict[str, object]
-) -> tuple[int, float]:
+) -> tuple[int, float, str]:
     start = time.perf_counter()
     async with session.post(url, json=body, headers={"authorization": f"Bearer {key}"}) as r:
         await r.read()
-        return r.status, time.perf_counter() - start
+        return r.status, time.perf_counter() - start, r.headers.get("server-timing", "")
+
+
+def _timings(header: str) -> dict[str, float]:
+    """``Server-Timing`` as {name: ms} (``express`` present when the request had the lane)."""
+    out = {}
+    for part in filter(None, (p.strip() for p in header.split(","))):
+        name, _, dur = part.partition(";dur=")
+        out[name] = float(dur or 0)
+    return out
 
 
 async def open_loop(
@@ -92,9 +107,10 @@ async def _open_loop(
 
     async def one(session: aiohttp.ClientSession, tenant: str) -> None:
         body = {"model": model, "input": rng.sample(corpus, ITEMS), "encoding_format": "base64"}
-        status, seconds_taken = await _send(session, url, keys[tenant], body)
+        status, seconds_taken, timing = await _send(session, url, keys[tenant], body)
         if status == 200:
             out.ok[tenant].append(seconds_taken)
+            out.timings[tenant].append((seconds_taken, _timings(timing)))
         elif status in (429, 503):
             out.rejected[tenant].append(seconds_taken)
         else:
@@ -123,13 +139,15 @@ def _tenant_process(
     *,
     keys: dict[str, str],
     timing: tuple[float, float, int, int],
-) -> tuple[list[float], list[float], int]:
-    """One tenant's open loop in a child process, started at the shared wall-clock time."""
+) -> tuple[list[float], list[float], int, float, list[tuple[float, dict[str, float]]]]:
+    """One tenant's open loop in a child process, started at the shared wall-clock time;
+    returns its outcomes and the CPU seconds it used."""
     start_at, seconds, seed, nice = timing
     os.nice(nice)
     time.sleep(max(0.0, start_at - time.time()))
     out = asyncio.run(_open_loop(base_url, model, {tenant: rate}, keys, seconds=seconds, seed=seed))
-    return out.ok[tenant], out.rejected[tenant], out.other[tenant]
+    cpu = time.process_time()
+    return out.ok[tenant], out.rejected[tenant], out.other[tenant], cpu, out.timings[tenant]
 
 
 def open_loops(
@@ -155,6 +173,8 @@ def open_loops(
         for i in range(n)
     ]
     out = Outcomes()
+    roles = kiln.roles()
+    before = {role: cpu_seconds(procs) for role, procs in roles.items()}
     fork = multiprocessing.get_context("fork")
     with concurrent.futures.ProcessPoolExecutor(len(shards), mp_context=fork) as pool:
         timing = (time.time() + 1.0, seconds, seed, nice)
@@ -166,10 +186,14 @@ def open_loops(
             for t, r, i in shards
         ]  # fmt: skip
         for tenant, future in futures:
-            ok, rejected, other = future.result()
+            ok, rejected, other, cpu, timings = future.result()
+            out.timings[tenant] += timings
             out.ok[tenant] += ok
             out.rejected[tenant] += rejected
             out.other[tenant] += other
+            out.cpu["generators"] += cpu / seconds
+    for role, procs in roles.items():
+        out.cpu[role] = (cpu_seconds(procs) - before[role]) / (seconds + 1.0)
     return out
 
 
@@ -187,7 +211,7 @@ async def capacity(kiln: Kiln, key: str, seconds: float) -> float:
                 "input": rng.sample(corpus, ITEMS),
                 "encoding_format": "base64",
             }
-            status, _ = await _send(session, url, key, body)
+            status, _, _ = await _send(session, url, key, body)
             done += status == 200
 
     async with aiohttp.ClientSession() as session:
@@ -279,6 +303,20 @@ def main(argv: list[str] | None = None) -> None:
         f"A's generator: {offered / args.duration:.0f} requests/s sent of "
         f"{args.a_load * cap:.0f} targeted (client nice {args.client_nice})"
     )
+    for name, phase in (("B alone", alone), ("A + B", both)):
+        cores = ", ".join(f"{role} {c:.2f}" for role, c in phase.cpu.items())
+        print(f"cores used, {name}: {cores}")
+        print(f"B's slowest 5%, {name} (mean ms): {_tail(phase.timings['B'])}")
+
+
+def _tail(timings: list[tuple[float, dict[str, float]]], share: float = 0.05) -> str:
+    """Where the slowest ``share`` of requests spent their time, from ``Server-Timing``."""
+    slow = sorted(timings, key=lambda t: t[0])[-max(1, int(len(timings) * share)) :]
+    parts = ("queue", "worker-queue", "compute", "total")
+    means = {p: float(np.mean([t.get(p, 0.0) for _, t in slow])) for p in parts}
+    means["client"] = float(np.mean([s * 1000 for s, _ in slow]))
+    express = sum("express" in t for _, t in slow)
+    return ", ".join(f"{k} {v:.1f}" for k, v in means.items()) + f"; express {express}/{len(slow)}"
 
 
 def report(

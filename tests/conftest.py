@@ -15,6 +15,7 @@ import pytest
 
 from kiln_platform.db import migrate
 from kiln_platform.db.engine import asyncpg_url, create_engine, embedded_server
+from kiln_runtimes.protocol import ModelManifest, TensorSpec
 
 TEMPLATE = "kiln_template"
 
@@ -71,6 +72,21 @@ def new_database(pg_uri: str) -> str:
 def database_uri(pg_uri: str) -> str:
     """A fresh, migrated database for one test module."""
     return new_database(pg_uri)
+
+
+MLP_MANIFEST = ModelManifest(
+    name="mlp", task="tensor", engine="onnxruntime", tokenizer_file=None, batching=True,
+    inputs=[TensorSpec(name="x", datatype="FP32", shape=[-1, 16]),
+            TensorSpec(name="scale", datatype="FP32", shape=[-1, 1])],
+    outputs=[TensorSpec(name="y", datatype="FP32", shape=[-1, 4]),
+             TensorSpec(name="norm", datatype="FP32", shape=[-1, 1])],
+)  # fmt: skip
+
+
+@pytest.fixture(scope="session")
+def mlp_manifest() -> ModelManifest:
+    """The manifest of the ``mlp`` tensor test model (inputs x, scale; outputs y, norm)."""
+    return MLP_MANIFEST
 
 
 @pytest.fixture(scope="session")

@@ -65,6 +65,17 @@ def test_token_id_inputs_equal_text_inputs(client: openai.OpenAI, kiln_up: Any) 
     assert _cos(np.asarray(text), np.asarray(ids)) > 0.99999
 
 
+def test_server_timing_says_where_the_time_went(client: openai.OpenAI) -> None:
+    raw = client.embeddings.with_raw_response.create(model=MODEL, input=["a", "b", "c"])
+    parts = dict(p.strip().split(";dur=") for p in raw.headers["server-timing"].split(","))
+    timings = {name: float(ms) for name, ms in parts.items()}
+    assert {"queue", "worker-queue", "compute", "total"} <= timings.keys()
+    assert timings["compute"] > 0
+    assert timings["total"] >= timings["queue"] + timings["worker-queue"] + timings["compute"]
+    assert "express" in timings  # a light tenant on a quiet pool takes the express lane
+    assert raw.parse().data[2].index == 2
+
+
 def test_models_endpoints(client: openai.OpenAI) -> None:
     assert MODEL in [m.id for m in client.models.list()]
     assert client.models.retrieve(MODEL).id == MODEL

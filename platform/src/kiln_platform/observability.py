@@ -1,10 +1,12 @@
-"""Structured logs with request ids, and the request-id middleware."""
+"""Structured logs with request ids, the request-id middleware, and ``Server-Timing``."""
 
 from __future__ import annotations
 
+import contextvars
 import logging
 import re
 import sys
+import time
 import uuid
 from typing import TYPE_CHECKING
 
@@ -15,7 +17,25 @@ if TYPE_CHECKING:
 
 REQUEST_ID_HEADER = "x-request-id"
 CLIENT_REQUEST_ID_HEADER = "x-client-request-id"
+SERVER_TIMING_HEADER = "server-timing"
 _VALID_ID = re.compile(r"^[A-Za-z0-9._:-]{1,64}$")
+_timings: contextvars.ContextVar[dict[str, float] | None] = contextvars.ContextVar(
+    "kiln_timings", default=None
+)
+
+
+def timing(name: str, ms: float) -> None:
+    """Report where the current request's time went, in its ``Server-Timing`` header
+    (``queue``: the fair queue, ``worker-queue`` and ``compute``: the worker, ``express``)."""
+    timings = _timings.get()
+    if timings is not None:
+        timings[name] = ms
+
+
+def _server_timing(timings: dict[str, float], started: float) -> bytes:
+    total = (time.perf_counter() - started) * 1000
+    parts = [f"{name};dur={ms:.1f}" for name, ms in timings.items()]
+    return ", ".join([*parts, f"total;dur={total:.1f}"]).encode()
 
 
 def configure_logging(level: str, fmt: str = "json") -> None:
@@ -48,7 +68,8 @@ def new_request_id() -> str:
 
 
 def request_id_middleware(app: ASGIApp) -> ASGIApp:
-    """Mint a request id and echo it on every response.
+    """Mint a request id and echo it on every response, with a ``Server-Timing`` header when the
+    request reported its timings (``timing``).
 
     The id is always the server's: the usage ledger records each request once *by this id*, so a
     client choosing it could have a second request dropped as a duplicate (unbilled). A sane
@@ -64,7 +85,8 @@ def request_id_middleware(app: ASGIApp) -> ASGIApp:
             (v.decode() for k, v in scope["headers"] if k == REQUEST_ID_HEADER.encode()), ""
         )
         client_id = incoming if _VALID_ID.match(incoming) else None
-        request_id = new_request_id()
+        request_id, started, timings = new_request_id(), time.perf_counter(), dict[str, float]()
+        token = _timings.set(timings)
         scope.setdefault("state", {})["request_id"] = request_id
         structlog.contextvars.bind_contextvars(request_id=request_id)
         if client_id:
@@ -78,12 +100,17 @@ def request_id_middleware(app: ASGIApp) -> ASGIApp:
                     headers.append((REQUEST_ID_HEADER.encode(), request_id.encode()))
                 if client_id:
                     headers.append((CLIENT_REQUEST_ID_HEADER.encode(), client_id.encode()))
+                if timings:
+                    headers.append(
+                        (SERVER_TIMING_HEADER.encode(), _server_timing(timings, started))
+                    )
                 message["headers"] = headers
             await send(message)
 
         try:
             await app(scope, receive, send_with_id)
         finally:
+            _timings.reset(token)
             structlog.contextvars.unbind_contextvars("request_id", "client_request_id")
 
     return middleware

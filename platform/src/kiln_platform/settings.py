@@ -34,6 +34,8 @@ class Settings(BaseSettings):
     worker_threads: int | None = None
     worker_concurrency: int = 1
     """Batches a worker runs at once, each on its own ``worker_threads`` engine threads."""
+    worker_preempt: bool = True
+    """An express request stops a worker's running batch and runs first (docs/scheduler.md)."""
     worker_slots: int | None = None
     """Requests the scheduler keeps in flight per worker (default: its max batch size)."""
     scheduler_express: bool = True

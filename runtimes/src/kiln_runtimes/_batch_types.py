@@ -52,6 +52,8 @@ class Item:
     ticket: Ticket
     index: int
     input_ids: Any
+    preempted: bool = False
+    """Its batch was stopped once for an express request; a batch holding it is not stopped."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,6 +63,16 @@ class Batch:
     items: tuple[Item, ...]
     reason: CloseReason
     started_at: float
+
+    @property
+    def express(self) -> bool:
+        """Whether this is a batch of express items (a batch never mixes the two)."""
+        return self.items[0].ticket.express
+
+    @property
+    def preemptible(self) -> bool:
+        """Whether an express request may stop it: none of its items was stopped before."""
+        return not any(item.preempted for item in self.items)
 
     def costs(self) -> list[int]:
         """Each item's cost: its tokens (embeddings), or 1 (a tensor row)."""
@@ -90,3 +102,5 @@ class Outcome:
     batch: Batch
     result: BatchResult | Exception
     seconds: float
+    preempted: bool = False
+    """Stopped for an express request: its items went back to the queue, the seconds are lost."""

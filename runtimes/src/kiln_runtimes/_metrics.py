@@ -41,6 +41,16 @@ class WorkerMetrics:
             buckets=_SECONDS,
             registry=registry,
         )
+        self.preempted = Counter(
+            "kiln_worker_preempted_batches",
+            "Batches stopped for an express request (their items ran again later).",
+            registry=registry,
+        )
+        self.preempted_seconds = Counter(
+            "kiln_worker_preempted_compute_seconds",
+            "Backend time thrown away by preempted batches.",
+            registry=registry,
+        )
         self.in_flight = Gauge(
             "kiln_worker_in_flight", "Requests being handled.", registry=registry
         )
@@ -63,7 +73,11 @@ class WorkerMetrics:
         )
 
     def observe_batch(self, outcome: Outcome) -> None:
-        """Record one executed batch."""
+        """Record one executed (or preempted) batch."""
+        if outcome.preempted:
+            self.preempted.inc()
+            self.preempted_seconds.inc(outcome.seconds)
+            return
         self.batch_size.observe(len(outcome.batch.items))
         self.compute.observe(outcome.seconds)
 

@@ -43,11 +43,13 @@ class WorkerSettings:
     precision: str = "fp32"
     concurrency: int = 1
     """Batches run at once (embeddings, tensors), each on ``threads`` engine threads."""
+    preempt: bool = True
+    """Express requests stop a running normal batch (``batcher``)."""
 
     def batch_policy(self, batching: bool = True) -> BatchPolicy:
         """The batcher's knobs; ``batching=False`` keeps one item per batch."""
         size = self.max_batch_size if batching else 1
-        return BatchPolicy(size, self.max_wait, self.max_queue, self.concurrency)
+        return BatchPolicy(size, self.max_wait, self.max_queue, self.concurrency, self.preempt)
 
 
 class Worker:
@@ -91,7 +93,10 @@ class Worker:
             await asyncio.to_thread(embedder.warmup)
             self._embedder = embedder
             self._batcher = Batcher(
-                embedder.run, settings.batch_policy(), on_batch=self.metrics.observe_batch
+                embedder.run,
+                settings.batch_policy(),
+                stopper=embedder.stopper,
+                on_batch=self.metrics.observe_batch,
             )
             self._batcher.start()
         elif manifest.task == "generate":

@@ -56,7 +56,10 @@ async def load(
     await asyncio.to_thread(backend.load, model, manifest, settings.threads, optimized=optimized)
     await asyncio.to_thread(backend.warmup, settings.max_batch_size)
     batcher = Batcher(
-        backend.run, settings.batch_policy(manifest.batching), on_batch=metrics.observe_batch
+        backend.run,
+        settings.batch_policy(manifest.batching),
+        stopper=backend.stopper,
+        on_batch=metrics.observe_batch,
     )
     batcher.start()
     metrics.load_seconds.set(time.perf_counter() - start)

@@ -5,10 +5,13 @@
 tightest deadline's slack is no more than the predicted execution time of the batch at its current
 size. Queued items whose deadline can no longer be met (``now + t(1) > deadline``) are expired,
 also while a batch runs. Express requests (the gateway's express lane) queue ahead of normal
-ones, behind earlier express ones, and a batch never mixes the two. ``Batcher`` drives a queue on
-the event loop, ``concurrency`` batches at a time, each on its own thread (on CPU: one core each,
-so a batch that loses its core to another process delays only itself, and one batch fills while
-another runs).
+ones, behind earlier express ones, and a batch never mixes the two. When every runner is busy,
+an express request *preempts* a normal batch that has at least as long left to run as it has run
+(so the work thrown away is never more than the wait saved): the backend stops it at its next
+operator and its items go back to the head of the normal queue, marked so that they are not
+stopped twice. ``Batcher`` drives a queue on the event loop, ``concurrency`` batches at a time,
+each on its own thread (on CPU: one core each, so a batch that loses its core to another process
+delays only itself, and one batch fills while another runs).
 """
 
 from __future__ import annotations
@@ -20,8 +23,8 @@ import time
 from collections import deque
 from collections.abc import Callable, Coroutine, Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass, field, replace
+from typing import Any, Protocol
 
 import numpy as np
 import structlog
@@ -35,15 +38,27 @@ Clock = Callable[[], float]
 log = structlog.get_logger(__name__)
 
 
+class Stop(Protocol):
+    """A handle for one backend run (ONNX Runtime's ``RunOptions``): setting ``terminate`` from
+    another thread makes the run raise at its next operator."""
+
+    terminate: bool
+
+
+Run = Callable[[list[Any], Any], BatchResult]
+"""A backend's ``run(inputs, stop)``; ``stop`` is a ``Stop`` or ``None``."""
+
+
 @dataclass(frozen=True, slots=True)
 class BatchPolicy:
     """The knobs: items per batch, seconds the oldest item may wait, items the queue holds,
-    and how many batches run at once."""
+    how many batches run at once, and whether express requests preempt normal batches."""
 
     max_batch_size: int = 32
     max_wait: float = 0.005
     max_queue: int = 1024
     concurrency: int = 1
+    preempt: bool = True
 
 
 def close_reason(
@@ -75,6 +90,7 @@ class BatchQueue:
     model: LatencyModel = field(default_factory=LatencyModel)
     running: list[Batch] = field(default_factory=list)
     _items: deque[Item] = field(default_factory=deque)
+    _stopping: list[Batch] = field(default_factory=list)
 
     @property
     def queued(self) -> int:
@@ -102,14 +118,43 @@ class BatchQueue:
         n = len(inputs)
         ticket = Ticket(request_id, n, now, deadline, [None] * n, n, express=express)
         items = [Item(ticket, i, ids) for i, ids in enumerate(inputs)]
-        if not express:
+        if express:
+            self._insert(self._express_queued(), items)
+        else:
             self._items.extend(items)
-            return ticket
-        head = self._express_queued()
-        self._items.rotate(-head)  # queued express items last: append behind them, rotate back
-        self._items.extend(items)
-        self._items.rotate(head + len(items))
         return ticket
+
+    def preempt(self) -> Batch | None:
+        """The running batch to stop so that the express items at the head can run, or ``None``.
+
+        Only when every runner is busy, no stop is pending, and a normal batch never stopped
+        before has at least as long left to run (by the latency model) as it has run. The
+        driver stops it; its outcome comes back to ``requeue``.
+        """
+        if not self.policy.preempt or self._free() or self._stopping:
+            return None
+        if not self._items or not self._items[0].ticket.express:
+            return None
+        now = self.clock()
+
+        def left(batch: Batch) -> float:
+            return batch.started_at + self.model.predict(len(batch.items)) - now
+
+        victims = [
+            b for b in self.running
+            if not b.express and b.preemptible and left(b) >= now - b.started_at
+        ]  # fmt: skip
+        victim = max(victims, key=left, default=None)
+        if victim is not None:
+            self._stopping.append(victim)
+        return victim
+
+    def requeue(self, batch: Batch) -> None:
+        """Take a stopped batch off the runners; its unsettled items go back to the head of the
+        normal queue (behind express items), in order, marked as preempted."""
+        self._forget(batch)
+        items = [replace(i, preempted=True) for i in batch.items if not i.ticket.settled]
+        self._insert(self._express_queued(), items)
 
     def poll(self) -> tuple[Batch | None, list[Ticket]]:
         """Expire what cannot meet its deadline, then close a batch if a runner is free and one
@@ -149,13 +194,12 @@ class BatchQueue:
                 times.append(tightest - self.model.predict(len(candidate)))
         return min(times, default=None)
 
-    def finish(self, outcomes: Iterable[Outcome]) -> list[Ticket]:
-        """Record a running batch's outcomes (its parts' if it was split); return the tickets
-        that settled."""
+    def finish(self, running: Batch, outcomes: Iterable[Outcome]) -> list[Ticket]:
+        """Record the outcomes of the ``running`` batch (its parts' if it was split); return the
+        tickets that settled."""
+        self._forget(running)
         settled: list[Ticket] = []
-        done: set[int] = set()
         for outcome in outcomes:
-            done.update(id(item) for item in outcome.batch.items)
             rows, batch = outcome.result, outcome.batch
             if isinstance(rows, Exception) or not _well_formed(rows, len(batch.items)):
                 message = f"backend failed: {rows!r}"[:300]
@@ -172,8 +216,17 @@ class BatchQueue:
                     if ticket.pending == 0:
                         ticket.finished_at = self.clock()
                         settled.append(ticket)
-        self.running = [b for b in self.running if id(b.items[0]) not in done]
         return settled
+
+    def _forget(self, batch: Batch) -> None:
+        self.running = [b for b in self.running if b is not batch]
+        self._stopping = [b for b in self._stopping if b is not batch]
+
+    def _insert(self, at: int, items: list[Item]) -> None:
+        """Put ``items`` into the queue before position ``at``."""
+        self._items.rotate(-at)
+        self._items.extendleft(reversed(items))
+        self._items.rotate(at)
 
     def _free(self) -> bool:
         return len(self.running) < self.policy.concurrency
@@ -223,19 +276,27 @@ def _tightest(items: Iterable[Item]) -> float | None:
 
 
 class Batcher:
-    """Drives a ``BatchQueue`` on the event loop; ``run`` executes on ``concurrency`` threads."""
+    """Drives a ``BatchQueue`` on the event loop; ``run`` executes on ``concurrency`` threads.
+
+    ``stopper`` makes a fresh ``Stop`` for each run (the backend's); without one, nothing is
+    preempted.
+    """
 
     def __init__(
         self,
-        run: Callable[[list[Any]], BatchResult],
+        run: Run,
         policy: BatchPolicy,
         *,
+        stopper: Callable[[], Stop] | None = None,
         clock: Clock = time.monotonic,
         model: LatencyModel | None = None,
         on_batch: Callable[[Outcome], None] | None = None,
     ) -> None:
+        if stopper is None:
+            policy = replace(policy, preempt=False)
         self.queue = BatchQueue(policy, clock, model or LatencyModel())
-        self._run, self._clock, self._on_batch = run, clock, on_batch
+        self._run, self._stopper, self._clock, self._on_batch = run, stopper, clock, on_batch
+        self._stops: dict[int, Stop] = {}
         self._waiters: dict[Ticket, asyncio.Future[None]] = {}
         self._wake = asyncio.Event()
         self._executor = ThreadPoolExecutor(policy.concurrency, thread_name_prefix="kiln-batch")
@@ -260,6 +321,9 @@ class Batcher:
         """
         ticket = self.queue.submit(request_id, inputs, time_budget, express=express)
         waiter = self._waiters[ticket] = asyncio.get_running_loop().create_future()
+        victim = self.queue.preempt() if express else None
+        if victim is not None:
+            self._stops[id(victim)].terminate = True
         self._wake.set()
         await waiter
         if ticket.error is not None:
@@ -279,16 +343,29 @@ class Batcher:
             batch, expired = self.queue.poll()
             self._resolve(expired)
             if batch is not None:
-                self._spawn(self._execute(batch))
+                stop = self._stopper() if self._stopper is not None else None
+                if stop is not None:
+                    self._stops[id(batch)] = stop
+                self._spawn(self._execute(batch, stop))
             wakeup = self.queue.next_wakeup()
             delay = None if wakeup is None else max(wakeup - self._clock(), 0.0)
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(delay):
                     await self._wake.wait()
 
-    async def _execute(self, batch: Batch) -> None:
+    async def _execute(self, batch: Batch, stop: Stop | None) -> None:
         loop = asyncio.get_running_loop()
-        outcomes = await loop.run_in_executor(self._executor, self._run_isolated, batch)
+        try:
+            outcomes = await loop.run_in_executor(self._executor, self._run_isolated, batch, stop)
+        finally:
+            self._stops.pop(id(batch), None)
+        if outcomes[0].preempted:
+            log.info("batch preempted", size=len(batch.items), seconds=outcomes[0].seconds)
+            if self._on_batch is not None:
+                self._on_batch(outcomes[0])
+            self.queue.requeue(batch)
+            self._wake.set()
+            return
         for outcome in outcomes:
             request_ids = [t.request_id for t in outcome.batch.tickets()]
             if isinstance(outcome.result, Exception):
@@ -303,20 +380,23 @@ class Batcher:
                 )
             if self._on_batch is not None:
                 self._on_batch(outcome)
-        self._resolve(self.queue.finish(outcomes))
+        self._resolve(self.queue.finish(batch, outcomes))
         self._wake.set()
 
-    def _run_isolated(self, batch: Batch) -> list[Outcome]:
-        """Run a batch; if it fails with several requests in it, rerun each alone."""
-        outcome = self._timed(batch)
+    def _run_isolated(self, batch: Batch, stop: Stop | None) -> list[Outcome]:
+        """Run a batch; if it fails with several requests in it, rerun each alone. A run that
+        fails after ``stop`` was set was preempted."""
+        outcome = self._timed(batch, stop)
+        if isinstance(outcome.result, Exception) and stop is not None and stop.terminate:
+            return [replace(outcome, preempted=True)]
         if isinstance(outcome.result, Exception) and len(batch.tickets()) > 1:
-            return [self._timed(part) for part in batch.split()]
+            return [self._timed(part, None) for part in batch.split()]
         return [outcome]
 
-    def _timed(self, batch: Batch) -> Outcome:
+    def _timed(self, batch: Batch, stop: Stop | None) -> Outcome:
         start = self._clock()
         try:
-            result: BatchResult | Exception = self._run(batch.inputs)
+            result: BatchResult | Exception = self._run(batch.inputs, stop)
         except Exception as exc:
             result = exc
         return Outcome(batch, result, self._clock() - start)

@@ -62,6 +62,12 @@ def parse_args(argv: Sequence[str] | None = None) -> WorkerSettings:
         help="batches run at once, each on --threads engine threads (embeddings, tensors)",
     )
     parser.add_argument(
+        "--no-preempt",
+        dest="preempt",
+        action="store_false",
+        help="express requests wait for the running batch instead of stopping it",
+    )
+    parser.add_argument(
         "--max-queue",
         type=int,
         default=1024,
@@ -88,6 +94,7 @@ def parse_args(argv: Sequence[str] | None = None) -> WorkerSettings:
         max_wait=args.max_wait_ms / 1000,
         threads=args.threads,
         concurrency=args.concurrency,
+        preempt=args.preempt,
         max_queue=args.max_queue,
         log_level=args.log_level,
         target=args.target,

@@ -23,25 +23,20 @@ from kiln_runtimes.protocol import (
     InferResult,
     ModelManifest,
     Tensor,
-    TensorSpec,
 )
 from kiln_runtimes.store import ArtifactStore
 
-MANIFEST = ModelManifest(
-    name="mlp", task="tensor", engine="onnxruntime", tokenizer_file=None, batching=True,
-    inputs=[TensorSpec(name="x", datatype="FP32", shape=[-1, 16]),
-            TensorSpec(name="scale", datatype="FP32", shape=[-1, 1])],
-    outputs=[TensorSpec(name="y", datatype="FP32", shape=[-1, 4]),
-             TensorSpec(name="norm", datatype="FP32", shape=[-1, 1])],
-)  # fmt: skip
-
 
 @pytest.fixture(scope="module")
-def stored(tensor_models: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> Path:
+def stored(
+    tensor_models: dict[str, Path],
+    mlp_manifest: ModelManifest,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Path:
     """The MLP as a store tree (where the pool manager points workers)."""
     folder = tmp_path_factory.mktemp("mlp")
     (folder / "model.onnx").write_bytes(tensor_models["mlp"].read_bytes())
-    (folder / MANIFEST_NAME).write_bytes(msgspec.json.encode(MANIFEST))
+    (folder / MANIFEST_NAME).write_bytes(msgspec.json.encode(mlp_manifest))
     store = ArtifactStore(tmp_path_factory.mktemp("store"))
     return store.path(store.put_dir(folder))
 
@@ -126,12 +121,12 @@ def test_second_start_loads_the_cached_engine(
 
 
 def test_a_plain_folder_serves_without_an_engine_cache(
-    tensor_models: dict[str, Path], tmp_path: Path
+    tensor_models: dict[str, Path], mlp_manifest: ModelManifest, tmp_path: Path
 ) -> None:
     folder = tmp_path / "plain"
     folder.mkdir()
     (folder / "model.onnx").write_bytes(tensor_models["mlp"].read_bytes())
-    (folder / MANIFEST_NAME).write_bytes(msgspec.json.encode(MANIFEST))
+    (folder / MANIFEST_NAME).write_bytes(msgspec.json.encode(mlp_manifest))
     proc, url = start(folder, tmp_path / "plain.log")
     try:
         assert metric(url, "kiln_worker_engine_cache_total") == {

@@ -8,7 +8,7 @@ import msgspec
 import numpy as np
 import pytest
 
-from kiln_runtimes.protocol import MANIFEST_NAME, ModelManifest, TensorSpec
+from kiln_runtimes.protocol import MANIFEST_NAME, ModelManifest
 from kiln_runtimes.store import ArtifactStore
 
 
@@ -31,20 +31,14 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(_missing() is not None, reason
 
 @pytest.mark.parametrize("target", ["tensorrt", "cuda"])
 def test_gpu_engine_matches_cpu_and_is_cached(
-    tensor_models: dict[str, Path], tmp_path: Path, target: str
+    tensor_models: dict[str, Path], mlp_manifest: ModelManifest, tmp_path: Path, target: str
 ) -> None:
     import onnxruntime as ort
 
     from kiln_runtimes import _compile_gpu as gpu
     from kiln_runtimes.compile import compile_engine
 
-    manifest = ModelManifest(
-        name="mlp", task="tensor", engine="onnxruntime", tokenizer_file=None, batching=True,
-        inputs=[TensorSpec(name="x", datatype="FP32", shape=[-1, 16]),
-                TensorSpec(name="scale", datatype="FP32", shape=[-1, 1])],
-        outputs=[TensorSpec(name="y", datatype="FP32", shape=[-1, 4]),
-                 TensorSpec(name="norm", datatype="FP32", shape=[-1, 1])],
-    )  # fmt: skip
+    manifest = mlp_manifest
     folder = tmp_path / "mlp"
     folder.mkdir()
     (folder / "model.onnx").write_bytes(tensor_models["mlp"].read_bytes())

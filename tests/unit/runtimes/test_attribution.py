@@ -30,7 +30,7 @@ def test_a_batch_is_shared_by_tokens_and_summed_over_batches() -> None:
     assert batch is not None
     assert len(batch.items) == 3
     rows = np.zeros((3, 2), dtype=np.float32)
-    queue.finish([Outcome(batch, rows, 0.100)])
+    queue.finish(batch, [Outcome(batch, rows, 0.100)])
     assert small.compute_s == pytest.approx(0.010)
     assert big.compute_s == pytest.approx(0.090)
     assert small.compute_s + big.compute_s == pytest.approx(0.100)  # nobody pays twice
@@ -42,7 +42,7 @@ def test_tensor_rows_share_equally() -> None:
     three = queue.submit("three", [{"x": np.zeros(3)}] * 3, None)
     batch, _ = queue.poll()
     assert batch is not None
-    queue.finish([Outcome(batch, [None] * 4, 0.040)])
+    queue.finish(batch, [Outcome(batch, [None] * 4, 0.040)])
     assert (one.compute_s, three.compute_s) == pytest.approx((0.010, 0.030))
 
 

@@ -49,7 +49,7 @@ def rows_for(batch: Batch) -> Rows:
 
 
 def succeed(queue: BatchQueue, batch: Batch, seconds: float = 0.01) -> list[Ticket]:
-    return queue.finish([Outcome(batch, rows_for(batch), seconds)])
+    return queue.finish(batch, [Outcome(batch, rows_for(batch), seconds)])
 
 
 def test_close_reason_is_a_pure_decision() -> None:
@@ -111,7 +111,7 @@ def test_concurrency_runs_that_many_batches_at_once() -> None:
 async def test_driver_runs_batches_concurrently() -> None:
     both = threading.Barrier(2, timeout=5)
 
-    def meet(inputs: list[list[int]]) -> Rows:
+    def meet(inputs: list[list[int]], stop: object = None) -> Rows:
         both.wait()  # returns only once two batches run at the same time
         return echo(inputs)
 
@@ -309,7 +309,7 @@ def test_a_failed_batch_fails_the_whole_request_and_drops_its_queued_inputs() ->
     other = queue.submit("other", [[4]], None)
     first, _ = queue.poll()
     assert first is not None
-    settled = queue.finish([Outcome(first, RuntimeError("engine broke"), 0.01)])
+    settled = queue.finish(first, [Outcome(first, RuntimeError("engine broke"), 0.01)])
     assert settled == [ticket]
     assert isinstance(ticket.error, Internal)
     assert queue.queued == 1
@@ -326,7 +326,7 @@ def test_wrongly_shaped_backend_result_is_an_internal_error() -> None:
     batch, _ = queue.poll()
     assert batch is not None
     short = np.zeros((1, 4), dtype=np.float32)
-    assert queue.finish([Outcome(batch, short, 0.01)]) == [ticket]
+    assert queue.finish(batch, [Outcome(batch, short, 0.01)]) == [ticket]
     assert isinstance(ticket.error, Internal)
 
 
@@ -368,7 +368,7 @@ def test_split_isolates_tickets() -> None:
     assert [part.inputs for part in batch.split()] == [[[1], [2]], [[3], [4]]]
 
 
-def echo(inputs: list[list[int]]) -> Rows:
+def echo(inputs: list[list[int]], stop: object = None) -> Rows:
     """A backend whose rows are ``[first id, length]``; id -1 makes it fail."""
     if any(-1 in ids for ids in inputs):
         raise ValueError("token -1 is out of range")
@@ -416,7 +416,7 @@ async def test_driver_isolates_the_request_that_breaks_a_batch() -> None:
 async def test_driver_expires_a_request_while_a_batch_is_running() -> None:
     release = threading.Event()
 
-    def slow(inputs: list[list[int]]) -> Rows:
+    def slow(inputs: list[list[int]], stop: object = None) -> Rows:
         release.wait(timeout=5)
         return echo(inputs)
 
@@ -440,7 +440,7 @@ async def test_driver_expires_a_request_while_a_batch_is_running() -> None:
 async def test_driver_rejects_beyond_the_queue_bound() -> None:
     release = threading.Event()
 
-    def blocked(inputs: list[list[int]]) -> Rows:
+    def blocked(inputs: list[list[int]], stop: object = None) -> Rows:
         release.wait(timeout=5)
         return echo(inputs)
 

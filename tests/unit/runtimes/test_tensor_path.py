@@ -16,13 +16,6 @@ from kiln_runtimes.backends.onnx_tensor import OnnxTensorBackend
 from kiln_runtimes.batcher import Batcher, BatchPolicy, BatchQueue
 from kiln_runtimes.protocol import InferRequest, ModelManifest, Tensor, TensorSpec
 
-MLP = ModelManifest(
-    name="mlp", task="tensor", engine="onnxruntime", tokenizer_file=None, batching=True,
-    inputs=[TensorSpec(name="x", datatype="FP32", shape=[-1, 16]),
-            TensorSpec(name="scale", datatype="FP32", shape=[-1, 1])],
-    outputs=[TensorSpec(name="y", datatype="FP32", shape=[-1, 4]),
-             TensorSpec(name="norm", datatype="FP32", shape=[-1, 1])],
-)  # fmt: skip
 SEQ = ModelManifest(
     name="seq", task="tensor", engine="onnxruntime", tokenizer_file=None, batching=True,
     inputs=[TensorSpec(name="tokens", datatype="FP32", shape=[-1, -1])],
@@ -43,8 +36,8 @@ def mlp_request(n: int, **changes: Tensor) -> InferRequest:
     return InferRequest(request_id="r", inputs=list(inputs.values()))
 
 
-def test_decode_splits_a_request_into_one_row_per_batch_item() -> None:
-    rows = _tensor.decode(mlp_request(3), MLP, max_rows=64)
+def test_decode_splits_a_request_into_one_row_per_batch_item(mlp_manifest: ModelManifest) -> None:
+    rows = _tensor.decode(mlp_request(3), mlp_manifest, max_rows=64)
     assert len(rows) == 3
     assert rows[0]["x"].shape == (1, 16)
     assert rows[2]["scale"].shape == (1, 1)
@@ -60,14 +53,16 @@ def test_decode_splits_a_request_into_one_row_per_batch_item() -> None:
         ({"x": Tensor(name="x", datatype="FP32", shape=[3, 16], data=b"\0" * 12)}, "bytes"),
     ],
 )
-def test_decode_rejects_what_the_model_cannot_take(change: dict[str, Tensor], message: str) -> None:
+def test_decode_rejects_what_the_model_cannot_take(
+    change: dict[str, Tensor], message: str, mlp_manifest: ModelManifest
+) -> None:
     with pytest.raises(BadRequest, match=message):
-        _tensor.decode(mlp_request(3, **change), MLP, max_rows=64)
+        _tensor.decode(mlp_request(3, **change), mlp_manifest, max_rows=64)
 
 
-def test_decode_bounds_the_rows_of_one_request() -> None:
+def test_decode_bounds_the_rows_of_one_request(mlp_manifest: ModelManifest) -> None:
     with pytest.raises(BadRequest, match="between 1 and 2"):
-        _tensor.decode(mlp_request(3), MLP, max_rows=2)
+        _tensor.decode(mlp_request(3), mlp_manifest, max_rows=2)
 
 
 def test_variable_length_rows_run_in_shape_buckets(tensor_models: dict[str, Path]) -> None:
@@ -90,14 +85,14 @@ def test_batcher_settles_tensor_rows_and_rejects_a_short_result() -> None:
     batch, _ = queue.poll()
     assert isinstance(batch, Batch)
     results = [{"y": np.array([i])} for i in (1, 2)]
-    assert queue.finish([Outcome(batch, results, 0.01)]) == [ticket]
+    assert queue.finish(batch, [Outcome(batch, results, 0.01)]) == [ticket]
     assert [r["y"][0] for r in ticket.rows] == [1, 2]
 
     other = queue.submit("s", [{"x": 1}, {"x": 2}], None)
     clock[0] = 1.0
     batch, _ = queue.poll()
     assert batch is not None
-    assert queue.finish([Outcome(batch, results[:1], 0.01)]) == [other]
+    assert queue.finish(batch, [Outcome(batch, results[:1], 0.01)]) == [other]
     assert isinstance(other.error, Internal)
 
 
@@ -106,7 +101,7 @@ async def test_tensor_request_expires_while_queued_behind_a_long_batch() -> None
     release = asyncio.Event()
     loop = asyncio.get_running_loop()
 
-    def run(rows: list[dict[str, np.ndarray]]) -> list[dict[str, np.ndarray]]:
+    def run(rows: list[dict[str, np.ndarray]], stop: object = None) -> list[dict[str, np.ndarray]]:
         asyncio.run_coroutine_threadsafe(release.wait(), loop).result()
         return [{"y": r["x"]} for r in rows]
 

@@ -1,4 +1,5 @@
-"""The express lane: one spare credit per worker for a tenant with nothing in flight."""
+"""The express lane: spare credits per worker for light tenants (no normal credit held, a short
+queue) whose next request is first in fair order."""
 
 from __future__ import annotations
 
@@ -13,8 +14,8 @@ from kiln_platform.scheduler.schemas import Credit
 
 
 def full(*workers: str) -> list[Credit]:
-    """Workers with every normal credit in use and their express credit free."""
-    return [Credit(w, 0, express=True) for w in workers]
+    """Workers with every normal credit in use and one express credit free."""
+    return [Credit(w, 0, express=1) for w in workers]
 
 
 def test_an_idle_tenant_gets_the_express_credit_of_a_full_worker(make_request) -> None:
@@ -35,23 +36,23 @@ def test_a_tenant_with_requests_in_flight_gets_no_express_credit(make_request) -
     assert len(queue) == 1  # the spare credit stays unused
 
 
-def test_normal_credits_go_first_in_fair_order(make_request) -> None:
+def test_a_light_tenant_takes_the_lane_even_with_normal_credits_free(make_request) -> None:
     queue = PoolQueue()
     a, b = make_request("a"), make_request("b")
     queue.push(a)
     queue.push(b)
-    sent, _ = queue.next_dispatch(0.0, [Credit("w", 2, express=True)], busy={"a"})
-    assert [(d.request, d.express) for d in sent] == [(a, False), (b, False)]
+    sent, _ = queue.next_dispatch(0.0, [Credit("w", 2, express=1)], busy={"a"})
+    assert [(d.request, d.express) for d in sent] == [(b, True), (a, False)]
 
 
-def test_one_express_request_per_worker_and_one_per_tenant(make_request) -> None:
+def test_express_credits_are_counted_per_worker(make_request) -> None:
     queue = PoolQueue()
-    for tenant in "bbcd":
+    for tenant in "bcde":
         queue.push(make_request(tenant))
-    sent, _ = queue.next_dispatch(0.0, full("w0", "w1"))
-    assert [(d.request.tenant, d.worker) for d in sent] == [("b", "w0"), ("c", "w1")]
+    sent, _ = queue.next_dispatch(0.0, [Credit("w0", 0, express=2), Credit("w1", 0, express=1)])
+    assert [(d.request.tenant, d.worker) for d in sent] == [("b", "w0"), ("c", "w0"), ("d", "w1")]
     assert all(d.express for d in sent)
-    assert queue.next_dispatch(0.0, []) == ([], [])  # no express credit left: d waits
+    assert queue.next_dispatch(0.0, []) == ([], [])  # no express credit left: e waits
 
 
 def test_fair_order_decides_among_eligible_tenants(make_request) -> None:
@@ -80,39 +81,56 @@ def test_express_off_leaves_the_spare_credit_alone(make_request) -> None:
     assert queue.next_dispatch(0.0, full("w")) == ([], [])
 
 
-def test_the_scheduler_knows_which_tenants_are_in_flight(make_request) -> None:
+def test_the_scheduler_knows_which_tenants_hold_normal_credits(make_request) -> None:
     sched = PoolScheduler(slots=1)
-    a1, a2, b1, b2 = (make_request(t) for t in "aabb")
-    for r in (a1, a2, b1, b2):
+    a1, a2, a3, b1, b2, b3 = (make_request(t) for t in "aaabbb")
+    for r in (a1, a2, a3, b1):
         sched.submit(r, 0.0)
-    sent, _ = sched.dispatch(0.0, [Credit("w", 1, express=True)])
-    assert [(d.request, d.express) for d in sent] == [(a1, False), (b1, True)]
-    assert sched.dispatch(0.0, full("w2")) == ([], [])  # a and b both in flight
-    assert sched.tenant_in_flight("b") == 1
-    sched.complete(b1.id, 0.1)
-    assert sched.tenant_in_flight("b") == 0
-    assert sched.dispatch(0.1, full("w2")) == ([], [])  # b was served ahead of a: not yet
+    sent, _ = sched.dispatch(0.0, [Credit("w", 1, express=1)])  # a is backlogged: 3 queued
+    assert [(d.request, d.express) for d in sent] == [(b1, True), (a1, False)]
+    sched.submit(b2, 0.0)
+    # b holds no normal credit and its next request ties a's for first in fair order
+    (d,), _ = sched.dispatch(0.0, full("w2"))
+    assert (d.request, d.express) == (b2, True)
+    assert sched.tenant_in_flight("b") == 2
+    sched.submit(b3, 0.0)
+    assert sched.dispatch(0.0, full("w3")) == ([], [])  # b3 (start 2) is behind a2 (start 1)
     sched.complete(a1.id, 0.2)
     (d,), _ = sched.dispatch(0.2, [Credit("w", 1)])
-    assert (d.request, d.express) == (a2, False)  # a's turn: b has caught up with v
-    (d,), _ = sched.dispatch(0.2, full("w2"))
-    assert (d.request, d.express) == (b2, True)
+    assert (d.request, d.express) == (a2, False)
+    (d,), _ = sched.dispatch(0.2, full("w3"))
+    assert (d.request, d.express) == (b3, True)  # a2 was served at 1: b3 ties a3 at 2
 
 
 def test_a_tenant_served_ahead_of_its_share_waits_for_its_turn(make_request) -> None:
     queue = PoolQueue()
-    for tenant in "abab":
+    for tenant in "aba":
         queue.push(make_request(tenant, 4.0))
-    queue.next_dispatch(0.0, [Credit("w", 2)])  # a and b at v = 0; both finish at 4
-    assert queue.next_dispatch(0.0, full("w")) == ([], [])  # idle or not, neither is behind v
-    queue.push(make_request("c"))
-    (d,), _ = queue.next_dispatch(0.0, full("w"))  # a newcomer starts at v
-    assert (d.request.tenant, d.express) == ("c", True)
+    queue.next_dispatch(0.0, [Credit("w", 3)])  # a at 0 and 4, b at 0: a's next starts at 8
+    queue.push(make_request("a"))
+    queue.push(make_request("b"))  # b starts at 4: ahead of a in fair order
+    (d,), _ = queue.next_dispatch(0.0, [Credit("w", 0, express=1)])
+    assert (d.request.tenant, d.express) == ("b", True)
+    queue.push(make_request("b"))  # b at 5, still before a's 8
+    queue.push(make_request("c"))  # a newcomer starts at v = 4
+    sent, _ = queue.next_dispatch(0.0, [Credit("w", 0, express=2)])
+    assert [d.request.tenant for d in sent] == ["c", "b"]
+    assert queue.next_dispatch(0.0, full("w"), busy={"a"}) == ([], [])  # a holds credits
+
+
+def test_a_backlogged_tenant_never_takes_the_lane(make_request) -> None:
+    queue = PoolQueue(PolicyConfig(express_depth=2))
+    for _ in range(3):
+        queue.push(make_request("a"))
+    assert queue.next_dispatch(0.0, full("w")) == ([], [])
+    queue.push(make_request("b"))
+    (d,), _ = queue.next_dispatch(0.0, full("w"))
+    assert d.request.tenant == "b"
 
 
 def _saturate(make_request, *, express: bool, workers: int, slots: int) -> tuple[list[str], int]:
     """Two backlogged tenants (weights 3 and 1) on ``workers`` x ``slots``; every worker
-    advertises its express credit. Returns the order served and the express count."""
+    advertises two express credits. Returns the order served and the express count."""
     config = SchedulerConfig(policy=PolicyConfig(express=express))
     sched = PoolScheduler(config, slots=workers * slots)
     running: dict[str, list[_Running]] = {f"w{i}": [] for i in range(workers)}
@@ -127,7 +145,7 @@ def _saturate(make_request, *, express: bool, workers: int, slots: int) -> tuple
                 sched.complete(r.id, step)
                 run.remove(r)
         free = {w: slots - sum(not r.express for r in run) for w, run in running.items()}
-        spare = {w: not any(r.express for r in run) for w, run in running.items()}
+        spare = {w: 2 - sum(r.express for r in run) for w, run in running.items()}
         sent, _ = sched.dispatch(step, [Credit(w, free[w], spare[w]) for w in running])
         for d in sent:
             used += d.express
@@ -146,6 +164,6 @@ class _Running:
 def test_two_saturating_tenants_keep_their_shares(make_request, workers, slots) -> None:
     with_express, used = _saturate(make_request, express=True, workers=workers, slots=slots)
     without, _ = _saturate(make_request, express=False, workers=workers, slots=slots)
-    assert used == 0  # in flight, or served ahead of v: neither ever qualifies
+    assert used == 0  # backlogged: neither ever qualifies
     assert with_express == without
     assert Counter(with_express)["a"] / len(with_express) == pytest.approx(0.75, abs=0.01)

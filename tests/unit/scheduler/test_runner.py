@@ -191,7 +191,7 @@ async def test_screen_rejects_like_slot_without_queueing() -> None:
     assert await asyncio.gather(busy, queued) == ["1@w", "2@w"]
 
 
-async def test_an_idle_tenant_runs_on_the_express_credit() -> None:
+async def test_light_tenants_run_on_the_express_credits() -> None:
     runner, workers = make_runner({"w": 1}, express=True)
     workers.release.clear()
     leases: list[tuple[str, bool]] = []
@@ -201,13 +201,16 @@ async def test_an_idle_tenant_runs_on_the_express_credit() -> None:
             leases.append((request_id, lease.express))
             await workers.release.wait()
 
-    tasks = [asyncio.ensure_future(hold(i, t)) for i, t in (("a1", "a"), ("a2", "a"))]
+    tasks = [asyncio.ensure_future(hold(i, t)) for i, t in (("b1", "b"), ("c1", "c"))]
     await asyncio.sleep(0.001)
-    tasks += [asyncio.ensure_future(hold(i, t)) for i, t in (("b1", "b"), ("c1", "c"))]
+    assert leases == [("b1", True), ("c1", True)]  # two express credits, the slot still free
+    flood = [asyncio.ensure_future(hold(f"a{i}", "a")) for i in range(4)]
     await asyncio.sleep(0.001)
-    assert leases == [("a1", False), ("b1", True)]  # one express request per worker
-    assert runner.scheduler.in_flight == 2
+    tasks.append(asyncio.ensure_future(hold("d1", "d")))
+    await asyncio.sleep(0.001)
+    assert leases[2:] == [("a0", False)]  # the slot; d waits for an express credit
+    assert runner.scheduler.in_flight == 3
     workers.release.set()
-    await asyncio.gather(*tasks)
-    assert sorted(i for i, _ in leases) == ["a1", "a2", "b1", "c1"]
+    await asyncio.gather(*flood, *tasks)
+    assert sorted(i for i, _ in leases) == ["a0", "a1", "a2", "a3", "b1", "c1", "d1"]
     assert runner.scheduler.in_flight == 0

@@ -17,6 +17,7 @@ from kiln_platform.errors import (
     Overloaded,
     ServiceUnavailable,
 )
+from kiln_platform.observability import timing
 from kiln_platform.scheduler.schemas import Priority
 from kiln_runtimes.protocol import (
     CONTENT_TYPE,
@@ -34,7 +35,7 @@ if TYPE_CHECKING:
 
     from kiln_platform.pools.local import Worker
     from kiln_platform.pools.services import PoolManager
-    from kiln_platform.scheduler.runner import PoolRunner
+    from kiln_platform.scheduler.runner import Lease, PoolRunner
     from kiln_platform.scheduler.schemas import Request
 
 _ERRORS: dict[str, type[KilnError]] = {
@@ -85,11 +86,11 @@ class WorkerClient:
         queued = _queued(runner, request.request_id, ticket, len(request.input_ids))
         async with runner.slot(queued) as lease:
             worker = self._pools.worker(model, lease.worker)
-            request = _express(request, lease.express)
+            request = _express(request, _timed(lease))
             async with self._post(worker, model, "/embed", request, self._timeout) as resp:
                 body = await resp.read()
                 if resp.status == 200:
-                    return _result.decode(body)
+                    return _worker_timed(_result.decode(body))
             raise _error(body)
 
     async def generate(
@@ -123,11 +124,11 @@ class WorkerClient:
         runner = self._pools.runner(model)
         async with runner.slot(_queued(runner, request.request_id, ticket, rows)) as lease:
             worker = self._pools.worker(model, lease.worker)
-            request = _express(request, lease.express)
+            request = _express(request, _timed(lease))
             async with self._post(worker, model, "/infer", request, self._timeout) as resp:
                 body = await resp.read()
                 if resp.status == 200:
-                    return _infer_result.decode(body)
+                    return _worker_timed(_infer_result.decode(body))
             raise _error(body)
 
     @contextlib.asynccontextmanager
@@ -181,6 +182,25 @@ def _queued(runner: PoolRunner, request_id: str, ticket: Ticket, cost: float) ->
 
 
 M = TypeVar("M", EmbedRequest, InferRequest)
+
+
+def _timed(lease: Lease) -> bool:
+    """Report the lease's fair-queue wait (and its express credit) for ``Server-Timing``;
+    returns whether it is express."""
+    timing("queue", lease.waited_s * 1000)
+    if lease.express:
+        timing("express", 0.0)
+    return lease.express
+
+
+R = TypeVar("R", EmbedResult, InferResult)
+
+
+def _worker_timed(result: R) -> R:
+    """Report where the worker spent the request's time, for ``Server-Timing``."""
+    timing("worker-queue", result.queue_ms)
+    timing("compute", result.compute_ms)
+    return result
 
 
 def _express(message: M, express: bool) -> M:

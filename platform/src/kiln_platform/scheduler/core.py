@@ -48,8 +48,10 @@ class PoolScheduler:
         self._line = service.line(self.model)
         weights = {p: config.policy.class_weight(p) for p in Priority}
         self.stats = PoolStats(config.stats_window_s, config.max_samples, weights)
-        self._in_flight: dict[str, tuple[Request, float]] = {}
+        self._in_flight: dict[str, tuple[Request, float, bool]] = {}
         self._tenants_in_flight: Counter[str] = Counter()
+        self._on_slots: Counter[str] = Counter()
+        """Tenants' requests in flight on normal (not express) credits."""
         self._busy_since: float | None = None
 
     def service_time(self, cost: float) -> float:
@@ -98,13 +100,15 @@ class PoolScheduler:
     ) -> tuple[list[Dispatch], list[Request]]:
         """Fill the workers' free credits; also return requests that expired on the way.
 
-        A credit's ``express`` credit goes only to a tenant with nothing in flight in the pool.
+        Express credits go only to tenants holding no normal credit in the pool.
         """
-        busy = self._tenants_in_flight.keys()
+        busy = self._on_slots.keys()
         dispatches, expired = self.queue.next_dispatch(now, credits, self.service_time, busy)
         for d in dispatches:
-            self._in_flight[d.request.id] = (d.request, now)
+            self._in_flight[d.request.id] = (d.request, now, d.express)
             self._tenants_in_flight[d.request.tenant] += 1
+            if not d.express:
+                self._on_slots[d.request.tenant] += 1
             self.stats.dispatched(now, d.request)
         for r in expired:
             self.stats.expired(r)
@@ -133,12 +137,10 @@ class PoolScheduler:
         entry = self._in_flight.pop(request_id, None)
         if entry is None:
             return None
-        request, dispatched_at = entry
-        left = self._tenants_in_flight[request.tenant] - 1
-        if left:
-            self._tenants_in_flight[request.tenant] = left
-        else:
-            del self._tenants_in_flight[request.tenant]
+        request, dispatched_at, express = entry
+        _decrement(self._tenants_in_flight, request.tenant)
+        if not express:
+            _decrement(self._on_slots, request.tenant)
         cost = request.cost if actual_cost is None else actual_cost
         if actual_cost is not None:
             self.queue.adjust(request, actual_cost)
@@ -177,3 +179,11 @@ class PoolScheduler:
     def snapshot(self, now: float) -> StatsSnapshot:
         """Per-tenant stats and the fairness index over the stats window."""
         return self.stats.snapshot(now)
+
+
+def _decrement(counter: Counter[str], key: str) -> None:
+    """Count one less of ``key``, dropping it at zero (so ``keys()`` lists only live ones)."""
+    if counter[key] > 1:
+        counter[key] -= 1
+    else:
+        del counter[key]

@@ -34,7 +34,9 @@ class PolicyConfig:
     rate_half_life_s: float = 2.0
     """Half-life of each tenant's admitted-cost rate, which admission projects forward."""
     express: bool = True
-    """The express lane: one spare credit per worker for a tenant with nothing in flight."""
+    """The express lane: spare credits per worker for tenants holding no normal credit."""
+    express_depth: int = 2
+    """A tenant with more requests than this queued is backlogged: it never takes the lane."""
 
     def __post_init__(self) -> None:
         if not 0.0 < self.batch_share < 1.0:
@@ -145,15 +147,23 @@ class PoolQueue:
     ) -> tuple[list[Dispatch], list[Request]]:
         """Fill free credits in fair order; also return requests found hopeless on the way.
 
-        Once the normal credits are full, each credit's spare ``express`` credit takes the fair
-        head among the tenants with nothing in flight (not in ``busy``, not dispatched now) and
-        no service charged ahead of the others (start tag at ``v``): a tenant served ahead of
-        its share waits for its turn, so the lane never changes the shares.
+        Spare ``express`` credits go first, each to the fair head among the light tenants:
+        holding no normal credit (not in ``busy``), at most ``express_depth`` requests queued,
+        and first in fair order (a start tag no later than any other queued tenant's). Every
+        request the lane sends is one fair order would send next, so the shares do not change,
+        a backlogged tenant never takes it, and a light tenant's requests run ahead of the
+        backlog in the worker whether or not a normal credit is free. Normal credits follow.
         """
-        slots = [(-c.free, i, c.worker) for i, c in enumerate(credits) if c.free > 0]
-        heapq.heapify(slots)
         dispatches: list[Dispatch] = []
         expired: list[Request] = []
+        spare = [c.worker for c in credits for _ in range(c.express)] if self.config.express else []
+        while spare and self._entries:
+            r = self._pop(now, service_time, expired, busy)
+            if r is None:
+                break
+            dispatches.append(Dispatch(r, spare.pop(0), express=True))
+        slots = [(-c.free, i, c.worker) for i, c in enumerate(credits) if c.free > 0]
+        heapq.heapify(slots)
         while slots:
             r = self._pop(now, service_time, expired)
             if r is None:
@@ -162,15 +172,6 @@ class PoolQueue:
             dispatches.append(Dispatch(r, worker))
             if free < -1:
                 heapq.heappush(slots, (free + 1, i, worker))
-        spare = [c.worker for c in credits if c.express] if self.config.express else []
-        if spare and self._entries:
-            sent = set(busy) | {d.request.tenant for d in dispatches}
-            while spare:
-                r = self._pop(now, service_time, expired, sent)
-                if r is None:
-                    break
-                sent.add(r.tenant)
-                dispatches.append(Dispatch(r, spare.pop(0), express=True))
         if len(self._deadlines) > 2 * len(self._entries) + 1024:  # drop entries that left
             self._deadlines = [d for d in self._deadlines if d[2].queued]
             heapq.heapify(self._deadlines)
@@ -242,9 +243,18 @@ class PoolQueue:
         return priority, tenant, entries[0]
 
     def _express(self, priority: Priority, busy: Collection[str]) -> list[str]:
-        """Queued tenants of ``priority`` with nothing in flight and no service charged ahead."""
-        tags = self._tenants[priority]
-        return [t for t in self._flows[priority] if t not in busy and tags.start(t) <= tags.v]
+        """Light tenants of ``priority`` (no normal credit, a short queue) whose head is first in
+        fair order: its start tag is no later than any other queued tenant's."""
+        tags, flows = self._tenants[priority], self._flows[priority]
+        starts = sorted((tags.start(t), t) for t in flows)
+
+        def light(tenant: str, start: float) -> bool:
+            if tenant in busy or flows[tenant].count > self.config.express_depth:
+                return False
+            others = (s for s, t in starts if t != tenant)
+            return start <= next(others, math.inf)
+
+        return [t for s, t in starts if light(t, s)]
 
     def _watch(self, entry: _Entry, latest_start: float) -> None:
         self._seq += 1

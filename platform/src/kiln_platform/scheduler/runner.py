@@ -45,6 +45,11 @@ def _rejected(decision: Decision) -> KilnError:
     return rejection(decision.reason, decision.retry_after_s)
 
 
+EXPRESS_CREDITS = 2
+"""Spare credits per worker for the express lane: a light tenant's request and the one it sends
+while that runs both queue ahead of the flood in the worker (docs/scheduler.md)."""
+
+
 @dataclass(slots=True)
 class Lease:
     """A dispatched request's hold on one worker credit (its express credit if ``express``)."""
@@ -52,6 +57,8 @@ class Lease:
     worker: str
     actual_cost: float | None = None
     express: bool = False
+    waited_s: float = 0.0
+    """Arrival to dispatch, in the pool's fair queue."""
 
 
 class PoolRunner:
@@ -59,8 +66,8 @@ class PoolRunner:
 
     ``slots()`` returns the ready workers and the credits each advertises; the runner subtracts
     what it has in flight on each, so a worker is never sent more than it advertised. With the
-    express lane on (``PolicyConfig.express``) each worker also holds one spare express credit,
-    counted apart, for a request of a tenant with nothing in flight.
+    express lane on (``PolicyConfig.express``) each worker also holds ``EXPRESS_CREDITS`` spare
+    express credits, counted apart, for requests of tenants holding no normal credit.
     """
 
     def __init__(self, scheduler: PoolScheduler, slots: Callable[[], Mapping[str, int]]) -> None:
@@ -68,8 +75,8 @@ class PoolRunner:
         self._slots = slots
         self._waiting: dict[str, asyncio.Future[Dispatch]] = {}
         self._in_flight: Counter[str] = Counter()
-        self._express: set[str] = set()
-        """Workers whose express credit is in use."""
+        self._express: Counter[str] = Counter()
+        """Express credits in use, by worker."""
         self._timer: asyncio.TimerHandle | None = None
         self.on_wait: Callable[[Request, float], None] = lambda request, seconds: None
         """Called with each request's queue wait when it is dispatched (for metrics)."""
@@ -126,8 +133,9 @@ class PoolRunner:
             elif future.exception() is None:  # dispatched in the same tick: give the credit back
                 self._finish(future.result(), None, ok=False)
             raise
-        self.on_wait(request, self.now() - request.arrival)
-        lease, ok = Lease(sent.worker, express=sent.express), False
+        waited = self.now() - request.arrival
+        self.on_wait(request, waited)
+        lease, ok = Lease(sent.worker, express=sent.express, waited_s=waited), False
         try:
             yield lease
             ok = True
@@ -155,9 +163,10 @@ class PoolRunner:
         while wasted:
             wasted = False
             credits = [
-                Credit(w, n - self._in_flight[w], w not in self._express) for w, n in slots.items()
+                Credit(w, n - self._in_flight[w], EXPRESS_CREDITS - self._express[w])
+                for w, n in slots.items()
             ]
-            usable = [c for c in credits if c.free > 0 or c.express]
+            usable = [c for c in credits if c.free > 0 or c.express > 0]
             dispatches, expired = self.scheduler.dispatch(now, usable)
             for d in dispatches:
                 future = self._waiting.pop(d.request.id, None)
@@ -166,7 +175,7 @@ class PoolRunner:
                     wasted = True
                     continue
                 if d.express:
-                    self._express.add(d.worker)
+                    self._express[d.worker] += 1
                 else:
                     self._in_flight[d.worker] += 1
                 future.set_result(d)
@@ -175,7 +184,7 @@ class PoolRunner:
 
     def _finish(self, sent: Dispatch, cost: float | None, *, ok: bool) -> None:
         if sent.express:
-            self._express.discard(sent.worker)
+            self._express[sent.worker] -= 1
         else:
             self._in_flight[sent.worker] -= 1
         self.scheduler.complete(sent.request.id, self.now(), actual_cost=cost, ok=ok)

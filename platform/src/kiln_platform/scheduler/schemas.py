@@ -32,13 +32,13 @@ class Request:
 class Credit:
     """Free slots a worker advertises; the scheduler never sends it more.
 
-    ``express``: the worker's spare express credit is unused, so it may take one more request
-    beyond ``free``, from a tenant with nothing in flight in the pool (the express lane).
+    ``express``: the worker's unused spare express credits: it may take that many requests
+    beyond ``free`` from tenants holding no normal credit in the pool (the express lane).
     """
 
     worker: str
     free: int
-    express: bool = False
+    express: int = 0
 
 
 @dataclass(frozen=True, slots=True)

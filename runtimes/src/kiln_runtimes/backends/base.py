@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator
@@ -20,8 +20,13 @@ class EmbeddingBackend(Protocol):
 
     def warmup(self) -> None: ...
 
-    def run(self, input_ids: list[list[int]]) -> np.ndarray:
-        """Embed unpadded token-id sequences; returns float32 ``[len(input_ids), dimensions]``."""
+    def stopper(self) -> Any:
+        """A fresh stop handle for one ``run`` (``batcher.Stop``)."""
+        ...
+
+    def run(self, input_ids: list[list[int]], stop: Any = None) -> np.ndarray:
+        """Embed unpadded token-id sequences; returns float32 ``[len(input_ids), dimensions]``.
+        Setting ``stop.terminate`` from another thread makes it raise early."""
         ...
 
     def unload(self) -> None: ...
@@ -58,8 +63,15 @@ class TensorBackend(Protocol):
 
     def warmup(self, max_batch_size: int) -> None: ...
 
-    def run(self, rows: list[dict[str, np.ndarray]]) -> list[dict[str, np.ndarray]]:
-        """Run one row per item; returns each item's named outputs, in order."""
+    def stopper(self) -> Any:
+        """A fresh stop handle for one ``run`` (``batcher.Stop``)."""
+        ...
+
+    def run(
+        self, rows: list[dict[str, np.ndarray]], stop: Any = None
+    ) -> list[dict[str, np.ndarray]]:
+        """Run one row per item; returns each item's named outputs, in order. Setting
+        ``stop.terminate`` from another thread makes it raise early."""
         ...
 
     def unload(self) -> None: ...

@@ -91,23 +91,31 @@ class OnnxEmbeddingBackend:
                     f"(manifest dimensions: {self._dimensions})"
                 )
 
-    def run(self, input_ids: list[list[int]]) -> npt.NDArray[np.float32]:
+    def stopper(self) -> ort.RunOptions:
+        """A handle for one ``run``: setting its ``terminate`` stops the run at its next node."""
+        return ort.RunOptions()
+
+    def run(
+        self, input_ids: list[list[int]], stop: ort.RunOptions | None = None
+    ) -> npt.NDArray[np.float32]:
         """Embed unpadded sequences; returns float32 ``[len(input_ids), dimensions]``."""
         if self._session is None:
             raise RuntimeError("backend is not loaded")
         runs = partition([len(s) for s in input_ids])
         if len(runs) == 1:
-            return self._run_padded(input_ids)
+            return self._run_padded(input_ids, stop)
         out: npt.NDArray[np.float32] | None = None
         for run in runs:
-            rows = self._run_padded([input_ids[i] for i in run])
+            rows = self._run_padded([input_ids[i] for i in run], stop)
             if out is None:
                 out = np.empty((len(input_ids), rows.shape[1]), dtype=np.float32)
             out[run] = rows
         assert out is not None
         return out
 
-    def _run_padded(self, input_ids: list[list[int]]) -> npt.NDArray[np.float32]:
+    def _run_padded(
+        self, input_ids: list[list[int]], stop: ort.RunOptions | None
+    ) -> npt.NDArray[np.float32]:
         """One session run over sequences padded to the longest."""
         longest = max(map(len, input_ids))
         ids = np.full((len(input_ids), longest), PAD_ID, dtype=np.int64)
@@ -115,7 +123,8 @@ class OnnxEmbeddingBackend:
         for row, sequence in enumerate(input_ids):
             ids[row, : len(sequence)] = sequence
             mask[row, : len(sequence)] = 1
-        (embeddings,) = self._session.run([OUTPUT], {"input_ids": ids, "attention_mask": mask})
+        feeds = {"input_ids": ids, "attention_mask": mask}
+        (embeddings,) = self._session.run([OUTPUT], feeds, run_options=stop)
         return np.asarray(embeddings, dtype=np.float32)
 
     def unload(self) -> None:

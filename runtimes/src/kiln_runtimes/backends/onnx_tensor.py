@@ -7,6 +7,7 @@ sees padding it was not trained with.
 
 from __future__ import annotations
 
+import functools
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -77,14 +78,16 @@ class OnnxTensorBackend:
             if len(self.run(rows)) != len(rows):
                 raise ValueError("warmup returned the wrong number of results")
 
-    def run(self, rows: list[Row]) -> list[Row]:
+    def stopper(self) -> ort.RunOptions:
+        """A handle for one ``run``: setting its ``terminate`` stops the run at its next node."""
+        return ort.RunOptions()
+
+    def run(self, rows: list[Row], stop: ort.RunOptions | None = None) -> list[Row]:
         """Run rows (batched by shape bucket); returns each row's outputs, in order."""
         manifest = self._require()
+        run = functools.partial(self._session.run, self._outputs, run_options=stop)
         if not manifest.batching:
-            return [
-                dict(zip(self._outputs, self._session.run(self._outputs, r), strict=True))
-                for r in rows
-            ]
+            return [dict(zip(self._outputs, run(r), strict=True)) for r in rows]
         buckets: dict[tuple[Any, ...], list[int]] = {}
         for i, row in enumerate(rows):
             signature = tuple((k, v.shape[1:], v.dtype.str) for k, v in sorted(row.items()))
@@ -94,7 +97,7 @@ class OnnxTensorBackend:
             feeds = {
                 name: np.concatenate([rows[i][name] for i in members]) for name in rows[members[0]]
             }
-            outputs = self._session.run(self._outputs, feeds)
+            outputs = run(feeds)
             for j, i in enumerate(members):
                 results[i] = {
                     name: out[j] for name, out in zip(self._outputs, outputs, strict=True)
