@@ -8,7 +8,10 @@ takes ``--slots`` requests at a time, the rest wait in the gateway's fair queue)
 3. A at ``--a-load`` x capacity plus B as in 2, together -> B's p99 under load, B's rejections,
    how fast A's excess is turned away, served shares and Jain's index (from ``/metrics``).
 
-Prints B's p99 under load / alone, A's rejection-latency p99, shares and the fairness index.
+Prints B's p99 under load / alone, A's rejection-latency p99, shares and the fairness index;
+then the cores each role used in each phase, and where B's slowest 5% spent their time (from the
+gateway's ``Server-Timing``: fair queue, worker queue, compute, and how many took the express
+lane).
 
 Each tenant's load generator runs in a process of its own, so B's timing never waits behind
 A's flood in one event loop. ``--client-nice N`` lowers the generators' CPU priority (real
@@ -265,6 +268,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--max-batch-size", type=int, help="KILN_WORKER_MAX_BATCH_SIZE")
     parser.add_argument("--worker-threads", type=int, help="KILN_WORKER_THREADS")
     parser.add_argument("--worker-concurrency", type=int, help="KILN_WORKER_CONCURRENCY")
+    parser.add_argument(
+        "--no-preempt", action="store_true", help="KILN_WORKER_PREEMPT=false (lane without stops)"
+    )
+    parser.add_argument(
+        "--no-express", action="store_true", help="KILN_SCHEDULER_EXPRESS=false (no lane)"
+    )
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument(
         "--client-nice", type=int, default=0, help="CPU niceness of the load generators"
@@ -276,6 +285,10 @@ def main(argv: list[str] | None = None) -> None:
         minilm.build(args.model_dir)
 
     env = {"KILN_WORKER_SLOTS": str(args.slots)}
+    if args.no_preempt:
+        env["KILN_WORKER_PREEMPT"] = "false"
+    if args.no_express:
+        env["KILN_SCHEDULER_EXPRESS"] = "false"
     knobs = ("max_batch_size", "worker_threads", "worker_concurrency")
     for knob in knobs:
         if getattr(args, knob) is not None:

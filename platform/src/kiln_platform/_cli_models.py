@@ -79,7 +79,7 @@ def register(models: click.Group, with_db: WithDb, fail: Callable[[Exception], N
             async with db.sessions.begin() as session:
                 job_id = (await services.enqueue(session, name, version, target, precision)).id
             if not no_wait:
-                await _wait(db, settings, CompileRunner(db.sessions, settings), job_id)
+                await _wait(db, settings, CompileRunner(db, settings), job_id)
             async with db.sessions() as session:
                 return await services.view(session, job_id)
 

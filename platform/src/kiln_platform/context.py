@@ -112,7 +112,7 @@ async def running(settings: Settings) -> AsyncIterator[Kiln]:
             pools=pools,
             workers=WorkerClient(pools, http, settings.request_timeout_s),
             ledger=ledger,
-            compiler=CompileRunner(db.sessions, settings),
+            compiler=CompileRunner(db, settings),
             quotas=quotas,
             books=books,
             budgets=budgets,

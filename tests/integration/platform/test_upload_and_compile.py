@@ -137,7 +137,7 @@ async def test_compile_jobs_are_unique_claimed_once_and_report(
     async with db.sessions.begin() as session:
         await jobs.requeue(session, job.id)
 
-    assert await CompileRunner(db.sessions, settings).run_once(job.id)
+    assert await CompileRunner(db, settings).run_once(job.id)
     async with db.sessions() as session:
         view = await jobs.view(session, job.id)
     assert view.status == "done", view.reason
@@ -158,7 +158,7 @@ async def test_compile_of_an_unavailable_target_fails_with_the_reason(
     await upload(db, settings, "gpu-wanted", tensor_models["mlp"], version="1")
     async with db.sessions.begin() as session:
         job = await jobs.enqueue(session, "gpu-wanted", "1", "tensorrt", "fp16")
-    assert await CompileRunner(db.sessions, settings).run_once(job.id)
+    assert await CompileRunner(db, settings).run_once(job.id)
     async with db.sessions() as session:
         view = await jobs.view(session, job.id)
     assert view.status == "failed"
@@ -187,7 +187,7 @@ async def test_a_job_left_running_by_a_dead_runner_is_requeued(
     async with db.engine.connect() as holder:
         async with holder.begin():
             assert await jobs.claim(holder, live.id, hold=True) is not None
-        runner = CompileRunner(db.sessions, settings)
+        runner = CompileRunner(db, settings)
         await runner.recover()
         async with db.sessions() as session:
             assert (await jobs.view(session, dead.id)).status == "queued"

@@ -22,8 +22,7 @@ from kiln_runtimes.protocol import CompileReport
 if TYPE_CHECKING:
     import uuid
 
-    from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
-
+    from kiln_platform.context import Database
     from kiln_platform.settings import Settings
 
 log = structlog.get_logger("kiln.compiler")
@@ -33,8 +32,8 @@ _POLL_S = 1.0
 class CompileRunner:
     """Claims and runs queued compile jobs one at a time."""
 
-    def __init__(self, sessions: async_sessionmaker[AsyncSession], settings: Settings) -> None:
-        self._sessions = sessions
+    def __init__(self, db: Database, settings: Settings) -> None:
+        self._db = db
         self._settings = settings
         self._task: asyncio.Task[None] | None = None
         self._wake = asyncio.Event()
@@ -60,8 +59,7 @@ class CompileRunner:
         The claim's connection holds the job's advisory lock until the job ends, so if this
         process is killed the lock goes with the connection and ``recover`` requeues the job.
         """
-        engine: AsyncEngine = self._sessions.kw["bind"]
-        async with engine.connect() as conn:
+        async with self._db.engine.connect() as conn:
             async with conn.begin():
                 job = await services.claim(conn, only, hold=True)
             if job is None:
@@ -88,7 +86,7 @@ class CompileRunner:
 
     async def recover(self) -> None:
         """Requeue jobs left running by a runner that died."""
-        async with self._sessions.begin() as session:
+        async with self._db.sessions.begin() as session:
             orphans = await services.recover(session)
         if orphans:
             log.warning("requeued compile jobs of a dead runner", jobs=[str(j) for j in orphans])
