@@ -1,5 +1,5 @@
 """The express lane: spare credits per worker for light tenants (no normal credit held, a short
-queue) whose next request is first in fair order."""
+queue) whose next request is at most one request ahead of the others in fair order."""
 
 from __future__ import annotations
 
@@ -83,23 +83,24 @@ def test_express_off_leaves_the_spare_credit_alone(make_request) -> None:
 
 def test_the_scheduler_knows_which_tenants_hold_normal_credits(make_request) -> None:
     sched = PoolScheduler(slots=1)
-    a1, a2, a3, b1, b2, b3 = (make_request(t) for t in "aaabbb")
+    a1, a2, a3, b1, b2, b3, b4 = (make_request(t) for t in "aaabbbb")
     for r in (a1, a2, a3, b1):
         sched.submit(r, 0.0)
     sent, _ = sched.dispatch(0.0, [Credit("w", 1, express=1)])  # a is backlogged: 3 queued
     assert [(d.request, d.express) for d in sent] == [(b1, True), (a1, False)]
     sched.submit(b2, 0.0)
-    # b holds no normal credit and its next request ties a's for first in fair order
-    (d,), _ = sched.dispatch(0.0, full("w2"))
-    assert (d.request, d.express) == (b2, True)
-    assert sched.tenant_in_flight("b") == 2
     sched.submit(b3, 0.0)
-    assert sched.dispatch(0.0, full("w3")) == ([], [])  # b3 (start 2) is behind a2 (start 1)
+    # b holds no normal credit: b2 ties a2 (start 1), b3 (2) is one request ahead of it
+    sent, _ = sched.dispatch(0.0, [Credit("w2", 0, express=3)])
+    assert [(d.request, d.express) for d in sent] == [(b2, True), (b3, True)]
+    assert sched.tenant_in_flight("b") == 3
+    sched.submit(b4, 0.0)
+    assert sched.dispatch(0.0, full("w3")) == ([], [])  # b4 (3) is two ahead of a2 (1)
     sched.complete(a1.id, 0.2)
     (d,), _ = sched.dispatch(0.2, [Credit("w", 1)])
     assert (d.request, d.express) == (a2, False)
     (d,), _ = sched.dispatch(0.2, full("w3"))
-    assert (d.request, d.express) == (b3, True)  # a2 was served at 1: b3 ties a3 at 2
+    assert (d.request, d.express) == (b4, True)  # a3 is next at 2: b4 is one ahead again
 
 
 def test_a_tenant_served_ahead_of_its_share_waits_for_its_turn(make_request) -> None:
@@ -116,6 +117,20 @@ def test_a_tenant_served_ahead_of_its_share_waits_for_its_turn(make_request) -> 
     sent, _ = queue.next_dispatch(0.0, [Credit("w", 0, express=2)])
     assert [d.request.tenant for d in sent] == ["c", "b"]
     assert queue.next_dispatch(0.0, full("w"), busy={"a"}) == ([], [])  # a holds credits
+
+
+def test_a_tenant_served_alone_on_the_lane_is_not_held_back_later(make_request) -> None:
+    queue = PoolQueue()
+    for _ in range(100):  # alone on the pool: every request goes express, in turn
+        queue.push(make_request("b"))
+        (d,), _ = queue.next_dispatch(0.0, full("w"))
+        assert d.express
+    for _ in range(5):
+        queue.push(make_request("a"))
+    queue.next_dispatch(0.0, [Credit("w", 1)])  # a flood arrives and takes the slot
+    queue.push(make_request("b"))
+    (d,), _ = queue.next_dispatch(0.0, full("w"), busy={"a"})
+    assert (d.request.tenant, d.express) == ("b", True)  # v followed b: no debt from its past
 
 
 def test_a_backlogged_tenant_never_takes_the_lane(make_request) -> None:

@@ -201,16 +201,16 @@ async def test_light_tenants_run_on_the_express_credits() -> None:
             leases.append((request_id, lease.express))
             await workers.release.wait()
 
-    tasks = [asyncio.ensure_future(hold(i, t)) for i, t in (("b1", "b"), ("c1", "c"))]
+    tasks = [asyncio.ensure_future(hold(i, t)) for i, t in (("b1", "b"), ("c1", "c"), ("d1", "d"))]
     await asyncio.sleep(0.001)
-    assert leases == [("b1", True), ("c1", True)]  # two express credits, the slot still free
+    assert leases == [("b1", True), ("c1", True), ("d1", True)]  # three express credits
     flood = [asyncio.ensure_future(hold(f"a{i}", "a")) for i in range(4)]
     await asyncio.sleep(0.001)
-    tasks.append(asyncio.ensure_future(hold("d1", "d")))
+    tasks.append(asyncio.ensure_future(hold("e1", "e")))
     await asyncio.sleep(0.001)
-    assert leases[2:] == [("a0", False)]  # the slot; d waits for an express credit
-    assert runner.scheduler.in_flight == 3
+    assert leases[3:] == [("a0", False)]  # the slot; e waits for an express credit
+    assert runner.scheduler.in_flight == 4
     workers.release.set()
     await asyncio.gather(*flood, *tasks)
-    assert sorted(i for i, _ in leases) == ["a0", "a1", "a2", "a3", "b1", "c1", "d1"]
+    assert sorted(i for i, _ in leases) == ["a0", "a1", "a2", "a3", "b1", "c1", "d1", "e1"]
     assert runner.scheduler.in_flight == 0

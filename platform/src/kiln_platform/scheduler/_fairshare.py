@@ -61,10 +61,15 @@ class VirtualTime(Generic[K]):
                 best, best_rank = key, rank
         return best
 
-    def charge(self, key: K, cost: float, weight: float) -> None:
-        """Serve one request of ``cost`` from ``key``: advance ``v`` and the flow's finish tag."""
+    def charge(self, key: K, cost: float, weight: float, *, advance: bool = True) -> None:
+        """Serve one request of ``cost`` from ``key``: advance ``v`` and the flow's finish tag.
+
+        ``advance=False`` leaves ``v`` alone: for a request served ahead of its turn (the express
+        lane), so that it cannot pull the other flows' start tags forward.
+        """
         start = self.start(key)
-        self.v = start
+        if advance:
+            self.v = start
         self._served += 1
         self._tags[key] = _Tag(start + min(cost / weight, self.max_lag), weight, self._served)
         if self._served % _PRUNE_EVERY == 0:

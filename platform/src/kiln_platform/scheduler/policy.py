@@ -149,10 +149,12 @@ class PoolQueue:
 
         Spare ``express`` credits go first, each to the fair head among the light tenants:
         holding no normal credit (not in ``busy``), at most ``express_depth`` requests queued,
-        and first in fair order (a start tag no later than any other queued tenant's). Every
-        request the lane sends is one fair order would send next, so the shares do not change,
-        a backlogged tenant never takes it, and a light tenant's requests run ahead of the
-        backlog in the worker whether or not a normal credit is free. Normal credits follow.
+        and at most one request ahead of the others in fair order (a start tag within its own
+        ``cost / weight`` of the earliest other queued tenant's). The lane is charged like any
+        dispatch but does not move ``v``, so a light tenant leads the others by at most one
+        request and the shares do not change beyond that; a backlogged tenant never takes it,
+        and a light tenant's requests run ahead of the backlog in the worker whether or not a
+        normal credit is free. Normal credits follow, in fair order.
         """
         dispatches: list[Dispatch] = []
         expired: list[Request] = []
@@ -184,16 +186,22 @@ class PoolQueue:
         expired: list[Request],
         busy: Collection[str] | None = None,
     ) -> Request | None:
-        """Remove and charge the fair head that can still finish (an express one if ``busy``)."""
+        """Remove and charge the fair head that can still finish (an express one if ``busy``).
+
+        An express request served ahead of its turn (not the fair head of all tenants) leaves
+        ``v`` where it is.
+        """
         while (head := self._head(busy)) is not None:
             priority, tenant, entry = head
+            tags = self._tenants[priority]
+            in_turn = busy is None or tags.pick(self._flows[priority]) == tenant
             r = entry.request
             self._remove(entry)
             if r.deadline is not None and now + service_time(r.cost) >= r.deadline:
                 expired.append(r)
                 continue
             self._classes.charge(priority, r.cost, self.config.class_weight(priority))
-            self._tenants[priority].charge(tenant, r.cost, r.weight)
+            tags.charge(tenant, r.cost, r.weight, advance=in_turn)
             return r
         return None
 
@@ -243,16 +251,18 @@ class PoolQueue:
         return priority, tenant, entries[0]
 
     def _express(self, priority: Priority, busy: Collection[str]) -> list[str]:
-        """Light tenants of ``priority`` (no normal credit, a short queue) whose head is first in
-        fair order: its start tag is no later than any other queued tenant's."""
+        """Light tenants of ``priority`` (no normal credit, a short queue) whose head would start
+        at most its own ``cost / weight`` after the earliest other queued tenant's."""
         tags, flows = self._tenants[priority], self._flows[priority]
         starts = sorted((tags.start(t), t) for t in flows)
 
         def light(tenant: str, start: float) -> bool:
-            if tenant in busy or flows[tenant].count > self.config.express_depth:
+            flow = flows[tenant]
+            if tenant in busy or flow.count > self.config.express_depth:
                 return False
-            others = (s for s, t in starts if t != tenant)
-            return start <= next(others, math.inf)
+            head = next(e.request for e in flow.entries if e.queued)
+            lead = min(head.cost / flow.weight, self.config.max_lag)
+            return start <= next((s for s, t in starts if t != tenant), math.inf) + lead
 
         return [t for s, t in starts if light(t, s)]
 

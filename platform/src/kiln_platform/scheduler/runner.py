@@ -45,9 +45,9 @@ def _rejected(decision: Decision) -> KilnError:
     return rejection(decision.reason, decision.retry_after_s)
 
 
-EXPRESS_CREDITS = 2
-"""Spare credits per worker for the express lane: a light tenant's request and the one it sends
-while that runs both queue ahead of the flood in the worker (docs/scheduler.md)."""
+EXPRESS_CREDITS = 3
+"""Spare credits per worker for the express lane: a light tenant's burst (its request and those
+it sends while that runs) queues ahead of the flood in the worker (docs/scheduler.md)."""
 
 
 @dataclass(slots=True)
