@@ -83,10 +83,10 @@ def test_express_off_leaves_the_spare_credit_alone(make_request) -> None:
 
 def test_the_scheduler_knows_which_tenants_hold_normal_credits(make_request) -> None:
     sched = PoolScheduler(slots=1)
-    a1, a2, a3, b1, b2, b3, b4 = (make_request(t) for t in "aaabbbb")
-    for r in (a1, a2, a3, b1):
+    a1, a2, a3, a4, b1, b2, b3, b4 = (make_request(t) for t in "aaaabbbb")
+    for r in (a1, a2, a3, a4, b1):
         sched.submit(r, 0.0)
-    sent, _ = sched.dispatch(0.0, [Credit("w", 1, express=1)])  # a is backlogged: 3 queued
+    sent, _ = sched.dispatch(0.0, [Credit("w", 1, express=1)])  # a is backlogged: 4 queued
     assert [(d.request, d.express) for d in sent] == [(b1, True), (a1, False)]
     sched.submit(b2, 0.0)
     sched.submit(b3, 0.0)
@@ -134,7 +134,7 @@ def test_a_tenant_served_alone_on_the_lane_is_not_held_back_later(make_request) 
 
 
 def test_a_backlogged_tenant_never_takes_the_lane(make_request) -> None:
-    queue = PoolQueue(PolicyConfig(express_depth=2))
+    queue = PoolQueue(PolicyConfig(express_depth=2))  # (3 by default)
     for _ in range(3):
         queue.push(make_request("a"))
     assert queue.next_dispatch(0.0, full("w")) == ([], [])

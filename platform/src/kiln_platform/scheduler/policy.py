@@ -35,7 +35,7 @@ class PolicyConfig:
     """Half-life of each tenant's admitted-cost rate, which admission projects forward."""
     express: bool = True
     """The express lane: spare credits per worker for tenants holding no normal credit."""
-    express_depth: int = 2
+    express_depth: int = 3
     """A tenant with more requests than this queued is backlogged: it never takes the lane."""
 
     def __post_init__(self) -> None:
