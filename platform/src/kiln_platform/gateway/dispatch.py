@@ -86,7 +86,7 @@ class WorkerClient:
         queued = _queued(runner, request.request_id, ticket, len(request.input_ids))
         async with runner.slot(queued) as lease:
             worker = self._pools.worker(model, lease.worker)
-            request = _express(request, _timed(lease))
+            request = _leased(request, lease)
             async with self._post(worker, model, "/embed", request, self._timeout) as resp:
                 body = await resp.read()
                 if resp.status == 200:
@@ -124,7 +124,7 @@ class WorkerClient:
         runner = self._pools.runner(model)
         async with runner.slot(_queued(runner, request.request_id, ticket, rows)) as lease:
             worker = self._pools.worker(model, lease.worker)
-            request = _express(request, _timed(lease))
+            request = _leased(request, lease)
             async with self._post(worker, model, "/infer", request, self._timeout) as resp:
                 body = await resp.read()
                 if resp.status == 200:
@@ -182,17 +182,6 @@ def _queued(runner: PoolRunner, request_id: str, ticket: Ticket, cost: float) ->
 
 
 M = TypeVar("M", EmbedRequest, InferRequest)
-
-
-def _timed(lease: Lease) -> bool:
-    """Report the lease's fair-queue wait (and its express credit) for ``Server-Timing``;
-    returns whether it is express."""
-    timing("queue", lease.waited_s * 1000)
-    if lease.express:
-        timing("express", 0.0)
-    return lease.express
-
-
 R = TypeVar("R", EmbedResult, InferResult)
 
 
@@ -203,9 +192,14 @@ def _worker_timed(result: R) -> R:
     return result
 
 
-def _express(message: M, express: bool) -> M:
-    """``message`` marked to run in the worker's express lane if it holds an express credit."""
-    return msgspec.structs.replace(message, express=True) if express else message
+def _leased(message: M, lease: Lease) -> M:
+    """``message`` marked to run in the worker's express lane if the lease is an express
+    credit; reports the lease's fair-queue wait (and the lane) for ``Server-Timing``."""
+    timing("queue", lease.waited_s * 1000)
+    if not lease.express:
+        return message
+    timing("express", 0.0)
+    return msgspec.structs.replace(message, express=True)
 
 
 def _error(body: bytes) -> KilnError:
