@@ -105,6 +105,9 @@ class GenerateRequest(msgspec.Struct, frozen=True, kw_only=True):
     seed: int | None = None
     stop_token_ids: list[int] = []
     timeout_ms: int | None = None
+    express: bool = False
+    """Sent on the gateway's express credit: admitted ahead of waiting sequences, behind earlier
+    express ones (a running sequence is never stopped for it)."""
 
 
 class GenerateChunk(msgspec.Struct, frozen=True, kw_only=True):

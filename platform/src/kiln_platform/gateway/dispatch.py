@@ -105,6 +105,7 @@ class WorkerClient:
         cost = len(request.prompt_ids) + request.max_tokens
         async with runner.slot(_queued(runner, request.request_id, ticket, cost)) as lease:
             worker = self._pools.worker(model, lease.worker)
+            request = _leased(request, lease)
             async with self._post(worker, model, "/generate", request, self._stream) as resp:
                 if resp.status != 200:
                     raise _error(await resp.read())
@@ -181,7 +182,7 @@ def _queued(runner: PoolRunner, request_id: str, ticket: Ticket, cost: float) ->
     )
 
 
-M = TypeVar("M", EmbedRequest, InferRequest)
+M = TypeVar("M", EmbedRequest, InferRequest, GenerateRequest)
 R = TypeVar("R", EmbedResult, InferResult)
 
 

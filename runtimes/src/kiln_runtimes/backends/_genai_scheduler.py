@@ -35,6 +35,8 @@ class Sequence:
     """How long it waited for a slot."""
     compute_s: float = 0.0
     """Its share of the steps it took part in (``Scheduler.charge``)."""
+    express: bool = False
+    """Admitted ahead of waiting normal sequences (the gateway's express lane)."""
 
     @property
     def prefill_done(self) -> bool:
@@ -119,7 +121,8 @@ def step_tokens(batch: Batch) -> dict[int, int]:
 
 
 class Scheduler:
-    """FIFO admission into free slots; a per-step prompt-token budget bounds prefill stalls."""
+    """FIFO admission into free slots (express sequences first); a per-step prompt-token budget
+    bounds prefill stalls."""
 
     def __init__(
         self, max_sequences: int, prefill_chunk: int, context_length: int, pad_token_id: int
@@ -140,10 +143,15 @@ class Scheduler:
         return bool(self.waiting) or self.running > 0
 
     def add(self, seq: Sequence) -> None:
-        """Queue a sequence; it is admitted by a later ``schedule()``."""
+        """Queue a sequence; it is admitted by a later ``schedule()``. An express one waits
+        ahead of every normal one, behind earlier express ones."""
         if len(seq.prompt_ids) + seq.max_tokens > self.context_length:
             raise ValueError("prompt plus max_tokens exceeds the context length")
-        self.waiting.append(seq)
+        if not seq.express:
+            self.waiting.append(seq)
+            return
+        ahead = next((i for i, w in enumerate(self.waiting) if not w.express), len(self.waiting))
+        self.waiting.insert(ahead, seq)
 
     def abort(self, seq_id: int) -> SequenceOutput | None:
         """Drop a waiting or running sequence; returns its final (cancelled) output."""

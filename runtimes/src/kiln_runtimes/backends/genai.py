@@ -100,6 +100,7 @@ class EngineCore:
             prompt_ids=list(request.prompt_ids),
             max_tokens=request.max_tokens,
             stop_ids=self.spec.eos_token_ids | frozenset(request.stop_token_ids),
+            express=request.express,
         )
 
     def submit(self, seq: Sequence, sink: _Sink) -> None:

@@ -44,6 +44,20 @@ def test_admits_fifo_into_free_slots_and_queues_the_rest() -> None:
     assert scheduler.running == 2
 
 
+def test_express_sequences_are_admitted_ahead_of_waiting_normal_ones() -> None:
+    scheduler = make_scheduler(slots=1)
+    for seq_id in (1, 2, 3):
+        scheduler.add(make_seq(seq_id))
+    scheduler.schedule()
+    for seq_id in (4, 5):
+        seq = make_seq(seq_id)
+        seq.express = True
+        scheduler.add(seq)
+    scheduler.schedule()
+    assert [s.seq_id for s in scheduler.slots if s] == [1]  # a running sequence keeps its slot
+    assert [s.seq_id for s in scheduler.waiting] == [4, 5, 2, 3]
+
+
 def test_prefill_budget_is_shared_and_chunks_long_prompts() -> None:
     scheduler = make_scheduler(slots=3, prefill_chunk=10, context=128)
     scheduler.add(make_seq(1, prompt=4))
