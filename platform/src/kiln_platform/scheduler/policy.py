@@ -151,8 +151,9 @@ class PoolQueue:
         holding no normal credit (not in ``busy``), at most ``express_depth`` requests queued,
         and at most one request ahead of the others in fair order (a start tag within its own
         ``cost / weight`` of the earliest other queued tenant's). The lane is charged like any
-        dispatch but does not move ``v``, so a light tenant leads the others by at most one
-        request and the shares do not change beyond that; a backlogged tenant never takes it,
+        dispatch, but a request served ahead of its turn does not move ``v``, so a light tenant
+        leads the others by at most one request and the shares do not change beyond that; a
+        backlogged tenant never takes it,
         and a light tenant's requests run ahead of the backlog in the worker whether or not a
         normal credit is free. Normal credits follow, in fair order.
         """
