@@ -174,6 +174,21 @@ def test_the_documented_example_shows_the_noisy_neighbour(repo_root) -> None:
     assert set(a.rejected) == {"tenant_over_share"}
 
 
+def test_the_cpu_example_shows_the_express_lane_and_preemption(repo_root) -> None:
+    """On a CPU-like worker (no batch gain) the lane takes B's p99 under the flood well down,
+    and preemption throws away at most a few percent of the pool's work."""
+    path = repo_root / "docs" / "examples" / "noisy-neighbour-cpu.toml"
+    short = {"duration_s": 30.0}
+    b_p99 = {
+        name: run_simulation(path, overrides=short | extra).tenant("B").latency_p99_s
+        for name, extra in (("lane", {}), ("off", {"scheduler.express": False}))
+    }
+    assert b_p99["lane"] < 0.75 * b_p99["off"]
+    report = run_simulation(path, overrides=short)
+    assert report.throughput_cost > 0.95 * report.capacity
+    assert report.tenant("B").rejected == {}
+
+
 @pytest.mark.parametrize(
     ("text", "message"),
     [

@@ -68,6 +68,8 @@ class Pool:
     slots_per_worker: int = 8
     service: Service = Service()
     unit: str = "cost"
+    preempt: bool = True
+    """An express request stops a normal batch with at least half left (``KILN_WORKER_PREEMPT``)."""
 
     def capacity(self, mean_size: float) -> float:
         """Nominal cost per second the pool serves when saturated."""
@@ -164,7 +166,7 @@ def load(path: Path, overrides: Mapping[str, Any] | None = None) -> SimConfig:
 
 
 _TOP = {"duration_s", "warmup_s", "pool", "scheduler", "tenant", "trace"}
-_POOL = {"workers", "slots_per_worker", "service", "unit"}
+_POOL = {"workers", "slots_per_worker", "service", "unit", "preempt"}
 _TENANT = {"name", "weight", "priority", "deadline_s", "arrivals", "rate", "load", "size"}
 _CHOICES = {"arrivals": {"poisson", "fixed"}, "dist": {"fixed", "uniform", "exponential"}}
 
@@ -195,6 +197,7 @@ def _parse(raw: dict[str, Any], path: Path) -> SimConfig:
         slots_per_worker=p.get("slots_per_worker", 8),
         service=Service(**p.get("service", {})),
         unit=p.get("unit", "cost"),
+        preempt=bool(p.get("preempt", True)),
     )
     s = raw.get("scheduler", {})
 

@@ -68,7 +68,8 @@ class _Run:
         pool = config.pool
         self.config = config
         self.workers = [
-            SimWorker(f"w{i}", pool.slots_per_worker, pool.service) for i in range(pool.workers)
+            SimWorker(f"w{i}", pool.slots_per_worker, pool.service, preempt=pool.preempt)
+            for i in range(pool.workers)
         ]
         self.index = {w.name: i for i, w in enumerate(self.workers)}
         self.sched = PoolScheduler(config.scheduler, slots=pool.workers * pool.slots_per_worker)
@@ -119,12 +120,16 @@ class _Run:
             self.push(wake_at, _WAKE, i)
 
     def _pump(self, now: float) -> None:
-        credits = [Credit(w.name, w.free) for w in self.workers if w.free > 0]
+        credits = [
+            Credit(w.name, w.free, w.express_free)
+            for w in self.workers
+            if w.free > 0 or w.express_free > 0
+        ]
         if credits and len(self.sched.queue):
             dispatches, _ = self.sched.dispatch(now, credits)
             for d in dispatches:
                 i = self.index[d.worker]
-                wake_at = self.workers[i].accept(d.request, now)
+                wake_at = self.workers[i].accept(d.request, now, express=d.express)
                 if wake_at is not None:
                     self.push(wake_at, _WAKE, i)
         check = self.sched.next_expiry()
