@@ -1,5 +1,5 @@
 """The express lane: spare credits per worker for light tenants (no normal credit held, a short
-queue) whose next request is at most one request ahead of the others in fair order."""
+queue) whose next request leads the others in fair order by at most ``express_depth`` requests."""
 
 from __future__ import annotations
 
@@ -82,25 +82,28 @@ def test_express_off_leaves_the_spare_credit_alone(make_request) -> None:
 
 
 def test_the_scheduler_knows_which_tenants_hold_normal_credits(make_request) -> None:
-    sched = PoolScheduler(slots=1)
-    a1, a2, a3, a4, b1, b2, b3, b4 = (make_request(t) for t in "aaaabbbb")
+    sched = PoolScheduler(slots=1)  # express_depth 3: a light tenant leads by 3 requests at most
+    a1, a2, a3, a4 = (make_request("a") for _ in range(4))
+    b1, b2, b3, b4, b5, b6 = (make_request("b") for _ in range(6))
     for r in (a1, a2, a3, a4, b1):
         sched.submit(r, 0.0)
     sent, _ = sched.dispatch(0.0, [Credit("w", 1, express=1)])  # a is backlogged: 4 queued
     assert [(d.request, d.express) for d in sent] == [(b1, True), (a1, False)]
-    sched.submit(b2, 0.0)
-    sched.submit(b3, 0.0)
-    # b holds no normal credit: b2 ties a2 (start 1), b3 (2) is one request ahead of it
+    for r in (b2, b3, b4):
+        sched.submit(r, 0.0)
+    # b holds no normal credit: b2..b4 start at 1..3, within 3 requests of a2 (start 1)
     sent, _ = sched.dispatch(0.0, [Credit("w2", 0, express=3)])
-    assert [(d.request, d.express) for d in sent] == [(b2, True), (b3, True)]
-    assert sched.tenant_in_flight("b") == 3
-    sched.submit(b4, 0.0)
-    assert sched.dispatch(0.0, full("w3")) == ([], [])  # b4 (3) is two ahead of a2 (1)
+    assert [(d.request, d.express) for d in sent] == [(b2, True), (b3, True), (b4, True)]
+    assert sched.tenant_in_flight("b") == 4
+    sched.submit(b5, 0.0)
+    sched.submit(b6, 0.0)
+    (d,), _ = sched.dispatch(0.0, [Credit("w3", 0, express=3)])
+    assert d.request is b5  # b6 (start 5) would lead a2 (1) by four requests
     sched.complete(a1.id, 0.2)
     (d,), _ = sched.dispatch(0.2, [Credit("w", 1)])
     assert (d.request, d.express) == (a2, False)
-    (d,), _ = sched.dispatch(0.2, full("w3"))
-    assert (d.request, d.express) == (b4, True)  # a3 is next at 2: b4 is one ahead again
+    (d,), _ = sched.dispatch(0.2, full("w4"))
+    assert (d.request, d.express) == (b6, True)  # a3 is next at 2: b6 is three ahead again
 
 
 def test_a_tenant_served_ahead_of_its_share_waits_for_its_turn(make_request) -> None:

@@ -36,7 +36,8 @@ class PolicyConfig:
     express: bool = True
     """The express lane: spare credits per worker for tenants holding no normal credit."""
     express_depth: int = 3
-    """A tenant with more requests than this queued is backlogged: it never takes the lane."""
+    """A tenant with more requests than this queued is backlogged: it never takes the lane; a light
+    tenant may lead the others in fair order by this many requests (its burst allowance)."""
 
     def __post_init__(self) -> None:
         if not 0.0 < self.batch_share < 1.0:
@@ -149,13 +150,13 @@ class PoolQueue:
 
         Spare ``express`` credits go first, each to the fair head among the light tenants:
         holding no normal credit (not in ``busy``), at most ``express_depth`` requests queued,
-        and at most one request ahead of the others in fair order (a start tag within its own
-        ``cost / weight`` of the earliest other queued tenant's). The lane is charged like any
-        dispatch, but a request served ahead of its turn does not move ``v``, so a light tenant
-        leads the others by at most one request and the shares do not change beyond that; a
-        backlogged tenant never takes it,
-        and a light tenant's requests run ahead of the backlog in the worker whether or not a
-        normal credit is free. Normal credits follow, in fair order.
+        and at most ``express_depth`` requests ahead of the others in fair order (a start tag
+        within ``express_depth`` times its head's ``cost / weight`` of the earliest other queued
+        tenant's). The lane is charged like any dispatch, but a request served ahead of its turn
+        does not move ``v``, so the lead stays bounded and the shares do not change beyond it;
+        a backlogged tenant never takes the lane, and a light tenant's requests run ahead of the
+        backlog in the worker whether or not a normal credit is free. Normal credits follow, in
+        fair order.
         """
         dispatches: list[Dispatch] = []
         expired: list[Request] = []
@@ -253,7 +254,8 @@ class PoolQueue:
 
     def _express(self, priority: Priority, busy: Collection[str]) -> list[str]:
         """Light tenants of ``priority`` (no normal credit, a short queue) whose head would start
-        at most its own ``cost / weight`` after the earliest other queued tenant's."""
+        at most ``express_depth`` times its ``cost / weight`` after the earliest other queued
+        tenant's."""
         tags, flows = self._tenants[priority], self._flows[priority]
         starts = sorted((tags.start(t), t) for t in flows)
 
@@ -262,7 +264,7 @@ class PoolQueue:
             if tenant in busy or flow.count > self.config.express_depth:
                 return False
             head = next(e.request for e in flow.entries if e.queued)
-            lead = min(head.cost / flow.weight, self.config.max_lag)
+            lead = self.config.express_depth * min(head.cost / flow.weight, self.config.max_lag)
             return start <= next((s for s, t in starts if t != tenant), math.inf) + lead
 
         return [t for s, t in starts if light(t, s)]
