@@ -94,7 +94,7 @@ def test_the_scheduler_knows_which_tenants_hold_normal_credits(make_request) -> 
     # b holds no normal credit: b2..b4 start at 1..3, within 3 requests of a2 (start 1)
     sent, _ = sched.dispatch(0.0, [Credit("w2", 0, express=3)])
     assert [(d.request, d.express) for d in sent] == [(b2, True), (b3, True), (b4, True)]
-    assert sched.tenant_in_flight("b") == 4
+    assert sched.in_flight == 5  # a1 on the slot, b1..b4 on the lane
     sched.submit(b5, 0.0)
     sched.submit(b6, 0.0)
     (d,), _ = sched.dispatch(0.0, [Credit("w3", 0, express=3)])

@@ -49,7 +49,6 @@ class PoolScheduler:
         weights = {p: config.policy.class_weight(p) for p in Priority}
         self.stats = PoolStats(config.stats_window_s, config.max_samples, weights)
         self._in_flight: dict[str, tuple[Request, float, bool]] = {}
-        self._tenants_in_flight: Counter[str] = Counter()
         self._on_slots: Counter[str] = Counter()
         """Tenants' requests in flight on normal (not express) credits."""
         self._busy_since: float | None = None
@@ -106,7 +105,6 @@ class PoolScheduler:
         dispatches, expired = self.queue.next_dispatch(now, credits, self.service_time, busy)
         for d in dispatches:
             self._in_flight[d.request.id] = (d.request, now, d.express)
-            self._tenants_in_flight[d.request.tenant] += 1
             if not d.express:
                 self._on_slots[d.request.tenant] += 1
             self.stats.dispatched(now, d.request)
@@ -138,7 +136,6 @@ class PoolScheduler:
         if entry is None:
             return None
         request, dispatched_at, express = entry
-        _decrement(self._tenants_in_flight, request.tenant)
         if not express:
             _decrement(self._on_slots, request.tenant)
         cost = request.cost if actual_cost is None else actual_cost
@@ -171,10 +168,6 @@ class PoolScheduler:
     def in_flight(self) -> int:
         """Requests dispatched and not yet completed."""
         return len(self._in_flight)
-
-    def tenant_in_flight(self, tenant: str) -> int:
-        """Requests of ``tenant`` dispatched and not yet completed."""
-        return self._tenants_in_flight[tenant]
 
     def snapshot(self, now: float) -> StatsSnapshot:
         """Per-tenant stats and the fairness index over the stats window."""
