@@ -16,6 +16,9 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import _graph
+
 SIZE = 64
 # (out channels, stride) of each 3x3 convolution
 STAGES = ((32, 2), (64, 1), (128, 2))
@@ -67,17 +70,12 @@ def build(seed: int = 0) -> onnx.ModelProto:
         [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["batch", CLASSES])],
         weights,
     )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    model.ir_version = 8
-    onnx.checker.check_model(model)
-    return model
+    return _graph.model(graph)
 
 
 def write(path: Path) -> Path:
     """Build and save the model (idempotent for a given path)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    onnx.save(build(), path)
-    return path
+    return _graph.write(build, path)
 
 
 if __name__ == "__main__":

@@ -34,6 +34,9 @@ class Settings(BaseSettings):
     worker_threads: int | None = None
     worker_concurrency: int = 1
     """Batches a worker runs at once, each on its own ``worker_threads`` engine threads."""
+    worker_cpus: str | None = Field(default=None, pattern=r"^\d+(-\d+)?(,\d+(-\d+)?)*$")
+    """Cores for workers' engine threads (``1``, ``2-7``); their event loops keep off them, like
+    Triton's ``--host-policy cpu-cores`` (docs/architecture.md)."""
     worker_preempt: bool = True
     """An express request stops a worker's running batch and runs first (docs/scheduler.md)."""
     worker_slots: int | None = None

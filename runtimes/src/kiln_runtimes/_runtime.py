@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Literal
 
 import structlog
 
-from kiln_runtimes import _tensor
+from kiln_runtimes import _cpus, _tensor
 from kiln_runtimes._errors import Draining, NotReady
 from kiln_runtimes._metrics import WorkerMetrics
 from kiln_runtimes.backends import get_embedding_backend, get_generation_backend
@@ -45,6 +45,8 @@ class WorkerSettings:
     """Batches run at once (embeddings, tensors), each on ``threads`` engine threads."""
     preempt: bool = True
     """Express requests stop a running normal batch (``batcher``)."""
+    cpus: frozenset[int] | None = None
+    """Cores for the engine's threads; the event loop keeps off them (``_cpus``)."""
 
     def batch_policy(self, batching: bool = True) -> BatchPolicy:
         """The batcher's knobs; ``batching=False`` keeps one item per batch."""
@@ -89,14 +91,16 @@ class Worker:
         settings, manifest = self.settings, self.manifest
         if manifest.task == "embeddings":
             embedder = get_embedding_backend(manifest)
-            await asyncio.to_thread(embedder.load, settings.model_dir, manifest, settings.threads)
-            await asyncio.to_thread(embedder.warmup)
+            cpus = settings.cpus
+            await _cpus.run_on(cpus, embedder.load, settings.model_dir, manifest, settings.threads)
+            await _cpus.run_on(cpus, embedder.warmup)
             self._embedder = embedder
             self._batcher = Batcher(
                 embedder.run,
                 settings.batch_policy(),
                 stopper=embedder.stopper,
                 on_batch=self.metrics.observe_batch,
+                cpus=cpus,
             )
             self._batcher.start()
         elif manifest.task == "generate":

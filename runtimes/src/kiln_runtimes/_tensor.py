@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import math
 import time
 from typing import TYPE_CHECKING
@@ -10,6 +11,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import structlog
 
+from kiln_runtimes import _cpus
 from kiln_runtimes._errors import BadRequest
 from kiln_runtimes.backends import get_tensor_backend
 from kiln_runtimes.batcher import Batcher
@@ -53,13 +55,15 @@ async def load(
             compile_seconds=None if report.cache_hit else round(report.seconds, 3),
         )
     metrics.engine_cache.labels(result).inc()
-    await asyncio.to_thread(backend.load, model, manifest, settings.threads, optimized=optimized)
-    await asyncio.to_thread(backend.warmup, settings.max_batch_size)
+    load = functools.partial(backend.load, optimized=optimized)
+    await _cpus.run_on(settings.cpus, load, model, manifest, settings.threads)
+    await _cpus.run_on(settings.cpus, backend.warmup, settings.max_batch_size)
     batcher = Batcher(
         backend.run,
         settings.batch_policy(manifest.batching),
         stopper=backend.stopper,
         on_batch=metrics.observe_batch,
+        cpus=settings.cpus,
     )
     batcher.start()
     metrics.load_seconds.set(time.perf_counter() - start)

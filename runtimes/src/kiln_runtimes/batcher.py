@@ -20,7 +20,7 @@ import asyncio
 import contextlib
 import math
 import time
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Callable, Coroutine, Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
@@ -31,6 +31,7 @@ import structlog
 
 from kiln_runtimes._attribution import shares
 from kiln_runtimes._batch_types import Batch, BatchResult, CloseReason, Item, Outcome, Ticket
+from kiln_runtimes._cpus import pin_thread
 from kiln_runtimes._errors import DeadlineExceeded, Internal, Overloaded, WorkerError
 from kiln_runtimes._latency import LatencyModel
 
@@ -91,6 +92,8 @@ class BatchQueue:
     running: list[Batch] = field(default_factory=list)
     _items: deque[Item] = field(default_factory=deque)
     _stopping: list[Batch] = field(default_factory=list)
+    _waiting: Counter[Ticket] = field(default_factory=Counter)
+    """Queued items per ticket, so deadline scans cost one step per request, not per item."""
 
     @property
     def queued(self) -> int:
@@ -122,6 +125,7 @@ class BatchQueue:
             self._insert(self._express_queued(), items)
         else:
             self._items.extend(items)
+            self._waiting[ticket] += n
         return ticket
 
     def preempt(self) -> Batch | None:
@@ -176,6 +180,7 @@ class BatchQueue:
             return None, expired
         for item in candidate:
             self._items.popleft()
+            self._dequeued(item.ticket)
             if item.ticket.started_at is None:
                 item.ticket.started_at = now
         batch = Batch(tuple(candidate), reason, now)
@@ -185,7 +190,7 @@ class BatchQueue:
     def next_wakeup(self) -> float | None:
         """The clock time at which ``poll`` may next decide something without new input."""
         t1 = self.model.predict(1)
-        times = [i.ticket.deadline - t1 for i in self._items if i.ticket.deadline is not None]
+        times = [t.deadline - t1 for t in self._waiting if t.deadline is not None]
         if self._free() and self._items:
             candidate = list(self._candidate())
             times.append(candidate[0].ticket.enqueued_at + self.policy.max_wait)
@@ -224,6 +229,8 @@ class BatchQueue:
 
     def _insert(self, at: int, items: list[Item]) -> None:
         """Put ``items`` into the queue before position ``at``."""
+        for item in items:
+            self._waiting[item.ticket] += 1
         self._items.rotate(-at)
         self._items.extendleft(reversed(items))
         self._items.rotate(at)
@@ -248,8 +255,12 @@ class BatchQueue:
 
     def _late(self, now: float) -> list[Ticket]:
         t1 = self.model.predict(1)
-        late = (i.ticket for i in self._items if i.ticket.deadline is not None)
-        return [t for t in dict.fromkeys(late) if t.deadline is not None and now + t1 > t.deadline]
+        return [t for t in self._waiting if t.deadline is not None and now + t1 > t.deadline]
+
+    def _dequeued(self, ticket: Ticket) -> None:
+        self._waiting[ticket] -= 1
+        if not self._waiting[ticket]:
+            del self._waiting[ticket]
 
     def _settle(
         self, tickets: list[Ticket], error: type[WorkerError], message: str
@@ -261,6 +272,8 @@ class BatchQueue:
             ticket.error, ticket.finished_at = error(message), now
         if failed:
             self._items = deque(i for i in self._items if not i.ticket.settled)
+            for ticket in failed:
+                self._waiting.pop(ticket, None)
         return failed
 
 
@@ -276,7 +289,8 @@ def _tightest(items: Iterable[Item]) -> float | None:
 
 
 class Batcher:
-    """Drives a ``BatchQueue`` on the event loop; ``run`` executes on ``concurrency`` threads.
+    """Drives a ``BatchQueue`` on the event loop; ``run`` executes on ``concurrency`` threads
+    (on ``cpus`` if given).
 
     ``stopper`` makes a fresh ``Stop`` for each run (the backend's); without one, nothing is
     preempted.
@@ -291,6 +305,7 @@ class Batcher:
         clock: Clock = time.monotonic,
         model: LatencyModel | None = None,
         on_batch: Callable[[Outcome], None] | None = None,
+        cpus: frozenset[int] | None = None,
     ) -> None:
         if stopper is None:
             policy = replace(policy, preempt=False)
@@ -299,7 +314,9 @@ class Batcher:
         self._stops: dict[int, Stop] = {}
         self._waiters: dict[Ticket, asyncio.Future[None]] = {}
         self._wake = asyncio.Event()
-        self._executor = ThreadPoolExecutor(policy.concurrency, thread_name_prefix="kiln-batch")
+        self._executor = ThreadPoolExecutor(
+            policy.concurrency, "kiln-batch", initializer=pin_thread, initargs=(cpus,)
+        )
         self._tasks: set[asyncio.Task[None]] = set()
 
     def start(self) -> None:

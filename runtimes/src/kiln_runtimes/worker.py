@@ -11,14 +11,15 @@ import asyncio
 import os
 import signal
 import sys
-from collections.abc import Sequence
+from collections.abc import Coroutine, Sequence
 from pathlib import Path
+from typing import Any
 
 import msgspec
 import structlog
 from aiohttp import web
 
-from kiln_runtimes import _standby
+from kiln_runtimes import _cpus, _standby
 from kiln_runtimes._app import create_app
 from kiln_runtimes._logging import configure_logging
 from kiln_runtimes._runtime import Worker, WorkerSettings
@@ -62,6 +63,11 @@ def parse_args(argv: Sequence[str] | None = None) -> WorkerSettings:
         help="batches run at once, each on --threads engine threads (embeddings, tensors)",
     )
     parser.add_argument(
+        "--cpus",
+        type=_cpus.parse,
+        help="cores for the engine's threads, e.g. 1 or 2-7; the event loop keeps off them",
+    )
+    parser.add_argument(
         "--no-preempt",
         dest="preempt",
         action="store_false",
@@ -81,6 +87,9 @@ def parse_args(argv: Sequence[str] | None = None) -> WorkerSettings:
         "--precision", default="fp32", help="engine precision (tensor models): fp32, int8, fp16"
     )
     args = parser.parse_args(argv)
+    cores = set(range(os.cpu_count() or 1))
+    if args.cpus is not None and not args.cpus <= cores:
+        parser.error(f"--cpus: this machine has no cores {sorted(args.cpus - cores)}")
     for name in ("max_batch_size", "threads", "max_queue", "concurrency"):
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be at least 1")
@@ -95,6 +104,7 @@ def parse_args(argv: Sequence[str] | None = None) -> WorkerSettings:
         threads=args.threads,
         concurrency=args.concurrency,
         preempt=args.preempt,
+        cpus=args.cpus,
         max_queue=args.max_queue,
         log_level=args.log_level,
         target=args.target,
@@ -113,7 +123,18 @@ def main(argv: Sequence[str] | None = None) -> None:
         args = _standby.assignment()
     settings = parse_args(args)
     configure_logging(settings.log_level)
-    raise SystemExit(asyncio.run(serve(settings)))
+    _cpus.keep_off(settings.cpus)
+    raise SystemExit(_run(serve(settings)))
+
+
+def _run(main: Coroutine[Any, Any, int]) -> int:
+    """Run on uvloop where it is installed: its C event loop spends less of the cores that the
+    batches need on sockets and wakeups."""
+    try:
+        import uvloop
+    except ImportError:  # pragma: no cover - Windows
+        return asyncio.run(main)
+    return uvloop.run(main)
 
 
 async def serve(settings: WorkerSettings) -> int:

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import random
 import threading
+from collections import Counter
 
 import msgspec
 import numpy as np
@@ -565,3 +568,42 @@ async def test_the_embed_path_passes_the_express_flag_to_the_batcher() -> None:
     finally:
         await batcher.close()
     assert express == [True, False]
+
+
+def test_deadline_bookkeeping_follows_the_queue_through_every_operation() -> None:
+    """The per-request count of queued items (what deadline scans read) always matches the
+    queue, through submits, express inserts, batches, expiry, preemption and failures."""
+    rng = random.Random(7)
+    clock = FakeClock()
+    queue = BatchQueue(
+        BatchPolicy(max_batch_size=4, max_wait=0.01, max_queue=64, concurrency=2),
+        clock,
+        LatencyModel(0.010, 0.020),
+    )
+    expired_seen = 0
+    for step in range(600):
+        action = rng.random()
+        if action < 0.4:
+            with contextlib.suppress(Overloaded):
+                size = rng.randint(1, 6)
+                budget = rng.choice([None, 0.03, 0.2, 1.0])
+                queue.submit(f"r{step}", [[step]] * size, budget, express=rng.random() < 0.2)
+        elif action < 0.7:
+            batch, expired = queue.poll()
+            expired_seen += len(expired)
+        elif queue.running and action < 0.9:
+            batch = rng.choice(queue.running)
+            if rng.random() < 0.1:
+                queue.finish(batch, [Outcome(batch, ValueError("boom"), 0.01)])
+            else:
+                succeed(queue, batch)
+        elif queue.running:
+            queue.requeue(rng.choice(queue.running))
+        clock.advance(rng.choice([0.0, 0.002, 0.02]))
+        queued = Counter(item.ticket for item in queue._items)
+        assert queue._waiting == queued, f"step {step}"
+        late = queue.next_wakeup()
+        deadlines = [t.deadline for t in queued if t.deadline is not None]
+        if deadlines and late is not None:
+            assert late <= min(deadlines)
+    assert expired_seen > 0  # the run did exercise expiry

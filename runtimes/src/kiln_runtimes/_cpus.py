@@ -1,0 +1,56 @@
+"""CPU placement: the engine's threads on the compute cores, the event loop on the others.
+
+``--cpus`` (``KILN_WORKER_CPUS``) plays the part of Triton's ``--host-policy cpu-cores``: on a CPU
+machine the batches then have their cores to themselves, and the worker's HTTP, decoding and
+batching (and whatever else the operator places on the rest) cannot take their time slices.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from concurrent.futures import ThreadPoolExecutor
+from typing import TYPE_CHECKING, TypeVar
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+T = TypeVar("T")
+
+
+def parse(text: str) -> frozenset[int]:
+    """``"1"``, ``"2-5"``, ``"0,2-3"`` -> the set of cores; ``ValueError`` names a bad part."""
+    cores: set[int] = set()
+    for part in text.split(","):
+        first, _, last = part.strip().partition("-")
+        if not first.isdigit() or (last and not last.isdigit()):
+            raise ValueError(f"{part!r} is not a core number or a range like 2-5")
+        low, high = int(first), int(last or first)
+        if high < low:
+            raise ValueError(f"{part!r} is an empty range")
+        cores.update(range(low, high + 1))
+    return frozenset(cores)
+
+
+def pin_thread(cpus: frozenset[int] | None) -> None:
+    """Put the calling thread on ``cpus`` (``None``: leave it where it is)."""
+    if cpus:
+        os.sched_setaffinity(0, cpus)
+
+
+def keep_off(cpus: frozenset[int] | None) -> None:
+    """Move the calling thread to the allowed cores other than ``cpus``, if there are any.
+
+    Called on the main thread before anything starts, so the event loop and the threads it
+    starts later stay off the compute cores.
+    """
+    rest = os.sched_getaffinity(0) - (cpus or set())
+    if cpus and rest:
+        os.sched_setaffinity(0, rest)
+
+
+async def run_on(cpus: frozenset[int] | None, call: Callable[..., T], *args: object) -> T:
+    """``call(*args)`` on a thread of its own on ``cpus``: an engine's thread pool created there
+    (at session creation) inherits the cores."""
+    with ThreadPoolExecutor(1, initializer=pin_thread, initargs=(cpus,)) as executor:
+        return await asyncio.get_running_loop().run_in_executor(executor, call, *args)

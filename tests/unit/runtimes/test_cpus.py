@@ -1,0 +1,78 @@
+"""CPU placement: ``--cpus`` parsing, and real thread affinities (Linux)."""
+
+from __future__ import annotations
+
+import os
+import threading
+
+import numpy as np
+import pytest
+
+from kiln_runtimes import _cpus
+from kiln_runtimes.batcher import Batcher, BatchPolicy
+from kiln_runtimes.worker import parse_args
+
+ALLOWED = frozenset(os.sched_getaffinity(0))
+LAST = frozenset({max(ALLOWED)})
+
+
+@pytest.mark.parametrize(
+    ("text", "cores"),
+    [("1", {1}), ("2-5", {2, 3, 4, 5}), ("0,2-3", {0, 2, 3}), (" 4 , 6-6", {4, 6})],
+)
+def test_parse_reads_cores_and_ranges(text: str, cores: set[int]) -> None:
+    assert _cpus.parse(text) == cores
+
+
+@pytest.mark.parametrize(("text", "part"), [("a", "'a'"), ("3-1", "'3-1'"), ("1,,2", "''")])
+def test_parse_names_the_bad_part(text: str, part: str) -> None:
+    with pytest.raises(ValueError, match=part):
+        _cpus.parse(text)
+
+
+def test_worker_accepts_cores_it_has_and_refuses_others(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    settings = parse_args(["--model-dir", "m", "--cpus", str(max(ALLOWED))])
+    assert settings.cpus == LAST
+    with pytest.raises(SystemExit):
+        parse_args(["--model-dir", "m", "--cpus", "4096"])
+    assert "--cpus: this machine has no cores [4096]" in capsys.readouterr().err
+
+
+async def test_run_on_runs_the_call_on_the_given_cores() -> None:
+    assert await _cpus.run_on(LAST, os.sched_getaffinity, 0) == LAST
+    assert await _cpus.run_on(None, os.sched_getaffinity, 0) == ALLOWED
+
+
+def _in_thread(call: object) -> frozenset[int]:
+    seen: list[frozenset[int]] = []
+
+    def body() -> None:
+        call(LAST)  # type: ignore[operator]
+        seen.append(frozenset(os.sched_getaffinity(0)))
+
+    thread = threading.Thread(target=body)
+    thread.start()
+    thread.join()
+    return seen[0]
+
+
+def test_keep_off_leaves_the_compute_cores_to_the_engine() -> None:
+    expected = ALLOWED - LAST or ALLOWED  # a one-core machine keeps its only core
+    assert _in_thread(_cpus.keep_off) == expected
+    assert _in_thread(_cpus.pin_thread) == LAST
+
+
+async def test_batches_run_on_the_batcher_cores() -> None:
+    def where(inputs: list[list[int]], stop: object = None) -> np.ndarray:
+        pinned = os.sched_getaffinity(0) == LAST
+        return np.array([[pinned, len(ids)] for ids in inputs], np.float32)
+
+    batcher = Batcher(where, BatchPolicy(max_batch_size=4, max_wait=0.001), cpus=LAST)
+    batcher.start()
+    try:
+        ticket = await batcher.submit("r", [[1], [2]], None)
+    finally:
+        await batcher.close()
+    assert ticket.embeddings()[:, 0].tolist() == [1.0, 1.0]
