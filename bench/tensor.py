@@ -209,7 +209,8 @@ def measure_kiln(
     env = {"KILN_WORKER_MAX_BATCH_SIZE": str(max_batch),
            "KILN_WORKER_MAX_WAIT_MS": str(args.max_queue_delay_ms),
            "KILN_WORKER_THREADS": str(args.worker_threads),
-           "KILN_WORKER_CONCURRENCY": str(args.worker_concurrency)}  # fmt: skip
+           "KILN_WORKER_CONCURRENCY": str(args.worker_concurrency),
+           "KILN_WORKER_PREFETCH": str(args.worker_prefetch).lower()}  # fmt: skip
     allowed = os.sched_getaffinity(0)
     cores = layout(args.compute_cores)
     if cores is not None:  # kiln up, PostgreSQL, this client and the workers' event loops on
@@ -353,6 +354,10 @@ def main() -> None:
         "--worker-threads", type=int, default=os.cpu_count() or 1, help="intra-op, per batch"
     )
     parser.add_argument("--worker-concurrency", type=int, default=1, help="batches at once")
+    parser.add_argument(
+        "--worker-prefetch", action="store_true", help="KILN_WORKER_PREFETCH: a full batch waits "
+        "for each busy runner, so none waits for the event loop",
+    )  # fmt: skip
     parser.add_argument(
         "--compute-cores", type=int, default=0,
         help="pin Kiln's workers (and the in-process reference) to this many cores, and the "

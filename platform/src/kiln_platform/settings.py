@@ -37,6 +37,9 @@ class Settings(BaseSettings):
     worker_cpus: str | None = Field(default=None, pattern=r"^\d+(-\d+)?(,\d+(-\d+)?)*$")
     """Cores for workers' engine threads (``1``, ``2-7``); their event loops keep off them, like
     Triton's ``--host-policy cpu-cores`` (docs/architecture.md)."""
+    worker_prefetch: bool = False
+    """Workers close a full batch while every runner is busy, one per runner (throughput on
+    dedicated cores; an express request may then also wait for a prefetched batch's stop)."""
     worker_preempt: bool = True
     """An express request stops a worker's running batch and runs first (docs/scheduler.md)."""
     worker_slots: int | None = None

@@ -45,13 +45,17 @@ class WorkerSettings:
     """Batches run at once (embeddings, tensors), each on ``threads`` engine threads."""
     preempt: bool = True
     """Express requests stop a running normal batch (``batcher``)."""
+    prefetch: bool = False
+    """A full batch may close while every runner is busy (``BatchPolicy.prefetch``)."""
     cpus: frozenset[int] | None = None
     """Cores for the engine's threads; the event loop keeps off them (``_cpus``)."""
 
     def batch_policy(self, batching: bool = True) -> BatchPolicy:
         """The batcher's knobs; ``batching=False`` keeps one item per batch."""
         size = self.max_batch_size if batching else 1
-        return BatchPolicy(size, self.max_wait, self.max_queue, self.concurrency, self.preempt)
+        return BatchPolicy(
+            size, self.max_wait, self.max_queue, self.concurrency, self.preempt, self.prefetch
+        )
 
 
 class Worker:

@@ -53,13 +53,15 @@ Run = Callable[[list[Any], Any], BatchResult]
 @dataclass(frozen=True, slots=True)
 class BatchPolicy:
     """The knobs: items per batch, seconds the oldest item may wait, items the queue holds,
-    how many batches run at once, and whether express requests preempt normal batches."""
+    how many batches run at once, whether express requests preempt normal batches, and whether a
+    full batch may be closed ahead of a free runner (``prefetch``, at most one per runner)."""
 
     max_batch_size: int = 32
     max_wait: float = 0.005
     max_queue: int = 1024
     concurrency: int = 1
     preempt: bool = True
+    prefetch: bool = False
 
 
 def close_reason(
@@ -94,6 +96,10 @@ class BatchQueue:
     _stopping: list[Batch] = field(default_factory=list)
     _waiting: Counter[Ticket] = field(default_factory=Counter)
     """Queued items per ticket, so deadline scans cost one step per request, not per item."""
+    _ahead: list[Batch] = field(default_factory=list)
+    """Prefetched batches (also in ``running``) that no runner has taken yet, oldest first."""
+    _began: dict[int, float] = field(default_factory=dict)
+    """When a prefetched batch started (the runner before it finished), by ``id``."""
 
     @property
     def queued(self) -> int:
@@ -128,30 +134,32 @@ class BatchQueue:
             self._waiting[ticket] += n
         return ticket
 
-    def preempt(self) -> Batch | None:
-        """The running batch to stop so that the express items at the head can run, or ``None``.
+    def preempt(self) -> list[Batch]:
+        """The batches to stop so that the express items at the head can run (maybe none).
 
-        Only when every runner is busy, no stop is pending, and a normal batch never stopped
-        before has at least as long left to run (by the latency model) as it has run. The
-        driver stops it; its outcome comes back to ``requeue``.
+        Only when every runner is busy and no stop is pending: a started normal batch never
+        stopped before that has at least as long left to run (by the latency model) as it has
+        run, and every prefetched normal batch no runner has taken (stopping those costs
+        nothing). The driver stops them; their outcomes come back to ``requeue``.
         """
         if not self.policy.preempt or self._free() or self._stopping:
-            return None
+            return []
         if not self._items or not self._items[0].ticket.express:
-            return None
+            return []
         now = self.clock()
 
         def left(batch: Batch) -> float:
-            return batch.started_at + self.model.predict(len(batch.items)) - now
+            return self._start(batch) + self.model.predict(len(batch.items)) - now
 
-        victims = [
-            b for b in self.running
-            if not b.express and b.preemptible and left(b) >= now - b.started_at
+        started = [
+            b for b in self._started()
+            if not b.express and b.preemptible and left(b) >= now - self._start(b)
         ]  # fmt: skip
-        victim = max(victims, key=left, default=None)
-        if victim is not None:
-            self._stopping.append(victim)
-        return victim
+        victims = [b for b in self._ahead if not b.express]
+        if started:
+            victims.append(max(started, key=left))
+        self._stopping += victims
+        return victims
 
     def requeue(self, batch: Batch) -> None:
         """Take a stopped batch off the runners; its unsettled items go back to the head of the
@@ -165,17 +173,21 @@ class BatchQueue:
         is due."""
         now = self.clock()
         expired = self._settle(self._late(now), DeadlineExceeded, "deadline can no longer be met")
-        if not self._free() or not self._items:
+        if not self._items:
             return None, expired
         candidate = list(self._candidate())
-        reason = close_reason(
-            self.policy,
-            self.model,
-            now,
-            size=len(candidate),
-            oldest_enqueued_at=candidate[0].ticket.enqueued_at,
-            tightest_deadline=_tightest(candidate),
-        )
+        ahead = not self._free()
+        if ahead:
+            reason: CloseReason | None = "size" if self._may_prefetch(candidate, now) else None
+        else:
+            reason = close_reason(
+                self.policy,
+                self.model,
+                now,
+                size=len(candidate),
+                oldest_enqueued_at=candidate[0].ticket.enqueued_at,
+                tightest_deadline=_tightest(candidate),
+            )
         if reason is None:
             return None, expired
         for item in candidate:
@@ -185,6 +197,8 @@ class BatchQueue:
                 item.ticket.started_at = now
         batch = Batch(tuple(candidate), reason, now)
         self.running.append(batch)
+        if ahead:
+            self._ahead.append(batch)
         return batch, expired
 
     def next_wakeup(self) -> float | None:
@@ -224,8 +238,39 @@ class BatchQueue:
         return settled
 
     def _forget(self, batch: Batch) -> None:
+        """Take a batch that came back off the runners; a started one's runner takes the oldest
+        prefetched batch next."""
         self.running = [b for b in self.running if b is not batch]
         self._stopping = [b for b in self._stopping if b is not batch]
+        self._began.pop(id(batch), None)
+        waiting = [b for b in self._ahead if b is not batch]
+        if len(waiting) < len(self._ahead):
+            self._ahead = waiting
+        elif self._ahead:
+            self._began[id(self._ahead.pop(0))] = self.clock()
+
+    def _started(self) -> list[Batch]:
+        ahead = {id(b) for b in self._ahead}
+        return [b for b in self.running if id(b) not in ahead]
+
+    def _start(self, batch: Batch) -> float:
+        return self._began.get(id(batch), batch.started_at)
+
+    def _may_prefetch(self, candidate: list[Item], now: float) -> bool:
+        """Whether to close ``candidate`` while every runner is busy: only a full normal batch,
+        one per runner, none while a stop is pending, and only if its tightest deadline survives
+        waiting for the earliest predicted end of a running batch (nothing it holds can expire
+        because it left the queue early)."""
+        policy = self.policy
+        if not policy.prefetch or len(self._ahead) >= policy.concurrency or self._stopping:
+            return False
+        if len(candidate) < policy.max_batch_size or candidate[0].ticket.express:
+            return False
+        tightest = _tightest(candidate)
+        if tightest is None:
+            return True
+        ends = [self._start(b) + self.model.predict(len(b.items)) for b in self._started()]
+        return tightest - self.model.predict(len(candidate)) >= max(min(ends, default=now), now)
 
     def _insert(self, at: int, items: list[Item]) -> None:
         """Put ``items`` into the queue before position ``at``."""
@@ -236,7 +281,7 @@ class BatchQueue:
         self._items.rotate(at)
 
     def _free(self) -> bool:
-        return len(self.running) < self.policy.concurrency
+        return len(self.running) - len(self._ahead) < self.policy.concurrency
 
     def _express_queued(self) -> int:
         n = 0
@@ -338,8 +383,7 @@ class Batcher:
         """
         ticket = self.queue.submit(request_id, inputs, time_budget, express=express)
         waiter = self._waiters[ticket] = asyncio.get_running_loop().create_future()
-        victim = self.queue.preempt() if express else None
-        if victim is not None:
+        for victim in self.queue.preempt() if express else []:
             self._stops[id(victim)].terminate = True
         self._wake.set()
         await waiter

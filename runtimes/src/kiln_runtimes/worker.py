@@ -63,6 +63,12 @@ def parse_args(argv: Sequence[str] | None = None) -> WorkerSettings:
         help="batches run at once, each on --threads engine threads (embeddings, tensors)",
     )
     parser.add_argument(
+        "--prefetch",
+        action="store_true",
+        help="close a full batch while every runner is busy (one per runner), so a runner "
+        "starts its next batch without waiting for the event loop",
+    )
+    parser.add_argument(
         "--cpus",
         type=_cpus.parse,
         help="cores for the engine's threads, e.g. 1 or 2-7; the event loop keeps off them",
@@ -104,6 +110,7 @@ def parse_args(argv: Sequence[str] | None = None) -> WorkerSettings:
         threads=args.threads,
         concurrency=args.concurrency,
         preempt=args.preempt,
+        prefetch=args.prefetch,
         cpus=args.cpus,
         max_queue=args.max_queue,
         log_level=args.log_level,

@@ -570,16 +570,15 @@ async def test_the_embed_path_passes_the_express_flag_to_the_batcher() -> None:
     assert express == [True, False]
 
 
-def test_deadline_bookkeeping_follows_the_queue_through_every_operation() -> None:
+@pytest.mark.parametrize("prefetch", [False, True])
+def test_deadline_bookkeeping_follows_the_queue_through_every_operation(prefetch: bool) -> None:
     """The per-request count of queued items (what deadline scans read) always matches the
-    queue, through submits, express inserts, batches, expiry, preemption and failures."""
+    queue, through submits, express inserts, batches, expiry, preemption and failures; with
+    prefetch, never more batches are ahead than runners, nor more started than runners."""
     rng = random.Random(7)
     clock = FakeClock()
-    queue = BatchQueue(
-        BatchPolicy(max_batch_size=4, max_wait=0.01, max_queue=64, concurrency=2),
-        clock,
-        LatencyModel(0.010, 0.020),
-    )
+    policy = BatchPolicy(4, 0.01, 64, concurrency=2, prefetch=prefetch)
+    queue = BatchQueue(policy, clock, LatencyModel(0.010, 0.020))
     expired_seen = 0
     for step in range(600):
         action = rng.random()
@@ -602,8 +601,119 @@ def test_deadline_bookkeeping_follows_the_queue_through_every_operation() -> Non
         clock.advance(rng.choice([0.0, 0.002, 0.02]))
         queued = Counter(item.ticket for item in queue._items)
         assert queue._waiting == queued, f"step {step}"
+        assert len(queue._ahead) <= 2, f"step {step}"
+        assert len(queue._started()) <= 2, f"step {step}"
         late = queue.next_wakeup()
         deadlines = [t.deadline for t in queued if t.deadline is not None]
         if deadlines and late is not None:
             assert late <= min(deadlines)
     assert expired_seen > 0  # the run did exercise expiry
+
+
+def prefetching(clock: FakeClock) -> BatchQueue:
+    """Batches of 4, one runner, prefetch on; the model predicts 10 ms/item + 20 ms."""
+    policy = BatchPolicy(max_batch_size=4, max_wait=0.01, max_queue=64, prefetch=True)
+    return BatchQueue(policy, clock, LatencyModel(0.010, 0.020))
+
+
+def running_and_ahead(clock: FakeClock) -> tuple[BatchQueue, Batch, Batch]:
+    """A prefetching queue with r0..r3 running and r4..r7 closed ahead of the busy runner."""
+    queue = prefetching(clock)
+    for n in range(8):
+        queue.submit(f"r{n}", [[n]], None)
+    running, _ = queue.poll()
+    ahead, _ = queue.poll()
+    assert running is not None
+    assert ahead is not None
+    return queue, running, ahead
+
+
+def test_prefetch_closes_one_full_batch_ahead_of_a_busy_runner() -> None:
+    clock = FakeClock()
+    queue = prefetching(clock)
+    for n in range(13):
+        queue.submit(f"r{n}", [[n]], None)
+    running, _ = queue.poll()
+    ahead, _ = queue.poll()
+    assert running is not None
+    assert ahead is not None
+    assert ahead.inputs == [[4], [5], [6], [7]]
+    assert ahead.reason == "size"
+    assert queue.poll()[0] is None, "one prefetched batch per runner"
+    succeed(queue, running)  # the runner takes the prefetched batch: still no free runner
+    nxt, _ = queue.poll()
+    assert nxt is not None
+    assert nxt.inputs == [[8], [9], [10], [11]]  # the next one, ahead
+    succeed(queue, ahead)
+    succeed(queue, nxt)
+    clock.advance(0.010)
+    last, _ = queue.poll()
+    assert last is not None
+    assert last.inputs == [[12]]
+    assert last.reason == "wait"
+
+
+def test_prefetch_never_closes_a_partial_batch_ahead() -> None:
+    clock = FakeClock()
+    queue = prefetching(clock)
+    for n in range(7):
+        queue.submit(f"r{n}", [[n]], None)
+    assert queue.poll()[0] is not None
+    clock.advance(1.0)  # waited long past max_wait: it still waits for a free runner
+    assert queue.poll()[0] is None
+    assert queue.queued == 3
+
+
+def test_prefetch_keeps_items_queued_whose_deadline_cannot_wait_for_the_runner() -> None:
+    clock = FakeClock()
+    queue = prefetching(clock)
+    for n in range(4):
+        queue.submit(f"r{n}", [[n]], None)
+    running, _ = queue.poll()  # runs until ~0.060 by the model
+    assert running is not None
+    # t(4) = 0.060: a deadline at 0.100 cannot wait for 0.060 and then run; one at 0.130 can.
+    tight = queue.submit("tight", [[10]], 0.100)
+    for n in range(3):
+        queue.submit(f"s{n}", [[11 + n]], 1.0)
+    assert queue.poll()[0] is None, "the tight request would miss its deadline waiting"
+    clock.advance(0.075)  # 0.075 + t(1) = 0.105: past saving
+    _, expired = queue.poll()  # and it is expired while queued, as without prefetch
+    assert expired == [tight]
+    roomy = prefetching(FakeClock())
+    for n in range(4):
+        roomy.submit(f"r{n}", [[n]], None)
+    assert roomy.poll()[0] is not None
+    roomy.submit("ok", [[10]], 0.130)
+    for n in range(3):
+        roomy.submit(f"s{n}", [[11 + n]], 1.0)
+    assert roomy.poll()[0] is not None
+
+
+def test_an_express_request_stops_prefetched_batches_and_runs_next() -> None:
+    clock = FakeClock()
+    queue, running, ahead = running_and_ahead(clock)
+    clock.advance(0.055)  # the running batch is nearly done: it is not worth stopping
+    queue.submit("x", [[100]], None, express=True)
+    assert queue.preempt() == [ahead]
+    succeed(queue, running)  # the runner takes the stopped batch, which returns at once
+    assert queue.poll()[0] is None
+    queue.requeue(ahead)
+    clock.advance(0.010)  # an express batch closes by the same rules
+    express, _ = queue.poll()
+    assert express is not None
+    assert express.inputs == [[100]]
+    succeed(queue, express)
+    again, _ = queue.poll()
+    assert again is not None
+    assert again.inputs == [[4], [5], [6], [7]]
+    assert not again.preemptible
+
+
+def test_prefetched_batch_counts_its_time_from_when_its_runner_took_it() -> None:
+    clock = FakeClock()
+    queue, running, ahead = running_and_ahead(clock)
+    clock.advance(0.060)
+    succeed(queue, running, 0.060)  # the prefetched batch starts now, not when it was closed
+    clock.advance(0.010)
+    queue.submit("x", [[100]], None, express=True)
+    assert queue.preempt() == [ahead], "10 ms run of 60: worth stopping"

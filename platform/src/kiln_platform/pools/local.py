@@ -136,6 +136,8 @@ class LocalBackend:
             cmd += ["--threads", str(s.worker_threads)]
         if s.worker_concurrency != 1:
             cmd += ["--concurrency", str(s.worker_concurrency)]
+        if s.worker_prefetch:
+            cmd += ["--prefetch"]
         if s.worker_cpus:
             cmd += ["--cpus", s.worker_cpus]
         if not s.worker_preempt:
