@@ -37,5 +37,6 @@ lint: setup ## ruff + mypy
 bench-embeddings: setup ## Kiln vs in-process ONNX Runtime, all-MiniLM-L6-v2 (see docs/benchmarks.md)
 	$(PY) bench/embeddings.py
 
-bench-tensor: setup ## Kiln /v2 vs in-process ONNX Runtime on a 77-MFLOP CNN (see docs/benchmarks.md)
-	$(PY) bench/tensor.py
+bench-tensor: setup ## Kiln /v2 vs in-process ONNX Runtime, transformer encoder, a dedicated compute core (docs/benchmarks.md)
+	$(PY) bench/tensor.py --model encoder --duration 10 --items 32 --max-batch-size 32 \
+		--worker-threads 1 --worker-concurrency 1 --worker-prefetch --compute-cores 1
