@@ -9,9 +9,12 @@ ones, behind earlier express ones, and a batch never mixes the two. When every r
 an express request *preempts* a normal batch that has at least as long left to run as it has run
 (so the work thrown away is never more than the wait saved): the backend stops it at its next
 operator and its items go back to the head of the normal queue, marked so that they are not
-stopped twice. ``Batcher`` drives a queue on the event loop, ``concurrency`` batches at a time,
-each on its own thread (on CPU: one core each, so a batch that loses its core to another process
-delays only itself, and one batch fills while another runs).
+stopped twice. With ``prefetch`` a full normal batch may also close while every runner is busy
+(one per runner, only if its deadlines survive the wait), so a runner never waits for the event
+loop between batches; express arrivals stop those for free. ``Batcher`` drives a queue on the
+event loop, ``concurrency`` batches at a time, each on its own thread (on CPU: one core each, so a
+batch that loses its core to another process delays only itself, and one batch fills while
+another runs).
 """
 
 from __future__ import annotations

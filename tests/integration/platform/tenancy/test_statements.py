@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import uuid
 from datetime import UTC, datetime
+from zoneinfo import ZoneInfo
 
 import pytest
 from sqlalchemy import text
@@ -39,7 +40,8 @@ async def test_close_statement_once_in_the_tenant_time_zone(admin: Admin, root: 
     )  # fmt: skip
     assert (march["cost"], march["lines"], march["currency"]) == ("0.000050", 2, "USD")
     assert (await admin.call("POST", f"{base}/2025-03/close", root)).status_code == 409
-    this_month = datetime.now(UTC).strftime("%Y-%m")
+    # The tenant's month, not UTC's: Kiritimati (UTC+14) starts a month 14 hours before UTC does.
+    this_month = datetime.now(ZoneInfo("Pacific/Kiritimati")).strftime("%Y-%m")
     r = await admin.call("POST", f"{base}/{this_month}/close", root)
     assert r.status_code == 409
     assert "not over" in r.json()["detail"]
