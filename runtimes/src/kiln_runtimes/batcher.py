@@ -196,12 +196,12 @@ class BatchQueue:
         for item in candidate:
             self._items.popleft()
             self._dequeued(item.ticket)
-            if item.ticket.started_at is None:
-                item.ticket.started_at = now
         batch = Batch(tuple(candidate), reason, now)
         self.running.append(batch)
-        if ahead:
+        if ahead:  # its requests start when a runner takes it (``_forget``)
             self._ahead.append(batch)
+        else:
+            _started_at(batch, now)
         return batch, expired
 
     def next_wakeup(self) -> float | None:
@@ -250,7 +250,9 @@ class BatchQueue:
         if len(waiting) < len(self._ahead):
             self._ahead = waiting
         elif self._ahead:
-            self._began[id(self._ahead.pop(0))] = self.clock()
+            taken = self._ahead.pop(0)
+            self._began[id(taken)] = self.clock()
+            _started_at(taken, self._began[id(taken)])
 
     def _started(self) -> list[Batch]:
         ahead = {id(b) for b in self._ahead}
@@ -330,6 +332,14 @@ def _well_formed(rows: BatchResult, size: int) -> bool:
     if isinstance(rows, np.ndarray):
         return rows.ndim == 2 and len(rows) == size
     return isinstance(rows, list) and len(rows) == size
+
+
+def _started_at(batch: Batch, now: float) -> None:
+    """Mark the requests of a batch a runner takes as started (once: a request may span several
+    batches)."""
+    for item in batch.items:
+        if item.ticket.started_at is None:
+            item.ticket.started_at = now
 
 
 def _tightest(items: Iterable[Item]) -> float | None:

@@ -717,3 +717,14 @@ def test_prefetched_batch_counts_its_time_from_when_its_runner_took_it() -> None
     clock.advance(0.010)
     queue.submit("x", [[100]], None, express=True)
     assert queue.preempt() == [ahead], "10 ms run of 60: worth stopping"
+
+
+def test_a_prefetched_request_starts_when_its_runner_takes_it() -> None:
+    """Its queue time (Server-Timing ``worker-queue``) includes the wait for the runner."""
+    clock = FakeClock()
+    queue, running, ahead = running_and_ahead(clock)
+    assert ahead.tickets()[0].started_at is None
+    clock.advance(0.060)
+    succeed(queue, running, 0.060)
+    assert ahead.tickets()[0].started_at == pytest.approx(0.060)
+    assert running.tickets()[0].started_at == 0.0
