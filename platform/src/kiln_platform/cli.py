@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import click
+from pydantic import ValidationError
 
 from kiln_platform import _cli_models
 from kiln_platform.admin import _cli as _cli_admin
@@ -25,8 +26,16 @@ if TYPE_CHECKING:
 
 
 def _settings(ctx: click.Context, **overrides: Any) -> Settings:
+    """The settings, or a usage error naming each bad ``KILN_*`` variable (no traceback)."""
     values = {k: v for k, v in {**ctx.obj, **overrides}.items() if v is not None}
-    return Settings(**values)
+    try:
+        return Settings(**values)
+    except ValidationError as exc:
+        bad = "; ".join(
+            f"KILN_{'_'.join(map(str, e['loc'])).upper()}: {e['msg']} (got {e['input']!r})"
+            for e in exc.errors()
+        )
+        raise click.UsageError(f"invalid settings: {bad}") from None
 
 
 def _with_db(ctx: click.Context, action: Callable[[Database, Settings], Awaitable[Any]]) -> Any:
