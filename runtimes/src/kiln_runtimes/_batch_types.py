@@ -63,6 +63,7 @@ class Batch:
     items: tuple[Item, ...]
     reason: CloseReason
     started_at: float
+    """When it closed: when it started, unless it was prefetched (``BatchQueue._start``)."""
 
     @property
     def express(self) -> bool:
