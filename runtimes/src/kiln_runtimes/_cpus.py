@@ -8,6 +8,7 @@ batching (and whatever else the operator places on the rest) cannot take their t
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, TypeVar
@@ -39,14 +40,18 @@ def pin_thread(cpus: frozenset[int] | None) -> None:
 
 
 def keep_off(cpus: frozenset[int] | None) -> None:
-    """Move the calling thread to the allowed cores other than ``cpus``, if there are any.
+    """Move this process's threads so far to its other allowed cores, if there are any.
 
-    Called on the main thread before anything starts, so the event loop and the threads it
-    starts later stay off the compute cores.
+    Called on the event loop's thread before the batch threads start: the loop, the threads it
+    starts later (which inherit its cores) and those already running (logging, uvloop's pool)
+    stay off the compute cores.
     """
     rest = os.sched_getaffinity(0) - (cpus or set())
-    if cpus and rest:
-        os.sched_setaffinity(0, rest)
+    if not cpus or not rest:
+        return
+    for tid in os.listdir("/proc/self/task"):
+        with contextlib.suppress(ProcessLookupError):  # a thread that just ended
+            os.sched_setaffinity(int(tid), rest)
 
 
 async def run_on(cpus: frozenset[int] | None, call: Callable[..., T], *args: object) -> T:

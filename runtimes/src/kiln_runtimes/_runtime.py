@@ -93,6 +93,8 @@ class Worker:
     async def load(self) -> None:
         """Load and warm the backend, then become ready unless draining began meanwhile."""
         settings, manifest = self.settings, self.manifest
+        if manifest.task in {"embeddings", "tensor"}:  # batched on --cpus; the loop elsewhere
+            _cpus.keep_off(settings.cpus)
         if manifest.task == "embeddings":
             embedder = get_embedding_backend(manifest)
             cpus = settings.cpus

@@ -130,7 +130,6 @@ def main(argv: Sequence[str] | None = None) -> None:
         args = _standby.assignment()
     settings = parse_args(args)
     configure_logging(settings.log_level)
-    _cpus.keep_off(settings.cpus)
     raise SystemExit(_run(serve(settings)))
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 
@@ -58,9 +59,28 @@ def _in_thread(call: object) -> frozenset[int]:
     return seen[0]
 
 
-def test_keep_off_leaves_the_compute_cores_to_the_engine() -> None:
+def test_keep_off_moves_every_thread_so_far_off_the_compute_cores() -> None:
     expected = ALLOWED - LAST or ALLOWED  # a one-core machine keeps its only core
-    assert _in_thread(_cpus.keep_off) == expected
+    started, release = threading.Event(), threading.Event()
+    seen: list[frozenset[int]] = []
+
+    def bystander() -> None:  # a thread that was already running
+        started.set()
+        release.wait(10)
+        seen.append(frozenset(os.sched_getaffinity(0)))
+
+    thread = threading.Thread(target=bystander)
+    thread.start()
+    started.wait(10)
+    try:
+        assert _in_thread(_cpus.keep_off) == expected
+    finally:
+        release.set()
+        thread.join()
+        for tid in os.listdir("/proc/self/task"):  # every thread of this process was moved
+            with contextlib.suppress(ProcessLookupError):
+                os.sched_setaffinity(int(tid), ALLOWED)
+    assert seen == [expected]
     assert _in_thread(_cpus.pin_thread) == LAST
 
 
