@@ -9,8 +9,10 @@ from pathlib import Path
 from typing import Literal
 
 import platformdirs
-from pydantic import Field, SecretStr
+from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from kiln_runtimes import cpus
 
 
 def _default_data_dir() -> Path:
@@ -34,12 +36,12 @@ class Settings(BaseSettings):
     worker_threads: int | None = None
     worker_concurrency: int = 1
     """Batches a worker runs at once, each on its own ``worker_threads`` engine threads."""
-    worker_cpus: str | None = Field(default=None, pattern=r"^\d+(-\d+)?(,\d+(-\d+)?)*$")
+    worker_cpus: str | None = None
     """Cores for workers' engine threads (``1``, ``2-7``); their event loops keep off them, like
-    Triton's ``--host-policy cpu-cores`` (docs/architecture.md)."""
+    Triton's ``--host-policy cpu-cores`` (docs/architecture.md). Checked by the worker's parser."""
     worker_prefetch: bool = False
-    """Workers close a full batch while every runner is busy, one per runner (throughput on
-    dedicated cores; an express request may then also wait for a prefetched batch's stop)."""
+    """Workers close a full batch while every runner is busy, one per runner: throughput on
+    dedicated cores (its effect on the express lane is not measured apart from noise)."""
     worker_preempt: bool = True
     """An express request stops a worker's running batch and runs first (docs/scheduler.md)."""
     worker_slots: int | None = None
@@ -74,6 +76,13 @@ class Settings(BaseSettings):
     max_upload_bytes: int = 2 << 30
     min_opset: int = 7
     max_opset: int = 23
+
+    @field_validator("worker_cpus")
+    @classmethod
+    def _cores(cls, value: str | None) -> str | None:
+        if value is not None:
+            cpus.parse(value)  # its ValueError names the bad part
+        return value
 
     @property
     def store_dir(self) -> Path:

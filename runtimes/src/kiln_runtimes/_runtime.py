@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Literal
 
 import structlog
 
-from kiln_runtimes import _cpus, _tensor
+from kiln_runtimes import _tensor, cpus
 from kiln_runtimes._errors import Draining, NotReady
 from kiln_runtimes._metrics import WorkerMetrics
 from kiln_runtimes.backends import get_embedding_backend, get_generation_backend
@@ -48,7 +48,7 @@ class WorkerSettings:
     prefetch: bool = False
     """A full batch may close while every runner is busy (``BatchPolicy.prefetch``)."""
     cpus: frozenset[int] | None = None
-    """Cores for the engine's threads; the event loop keeps off them (``_cpus``)."""
+    """Cores for the engine's threads; the event loop keeps off them (``kiln_runtimes.cpus``)."""
 
     def batch_policy(self, batching: bool = True) -> BatchPolicy:
         """The batcher's knobs; ``batching=False`` keeps one item per batch."""
@@ -94,19 +94,19 @@ class Worker:
         """Load and warm the backend, then become ready unless draining began meanwhile."""
         settings, manifest = self.settings, self.manifest
         if manifest.task in {"embeddings", "tensor"}:  # batched on --cpus; the loop elsewhere
-            _cpus.keep_off(settings.cpus)
+            cpus.keep_off(settings.cpus)
         if manifest.task == "embeddings":
             embedder = get_embedding_backend(manifest)
-            cpus = settings.cpus
-            await _cpus.run_on(cpus, embedder.load, settings.model_dir, manifest, settings.threads)
-            await _cpus.run_on(cpus, embedder.warmup)
+            on = settings.cpus
+            await cpus.run_on(on, embedder.load, settings.model_dir, manifest, settings.threads)
+            await cpus.run_on(on, embedder.warmup)
             self._embedder = embedder
             self._batcher = Batcher(
                 embedder.run,
                 settings.batch_policy(),
                 stopper=embedder.stopper,
                 on_batch=self.metrics.observe_batch,
-                cpus=cpus,
+                cpus=on,
             )
             self._batcher.start()
         elif manifest.task == "generate":

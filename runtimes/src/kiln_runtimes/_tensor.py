@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import structlog
 
-from kiln_runtimes import _cpus
+from kiln_runtimes import cpus
 from kiln_runtimes._errors import BadRequest
 from kiln_runtimes.backends import get_tensor_backend
 from kiln_runtimes.batcher import Batcher
@@ -56,8 +56,8 @@ async def load(
         )
     metrics.engine_cache.labels(result).inc()
     load = functools.partial(backend.load, optimized=optimized)
-    await _cpus.run_on(settings.cpus, load, model, manifest, settings.threads)
-    await _cpus.run_on(settings.cpus, backend.warmup, settings.max_batch_size)
+    await cpus.run_on(settings.cpus, load, model, manifest, settings.threads)
+    await cpus.run_on(settings.cpus, backend.warmup, settings.max_batch_size)
     batcher = Batcher(
         backend.run,
         settings.batch_policy(manifest.batching),

@@ -34,9 +34,9 @@ import structlog
 
 from kiln_runtimes._attribution import shares
 from kiln_runtimes._batch_types import Batch, BatchResult, CloseReason, Item, Outcome, Ticket
-from kiln_runtimes._cpus import pin_thread
 from kiln_runtimes._errors import DeadlineExceeded, Internal, Overloaded, WorkerError
 from kiln_runtimes._latency import LatencyModel
+from kiln_runtimes.cpus import pin_thread
 
 Clock = Callable[[], float]
 log = structlog.get_logger(__name__)
@@ -158,7 +158,7 @@ class BatchQueue:
             b for b in self._started()
             if not b.express and b.preemptible and left(b) >= now - self._start(b)
         ]  # fmt: skip
-        victims = [b for b in self._ahead if not b.express]
+        victims = list(self._ahead)  # only full normal batches are prefetched
         if started:
             victims.append(max(started, key=left))
         self._stopping += victims

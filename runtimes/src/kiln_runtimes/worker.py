@@ -19,7 +19,7 @@ import msgspec
 import structlog
 from aiohttp import web
 
-from kiln_runtimes import _cpus, _standby
+from kiln_runtimes import _standby, cpus
 from kiln_runtimes._app import create_app
 from kiln_runtimes._logging import configure_logging
 from kiln_runtimes._runtime import Worker, WorkerSettings
@@ -70,7 +70,7 @@ def parse_args(argv: Sequence[str] | None = None) -> WorkerSettings:
     )
     parser.add_argument(
         "--cpus",
-        type=_cpus.parse,
+        type=cpus.parse,
         help="cores for the engine's threads, e.g. 1 or 2-7; the event loop keeps off them",
     )
     parser.add_argument(

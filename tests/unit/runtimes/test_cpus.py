@@ -9,7 +9,7 @@ import threading
 import numpy as np
 import pytest
 
-from kiln_runtimes import _cpus
+from kiln_runtimes import cpus
 from kiln_runtimes.batcher import Batcher, BatchPolicy
 from kiln_runtimes.worker import parse_args
 
@@ -22,13 +22,15 @@ LAST = frozenset({max(ALLOWED)})
     [("1", {1}), ("2-5", {2, 3, 4, 5}), ("0,2-3", {0, 2, 3}), (" 4 , 6-6", {4, 6})],
 )
 def test_parse_reads_cores_and_ranges(text: str, cores: set[int]) -> None:
-    assert _cpus.parse(text) == cores
+    assert cpus.parse(text) == cores
 
 
-@pytest.mark.parametrize(("text", "part"), [("a", "'a'"), ("3-1", "'3-1'"), ("1,,2", "''")])
+@pytest.mark.parametrize(
+    ("text", "part"), [("a", "'a'"), ("3-1", "'3-1'"), ("1,,2", "''"), ("2-", "'2-'")]
+)
 def test_parse_names_the_bad_part(text: str, part: str) -> None:
     with pytest.raises(ValueError, match=part):
-        _cpus.parse(text)
+        cpus.parse(text)
 
 
 def test_worker_accepts_cores_it_has_and_refuses_others(
@@ -42,8 +44,8 @@ def test_worker_accepts_cores_it_has_and_refuses_others(
 
 
 async def test_run_on_runs_the_call_on_the_given_cores() -> None:
-    assert await _cpus.run_on(LAST, os.sched_getaffinity, 0) == LAST
-    assert await _cpus.run_on(None, os.sched_getaffinity, 0) == ALLOWED
+    assert await cpus.run_on(LAST, os.sched_getaffinity, 0) == LAST
+    assert await cpus.run_on(None, os.sched_getaffinity, 0) == ALLOWED
 
 
 def _in_thread(call: object) -> frozenset[int]:
@@ -73,7 +75,7 @@ def test_keep_off_moves_every_thread_so_far_off_the_compute_cores() -> None:
     thread.start()
     started.wait(10)
     try:
-        assert _in_thread(_cpus.keep_off) == expected
+        assert _in_thread(cpus.keep_off) == expected
     finally:
         release.set()
         thread.join()
@@ -81,7 +83,7 @@ def test_keep_off_moves_every_thread_so_far_off_the_compute_cores() -> None:
             with contextlib.suppress(ProcessLookupError):
                 os.sched_setaffinity(int(tid), ALLOWED)
     assert seen == [expected]
-    assert _in_thread(_cpus.pin_thread) == LAST
+    assert _in_thread(cpus.pin_thread) == LAST
 
 
 async def test_batches_run_on_the_batcher_cores() -> None:

@@ -1,5 +1,7 @@
 """CPU placement: the engine's threads on the compute cores, the event loop on the others.
 
+Public: the control plane checks ``KILN_WORKER_CPUS`` with the same ``parse`` the worker uses.
+
 ``--cpus`` (``KILN_WORKER_CPUS``) plays the part of Triton's ``--host-policy cpu-cores``: on a CPU
 machine the batches then have their cores to themselves, and the worker's HTTP, decoding and
 batching (and whatever else the operator places on the rest) cannot take their time slices.
@@ -23,8 +25,8 @@ def parse(text: str) -> frozenset[int]:
     """``"1"``, ``"2-5"``, ``"0,2-3"`` -> the set of cores; ``ValueError`` names a bad part."""
     cores: set[int] = set()
     for part in text.split(","):
-        first, _, last = part.strip().partition("-")
-        if not first.isdigit() or (last and not last.isdigit()):
+        first, dash, last = part.strip().partition("-")
+        if not first.isdigit() or (dash and not last.isdigit()):
             raise ValueError(f"{part!r} is not a core number or a range like 2-5")
         low, high = int(first), int(last or first)
         if high < low:
