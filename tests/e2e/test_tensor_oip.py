@@ -136,6 +136,22 @@ def test_infer_matches_onnxruntime(
             assert float(np.max(np.abs(got - want))) <= 1e-5
 
 
+def test_big_requests_at_concurrency_32_wait_in_the_pool_not_429(
+    tensor_up: KilnProcess, tensor_models: dict[str, Path]
+) -> None:
+    """Requests of 1000 rows: two in flight overflow the worker's 1024-item queue, so the pool's
+    queue holds the rest until the worker has room and every one is answered."""
+    session = ort.InferenceSession(str(tensor_models["mlp"]), providers=["CPUExecutionProvider"])
+    client = triton.InferenceServerClient(
+        tensor_up.base_url.removeprefix("http://"), concurrency=32
+    )
+    sent = [_inputs(1000, binary=True) for _ in range(32)]
+    pending = [client.async_infer("mlp", inputs, headers=_auth(tensor_up)) for inputs, _ in sent]
+    for call, (_, feeds) in zip(pending, sent, strict=True):
+        got = call.get_result(timeout=60).as_numpy("y")
+        assert float(np.max(np.abs(got - session.run(["y"], feeds)[0]))) <= 1e-5
+
+
 def test_infer_without_outputs_returns_all_as_binary(tensor_up: KilnProcess) -> None:
     inputs, _ = _inputs(2, binary=True)
     result = _client(tensor_up).infer("mlp", inputs, headers=_auth(tensor_up))

@@ -181,4 +181,5 @@ class Worker:
             queued=queued,
             free_slots=max(free, 0),
             max_batch_size=settings.max_batch_size,
+            max_queue=0 if self._generator is not None else settings.max_queue,
         )

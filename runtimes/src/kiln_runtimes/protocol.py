@@ -71,6 +71,9 @@ class WorkerInfo(msgspec.Struct, frozen=True, kw_only=True):
     queued: int
     free_slots: int
     max_batch_size: int
+    max_queue: int = 0
+    """Items the batch queue holds, the most one request may have; 0 for a generation worker,
+    whose bound is its sequences."""
 
 
 class EmbedRequest(msgspec.Struct, frozen=True, kw_only=True):

@@ -93,7 +93,11 @@ class PoolManager:
         self.backend.suspect(worker)
 
     def _runner(self, model: str) -> PoolRunner:
-        runner = PoolRunner(PoolScheduler(self._scheduler), partial(self._credits, model))
+        runner = PoolRunner(
+            PoolScheduler(self._scheduler),
+            partial(self._credits, model),
+            partial(self._capacity, model),
+        )
         runner.on_wait = partial(metrics.observe_wait, model)
         return runner
 
@@ -102,6 +106,13 @@ class PoolManager:
         if worker is None or not worker.ready:
             return {}
         return {worker.url: self.backend.credits(worker)}
+
+    def _capacity(self, model: str) -> dict[str, float]:
+        """Items each ready worker's batch queue holds (none for generation workers)."""
+        worker = self.backend.workers.get(model)
+        if worker is None or worker.info is None or not worker.info.max_queue:
+            return {}
+        return {worker.url: worker.info.max_queue}
 
     def _worker_changed(self, worker: Worker) -> None:
         runner = self.runners.get(worker.spec.model)

@@ -157,25 +157,38 @@ class PoolQueue:
         a backlogged tenant never takes the lane, and a light tenant's requests run ahead of the
         backlog in the worker whether or not a normal credit is free. Normal credits follow, in
         fair order.
+
+        A head costing more than a worker's ``room`` is not sent there; if no worker with a credit
+        has room for it, dispatch stops and it keeps its place (bigger requests are not starved by
+        smaller ones behind them).
         """
         dispatches: list[Dispatch] = []
         expired: list[Request] = []
+        by = {c.worker: c for c in credits}
+        room = {c.worker: c.room for c in credits}
+
+        def fits(r: Request, worker: str) -> bool:
+            return by[worker].fits(r.cost, room[worker])
+
         spare = [c.worker for c in credits for _ in range(c.express)] if self.config.express else []
         while spare and self._entries:
-            r = self._pop(now, service_time, expired, busy)
+            r = self._pop(now, service_time, expired, busy, lambda r: fits(r, spare[0]))
             if r is None:
                 break
             dispatches.append(Dispatch(r, spare.pop(0), express=True))
-        slots = [(-c.free, i, c.worker) for i, c in enumerate(credits) if c.free > 0]
-        heapq.heapify(slots)
-        while slots:
-            r = self._pop(now, service_time, expired)
-            if r is None:
-                break
-            free, i, worker = heapq.heappop(slots)  # the least loaded worker
-            dispatches.append(Dispatch(r, worker))
-            if free < -1:
-                heapq.heappush(slots, (free + 1, i, worker))
+            room[dispatches[-1].worker] -= r.cost
+        free = {c.worker: c.free for c in credits if c.free > 0}
+
+        def anywhere(r: Request) -> bool:
+            return any(fits(r, w) for w in free)
+
+        while free and (r := self._pop(now, service_time, expired, None, anywhere)) is not None:
+            worker = max((w for w in free if fits(r, w)), key=lambda w: (free[w], room[w]))
+            dispatches.append(Dispatch(r, worker))  # the least loaded worker it fits
+            room[worker] -= r.cost
+            free[worker] -= 1
+            if not free[worker]:
+                del free[worker]
         if len(self._deadlines) > 2 * len(self._entries) + 1024:  # drop entries that left
             self._deadlines = [d for d in self._deadlines if d[2].queued]
             heapq.heapify(self._deadlines)
@@ -187,8 +200,10 @@ class PoolQueue:
         service_time: Callable[[float], float],
         expired: list[Request],
         busy: Collection[str] | None = None,
+        fits: Callable[[Request], bool] = lambda r: True,
     ) -> Request | None:
-        """Remove and charge the fair head that can still finish (an express one if ``busy``).
+        """Remove and charge the fair head that can still finish (an express one if ``busy``);
+        ``None`` if there is none or it does not ``fit`` (it stays queued).
 
         An express request served ahead of its turn (not the fair head of all tenants) leaves
         ``v`` where it is.
@@ -198,10 +213,13 @@ class PoolQueue:
             tags = self._tenants[priority]
             in_turn = busy is None or tags.pick(self._flows[priority]) == tenant
             r = entry.request
-            self._remove(entry)
             if r.deadline is not None and now + service_time(r.cost) >= r.deadline:
+                self._remove(entry)
                 expired.append(r)
                 continue
+            if not fits(r):
+                return None
+            self._remove(entry)
             self._classes.charge(priority, r.cost, self.config.class_weight(priority))
             tags.charge(tenant, r.cost, r.weight, advance=in_turn)
             return r

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import math
 from collections import Counter
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -68,13 +69,25 @@ class PoolRunner:
     what it has in flight on each, so a worker is never sent more than it advertised. With the
     express lane on (``PolicyConfig.express``) each worker also holds ``EXPRESS_CREDITS`` spare
     express credits, counted apart, for requests of tenants holding no normal credit.
+
+    ``capacity()`` returns the cost (items) each worker's queue holds, where it is bounded: a
+    worker is sent a request only if its cost fits beside what is in flight there, or if nothing
+    is (a request bigger than the whole queue goes alone, for the worker to refuse).
     """
 
-    def __init__(self, scheduler: PoolScheduler, slots: Callable[[], Mapping[str, int]]) -> None:
+    def __init__(
+        self,
+        scheduler: PoolScheduler,
+        slots: Callable[[], Mapping[str, int]],
+        capacity: Callable[[], Mapping[str, float]] = dict,
+    ) -> None:
         self.scheduler = scheduler
         self._slots = slots
+        self._capacity = capacity
         self._waiting: dict[str, asyncio.Future[Dispatch]] = {}
         self._in_flight: Counter[str] = Counter()
+        self._cost: dict[str, float] = {}
+        """Cost in flight, by worker (normal and express)."""
         self._express: Counter[str] = Counter()
         """Express credits in use, by worker."""
         self._timer: asyncio.TimerHandle | None = None
@@ -158,14 +171,16 @@ class PoolRunner:
     def poke(self) -> None:
         """Fill free credits now (call it too when a worker becomes ready or changes slots)."""
         now, wasted = self.now(), True
-        slots = self._slots()
+        slots, capacity = self._slots(), self._capacity()
         self.scheduler.slots = sum(slots.values())
         while wasted:
             wasted = False
             credits = [
-                Credit(w, n - self._in_flight[w], EXPRESS_CREDITS - self._express[w])
+                Credit(w, n - self._in_flight[w], EXPRESS_CREDITS - self._express[w],
+                       capacity.get(w, math.inf) - self._cost.get(w, 0.0),
+                       capacity.get(w, math.inf))
                 for w, n in slots.items()
-            ]
+            ]  # fmt: skip
             usable = [c for c in credits if c.free > 0 or c.express > 0]
             dispatches, expired = self.scheduler.dispatch(now, usable)
             for d in dispatches:
@@ -178,6 +193,7 @@ class PoolRunner:
                     self._express[d.worker] += 1
                 else:
                     self._in_flight[d.worker] += 1
+                self._cost[d.worker] = self._cost.get(d.worker, 0.0) + d.request.cost
                 future.set_result(d)
             self._fail(expired)
         self._arm()
@@ -187,6 +203,9 @@ class PoolRunner:
             self._express[sent.worker] -= 1
         else:
             self._in_flight[sent.worker] -= 1
+        left = self._cost.pop(sent.worker) - sent.request.cost
+        if left > 1e-9:
+            self._cost[sent.worker] = left
         self.scheduler.complete(sent.request.id, self.now(), actual_cost=cost, ok=ok)
         self.poke()
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from enum import IntEnum
 
@@ -34,11 +35,20 @@ class Credit:
 
     ``express``: the worker's unused spare express credits: it may take that many requests
     beyond ``free`` from tenants holding no normal credit in the pool (the express lane).
+    ``room``: the cost (items) its queue still holds, of ``capacity``. A request costing more
+    waits in the pool's queue until the worker has room rather than overflowing it, unless
+    nothing is in flight there (``room == capacity``): then it goes alone, however big.
     """
 
     worker: str
     free: int
     express: int = 0
+    room: float = math.inf
+    capacity: float = math.inf
+
+    def fits(self, cost: float, room: float) -> bool:
+        """Whether a request of ``cost`` may go to this worker while it has ``room`` left."""
+        return cost <= room or room >= self.capacity
 
 
 @dataclass(frozen=True, slots=True)
