@@ -106,6 +106,7 @@ def test_unknown_model_is_404(client: openai.OpenAI) -> None:
         ({"input": ""}, "input[0]"),
         ({"input": []}, "input"),
         ({"input": ["ok"] * 10_000}, "input"),
+        ({"input": ["ok"] * 2049}, "input"),
         ({"input": ["ok", 3]}, "input"),
         ({"input": [["a"]]}, "input[0]"),
         ({"input": 42}, "input"),
@@ -138,6 +139,17 @@ def test_bad_input_is_400_naming_the_field(
     )
     assert ok.status_code == 200
     assert [p.pid for p in kiln_up.workers()] == pids
+
+
+def test_a_request_of_2048_inputs_is_served(client: openai.OpenAI) -> None:
+    """OpenAI's per-request limit; the worker's queue (``KILN_WORKER_MAX_QUEUE``) holds it."""
+    texts = [f"item {i}" for i in range(2048)]
+    out = client.embeddings.create(model=MODEL, input=texts)
+    assert [d.index for d in out.data] == list(range(2048))
+    assert (
+        out.data[7].embedding
+        == client.embeddings.create(model=MODEL, input="item 7").data[0].embedding
+    )
 
 
 def test_health_ready_and_metrics(kiln_up: Any) -> None:

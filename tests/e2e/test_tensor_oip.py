@@ -139,7 +139,7 @@ def test_infer_matches_onnxruntime(
 def test_big_requests_at_concurrency_32_wait_in_the_pool_not_429(
     tensor_up: KilnProcess, tensor_models: dict[str, Path]
 ) -> None:
-    """Requests of 1000 rows: two in flight overflow the worker's 1024-item queue, so the pool's
+    """Requests of 1000 rows: three in flight overflow the worker's 2048-item queue, so the pool's
     queue holds the rest until the worker has room and every one is answered."""
     session = ort.InferenceSession(str(tensor_models["mlp"]), providers=["CPUExecutionProvider"])
     client = triton.InferenceServerClient(

@@ -33,6 +33,9 @@ class Settings(BaseSettings):
     secret_key: SecretStr | None = None
     worker_max_batch_size: int = 32
     worker_max_wait_ms: float = 5.0
+    worker_max_queue: int = 2048
+    """Items a batching worker queues (embedding inputs, tensor rows): also the most one request
+    may carry, and what the scheduler keeps in flight per worker at most (docs/scheduler.md)."""
     worker_threads: int | None = None
     worker_concurrency: int = 1
     """Batches a worker runs at once, each on its own ``worker_threads`` engine threads."""

@@ -29,6 +29,12 @@ if TYPE_CHECKING:
     from kiln_platform.gateway.dispatch import Ticket
     from kiln_platform.keys.services import Principal
     from kiln_platform.registry.services import ResolvedVersion
+    from kiln_platform.settings import Settings
+
+
+def _max_inputs(settings: Settings) -> int:
+    """The most inputs one embeddings request may have: the API's limit, within a worker queue."""
+    return min(settings.max_embedding_inputs, settings.worker_max_queue)
 
 
 @lru_cache(maxsize=32)
@@ -65,23 +71,21 @@ def _sequences(raw: list[Any], tokenizer: Tokenizer) -> list[list[int]]:
     )
 
 
-def count_items(raw: str | list[Any]) -> int:
-    """The number of inputs, the request's fair-share cost, without tokenizing."""
+def count_items(raw: str | list[Any], max_items: int) -> int:
+    """The number of inputs, the request's fair-share cost, checked without tokenizing."""
     if isinstance(raw, str) or (raw and _is_ids(raw)):
         return 1
-    return max(len(raw), 1)
-
-
-def tokenize_input(
-    raw: str | list[Any], tokenizer: Tokenizer, max_items: int, context: int
-) -> list[list[int]]:
-    """Validate ``input`` and return token ids per item; errors name the offending field."""
-    items = [raw] if isinstance(raw, str) else raw
-    if not items:
+    if not raw:
         raise BadRequest("'input' must not be empty.", param="input")
-    if len(items) > max_items:
-        raise BadRequest(f"'input' has {len(items)} items; at most {max_items}.", param="input")
-    ids = _sequences(items, tokenizer)
+    if len(raw) > max_items:
+        raise BadRequest(f"'input' has {len(raw)} items; at most {max_items}.", param="input")
+    return len(raw)
+
+
+def tokenize_input(raw: str | list[Any], tokenizer: Tokenizer, context: int) -> list[list[int]]:
+    """Validate ``input`` (counted by :func:`count_items`) and return token ids per item; errors
+    name the offending field."""
+    ids = _sequences([raw] if isinstance(raw, str) else raw, tokenizer)
     vocab = tokenizer.get_vocab_size()
     for i, seq in enumerate(ids):
         if len(seq) > context:
@@ -110,10 +114,9 @@ async def embed(
         )
     model_dir = kiln.store.path(version.artifact_digest)
     tokenizer = load_tokenizer(model_dir / (manifest.tokenizer_file or "tokenizer.json"))
-    kiln.workers.screen(version.model, request_id, ticket, count_items(request.input))
-    ids = tokenize_input(
-        request.input, tokenizer, kiln.settings.max_embedding_inputs, manifest.context_length
-    )
+    count = count_items(request.input, _max_inputs(kiln.settings))
+    kiln.workers.screen(version.model, request_id, ticket, count)
+    ids = tokenize_input(request.input, tokenizer, manifest.context_length)
     tokens = sum(map(len, ids))
     most = Quantities(input_tokens=tokens, items=len(ids))
     await kiln.budgets.reserve(principal, request_id, version, most, ticket.timeout_s)

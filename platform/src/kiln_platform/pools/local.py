@@ -128,6 +128,7 @@ class LocalBackend:
             "--port", str(worker.port),
             "--max-batch-size", str(s.worker_max_batch_size),
             "--max-wait-ms", str(s.worker_max_wait_ms),
+            "--max-queue", str(s.worker_max_queue),
             "--log-level", s.log_level,
             "--target", s.worker_target,
             "--precision", s.worker_precision,
