@@ -9,7 +9,7 @@ SHELL  := /bin/bash
 QUIET  := 2>&1 | { grep -v "is ignored: it is neither" || true; }
 
 .DEFAULT_GOAL := help
-.PHONY: help setup up test lint bench-embeddings bench-tensor
+.PHONY: help setup up test lint bench-embeddings bench-tensor bench-tensor-latency
 
 help: ## List the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-18s %s\n", $$1, $$2}'
@@ -39,4 +39,8 @@ bench-embeddings: setup ## Kiln vs in-process ONNX Runtime, all-MiniLM-L6-v2 (se
 
 bench-tensor: setup ## Kiln /v2 vs in-process ONNX Runtime, transformer encoder, a dedicated compute core (docs/benchmarks.md)
 	$(PY) bench/tensor.py --model encoder --duration 10 --items 32 --max-batch-size 32 \
+		--worker-threads 1 --worker-concurrency 1 --worker-prefetch --compute-cores 1
+
+bench-tensor-latency: setup ## p99 under open-loop load vs the bound and an ideal queue, same configuration
+	$(PY) bench/tensor_latency.py --model encoder --items 32 --max-batch-size 32 \
 		--worker-threads 1 --worker-concurrency 1 --worker-prefetch --compute-cores 1

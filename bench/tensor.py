@@ -4,8 +4,8 @@ Builds ``--model``: the CNN of ``bench/models/make_cnn.py`` (77 MFLOPs and 48 Ki
 image) or the transformer encoder of ``bench/models/make_encoder.py`` (52 MFLOPs and 256 bytes
 per item), then in one run measures:
 
-1. ONNX Runtime in this process at batch sizes 1..64, before and after the Kiln runs (the better
-   figure of the two counts): the best batch size.
+1. ONNX Runtime in this process at batch sizes 1..64 and ``--max-batch-size``, before and after
+   the Kiln runs (the better figure of the two counts): the best batch size.
 2. Kiln (``kiln up`` on a fresh data dir; the model uploaded with ``kiln models upload``):
    single-request latency, then a closed loop at ``--concurrency`` over OIP binary tensors.
 3. The same Kiln with ``KILN_WORKER_MAX_BATCH_SIZE=1``: the batching speedup.
@@ -374,7 +374,7 @@ def main() -> None:
         model = spec.build.write(Path(tmp) / f"{spec.name}.onnx")
         print(f"model {spec.name}: {spec.build.flops() / 1e6:.1f} MFLOPs per item, "
               f"input {spec.input} {spec.datatype} {spec.shape}")  # fmt: skip
-        sizes = (1, 2, 4, 8, 16, 32, 64)
+        sizes = sorted({1, 2, 4, 8, 16, 32, 64, args.max_batch_size})
         before = {b: direct_best(spec, model, b, args.duration / 2, compute) for b in sizes}
         batched = measure_kiln(spec, model, args, args.max_batch_size)
         print(f"kiln max_batch_size={args.max_batch_size}:", json.dumps(batched))
