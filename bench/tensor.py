@@ -202,21 +202,28 @@ def start_kiln(spec: Model, model: Path, env_extra: dict[str, str]) -> Kiln:
         raise
 
 
-def measure_kiln(
-    spec: Model, model: Path, args: argparse.Namespace, max_batch: int
-) -> dict[str, Any]:
-    """Single-request latency, then the concurrency loop, on a fresh Kiln."""
+def kiln_on_cores(spec: Model, model: Path, args: argparse.Namespace, max_batch: int) -> Kiln:
+    """``start_kiln`` with the bench's worker options; with ``--compute-cores``, ``kiln up``,
+    PostgreSQL, this client and the workers' event loops go on the host cores and the engine
+    threads on the others (restore this process's affinity after ``stop``)."""
     env = {"KILN_WORKER_MAX_BATCH_SIZE": str(max_batch),
            "KILN_WORKER_MAX_WAIT_MS": str(args.max_queue_delay_ms),
            "KILN_WORKER_THREADS": str(args.worker_threads),
            "KILN_WORKER_CONCURRENCY": str(args.worker_concurrency),
            "KILN_WORKER_PREFETCH": str(args.worker_prefetch).lower()}  # fmt: skip
-    allowed = os.sched_getaffinity(0)
     cores = layout(args.compute_cores)
-    if cores is not None:  # kiln up, PostgreSQL, this client and the workers' event loops on
-        os.sched_setaffinity(0, cores[0])  # the host cores; the engine threads on the others
+    if cores is not None:
+        os.sched_setaffinity(0, cores[0])
         env["KILN_WORKER_CPUS"] = ",".join(map(str, sorted(cores[1])))
-    kiln = start_kiln(spec, model, env)
+    return start_kiln(spec, model, env)
+
+
+def measure_kiln(
+    spec: Model, model: Path, args: argparse.Namespace, max_batch: int
+) -> dict[str, Any]:
+    """Single-request latency, then the concurrency loop, on a fresh Kiln."""
+    allowed = os.sched_getaffinity(0)
+    kiln = kiln_on_cores(spec, model, args, max_batch)
     try:
         url = f"{kiln.base_url}/v2/models/{spec.name}/infer"
         single = asyncio.run(_loop(spec, url, kiln.key, 1, args.items, duration=args.duration / 2))

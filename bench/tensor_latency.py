@@ -97,16 +97,8 @@ def main() -> None:
         direct = {b: tensor.direct_best(spec, model, b, 3.0, compute) for b in sizes}
         best = max(direct.values())
         print("direct:", {b: round(v) for b, v in direct.items()}, f"best {best:.0f} items/s")
-        env = {"KILN_WORKER_MAX_BATCH_SIZE": str(args.max_batch_size),
-               "KILN_WORKER_MAX_WAIT_MS": str(args.max_queue_delay_ms),
-               "KILN_WORKER_THREADS": str(args.worker_threads),
-               "KILN_WORKER_CONCURRENCY": str(args.worker_concurrency),
-               "KILN_WORKER_PREFETCH": str(args.worker_prefetch).lower()}  # fmt: skip
         allowed = os.sched_getaffinity(0)
-        if cores is not None:
-            os.sched_setaffinity(0, cores[0])
-            env["KILN_WORKER_CPUS"] = ",".join(map(str, sorted(cores[1])))
-        kiln = tensor.start_kiln(spec, model, env)
+        kiln = tensor.kiln_on_cores(spec, model, args, args.max_batch_size)
         try:
             url = f"{kiln.base_url}/v2/models/{spec.name}/infer"
             single = asyncio.run(tensor._loop(spec, url, kiln.key, 1, args.items, duration=5.0))
