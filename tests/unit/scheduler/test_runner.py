@@ -6,6 +6,7 @@ import asyncio
 from collections import Counter
 
 import pytest
+import uvloop
 
 from kiln_platform.errors import DeadlineExceeded, Overloaded, ServiceUnavailable
 from kiln_platform.scheduler.admission import AdmissionLimits, RejectReason
@@ -214,3 +215,21 @@ async def test_light_tenants_run_on_the_express_credits() -> None:
     await asyncio.gather(*flood, *tasks)
     assert sorted(i for i, _ in leases) == ["a0", "a1", "a2", "a3", "b1", "c1", "d1", "e1"]
     assert runner.scheduler.in_flight == 0
+
+
+def test_queue_waits_are_measured_finer_than_uvloops_millisecond_clock() -> None:
+    """uvloop's ``loop.time()`` ticks in whole milliseconds; ``Server-Timing: queue`` and the
+    wait histogram would then show 0 or 1 ms for requests that never waited."""
+
+    async def waits() -> list[float]:
+        runner, workers = make_runner({"w": 1})
+        seen: list[float] = []
+        runner.on_wait = lambda request, seconds: seen.append(seconds)
+        for i in range(20):
+            await runner.run(runner.request(str(i), "a", 1.0, timeout_s=None), workers.call)
+        return seen
+
+    seen = uvloop.run(waits())
+    assert len(seen) == 20
+    assert any(abs(s * 1000 - round(s * 1000)) > 1e-6 for s in seen)
+    assert max(seen) < 0.5

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+import time
 from collections import Counter
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -134,6 +135,7 @@ class PoolRunner:
         decision = self.scheduler.submit(request, self.now())
         if not decision.admitted:
             raise _rejected(decision)
+        queued_at = time.perf_counter()  # uvloop's clock ticks in whole milliseconds
         future: asyncio.Future[Dispatch] = asyncio.get_running_loop().create_future()
         self._waiting[request.id] = future
         self.poke()
@@ -146,7 +148,7 @@ class PoolRunner:
             elif future.exception() is None:  # dispatched in the same tick: give the credit back
                 self._finish(future.result(), None, ok=False)
             raise
-        waited = self.now() - request.arrival
+        waited = time.perf_counter() - queued_at
         self.on_wait(request, waited)
         lease, ok = Lease(sent.worker, express=sent.express, waited_s=waited), False
         try:
