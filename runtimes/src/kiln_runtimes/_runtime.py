@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,7 +37,8 @@ class WorkerSettings:
     port: int
     max_batch_size: int
     max_wait: float
-    threads: int
+    threads: int | None
+    """Engine intra-op threads (``None``: see :meth:`engine_threads`)."""
     max_queue: int
     log_level: str
     target: str = "cpu"
@@ -49,6 +51,10 @@ class WorkerSettings:
     """A full batch may close while every runner is busy (``BatchPolicy.prefetch``)."""
     cpus: frozenset[int] | None = None
     """Cores for the engine's threads; the event loop keeps off them (``kiln_runtimes.cpus``)."""
+
+    def engine_threads(self, default: int) -> int:
+        """``threads`` if given, else one per ``cpus`` core, else ``default``."""
+        return self.threads or (len(self.cpus) if self.cpus else default)
 
     def batch_policy(self, batching: bool = True) -> BatchPolicy:
         """The batcher's knobs; ``batching=False`` keeps one item per batch."""
@@ -93,12 +99,12 @@ class Worker:
     async def load(self) -> None:
         """Load and warm the backend, then become ready unless draining began meanwhile."""
         settings, manifest = self.settings, self.manifest
-        if manifest.task in {"embeddings", "tensor"}:  # batched on --cpus; the loop elsewhere
-            cpus.keep_off(settings.cpus)
+        cpus.keep_off(settings.cpus)  # the engine's threads go on --cpus; the loop elsewhere
         if manifest.task == "embeddings":
             embedder = get_embedding_backend(manifest)
             on = settings.cpus
-            await cpus.run_on(on, embedder.load, settings.model_dir, manifest, settings.threads)
+            threads = settings.engine_threads(os.cpu_count() or 1)
+            await cpus.run_on(on, embedder.load, settings.model_dir, manifest, threads)
             await cpus.run_on(on, embedder.warmup)
             self._embedder = embedder
             self._batcher = Batcher(
@@ -110,7 +116,9 @@ class Worker:
             )
             self._batcher.start()
         elif manifest.task == "generate":
-            generator = get_generation_backend(manifest)
+            generator = get_generation_backend(
+                manifest, threads=settings.engine_threads(0), cpus=settings.cpus
+            )
             await generator.load(settings.model_dir, manifest, settings.max_batch_size)
             self._generator = generator
             self.metrics.watch_generation(generator.running, generator.waiting)

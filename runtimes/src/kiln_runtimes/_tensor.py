@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import math
+import os
 import time
 from typing import TYPE_CHECKING
 
@@ -34,6 +35,7 @@ async def load(
     """Find or build the engine, load it, warm it up, start the batcher."""
     start = time.perf_counter()
     backend = get_tensor_backend(manifest)
+    threads = settings.engine_threads(os.cpu_count() or 1)
     owner = ArtifactStore.owning(settings.model_dir)
     if owner is None:  # a plain folder: no store to cache an engine in
         model, optimized, result = settings.model_dir / manifest.model_file, False, "uncached"
@@ -41,7 +43,7 @@ async def load(
         store, digest = owner
         engine_dir, report = await asyncio.to_thread(
             compile_engine, store, digest, target=settings.target,
-            precision=settings.precision, threads=settings.threads,
+            precision=settings.precision, threads=threads,
             max_batch=settings.max_batch_size,
         )  # fmt: skip
         model, optimized = engine_dir / "model.onnx", True
@@ -56,7 +58,7 @@ async def load(
         )
     metrics.engine_cache.labels(result).inc()
     load = functools.partial(backend.load, optimized=optimized)
-    await cpus.run_on(settings.cpus, load, model, manifest, settings.threads)
+    await cpus.run_on(settings.cpus, load, model, manifest, threads)
     await cpus.run_on(settings.cpus, backend.warmup, settings.max_batch_size)
     batcher = Batcher(
         backend.run,

@@ -54,8 +54,9 @@ def parse_args(argv: Sequence[str] | None = None) -> WorkerSettings:
         help="longest time the oldest queued item waits for a batch to fill",
     )
     parser.add_argument(
-        "--threads", type=int, default=os.cpu_count() or 1, help="engine intra-op threads"
-    )
+        "--threads", type=int,
+        help="engine intra-op threads (default: one per --cpus core, else one per core)",
+    )  # fmt: skip
     parser.add_argument(
         "--concurrency",
         type=int,
@@ -97,7 +98,7 @@ def parse_args(argv: Sequence[str] | None = None) -> WorkerSettings:
     if args.cpus is not None and not args.cpus <= cores:
         parser.error(f"--cpus: this machine has no cores {sorted(args.cpus - cores)}")
     for name in ("max_batch_size", "threads", "max_queue", "concurrency"):
-        if getattr(args, name) < 1:
+        if getattr(args, name) is not None and getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be at least 1")
     return WorkerSettings(
         model_dir=args.model_dir,

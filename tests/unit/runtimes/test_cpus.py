@@ -98,3 +98,11 @@ async def test_batches_run_on_the_batcher_cores() -> None:
     finally:
         await batcher.close()
     assert ticket.embeddings()[:, 0].tolist() == [1.0, 1.0]
+
+
+def test_engine_threads_follow_the_cores_unless_given() -> None:
+    settings = parse_args(["--model-dir", "m", "--cpus", str(max(ALLOWED))])
+    assert settings.threads is None
+    assert settings.engine_threads(7) == 1  # one per --cpus core, not one per machine core
+    assert parse_args(["--model-dir", "m"]).engine_threads(7) == 7
+    assert parse_args(["--model-dir", "m", "--threads", "3"]).engine_threads(7) == 3

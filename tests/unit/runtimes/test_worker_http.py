@@ -102,7 +102,7 @@ async def start(
         max_queue=8,
         log_level="info",
     )
-    monkeypatch.setattr(_runtime, "get_generation_backend", lambda manifest: backend)
+    monkeypatch.setattr(_runtime, "get_generation_backend", lambda manifest, **_: backend)
     worker = Worker(settings, MANIFEST)
     runner = web.AppRunner(create_app(worker), access_log=None)
     await runner.setup()

@@ -18,12 +18,15 @@ def get_embedding_backend(manifest: ModelManifest) -> EmbeddingBackend:
     raise ValueError(f"no embeddings backend for engine {manifest.engine!r}")
 
 
-def get_generation_backend(manifest: ModelManifest) -> GenerationBackend:
-    """Return the generation backend for a manifest's engine."""
+def get_generation_backend(
+    manifest: ModelManifest, *, threads: int = 0, cpus: frozenset[int] | None = None
+) -> GenerationBackend:
+    """Return the generation backend for a manifest's engine, its engine on ``threads`` threads
+    (0: one per core) on ``cpus`` (``None``: any core)."""
     if manifest.engine == "onnxruntime-genai":
         from kiln_runtimes.backends.genai import GenAIGenerationBackend
 
-        return GenAIGenerationBackend()
+        return GenAIGenerationBackend(threads=threads, cpus=cpus)
     raise ValueError(f"no generation backend for engine {manifest.engine!r}")
 
 

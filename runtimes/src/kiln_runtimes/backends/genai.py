@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING
 
 import structlog
 
+from kiln_runtimes import cpus as placement
 from kiln_runtimes.backends._genai_config import load_spec
 from kiln_runtimes.backends._genai_runner import ModelRunner
 from kiln_runtimes.backends._genai_sampling import Sampler
@@ -70,8 +71,12 @@ _Item = tuple[_Sink, GenerateChunk | BaseException]
 class EngineCore:
     """The engine loop. Other threads only ``submit``/``abort``; everything else is its thread's."""
 
-    def __init__(self, spec: ModelSpec, runner: ModelRunner, scheduler: Scheduler) -> None:
+    def __init__(
+        self, spec: ModelSpec, runner: ModelRunner, scheduler: Scheduler,
+        cpus: frozenset[int] | None = None,
+    ) -> None:  # fmt: skip
         self.spec = spec
+        self._cpus = cpus
         self._runner = runner
         self._scheduler = scheduler
         self._sinks: dict[int, _Sink] = {}
@@ -133,6 +138,7 @@ class EngineCore:
             self._runner.shrink()
 
     def _run(self) -> None:
+        placement.pin_thread(self._cpus)
         while self._wait_for_work():
             try:
                 self.step()
@@ -195,12 +201,15 @@ class GenAIGenerationBackend:
     """``GenerationBackend`` for ``onnxruntime-genai`` folders: continuous batching on CPU."""
 
     def __init__(
-        self, *, prefill_chunk: int = PREFILL_CHUNK, threads: int = 0, spin: bool = True
-    ) -> None:
-        """``threads``, ``spin``: ONNX Runtime intra-op threads (0: one per core), spin-waiting."""
+        self, *, prefill_chunk: int = PREFILL_CHUNK, threads: int = 0, spin: bool = True,
+        cpus: frozenset[int] | None = None,
+    ) -> None:  # fmt: skip
+        """``threads``, ``spin``: ONNX Runtime intra-op threads (0: one per core), spin-waiting;
+        ``cpus``: the cores of the engine thread and of ONNX Runtime's pool (``None``: any)."""
         self._prefill_chunk = prefill_chunk
         self._threads = threads
         self._spin = spin
+        self._cpus = cpus
         self._core: EngineCore | None = None
         self._active: dict[str, int] = {}
 
@@ -208,13 +217,13 @@ class GenAIGenerationBackend:
         """Open the model, warm it up at full width and start the engine thread."""
         if self._core is not None:
             raise RuntimeError("backend is already loaded")
-        runner = await asyncio.to_thread(
-            _open_runner, model_dir, manifest, max_sequences, self._threads, self._spin
+        runner = await placement.run_on(  # the session's thread pool is created on the cores
+            self._cpus, _open_runner, model_dir, manifest, max_sequences, self._threads, self._spin
         )
         scheduler = Scheduler(
             max_sequences, self._prefill_chunk, runner.spec.context_length, runner.spec.pad_token_id
         )
-        self._core = EngineCore(runner.spec, runner, scheduler)
+        self._core = EngineCore(runner.spec, runner, scheduler, self._cpus)
         self._core.start()
 
     def stream(self, request: GenerateRequest) -> AsyncGenerator[GenerateChunk, None]:

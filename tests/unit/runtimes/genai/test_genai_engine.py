@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import threading
 import time
 from pathlib import Path
@@ -195,3 +196,24 @@ async def test_unload_fails_open_streams() -> None:
         await collect(stream)
     with pytest.raises(RuntimeError, match="not loaded"):
         generation.stream(request())
+
+
+async def test_the_engine_thread_runs_on_its_cores() -> None:
+    last = frozenset({max(os.sched_getaffinity(0))})
+    seen: list[frozenset[int]] = []
+
+    class Recording(FakeRunner):
+        def execute(self, batch: Batch) -> dict[int, np.ndarray]:
+            seen.append(frozenset(os.sched_getaffinity(0)))
+            return super().execute(batch)
+
+    core = EngineCore(SPEC, Recording(), Scheduler(2, 16, SPEC.context_length, 0), last)  # type: ignore[arg-type]
+    core.start()
+    generation = GenAIGenerationBackend()
+    generation._core = core
+    try:
+        await collect(generation.stream(request(max_tokens=2)))
+    finally:
+        await generation.unload()
+    assert seen
+    assert set(seen) == {last}
