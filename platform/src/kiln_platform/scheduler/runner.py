@@ -179,9 +179,9 @@ class PoolRunner:
             wasted = False
             credits = [
                 Credit(w, n - self._in_flight[w], EXPRESS_CREDITS - self._express[w],
-                       capacity.get(w, math.inf) - self._cost.get(w, 0.0),
-                       capacity.get(w, math.inf))
+                       cap - self._cost.get(w, 0.0), cap)
                 for w, n in slots.items()
+                for cap in [capacity.get(w, math.inf)]
             ]  # fmt: skip
             usable = [c for c in credits if c.free > 0 or c.express > 0]
             dispatches, expired = self.scheduler.dispatch(now, usable)
