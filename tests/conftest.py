@@ -28,9 +28,17 @@ def model_cache() -> Path:
     return path
 
 
+# Durability is not under test: without fsync a slow disk cannot stall a commit or a new
+# connection (a CI run once saw a connect time out after 60 s), and the suite runs faster.
+_NO_FSYNC = ("fsync", "synchronous_commit", "full_page_writes")
+
+
 async def _create_template(uri: str) -> None:
     conn = await asyncpg.connect(uri)
     try:
+        for setting in _NO_FSYNC:
+            await conn.execute(f"ALTER SYSTEM SET {setting} = off")
+        await conn.execute("SELECT pg_reload_conf()")
         await conn.execute(f'DROP DATABASE IF EXISTS "{TEMPLATE}"')
         await conn.execute(f'CREATE DATABASE "{TEMPLATE}"')
     finally:
