@@ -9,7 +9,7 @@ SHELL  := /bin/bash
 QUIET  := 2>&1 | { grep -v "is ignored: it is neither" || true; }
 
 .DEFAULT_GOAL := help
-.PHONY: help setup up test lint bench-embeddings bench-tensor bench-tensor-latency
+.PHONY: help setup browser up test lint bench-embeddings bench-tensor bench-tensor-latency
 
 help: ## List the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-18s %s\n", $$1, $$2}'
@@ -23,10 +23,14 @@ $(STAMP): uv.lock pyproject.toml platform/pyproject.toml runtimes/pyproject.toml
 	UV_PROJECT_ENVIRONMENT=$(VENV) $(UV) sync -q --frozen --inexact --all-packages --extra import
 	touch $@
 
+browser: ## Debian's Chromium for the console's browser tests (Playwright drives it; it downloads none)
+	@command -v chromium >/dev/null || { apt-get update -q && \
+		DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends chromium; }
+
 up: setup ## Run Kiln locally on the embedded defaults (imports the bundled models on first run)
 	$(VENV)/bin/kiln up
 
-test: setup ## Run the test suite
+test: setup browser ## Run the test suite
 	$(VENV)/bin/pytest
 
 lint: setup ## ruff + mypy

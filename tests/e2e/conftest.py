@@ -103,6 +103,19 @@ class KilnProcess:
             time.sleep(0.2)
         raise TimeoutError(f"{model} not serving after {timeout}s")
 
+    def wait_ready(self, timeout: float = 120) -> None:
+        """Poll ``/readyz`` until the gateway is up and its database migrated."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                if httpx.get(f"{self.base_url}/readyz", timeout=2).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            assert self.proc.poll() is None, "kiln up exited"
+            time.sleep(0.2)
+        raise TimeoutError("gateway not ready")
+
     def stop(self) -> int:
         """Ctrl-C the process tree and wait for it; returns the exit code."""
         workers = self.workers()

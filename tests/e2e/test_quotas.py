@@ -41,19 +41,6 @@ def _gateway(uri: str, env_extra: dict[str, str]) -> KilnProcess:
     return KilnProcess(proc, f"http://127.0.0.1:{port}", env)
 
 
-def _wait_ready(kiln: KilnProcess, timeout: float = 60) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(f"{kiln.base_url}/readyz", timeout=2).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        assert kiln.proc.poll() is None, "kiln up exited"
-        time.sleep(0.2)
-    raise TimeoutError("gateway not ready")
-
-
 @pytest.fixture(scope="module")
 def gateways() -> Iterator[tuple[KilnProcess, KilnProcess]]:
     pg = Path(tempfile.mkdtemp(prefix="kiln-sharedpg-"))
@@ -61,7 +48,7 @@ def gateways() -> Iterator[tuple[KilnProcess, KilnProcess]]:
         pair = (_gateway(uri, {}), _gateway(uri, {}))
         try:
             for kiln in pair:
-                _wait_ready(kiln)
+                kiln.wait_ready()
             yield pair
         finally:
             for kiln in pair:

@@ -17,6 +17,7 @@ from litestar.openapi import OpenAPIConfig
 from litestar.params import SkipValidation
 from litestar.plugins.prometheus import PrometheusConfig, PrometheusController
 
+from kiln_console.app import console
 from kiln_platform.admin.controllers import TenantsController
 from kiln_platform.audit.controllers import AuditController
 from kiln_platform.billing.controllers import PriceBooksController
@@ -27,6 +28,7 @@ from kiln_platform.gateway.controllers import OpenAIController
 from kiln_platform.gateway.oip import OIPController
 from kiln_platform.gateway.schemas import ErrorBody, ErrorResponse
 from kiln_platform.idempotency.middleware import idempotency_middleware
+from kiln_platform.oauth.admin import ClientsController
 from kiln_platform.oauth.controllers import OAuthController
 from kiln_platform.observability import configure_logging, request_id_middleware
 from kiln_platform.quotas.controllers import QuotasController
@@ -125,6 +127,7 @@ def create_app(settings: Settings) -> Litestar:
             yield
 
     prometheus = PrometheusConfig(app_name="kiln", prefix="kiln", group_path=True)
+    web = console(settings)
     return Litestar(
         route_handlers=[
             OpenAIController,
@@ -132,12 +135,14 @@ def create_app(settings: Settings) -> Litestar:
             AdminModelsController,
             TenantsController,
             UsersController,
+            ClientsController,
             AuditController,
             QuotasController,
             PriceBooksController,
             ReportsController,
             OAuthController,
             PrometheusController,
+            web.router,
             healthz,
             readyz,
         ],
@@ -150,5 +155,6 @@ def create_app(settings: Settings) -> Litestar:
             DefineMiddleware(quota_middleware),
         ],
         exception_handlers={Exception: _error_response},
+        template_config=web.templates,
         openapi_config=OpenAPIConfig(title="Kiln", version="0.1.0", path="/docs"),
     )

@@ -67,6 +67,8 @@ class Settings(BaseSettings):
     """``aud`` the gateway issues and requires in JWT access tokens."""
     oauth_token_ttl_s: int = 900
     """Lifetime of an OAuth access token (client credentials), 15 minutes by default."""
+    console_secure_cookies: bool = False
+    """Mark the console's session and CSRF cookies ``Secure`` (set it when served over HTTPS)."""
     idempotency_ttl_s: float = 86_400.0
     """How long a POST's Idempotency-Key and its stored response are replayed (24 h)."""
     idempotency_lock_s: float = 30.0

@@ -18,7 +18,7 @@ from kiln_platform.admin.authz import Actor, Role, require
 from kiln_platform.admin.services import get_tenant
 from kiln_platform.audit.services import record, snapshot
 from kiln_platform.db.tables import OAuthClient, RevokedToken
-from kiln_platform.errors import Forbidden, Unauthorized
+from kiln_platform.errors import Forbidden, NotFound, Unauthorized
 from kiln_platform.keys.services import key_digest
 from kiln_platform.oauth import keys
 from kiln_platform.oauth._server import (
@@ -56,6 +56,38 @@ async def create_client(
     await record(session, actor, "oauth_client.create", "oauth_client", row.id, tenant_id,
                  after=snapshot(row, *CLIENT_FIELDS))  # fmt: skip
     return ClientCreated(client=client_view(row), client_secret=secret)
+
+
+async def list_clients(
+    session: AsyncSession, actor: Actor, tenant_id: uuid.UUID
+) -> list[ClientView]:
+    """A tenant's OAuth clients, newest first; never secrets."""
+    await get_tenant(session, actor, tenant_id)
+    require(actor, "oauth-clients")
+    rows = await session.scalars(
+        select(OAuthClient)
+        .where(OAuthClient.tenant_id == tenant_id)
+        .order_by(OAuthClient.created_at.desc(), OAuthClient.client_id)
+    )
+    return [client_view(c) for c in rows]
+
+
+async def revoke_client(
+    session: AsyncSession, actor: Actor, tenant_id: uuid.UUID, client_id: uuid.UUID
+) -> ClientView:
+    """Revoke a client: no new tokens, and gateways refuse its tokens within the cache TTL."""
+    await get_tenant(session, actor, tenant_id)
+    row = await session.get(OAuthClient, client_id)
+    if row is None or row.tenant_id != tenant_id:
+        raise NotFound("No such OAuth client.")
+    require(actor, "oauth-clients", write=True)
+    if row.revoked_at is None:
+        before = snapshot(row, *CLIENT_FIELDS)
+        row.revoked_at = datetime.now(UTC)
+        await session.flush()
+        await record(session, actor, "oauth_client.revoke", "oauth_client", row.id, tenant_id,
+                     before=before, after=snapshot(row, *CLIENT_FIELDS))  # fmt: skip
+    return client_view(row)
 
 
 async def rotate_keys(session: AsyncSession, actor: Actor) -> str:

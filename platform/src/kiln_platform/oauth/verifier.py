@@ -109,7 +109,7 @@ class TokenVerifier:
         """The tenant's weight, plan and time zone, and the client's row id (cached)."""
         info = await self._tenants.get((tenant_id, client), lambda: self._load(tenant_id, client))
         if info is None:
-            raise Unauthorized("The access token's tenant or client no longer exists.")
+            raise Unauthorized("The access token's client was revoked or no longer exists.")
         return info
 
     async def _load(self, tenant_id: uuid.UUID, client: str) -> _TenantInfo | None:
@@ -118,7 +118,11 @@ class TokenVerifier:
                 await session.execute(
                     select(Tenant.weight, Tenant.plan, Tenant.timezone, OAuthClient.id)
                     .join(OAuthClient, OAuthClient.tenant_id == Tenant.id)
-                    .where(Tenant.id == tenant_id, OAuthClient.client_id == client)
+                    .where(
+                        Tenant.id == tenant_id,
+                        OAuthClient.client_id == client,
+                        OAuthClient.revoked_at.is_(None),
+                    )
                 )
             ).first()
         return None if row is None else _TenantInfo(*row)

@@ -21,7 +21,7 @@ from kiln_platform.reports._query import CostQuery, cost_select
 from kiln_platform.reports.schemas import COLUMNS, DEFAULT_GROUPS, GROUPS
 
 if TYPE_CHECKING:
-    from collections.abc import AsyncIterator, Callable
+    from collections.abc import AsyncGenerator, AsyncIterator, Callable
     from contextlib import AbstractAsyncContextManager
 
     from sqlalchemy.ext.asyncio import AsyncSession
@@ -72,7 +72,8 @@ def report_format(fmt: str | None, accept: str | None) -> Format:
     return fmt  # type: ignore[return-value]
 
 
-async def _rows(scope: Scope, q: CostQuery) -> AsyncIterator[dict[str, Any]]:
+async def rows(scope: Scope, q: CostQuery) -> AsyncGenerator[dict[str, Any], None]:
+    """The report's rows (``COLUMNS``), as PostgreSQL's cursor yields them."""
     async with scope() as session:
         result = await session.stream(cost_select(q).execution_options(yield_per=YIELD_PER))
         async for row in result:
@@ -84,7 +85,7 @@ async def stream_csv(scope: Scope, q: CostQuery) -> AsyncIterator[bytes]:
     buffer = io.StringIO()
     writer = csv.writer(buffer)
     writer.writerow(COLUMNS)
-    async for row in _rows(scope, q):
+    async for row in rows(scope, q):
         writer.writerow(row.values())
         if buffer.tell() >= CHUNK:
             yield buffer.getvalue().encode()
@@ -98,7 +99,7 @@ async def stream_json(scope: Scope, q: CostQuery) -> AsyncIterator[bytes]:
     head = {"from": q.start, "to": q.end, "group_by": sorted(q.groups), "columns": COLUMNS}
     parts = [msgspec.json.encode(head)[:-1] + b',"rows":[']
     first, pending, totals = True, 0, dict[str, list[int]]()
-    async for row in _rows(scope, q):
+    async for row in rows(scope, q):
         sums = totals.setdefault(row["BillingCurrency"], [0, 0, 0])
         sums[0] += row["x_ListCostMicros"]
         sums[1] += row["x_BilledCostMicros"]

@@ -1,0 +1,82 @@
+"""The console as one Litestar router, mounted by the platform app at ``/console``.
+
+Sign-in sets an encrypted session cookie (AES-GCM, keyed from the server secret); every unsafe
+request must carry the CSRF token (htmx sends it as a header, plain forms as a field). Both
+cookies are confined to ``/console``, so the API is untouched: it keeps its bearer credentials.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from litestar import Router
+from litestar.config.csrf import CSRFConfig
+from litestar.contrib.jinja import JinjaTemplateEngine
+from litestar.di import Provide
+from litestar.middleware import DefineMiddleware
+from litestar.middleware.csrf import CSRFMiddleware
+from litestar.middleware.session import SessionMiddleware
+from litestar.middleware.session.client_side import ClientSideSessionBackend, CookieBackendConfig
+from litestar.static_files import create_static_files_router
+from litestar.template.config import TemplateConfig
+
+from kiln_console import auth, costs, errors, pages
+
+if TYPE_CHECKING:
+    from litestar.types import ASGIApp
+
+    from kiln_platform.settings import Settings
+
+HERE = Path(__file__).parent
+PREFIX = "/console"
+SESSION_S = 8 * 3600
+
+
+@dataclass(frozen=True)
+class Console:
+    """What the platform app mounts: the router and the template engine its pages render with."""
+
+    router: Router
+    templates: TemplateConfig[JinjaTemplateEngine]
+
+
+def _sessions(app: ASGIApp, config: CookieBackendConfig) -> SessionMiddleware[Any]:
+    """The session middleware, built when the app is (a router's middleware is deep-copied, and
+    the backend's AES-GCM cipher cannot be)."""
+    return SessionMiddleware(app, backend=ClientSideSessionBackend(config=config))
+
+
+def _derive(secret: bytes, purpose: str) -> bytes:
+    return hashlib.sha256(b"kiln-console/" + purpose.encode() + b"\0" + secret).digest()
+
+
+def console(settings: Settings) -> Console:
+    """Build the console for these settings (its keys derive from the server secret)."""
+    secret = settings.hmac_key()
+    session = CookieBackendConfig(
+        secret=_derive(secret, "session"), key="kiln_console", path=PREFIX, max_age=SESSION_S,
+        httponly=True, samesite="strict", secure=settings.console_secure_cookies,
+    )  # fmt: skip
+    csrf = CSRFConfig(
+        secret=_derive(secret, "csrf").hex(), cookie_name="kiln_csrf", cookie_path=PREFIX,
+        cookie_samesite="strict", cookie_secure=settings.console_secure_cookies,
+        header_name="x-csrftoken",
+    )  # fmt: skip
+    static = create_static_files_router(path="/static", directories=[HERE / "static"],
+                                        name="console-static", include_in_schema=False)  # fmt: skip
+    router = Router(
+        path=PREFIX,
+        route_handlers=[auth.SignIn, pages.Pages, costs.Costs, static],
+        dependencies={"viewer": Provide(auth.provide_viewer)},
+        middleware=[
+            DefineMiddleware(_sessions, config=session),
+            DefineMiddleware(CSRFMiddleware, config=csrf),
+        ],
+        exception_handlers=errors.HANDLERS,
+        include_in_schema=False,
+    )
+    templates = TemplateConfig(directory=HERE / "templates", engine=JinjaTemplateEngine)
+    return Console(router, templates)

@@ -1,0 +1,38 @@
+"""Form fields into the admin API's own msgspec structs, so the console validates exactly as
+``/admin/v1`` does and a bad field gets a 400 that names it."""
+
+from __future__ import annotations
+
+from typing import Any, TypeVar
+
+import msgspec
+
+from kiln_platform.errors import BadRequest
+
+T = TypeVar("T")
+DAY_S = 86_400
+
+
+def convert(fields: dict[str, Any], into: type[T]) -> T:
+    """``fields`` as ``into``, or ``BadRequest`` naming the field msgspec rejected."""
+    try:
+        return msgspec.convert(fields, into)
+    except msgspec.ValidationError as exc:
+        message = str(exc)
+        _, _, path = message.rpartition("`$.")
+        param = path.rstrip("`").split("[")[0] or None
+        raise BadRequest(f"Invalid form: {message}", param=param) from None
+
+
+def days(value: str, param: str, most: int = 3650) -> int | None:
+    """A whole number of days, 1 to ``most``, as seconds (blank: None)."""
+    if not value.strip():
+        return None
+    try:
+        count = int(value)
+    except ValueError:
+        count = 0
+    if not 1 <= count <= most:
+        raise BadRequest(f"'{param}' must be a whole number of days from 1 to {most}.",
+                         param=param)  # fmt: skip
+    return count * DAY_S

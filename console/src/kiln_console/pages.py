@@ -1,0 +1,125 @@
+"""Tenants, API keys and OAuth clients: thin handlers over the admin services, which check the
+role and the tenant exactly as they do for ``/admin/v1`` (another tenant's page is a 404)."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+from litestar import Controller, Request, get, post
+from litestar.params import SkipValidation
+from litestar.response import Redirect, Template
+
+from kiln_console import forms
+from kiln_console.auth import Viewer
+from kiln_platform.admin import services as admin
+from kiln_platform.admin.deps import transaction
+from kiln_platform.admin.schemas import KeyCreate
+from kiln_platform.context import Kiln
+from kiln_platform.errors import BadRequest
+from kiln_platform.oauth import services as oauth
+from kiln_platform.oauth.schemas import ClientCreate
+
+KilnDep = SkipValidation[Kiln]
+ViewerDep = SkipValidation[Viewer]
+AnyRequest = Request[Any, Any, Any]
+
+
+async def _fields(request: AnyRequest) -> dict[str, Any]:
+    """The name and scopes every create form has (at least one scope ticked)."""
+    form = await request.form()
+    scopes = form.getall("scopes") if "scopes" in form else []
+    if not scopes:
+        raise BadRequest("Choose at least one scope.", param="scopes")
+    return {"name": str(form.get("name", "")), "scopes": scopes,
+            "expires": str(form.get("expires_days", ""))}  # fmt: skip
+
+
+class Pages(Controller):
+    """The console's pages and the partials their forms swap in."""
+
+    @get("/")
+    async def home(self, viewer: ViewerDep) -> Redirect:
+        """The signed-in user's landing page."""
+        return Redirect(viewer.home(), status_code=303)
+
+    @get("/tenants")
+    async def tenants(self, kiln: KilnDep, viewer: ViewerDep) -> Template:
+        """Tenants the user may see."""
+        async with transaction(kiln, viewer.actor) as session:
+            rows = await admin.list_tenants(session, viewer.actor)
+        return Template("tenants.html.j2", context={"viewer": viewer, "tenants": rows})
+
+    @get("/tenants/{tenant_id:uuid}/keys")
+    async def keys(self, kiln: KilnDep, viewer: ViewerDep, tenant_id: uuid.UUID) -> Template:
+        """A tenant's API keys, and the form that creates one."""
+        return Template("keys.html.j2", context=await self._keys(kiln, viewer, tenant_id))
+
+    @post("/tenants/{tenant_id:uuid}/keys")
+    async def create_key(
+        self, request: AnyRequest, kiln: KilnDep, viewer: ViewerDep, tenant_id: uuid.UUID
+    ) -> Template:
+        """Create a key: its secret is shown in this response only."""
+        fields = await _fields(request)
+        expires = forms.days(fields.pop("expires"), "expires_days")
+        data = forms.convert({**fields, "expires_in_s": expires}, KeyCreate)
+        async with transaction(kiln, viewer.actor) as session:
+            made = await admin.create_tenant_key(
+                session, viewer.actor, tenant_id, data, kiln.settings.hmac_key()
+            )
+        context = {**await self._keys(kiln, viewer, tenant_id), "created": made}
+        return Template("_key_created.html.j2", context=context, status_code=201)
+
+    @post("/tenants/{tenant_id:uuid}/keys/{key_id:uuid}/revoke")
+    async def revoke_key(
+        self, kiln: KilnDep, viewer: ViewerDep, tenant_id: uuid.UUID, key_id: uuid.UUID
+    ) -> Template:
+        """Revoke a key; gateways refuse it within the key cache TTL."""
+        async with transaction(kiln, viewer.actor) as session:
+            await admin.revoke_key(
+                session, viewer.actor, str(key_id), kiln.settings.hmac_key(), tenant_id
+            )
+        context = {**await self._keys(kiln, viewer, tenant_id), "partial": True}
+        return Template("_keys.html.j2", context=context)
+
+    @get("/tenants/{tenant_id:uuid}/clients")
+    async def clients(self, kiln: KilnDep, viewer: ViewerDep, tenant_id: uuid.UUID) -> Template:
+        """A tenant's OAuth clients, and the form that registers one."""
+        return Template("clients.html.j2", context=await self._clients(kiln, viewer, tenant_id))
+
+    @post("/tenants/{tenant_id:uuid}/clients")
+    async def create_client(
+        self, request: AnyRequest, kiln: KilnDep, viewer: ViewerDep, tenant_id: uuid.UUID
+    ) -> Template:
+        """Register a client: its secret is shown in this response only."""
+        fields = await _fields(request)
+        del fields["expires"]
+        data = forms.convert(fields, ClientCreate)
+        async with transaction(kiln, viewer.actor) as session:
+            made = await oauth.create_client(
+                session, viewer.actor, tenant_id, data, kiln.settings.hmac_key()
+            )
+        context = {**await self._clients(kiln, viewer, tenant_id), "created": made}
+        return Template("_client_created.html.j2", context=context, status_code=201)
+
+    @post("/tenants/{tenant_id:uuid}/clients/{client_id:uuid}/revoke")
+    async def revoke_client(
+        self, kiln: KilnDep, viewer: ViewerDep, tenant_id: uuid.UUID, client_id: uuid.UUID
+    ) -> Template:
+        """Revoke a client: no new tokens; its tokens are refused within the cache TTL."""
+        async with transaction(kiln, viewer.actor) as session:
+            await oauth.revoke_client(session, viewer.actor, tenant_id, client_id)
+        context = {**await self._clients(kiln, viewer, tenant_id), "partial": True}
+        return Template("_clients.html.j2", context=context)
+
+    async def _keys(self, kiln: Kiln, viewer: Viewer, tenant_id: uuid.UUID) -> dict[str, Any]:
+        async with transaction(kiln, viewer.actor) as session:
+            tenant = await admin.get_tenant(session, viewer.actor, tenant_id)
+            keys = await admin.list_keys(session, viewer.actor, tenant_id)
+        return {"viewer": viewer, "tenant": tenant, "keys": keys}
+
+    async def _clients(self, kiln: Kiln, viewer: Viewer, tenant_id: uuid.UUID) -> dict[str, Any]:
+        async with transaction(kiln, viewer.actor) as session:
+            tenant = await admin.get_tenant(session, viewer.actor, tenant_id)
+            clients = await oauth.list_clients(session, viewer.actor, tenant_id)
+        return {"viewer": viewer, "tenant": tenant, "clients": clients}

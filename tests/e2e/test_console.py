@@ -1,0 +1,210 @@
+"""The console in a real browser: Debian's Chromium, driven by Playwright, against a real
+``kiln up``. Users sign in, create and revoke API keys and OAuth clients, and use what they made
+with the official ``openai`` client and the OAuth token endpoint; finance downloads costs."""
+
+from __future__ import annotations
+
+import csv
+import io
+import re
+import time
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+from playwright.sync_api import Browser, Page, expect, sync_playwright
+
+from .conftest import KilnProcess
+
+CHROMIUM = "/usr/bin/chromium"
+FLAGS = [
+    "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+    "--disable-background-networking", "--disable-component-update", "--disable-sync",
+]  # fmt: skip
+PASSWORD = "correct horse battery"
+USERS = {
+    "admin@acme.test": ("tenant-admin", "acme"),
+    "dev@acme.test": ("tenant-member", "acme"),
+    "ops@kiln.test": ("platform-admin", None),
+    "money@kiln.test": ("finance", None),
+}
+DataDir = AbstractContextManager[Path]
+REVOKED_WITHIN_S = 5.0 + 5.0  # the key cache TTL, and slack for a loaded machine
+
+
+@pytest.fixture(scope="module")
+def kiln(
+    start_kiln: Callable[..., KilnProcess], kiln_data_dir: Callable[[], DataDir]
+) -> Iterator[KilnProcess]:
+    """``kiln up`` with no models, two tenants and a user of each role, made with the CLI."""
+    with kiln_data_dir() as path:
+        kiln = start_kiln(path, [])
+        try:
+            for tenant in ("acme", "globex"):
+                kiln.cli("tenants", "create", tenant)
+            for email, (role, tenant) in USERS.items():
+                where = ["--tenant", tenant] if tenant else []
+                kiln.cli("users", "create", "--email", email, "--role", role, *where,
+                         "--password", PASSWORD)  # fmt: skip
+            kiln.wait_ready()
+            yield kiln
+        finally:
+            if kiln.proc.poll() is None:
+                kiln.stop()
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Browser]:
+    """Debian's Chromium (``make setup`` installs it; browsers downloaded by tools fail here)."""
+    if not Path(CHROMIUM).exists():
+        pytest.fail(f"{CHROMIUM} is missing: `apt-get install -y chromium` (make browser)")
+    with sync_playwright() as playwright:
+        chromium = playwright.chromium.launch(executable_path=CHROMIUM, args=FLAGS)
+        yield chromium
+        chromium.close()
+
+
+@pytest.fixture
+def page(browser: Browser, kiln: KilnProcess) -> Iterator[Page]:
+    """A fresh browser context (no cookies) on the console."""
+    context = browser.new_context(base_url=kiln.base_url, accept_downloads=True)
+    context.set_default_timeout(15_000)
+    yield context.new_page()
+    context.close()
+
+
+def _sign_in(page: Page, email: str, password: str = PASSWORD) -> None:
+    page.goto("/console/")
+    expect(page).to_have_url(re.compile(r"/console/login$"))
+    page.fill("input[name=email]", email)
+    page.fill("input[name=password]", password)
+    page.click("form.card button[type=submit]")
+
+
+def _refused_within(call: Callable[[], object], seconds: float) -> float:
+    """Seconds until ``call`` raises an authentication error (fails after ``seconds``)."""
+    started = time.monotonic()
+    while time.monotonic() - started < seconds:
+        try:
+            call()
+        except (openai.AuthenticationError, httpx.HTTPStatusError):
+            return time.monotonic() - started
+        time.sleep(0.25)
+    raise AssertionError(f"still accepted {seconds} s after revocation")
+
+
+def test_a_tenant_admin_creates_uses_and_revokes_a_key(page: Page, kiln: KilnProcess) -> None:
+    _sign_in(page, "admin@acme.test", "not the password")
+    expect(page.locator("#login-error")).to_have_text("Incorrect email or password.")
+    _sign_in(page, "admin@acme.test")
+    expect(page).to_have_url(re.compile(r"/console/tenants/[0-9a-f-]{36}/keys$"))
+    expect(page.locator("h1")).to_contain_text("acme")
+
+    page.fill("#new-key input[name=name]", "backend")
+    page.click("#new-key button[type=submit]")
+    secret = page.locator("#secret-value").input_value()
+    assert secret.startswith("kiln_")
+    row = page.locator("#keys tbody tr", has_text="backend")
+    expect(row.locator(".status")).to_have_text("active")
+
+    sdk = openai.OpenAI(api_key=secret, base_url=f"{kiln.base_url}/v1", max_retries=0)
+    assert sdk.models.list().data == []  # the key works; acme has no models yet
+
+    page.reload()
+    assert secret not in page.content()  # shown once
+    page.once("dialog", lambda dialog: dialog.accept())  # hx-confirm
+    row.get_by_role("button", name="Revoke").click()
+    expect(row.locator(".status")).to_have_text("revoked")
+    _refused_within(sdk.models.list, REVOKED_WITHIN_S)
+
+
+def test_an_oauth_client_made_in_the_console_gets_tokens(page: Page, kiln: KilnProcess) -> None:
+    _sign_in(page, "admin@acme.test")
+    page.click("text=OAuth clients")
+    page.fill("#new-client input[name=name]", "nightly")
+    page.click("#new-client button[type=submit]")
+    client_id = page.locator("#client-id-value").inner_text()
+    secret = page.locator("#secret-value").input_value()
+
+    def models() -> object:
+        r = httpx.post(f"{kiln.base_url}/oauth/token", data={"grant_type": "client_credentials"},
+                       auth=(client_id, secret))  # fmt: skip
+        r.raise_for_status()
+        bearer = {"authorization": f"Bearer {r.json()['access_token']}"}
+        return httpx.get(f"{kiln.base_url}/v1/models", headers=bearer).raise_for_status()
+
+    models()
+    page.once("dialog", lambda dialog: dialog.accept())
+    row = page.locator("#clients tbody tr", has_text=client_id)
+    row.get_by_role("button", name="Revoke").click()
+    expect(row.locator(".status")).to_have_text("revoked")
+    _refused_within(models, REVOKED_WITHIN_S)
+
+
+def test_bad_input_shows_the_field_and_keeps_the_form(page: Page) -> None:
+    _sign_in(page, "admin@acme.test")
+    page.fill("#new-key input[name=name]", "no scopes")
+    page.uncheck("#new-key input[value=inference]")
+    page.click("#new-key button[type=submit]")
+    flash = page.locator("#flash .error")
+    expect(flash).to_have_text("Choose at least one scope. (field 'scopes')")
+    expect(page.locator("#new-key input[name=name]")).to_have_value("no scopes")
+    expect(page.locator("#keys tbody tr", has_text="no scopes")).to_have_count(0)
+    page.check("#new-key input[value=inference]")
+    page.click("#new-key button[type=submit]")
+    expect(page.locator("#keys tbody tr", has_text="no scopes")).to_have_count(1)
+    expect(flash).to_have_count(0)  # a success clears the old error
+
+
+def test_a_member_reads_keys_but_gets_no_buttons(page: Page) -> None:
+    _sign_in(page, "dev@acme.test")
+    expect(page.locator("#keys")).to_be_visible()
+    expect(page.locator("#new-key")).to_have_count(0)
+    expect(page.get_by_role("button", name="Revoke")).to_have_count(0)
+    expect(page.locator("header nav")).not_to_contain_text("Costs")
+
+
+def test_a_platform_admin_browses_every_tenant(page: Page) -> None:
+    _sign_in(page, "ops@kiln.test")
+    expect(page).to_have_url(re.compile(r"/console/tenants$"))
+    expect(page.locator("#tenants tbody tr")).to_have_count(2)
+    globex = page.locator("#tenants tbody tr", has_text="globex")
+    globex.get_by_role("link", name="API keys").click()
+    expect(page.locator("h1")).to_contain_text("globex")
+    expect(page.locator("#new-key")).to_be_visible()
+
+
+def test_finance_reads_costs_and_downloads_the_csv(page: Page, kiln: KilnProcess) -> None:
+    admin_key = kiln.cli("keys", "create", "--tenant", "acme", "--role", "platform-admin",
+                         "--scope", "admin:write").strip().splitlines()[-1]  # fmt: skip
+    auth = {"authorization": f"Bearer {admin_key}"}
+    tenants = httpx.get(f"{kiln.base_url}/admin/v1/tenants", headers=auth).json()
+    acme = next(t["id"] for t in tenants if t["name"] == "acme")
+    period = time.strftime("%Y-%m", time.gmtime())
+    r = httpx.post(f"{kiln.base_url}/admin/v1/tenants/{acme}/adjustments", headers=auth,
+                   json={"amount_micros": 2_500_000, "reason": "support plan",
+                         "corrects_period": period})  # fmt: skip
+    assert r.status_code == 201, r.text
+
+    _sign_in(page, "money@kiln.test")
+    expect(page).to_have_url(re.compile(r"/console/costs$"))
+    row = page.locator("#costs tbody tr", has_text="acme")
+    expect(row).to_contain_text("2.500000")
+    with page.expect_download() as download:
+        page.click("#csv")
+    body = Path(download.value.path()).read_text()
+    lines = list(csv.DictReader(io.StringIO(body)))
+    assert [(r["BillingAccountName"], r["BilledCost"]) for r in lines] == [("acme", "2.500000")]
+    expect(page.locator("header nav")).not_to_contain_text("API keys")
+
+
+def test_signing_out_ends_the_session(page: Page) -> None:
+    _sign_in(page, "admin@acme.test")
+    keys = page.url
+    page.click("text=Sign out")
+    expect(page).to_have_url(re.compile(r"/console/login$"))
+    page.goto(keys)
+    expect(page).to_have_url(re.compile(r"/console/login$"))
