@@ -13,6 +13,7 @@ from kiln_platform.scheduler.admission import AdmissionLimits, RejectReason
 from kiln_platform.scheduler.core import PoolScheduler, SchedulerConfig
 from kiln_platform.scheduler.policy import PolicyConfig
 from kiln_platform.scheduler.runner import PoolRunner, rejection
+from kiln_platform.scheduler.service import ServiceConfig
 
 
 class FakeWorkers:
@@ -39,12 +40,16 @@ class FakeWorkers:
 
 
 def make_runner(
-    slots: dict[str, int], *, express: bool = False, **limits
+    slots: dict[str, int], *, express: bool = False, service_s: float = 0.01, **limits
 ) -> tuple[PoolRunner, FakeWorkers]:
-    """A runner over fake workers; the express lane is off unless a test is about it."""
+    """A runner over fake workers; the express lane is off unless a test is about it.
+
+    ``service_s`` is the service time the scheduler predicts per request before any completes.
+    """
     workers = FakeWorkers(slots)
     policy = PolicyConfig(express=express)
-    config = SchedulerConfig(policy=policy, limits=AdmissionLimits(**limits))
+    config = SchedulerConfig(policy=policy, limits=AdmissionLimits(**limits),
+                             service=ServiceConfig(prior_a=service_s))  # fmt: skip
     return PoolRunner(PoolScheduler(config), lambda: workers.slots), workers
 
 
@@ -86,7 +91,9 @@ async def test_a_tenant_over_its_queue_bound_gets_429_at_once() -> None:
 
 
 async def test_a_queued_request_expires_before_its_deadline_passes() -> None:
-    runner, workers = make_runner({"w": 1})
+    # Predicted service 0.3 s: admitted (0.6 s of predicted wait and work fit in 1 s), then
+    # answered at its latest start (0.7 s), before the deadline, while the worker is still busy.
+    runner, workers = make_runner({"w": 1}, service_s=0.3)
     workers.release.clear()
     busy = asyncio.ensure_future(
         runner.run(runner.request("1", "a", 1.0, timeout_s=None), workers.call)
@@ -94,8 +101,11 @@ async def test_a_queued_request_expires_before_its_deadline_passes() -> None:
     await asyncio.sleep(0)
     start = runner.now()
     with pytest.raises(DeadlineExceeded):
-        await runner.run(runner.request("2", "b", 1.0, timeout_s=0.05), workers.call)
-    assert runner.now() - start < 0.05  # answered before the deadline, not after it
+        async with asyncio.timeout(5):  # a missing expiry fails here instead of hanging
+            await runner.run(runner.request("2", "b", 1.0, timeout_s=1.0), workers.call)
+    waited = runner.now() - start
+    assert 0.6 < waited < 1.0  # queued, then answered before the deadline, not after it
+    assert not busy.done()
     workers.release.set()
     await busy
     (b,) = [t for t in runner.scheduler.snapshot(runner.now()).tenants if t.tenant == "b"]
