@@ -15,7 +15,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import httpx
 import psutil
@@ -55,6 +55,16 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def wait_for(probe: Callable[[], Any], timeout: float = 60.0) -> Any:
+    """Poll ``probe`` until it returns something truthy, and return that; fail after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if found := probe():
+            return found
+        time.sleep(0.05)
+    raise AssertionError(f"timed out after {timeout} s")
 
 
 @dataclass

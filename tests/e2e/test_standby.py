@@ -3,30 +3,18 @@
 from __future__ import annotations
 
 import signal
-import time
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
 from pathlib import Path
-from typing import Any
 
 import psutil
 import pytest
 
-from .conftest import MINILM, KilnProcess, _serve
+from .conftest import MINILM, KilnProcess, _serve, wait_for
 
 
 def _standbys(kiln: KilnProcess) -> list[psutil.Process]:
     return [p for p in kiln.workers() if "--standby" in p.cmdline()]
-
-
-def _wait_for(probe: Callable[[], Any], timeout: float = 60.0) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        found = probe()
-        if found:
-            return found
-        time.sleep(0.05)
-    raise AssertionError("timed out")
 
 
 @pytest.fixture(scope="module")
@@ -41,20 +29,20 @@ def warm_kiln(
 
 
 def test_a_restart_takes_the_standby_and_a_new_one_is_made(warm_kiln: KilnProcess) -> None:
-    (standby,) = _wait_for(lambda: _standbys(warm_kiln))
+    (standby,) = wait_for(lambda: _standbys(warm_kiln))
     (worker,) = [p for p in warm_kiln.workers() if p.pid != standby.pid]
     worker.send_signal(signal.SIGKILL)
     worker.wait(10)
     warm_kiln.wait_until_serving(MINILM, path="embeddings")
     # The old standby now serves the model; a fresh standby replaces it.
-    fresh = _wait_for(lambda: [p for p in _standbys(warm_kiln) if p.pid != standby.pid])
+    fresh = wait_for(lambda: [p for p in _standbys(warm_kiln) if p.pid != standby.pid])
     pids = {p.pid for p in warm_kiln.workers()}
     assert pids == {standby.pid, fresh[0].pid}
     assert standby.is_running()
 
 
 def test_stopping_kiln_stops_the_standby_too(warm_kiln: KilnProcess) -> None:
-    standbys = _wait_for(lambda: _standbys(warm_kiln))
+    standbys = wait_for(lambda: _standbys(warm_kiln))
     assert warm_kiln.stop() == 0
     _, alive = psutil.wait_procs(standbys, timeout=30)
     assert not alive

@@ -58,12 +58,12 @@ def console(settings: Settings) -> Console:
     secret = settings.hmac_key()
     session = CookieBackendConfig(
         secret=_derive(secret, "session"), key="kiln_console", path=PREFIX, max_age=SESSION_S,
-        httponly=True, samesite="strict", secure=settings.console_secure_cookies,
+        httponly=True, samesite="lax", secure=settings.console_secure_cookies,
     )  # fmt: skip
     csrf = CSRFConfig(
         secret=_derive(secret, "csrf").hex(), cookie_name="kiln_csrf", cookie_path=PREFIX,
-        cookie_samesite="strict", cookie_secure=settings.console_secure_cookies,
-        header_name="x-csrftoken",
+        cookie_samesite="lax", cookie_secure=settings.console_secure_cookies,
+        cookie_httponly=True, header_name="x-csrftoken",
     )  # fmt: skip
     static = create_static_files_router(path="/static", directories=[HERE / "static"],
                                         name="console-static", include_in_schema=False)  # fmt: skip

@@ -92,7 +92,9 @@ async def running(settings: Settings) -> AsyncIterator[Kiln]:
         store = ArtifactStore(settings.store_dir)
         resolver = Resolver(db.sessions)
         scheduler = SchedulerConfig(policy=PolicyConfig(express=settings.scheduler_express))
-        pools = PoolManager(LocalBackend(settings, http), resolver, store, scheduler)
+        pools = PoolManager(
+            LocalBackend(settings, http), resolver, store, scheduler, scaling=settings.autoscale()
+        )
         hold_s = 2 * settings.request_timeout_s + 30
         quotas = QuotaEnforcer(db.sessions, ttl=settings.key_cache_ttl_s, lease_s=hold_s)
         books = PriceBooks(db.sessions, settings.key_cache_ttl_s)

@@ -12,6 +12,7 @@ import platformdirs
 from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from kiln_platform.pools.autoscale import AutoscaleConfig
 from kiln_runtimes import cpus
 
 
@@ -57,6 +58,19 @@ class Settings(BaseSettings):
     worker_precision: str = "fp32"
     """Engine precision of tensor workers: fp32, int8 (cpu) or fp16 (GPU targets)."""
     worker_start_timeout_s: float = 120.0
+    pool_min_replicas: int = Field(default=0, ge=0)
+    """Workers a pool keeps even when idle (0: idle pools scale to zero)."""
+    pool_max_replicas: int = Field(default=1, ge=1)
+    pool_initial_replicas: int = Field(default=1, ge=0)
+    """Workers a pool starts with when its model is registered or Kiln starts."""
+    pool_target_utilization: float = Field(default=0.8, gt=0, le=1)
+    """Share of a worker's slots that demand may fill before another worker is started."""
+    pool_warm_replicas: int = Field(default=0, ge=0)
+    """Workers kept beyond demand while a pool is in use (headroom for a burst)."""
+    pool_scale_down_delay_s: float = Field(default=30.0, ge=0)
+    """A pool shrinks to the largest size wanted over this window (no flapping)."""
+    pool_idle_to_zero_s: float = Field(default=300.0, gt=0)
+    """A pool without requests this long falls to ``pool_min_replicas``."""
     warm_standby: bool = True
     """Keep one preloaded standby worker process, so starts skip imports (``pools.local``)."""
     key_cache_ttl_s: float = 5.0
@@ -88,6 +102,17 @@ class Settings(BaseSettings):
         if value is not None:
             cpus.parse(value)  # its ValueError names the bad part
         return value
+
+    def autoscale(self) -> AutoscaleConfig:
+        """The pools' autoscaling policy configuration."""
+        return AutoscaleConfig(
+            min_replicas=self.pool_min_replicas, max_replicas=self.pool_max_replicas,
+            initial_replicas=self.pool_initial_replicas,
+            target_utilization=self.pool_target_utilization,
+            warm_replicas=self.pool_warm_replicas,
+            scale_down_delay_s=self.pool_scale_down_delay_s,
+            idle_to_zero_s=self.pool_idle_to_zero_s,
+        )  # fmt: skip
 
     @property
     def store_dir(self) -> Path:

@@ -243,3 +243,23 @@ def test_queue_waits_are_measured_finer_than_uvloops_millisecond_clock() -> None
     assert len(seen) == 20
     assert any(abs(s * 1000 - round(s * 1000)) > 1e-6 for s in seen)
     assert max(seen) < 0.5
+
+
+async def test_a_pool_starting_from_zero_queues_a_burst_instead_of_refusing_it() -> None:
+    workers = FakeWorkers({})
+    planned = PoolRunner(PoolScheduler(SchedulerConfig()), lambda: workers.slots, planned=lambda: 2)
+    cold = PoolRunner(PoolScheduler(SchedulerConfig()), lambda: workers.slots)
+    burst = [planned.request(f"r{i}", "a", 1.0, timeout_s=30.0) for i in range(4)]
+    tasks = [asyncio.create_task(planned.run(r, workers.call)) for r in burst]
+    await asyncio.sleep(0.01)
+    assert not any(t.done() for t in tasks)  # all four wait for the worker being started
+    first = asyncio.create_task(
+        cold.run(cold.request("c0", "a", 1.0, timeout_s=None), workers.call)
+    )
+    await asyncio.sleep(0)
+    with pytest.raises(Overloaded):  # without the planned slots the second one is refused
+        await cold.run(cold.request("c1", "a", 1.0, timeout_s=30.0), workers.call)
+    first.cancel()
+    workers.slots = {"w": 2}  # the worker is ready
+    planned.poke()
+    assert sorted(await asyncio.gather(*tasks)) == [f"r{i}@w" for i in range(4)]

@@ -1,12 +1,12 @@
-"""The ``local`` pool backend: supervises one worker subprocess per model version.
+"""The ``local`` pool backend: supervises the worker subprocesses of each model's pool.
+
+The pool manager decides how many workers a pool runs (``pools.autoscale``) and calls
+``scale``; a worker taken away leaves rotation first, then gets SIGTERM and drains.
 
 With ``warm_standby`` on, it also keeps one standby worker: a process that has already imported
 the worker and the engine libraries and waits for a model (``kiln_runtimes._standby``). The next
 start, restart or version change takes it, so a start costs the engine load only, and a new
 standby is made once that worker is ready.
-
-The seam for autoscaling is ``replicas``: today every pool runs exactly one worker; the pool
-manager of a later change computes desired replicas (to zero included) and calls ``scale``.
 """
 
 from __future__ import annotations
@@ -76,7 +76,9 @@ class LocalBackend:
     def __init__(self, settings: Settings, http: aiohttp.ClientSession) -> None:
         self._settings = settings
         self._http = http
-        self.workers: dict[str, Worker] = {}
+        self.pools: dict[str, list[Worker]] = {}
+        """Each model's workers, oldest first."""
+        self.specs: dict[str, PoolSpec] = {}
         self._stopping = False
         self._rechecks: set[asyncio.Task[None]] = set()
         self.on_change: Callable[[Worker], None] = lambda worker: None
@@ -84,21 +86,56 @@ class LocalBackend:
         self._standby: asyncio.subprocess.Process | None = None
 
     def ensure(self, spec: PoolSpec) -> None:
-        """Run a worker for ``spec`` (replacing one of an older version of the same model)."""
-        current = self.workers.get(spec.model)
-        if current is not None and current.spec == spec:
+        """Serve ``spec`` in its model's pool: a new version replaces every worker of the old."""
+        if self.specs.get(spec.model) == spec:
             return
-        if current is not None and current.task is not None:
-            current.task.cancel()
-        worker = Worker(spec)
-        worker.task = asyncio.create_task(self._supervise(worker), name=f"pool:{spec.model}")
-        self.workers[spec.model] = worker
+        self.specs[spec.model] = spec
+        old = self.pools.get(spec.model, [])
+        self.pools[spec.model] = []
+        for worker in old:
+            self._retire(worker)
+        self.scale(spec.model, len(old))
 
-    def credits(self, worker: Worker) -> int:
-        """Requests the scheduler may keep in flight on ``worker`` (about one batch)."""
+    def scale(self, model: str, replicas: int) -> None:
+        """Start or stop workers until the pool has ``replicas`` (starting ones go first)."""
+        workers = self.pools.setdefault(model, [])
+        while len(workers) < replicas:
+            worker = Worker(self.specs[model])
+            worker.task = asyncio.create_task(self._supervise(worker), name=f"pool:{model}")
+            workers.append(worker)
+        while len(workers) > replicas:
+            idle = [w for w in workers if not w.ready]
+            worker = idle[-1] if idle else workers[-1]
+            workers.remove(worker)
+            self._retire(worker)
+
+    def ready(self, model: str) -> list[Worker]:
+        """The pool's workers that take requests."""
+        return [w for w in self.pools.get(model, []) if w.ready]
+
+    def find(self, model: str, url: str) -> Worker | None:
+        """The pool's worker at ``url``, if it is still there."""
+        return next((w for w in self.pools.get(model, []) if w.url == url), None)
+
+    def crashed(self, model: str) -> bool:
+        """Every worker of a non-empty pool is down after a crash (so: answer 503 at once)."""
+        workers = self.pools.get(model, [])
+        return bool(workers) and all(w.restarts and not w.ready for w in workers)
+
+    def _retire(self, worker: Worker) -> None:
+        """Out of rotation now; SIGTERM (the worker drains what it has), then gone."""
+        self._set_ready(worker, False)
+        if worker.task is not None:
+            worker.task.cancel()
+
+    def credits(self, worker: Worker | None) -> int:
+        """Requests the scheduler may keep in flight on ``worker`` (about one batch); for a
+        worker not started yet, what one is expected to take."""
         if self._settings.worker_slots:
             return self._settings.worker_slots
-        return worker.info.max_batch_size if worker.info is not None else 1
+        if worker is None or worker.info is None:
+            return self._settings.worker_max_batch_size
+        return worker.info.max_batch_size
 
     def retry_after(self, worker: Worker) -> float:
         """Seconds a caller should wait for this worker to become ready (a rough estimate)."""
@@ -109,7 +146,7 @@ class LocalBackend:
         """Stop every worker: SIGTERM (they drain), then wait."""
         self._stopping = True
         tasks: list[asyncio.Future[Any]] = [
-            w.task for w in self.workers.values() if w.task is not None
+            w.task for pool in self.pools.values() for w in pool if w.task is not None
         ]
         for task in tasks:
             task.cancel()

@@ -62,7 +62,19 @@ class SchedulerCollector:
                 share.add_metric([model, t.tenant], t.share)
                 for reason, count in t.rejected.items():
                     rejected.add_metric([model, t.tenant, reason], count)
-        yield from (admitted, rejected, share, jain)
+        yield from (admitted, rejected, share, jain, self._replicas())
+
+    def _replicas(self) -> GaugeMetricFamily:
+        """Each pool's size: as decided (``desired``, what KEDA would scale to), running, ready."""
+        replicas = GaugeMetricFamily(
+            "kiln_pool_replicas", "Workers of each pool, by state.", labels=["model", "state"]
+        )
+        for model, desired in self._pools.desired.items():
+            running = self._pools.backend.pools.get(model, [])
+            replicas.add_metric([model, "desired"], desired)
+            replicas.add_metric([model, "running"], len(running))
+            replicas.add_metric([model, "ready"], sum(w.ready for w in running))
+        return replicas
 
 
 def register(pools: PoolManager) -> SchedulerCollector:

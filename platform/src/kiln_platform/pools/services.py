@@ -1,16 +1,25 @@
-"""The pool manager: one pool per registered model, its scheduler, and routing to ready workers."""
+"""The pool manager: one pool per registered model, its scheduler, its size, and routing to
+ready workers.
+
+Every ``tick`` it asks the autoscaling policy (``pools.autoscale``) how many workers each pool
+should run, from the work in its scheduler, and tells the backend. A request for a pool at zero
+starts a worker at once and waits in the pool's queue, within its deadline, until the worker is
+ready (Knative's activator): a cold start costs latency, not an error.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from functools import partial
 from typing import TYPE_CHECKING
 
 import structlog
 
 from kiln_platform.errors import ServiceUnavailable
-from kiln_platform.pools import metrics
+from kiln_platform.pools import autoscale, metrics
+from kiln_platform.pools.autoscale import AutoscaleConfig, AutoscaleState, PoolLoad
 from kiln_platform.pools.local import LocalBackend, PoolSpec, Worker
 from kiln_platform.scheduler.core import PoolScheduler, SchedulerConfig
 from kiln_platform.scheduler.runner import PoolRunner
@@ -23,7 +32,8 @@ log = structlog.get_logger("kiln.pools")
 
 
 class PoolManager:
-    """Reconciles pools with the registry every ``interval`` seconds; routes to ready workers."""
+    """Reconciles pools with the registry every ``interval`` seconds and sizes them every
+    ``tick``; routes to ready workers."""
 
     def __init__(
         self,
@@ -32,14 +42,24 @@ class PoolManager:
         store: ArtifactStore,
         scheduler: SchedulerConfig | None = None,
         interval: float = 2.0,
+        *,
+        scaling: AutoscaleConfig | None = None,
+        tick: float = 0.5,
     ) -> None:
         self.backend = backend
         self.runners: dict[str, PoolRunner] = {}
+        self.desired: dict[str, int] = {}
+        """Each pool's replicas, as the policy last decided."""
         self._resolver = resolver
         self._store = store
         self._scheduler = scheduler or SchedulerConfig()
+        self._scaling = scaling or AutoscaleConfig()
+        self._states: dict[str, AutoscaleState] = {}
+        self._last_request: dict[str, float] = {}
         self._interval = interval
+        self._tick = tick
         self._task: asyncio.Task[None] | None = None
+        self._sizer: asyncio.Task[None] | None = None
         backend.on_change = self._worker_changed
 
     async def start(self) -> None:
@@ -47,44 +67,70 @@ class PoolManager:
         self._collector = metrics.register(self)
         await self.reconcile()
         self._task = asyncio.create_task(self._loop(), name="pool-manager")
+        self._sizer = asyncio.create_task(self._size_loop(), name="pool-autoscaler")
 
     async def stop(self) -> None:
-        """Stop reconciling and stop every worker."""
+        """Stop reconciling and sizing, and stop every worker."""
         metrics.unregister(self._collector)
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+        for task in (self._task, self._sizer):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
         await self.backend.stop()
 
     async def reconcile(self) -> None:
         """Ensure a pool for the newest version of every registered model."""
         for v in await self._resolver.refresh():
+            new = v.model not in self.backend.specs
             self.backend.ensure(PoolSpec(v.model, v.version, self._store.path(v.artifact_digest)))
             if v.model not in self.runners:
                 self.runners[v.model] = self._runner(v.model)
+            if new:
+                replicas, self._states[v.model] = autoscale.initial(self._scaling, time.monotonic())
+                self._resize(v.model, replicas)
+
+    def autoscale(self, model: str | None = None, arriving: int = 0) -> None:
+        """Size one pool (or all) by the policy; ``arriving`` requests count as queued."""
+        now = time.monotonic()
+        for name in [model] if model is not None else list(self._states):
+            runner = self.runners[name]
+            load = PoolLoad(
+                in_flight=runner.scheduler.in_flight,
+                queued=len(runner.scheduler.queue) + arriving,
+                slots_per_replica=self._per_replica(name),
+                last_request_at=self._last_request.get(name),
+            )
+            replicas, self._states[name] = autoscale.decide(
+                load, self._scaling, self._states[name], now
+            )
+            self._resize(name, replicas)
 
     def runner(self, model: str) -> PoolRunner:
-        """The scheduler of ``model``'s pool; ``ServiceUnavailable`` while no worker is ready.
+        """The scheduler of ``model``'s pool, for a request that is about to use it.
 
-        There is no scale-from-zero yet, so a pool without a ready worker answers at once
-        rather than holding requests.
+        A pool at zero is started now; the request then waits in the pool's queue for the
+        worker. A pool whose every worker crashed answers 503 at once instead.
         """
-        worker = self.backend.workers.get(model)
         runner = self.runners.get(model)
-        if worker is None or runner is None:
+        if runner is None or model not in self._states:
             raise ServiceUnavailable(f"No worker pool for `{model}` yet.", retry_after=2.0)
-        if not worker.ready:
+        self._last_request[model] = time.monotonic()
+        if self.backend.ready(model):
+            return runner
+        if self.backend.crashed(model):
             raise ServiceUnavailable(
-                f"The model `{model}` is starting; retry shortly.",
-                retry_after=self.backend.retry_after(worker),
+                f"The model `{model}` is restarting after a crash; retry shortly.",
+                retry_after=self.backend.retry_after(self.backend.pools[model][0]),
             )
+        if not self.backend.pools.get(model):
+            self.autoscale(model, arriving=1)
         return runner
 
     def worker(self, model: str, url: str) -> Worker:
         """The worker a dispatch named (it may have gone away since)."""
-        worker = self.backend.workers.get(model)
-        if worker is None or worker.url != url or not worker.ready:
+        worker = self.backend.find(model, url)
+        if worker is None or not worker.ready:
             raise ServiceUnavailable(f"The worker for `{model}` went away.", retry_after=1.0)
         return worker
 
@@ -92,32 +138,52 @@ class PoolManager:
         """Take a worker out of rotation after a connection failure."""
         self.backend.suspect(worker)
 
+    def _resize(self, model: str, replicas: int) -> None:
+        before = len(self.backend.pools.get(model, []))
+        self.desired[model] = replicas
+        if replicas != before:
+            log.info("pool scaled", model=model, replicas=replicas, was=before)
+            self.backend.scale(model, replicas)
+            if model in self.runners:  # admission's rate follows the planned size
+                self.runners[model].poke()
+
+    def _per_replica(self, model: str) -> int:
+        ready = self.backend.ready(model)
+        return self.backend.credits(ready[0] if ready else None)
+
     def _runner(self, model: str) -> PoolRunner:
         runner = PoolRunner(
             PoolScheduler(self._scheduler),
             partial(self._credits, model),
             partial(self._capacity, model),
+            planned=lambda: self.desired.get(model, 0) * self._per_replica(model),
         )
         runner.on_wait = partial(metrics.observe_wait, model)
         return runner
 
     def _credits(self, model: str) -> dict[str, int]:
-        worker = self.backend.workers.get(model)
-        if worker is None or not worker.ready:
-            return {}
-        return {worker.url: self.backend.credits(worker)}
+        return {w.url: self.backend.credits(w) for w in self.backend.ready(model)}
 
     def _capacity(self, model: str) -> dict[str, float]:
         """Items each ready worker's batch queue holds (none for generation workers)."""
-        worker = self.backend.workers.get(model)
-        if worker is None or worker.info is None or not worker.info.max_queue:
-            return {}
-        return {worker.url: worker.info.max_queue}
+        return {
+            w.url: w.info.max_queue
+            for w in self.backend.ready(model)
+            if w.info is not None and w.info.max_queue
+        }
 
     def _worker_changed(self, worker: Worker) -> None:
         runner = self.runners.get(worker.spec.model)
         if runner is not None:
             runner.poke()
+
+    async def _size_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self._tick)
+            try:
+                self.autoscale()
+            except Exception:  # the next tick tries again
+                log.exception("pool autoscaling failed")
 
     async def _loop(self) -> None:
         while True:

@@ -81,10 +81,14 @@ class PoolRunner:
         scheduler: PoolScheduler,
         slots: Callable[[], Mapping[str, int]],
         capacity: Callable[[], Mapping[str, float]] = dict,
+        planned: Callable[[], int] = lambda: 0,
     ) -> None:
         self.scheduler = scheduler
         self._slots = slots
         self._capacity = capacity
+        self._planned = planned
+        """Slots the pool will have once its starting workers are ready (admission's rate while
+        none is: a pool starting from zero admits what it will serve, not nothing)."""
         self._waiting: dict[str, asyncio.Future[Dispatch]] = {}
         self._in_flight: Counter[str] = Counter()
         self._cost: dict[str, float] = {}
@@ -174,7 +178,7 @@ class PoolRunner:
         """Fill free credits now (call it too when a worker becomes ready or changes slots)."""
         now, wasted = self.now(), True
         slots, capacity = self._slots(), self._capacity()
-        self.scheduler.slots = sum(slots.values())
+        self.scheduler.slots = sum(slots.values()) or self._planned()
         while wasted:
             wasted = False
             credits = [

@@ -1,0 +1,75 @@
+"""Pools scale with their work: up under load, down after the window, to zero when idle, and
+back from zero on the next request, which waits for the worker instead of getting a 503."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import re
+import time
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+
+from .conftest import MINILM, KilnProcess, _serve, wait_for
+
+SCALING = {
+    "KILN_POOL_MAX_REPLICAS": "2",
+    "KILN_POOL_SCALE_DOWN_DELAY_S": "2",
+    "KILN_POOL_IDLE_TO_ZERO_S": "4",
+    "KILN_WORKER_SLOTS": "2",  # two requests in flight fill a worker: a small load scales up
+    "KILN_WORKER_THREADS": "1",
+}
+
+
+@pytest.fixture(scope="module")
+def kiln(
+    start_kiln: Callable[..., KilnProcess],
+    kiln_data_dir: Callable[[], AbstractContextManager[Path]],
+    minilm_dir: Path,
+) -> Iterator[KilnProcess]:
+    with kiln_data_dir() as path:
+        yield from _serve(start_kiln(path, [minilm_dir], SCALING), MINILM, "embeddings")
+
+
+def _replicas(kiln: KilnProcess) -> dict[str, float]:
+    text = httpx.get(f"{kiln.base_url}/metrics").text
+    found = re.findall(rf'kiln_pool_replicas\{{model="{MINILM}",state="(\w+)"\}} (\S+)', text)
+    return {state: float(value) for state, value in found}
+
+
+def _embed(kiln: KilnProcess, text: str) -> int:
+    sdk = openai.OpenAI(base_url=f"{kiln.base_url}/v1", api_key=kiln.key, max_retries=0)
+    return len(sdk.embeddings.create(model=MINILM, input=[text] * 16).data)
+
+
+def test_load_scales_the_pool_up_then_idle_scales_it_to_zero(kiln: KilnProcess) -> None:
+    assert len(kiln.workers()) == 1
+    with concurrent.futures.ThreadPoolExecutor(8) as pool:
+        deadline = time.monotonic() + 60
+        peak = 0
+        while time.monotonic() < deadline and peak < 2:
+            done = list(pool.map(lambda i: _embed(kiln, f"load {i}"), range(16)))
+            assert done == [16] * 16
+            peak = max(peak, int(_replicas(kiln).get("ready", 0)))
+    assert peak == 2
+    assert len(kiln.workers()) == 2
+    # no requests: down to one after the window, then to zero after the idle TTL
+    wait_for(lambda: _replicas(kiln) == {"desired": 0.0, "running": 0.0, "ready": 0.0}, 30)
+    wait_for(lambda: not kiln.workers(), 30)  # the processes exit (SIGTERM, drained)
+
+
+def test_a_request_to_a_pool_at_zero_waits_for_its_worker(kiln: KilnProcess) -> None:
+    wait_for(lambda: _replicas(kiln).get("running") == 0.0, 30)
+    started = time.monotonic()
+    with concurrent.futures.ThreadPoolExecutor(4) as pool:
+        counts = list(pool.map(lambda i: _embed(kiln, f"cold {i}"), range(4)))
+    cold = time.monotonic() - started
+    assert counts == [16] * 4  # no 503: the requests waited for the cold start
+    assert _replicas(kiln)["ready"] >= 1
+    warm_started = time.monotonic()
+    assert _embed(kiln, "warm") == 16
+    assert time.monotonic() - warm_started < cold  # the next one pays no start
