@@ -6,9 +6,11 @@ from __future__ import annotations
 import asyncio
 import importlib.util
 import os
+import sys
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import asyncpg
 import pytest
@@ -97,14 +99,29 @@ def mlp_manifest() -> ModelManifest:
     return MLP_MANIFEST
 
 
-@pytest.fixture(scope="session")
-def tensor_models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    """The tensor test models from ``tests/fixtures/make_tensor_models.py`` (name -> path)."""
-    script = Path(__file__).parent / "fixtures" / "make_tensor_models.py"
-    spec = importlib.util.spec_from_file_location("make_tensor_models", script)
+def _fixture_module(name: str) -> Any:
+    """A script of ``tests/fixtures`` as a module (that folder is not a package)."""
+    script = Path(__file__).parent / "fixtures" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(name, script)
     assert spec is not None
     assert spec.loader is not None
     module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # dataclasses look their module up
     spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="session")
+def oidc_provider() -> Iterator[Any]:
+    """A running OpenID Connect provider (``tests/fixtures/oidc_provider.py``)."""
+    provider, server = _fixture_module("oidc_provider").serve()
+    yield provider
+    server.should_exit = True
+
+
+@pytest.fixture(scope="session")
+def tensor_models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """The tensor test models from ``tests/fixtures/make_tensor_models.py`` (name -> path)."""
+    module = _fixture_module("make_tensor_models")
     built: dict[str, Path] = module.build(tmp_path_factory.mktemp("tensor-models"))
     return built

@@ -11,6 +11,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
 from pathlib import Path
+from typing import Any
 
 import httpx
 import openai
@@ -37,11 +38,14 @@ REVOKED_WITHIN_S = 5.0 + 5.0  # the key cache TTL, and slack for a loaded machin
 
 @pytest.fixture(scope="module")
 def kiln(
-    start_kiln: Callable[..., KilnProcess], kiln_data_dir: Callable[[], DataDir]
+    start_kiln: Callable[..., KilnProcess], kiln_data_dir: Callable[[], DataDir], oidc_provider: Any
 ) -> Iterator[KilnProcess]:
-    """``kiln up`` with no models, two tenants and a user of each role, made with the CLI."""
+    """``kiln up`` with no models, two tenants and a user of each role, made with the CLI; single
+    sign-on through the test OpenID Connect provider."""
+    sso = {"KILN_OIDC_ISSUER": oidc_provider.base_url, "KILN_OIDC_CLIENT_ID": "kiln-console",
+           "KILN_OIDC_CLIENT_SECRET": "idp-secret"}  # fmt: skip
     with kiln_data_dir() as path:
-        kiln = start_kiln(path, [])
+        kiln = start_kiln(path, [], sso)
         try:
             for tenant in ("acme", "globex"):
                 kiln.cli("tenants", "create", tenant)
@@ -199,6 +203,18 @@ def test_finance_reads_costs_and_downloads_the_csv(page: Page, kiln: KilnProcess
     lines = list(csv.DictReader(io.StringIO(body)))
     assert [(r["BillingAccountName"], r["BilledCost"]) for r in lines] == [("acme", "2.500000")]
     expect(page.locator("header nav")).not_to_contain_text("API keys")
+
+
+def test_single_sign_on_through_the_provider(page: Page, oidc_provider: Any) -> None:
+    oidc_provider.email, oidc_provider.tamper = "Admin@Acme.test", None
+    page.goto("/console/login")
+    page.click("#sso")  # to the provider, which signs the user in and sends the browser back
+    expect(page).to_have_url(re.compile(r"/console/tenants/[0-9a-f-]{36}/keys$"))
+    expect(page.locator("header .who")).to_contain_text("admin@acme.test (tenant-admin)")
+    oidc_provider.email = "nobody@acme.test"
+    page.click("text=Sign out")
+    page.click("#sso")
+    expect(page.locator("#login-error")).to_contain_text("No console account has the email")
 
 
 def test_signing_out_ends_the_session(page: Page) -> None:

@@ -24,6 +24,7 @@ from litestar.static_files import create_static_files_router
 from litestar.template.config import TemplateConfig
 
 from kiln_console import auth, costs, errors, pages
+from kiln_console.sso import OpenIDProvider
 
 if TYPE_CHECKING:
     from litestar.types import ASGIApp
@@ -49,6 +50,15 @@ def _sessions(app: ASGIApp, config: CookieBackendConfig) -> SessionMiddleware[An
     return SessionMiddleware(app, backend=ClientSideSessionBackend(config=config))
 
 
+def _provider(settings: Settings) -> OpenIDProvider | None:
+    """The SSO provider, if ``KILN_OIDC_ISSUER`` and the client credentials are set."""
+    s = settings
+    if not (s.oidc_issuer and s.oidc_client_id and s.oidc_client_secret):
+        return None
+    secret = s.oidc_client_secret.get_secret_value()
+    return OpenIDProvider(s.oidc_issuer, s.oidc_client_id, secret, s.oidc_scopes)
+
+
 def _derive(secret: bytes, purpose: str) -> bytes:
     return hashlib.sha256(b"kiln-console/" + purpose.encode() + b"\0" + secret).digest()
 
@@ -65,12 +75,18 @@ def console(settings: Settings) -> Console:
         cookie_samesite="lax", cookie_secure=settings.console_secure_cookies,
         cookie_httponly=True, header_name="x-csrftoken",
     )  # fmt: skip
+    provider = _provider(settings)
+    label = settings.oidc_label if provider is not None else None
     static = create_static_files_router(path="/static", directories=[HERE / "static"],
                                         name="console-static", include_in_schema=False)  # fmt: skip
     router = Router(
         path=PREFIX,
         route_handlers=[auth.SignIn, pages.Pages, costs.Costs, static],
-        dependencies={"viewer": Provide(auth.provide_viewer)},
+        dependencies={
+            "viewer": Provide(auth.provide_viewer),
+            "provider": Provide(lambda: provider, sync_to_thread=False),
+            "sso": Provide(lambda: label, sync_to_thread=False),
+        },
         middleware=[
             DefineMiddleware(_sessions, config=session),
             DefineMiddleware(CSRFMiddleware, config=csrf),

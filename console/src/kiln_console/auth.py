@@ -14,15 +14,19 @@ from litestar import Controller, Request, get, post
 from litestar.params import SkipValidation
 from litestar.response import Redirect, Template
 
+from kiln_console.sso import OpenIDProvider
 from kiln_platform.admin.authz import BILLING_READERS, Actor, Role, actor_tenant, require
 from kiln_platform.admin.deps import source_of
 from kiln_platform.context import Kiln
 from kiln_platform.db.tables import User
-from kiln_platform.errors import Forbidden, Unauthorized
-from kiln_platform.users.services import authenticate
+from kiln_platform.errors import Forbidden, NotFound, Unauthorized
+from kiln_platform.users.services import authenticate, sign_in_verified
 
 AnyRequest = Request[Any, Any, Any]
 KilnDep = SkipValidation[Kiln]
+ProviderDep = SkipValidation[OpenIDProvider | None]
+SSODep = SkipValidation[str | None]
+"""The label of the single sign-on button, None without SSO."""
 
 
 class LoginRequired(Exception):
@@ -83,16 +87,22 @@ async def provide_viewer(request: AnyRequest, kiln: KilnDep) -> Viewer:
     return Viewer(actor, user.email, user.tenant_id)
 
 
+def _callback(request: AnyRequest, kiln: Kiln) -> str:
+    """The redirect URI registered with the provider: ``KILN_CONSOLE_URL`` or this host's."""
+    base = kiln.settings.console_url or str(request.base_url)
+    return f"{base.rstrip('/')}/console/sso/callback"
+
+
 class SignIn(Controller):
     """``/console/login`` and ``/console/logout``."""
 
     @get("/login")
-    async def form(self) -> Template:
+    async def form(self, sso: SSODep) -> Template:
         """The sign-in page."""
-        return Template("login.html.j2", context={"email": "", "error": None})
+        return Template("login.html.j2", context={"email": "", "error": None, "sso": sso})
 
     @post("/login")
-    async def login(self, request: AnyRequest, kiln: KilnDep) -> Redirect | Template:
+    async def login(self, request: AnyRequest, kiln: KilnDep, sso: SSODep) -> Redirect | Template:
         """Check the password (audited as ``user.login``); start a session."""
         form = await request.form()
         email, password = str(form.get("email", "")), str(form.get("password", ""))
@@ -101,8 +111,41 @@ class SignIn(Controller):
                 user = await authenticate(session, email, password, request.state.request_id,
                                           source_of(request))  # fmt: skip
         except Unauthorized as exc:
-            context = {"email": email, "error": exc.message}
+            context = {"email": email, "error": exc.message, "sso": sso}
             return Template("login.html.j2", context=context, status_code=401)
+        request.set_session({"uid": str(user.id)})
+        return Redirect("/console/", status_code=303)
+
+    @get("/sso")
+    async def sso_start(
+        self, request: AnyRequest, kiln: KilnDep, provider: ProviderDep
+    ) -> Redirect:
+        """Send the browser to the identity provider (state, nonce and PKCE in the session)."""
+        if provider is None:
+            raise NotFound("Single sign-on is not configured.")
+        await provider.discover()
+        url, flow = provider.start(_callback(request, kiln))
+        request.set_session({"oidc": flow})
+        return Redirect(url, status_code=303)
+
+    @get("/sso/callback")
+    async def sso_callback(
+        self, request: AnyRequest, kiln: KilnDep, provider: ProviderDep, sso: SSODep
+    ) -> Redirect | Template:
+        """Finish the sign-in: a verified email of an existing user starts a session."""
+        if provider is None:
+            raise NotFound("Single sign-on is not configured.")
+        flow = request.session.get("oidc") if request.scope.get("session") else None
+        request.clear_session()
+        params = {k: str(v) for k, v in request.query_params.items()}
+        try:
+            email = await provider.finish(params, flow or {}, _callback(request, kiln))
+            async with kiln.db.sessions.begin() as session:
+                user = await sign_in_verified(session, email, request.state.request_id,
+                                              source_of(request), "oidc")  # fmt: skip
+        except (Unauthorized, Forbidden) as exc:
+            context = {"email": "", "error": exc.message, "sso": sso}
+            return Template("login.html.j2", context=context, status_code=exc.status_code)
         request.set_session({"uid": str(user.id)})
         return Redirect("/console/", status_code=303)
 

@@ -81,6 +81,16 @@ class Settings(BaseSettings):
     """``aud`` the gateway issues and requires in JWT access tokens."""
     oauth_token_ttl_s: int = 900
     """Lifetime of an OAuth access token (client credentials), 15 minutes by default."""
+    oidc_issuer: str | None = None
+    """OpenID Connect issuer for console single sign-on (its discovery document is at
+    ``<issuer>/.well-known/openid-configuration``); unset: passwords only."""
+    oidc_client_id: str | None = None
+    oidc_client_secret: SecretStr | None = None
+    oidc_scopes: str = "openid email profile"
+    oidc_label: str = "Sign in with single sign-on"
+    console_url: str | None = None
+    """The console's public base URL (``https://kiln.example.com``) for the SSO redirect URI;
+    unset: taken from the request."""
     console_secure_cookies: bool = False
     """Mark the console's session and CSRF cookies ``Secure`` (set it when served over HTTPS)."""
     idempotency_ttl_s: float = 86_400.0

@@ -15,7 +15,7 @@ from kiln_platform.admin.authz import GLOBAL_ROLES, Actor, Role, check_tenant, g
 from kiln_platform.admin.services import get_tenant
 from kiln_platform.audit.services import record, snapshot
 from kiln_platform.db.tables import User
-from kiln_platform.errors import BadRequest, Conflict, NotFound, Unauthorized
+from kiln_platform.errors import BadRequest, Conflict, Forbidden, NotFound, Unauthorized
 from kiln_platform.users.schemas import UserCreate, UserUpdate, UserView
 
 if TYPE_CHECKING:
@@ -125,6 +125,21 @@ async def authenticate(
     actor = Actor(f"user:{user.email}", Role(user.role), user.tenant_id,
                   request_id=request_id, source=source)  # fmt: skip
     await record(session, actor, "user.login", "user", user.id, user.tenant_id)
+    return user
+
+
+async def sign_in_verified(
+    session: AsyncSession, email: str, request_id: str | None, source: str | None, method: str
+) -> User:
+    """Sign in a user whose email an identity provider verified (audited like a password login)."""
+    user = await session.scalar(select(User).where(User.email == email.lower()))
+    if user is None:
+        raise Forbidden(f"No console account has the email {email}; ask an administrator.")
+    user.last_login_at = datetime.now(UTC)
+    actor = Actor(f"user:{user.email}", Role(user.role), user.tenant_id,
+                  request_id=request_id, source=source)  # fmt: skip
+    await record(session, actor, "user.login", "user", user.id, user.tenant_id,
+                 after={"method": method})  # fmt: skip
     return user
 
 
