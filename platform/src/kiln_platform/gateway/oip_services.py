@@ -63,12 +63,8 @@ def model_metadata(version: ResolvedVersion) -> ModelMetadata:
 
 
 def model_ready(kiln: Kiln, version: ResolvedVersion) -> bool:
-    """Whether a worker of the model is ready now."""
-    try:
-        kiln.pools.runner(version.model)
-    except KilnError:
-        return False
-    return True
+    """Whether a worker of the model is ready now (asking neither starts one nor keeps one)."""
+    return kiln.pools.is_ready(version.model)
 
 
 async def infer(

@@ -127,6 +127,10 @@ class PoolManager:
             self.autoscale(model, arriving=1)
         return runner
 
+    def is_ready(self, model: str) -> bool:
+        """A worker of ``model``'s pool takes requests now (no side effect: not a request)."""
+        return bool(self.backend.ready(model))
+
     def worker(self, model: str, url: str) -> Worker:
         """The worker a dispatch named (it may have gone away since)."""
         worker = self.backend.find(model, url)
