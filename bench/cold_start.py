@@ -46,7 +46,7 @@ def engine_floor(model: Path, rounds: int) -> float:
 
 def _running(kiln: Kiln) -> float | None:
     text = httpx.get(f"{kiln.base_url}/metrics", timeout=5).text
-    found = re.search(r'kiln_pool_replicas\{model="[^"]+",state="running"\} (\S+)', text)
+    found = re.search(r'kiln_pool_replicas\{[^}]*state="running"[^}]*\} (\S+)', text)
     return float(found.group(1)) if found else None
 
 

@@ -37,8 +37,13 @@ def kiln(
 
 def _replicas(kiln: KilnProcess) -> dict[str, float]:
     text = httpx.get(f"{kiln.base_url}/metrics").text
-    found = re.findall(rf'kiln_pool_replicas\{{model="{MINILM}",state="(\w+)"\}} (\S+)', text)
-    return {state: float(value) for state, value in found}
+    out = {}
+    for line in text.splitlines():
+        if line.startswith("kiln_pool_replicas{") and f'model="{MINILM}"' in line:
+            state = re.search(r'state="(\w+)"', line)
+            assert state is not None
+            out[state.group(1)] = float(line.rsplit(" ", 1)[1])
+    return out
 
 
 def _embed(kiln: KilnProcess, text: str) -> int:

@@ -1,4 +1,5 @@
-"""``kiln models upload | compile | jobs``: tensor models and their compiled engines."""
+"""``kiln models upload | compile | jobs | route``: tensor models, their compiled engines, and
+which versions serve."""
 
 from __future__ import annotations
 
@@ -125,3 +126,37 @@ async def _wait(db: Database, settings: Settings, runner: Any, job_id: uuid.UUID
             if (await services.view(session, job_id)).status in ("done", "failed"):
                 return
         await asyncio.sleep(0.5)
+
+
+def register_routes(
+    models: click.Group, with_db: WithDb, fail: Callable[[Exception], None]
+) -> None:
+    """Add ``kiln models route`` to the ``kiln models`` group."""
+    from kiln_platform.errors import KilnError
+
+    @models.command("route")
+    @click.argument("name")
+    @click.option("--stable", required=True, help="The version most tenants get.")
+    @click.option("--canary", help="A version a share of tenants get (sticky per tenant).")
+    @click.option("--percent", type=int, default=0, show_default=True, help="The canary's share.")
+    @click.pass_context
+    def route(ctx: click.Context, name: str, stable: str, canary: str | None, percent: int) -> None:
+        """Route a model's traffic: promote (--stable V), canary, or roll back (--stable OLD)."""
+        from kiln_platform.admin._cli import cli_actor
+        from kiln_platform.registry.routes import set_route
+        from kiln_platform.registry.schemas import RouteUpdate
+
+        async def action(db: Database, settings: Settings) -> str:
+            data = msgspec.convert(
+                {"stable_version": stable, "canary_version": canary, "canary_percent": percent},
+                RouteUpdate,
+            )
+            async with db.sessions.begin() as session:
+                view = await set_route(session, cli_actor(), name, data)
+            canary_part = f" canary={view.canary_version} {view.canary_percent}%" * bool(canary)
+            return f"{name}: stable={view.stable_version}{canary_part}"
+
+        try:
+            click.echo(with_db(ctx.find_root(), action))
+        except (KilnError, msgspec.ValidationError) as exc:
+            fail(exc)

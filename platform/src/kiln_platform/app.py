@@ -34,6 +34,7 @@ from kiln_platform.observability import configure_logging, request_id_middleware
 from kiln_platform.quotas.controllers import QuotasController
 from kiln_platform.quotas.middleware import quota_middleware
 from kiln_platform.registry.controllers import AdminModelsController
+from kiln_platform.registry.routes_api import RoutesController
 from kiln_platform.reports.controllers import ReportsController
 from kiln_platform.users.controllers import UsersController
 
@@ -72,6 +73,8 @@ def _error_response(request: Request[Any, Any, Any], exc: Exception) -> Response
         )
         return Response(body, status_code=status, headers=headers)
     problem = {"type": "about:blank", "title": code, "status": status, "detail": message}
+    if param:  # an extension member (RFC 9457): the request field at fault
+        problem["param"] = param
     return Response(
         problem, status_code=status, headers=headers, media_type="application/problem+json"
     )
@@ -133,6 +136,7 @@ def create_app(settings: Settings) -> Litestar:
             OpenAIController,
             OIPController,
             AdminModelsController,
+            RoutesController,
             TenantsController,
             UsersController,
             ClientsController,

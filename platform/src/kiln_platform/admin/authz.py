@@ -57,6 +57,7 @@ _RULES: dict[str, tuple[frozenset[Role], frozenset[Role]]] = {
         frozenset({Role.PLATFORM_ADMIN, Role.TENANT_ADMIN}),
     ),
     "quotas": (NOT_FINANCE, PLATFORM),
+    "models": (NOT_FINANCE, PLATFORM),
     "audit": (frozenset({Role.PLATFORM_ADMIN, Role.TENANT_ADMIN}), frozenset()),
     # What finance may read, and all it may read: costs, statements, adjustments, prices.
     "reports": (BILLING_READERS, frozenset()),

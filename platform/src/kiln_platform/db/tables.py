@@ -14,6 +14,7 @@ from sqlalchemy import (
     Integer,
     LargeBinary,
     MetaData,
+    SmallInteger,
     String,
     Text,
     UniqueConstraint,
@@ -99,6 +100,22 @@ class ModelVersion(Base):
     artifact_digest: Mapped[str] = mapped_column(String(71))
     manifest: Mapped[dict[str, object]] = mapped_column(JSONB)
     created_at: Mapped[datetime] = _created()
+
+
+class ModelRoute(Base):
+    """Which versions of a model serve: the stable one, and a canary taking a share of tenants.
+
+    A model without a route serves its newest version.
+    """
+
+    __tablename__ = "model_routes"
+    model_id: Mapped[uuid.UUID] = mapped_column(
+        ForeignKey("models.id", ondelete="CASCADE"), primary_key=True
+    )
+    stable_version: Mapped[str] = mapped_column(String(64))
+    canary_version: Mapped[str | None] = mapped_column(String(64))
+    canary_percent: Mapped[int] = mapped_column(SmallInteger, server_default="0")
+    updated_at: Mapped[datetime] = _created()
 
 
 class CompileJob(Base):

@@ -71,47 +71,47 @@ class WorkerClient:
         self._timeout = aiohttp.ClientTimeout(total=timeout_s)
         self._stream = aiohttp.ClientTimeout(total=None, sock_read=timeout_s)
 
-    def screen(self, model: str, request_id: str, ticket: Ticket, cost: float) -> None:
-        """Raise the scheduler's rejection now if ``model``'s pool would turn the request away
-        (cheap: before tokenizing); admitted requests are decided again when they run."""
+    def screen(self, pool: str, request_id: str, ticket: Ticket, cost: float) -> None:
+        """Raise the scheduler's rejection now if the pool (``model@version``) would turn the
+        request away (cheap: before tokenizing); admitted requests are decided again later."""
         try:
-            runner = self._pools.runner(model)
+            runner = self._pools.runner(pool)
         except ServiceUnavailable:  # no ready worker: the request's own call answers that
             return
         runner.screen(_queued(runner, request_id, ticket, cost))
 
-    async def embed(self, model: str, request: EmbedRequest, ticket: Ticket) -> EmbedResult:
-        """Embed token ids on a worker of ``model``; fair-share cost is the number of inputs."""
-        runner = self._pools.runner(model)
+    async def embed(self, pool: str, request: EmbedRequest, ticket: Ticket) -> EmbedResult:
+        """Embed token ids on a worker of ``pool``; fair-share cost is the number of inputs."""
+        runner = self._pools.runner(pool)
         queued = _queued(runner, request.request_id, ticket, len(request.input_ids))
         async with runner.slot(queued) as lease:
-            worker = self._pools.worker(model, lease.worker)
+            worker = self._pools.worker(pool, lease.worker)
             request = _leased(request, lease)
-            async with self._post(worker, model, "/embed", request, self._timeout) as resp:
+            async with self._post(worker, pool, "/embed", request, self._timeout) as resp:
                 body = await resp.read()
                 if resp.status == 200:
                     return _worker_timed(_result.decode(body))
             raise _error(body)
 
     async def generate(
-        self, model: str, request: GenerateRequest, ticket: Ticket
+        self, pool: str, request: GenerateRequest, ticket: Ticket
     ) -> AsyncIterator[GenerateChunk]:
         """Stream a generation; closing the iterator cancels it on the worker.
 
         The fair-share cost is prompt + max tokens at admission, settled to the tokens actually
         processed when the stream ends.
         """
-        runner = self._pools.runner(model)
+        runner = self._pools.runner(pool)
         cost = len(request.prompt_ids) + request.max_tokens
         async with runner.slot(_queued(runner, request.request_id, ticket, cost)) as lease:
-            worker = self._pools.worker(model, lease.worker)
+            worker = self._pools.worker(pool, lease.worker)
             request = _leased(request, lease)
-            async with self._post(worker, model, "/generate", request, self._stream) as resp:
+            async with self._post(worker, pool, "/generate", request, self._stream) as resp:
                 if resp.status != 200:
                     raise _error(await resp.read())
                 generated = 0
                 try:
-                    async for chunk in _frames(resp, model):
+                    async for chunk in _frames(resp, pool):
                         generated = chunk.completion_tokens or generated + len(chunk.token_ids)
                         yield chunk
                 finally:
@@ -119,14 +119,14 @@ class WorkerClient:
                     resp.close()  # drops the connection: the worker sees it and cancels
 
     async def infer(
-        self, model: str, request: InferRequest, ticket: Ticket, rows: int
+        self, pool: str, request: InferRequest, ticket: Ticket, rows: int
     ) -> InferResult:
-        """Run tensors on a worker of ``model``; fair-share cost is the request's batch rows."""
-        runner = self._pools.runner(model)
+        """Run tensors on a worker of ``pool``; fair-share cost is the request's batch rows."""
+        runner = self._pools.runner(pool)
         async with runner.slot(_queued(runner, request.request_id, ticket, rows)) as lease:
-            worker = self._pools.worker(model, lease.worker)
+            worker = self._pools.worker(pool, lease.worker)
             request = _leased(request, lease)
-            async with self._post(worker, model, "/infer", request, self._timeout) as resp:
+            async with self._post(worker, pool, "/infer", request, self._timeout) as resp:
                 body = await resp.read()
                 if resp.status == 200:
                     return _worker_timed(_infer_result.decode(body))
@@ -136,7 +136,7 @@ class WorkerClient:
     async def _post(
         self,
         worker: Worker,
-        model: str,
+        pool: str,
         path: str,
         message: EmbedRequest | GenerateRequest | InferRequest,
         limit: aiohttp.ClientTimeout,
@@ -152,10 +152,10 @@ class WorkerClient:
         except (aiohttp.ClientConnectionError, ConnectionError) as exc:
             self._pools.mark_unreachable(worker)
             raise ServiceUnavailable(
-                f"The worker for `{model}` went away; retry shortly.", retry_after=1.0
+                f"The worker for `{pool}` went away; retry shortly.", retry_after=1.0
             ) from exc
         except TimeoutError as exc:
-            raise DeadlineExceeded("The model did not answer in time.") from exc
+            raise DeadlineExceeded("The pool did not answer in time.") from exc
 
 
 async def _frames(resp: aiohttp.ClientResponse, model: str) -> AsyncIterator[GenerateChunk]:

@@ -101,7 +101,8 @@ class Generation:
         metrics.ACTIVE_STREAMS.labels(name).inc()
         metrics.PROMPT_TOKENS.labels(name).inc(self.prompt_tokens)
         try:
-            async for chunk in self.kiln.workers.generate(name, self.request, self.ticket):
+            pool = self.version.pool
+            async for chunk in self.kiln.workers.generate(pool, self.request, self.ticket):
                 now = time.perf_counter()
                 hist = (
                     metrics.INTER_TOKEN_LATENCY
@@ -256,7 +257,7 @@ async def prepare(
 ) -> Generation:
     """Everything up to dispatch: validation, templating, tokenization, limits."""
     _reject_unsupported(request)
-    version = await kiln.resolver.resolve(request.model)
+    version = await kiln.resolver.resolve(request.model, str(principal.tenant_id))
     manifest = version.manifest
     if manifest.task != "generate":
         raise BadRequest(f"The model `{version.model}` does not generate text.", param="model")

@@ -84,7 +84,7 @@ class OIPController(Controller):
         version: str | None = None,
     ) -> Response[bytes]:
         """Run inference: JSON tensors, or the binary tensor data extension."""
-        resolved = await oip.resolve(kiln, name, version)
+        resolved = await oip.resolve(kiln, name, version, str(principal.tenant_id))
         body, headers = await oip.infer(
             kiln, principal, resolved, await request.body(),
             header_length=request.headers.get(HEADER_LENGTH),

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 from kiln_platform.billing.ledger import usage_of
 from kiln_platform.billing.pricing import Quantities
 from kiln_platform.db import migrate
-from kiln_platform.errors import BadRequest, KilnError, ModelNotFound
+from kiln_platform.errors import BadRequest, KilnError
 from kiln_platform.gateway import oip_codec
 from kiln_platform.gateway.oip_schemas import MetadataTensor, ModelMetadata, ServerMetadata
 from kiln_runtimes.protocol import InferRequest
@@ -38,13 +38,15 @@ async def server_ready(kiln: Kiln) -> bool:
         return False
 
 
-async def resolve(kiln: Kiln, name: str, version: str | None) -> ResolvedVersion:
-    """The served version of a tensor model; a version other than the served one is not found."""
-    resolved = await kiln.resolver.resolve(name)
+async def resolve(kiln: Kiln, name: str, version: str | None, sticky: str = "") -> ResolvedVersion:
+    """The version of a tensor model that serves: the one named (if it is served: its route's
+    stable or canary), else the route's choice for ``sticky`` (a tenant id)."""
+    if version is None:
+        resolved = await kiln.resolver.resolve(name, sticky)
+    else:
+        resolved = await kiln.resolver.pinned(name, version)
     if resolved.manifest.task != "tensor":
         raise BadRequest(f"The model `{name}` is not a tensor model; use /v1.")
-    if version is not None and version != resolved.version:
-        raise ModelNotFound(f"The model `{name}` version `{version}` is not being served.")
     return resolved
 
 
@@ -64,7 +66,7 @@ def model_metadata(version: ResolvedVersion) -> ModelMetadata:
 
 def model_ready(kiln: Kiln, version: ResolvedVersion) -> bool:
     """Whether a worker of the model is ready now (asking neither starts one nor keeps one)."""
-    return kiln.pools.is_ready(version.model)
+    return kiln.pools.is_ready(version.pool)
 
 
 async def infer(
@@ -97,7 +99,7 @@ async def infer(
     )
     usage = usage_of(principal, version, request_id, "infer", items=rows)
     try:
-        result = await kiln.workers.infer(version.model, message, ticket, max(rows, 1))
+        result = await kiln.workers.infer(version.pool, message, ticket, max(rows, 1))
     except KilnError as exc:  # recorded unbilled; the client sees the error
         kiln.ledger.record(dataclasses.replace(usage, status=exc.status_code))
         raise

@@ -104,7 +104,7 @@ async def embed(
     kiln: Kiln, principal: Principal, request: EmbeddingsRequest, request_id: str, ticket: Ticket
 ) -> EmbeddingsResponse:
     """Serve ``POST /v1/embeddings`` and record its usage."""
-    version = await kiln.resolver.resolve(request.model)
+    version = await kiln.resolver.resolve(request.model, str(principal.tenant_id))
     manifest = version.manifest
     if manifest.task != "embeddings":
         raise BadRequest(f"The model `{version.model}` does not produce embeddings.", param="model")
@@ -115,7 +115,7 @@ async def embed(
     model_dir = kiln.store.path(version.artifact_digest)
     tokenizer = load_tokenizer(model_dir / (manifest.tokenizer_file or "tokenizer.json"))
     count = count_items(request.input, _max_inputs(kiln.settings))
-    kiln.workers.screen(version.model, request_id, ticket, count)
+    kiln.workers.screen(version.pool, request_id, ticket, count)
     ids = tokenize_input(request.input, tokenizer, manifest.context_length)
     tokens = sum(map(len, ids))
     most = Quantities(input_tokens=tokens, items=len(ids))
@@ -125,7 +125,7 @@ async def embed(
     )
     try:
         result = await kiln.workers.embed(
-            version.model, EmbedRequest(request_id=request_id, input_ids=ids), ticket
+            version.pool, EmbedRequest(request_id=request_id, input_ids=ids), ticket
         )
     except KilnError as exc:  # recorded unbilled; the client sees the error
         kiln.ledger.record(dataclasses.replace(usage, status=exc.status_code))

@@ -44,6 +44,11 @@ class PoolSpec:
     version: str
     model_dir: Path
 
+    @property
+    def key(self) -> str:
+        """The pool's name: ``model@version`` (a model has a pool per served version)."""
+        return f"{self.model}@{self.version}"
+
 
 @dataclass(slots=True)
 class Worker:
@@ -77,7 +82,7 @@ class LocalBackend:
         self._settings = settings
         self._http = http
         self.pools: dict[str, list[Worker]] = {}
-        """Each model's workers, oldest first."""
+        """Each pool's workers (by ``PoolSpec.key``), oldest first."""
         self.specs: dict[str, PoolSpec] = {}
         self._stopping = False
         self._rechecks: set[asyncio.Task[None]] = set()
@@ -86,22 +91,22 @@ class LocalBackend:
         self._standby: asyncio.subprocess.Process | None = None
 
     def ensure(self, spec: PoolSpec) -> None:
-        """Serve ``spec`` in its model's pool: a new version replaces every worker of the old."""
-        if self.specs.get(spec.model) == spec:
-            return
-        self.specs[spec.model] = spec
-        old = self.pools.get(spec.model, [])
-        self.pools[spec.model] = []
-        for worker in old:
-            self._retire(worker)
-        self.scale(spec.model, len(old))
+        """Have a pool for ``spec`` (empty until ``scale``)."""
+        self.specs.setdefault(spec.key, spec)
+        self.pools.setdefault(spec.key, [])
 
-    def scale(self, model: str, replicas: int) -> None:
+    def remove(self, key: str) -> None:
+        """Retire a pool: its workers leave rotation and drain."""
+        self.scale(key, 0)
+        self.specs.pop(key, None)
+        self.pools.pop(key, None)
+
+    def scale(self, key: str, replicas: int) -> None:
         """Start or stop workers until the pool has ``replicas`` (starting ones go first)."""
-        workers = self.pools.setdefault(model, [])
+        workers = self.pools.setdefault(key, [])
         while len(workers) < replicas:
-            worker = Worker(self.specs[model])
-            worker.task = asyncio.create_task(self._supervise(worker), name=f"pool:{model}")
+            worker = Worker(self.specs[key])
+            worker.task = asyncio.create_task(self._supervise(worker), name=f"pool:{key}")
             workers.append(worker)
         while len(workers) > replicas:
             idle = [w for w in workers if not w.ready]
@@ -109,17 +114,17 @@ class LocalBackend:
             workers.remove(worker)
             self._retire(worker)
 
-    def ready(self, model: str) -> list[Worker]:
+    def ready(self, key: str) -> list[Worker]:
         """The pool's workers that take requests."""
-        return [w for w in self.pools.get(model, []) if w.ready]
+        return [w for w in self.pools.get(key, []) if w.ready]
 
-    def find(self, model: str, url: str) -> Worker | None:
+    def find(self, key: str, url: str) -> Worker | None:
         """The pool's worker at ``url``, if it is still there."""
-        return next((w for w in self.pools.get(model, []) if w.url == url), None)
+        return next((w for w in self.pools.get(key, []) if w.url == url), None)
 
-    def crashed(self, model: str) -> bool:
+    def crashed(self, key: str) -> bool:
         """Every worker of a non-empty pool is down after a crash (so: answer 503 at once)."""
-        workers = self.pools.get(model, [])
+        workers = self.pools.get(key, [])
         return bool(workers) and all(w.restarts and not w.ready for w in workers)
 
     def _retire(self, worker: Worker) -> None:

@@ -19,14 +19,14 @@ if TYPE_CHECKING:
 QUEUE_WAIT = Histogram(
     "kiln_scheduler_queue_wait_seconds",
     "Time from arrival to dispatch, per pool and tenant.",
-    ["model", "tenant"],
+    ["model", "version", "tenant"],
     buckets=(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
 )
 
 
-def observe_wait(model: str, request: Request, seconds: float) -> None:
+def observe_wait(model: str, version: str, request: Request, seconds: float) -> None:
     """Record one request's queue wait."""
-    QUEUE_WAIT.labels(model, request.tenant).observe(seconds)
+    QUEUE_WAIT.labels(model, version, request.tenant).observe(seconds)
 
 
 class SchedulerCollector:
@@ -37,43 +37,46 @@ class SchedulerCollector:
 
     def collect(self) -> Iterator[Metric]:
         """Build the metric families from each pool's stats snapshot."""
+        pool, tenant = ["model", "version"], ["model", "version", "tenant"]
         admitted = CounterMetricFamily(
-            "kiln_scheduler_admitted", "Requests admitted.", labels=["model", "tenant"]
+            "kiln_scheduler_admitted", "Requests admitted.", labels=tenant
         )
         rejected = CounterMetricFamily(
-            "kiln_scheduler_rejected", "Requests rejected.", labels=["model", "tenant", "reason"]
+            "kiln_scheduler_rejected", "Requests rejected.", labels=[*tenant, "reason"]
         )
         share = GaugeMetricFamily(
             "kiln_scheduler_service_share",
             "Tenant's part of the cost served over the stats window.",
-            labels=["model", "tenant"],
+            labels=tenant,
         )
         jain = GaugeMetricFamily(
             "kiln_scheduler_fairness_index",
             "Jain's index of served vs weighted max-min fair share over the window.",
-            labels=["model"],
+            labels=pool,
         )
         now = time.monotonic()  # the event loop's clock, which the schedulers run on
-        for model, runner in self._pools.runners.items():
+        for key, runner in self._pools.runners.items():
+            labels = key.rsplit("@", 1)
             snapshot = runner.scheduler.snapshot(now)
-            jain.add_metric([model], snapshot.jain)
+            jain.add_metric(labels, snapshot.jain)
             for t in snapshot.tenants:
-                admitted.add_metric([model, t.tenant], t.admitted)
-                share.add_metric([model, t.tenant], t.share)
+                admitted.add_metric([*labels, t.tenant], t.admitted)
+                share.add_metric([*labels, t.tenant], t.share)
                 for reason, count in t.rejected.items():
-                    rejected.add_metric([model, t.tenant, reason], count)
+                    rejected.add_metric([*labels, t.tenant, reason], count)
         yield from (admitted, rejected, share, jain, self._replicas())
 
     def _replicas(self) -> GaugeMetricFamily:
         """Each pool's size: as decided (``desired``, what KEDA would scale to), running, ready."""
         replicas = GaugeMetricFamily(
-            "kiln_pool_replicas", "Workers of each pool, by state.", labels=["model", "state"]
-        )
-        for model, desired in self._pools.desired.items():
-            running = self._pools.backend.pools.get(model, [])
-            replicas.add_metric([model, "desired"], desired)
-            replicas.add_metric([model, "running"], len(running))
-            replicas.add_metric([model, "ready"], sum(w.ready for w in running))
+            "kiln_pool_replicas", "Workers of each pool, by state.",
+            labels=["model", "version", "state"],
+        )  # fmt: skip
+        for key, desired in self._pools.desired.items():
+            labels, running = key.rsplit("@", 1), self._pools.backend.pools.get(key, [])
+            replicas.add_metric([*labels, "desired"], desired)
+            replicas.add_metric([*labels, "running"], len(running))
+            replicas.add_metric([*labels, "ready"], sum(w.ready for w in running))
         return replicas
 
 

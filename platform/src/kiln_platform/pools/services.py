@@ -1,5 +1,5 @@
-"""The pool manager: one pool per registered model, its scheduler, its size, and routing to
-ready workers.
+"""The pool manager: one pool per served model version (``model@version``: the newest, or a
+route's stable and canary), its scheduler, its size, and routing to ready workers.
 
 Every ``tick`` it asks the autoscaling policy (``pools.autoscale``) how many workers each pool
 should run, from the work in its scheduler, and tells the backend. A request for a pool at zero
@@ -49,7 +49,7 @@ class PoolManager:
         self.backend = backend
         self.runners: dict[str, PoolRunner] = {}
         self.desired: dict[str, int] = {}
-        """Each pool's replicas, as the policy last decided."""
+        """Each pool's replicas (by ``PoolSpec.key``), as the policy last decided."""
         self._resolver = resolver
         self._store = store
         self._scheduler = scheduler or SchedulerConfig()
@@ -80,20 +80,27 @@ class PoolManager:
         await self.backend.stop()
 
     async def reconcile(self) -> None:
-        """Ensure a pool for the newest version of every registered model."""
+        """A pool for every served version; pools no route serves any more are retired."""
+        served = set()
         for v in await self._resolver.refresh():
-            new = v.model not in self.backend.specs
-            self.backend.ensure(PoolSpec(v.model, v.version, self._store.path(v.artifact_digest)))
-            if v.model not in self.runners:
-                self.runners[v.model] = self._runner(v.model)
-            if new:
-                replicas, self._states[v.model] = autoscale.initial(self._scaling, time.monotonic())
-                self._resize(v.model, replicas)
+            spec = PoolSpec(v.model, v.version, self._store.path(v.artifact_digest))
+            served.add(spec.key)
+            if spec.key in self._states:
+                continue
+            self.backend.ensure(spec)
+            self.runners.setdefault(spec.key, self._runner(spec))
+            replicas, self._states[spec.key] = autoscale.initial(self._scaling, time.monotonic())
+            self._resize(spec.key, replicas)
+        for key in set(self._states) - served:
+            log.info("pool retired", pool=key)
+            del self._states[key]
+            self.desired.pop(key, None)
+            self.backend.remove(key)
 
-    def autoscale(self, model: str | None = None, arriving: int = 0) -> None:
+    def autoscale(self, pool: str | None = None, arriving: int = 0) -> None:
         """Size one pool (or all) by the policy; ``arriving`` requests count as queued."""
         now = time.monotonic()
-        for name in [model] if model is not None else list(self._states):
+        for name in [pool] if pool is not None else list(self._states):
             runner = self.runners[name]
             load = PoolLoad(
                 in_flight=runner.scheduler.in_flight,
@@ -106,78 +113,79 @@ class PoolManager:
             )
             self._resize(name, replicas)
 
-    def runner(self, model: str) -> PoolRunner:
-        """The scheduler of ``model``'s pool, for a request that is about to use it.
+    def runner(self, pool: str) -> PoolRunner:
+        """The scheduler of a pool (``model@version``), for a request about to use it.
 
         A pool at zero is started now; the request then waits in the pool's queue for the
         worker. A pool whose every worker crashed answers 503 at once instead.
         """
-        runner = self.runners.get(model)
-        if runner is None or model not in self._states:
-            raise ServiceUnavailable(f"No worker pool for `{model}` yet.", retry_after=2.0)
-        self._last_request[model] = time.monotonic()
-        if self.backend.ready(model):
+        runner = self.runners.get(pool)
+        if runner is None or pool not in self._states:
+            raise ServiceUnavailable(f"No worker pool for `{pool}` yet.", retry_after=2.0)
+        self._last_request[pool] = time.monotonic()
+        if self.backend.ready(pool):
             return runner
-        if self.backend.crashed(model):
+        if self.backend.crashed(pool):
             raise ServiceUnavailable(
-                f"The model `{model}` is restarting after a crash; retry shortly.",
-                retry_after=self.backend.retry_after(self.backend.pools[model][0]),
+                f"The model `{pool}` is restarting after a crash; retry shortly.",
+                retry_after=self.backend.retry_after(self.backend.pools[pool][0]),
             )
-        if not self.backend.pools.get(model):
-            self.autoscale(model, arriving=1)
+        if not self.backend.pools.get(pool):
+            self.autoscale(pool, arriving=1)
         return runner
 
-    def is_ready(self, model: str) -> bool:
-        """A worker of ``model``'s pool takes requests now (no side effect: not a request)."""
-        return bool(self.backend.ready(model))
+    def is_ready(self, pool: str) -> bool:
+        """A worker of the pool takes requests now (no side effect: not a request)."""
+        return bool(self.backend.ready(pool))
 
-    def worker(self, model: str, url: str) -> Worker:
+    def worker(self, pool: str, url: str) -> Worker:
         """The worker a dispatch named (it may have gone away since)."""
-        worker = self.backend.find(model, url)
+        worker = self.backend.find(pool, url)
         if worker is None or not worker.ready:
-            raise ServiceUnavailable(f"The worker for `{model}` went away.", retry_after=1.0)
+            raise ServiceUnavailable(f"The worker for `{pool}` went away.", retry_after=1.0)
         return worker
 
     def mark_unreachable(self, worker: Worker) -> None:
         """Take a worker out of rotation after a connection failure."""
         self.backend.suspect(worker)
 
-    def _resize(self, model: str, replicas: int) -> None:
-        before = len(self.backend.pools.get(model, []))
-        self.desired[model] = replicas
+    def _resize(self, pool: str, replicas: int) -> None:
+        before = len(self.backend.pools.get(pool, []))
+        self.desired[pool] = replicas
         if replicas != before:
-            log.info("pool scaled", model=model, replicas=replicas, was=before)
-            self.backend.scale(model, replicas)
-            if model in self.runners:  # admission's rate follows the planned size
-                self.runners[model].poke()
+            log.info("pool scaled", pool=pool, replicas=replicas, was=before)
+            self.backend.scale(pool, replicas)
+            if pool in self.runners:  # admission's rate follows the planned size
+                self.runners[pool].poke()
 
-    def _per_replica(self, model: str) -> int:
-        ready = self.backend.ready(model)
+    def _per_replica(self, pool: str) -> int:
+        ready = self.backend.ready(pool)
         return self.backend.credits(ready[0] if ready else None)
 
-    def _runner(self, model: str) -> PoolRunner:
+    def _runner(self, spec: PoolSpec) -> PoolRunner:
+        key = spec.key
         runner = PoolRunner(
             PoolScheduler(self._scheduler),
-            partial(self._credits, model),
-            partial(self._capacity, model),
-            planned=lambda: self.desired.get(model, 0) * self._per_replica(model),
+            partial(self._credits, key),
+            partial(self._capacity, key),
+            planned=lambda: self.desired.get(key, 0) * self._per_replica(key),
         )
-        runner.on_wait = partial(metrics.observe_wait, model)
+        runner.on_wait = partial(metrics.observe_wait, spec.model, spec.version)
         return runner
 
-    def _credits(self, model: str) -> dict[str, int]:
-        return {w.url: self.backend.credits(w) for w in self.backend.ready(model)}
+    def _credits(self, pool: str) -> dict[str, int]:
+        return {w.url: self.backend.credits(w) for w in self.backend.ready(pool)}
 
-    def _capacity(self, model: str) -> dict[str, float]:
+    def _capacity(self, pool: str) -> dict[str, float]:
         """Items each ready worker's batch queue holds (none for generation workers)."""
         return {
             w.url: w.info.max_queue
-            for w in self.backend.ready(model)
+            for w in self.backend.ready(pool)
             if w.info is not None and w.info.max_queue
         }
 
     def _worker_changed(self, worker: Worker) -> None:
-        runner = self.runners.get(worker.spec.model)
+        runner = self.runners.get(worker.spec.key)
         if runner is not None:
             runner.poke()
 

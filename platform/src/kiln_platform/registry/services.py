@@ -1,4 +1,4 @@
-"""Registering and resolving model versions."""
+"""Registering model versions, and resolving a request's model to the version that serves it."""
 
 from __future__ import annotations
 
@@ -6,11 +6,12 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import msgspec
-from sqlalchemy import select
+from sqlalchemy import or_, select
 from sqlalchemy.dialects.postgresql import distinct_on, insert
 
-from kiln_platform.db.tables import Model, ModelVersion
+from kiln_platform.db.tables import Model, ModelRoute, ModelVersion
 from kiln_platform.errors import ModelNotFound
+from kiln_platform.registry.routes import Route
 from kiln_runtimes.protocol import ModelManifest
 
 if TYPE_CHECKING:
@@ -28,6 +29,11 @@ class ResolvedVersion:
     artifact_digest: str
     manifest: ModelManifest
     created_at: datetime
+
+    @property
+    def pool(self) -> str:
+        """The pool that serves this version: ``model@version``."""
+        return f"{self.model}@{self.version}"
 
 
 def _resolved(model: Model, row: ModelVersion) -> ResolvedVersion:
@@ -67,26 +73,65 @@ async def latest_versions(session: AsyncSession) -> list[ResolvedVersion]:
     return [_resolved(model, version) for model, version in rows.all()]
 
 
+async def routed_versions(session: AsyncSession) -> tuple[dict[str, Route], list[ResolvedVersion]]:
+    """Every model's route, and the versions routes name."""
+    rows = await session.execute(
+        select(Model, ModelVersion, ModelRoute)
+        .join(ModelRoute, ModelRoute.model_id == Model.id)
+        .join(ModelVersion, ModelVersion.model_id == Model.id)
+        .where(
+            or_(
+                ModelVersion.version == ModelRoute.stable_version,
+                ModelVersion.version == ModelRoute.canary_version,
+            )
+        )
+    )
+    routes, versions = {}, []
+    for model, version, route in rows.all():
+        routes[model.name] = Route(route.stable_version, route.canary_version, route.canary_percent)
+        versions.append(_resolved(model, version))
+    return routes, versions
+
+
 class Resolver:
-    """Model name -> newest version, cached in memory and refreshed from the database."""
+    """Model name -> the version that serves a request, cached in memory and refreshed from the
+    database: the route's stable version or its canary (sticky per tenant), else the newest."""
 
     def __init__(self, sessions: async_sessionmaker[AsyncSession]) -> None:
         self._sessions = sessions
-        self.versions: dict[str, ResolvedVersion] = {}
+        self.routes: dict[str, Route] = {}
+        self.served: dict[str, dict[str, ResolvedVersion]] = {}
+        """Each model's served versions, by version."""
 
     async def refresh(self) -> list[ResolvedVersion]:
-        """Reload every model's newest version."""
+        """Reload routes and served versions; returns every served version (one pool each)."""
         async with self._sessions() as session:
-            versions = await latest_versions(session)
-        self.versions = {v.model: v for v in versions}
-        return versions
+            routes, routed = await routed_versions(session)
+            newest = [v for v in await latest_versions(session) if v.model not in routes]
+        served: dict[str, dict[str, ResolvedVersion]] = {}
+        for v in [*newest, *routed]:
+            served.setdefault(v.model, {})[v.version] = v
+        self.routes = {m: r for m, r in routes.items() if set(r.versions) <= set(served[m])}
+        self.served = served
+        return [*newest, *routed]
 
-    async def resolve(self, name: str) -> ResolvedVersion:
-        """The newest version of ``name`` (refreshing once on a miss)."""
-        version = self.versions.get(name)
-        if version is None:
+    async def resolve(self, name: str, sticky: str = "") -> ResolvedVersion:
+        """The version of ``name`` that serves ``sticky`` (a tenant id), refreshing on a miss."""
+        versions = self.served.get(name)
+        if versions is None:
             await self.refresh()
-            version = self.versions.get(name)
-        if version is None:
+            versions = self.served.get(name)
+        if versions is None:
             raise ModelNotFound(f"The model `{name}` does not exist.", param="model")
-        return version
+        route = self.routes.get(name)
+        if route is None:
+            return max(versions.values(), key=lambda v: v.created_at)
+        return versions[route.choose(name, sticky)]
+
+    async def pinned(self, name: str, version: str) -> ResolvedVersion:
+        """``version`` of ``name`` if it is served (the stable or the canary of its route)."""
+        await self.resolve(name)
+        found = self.served[name].get(version)
+        if found is None:
+            raise ModelNotFound(f"The model `{name}` version `{version}` is not being served.")
+        return found

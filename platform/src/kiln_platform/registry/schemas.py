@@ -1,0 +1,28 @@
+"""Wire types of the model registry's routes (msgspec)."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import msgspec
+
+Version = Annotated[str, msgspec.Meta(min_length=1, max_length=64)]
+
+
+class RouteUpdate(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    """A model's route: the stable version, and optionally a canary with its share of tenants."""
+
+    stable_version: Version
+    canary_version: Version | None = None
+    canary_percent: Annotated[int, msgspec.Meta(ge=0, le=100)] = 0
+
+
+class RouteView(msgspec.Struct, kw_only=True):
+    """A model's route as served."""
+
+    model: str
+    stable_version: str
+    canary_version: str | None = None
+    canary_percent: int = 0
+    routed: bool = True
+    """False: no route is set, so the newest version serves."""

@@ -1,0 +1,109 @@
+"""Model routes end to end: two versions of an uploaded tensor model, a 50 % canary that each
+tenant sees consistently through ``tritonclient``, a pinned version in the URL, and a rollback
+that retires the canary's workers."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+import tritonclient.http as triton
+from tritonclient.utils import InferenceServerException
+
+from .conftest import KilnProcess, wait_for
+
+TENANTS = 20
+
+
+@pytest.fixture(scope="module")
+def kiln(
+    start_kiln: Callable[..., KilnProcess],
+    kiln_data_dir: Callable[[], AbstractContextManager[Path]],
+    tensor_models: dict[str, Path],
+) -> Iterator[KilnProcess]:
+    """``kiln up`` with ``mlp`` uploaded as versions 1 and 2, and a platform-admin key."""
+    with kiln_data_dir() as path:
+        kiln = start_kiln(path, [])
+        try:
+            kiln.cli("tenants", "create", "ops")
+            out = kiln.cli("keys", "create", "--tenant", "ops", "--role", "platform-admin",
+                           "--scope", "admin:write", "--scope", "inference")  # fmt: skip
+            kiln.env["TEST_KEY"] = out.strip().splitlines()[-1]
+            kiln.wait_ready()
+            body = tensor_models["mlp"].read_bytes()
+            for version in ("1", "2"):
+                r = _admin(kiln, "POST", "/models/mlp/versions", content=body,
+                           params={"version": version})  # fmt: skip
+                assert r.status_code == 201, r.text
+            yield kiln
+        finally:
+            if kiln.proc.poll() is None:
+                kiln.stop()
+
+
+def _admin(kiln: KilnProcess, method: str, path: str, **kw: object) -> httpx.Response:
+    auth = {"authorization": f"Bearer {kiln.key}"}
+    return httpx.request(method, f"{kiln.base_url}/admin/v1{path}", headers=auth, timeout=60,
+                         **kw)  # type: ignore[arg-type]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def keys(kiln: KilnProcess) -> list[str]:
+    """One inference key in each of ``TENANTS`` tenants, made through the admin API."""
+    out = []
+    for _ in range(TENANTS):
+        r = _admin(kiln, "POST", "/tenants", json={"name": f"t-{uuid.uuid4().hex[:8]}"})
+        tenant = r.json()["id"]
+        r = _admin(kiln, "POST", f"/tenants/{tenant}/keys", json={"scopes": ["inference"]})
+        out.append(r.json()["secret"])
+    return out
+
+
+def _version(kiln: KilnProcess, key: str, pinned: str = "") -> str:
+    client = triton.InferenceServerClient(kiln.base_url.removeprefix("http://"))
+    x = triton.InferInput("x", [1, 16], "FP32")
+    x.set_data_from_numpy(np.ones((1, 16), np.float32))
+    scale = triton.InferInput("scale", [1, 1], "FP32")
+    scale.set_data_from_numpy(np.ones((1, 1), np.float32))
+    headers = {"authorization": f"Bearer {key}"}
+    result = client.infer("mlp", [x, scale], model_version=pinned, headers=headers)
+    return str(result.get_response()["model_version"])
+
+
+def _mlp_workers(kiln: KilnProcess) -> list[str]:
+    return [" ".join(p.cmdline()) for p in kiln.workers() if "--standby" not in p.cmdline()]
+
+
+def test_without_a_route_the_newest_version_serves(kiln: KilnProcess, keys: list[str]) -> None:
+    assert {_version(kiln, key) for key in keys[:3]} == {"2"}
+
+
+def test_a_canary_serves_its_share_each_tenant_sticking_to_one_version(
+    kiln: KilnProcess, keys: list[str]
+) -> None:
+    route = {"stable_version": "1", "canary_version": "2", "canary_percent": 50}
+    r = _admin(kiln, "PUT", "/models/mlp/route", json=route)
+    assert r.status_code == 200, r.text
+    seen = [{_version(kiln, key) for _ in range(2)} for key in keys]
+    assert all(len(versions) == 1 for versions in seen)  # sticky per tenant
+    assert set().union(*seen) == {"1", "2"}  # both versions serve
+    assert _version(kiln, keys[0], pinned="2") == "2"
+    assert _version(kiln, keys[0], pinned="1") == "1"
+    with pytest.raises(InferenceServerException, match="not being served"):
+        _version(kiln, keys[0], pinned="7")
+
+
+def test_rollback_sends_everyone_to_stable_and_retires_the_canary(
+    kiln: KilnProcess, keys: list[str]
+) -> None:
+    out = kiln.cli("models", "route", "mlp", "--stable", "1")  # another process: the CLI
+    assert out.strip() == "mlp: stable=1"
+    wait_for(lambda: {_version(kiln, key) for key in keys} == {"1"}, 30)  # the 2 s refresh
+    wait_for(lambda: len(_mlp_workers(kiln)) == 1, 60)  # version 2's worker drained and left
+    (worker,) = _mlp_workers(kiln)
+    assert "--version 1" in worker

@@ -1,0 +1,113 @@
+"""Model routes through ``/admin/v1/models/{name}/route``: validation that names the field,
+platform-admins only, audited; and the resolver and pools that follow a route (canary share,
+sticky per tenant, pinned versions, rollback retiring the canary's pool)."""
+
+from __future__ import annotations
+
+import uuid
+
+import pytest
+
+from kiln_platform.errors import ModelNotFound
+from kiln_platform.registry.services import register_version
+from kiln_platform.settings import Settings
+from kiln_runtimes.protocol import ModelManifest
+
+from .conftest import Admin
+
+MODEL = "routed-emb"
+TENANTS = [str(uuid.UUID(int=i)) for i in range(1000)]
+
+
+@pytest.fixture(scope="module")
+def settings(database_uri: str, tmp_path_factory: pytest.TempPathFactory) -> Settings:
+    """No worker starts until a request asks (the registered versions have no real files)."""
+    return Settings(
+        data_dir=tmp_path_factory.mktemp("data"), database_url=database_uri,
+        secret_key="routes-test-secret", key_cache_ttl_s=0.0, pool_initial_replicas=0,
+    )  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+async def versions(admin: Admin) -> list[str]:
+    manifest = ModelManifest(name=MODEL, task="embeddings", engine="onnxruntime", dimensions=4)
+    for v in ("1", "2", "3"):  # one transaction each: now() orders them
+        async with admin.kiln.db.sessions.begin() as session:
+            await register_version(session, manifest, v, f"sha256:{v * 64}")
+    return ["1", "2", "3"]
+
+
+async def test_without_a_route_the_newest_serves(
+    admin: Admin, root: str, versions: list[str]
+) -> None:
+    r = await admin.call("GET", f"/admin/v1/models/{MODEL}/route", root)
+    assert r.json() == {"model": MODEL, "stable_version": "3", "canary_version": None,
+                        "canary_percent": 0, "routed": False}  # fmt: skip
+    await admin.kiln.pools.reconcile()
+    assert (await admin.kiln.resolver.resolve(MODEL, TENANTS[0])).version == "3"
+
+
+@pytest.mark.parametrize(
+    ("body", "field"),
+    [
+        ({"stable_version": "9"}, "stable_version"),
+        (
+            {"stable_version": "1", "canary_version": "9", "canary_percent": 5},
+            "canary_version",
+        ),
+        (
+            {"stable_version": "1", "canary_version": "1", "canary_percent": 5},
+            "canary_version",
+        ),
+        ({"stable_version": "1", "canary_percent": 5}, "canary_percent"),
+        (
+            {"stable_version": "1", "canary_version": "2", "canary_percent": 101},
+            "canary_percent",
+        ),
+        ({"stable_version": "1", "weight": 3}, "weight"),
+    ],
+)
+async def test_bad_routes_name_the_field(
+    admin: Admin, root: str, versions: list[str], body: dict[str, object], field: str
+) -> None:
+    r = await admin.call("PUT", f"/admin/v1/models/{MODEL}/route", root, json=body)
+    assert r.status_code == 400, r.text
+    assert r.json()["param"] == field
+    r = await admin.call(
+        "PUT", "/admin/v1/models/no-such/route", root, json={"stable_version": "1"}
+    )
+    assert r.status_code == 404
+
+
+async def test_only_platform_admins_route(admin: Admin, root: str, versions: list[str]) -> None:
+    tenant = await admin.tenant(root, f"t-{uuid.uuid4()}")
+    tenant_admin = await admin.key(root, tenant, scopes=["admin:write"])
+    finance = await admin.key(root, tenant, scopes=["admin:read"], role="finance")
+    path, body = f"/admin/v1/models/{MODEL}/route", {"stable_version": "1"}
+    assert (await admin.call("PUT", path, tenant_admin, json=body)).status_code == 403
+    assert (await admin.call("GET", path, tenant_admin)).status_code == 200
+    assert (await admin.call("GET", path, finance)).status_code == 403
+
+
+async def test_a_canary_takes_its_share_sticky_and_rollback_retires_it(
+    admin: Admin, root: str, versions: list[str]
+) -> None:
+    path = f"/admin/v1/models/{MODEL}/route"
+    body = {"stable_version": "1", "canary_version": "2", "canary_percent": 30}
+    r = await admin.call("PUT", path, root, json=body)
+    assert r.status_code == 200, r.text
+    assert (await admin.call("GET", path, root)).json() == {**body, "model": MODEL, "routed": True}
+    resolver, pools = admin.kiln.resolver, admin.kiln.pools
+    chosen = [(await resolver.resolve(MODEL, t)).version for t in TENANTS]
+    assert set(chosen) == {"1", "2"}
+    assert abs(chosen.count("2") / len(TENANTS) - 0.30) < 0.05
+    assert [(await resolver.resolve(MODEL, t)).version for t in TENANTS] == chosen  # sticky
+    assert {k for k in pools.desired if k.startswith(MODEL)} == {f"{MODEL}@1", f"{MODEL}@2"}
+    assert (await resolver.pinned(MODEL, "2")).version == "2"
+    with pytest.raises(ModelNotFound):
+        await resolver.pinned(MODEL, "3")  # registered, but no route serves it
+
+    r = await admin.call("PUT", path, root, json={"stable_version": "1"})  # roll back
+    assert r.status_code == 200
+    assert {(await resolver.resolve(MODEL, t)).version for t in TENANTS} == {"1"}
+    assert {k for k in pools.desired if k.startswith(MODEL)} == {f"{MODEL}@1"}
