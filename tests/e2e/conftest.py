@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 import shutil
 import signal
 import socket
@@ -20,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 import httpx
 import psutil
 import pytest
+from playwright.sync_api import Browser, Page, expect, sync_playwright
 
 from kiln_platform.context import open_database
 from kiln_platform.registry.services import register_version
@@ -255,3 +257,41 @@ def _serve(kiln: KilnProcess, model: str, path: str) -> Iterator[KilnProcess]:
     finally:
         if kiln.proc.poll() is None:
             kiln.stop()
+
+
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_FLAGS = [
+    "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+    "--disable-background-networking", "--disable-component-update", "--disable-sync",
+]  # fmt: skip
+PASSWORD = "correct horse battery"
+"""The console users' password in the browser tests."""
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Browser]:
+    """Debian's Chromium (``make browser`` installs it; browsers downloaded by tools fail here)."""
+    if not Path(CHROMIUM).exists():
+        pytest.fail(f"{CHROMIUM} is missing: `apt-get install -y chromium` (make browser)")
+    with sync_playwright() as playwright:
+        chromium = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_FLAGS)
+        yield chromium
+        chromium.close()
+
+
+@pytest.fixture
+def page(browser: Browser, kiln: KilnProcess) -> Iterator[Page]:
+    """A fresh browser context (no cookies) on the module's ``kiln``."""
+    context = browser.new_context(base_url=kiln.base_url, accept_downloads=True)
+    context.set_default_timeout(15_000)
+    yield context.new_page()
+    context.close()
+
+
+def sign_in(page: Page, email: str, password: str = PASSWORD) -> None:
+    """Sign in to the console with a password."""
+    page.goto("/console/")
+    expect(page).to_have_url(re.compile(r"/console/login$"))
+    page.fill("input[name=email]", email)
+    page.fill("input[name=password]", password)
+    page.click("form.card button[type=submit]")

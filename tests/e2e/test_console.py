@@ -16,16 +16,10 @@ from typing import Any
 import httpx
 import openai
 import pytest
-from playwright.sync_api import Browser, Page, expect, sync_playwright
+from playwright.sync_api import Page, expect
 
-from .conftest import KilnProcess
+from .conftest import PASSWORD, KilnProcess, sign_in
 
-CHROMIUM = "/usr/bin/chromium"
-FLAGS = [
-    "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-    "--disable-background-networking", "--disable-component-update", "--disable-sync",
-]  # fmt: skip
-PASSWORD = "correct horse battery"
 USERS = {
     "admin@acme.test": ("tenant-admin", "acme"),
     "dev@acme.test": ("tenant-member", "acme"),
@@ -60,34 +54,6 @@ def kiln(
                 kiln.stop()
 
 
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Browser]:
-    """Debian's Chromium (``make setup`` installs it; browsers downloaded by tools fail here)."""
-    if not Path(CHROMIUM).exists():
-        pytest.fail(f"{CHROMIUM} is missing: `apt-get install -y chromium` (make browser)")
-    with sync_playwright() as playwright:
-        chromium = playwright.chromium.launch(executable_path=CHROMIUM, args=FLAGS)
-        yield chromium
-        chromium.close()
-
-
-@pytest.fixture
-def page(browser: Browser, kiln: KilnProcess) -> Iterator[Page]:
-    """A fresh browser context (no cookies) on the console."""
-    context = browser.new_context(base_url=kiln.base_url, accept_downloads=True)
-    context.set_default_timeout(15_000)
-    yield context.new_page()
-    context.close()
-
-
-def _sign_in(page: Page, email: str, password: str = PASSWORD) -> None:
-    page.goto("/console/")
-    expect(page).to_have_url(re.compile(r"/console/login$"))
-    page.fill("input[name=email]", email)
-    page.fill("input[name=password]", password)
-    page.click("form.card button[type=submit]")
-
-
 def _refused_within(call: Callable[[], object], seconds: float) -> float:
     """Seconds until ``call`` raises an authentication error (fails after ``seconds``)."""
     started = time.monotonic()
@@ -101,9 +67,9 @@ def _refused_within(call: Callable[[], object], seconds: float) -> float:
 
 
 def test_a_tenant_admin_creates_uses_and_revokes_a_key(page: Page, kiln: KilnProcess) -> None:
-    _sign_in(page, "admin@acme.test", "not the password")
+    sign_in(page, "admin@acme.test", "not the password")
     expect(page.locator("#login-error")).to_have_text("Incorrect email or password.")
-    _sign_in(page, "admin@acme.test")
+    sign_in(page, "admin@acme.test")
     expect(page).to_have_url(re.compile(r"/console/tenants/[0-9a-f-]{36}/keys$"))
     expect(page.locator("h1")).to_contain_text("acme")
 
@@ -126,7 +92,7 @@ def test_a_tenant_admin_creates_uses_and_revokes_a_key(page: Page, kiln: KilnPro
 
 
 def test_an_oauth_client_made_in_the_console_gets_tokens(page: Page, kiln: KilnProcess) -> None:
-    _sign_in(page, "admin@acme.test")
+    sign_in(page, "admin@acme.test")
     page.click("text=OAuth clients")
     page.fill("#new-client input[name=name]", "nightly")
     page.click("#new-client button[type=submit]")
@@ -149,7 +115,7 @@ def test_an_oauth_client_made_in_the_console_gets_tokens(page: Page, kiln: KilnP
 
 
 def test_bad_input_shows_the_field_and_keeps_the_form(page: Page) -> None:
-    _sign_in(page, "admin@acme.test")
+    sign_in(page, "admin@acme.test")
     page.fill("#new-key input[name=name]", "no scopes")
     page.uncheck("#new-key input[value=inference]")
     page.click("#new-key button[type=submit]")
@@ -164,7 +130,7 @@ def test_bad_input_shows_the_field_and_keeps_the_form(page: Page) -> None:
 
 
 def test_a_member_reads_keys_but_gets_no_buttons(page: Page) -> None:
-    _sign_in(page, "dev@acme.test")
+    sign_in(page, "dev@acme.test")
     expect(page.locator("#keys")).to_be_visible()
     expect(page.locator("#new-key")).to_have_count(0)
     expect(page.get_by_role("button", name="Revoke")).to_have_count(0)
@@ -172,7 +138,7 @@ def test_a_member_reads_keys_but_gets_no_buttons(page: Page) -> None:
 
 
 def test_a_platform_admin_browses_every_tenant(page: Page) -> None:
-    _sign_in(page, "ops@kiln.test")
+    sign_in(page, "ops@kiln.test")
     expect(page).to_have_url(re.compile(r"/console/tenants$"))
     expect(page.locator("#tenants tbody tr")).to_have_count(2)
     globex = page.locator("#tenants tbody tr", has_text="globex")
@@ -193,7 +159,7 @@ def test_finance_reads_costs_and_downloads_the_csv(page: Page, kiln: KilnProcess
                          "corrects_period": period})  # fmt: skip
     assert r.status_code == 201, r.text
 
-    _sign_in(page, "money@kiln.test")
+    sign_in(page, "money@kiln.test")
     expect(page).to_have_url(re.compile(r"/console/costs$"))
     row = page.locator("#costs tbody tr", has_text="acme")
     expect(row).to_contain_text("2.500000")
@@ -218,7 +184,7 @@ def test_single_sign_on_through_the_provider(page: Page, oidc_provider: Any) -> 
 
 
 def test_signing_out_ends_the_session(page: Page) -> None:
-    _sign_in(page, "admin@acme.test")
+    sign_in(page, "admin@acme.test")
     keys = page.url
     page.click("text=Sign out")
     expect(page).to_have_url(re.compile(r"/console/login$"))

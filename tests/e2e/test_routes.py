@@ -13,9 +13,10 @@ import httpx
 import numpy as np
 import pytest
 import tritonclient.http as triton
+from playwright.sync_api import Page, expect
 from tritonclient.utils import InferenceServerException
 
-from .conftest import KilnProcess, wait_for
+from .conftest import PASSWORD, KilnProcess, sign_in, wait_for
 
 TENANTS = 20
 
@@ -34,6 +35,8 @@ def kiln(
             out = kiln.cli("keys", "create", "--tenant", "ops", "--role", "platform-admin",
                            "--scope", "admin:write", "--scope", "inference")  # fmt: skip
             kiln.env["TEST_KEY"] = out.strip().splitlines()[-1]
+            kiln.cli("users", "create", "--email", "ops@kiln.test", "--role", "platform-admin",
+                     "--password", PASSWORD)  # fmt: skip
             kiln.wait_ready()
             body = tensor_models["mlp"].read_bytes()
             for version in ("1", "2"):
@@ -107,3 +110,23 @@ def test_rollback_sends_everyone_to_stable_and_retires_the_canary(
     wait_for(lambda: len(_mlp_workers(kiln)) == 1, 60)  # version 2's worker drained and left
     (worker,) = _mlp_workers(kiln)
     assert "--version 1" in worker
+
+
+def test_an_operator_routes_a_canary_in_the_console(kiln: KilnProcess, page: Page) -> None:
+    sign_in(page, "ops@kiln.test")
+    page.click("header nav >> text=Models")
+    card = page.locator("#model-mlp")
+    card.locator("select[name=canary_version]").select_option("2")
+    card.locator("input[name=canary_percent]").fill("25")
+    card.get_by_role("button", name="Route").click()
+    card = page.locator("#model-mlp")  # the section was swapped
+    expect(card.locator("tr[data-version='2'] .serves")).to_have_text("canary (25 %)")
+    route = _admin(kiln, "GET", "/models/mlp/route").json()
+    assert (route["canary_version"], route["canary_percent"]) == ("2", 25)
+    workers = card.locator("tr[data-version='2'] td").nth(2)
+
+    def canary_worker_ready() -> bool:
+        page.reload()
+        return workers.inner_text() == "1 / 1"  # ready / wanted
+
+    wait_for(canary_worker_ready, 60)

@@ -36,3 +36,11 @@ def days(value: str, param: str, most: int = 3650) -> int | None:
         raise BadRequest(f"'{param}' must be a whole number of days from 1 to {most}.",
                          param=param)  # fmt: skip
     return count * DAY_S
+
+
+def percent(value: str, param: str) -> int:
+    """A whole percentage, 0 to 100 (blank: 0)."""
+    text = value.strip() or "0"
+    if not text.isdigit() or int(text) > 100:
+        raise BadRequest(f"'{param}' must be a whole number from 0 to 100.", param=param)
+    return int(text)

@@ -25,7 +25,7 @@ from kiln_platform.scheduler.core import PoolScheduler, SchedulerConfig
 from kiln_platform.scheduler.runner import PoolRunner
 
 if TYPE_CHECKING:
-    from kiln_platform.registry.services import Resolver
+    from kiln_platform.registry.services import ResolvedVersion, Resolver
     from kiln_runtimes.store import ArtifactStore
 
 log = structlog.get_logger("kiln.pools")
@@ -81,21 +81,24 @@ class PoolManager:
 
     async def reconcile(self) -> None:
         """A pool for every served version; pools no route serves any more are retired."""
-        served = set()
-        for v in await self._resolver.refresh():
-            spec = PoolSpec(v.model, v.version, self._store.path(v.artifact_digest))
-            served.add(spec.key)
-            if spec.key in self._states:
-                continue
-            self.backend.ensure(spec)
-            self.runners.setdefault(spec.key, self._runner(spec))
-            replicas, self._states[spec.key] = autoscale.initial(self._scaling, time.monotonic())
-            self._resize(spec.key, replicas)
-        for key in set(self._states) - served:
+        served = {v.pool: v for v in await self._resolver.refresh()}
+        for version in served.values():
+            self._adopt(version)
+        for key in set(self._states) - set(served):
             log.info("pool retired", pool=key)
             del self._states[key]
             self.desired.pop(key, None)
             self.backend.remove(key)
+
+    def _adopt(self, version: ResolvedVersion) -> None:
+        """Give a served version its pool, sized by the policy's initial rule."""
+        spec = PoolSpec(version.model, version.version, self._store.path(version.artifact_digest))
+        if spec.key in self._states:
+            return
+        self.backend.ensure(spec)
+        self.runners.setdefault(spec.key, self._runner(spec))
+        replicas, self._states[spec.key] = autoscale.initial(self._scaling, time.monotonic())
+        self._resize(spec.key, replicas)
 
     def autoscale(self, pool: str | None = None, arriving: int = 0) -> None:
         """Size one pool (or all) by the policy; ``arriving`` requests count as queued."""
@@ -119,9 +122,13 @@ class PoolManager:
         A pool at zero is started now; the request then waits in the pool's queue for the
         worker. A pool whose every worker crashed answers 503 at once instead.
         """
-        runner = self.runners.get(pool)
-        if runner is None or pool not in self._states:
-            raise ServiceUnavailable(f"No worker pool for `{pool}` yet.", retry_after=2.0)
+        if pool not in self._states:  # resolved before the next reconcile: adopt it now
+            model, _, version = pool.rpartition("@")
+            served = self._resolver.served.get(model, {}).get(version)
+            if served is None:
+                raise ServiceUnavailable(f"No worker pool for `{pool}` yet.", retry_after=2.0)
+            self._adopt(served)
+        runner = self.runners[pool]
         self._last_request[pool] = time.monotonic()
         if self.backend.ready(pool):
             return runner

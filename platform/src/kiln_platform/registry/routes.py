@@ -114,3 +114,17 @@ def _view(name: str, row: ModelRoute) -> RouteView:
 def _snapshot(view: RouteView) -> dict[str, object]:
     return {"stable_version": view.stable_version, "canary_version": view.canary_version,
             "canary_percent": view.canary_percent}  # fmt: skip
+
+
+async def list_routes(session: AsyncSession, actor: Actor) -> list[tuple[RouteView, list[str]]]:
+    """Every model's route and its versions (oldest first), by model name."""
+    require(actor, "models")
+    rows = await session.execute(
+        select(Model.name, ModelVersion.version)
+        .join(ModelVersion, ModelVersion.model_id == Model.id)
+        .order_by(Model.name, ModelVersion.created_at)
+    )
+    versions: dict[str, list[str]] = {}
+    for name, version in rows.all():
+        versions.setdefault(name, []).append(version)
+    return [(await get_route(session, actor, name), found) for name, found in versions.items()]

@@ -1,0 +1,57 @@
+"""The models page: each model's versions, its route, and its pools' workers; platform-admins
+change a route here (canary, promotion, rollback) through the same service as the admin API."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from litestar import Controller, Request, get, post
+from litestar.params import SkipValidation
+from litestar.response import Template
+
+from kiln_console import forms
+from kiln_console.auth import Viewer
+from kiln_platform.admin.deps import transaction
+from kiln_platform.context import Kiln
+from kiln_platform.registry import routes
+from kiln_platform.registry.schemas import RouteUpdate
+
+KilnDep = SkipValidation[Kiln]
+ViewerDep = SkipValidation[Viewer]
+
+
+class Models(Controller):
+    """``/console/models``."""
+
+    @get("/models")
+    async def page(self, kiln: KilnDep, viewer: ViewerDep) -> Template:
+        """Models, versions, routes and pool sizes."""
+        return Template("models.html.j2", context=await _context(kiln, viewer))
+
+    @post("/models/{name:str}/route")
+    async def route(
+        self, request: Request[Any, Any, Any], kiln: KilnDep, viewer: ViewerDep, name: str
+    ) -> Template:
+        """Set a route from the form; the table comes back with it applied."""
+        form = await request.form()
+        fields = {
+            "stable_version": str(form.get("stable_version", "")),
+            "canary_version": str(form.get("canary_version") or "") or None,
+            "canary_percent": forms.percent(str(form.get("canary_percent", "")), "canary_percent"),
+        }
+        data = forms.convert(fields, RouteUpdate)
+        async with transaction(kiln, viewer.actor) as session:
+            await routes.set_route(session, viewer.actor, name, data)
+        await kiln.pools.reconcile()
+        context = {**await _context(kiln, viewer), "partial": True}
+        return Template("_models.html.j2", context=context)
+
+
+async def _context(kiln: Kiln, viewer: Viewer) -> dict[str, Any]:
+    async with transaction(kiln, viewer.actor) as session:
+        rows = await routes.list_routes(session, viewer.actor)
+    pools = kiln.pools
+    replicas = {
+        key: (desired, len(pools.backend.ready(key))) for key, desired in pools.desired.items()
+    }
+    return {"viewer": viewer, "models": rows, "replicas": replicas}

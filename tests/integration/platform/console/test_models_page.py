@@ -1,0 +1,70 @@
+"""The console's models page: versions, routes and pools; routing through its form."""
+
+from __future__ import annotations
+
+import uuid
+
+import pytest
+
+from kiln_platform.registry.services import register_version
+from kiln_platform.settings import Settings
+from kiln_runtimes.protocol import ModelManifest
+
+from .conftest import App
+
+HX = {"hx-request": "true"}
+
+
+@pytest.fixture(scope="module")
+def settings(database_uri: str, tmp_path_factory: pytest.TempPathFactory) -> Settings:
+    """No worker starts until a request asks (the registered versions have no real files)."""
+    return Settings(
+        data_dir=tmp_path_factory.mktemp("data"), database_url=database_uri,
+        secret_key="console-test-secret", pool_initial_replicas=0,
+    )  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+async def model(app: App) -> str:
+    name = f"m-{uuid.uuid4().hex[:6]}"
+    manifest = ModelManifest(name=name, task="embeddings", engine="onnxruntime", dimensions=4)
+    for v in ("1", "2"):
+        async with app.kiln.db.sessions.begin() as session:
+            await register_version(session, manifest, v, f"sha256:{v * 64}")
+    return name
+
+
+async def test_a_platform_admin_routes_a_canary_from_the_page(app: App, model: str) -> None:
+    async with app.signed_in(await app.user("platform-admin")) as (http, token):
+        page = await http.get("/console/models")
+        assert page.status_code == 200
+        assert f'id="model-{model}"' in page.text
+        headers = {**HX, "x-csrftoken": token}
+        form = {"stable_version": "1", "canary_version": "2", "canary_percent": "30"}
+        r = await http.post(f"/console/models/{model}/route", data=form, headers=headers)
+        assert r.status_code == 200, r.text
+        assert "canary (30 %)" in r.text
+        assert "stable (70 %)" in r.text
+        assert app.kiln.resolver.routes[model].canary_percent == 30
+        bad = {"stable_version": "1", "canary_version": "2", "canary_percent": "lots"}
+        r = await http.post(f"/console/models/{model}/route", data=bad, headers=headers)
+        assert r.status_code == 400
+        assert 'data-field="canary_percent"' in r.text
+        same = {"stable_version": "2", "canary_version": "2", "canary_percent": "5"}
+        r = await http.post(f"/console/models/{model}/route", data=same, headers=headers)
+        assert r.status_code == 400
+        assert 'data-field="canary_version"' in r.text
+        assert app.kiln.resolver.routes[model].canary_percent == 30  # unchanged
+
+
+async def test_other_roles_read_or_are_refused(app: App, model: str) -> None:
+    tenant = await app.tenant()
+    async with app.signed_in(await app.user("tenant-admin", tenant)) as (http, token):
+        page = await http.get("/console/models")
+        assert page.status_code == 200
+        assert 'class="route"' not in page.text  # no form
+        r = await http.post(f"/console/models/{model}/route", data={"stable_version": "1"},
+                            headers={**HX, "x-csrftoken": token})  # fmt: skip
+        assert r.status_code == 403
+    async with app.signed_in(await app.user("finance")) as (http, _):
+        assert (await http.get("/console/models")).status_code == 403
