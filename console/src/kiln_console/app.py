@@ -25,6 +25,7 @@ from litestar.template.config import TemplateConfig
 
 from kiln_console import auth, costs, errors, models, pages
 from kiln_console.sso import OpenIDProvider
+from kiln_console.throttle import Throttle
 
 if TYPE_CHECKING:
     from litestar.types import ASGIApp
@@ -76,6 +77,8 @@ def console(settings: Settings) -> Console:
         cookie_httponly=True, header_name="x-csrftoken",
     )  # fmt: skip
     provider = _provider(settings)
+    limit = settings.console_login_failures
+    throttles = (Throttle(limit, 900.0), Throttle(10 * limit, 900.0))  # per email, per address
     label = settings.oidc_label if provider is not None else None
     static = create_static_files_router(path="/static", directories=[HERE / "static"],
                                         name="console-static", include_in_schema=False)  # fmt: skip
@@ -86,6 +89,7 @@ def console(settings: Settings) -> Console:
             "viewer": Provide(auth.provide_viewer),
             "provider": Provide(lambda: provider, sync_to_thread=False),
             "sso": Provide(lambda: label, sync_to_thread=False),
+            "throttles": Provide(lambda: throttles, sync_to_thread=False),
         },
         middleware=[
             DefineMiddleware(_sessions, config=session),

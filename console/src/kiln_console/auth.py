@@ -15,6 +15,7 @@ from litestar.params import SkipValidation
 from litestar.response import Redirect, Template
 
 from kiln_console.sso import OpenIDProvider
+from kiln_console.throttle import Throttle
 from kiln_platform.admin.authz import BILLING_READERS, Actor, Role, actor_tenant, require
 from kiln_platform.admin.deps import source_of
 from kiln_platform.context import Kiln
@@ -26,6 +27,8 @@ AnyRequest = Request[Any, Any, Any]
 KilnDep = SkipValidation[Kiln]
 ProviderDep = SkipValidation[OpenIDProvider | None]
 SSODep = SkipValidation[str | None]
+ThrottlesDep = SkipValidation[tuple[Throttle, Throttle]]
+"""Failed sign-ins by email, and by client address."""
 """The label of the single sign-on button, None without SSO."""
 
 
@@ -102,17 +105,30 @@ class SignIn(Controller):
         return Template("login.html.j2", context={"email": "", "error": None, "sso": sso})
 
     @post("/login")
-    async def login(self, request: AnyRequest, kiln: KilnDep, sso: SSODep) -> Redirect | Template:
-        """Check the password (audited as ``user.login``); start a session."""
+    async def login(
+        self, request: AnyRequest, kiln: KilnDep, sso: SSODep, throttles: ThrottlesDep
+    ) -> Redirect | Template:
+        """Check the password (audited as ``user.login``); start a session. Repeated failures
+        for one email or from one address are refused for a while (429) before any check."""
         form = await request.form()
         email, password = str(form.get("email", "")), str(form.get("password", ""))
+        keys = ((throttles[0], email.strip().lower()), (throttles[1], str(source_of(request))))
+        wait = max((throttle.retry_after(k) or 0.0 for throttle, k in keys), default=0.0)
+        if wait > 0:
+            error = f"Too many failed sign-ins; try again in {max(1, round(wait / 60))} min."
+            context = {"email": email, "sso": sso, "error": error}
+            headers = {"retry-after": str(max(1, round(wait)))}
+            return Template("login.html.j2", context=context, status_code=429, headers=headers)
         try:
             async with kiln.db.sessions.begin() as session:
                 user = await authenticate(session, email, password, request.state.request_id,
                                           source_of(request))  # fmt: skip
         except Unauthorized as exc:
+            for throttle, key in keys:
+                throttle.failed(key)
             context = {"email": email, "error": exc.message, "sso": sso}
             return Template("login.html.j2", context=context, status_code=401)
+        throttles[0].clear(keys[0][1])
         request.set_session({"uid": str(user.id)})
         return Redirect("/console/", status_code=303)
 

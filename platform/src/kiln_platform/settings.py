@@ -91,6 +91,9 @@ class Settings(BaseSettings):
     console_url: str | None = None
     """The console's public base URL (``https://kiln.example.com``) for the SSO redirect URI;
     unset: taken from the request."""
+    console_login_failures: int = Field(default=5, ge=1)
+    """Failed console sign-ins per email (and 10x that per client address) in 15 minutes before
+    sign-in answers 429 for the rest of the window."""
     console_secure_cookies: bool = False
     """Mark the console's session and CSRF cookies ``Secure`` (set it when served over HTTPS)."""
     idempotency_ttl_s: float = 86_400.0

@@ -8,13 +8,14 @@ import io
 import uuid
 from datetime import UTC, datetime
 
+import httpx
 from sqlalchemy import delete, func, select
 
 from kiln_platform.db.tables import ApiKey, AuditRecord, OAuthClient, User
 from kiln_platform.reports.schemas import AdjustmentCreate
 from kiln_platform.reports.statements import create_adjustment
 
-from .conftest import CLI, App, csrf
+from .conftest import CLI, PASSWORD, App, csrf
 
 HX = {"hx-request": "true"}
 
@@ -165,3 +166,22 @@ async def test_costs_are_confined_to_the_tenant_and_bad_dates_name_the_field(app
         assert {str(ours), str(theirs)} <= ids  # finance reads every tenant
         r = await http.get(f"/console/tenants/{ours}/keys")
         assert r.status_code == 403  # and nothing else
+
+
+async def test_repeated_failures_lock_the_email_for_a_while(app: App) -> None:
+    locked = await app.user("tenant-admin", await app.tenant())
+    other = await app.user("tenant-admin", await app.tenant())
+    async with app.client() as http:
+        token = csrf(await http.get("/console/login"))
+
+        async def attempt(email: str, password: str) -> httpx.Response:
+            form = {"email": email, "password": password, "_csrf_token": token}
+            return await http.post("/console/login", data=form)
+
+        for _ in range(5):  # KILN_CONSOLE_LOGIN_FAILURES
+            assert (await attempt(locked, "guess")).status_code == 401
+        r = await attempt(locked.upper(), PASSWORD)  # even the right password, any case
+        assert r.status_code == 429
+        assert 800 < int(r.headers["retry-after"]) <= 900
+        assert "Too many failed sign-ins" in r.text
+        assert (await attempt(other, PASSWORD)).status_code == 303  # another email still can
