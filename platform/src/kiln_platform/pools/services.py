@@ -85,9 +85,14 @@ class PoolManager:
         for version in served.values():
             self._adopt(version)
         for key in set(self._states) - set(served):
+            busy = self.runners[key].scheduler
+            if busy.in_flight or len(busy.queue):
+                continue  # no new request routes here: retire it once its work is done
             log.info("pool retired", pool=key)
             del self._states[key]
             self.desired.pop(key, None)
+            self._last_request.pop(key, None)
+            del self.runners[key]
             self.backend.remove(key)
 
     def _adopt(self, version: ResolvedVersion) -> None:
