@@ -183,6 +183,27 @@ def test_single_sign_on_through_the_provider(page: Page, oidc_provider: Any) -> 
     expect(page.locator("#login-error")).to_contain_text("No console account has the email")
 
 
+def test_a_tenant_admin_adds_promotes_and_removes_a_user(page: Page) -> None:
+    sign_in(page, "admin@acme.test")
+    page.click("header nav >> text=Users")
+    page.fill("#new-user input[name=email]", "new@acme.test")
+    page.fill("#new-user input[name=password]", PASSWORD)
+    page.click("#new-user button[type=submit]")
+    row = page.locator("#users tbody tr[data-email='new@acme.test']")
+    expect(row.locator("select[name=role]")).to_have_value("tenant-member")
+    row.locator("select[name=role]").select_option("tenant-admin")  # htmx posts on change
+    expect(page.locator("#users tbody tr[data-email='new@acme.test'] select")).to_have_value(
+        "tenant-admin"
+    )
+    page.reload()  # it was saved, not only shown
+    expect(row.locator("select[name=role]")).to_have_value("tenant-admin")
+    page.once("dialog", lambda dialog: dialog.accept())
+    row.get_by_role("button", name="Remove").click()
+    expect(row).to_have_count(0)
+    page.click("header nav >> text=Quotas")
+    expect(page.locator("#limits")).to_contain_text("Requests per minute")
+
+
 def test_signing_out_ends_the_session(page: Page) -> None:
     sign_in(page, "admin@acme.test")
     keys = page.url

@@ -23,7 +23,7 @@ from litestar.middleware.session.client_side import ClientSideSessionBackend, Co
 from litestar.static_files import create_static_files_router
 from litestar.template.config import TemplateConfig
 
-from kiln_console import auth, costs, errors, models, pages
+from kiln_console import auth, costs, errors, members, models, pages
 from kiln_console.sso import OpenIDProvider
 from kiln_console.throttle import Throttle
 
@@ -84,7 +84,14 @@ def console(settings: Settings) -> Console:
                                         name="console-static", include_in_schema=False)  # fmt: skip
     router = Router(
         path=PREFIX,
-        route_handlers=[auth.SignIn, pages.Pages, costs.Costs, models.Models, static],
+        route_handlers=[
+            auth.SignIn,
+            pages.Pages,
+            members.Members,
+            costs.Costs,
+            models.Models,
+            static,
+        ],
         dependencies={
             "viewer": Provide(auth.provide_viewer),
             "provider": Provide(lambda: provider, sync_to_thread=False),

@@ -16,8 +16,8 @@ import msgspec
 
 from kiln_platform.admin.authz import Actor, check_tenant, require
 from kiln_platform.errors import BadRequest
-from kiln_platform.reports._format import columns, money
 from kiln_platform.reports._query import CostQuery, cost_select
+from kiln_platform.reports.formats import columns, money
 from kiln_platform.reports.schemas import COLUMNS, DEFAULT_GROUPS, GROUPS
 
 if TYPE_CHECKING:

@@ -24,7 +24,7 @@ from kiln_platform.audit.services import record, snapshot
 from kiln_platform.billing.budgets import period_end
 from kiln_platform.billing.tables import PriceBook, Statement, UsageCharge
 from kiln_platform.errors import BadRequest, Conflict, NotFound
-from kiln_platform.reports._format import money
+from kiln_platform.reports.formats import money
 from kiln_platform.reports.schemas import AdjustmentCreate, AdjustmentView, StatementView, month
 
 if TYPE_CHECKING:
