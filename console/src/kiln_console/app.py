@@ -23,7 +23,7 @@ from litestar.middleware.session.client_side import ClientSideSessionBackend, Co
 from litestar.static_files import create_static_files_router
 from litestar.template.config import TemplateConfig
 
-from kiln_console import auth, costs, errors, members, models, pages
+from kiln_console import audit, auth, costs, errors, members, models, pages
 from kiln_console.sso import OpenIDProvider
 from kiln_console.throttle import Throttle
 
@@ -90,6 +90,7 @@ def console(settings: Settings) -> Console:
             members.Members,
             costs.Costs,
             models.Models,
+            audit.Audit,
             static,
         ],
         dependencies={

@@ -69,3 +69,25 @@ async def test_quotas_and_budget_are_shown_to_the_tenant(app: App) -> None:
         assert (await http.get(f"/console/tenants/{tenant}/users")).status_code == 403
     async with app.signed_in(await app.user("finance")) as (http, _):
         assert (await http.get(f"/console/tenants/{tenant}/quotas")).status_code == 403
+
+
+async def test_the_audit_log_shows_the_tenants_own_records(app: App) -> None:
+    ours, theirs = await app.tenant(), await app.tenant()
+    async with app.signed_in(await app.user("tenant-admin", theirs)) as (http, token):
+        form = {"name": "theirs", "scopes": "inference"}
+        await http.post(f"/console/tenants/{theirs}/keys", data=form,
+                        headers={**HX, "x-csrftoken": token})  # fmt: skip
+    admin = await app.user("tenant-admin", ours)
+    async with app.signed_in(admin) as (http, token):
+        r = await http.post(f"/console/tenants/{ours}/keys", data={"scopes": "inference"},
+                            headers={**HX, "x-csrftoken": token})  # fmt: skip
+        assert r.status_code == 201
+        page = await http.get("/console/audit")
+        assert page.status_code == 200
+        assert f"user:{admin}" in page.text
+        assert page.text.count('data-action="key.create"') == 1  # ours, not theirs
+        r = await http.get("/console/audit?action=user.login", headers=HX)
+        assert 'data-action="user.login"' in r.text
+        assert 'data-action="key.create"' not in r.text
+    async with app.signed_in(await app.user("tenant-member", ours)) as (http, _):
+        assert (await http.get("/console/audit")).status_code == 403
