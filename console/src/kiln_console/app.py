@@ -25,7 +25,7 @@ from litestar.template.config import TemplateConfig
 
 from kiln_console import audit, auth, costs, errors, members, models, pages
 from kiln_console.sso import OpenIDProvider
-from kiln_console.throttle import Throttle
+from kiln_console.throttle import SignInThrottle
 
 if TYPE_CHECKING:
     from litestar.types import ASGIApp
@@ -57,7 +57,7 @@ def _provider(settings: Settings) -> OpenIDProvider | None:
     if not (s.oidc_issuer and s.oidc_client_id and s.oidc_client_secret):
         return None
     secret = s.oidc_client_secret.get_secret_value()
-    return OpenIDProvider(s.oidc_issuer, s.oidc_client_id, secret, s.oidc_scopes)
+    return OpenIDProvider(s.oidc_issuer, s.oidc_client_id, secret, s.oidc_scopes, s.oidc_label)
 
 
 def _derive(secret: bytes, purpose: str) -> bytes:
@@ -77,9 +77,7 @@ def console(settings: Settings) -> Console:
         cookie_httponly=True, header_name="x-csrftoken",
     )  # fmt: skip
     provider = _provider(settings)
-    limit = settings.console_login_failures
-    throttles = (Throttle(limit, 900.0), Throttle(10 * limit, 900.0))  # per email, per address
-    label = settings.oidc_label if provider is not None else None
+    throttle = SignInThrottle(settings.console_login_failures)
     static = create_static_files_router(path="/static", directories=[HERE / "static"],
                                         name="console-static", include_in_schema=False)  # fmt: skip
     router = Router(
@@ -96,8 +94,7 @@ def console(settings: Settings) -> Console:
         dependencies={
             "viewer": Provide(auth.provide_viewer),
             "provider": Provide(lambda: provider, sync_to_thread=False),
-            "sso": Provide(lambda: label, sync_to_thread=False),
-            "throttles": Provide(lambda: throttles, sync_to_thread=False),
+            "throttle": Provide(lambda: throttle, sync_to_thread=False),
         },
         middleware=[
             DefineMiddleware(_sessions, config=session),

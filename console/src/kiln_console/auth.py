@@ -15,7 +15,7 @@ from litestar.params import SkipValidation
 from litestar.response import Redirect, Template
 
 from kiln_console.sso import OpenIDProvider
-from kiln_console.throttle import Throttle
+from kiln_console.throttle import SignInThrottle
 from kiln_platform.admin.authz import BILLING_READERS, Actor, Role, actor_tenant, require
 from kiln_platform.admin.deps import source_of
 from kiln_platform.context import Kiln
@@ -26,10 +26,8 @@ from kiln_platform.users.services import authenticate, sign_in_verified
 AnyRequest = Request[Any, Any, Any]
 KilnDep = SkipValidation[Kiln]
 ProviderDep = SkipValidation[OpenIDProvider | None]
-SSODep = SkipValidation[str | None]
-ThrottlesDep = SkipValidation[tuple[Throttle, Throttle]]
-"""Failed sign-ins by email, and by client address."""
-"""The label of the single sign-on button, None without SSO."""
+"""The single sign-on provider, None without SSO."""
+ThrottleDep = SkipValidation[SignInThrottle]
 
 
 class LoginRequired(Exception):
@@ -90,6 +88,15 @@ async def provide_viewer(request: AnyRequest, kiln: KilnDep) -> Viewer:
     return Viewer(actor, user.email, user.tenant_id)
 
 
+def _login_page(
+    provider: OpenIDProvider | None, email: str, error: str | None, *, status: int = 200,
+    headers: dict[str, str] | None = None,
+) -> Template:  # fmt: skip
+    """The sign-in page, with what was typed and why it failed."""
+    context = {"email": email, "error": error, "sso": provider and provider.label}
+    return Template("login.html.j2", context=context, status_code=status, headers=headers)
+
+
 def _callback(request: AnyRequest, kiln: Kiln) -> str:
     """The redirect URI registered with the provider: ``KILN_CONSOLE_URL`` or this host's."""
     base = kiln.settings.console_url or str(request.base_url)
@@ -100,35 +107,32 @@ class SignIn(Controller):
     """``/console/login`` and ``/console/logout``."""
 
     @get("/login")
-    async def form(self, sso: SSODep) -> Template:
+    async def form(self, provider: ProviderDep) -> Template:
         """The sign-in page."""
-        return Template("login.html.j2", context={"email": "", "error": None, "sso": sso})
+        return _login_page(provider, "", None)
 
     @post("/login")
     async def login(
-        self, request: AnyRequest, kiln: KilnDep, sso: SSODep, throttles: ThrottlesDep
+        self, request: AnyRequest, kiln: KilnDep, provider: ProviderDep, throttle: ThrottleDep
     ) -> Redirect | Template:
         """Check the password (audited as ``user.login``); start a session. Repeated failures
         for one email or from one address are refused for a while (429) before any check."""
         form = await request.form()
-        email, password = str(form.get("email", "")), str(form.get("password", ""))
-        keys = ((throttles[0], email.strip().lower()), (throttles[1], str(source_of(request))))
-        wait = max((throttle.retry_after(k) or 0.0 for throttle, k in keys), default=0.0)
+        email, password = str(form.get("email", "")).strip(), str(form.get("password", ""))
+        source = str(source_of(request))
+        wait = throttle.retry_after(email, source)
         if wait > 0:
             error = f"Too many failed sign-ins; try again in {max(1, round(wait / 60))} min."
-            context = {"email": email, "sso": sso, "error": error}
             headers = {"retry-after": str(max(1, round(wait)))}
-            return Template("login.html.j2", context=context, status_code=429, headers=headers)
+            return _login_page(provider, email, error, status=429, headers=headers)
         try:
             async with kiln.db.sessions.begin() as session:
                 user = await authenticate(session, email, password, request.state.request_id,
-                                          source_of(request))  # fmt: skip
+                                          source)  # fmt: skip
         except Unauthorized as exc:
-            for throttle, key in keys:
-                throttle.failed(key)
-            context = {"email": email, "error": exc.message, "sso": sso}
-            return Template("login.html.j2", context=context, status_code=401)
-        throttles[0].clear(keys[0][1])
+            throttle.failed(email, source)
+            return _login_page(provider, email, exc.message, status=401)
+        throttle.succeeded(email)
         request.set_session({"uid": str(user.id)})
         return Redirect("/console/", status_code=303)
 
@@ -146,7 +150,7 @@ class SignIn(Controller):
 
     @get("/sso/callback")
     async def sso_callback(
-        self, request: AnyRequest, kiln: KilnDep, provider: ProviderDep, sso: SSODep
+        self, request: AnyRequest, kiln: KilnDep, provider: ProviderDep
     ) -> Redirect | Template:
         """Finish the sign-in: a verified email of an existing user starts a session."""
         if provider is None:
@@ -160,8 +164,7 @@ class SignIn(Controller):
                 user = await sign_in_verified(session, email, request.state.request_id,
                                               source_of(request), "oidc")  # fmt: skip
         except (Unauthorized, Forbidden) as exc:
-            context = {"email": "", "error": exc.message, "sso": sso}
-            return Template("login.html.j2", context=context, status_code=exc.status_code)
+            return _login_page(provider, "", exc.message, status=exc.status_code)
         request.set_session({"uid": str(user.id)})
         return Redirect("/console/", status_code=303)
 

@@ -18,9 +18,9 @@ def convert(fields: dict[str, Any], into: type[T]) -> T:
     try:
         return msgspec.convert(fields, into)
     except msgspec.ValidationError as exc:
-        message = str(exc)
-        _, _, path = message.rpartition("`$.")
-        param = path.rstrip("`").split("[")[0] or None
+        message = str(exc)  # "Expected `str` of length <= 100 - at `$.name`"
+        _, at, path = message.rpartition("`$.")
+        param = path.rstrip("`").split("[")[0] if at else None
         raise BadRequest(f"Invalid form: {message}", param=param) from None
 
 

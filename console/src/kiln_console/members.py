@@ -35,7 +35,9 @@ class Members(Controller):
     @get("/tenants/{tenant_id:uuid}/users")
     async def users(self, kiln: KilnDep, viewer: ViewerDep, tenant_id: uuid.UUID) -> Template:
         """The tenant's console users, and the form that adds one."""
-        return Template("users.html.j2", context=await _users(kiln, viewer, tenant_id))
+        async with transaction(kiln, viewer.actor) as session:
+            context = await _users(session, viewer, tenant_id)
+        return Template("users.html.j2", context=context)
 
     @post("/tenants/{tenant_id:uuid}/users")
     async def add_user(
@@ -48,7 +50,7 @@ class Members(Controller):
         data = forms.convert(fields, UserCreate)
         async with transaction(kiln, viewer.actor) as session:
             await users.create_user(session, viewer.actor, data)
-        context = {**await _users(kiln, viewer, tenant_id), "partial": True}
+            context = {**await _users(session, viewer, tenant_id), "partial": True}
         return Template("_users.html.j2", context=context, status_code=201)
 
     @post("/tenants/{tenant_id:uuid}/users/{user_id:uuid}/role")
@@ -61,7 +63,7 @@ class Members(Controller):
         async with transaction(kiln, viewer.actor) as session:
             await _same_tenant(session, viewer, user_id, tenant_id)
             await users.change_role(session, viewer.actor, user_id, data)
-        context = {**await _users(kiln, viewer, tenant_id), "partial": True}
+            context = {**await _users(session, viewer, tenant_id), "partial": True}
         return Template("_users.html.j2", context=context)
 
     @post("/tenants/{tenant_id:uuid}/users/{user_id:uuid}/remove")
@@ -72,7 +74,7 @@ class Members(Controller):
         async with transaction(kiln, viewer.actor) as session:
             await _same_tenant(session, viewer, user_id, tenant_id)
             await users.delete_user(session, viewer.actor, user_id)
-        context = {**await _users(kiln, viewer, tenant_id), "partial": True}
+            context = {**await _users(session, viewer, tenant_id), "partial": True}
         return Template("_users.html.j2", context=context)
 
     @get("/tenants/{tenant_id:uuid}/quotas")
@@ -85,10 +87,10 @@ class Members(Controller):
         return Template("quotas.html.j2", context=context)
 
 
-async def _users(kiln: Kiln, viewer: Viewer, tenant_id: uuid.UUID) -> dict[str, Any]:
-    async with transaction(kiln, viewer.actor) as session:
-        tenant = await admin.get_tenant(session, viewer.actor, tenant_id)
-        rows = await users.list_users(session, viewer.actor, tenant_id)
+async def _users(session: AsyncSession, viewer: Viewer, tenant_id: uuid.UUID) -> dict[str, Any]:
+    """The users page's context, read in the caller's transaction (after its change, if any)."""
+    tenant = await admin.get_tenant(session, viewer.actor, tenant_id)
+    rows = await users.list_users(session, viewer.actor, tenant_id)
     return {"viewer": viewer, "tenant": tenant, "users": rows}
 
 

@@ -14,6 +14,7 @@ from kiln_console.auth import Viewer
 from kiln_platform.admin.deps import transaction
 from kiln_platform.context import Kiln
 from kiln_platform.registry import routes
+from kiln_platform.registry.routes import ModelRoutes
 from kiln_platform.registry.schemas import RouteUpdate
 
 KilnDep = SkipValidation[Kiln]
@@ -26,7 +27,9 @@ class Models(Controller):
     @get("/models")
     async def page(self, kiln: KilnDep, viewer: ViewerDep) -> Template:
         """Models, versions, routes and pool sizes."""
-        return Template("models.html.j2", context=await _context(kiln, viewer))
+        async with transaction(kiln, viewer.actor) as session:
+            rows = await routes.list_routes(session, viewer.actor)
+        return Template("models.html.j2", context=_context(kiln, viewer, rows))
 
     @post("/models/{name:str}/route")
     async def route(
@@ -42,16 +45,12 @@ class Models(Controller):
         data = forms.convert(fields, RouteUpdate)
         async with transaction(kiln, viewer.actor) as session:
             await routes.set_route(session, viewer.actor, name, data)
-        await kiln.pools.reconcile()
-        context = {**await _context(kiln, viewer), "partial": True}
-        return Template("_models.html.j2", context=context)
+            rows = await routes.list_routes(session, viewer.actor)
+        await kiln.pools.reconcile()  # pools for the new route, before their sizes are shown
+        return Template(
+            "_models.html.j2", context={**_context(kiln, viewer, rows), "partial": True}
+        )
 
 
-async def _context(kiln: Kiln, viewer: Viewer) -> dict[str, Any]:
-    async with transaction(kiln, viewer.actor) as session:
-        rows = await routes.list_routes(session, viewer.actor)
-    pools = kiln.pools
-    replicas = {
-        key: (desired, len(pools.backend.ready(key))) for key, desired in pools.desired.items()
-    }
-    return {"viewer": viewer, "models": rows, "replicas": replicas}
+def _context(kiln: Kiln, viewer: Viewer, rows: list[ModelRoutes]) -> dict[str, Any]:
+    return {"viewer": viewer, "models": rows, "sizes": kiln.pools.sizes()}

@@ -4,7 +4,7 @@ role and the tenant exactly as they do for ``/admin/v1`` (another tenant's page 
 from __future__ import annotations
 
 import uuid
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from litestar import Controller, Request, get, post
 from litestar.params import SkipValidation
@@ -20,19 +20,21 @@ from kiln_platform.errors import BadRequest
 from kiln_platform.oauth import services as oauth
 from kiln_platform.oauth.schemas import ClientCreate
 
+if TYPE_CHECKING:
+    from litestar.datastructures import FormMultiDict
+    from sqlalchemy.ext.asyncio import AsyncSession
+
 KilnDep = SkipValidation[Kiln]
 ViewerDep = SkipValidation[Viewer]
 AnyRequest = Request[Any, Any, Any]
 
 
-async def _fields(request: AnyRequest) -> dict[str, Any]:
-    """The name and scopes every create form has (at least one scope ticked)."""
-    form = await request.form()
+def _fields(form: FormMultiDict) -> dict[str, Any]:
+    """The label and scopes both create forms have (at least one scope ticked)."""
     scopes = form.getall("scopes") if "scopes" in form else []
     if not scopes:
         raise BadRequest("Choose at least one scope.", param="scopes")
-    return {"name": str(form.get("name", "")), "scopes": scopes,
-            "expires": str(form.get("expires_days", ""))}  # fmt: skip
+    return {"name": str(form.get("name", "")), "scopes": scopes}
 
 
 class Pages(Controller):
@@ -53,21 +55,23 @@ class Pages(Controller):
     @get("/tenants/{tenant_id:uuid}/keys")
     async def keys(self, kiln: KilnDep, viewer: ViewerDep, tenant_id: uuid.UUID) -> Template:
         """A tenant's API keys, and the form that creates one."""
-        return Template("keys.html.j2", context=await self._keys(kiln, viewer, tenant_id))
+        async with transaction(kiln, viewer.actor) as session:
+            context = await _keys(session, viewer, tenant_id)
+        return Template("keys.html.j2", context=context)
 
     @post("/tenants/{tenant_id:uuid}/keys")
     async def create_key(
         self, request: AnyRequest, kiln: KilnDep, viewer: ViewerDep, tenant_id: uuid.UUID
     ) -> Template:
         """Create a key: its secret is shown in this response only."""
-        fields = await _fields(request)
-        expires = forms.days(fields.pop("expires"), "expires_days")
-        data = forms.convert({**fields, "expires_in_s": expires}, KeyCreate)
+        form = await request.form()
+        expires = forms.days(str(form.get("expires_days", "")), "expires_days")
+        data = forms.convert({**_fields(form), "expires_in_s": expires}, KeyCreate)
         async with transaction(kiln, viewer.actor) as session:
             made = await admin.create_tenant_key(
                 session, viewer.actor, tenant_id, data, kiln.settings.hmac_key()
             )
-        context = {**await self._keys(kiln, viewer, tenant_id), "created": made}
+            context = {**await _keys(session, viewer, tenant_id), "created": made}
         return Template("_key_created.html.j2", context=context, status_code=201)
 
     @post("/tenants/{tenant_id:uuid}/keys/{key_id:uuid}/revoke")
@@ -79,27 +83,27 @@ class Pages(Controller):
             await admin.revoke_key(
                 session, viewer.actor, str(key_id), kiln.settings.hmac_key(), tenant_id
             )
-        context = {**await self._keys(kiln, viewer, tenant_id), "partial": True}
+            context = {**await _keys(session, viewer, tenant_id), "partial": True}
         return Template("_keys.html.j2", context=context)
 
     @get("/tenants/{tenant_id:uuid}/clients")
     async def clients(self, kiln: KilnDep, viewer: ViewerDep, tenant_id: uuid.UUID) -> Template:
         """A tenant's OAuth clients, and the form that registers one."""
-        return Template("clients.html.j2", context=await self._clients(kiln, viewer, tenant_id))
+        async with transaction(kiln, viewer.actor) as session:
+            context = await _clients(session, viewer, tenant_id)
+        return Template("clients.html.j2", context=context)
 
     @post("/tenants/{tenant_id:uuid}/clients")
     async def create_client(
         self, request: AnyRequest, kiln: KilnDep, viewer: ViewerDep, tenant_id: uuid.UUID
     ) -> Template:
         """Register a client: its secret is shown in this response only."""
-        fields = await _fields(request)
-        del fields["expires"]
-        data = forms.convert(fields, ClientCreate)
+        data = forms.convert(_fields(await request.form()), ClientCreate)
         async with transaction(kiln, viewer.actor) as session:
             made = await oauth.create_client(
                 session, viewer.actor, tenant_id, data, kiln.settings.hmac_key()
             )
-        context = {**await self._clients(kiln, viewer, tenant_id), "created": made}
+            context = {**await _clients(session, viewer, tenant_id), "created": made}
         return Template("_client_created.html.j2", context=context, status_code=201)
 
     @post("/tenants/{tenant_id:uuid}/clients/{client_id:uuid}/revoke")
@@ -109,17 +113,19 @@ class Pages(Controller):
         """Revoke a client: no new tokens; its tokens are refused within the cache TTL."""
         async with transaction(kiln, viewer.actor) as session:
             await oauth.revoke_client(session, viewer.actor, tenant_id, client_id)
-        context = {**await self._clients(kiln, viewer, tenant_id), "partial": True}
+            context = {**await _clients(session, viewer, tenant_id), "partial": True}
         return Template("_clients.html.j2", context=context)
 
-    async def _keys(self, kiln: Kiln, viewer: Viewer, tenant_id: uuid.UUID) -> dict[str, Any]:
-        async with transaction(kiln, viewer.actor) as session:
-            tenant = await admin.get_tenant(session, viewer.actor, tenant_id)
-            keys = await admin.list_keys(session, viewer.actor, tenant_id)
-        return {"viewer": viewer, "tenant": tenant, "keys": keys}
 
-    async def _clients(self, kiln: Kiln, viewer: Viewer, tenant_id: uuid.UUID) -> dict[str, Any]:
-        async with transaction(kiln, viewer.actor) as session:
-            tenant = await admin.get_tenant(session, viewer.actor, tenant_id)
-            clients = await oauth.list_clients(session, viewer.actor, tenant_id)
-        return {"viewer": viewer, "tenant": tenant, "clients": clients}
+async def _keys(session: AsyncSession, viewer: Viewer, tenant_id: uuid.UUID) -> dict[str, Any]:
+    """The keys page's context, read in the caller's transaction (after its change, if any)."""
+    tenant = await admin.get_tenant(session, viewer.actor, tenant_id)
+    keys = await admin.list_keys(session, viewer.actor, tenant_id)
+    return {"viewer": viewer, "tenant": tenant, "keys": keys}
+
+
+async def _clients(session: AsyncSession, viewer: Viewer, tenant_id: uuid.UUID) -> dict[str, Any]:
+    """The OAuth clients page's context, read in the caller's transaction."""
+    tenant = await admin.get_tenant(session, viewer.actor, tenant_id)
+    clients = await oauth.list_clients(session, viewer.actor, tenant_id)
+    return {"viewer": viewer, "tenant": tenant, "clients": clients}

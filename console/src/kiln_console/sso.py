@@ -30,8 +30,12 @@ ALGORITHMS = ["RS256", "ES256", "PS256"]
 class OpenIDProvider:
     """One configured provider: its discovery document and keys, cached for five minutes."""
 
-    def __init__(self, issuer: str, client_id: str, client_secret: str, scopes: str) -> None:
+    def __init__(
+        self, issuer: str, client_id: str, client_secret: str, scopes: str, label: str
+    ) -> None:
         self.issuer = issuer.rstrip("/")
+        self.label = label
+        """The sign-in button's text."""
         self._client = (client_id, client_secret)
         self._scopes = scopes
         self._metadata: dict[str, Any] = {}

@@ -46,3 +46,27 @@ class Throttle:
         while failures and failures[0] <= horizon:
             failures.popleft()
         return failures
+
+
+class SignInThrottle:
+    """Failed sign-ins per email (``limit``) and per client address (ten times that)."""
+
+    WINDOW_S = 900.0
+
+    def __init__(self, limit: int) -> None:
+        self._emails = Throttle(limit, self.WINDOW_S)
+        self._sources = Throttle(10 * limit, self.WINDOW_S)
+
+    def retry_after(self, email: str, source: str) -> float:
+        """Seconds before this email may try again from this address (0: now)."""
+        waits = (self._emails.retry_after(email.lower()), self._sources.retry_after(source))
+        return max(w or 0.0 for w in waits)
+
+    def failed(self, email: str, source: str) -> None:
+        """Count a failed sign-in."""
+        self._emails.failed(email.lower())
+        self._sources.failed(source)
+
+    def succeeded(self, email: str) -> None:
+        """The email signed in: its failures are forgotten (the address's are not)."""
+        self._emails.clear(email.lower())

@@ -1,4 +1,5 @@
-"""The ``local`` pool backend: supervises the worker subprocesses of each model's pool.
+"""The ``local`` pool backend: supervises the worker subprocesses of each pool (one pool per
+served model version).
 
 The pool manager decides how many workers a pool runs (``pools.autoscale``) and calls
 ``scale``; a worker taken away leaves rotation first, then gets SIGTERM and drains.
@@ -86,6 +87,8 @@ class LocalBackend:
         self.specs: dict[str, PoolSpec] = {}
         self._stopping = False
         self._rechecks: set[asyncio.Task[None]] = set()
+        self._retiring: set[asyncio.Task[None]] = set()
+        """Supervisors of workers taken out of their pool, still draining (``stop`` waits)."""
         self.on_change: Callable[[Worker], None] = lambda worker: None
         """Called when a worker becomes ready or stops being ready."""
         self._standby: asyncio.subprocess.Process | None = None
@@ -132,6 +135,8 @@ class LocalBackend:
         self._set_ready(worker, False)
         if worker.task is not None:
             worker.task.cancel()
+            self._retiring.add(worker.task)
+            worker.task.add_done_callback(self._retiring.discard)
 
     def credits(self, worker: Worker | None) -> int:
         """Requests the scheduler may keep in flight on ``worker`` (about one batch); for a
@@ -155,6 +160,7 @@ class LocalBackend:
         ]
         for task in tasks:
             task.cancel()
+        tasks += self._retiring  # already cancelled, draining: cancelling again cuts the drain
         standby, self._standby = self._standby, None
         if standby is not None and standby.returncode is None:
             standby.terminate()

@@ -56,7 +56,8 @@ class SchedulerCollector:
         )
         now = time.monotonic()  # the event loop's clock, which the schedulers run on
         for key, runner in self._pools.runners.items():
-            labels = key.rsplit("@", 1)
+            spec = self._pools.backend.specs[key]
+            labels = [spec.model, spec.version]
             snapshot = runner.scheduler.snapshot(now)
             jain.add_metric(labels, snapshot.jain)
             for t in snapshot.tenants:
@@ -67,16 +68,15 @@ class SchedulerCollector:
         yield from (admitted, rejected, share, jain, self._replicas())
 
     def _replicas(self) -> GaugeMetricFamily:
-        """Each pool's size: as decided (``desired``, what KEDA would scale to), running, ready."""
+        """Each pool's size (``PoolSize``)."""
         replicas = GaugeMetricFamily(
             "kiln_pool_replicas", "Workers of each pool, by state.",
             labels=["model", "version", "state"],
         )  # fmt: skip
-        for key, desired in self._pools.desired.items():
-            labels, running = key.rsplit("@", 1), self._pools.backend.pools.get(key, [])
-            replicas.add_metric([*labels, "desired"], desired)
-            replicas.add_metric([*labels, "running"], len(running))
-            replicas.add_metric([*labels, "ready"], sum(w.ready for w in running))
+        for size in self._pools.sizes().values():
+            labels = [size.spec.model, size.spec.version]
+            for state in ("desired", "running", "ready"):
+                replicas.add_metric([*labels, state], getattr(size, state))
         return replicas
 
 

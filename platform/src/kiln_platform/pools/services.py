@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+from dataclasses import dataclass
 from functools import partial
 from typing import TYPE_CHECKING
 
@@ -29,6 +30,17 @@ if TYPE_CHECKING:
     from kiln_runtimes.store import ArtifactStore
 
 log = structlog.get_logger("kiln.pools")
+
+
+@dataclass(frozen=True, slots=True)
+class PoolSize:
+    """A pool's version and workers: as the policy decided (what KEDA would scale to), running
+    (started, ready or not), ready."""
+
+    spec: PoolSpec
+    desired: int
+    running: int
+    ready: int
 
 
 class PoolManager:
@@ -145,6 +157,14 @@ class PoolManager:
         if not self.backend.pools.get(pool):
             self.autoscale(pool, arriving=1)
         return runner
+
+    def sizes(self) -> dict[str, PoolSize]:
+        """Every pool's workers: as decided, running, ready."""
+        return {
+            key: PoolSize(self.backend.specs[key], desired, len(self.backend.pools.get(key, [])),
+                          len(self.backend.ready(key)))
+            for key, desired in self.desired.items()
+        }  # fmt: skip
 
     def is_ready(self, pool: str) -> bool:
         """A worker of the pool takes requests now (no side effect: not a request)."""

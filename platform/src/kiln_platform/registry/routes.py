@@ -81,20 +81,14 @@ async def set_route(session: AsyncSession, actor: Actor, name: str, data: RouteU
     if data.canary_percent and data.canary_version is None:
         raise BadRequest("A canary share needs a canary_version.", param="canary_percent")
     before = await session.get(ModelRoute, model.id)
-    old = None if before is None else _snapshot(_view(name, before))
-    values = {"stable_version": data.stable_version, "canary_version": data.canary_version,
-              "canary_percent": data.canary_percent}  # fmt: skip
+    values = _values(data)
     await session.execute(
         insert(ModelRoute).values(model_id=model.id, **values)
         .on_conflict_do_update(index_elements=["model_id"], set_=values)
     )  # fmt: skip
-    await record(session, actor, "model.route", "model", model.id, None, before=old, after=values)
-    return RouteView(
-        model=name,
-        stable_version=data.stable_version,
-        canary_version=data.canary_version,
-        canary_percent=data.canary_percent,
-    )
+    await record(session, actor, "model.route", "model", model.id, None,
+                 before=None if before is None else _values(before), after=values)  # fmt: skip
+    return _view(name, data)
 
 
 async def _model(session: AsyncSession, name: str) -> Model:
@@ -104,27 +98,37 @@ async def _model(session: AsyncSession, name: str) -> Model:
     return model
 
 
-def _view(name: str, row: ModelRoute) -> RouteView:
+def _view(name: str, route: ModelRoute | RouteUpdate) -> RouteView:
     return RouteView(
-        model=name, stable_version=row.stable_version, canary_version=row.canary_version,
-        canary_percent=row.canary_percent,
+        model=name, stable_version=route.stable_version, canary_version=route.canary_version,
+        canary_percent=route.canary_percent,
     )  # fmt: skip
 
 
-def _snapshot(view: RouteView) -> dict[str, object]:
-    return {"stable_version": view.stable_version, "canary_version": view.canary_version,
-            "canary_percent": view.canary_percent}  # fmt: skip
+def _values(route: ModelRoute | RouteUpdate) -> dict[str, object]:
+    """A route's columns (and its audit snapshot)."""
+    return {"stable_version": route.stable_version, "canary_version": route.canary_version,
+            "canary_percent": route.canary_percent}  # fmt: skip
 
 
-async def list_routes(session: AsyncSession, actor: Actor) -> list[tuple[RouteView, list[str]]]:
-    """Every model's route and its versions (oldest first), by model name."""
+ModelRoutes = tuple[RouteView, list[str]]
+"""A model's route, and its versions oldest first."""
+
+
+async def list_routes(session: AsyncSession, actor: Actor) -> list[ModelRoutes]:
+    """Every model's route and versions, by model name (one query)."""
     require(actor, "models")
     rows = await session.execute(
-        select(Model.name, ModelVersion.version)
+        select(Model.name, ModelVersion.version, ModelRoute)
         .join(ModelVersion, ModelVersion.model_id == Model.id)
+        .outerjoin(ModelRoute, ModelRoute.model_id == Model.id)
         .order_by(Model.name, ModelVersion.created_at)
     )
-    versions: dict[str, list[str]] = {}
-    for name, version in rows.all():
-        versions.setdefault(name, []).append(version)
-    return [(await get_route(session, actor, name), found) for name, found in versions.items()]
+    found: dict[str, tuple[ModelRoute | None, list[str]]] = {}
+    for name, version, route in rows.all():
+        found.setdefault(name, (route, []))[1].append(version)
+    return [
+        (_view(name, route) if route else RouteView(model=name, stable_version=versions[-1],
+                                                     routed=False), versions)
+        for name, (route, versions) in found.items()
+    ]  # fmt: skip
