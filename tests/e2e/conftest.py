@@ -266,6 +266,11 @@ CHROMIUM_FLAGS = [
 ]  # fmt: skip
 PASSWORD = "correct horse battery"
 """The console users' password in the browser tests."""
+SLOW_SETTLE = (
+    "document.addEventListener('DOMContentLoaded', () => { htmx.config.defaultSettleDelay = 300 })"
+)
+HTMX_BUSY = ".htmx-request, .htmx-swapping, .htmx-added, .htmx-settling"
+"""Classes htmx puts on elements while a request, swap or settle is under way."""
 
 
 @pytest.fixture(scope="module")
@@ -284,6 +289,9 @@ def page(browser: Browser, kiln: KilnProcess) -> Iterator[Page]:
     """A fresh browser context (no cookies) on the module's ``kiln``."""
     context = browser.new_context(base_url=kiln.base_url, accept_downloads=True)
     context.set_default_timeout(15_000)
+    # htmx makes swapped-in content live only when it settles (20 ms by default); a longer
+    # settle makes a test that acts before ``settled(page)`` fail every time, not once in a while
+    context.add_init_script(SLOW_SETTLE)
     yield context.new_page()
     context.close()
 
@@ -295,3 +303,9 @@ def sign_in(page: Page, email: str, password: str = PASSWORD) -> None:
     page.fill("input[name=email]", email)
     page.fill("input[name=password]", password)
     page.click("form.card button[type=submit]")
+
+
+def settled(page: Page) -> None:
+    """Wait until htmx has finished its swap: content it adds is live (its ``hx-*`` attributes
+    processed) only after the settle delay, when htmx takes off the ``htmx-added`` class."""
+    expect(page.locator(HTMX_BUSY)).to_have_count(0)

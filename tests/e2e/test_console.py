@@ -18,7 +18,7 @@ import openai
 import pytest
 from playwright.sync_api import Page, expect
 
-from .conftest import PASSWORD, KilnProcess, sign_in
+from .conftest import PASSWORD, KilnProcess, settled, sign_in
 
 USERS = {
     "admin@acme.test": ("tenant-admin", "acme"),
@@ -107,6 +107,7 @@ def test_an_oauth_client_made_in_the_console_gets_tokens(page: Page, kiln: KilnP
         return httpx.get(f"{kiln.base_url}/v1/models", headers=bearer).raise_for_status()
 
     models()
+    settled(page)  # the new row's buttons are live
     page.once("dialog", lambda dialog: dialog.accept())
     row = page.locator("#clients tbody tr", has_text=client_id)
     row.get_by_role("button", name="Revoke").click()
@@ -191,7 +192,10 @@ def test_a_tenant_admin_adds_promotes_and_removes_a_user(page: Page) -> None:
     page.click("#new-user button[type=submit]")
     row = page.locator("#users tbody tr[data-email='new@acme.test']")
     expect(row.locator("select[name=role]")).to_have_value("tenant-member")
-    row.locator("select[name=role]").select_option("tenant-admin")  # htmx posts on change
+    settled(page)  # the new row's form is live
+    with page.expect_response(re.compile(r"/users/[0-9a-f-]{36}/role$")) as posted:
+        row.locator("select[name=role]").select_option("tenant-admin")  # htmx posts on change
+    assert posted.value.ok
     expect(page.locator("#users tbody tr[data-email='new@acme.test'] select")).to_have_value(
         "tenant-admin"
     )
