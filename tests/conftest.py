@@ -125,3 +125,9 @@ def tensor_models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     module = _fixture_module("make_tensor_models")
     built: dict[str, Path] = module.build(tmp_path_factory.mktemp("tensor-models"))
     return built
+
+
+@pytest.fixture(scope="session")
+def peft() -> Any:
+    """Made-up PEFT LoRA adapters (``tests/fixtures/peft_adapters.py``)."""
+    return _fixture_module("peft_adapters")

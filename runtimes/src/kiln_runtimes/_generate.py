@@ -47,6 +47,8 @@ async def stream(
             first = await anext(chunks)
         except StopAsyncIteration:
             raise Internal("generation ended without a chunk") from None
+        except ValueError as exc:  # an adapter this model cannot use
+            raise BadRequest(str(exc)) from None
         response = web.StreamResponse(headers={"Content-Type": CONTENT_TYPE})
         try:
             await response.prepare(http)

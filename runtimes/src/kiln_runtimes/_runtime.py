@@ -51,6 +51,10 @@ class WorkerSettings:
     """A full batch may close while every runner is busy (``BatchPolicy.prefetch``)."""
     cpus: frozenset[int] | None = None
     """Cores for the engine's threads; the event loop keeps off them (``kiln_runtimes.cpus``)."""
+    adapter_slots: int = 0
+    """LoRA adapters a generation worker holds at once (0: none)."""
+    adapter_rank: int = 16
+    """Columns of one adapter slot (q, k and v of an adapter share them)."""
 
     def engine_threads(self, default: int) -> int:
         """``threads`` if given, else one per ``cpus`` core, else ``default``."""
@@ -117,8 +121,9 @@ class Worker:
             self._batcher.start()
         elif manifest.task == "generate":
             generator = get_generation_backend(
-                manifest, threads=settings.engine_threads(0), cpus=settings.cpus
-            )
+                manifest, threads=settings.engine_threads(0), cpus=settings.cpus,
+                adapter_slots=settings.adapter_slots, adapter_rank=settings.adapter_rank,
+            )  # fmt: skip
             await generator.load(settings.model_dir, manifest, settings.max_batch_size)
             self._generator = generator
             self.metrics.watch_generation(generator.running, generator.waiting)

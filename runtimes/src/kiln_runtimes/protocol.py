@@ -111,6 +111,9 @@ class GenerateRequest(msgspec.Struct, frozen=True, kw_only=True):
     express: bool = False
     """Sent on the gateway's express credit: admitted ahead of waiting sequences, behind earlier
     express ones (a running sequence is never stopped for it)."""
+    adapter: str | None = None
+    """A LoRA adapter to generate with: the digest of its folder in the worker's artifact store
+    (``adapter_config.json``, ``adapter_model.safetensors``), loaded on first use."""
 
 
 class GenerateChunk(msgspec.Struct, frozen=True, kw_only=True):

@@ -87,6 +87,14 @@ def parse_args(argv: Sequence[str] | None = None) -> WorkerSettings:
         help="queued inputs (or waiting sequences) beyond which requests get 429",
     )
     parser.add_argument(
+        "--adapter-slots", type=int, default=0,
+        help="LoRA adapters a generation worker holds at once, loaded on demand (0: none)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--adapter-rank", type=int, default=16,
+        help="columns of one adapter slot; an adapter's q, k and v ranks add up in it",
+    )  # fmt: skip
+    parser.add_argument(
         "--log-level", default="info", choices=["debug", "info", "warning", "error"]
     )
     parser.add_argument("--target", default="cpu", help="engine target (tensor models)")
@@ -97,7 +105,7 @@ def parse_args(argv: Sequence[str] | None = None) -> WorkerSettings:
     cores = set(range(os.cpu_count() or 1))
     if args.cpus is not None and not args.cpus <= cores:
         parser.error(f"--cpus: this machine has no cores {sorted(args.cpus - cores)}")
-    for name in ("max_batch_size", "threads", "max_queue", "concurrency"):
+    for name in ("max_batch_size", "threads", "max_queue", "concurrency", "adapter_rank"):
         if getattr(args, name) is not None and getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be at least 1")
     return WorkerSettings(
@@ -117,6 +125,8 @@ def parse_args(argv: Sequence[str] | None = None) -> WorkerSettings:
         log_level=args.log_level,
         target=args.target,
         precision=args.precision,
+        adapter_slots=max(0, args.adapter_slots),
+        adapter_rank=args.adapter_rank,
     )
 
 

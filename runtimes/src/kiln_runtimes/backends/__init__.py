@@ -19,14 +19,18 @@ def get_embedding_backend(manifest: ModelManifest) -> EmbeddingBackend:
 
 
 def get_generation_backend(
-    manifest: ModelManifest, *, threads: int = 0, cpus: frozenset[int] | None = None
-) -> GenerationBackend:
+    manifest: ModelManifest, *, threads: int = 0, cpus: frozenset[int] | None = None,
+    adapter_slots: int = 0, adapter_rank: int = 16,
+) -> GenerationBackend:  # fmt: skip
     """Return the generation backend for a manifest's engine, its engine on ``threads`` threads
-    (0: one per core) on ``cpus`` (``None``: any core)."""
+    (0: one per core) on ``cpus`` (``None``: any core), holding ``adapter_slots`` LoRA adapters
+    of up to ``adapter_rank`` columns."""
     if manifest.engine == "onnxruntime-genai":
         from kiln_runtimes.backends.genai import GenAIGenerationBackend
 
-        return GenAIGenerationBackend(threads=threads, cpus=cpus)
+        return GenAIGenerationBackend(
+            threads=threads, cpus=cpus, adapter_slots=adapter_slots, adapter_rank=adapter_rank
+        )
     raise ValueError(f"no generation backend for engine {manifest.engine!r}")
 
 

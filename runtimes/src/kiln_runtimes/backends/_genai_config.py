@@ -6,6 +6,8 @@ import json
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from kiln_runtimes.lora import Dims
+
 if TYPE_CHECKING:
     from pathlib import Path
 
@@ -33,6 +35,8 @@ class ModelSpec:
     present_key: str = "present.%d.key"
     present_value: str = "present.%d.value"
     logits: str = "logits"
+    dims: Dims | None = None
+    """Attention shapes, for adapter slots (``None``: the config does not say)."""
 
     def kv_names(self) -> list[tuple[str, str]]:
         """``(past input, present output)`` name pairs, keys and values of every layer."""
@@ -79,4 +83,9 @@ def spec_from_config(config: dict[str, Any], model_path: Path, context_length: i
         present_key=outputs.get("present_key_names", "present.%d.key"),
         present_value=outputs.get("present_value_names", "present.%d.value"),
         logits=outputs.get("logits", "logits"),
+        dims=Dims.from_genai_config(config) if _has_dims(decoder) else None,
     )
+
+
+def _has_dims(decoder: dict[str, Any]) -> bool:
+    return all(k in decoder for k in ("hidden_size", "num_attention_heads", "head_size"))

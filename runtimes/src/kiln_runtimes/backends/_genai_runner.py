@@ -15,6 +15,8 @@ import numpy as np
 import numpy.typing as npt
 import onnxruntime as ort
 
+from kiln_runtimes.backends._genai_lora import MASK, AdapterSlots, patch
+
 if TYPE_CHECKING:
     from kiln_runtimes.backends._genai_config import ModelSpec
     from kiln_runtimes.backends._genai_scheduler import Batch, PrefillWork
@@ -32,8 +34,10 @@ class ModelRunner:
     """Owns the ONNX Runtime session and the KV buffers; not thread-safe (one engine thread)."""
 
     def __init__(
-        self, spec: ModelSpec, max_sequences: int, threads: int = 0, spin: bool = True
-    ) -> None:
+        self, spec: ModelSpec, max_sequences: int, threads: int = 0, spin: bool = True,
+        *, adapter_slots: int = 0, adapter_rank: int = 16,
+    ) -> None:  # fmt: skip
+        """``adapter_slots``: LoRA adapters held at once (0: the graph as built, no adapters)."""
         options = ort.SessionOptions()
         options.intra_op_num_threads = threads
         # Spinning workers win ~25% per step on idle cores and lose badly on oversubscribed ones.
@@ -41,10 +45,22 @@ class ModelRunner:
         options.inter_op_num_threads = 1
         options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        model: str | bytes = str(spec.model_path)
+        self.adapters: AdapterSlots | None = None
+        if adapter_slots:
+            if spec.dims is None:
+                raise ValueError("genai_config.json lacks the attention shapes adapters need")
+            model, targets = patch(spec.model_path, spec.dims, adapter_slots * adapter_rank)
+            folder = str(spec.model_path.parent)  # the weights stay in the folder's data file
+            options.add_session_config_entry(
+                "session.model_external_initializers_file_folder_path", folder
+            )
         self._session = ort.InferenceSession(
-            str(spec.model_path), sess_options=options, providers=["CPUExecutionProvider"]
+            model, sess_options=options, providers=["CPUExecutionProvider"]
         )
         types = {i.name: ORT_TYPES[i.type] for i in self._session.get_inputs()}
+        if adapter_slots:
+            self.adapters = AdapterSlots(targets, adapter_slots, adapter_rank, types[MASK])
         self.spec = spec
         self._slots = max_sequences
         self._id_type = types[spec.input_ids]
@@ -61,12 +77,14 @@ class ModelRunner:
     def execute(self, batch: Batch) -> dict[int, npt.NDArray[np.float32]]:
         """Run the batch; returns last-position logits for every slot that samples this step."""
         logits: dict[int, npt.NDArray[np.float32]] = {}
+        for slot, adapter in batch.adapter_loads:
+            self._slots_of_adapters().load(slot, adapter)
         for work in batch.prefills:
             row = self._prefill(work)
             if work.last:
                 logits[work.slot] = row
         if batch.decode_slots:
-            rows = self._decode(batch.decode_tokens, batch.decode_lengths)
+            rows = self._decode(batch.decode_tokens, batch.decode_lengths, batch.decode_adapters)
             logits.update((slot, rows[slot]) for slot in batch.decode_slots)
         return logits
 
@@ -99,10 +117,12 @@ class ModelRunner:
         binding = self._bind_kv(work.slot, work.slot + 1)
         ids = np.asarray([work.token_ids], dtype=self._id_type)
         mask = np.ones((1, end), dtype=self._mask_type)
-        logits: npt.NDArray[np.float32] = self._run(binding, ids, mask)[0, -1]
+        logits: npt.NDArray[np.float32] = self._run(binding, ids, mask, [work.adapter])[0, -1]
         return logits
 
-    def _decode(self, tokens: tuple[int, ...], lengths: tuple[int, ...]) -> npt.NDArray[np.float32]:
+    def _decode(
+        self, tokens: tuple[int, ...], lengths: tuple[int, ...], adapters: tuple[int, ...]
+    ) -> npt.NDArray[np.float32]:
         totals = np.asarray(lengths, dtype=np.int64) + 1
         width = int(totals.max())
         self.reserve(width)
@@ -111,17 +131,20 @@ class ModelRunner:
             binding = self._decode_bindings[len(tokens)] = self._bind_kv(0, len(tokens))
         ids = np.asarray(tokens, dtype=self._id_type)[:, None]
         mask = (np.arange(width)[None, :] < totals[:, None]).astype(self._mask_type)
-        return self._run(binding, ids, mask)[:, -1]
+        return self._run(binding, ids, mask, list(adapters or (-1,) * len(tokens)))[:, -1]
 
     def _run(
-        self, binding: Any, ids: npt.NDArray[Any], mask: npt.NDArray[Any]
+        self, binding: Any, ids: npt.NDArray[Any], mask: npt.NDArray[Any], adapters: list[int]
     ) -> npt.NDArray[np.float32]:
-        """Bind inputs and a fresh logits buffer, run, return ``[rows, positions, vocab]``."""
+        """Bind inputs and a fresh logits buffer, run, return ``[rows, positions, vocab]``;
+        ``adapters``: each row's adapter slot (``-1``: none)."""
         positions = 1 if self._pruned else ids.shape[1]
         shape = (ids.shape[0], positions, self.spec.vocab_size)
         logits = np.empty(shape, dtype=self._logits_type)
         binding.bind_cpu_input(self.spec.input_ids, ids)
         binding.bind_cpu_input(self.spec.attention_mask, mask)
+        if self.adapters is not None:
+            binding.bind_cpu_input(MASK, self.adapters.mask(adapters))
         _bind_array(binding.bind_output, self.spec.logits, logits)
         self._session.run_with_iobinding(binding)
         return logits.astype(np.float32, copy=False)
@@ -133,7 +156,14 @@ class ModelRunner:
             rows = buffer[start:stop]
             _bind_array(binding.bind_input, past, rows)
             _bind_array(binding.bind_output, present, rows)
+        for name, array in (self.adapters.inputs if self.adapters else {}).items():
+            _bind_array(binding.bind_input, name, array)  # written in place by ``load``
         return binding
+
+    def _slots_of_adapters(self) -> AdapterSlots:
+        if self.adapters is None:
+            raise RuntimeError("this model was loaded without adapter slots")
+        return self.adapters
 
 
 def _bind_array(bind: Any, name: str, array: npt.NDArray[Any]) -> None:

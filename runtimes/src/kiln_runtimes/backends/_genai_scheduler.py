@@ -8,14 +8,16 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
 from kiln_runtimes._attribution import shares_by
+from kiln_runtimes.lora import SlotTable
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
 
+    from kiln_runtimes.lora import Adapter
     from kiln_runtimes.protocol import FinishReason
 
 
@@ -37,6 +39,10 @@ class Sequence:
     """Its share of the steps it took part in (``Scheduler.charge``)."""
     express: bool = False
     """Admitted ahead of waiting normal sequences (the gateway's express lane)."""
+    adapter: Adapter | None = None
+    adapter_key: str = ""
+    """Which adapter (its artifact digest); ``adapter_slot`` is where it is loaded."""
+    adapter_slot: int = -1
 
     @property
     def prefill_done(self) -> bool:
@@ -55,6 +61,8 @@ class PrefillWork:
     start: int
     token_ids: tuple[int, ...]
     last: bool
+    adapter: int = -1
+    """The sequence's adapter slot (``-1``: the base model)."""
 
 
 @dataclass(frozen=True)
@@ -63,12 +71,15 @@ class Batch:
 
     ``decode_lengths`` is how many KV positions each row already holds (the new token is written
     there); rows that are not decoding get a throwaway token at a position overwritten later.
+    ``adapter_loads`` are written into their adapter slots before the step runs.
     """
 
     prefills: tuple[PrefillWork, ...] = ()
     decode_slots: tuple[int, ...] = ()
     decode_tokens: tuple[int, ...] = ()
     decode_lengths: tuple[int, ...] = ()
+    decode_adapters: tuple[int, ...] = ()
+    adapter_loads: tuple[tuple[int, Adapter], ...] = ()
 
     @property
     def empty(self) -> bool:
@@ -122,13 +133,16 @@ def step_tokens(batch: Batch) -> dict[int, int]:
 
 class Scheduler:
     """FIFO admission into free slots (express sequences first); a per-step prompt-token budget
-    bounds prefill stalls."""
+    bounds prefill stalls. A sequence whose adapter finds no adapter slot (all pinned by running
+    sequences of other adapters) waits while later ones go ahead."""
 
     def __init__(
-        self, max_sequences: int, prefill_chunk: int, context_length: int, pad_token_id: int
-    ) -> None:
+        self, max_sequences: int, prefill_chunk: int, context_length: int, pad_token_id: int,
+        adapter_slots: int = 0,
+    ) -> None:  # fmt: skip
         if max_sequences < 1 or prefill_chunk < 1:
             raise ValueError("max_sequences and prefill_chunk must be positive")
+        self.adapters = SlotTable(adapter_slots) if adapter_slots else None
         self.slots: list[Sequence | None] = [None] * max_sequences
         self.waiting: deque[Sequence] = deque()
         self.prefill_chunk = prefill_chunk
@@ -147,6 +161,8 @@ class Scheduler:
         ahead of every normal one, behind earlier express ones."""
         if len(seq.prompt_ids) + seq.max_tokens > self.context_length:
             raise ValueError("prompt plus max_tokens exceeds the context length")
+        if seq.adapter is not None and self.adapters is None:
+            raise ValueError("this worker has no adapter slots")
         if not seq.express:
             self.waiting.append(seq)
             return
@@ -167,9 +183,9 @@ class Scheduler:
 
     def schedule(self) -> Batch:
         """Admit waiting sequences into free slots, then plan prefill chunks and one decode."""
-        self._admit()
+        loads = self._admit()
         prefills = self._plan_prefills()
-        return self._plan_decode(prefills)
+        return replace(self._plan_decode(prefills), adapter_loads=loads)
 
     def charge(self, batch: Batch, seconds: float) -> None:
         """Share a step's time among its sequences, in proportion to the tokens each processed
@@ -191,12 +207,27 @@ class Scheduler:
             outputs.append(output(seq, () if reason == "stop" else (token,), reason))
         return outputs
 
-    def _admit(self) -> None:
-        while self.waiting and None in self.slots:
-            seq = self.waiting.popleft()
+    def _admit(self) -> tuple[tuple[int, Adapter], ...]:
+        loads: list[tuple[int, Adapter]] = []
+        for seq in list(self.waiting):
+            if None not in self.slots:
+                break
+            if seq.adapter is not None and not self._place_adapter(seq, loads):
+                continue
+            self.waiting.remove(seq)
             seq.queue_s = time.monotonic() - seq.created_at
             seq.slot = self.slots.index(None)
             self.slots[seq.slot] = seq
+        return tuple(loads)
+
+    def _place_adapter(self, seq: Sequence, loads: list[tuple[int, Adapter]]) -> bool:
+        placed = self.adapters.acquire(seq.adapter_key) if self.adapters else None
+        if placed is None or seq.adapter is None:
+            return False
+        seq.adapter_slot, must_load = placed
+        if must_load:
+            loads.append((seq.adapter_slot, seq.adapter))
+        return True
 
     def _plan_prefills(self) -> tuple[PrefillWork, ...]:
         budget, works = self.prefill_chunk, []
@@ -206,7 +237,8 @@ class Scheduler:
                 break
             end = min(len(seq.prompt_ids), seq.prefilled + budget)
             chunk = tuple(seq.prompt_ids[seq.prefilled : end])
-            works.append(PrefillWork(_slot(seq), seq.prefilled, chunk, end == len(seq.prompt_ids)))
+            last = end == len(seq.prompt_ids)
+            works.append(PrefillWork(_slot(seq), seq.prefilled, chunk, last, seq.adapter_slot))
             budget -= len(chunk)
         return tuple(works)
 
@@ -216,15 +248,18 @@ class Scheduler:
             return Batch(prefills=prefills)
         rows = max(_slot(s) for s in ready) + 1
         tokens, lengths = [self.pad_token_id] * rows, [0] * rows
+        adapters = [-1] * rows
         for slot, seq in enumerate(self.slots[:rows]):
             if seq is not None:
                 lengths[slot] = seq.prefilled
+                adapters[slot] = seq.adapter_slot
         for work in prefills:
             if work.slot < rows:
                 lengths[work.slot] = work.start + len(work.token_ids)
         for seq in ready:
             tokens[_slot(seq)], lengths[_slot(seq)] = seq.output_ids[-1], seq.num_tokens - 1
-        return Batch(prefills, tuple(_slot(s) for s in ready), tuple(tokens), tuple(lengths))
+        decode = tuple(_slot(s) for s in ready)
+        return Batch(prefills, decode, tuple(tokens), tuple(lengths), tuple(adapters))
 
     def _occupant(self, slot: int) -> Sequence:
         seq = self.slots[slot]
@@ -235,6 +270,9 @@ class Scheduler:
     def _free(self, seq: Sequence) -> None:
         self.slots[_slot(seq)] = None
         seq.slot = None
+        if seq.adapter_slot >= 0 and self.adapters is not None:
+            self.adapters.release(seq.adapter_key)
+            seq.adapter_slot = -1
 
 
 def _seq_id(seq: Sequence) -> int:

@@ -15,10 +15,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import itertools
 import threading
 import time
-from collections import deque
+from collections import OrderedDict, deque
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -35,7 +36,9 @@ from kiln_runtimes.backends._genai_scheduler import (
     Sequence,
     SequenceOutput,
 )
+from kiln_runtimes.lora import Adapter, load_adapter
 from kiln_runtimes.protocol import GenerateChunk, GenerateRequest
+from kiln_runtimes.store import ArtifactStore
 
 if TYPE_CHECKING:
     from collections.abc import AsyncGenerator
@@ -53,6 +56,8 @@ log = structlog.get_logger(__name__)
 # every running stream's inter-token gap) can stall behind a long prompt.
 PREFILL_CHUNK = 128
 WARMUP_PROMPT = 8
+ADAPTERS_IN_MEMORY = 32
+"""Adapters kept read (host memory) beyond those in slots; reading one again takes a few ms."""
 
 
 @dataclass(frozen=True)
@@ -202,27 +207,37 @@ class GenAIGenerationBackend:
 
     def __init__(
         self, *, prefill_chunk: int = PREFILL_CHUNK, threads: int = 0, spin: bool = True,
-        cpus: frozenset[int] | None = None,
+        cpus: frozenset[int] | None = None, adapter_slots: int = 0, adapter_rank: int = 16,
     ) -> None:  # fmt: skip
         """``threads``, ``spin``: ONNX Runtime intra-op threads (0: one per core), spin-waiting;
-        ``cpus``: the cores of the engine thread and of ONNX Runtime's pool (``None``: any)."""
+        ``cpus``: the cores of the engine thread and of ONNX Runtime's pool (``None``: any);
+        ``adapter_slots``, ``adapter_rank``: LoRA adapters held at once, columns of each."""
         self._prefill_chunk = prefill_chunk
         self._threads = threads
         self._spin = spin
         self._cpus = cpus
+        self._adapter_slots, self._adapter_rank = adapter_slots, adapter_rank
         self._core: EngineCore | None = None
         self._active: dict[str, int] = {}
+        self._store: ArtifactStore | None = None
+        self._adapters: OrderedDict[str, Adapter] = OrderedDict()
 
     async def load(self, model_dir: Path, manifest: ModelManifest, max_sequences: int) -> None:
         """Open the model, warm it up at full width and start the engine thread."""
         if self._core is not None:
             raise RuntimeError("backend is already loaded")
+        open_runner = functools.partial(
+            _open_runner, adapter_slots=self._adapter_slots, adapter_rank=self._adapter_rank
+        )
         runner = await placement.run_on(  # the session's thread pool is created on the cores
-            self._cpus, _open_runner, model_dir, manifest, max_sequences, self._threads, self._spin
+            self._cpus, open_runner, model_dir, manifest, max_sequences, self._threads, self._spin
         )
         scheduler = Scheduler(
-            max_sequences, self._prefill_chunk, runner.spec.context_length, runner.spec.pad_token_id
-        )
+            max_sequences, self._prefill_chunk, runner.spec.context_length,
+            runner.spec.pad_token_id, self._adapter_slots,
+        )  # fmt: skip
+        owner = ArtifactStore.owning(model_dir)
+        self._store = owner[0] if owner else None
         self._core = EngineCore(runner.spec, runner, scheduler, self._cpus)
         self._core.start()
 
@@ -230,8 +245,10 @@ class GenAIGenerationBackend:
         """Validate now (``ValueError``), then admit on first iteration and yield new tokens."""
         core = self._loaded()
         seq = core.new_sequence(request)
+        if request.adapter is not None and not self._adapter_slots:
+            raise ValueError("this model is served without adapter slots")
         sampler = Sampler(request.temperature, request.top_p, request.seed)
-        return self._stream(core, request.request_id, seq, sampler)
+        return self._stream(core, request, seq, sampler)
 
     def cancel(self, request_id: str) -> bool:
         """Stop a running stream; it then ends with a ``cancelled`` chunk carrying the counts."""
@@ -253,8 +270,12 @@ class GenAIGenerationBackend:
             await asyncio.to_thread(core.stop)
 
     async def _stream(
-        self, core: EngineCore, request_id: str, seq: Sequence, sampler: Sampler
+        self, core: EngineCore, request: GenerateRequest, seq: Sequence, sampler: Sampler
     ) -> AsyncGenerator[GenerateChunk, None]:
+        request_id = request.request_id
+        if request.adapter is not None:
+            seq.adapter_key = request.adapter
+            seq.adapter = await self._adapter(core.spec, request.adapter)
         queue: asyncio.Queue[GenerateChunk | BaseException] = asyncio.Queue()
         core.submit(seq, _Sink(request_id, asyncio.get_running_loop(), queue, sampler))
         self._active[request_id] = seq.seq_id
@@ -270,6 +291,21 @@ class GenAIGenerationBackend:
             if not finished:
                 core.abort(seq.seq_id)
 
+    async def _adapter(self, spec: ModelSpec, digest: str) -> Adapter:
+        """The adapter whose folder is ``digest`` in the model's store, read once and kept."""
+        adapter = self._adapters.get(digest)
+        if adapter is None:
+            if self._store is None or spec.dims is None or not self._store.has(digest):
+                raise ValueError(f"adapter {digest} is not in this worker's artifact store")
+            folder = self._store.path(digest)
+            adapter = await asyncio.to_thread(load_adapter, folder, spec.dims, self._adapter_rank)
+            self._adapters[digest] = adapter
+            log.info("adapter read", adapter=digest, rank=adapter.rank, bytes=adapter.nbytes)
+            while len(self._adapters) > ADAPTERS_IN_MEMORY:
+                self._adapters.popitem(last=False)
+        self._adapters.move_to_end(digest)
+        return adapter
+
     def _loaded(self) -> EngineCore:
         if self._core is None:
             raise RuntimeError("backend is not loaded")
@@ -277,10 +313,13 @@ class GenAIGenerationBackend:
 
 
 def _open_runner(
-    model_dir: Path, manifest: ModelManifest, max_sequences: int, threads: int, spin: bool
-) -> ModelRunner:
+    model_dir: Path, manifest: ModelManifest, max_sequences: int, threads: int, spin: bool,
+    *, adapter_slots: int, adapter_rank: int,
+) -> ModelRunner:  # fmt: skip
     spec = load_spec(model_dir, manifest)
-    runner = ModelRunner(spec, max_sequences, threads, spin)
+    runner = ModelRunner(
+        spec, max_sequences, threads, spin, adapter_slots=adapter_slots, adapter_rank=adapter_rank
+    )
     _warm_up(runner, spec, max_sequences)
     return runner
 

@@ -172,3 +172,43 @@ def test_finish_reason_rules() -> None:
     seq.output_ids = [5, 6]
     assert finish_reason(seq, 6, context_length=64) == "length"
     assert finish_reason(seq, EOS, context_length=64) == "stop"
+
+
+def _with_adapter(seq: Sequence, key: str) -> Sequence:
+    from kiln_runtimes.lora import Adapter
+
+    seq.adapter, seq.adapter_key = Adapter(rank=1, alpha=1, modules=(), a={}, b={}), key
+    return seq
+
+
+def test_an_adapter_is_loaded_once_into_a_slot_and_rows_say_which() -> None:
+    scheduler = Scheduler(4, 64, 64, PAD, adapter_slots=2)
+    scheduler.add(_with_adapter(make_seq(1), "a"))
+    scheduler.add(make_seq(2))
+    scheduler.add(_with_adapter(make_seq(3), "a"))
+    batch, sampled = run_step(scheduler)
+    assert [(slot, adapter.rank) for slot, adapter in batch.adapter_loads] == [(0, 1)]
+    assert [w.adapter for w in batch.prefills] == [0, -1, 0]
+    scheduler.update(batch, sampled)
+    batch, _ = run_step(scheduler)
+    assert batch.decode_adapters == (0, -1, 0)
+    assert batch.adapter_loads == ()
+
+
+def test_a_sequence_whose_adapter_finds_no_slot_waits_while_others_go_ahead() -> None:
+    scheduler = Scheduler(4, 64, 64, PAD, adapter_slots=1)
+    scheduler.add(_with_adapter(make_seq(1, max_tokens=1), "a"))
+    scheduler.add(_with_adapter(make_seq(2), "b"))  # the only slot holds a
+    scheduler.add(make_seq(3))
+    batch, sampled = run_step(scheduler)
+    assert [s.seq_id for s in scheduler.slots if s] == [1, 3]
+    assert [s.seq_id for s in scheduler.waiting] == [2]
+    scheduler.update(batch, sampled)  # 1 finishes (max_tokens=1): its slot is unpinned
+    batch, _ = run_step(scheduler)
+    assert [s.seq_id for s in scheduler.slots if s] == [2, 3]
+    assert [slot for slot, _ in batch.adapter_loads] == [0]
+
+
+def test_a_worker_without_adapter_slots_refuses_an_adapter() -> None:
+    with pytest.raises(ValueError, match="no adapter slots"):
+        make_scheduler().add(_with_adapter(make_seq(1), "a"))

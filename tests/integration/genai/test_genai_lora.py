@@ -1,0 +1,132 @@
+"""LoRA adapters on the real SmolLM2 graph: loaded on demand from the artifact store into two
+slots, rows of different adapters (and of none) in the same steps, each as if it ran alone."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import msgspec
+import pytest
+
+from kiln_runtimes.lora import Dims
+from kiln_runtimes.protocol import MANIFEST_NAME, GenerateRequest, ModelManifest
+from kiln_runtimes.store import ArtifactStore
+
+if TYPE_CHECKING:
+    from collections.abc import AsyncIterator
+
+    from kiln_runtimes.backends.genai import GenAIGenerationBackend
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
+
+QV = ("q_proj", "v_proj")
+
+
+@pytest.fixture(scope="module")
+def prompt(smollm2_dir: Path) -> list[int]:
+    """A chat question, so the base model's answer is clear (greedy ties are rare)."""
+    from tokenizers import Tokenizer
+
+    tokenizer = Tokenizer.from_file(str(smollm2_dir / "tokenizer.json"))
+    text = "<|im_start|>user\nName three colours of the rainbow.<|im_end|>\n<|im_start|>assistant\n"
+    return list(tokenizer.encode(text, add_special_tokens=False).ids)
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory: pytest.TempPathFactory) -> ArtifactStore:
+    return ArtifactStore(tmp_path_factory.mktemp("store"))
+
+
+@pytest.fixture(scope="module")
+def adapters(
+    store: ArtifactStore, smollm2_dir: Path, peft: Any, tmp_path_factory: Any
+) -> dict[str, str]:
+    """Adapter name -> digest in ``store``: made-up weights in PEFT's files."""
+    dims = Dims.from_genai_config(json.loads((smollm2_dir / "genai_config.json").read_text()))
+    folders = tmp_path_factory.mktemp("adapters")
+    made = {
+        "zero": (8, QV, {"zero_b": True}),
+        "qv": (8, QV, {}),
+        "o": (16, ("o_proj",), {}),
+        "qkv": (4, ("q_proj", "k_proj", "v_proj"), {}),
+    }
+    digests = {}
+    for seed, (name, (rank, modules, extra)) in enumerate(made.items()):
+        weights = peft.tensors(dims, rank, modules, seed=seed, scale=0.05, **extra)
+        digests[name] = store.put_dir(
+            peft.write(folders / name, peft.config(rank, modules), weights)
+        )
+    wrong = Dims(num_layers=dims.num_layers, hidden=64, q_size=dims.q_size, kv_size=dims.kv_size)
+    bad = peft.write(folders / "bad", peft.config(8, QV), peft.tensors(wrong, 8, QV, seed=9))
+    digests["bad"] = store.put_dir(bad)
+    return digests
+
+
+@pytest.fixture(scope="module")
+async def backend(store: ArtifactStore, smollm2_dir: Path) -> AsyncIterator[GenAIGenerationBackend]:
+    from kiln_runtimes.backends.genai import GenAIGenerationBackend
+
+    folder = store.path(store.put_dir(smollm2_dir))  # adapters come from the model's store
+    manifest = msgspec.json.decode((folder / MANIFEST_NAME).read_bytes(), type=ModelManifest)
+    generation = GenAIGenerationBackend(adapter_slots=2, adapter_rank=16)
+    await generation.load(folder, manifest, 4)
+    yield generation
+    await generation.unload()
+
+
+async def generate(
+    backend: GenAIGenerationBackend, prompt: list[int], rid: str, adapter: str | None = None
+) -> list[int]:
+    request = GenerateRequest(
+        request_id=rid, prompt_ids=prompt, max_tokens=16, temperature=0.0, adapter=adapter
+    )
+    return [token async for chunk in backend.stream(request) for token in chunk.token_ids]
+
+
+async def test_an_adapter_with_zero_b_generates_what_the_base_model_does(
+    backend: GenAIGenerationBackend, adapters: dict[str, str], prompt: list[int]
+) -> None:
+    assert await generate(backend, prompt, "z", adapters["zero"]) == await generate(
+        backend, prompt, "base"
+    )
+
+
+async def test_adapters_change_the_output_repeatably(
+    backend: GenAIGenerationBackend, adapters: dict[str, str], prompt: list[int]
+) -> None:
+    base = await generate(backend, prompt, "base")
+    for name in ("qv", "o", "qkv"):
+        first = await generate(backend, prompt, f"{name}1", adapters[name])
+        assert first != base, name
+        assert await generate(backend, prompt, f"{name}2", adapters[name]) == first
+
+
+async def test_rows_of_three_adapters_and_none_in_two_slots_match_their_solo_runs(
+    backend: GenAIGenerationBackend, adapters: dict[str, str], prompt: list[int]
+) -> None:
+    names: list[str | None] = [None, "qv", "o", "qkv", "qv", None]
+    solo = [
+        await generate(backend, prompt, f"solo{i}", name and adapters[name])
+        for i, name in enumerate(names)
+    ]
+    together = await asyncio.gather(
+        *(
+            generate(backend, prompt, f"mix{i}", name and adapters[name])
+            for i, name in enumerate(names)
+        )
+    )
+    assert list(together) == solo
+    assert (backend.running(), backend.waiting()) == (0, 0)
+
+
+async def test_an_adapter_that_does_not_fit_the_model_is_refused_before_admission(
+    backend: GenAIGenerationBackend, adapters: dict[str, str], prompt: list[int]
+) -> None:
+    with pytest.raises(ValueError, match="this model needs"):
+        await generate(backend, prompt, "bad", adapters["bad"])
+    with pytest.raises(ValueError, match="not in this worker's artifact store"):
+        await generate(backend, prompt, "missing", "sha256:" + "0" * 64)
+    assert await generate(backend, prompt, "after") == await generate(backend, prompt, "base")
