@@ -30,8 +30,8 @@ browser: ## Debian's Chromium for the console's browser tests (Playwright drives
 up: setup ## Run Kiln locally on the embedded defaults (imports the bundled models on first run)
 	$(VENV)/bin/kiln up
 
-test: setup browser ## Run the test suite
-	$(VENV)/bin/pytest
+test: setup browser ## Run the test suite (a crash, even at exit, prints every thread's stack)
+	PYTHONFAULTHANDLER=1 $(VENV)/bin/pytest
 
 lint: setup ## ruff + mypy
 	$(VENV)/bin/ruff check .

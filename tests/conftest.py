@@ -114,9 +114,10 @@ def _fixture_module(name: str) -> Any:
 @pytest.fixture(scope="session")
 def oidc_provider() -> Iterator[Any]:
     """A running OpenID Connect provider (``tests/fixtures/oidc_provider.py``)."""
-    provider, server = _fixture_module("oidc_provider").serve()
+    provider, server, thread = _fixture_module("oidc_provider").serve()
     yield provider
     server.should_exit = True
+    thread.join(timeout=30)
 
 
 @pytest.fixture(scope="session")
