@@ -1,0 +1,34 @@
+variable "name" {
+  type        = string
+  description = "Prefix of the role's name."
+}
+
+variable "oidc_provider_arn" {
+  type        = string
+  description = "ARN of the cluster's IAM OIDC provider."
+}
+
+variable "oidc_issuer" {
+  type        = string
+  description = "Issuer URL of the cluster's OIDC provider."
+}
+
+variable "namespace" {
+  type        = string
+  description = "Namespace of the service account."
+}
+
+variable "service_account" {
+  type        = string
+  description = "Name of the service account allowed to assume the role."
+}
+
+variable "bucket_arn" {
+  type        = string
+  description = "Artifact bucket the role may read and write."
+}
+
+variable "kms_key_arn" {
+  type        = string
+  description = "KMS key that encrypts the bucket."
+}

@@ -1,0 +1,119 @@
+"""``terraform/kubernetes`` validates, strictly, against the schemas of the cluster's Kubernetes
+version (kubernetes-validate bundles them: no cluster, no network), and it configures only what
+Kiln reads: real ``KILN_`` settings, real worker flags, real health routes."""
+
+from __future__ import annotations
+
+import copy
+import re
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import kubernetes_validate
+import pytest
+from pydantic import SecretStr
+
+from kiln_platform.app import create_app
+from kiln_platform.settings import Settings
+from kiln_runtimes import _app as worker_app
+from kiln_runtimes.worker import parse_args
+
+TERRAFORM = Path(__file__).resolve().parents[2] / "terraform"
+# A CRD: kubernetes-validate has no schema for it; test_pool_scaling.py checks its structure.
+NO_SCHEMA = {("keda.sh/v1alpha1", "ScaledObject")}
+
+
+def tf_default(name: str) -> str:
+    """A root-module variable's string default, as written in ``variables.tf``."""
+    text = (TERRAFORM / "variables.tf").read_text()
+    block = re.search(rf'variable "{name}" \{{(.*?)\n\}}', text, re.S)
+    default = block and re.search(r'^\s*default\s*=\s*"([^"]*)"', block.group(1), re.M)
+    assert default, f"variable {name} has no string default in terraform/variables.tf"
+    return default.group(1)
+
+
+def _validate(doc: dict[str, Any]) -> None:
+    kubernetes_validate.validate(doc, f"{tf_default('kubernetes_version')}.0", strict=True)
+
+
+def test_every_manifest_validates(documents: list[tuple[Path, dict[str, Any]]]) -> None:
+    errors, unchecked = [], set()
+    for path, doc in documents:
+        try:
+            _validate(doc)
+        except kubernetes_validate.SchemaNotFoundError:
+            unchecked.add((doc["apiVersion"], doc["kind"]))
+        except kubernetes_validate.ValidationError as exc:
+            errors.append(f"{path.name} {doc['kind']}/{doc['metadata']['name']}: {exc.message}")
+    assert not errors, "\n".join(errors)
+    assert unchecked <= NO_SCHEMA, f"no schema and no structural test for {unchecked - NO_SCHEMA}"
+
+
+def test_strict_validation_rejects_an_unknown_field(resources: dict[Any, Any]) -> None:
+    gateway = copy.deepcopy(resources["Deployment", "kiln-gateway"])
+    gateway["spec"]["template"]["spec"]["containers"][0]["livenessprobe"] = {}  # a typo
+    with pytest.raises(kubernetes_validate.ValidationError):
+        _validate(gateway)
+
+
+def _container(resources: dict[Any, Any], name: str) -> dict[str, Any]:
+    container: dict[str, Any] = resources["Deployment", name]["spec"]["template"]["spec"][
+        "containers"
+    ][0]
+    return container
+
+
+def test_gateway_sets_only_kiln_settings_that_parse(
+    resources: dict[Any, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    env = dict(resources["ConfigMap", "kiln-gateway"]["data"])
+    secrets = _container(resources, "kiln-gateway")["env"]  # from Secrets: any string parses
+    env |= {e["name"]: "postgresql://kiln@db:5432/kiln" for e in secrets}
+    unknown = [k for k in env if k.removeprefix("KILN_").lower() not in Settings.model_fields]
+    assert not unknown, f"not Kiln settings: {unknown}"
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    settings = Settings()  # a value of the wrong type fails here
+    assert str(settings.data_dir) == env["KILN_DATA_DIR"]
+    assert settings.port == 8000
+
+
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")  # Litestar's, about route handlers
+def test_gateway_probes_are_kiln_routes(resources: dict[Any, Any], tmp_path: Path) -> None:
+    gateway = _container(resources, "kiln-gateway")
+    probes = ("startupProbe", "livenessProbe", "readinessProbe")
+    paths = {gateway[probe]["httpGet"]["path"] for probe in probes}
+    app = create_app(Settings(data_dir=tmp_path, secret_key=SecretStr("probe-test")))
+    assert paths <= {route.path for route in app.routes}
+    assert gateway["readinessProbe"]["httpGet"]["path"] == "/readyz"  # database reachable
+
+
+def test_worker_flags_and_probes_are_the_workers(resources: dict[Any, Any]) -> None:
+    worker = _container(resources, "kiln-pool-resnet50-1")
+    assert worker["command"][:3] == ["python", "-m", "kiln_runtimes"]
+    settings = parse_args(worker["command"][3:])  # argparse exits on an unknown flag
+    assert settings.port == worker["ports"][0]["containerPort"]
+    stub = SimpleNamespace(
+        settings=SimpleNamespace(max_queue=1),
+        manifest=SimpleNamespace(context_length=1, task="tensor"),
+    )
+    app = worker_app.create_app(stub)  # type: ignore[arg-type]
+    routes = {r.resource.canonical for r in app.router.routes() if r.resource is not None}
+    for probe in ("startupProbe", "livenessProbe", "readinessProbe"):
+        assert worker[probe]["httpGet"]["path"] in routes
+
+
+def test_network_policy_reaches_the_database_in_the_vpc(resources: dict[Any, Any]) -> None:
+    egress = resources["NetworkPolicy", "kiln-gateway"]["spec"]["egress"]
+    postgres = [rule for rule in egress if rule.get("ports", [{}])[0].get("port") == 5432]
+    assert postgres[0]["to"] == [{"ipBlock": {"cidr": tf_default("vpc_cidr")}}]
+
+
+def test_service_account_is_the_irsa_subject(resources: dict[Any, Any]) -> None:
+    account = resources["ServiceAccount", tf_default("kiln_service_account")]
+    assert account["metadata"]["namespace"] == tf_default("kiln_namespace")
+    assert "eks.amazonaws.com/role-arn" in account["metadata"]["annotations"]
+    for name in ("kiln-gateway", "kiln-pool-resnet50-1"):
+        pod = resources["Deployment", name]["spec"]["template"]["spec"]
+        assert pod["serviceAccountName"] == account["metadata"]["name"]
