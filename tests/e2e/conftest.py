@@ -236,17 +236,17 @@ def both_models(
 def kiln_up(minilm_dir: Path) -> Iterator[KilnProcess]:
     """``kiln up`` with all-MiniLM-L6-v2 registered, plus a tenant and key made with the CLI."""
     with data_dir() as path:
-        yield from _serve(_start_kiln(path, [minilm_dir]), MINILM, "embeddings")
+        yield from serve_model(_start_kiln(path, [minilm_dir]), MINILM, "embeddings")
 
 
 @pytest.fixture(scope="module")
 def llm_up(smollm2_dir: Path) -> Iterator[KilnProcess]:
     """``kiln up`` with SmolLM2-135M-Instruct registered, plus a tenant and key."""
     with data_dir() as path:
-        yield from _serve(_start_kiln(path, [smollm2_dir]), SMOLLM2, "completions")
+        yield from serve_model(_start_kiln(path, [smollm2_dir]), SMOLLM2, "completions")
 
 
-def _serve(kiln: KilnProcess, model: str, path: str) -> Iterator[KilnProcess]:
+def serve_model(kiln: KilnProcess, model: str, path: str) -> Iterator[KilnProcess]:
     try:
         kiln.cli("tenants", "create", "acme")
         kiln.env["TEST_KEY"] = (

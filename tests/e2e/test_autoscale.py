@@ -14,7 +14,7 @@ import httpx
 import openai
 import pytest
 
-from .conftest import MINILM, KilnProcess, _serve, wait_for
+from .conftest import MINILM, KilnProcess, serve_model, wait_for
 
 SCALING = {
     "KILN_POOL_MAX_REPLICAS": "2",
@@ -32,7 +32,7 @@ def kiln(
     minilm_dir: Path,
 ) -> Iterator[KilnProcess]:
     with kiln_data_dir() as path:
-        yield from _serve(start_kiln(path, [minilm_dir], SCALING), MINILM, "embeddings")
+        yield from serve_model(start_kiln(path, [minilm_dir], SCALING), MINILM, "embeddings")
 
 
 def _replicas(kiln: KilnProcess) -> dict[str, float]:

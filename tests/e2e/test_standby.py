@@ -10,7 +10,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from .conftest import MINILM, KilnProcess, _serve, wait_for
+from .conftest import MINILM, KilnProcess, serve_model, wait_for
 
 
 def _standbys(kiln: KilnProcess) -> list[psutil.Process]:
@@ -25,7 +25,7 @@ def warm_kiln(
 ) -> Iterator[KilnProcess]:
     with kiln_data_dir() as path:
         kiln = start_kiln(path, [minilm_dir], {"KILN_WARM_STANDBY": "true"})
-        yield from _serve(kiln, MINILM, "embeddings")
+        yield from serve_model(kiln, MINILM, "embeddings")
 
 
 def test_a_restart_takes_the_standby_and_a_new_one_is_made(warm_kiln: KilnProcess) -> None:

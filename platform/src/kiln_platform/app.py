@@ -18,6 +18,7 @@ from litestar.params import SkipValidation
 from litestar.plugins.prometheus import PrometheusConfig, PrometheusController
 
 from kiln_console.app import console
+from kiln_platform.adapters.controllers import AdaptersController
 from kiln_platform.admin.controllers import TenantsController
 from kiln_platform.audit.controllers import AuditController
 from kiln_platform.billing.controllers import PriceBooksController
@@ -140,6 +141,7 @@ def create_app(settings: Settings) -> Litestar:
             TenantsController,
             UsersController,
             ClientsController,
+            AdaptersController,
             AuditController,
             QuotasController,
             PriceBooksController,

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 
 import aiohttp
 
+from kiln_platform.adapters.directory import AdapterDirectory
 from kiln_platform.billing.ledger import LedgerWriter
 from kiln_platform.billing.pricebooks import PriceBooks
 from kiln_platform.billing.reservations import Budgets
@@ -78,6 +79,8 @@ class Kiln:
     """OAuth JWT access tokens: signing keys, local verification, the jti denylist."""
     idempotency: IdempotencyStore
     """Idempotency-Key claims and stored responses (``kiln_platform.idempotency``)."""
+    adapters: AdapterDirectory
+    """Tenants' LoRA adapters by ``<model>:<adapter>`` name, cached."""
 
 
 @asynccontextmanager
@@ -125,6 +128,7 @@ async def running(settings: Settings) -> AsyncIterator[Kiln]:
                 audience=settings.oauth_audience,
                 ttl=settings.key_cache_ttl_s,
             ),
+            adapters=AdapterDirectory(db.sessions, settings.key_cache_ttl_s),
             idempotency=IdempotencyStore(
                 db.sessions,
                 settings.hmac_key(),

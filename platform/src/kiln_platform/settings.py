@@ -57,6 +57,11 @@ class Settings(BaseSettings):
     """Engine target of tensor workers: cpu, cuda or tensorrt (a GPU machine)."""
     worker_precision: str = "fp32"
     """Engine precision of tensor workers: fp32, int8 (cpu) or fp16 (GPU targets)."""
+    worker_adapter_slots: int = 0
+    """LoRA adapters a generation worker holds at once (0: the model's graph as built, no
+    adapters). Slots cost every step, adapter or not: measured in docs/benchmarks.md."""
+    worker_adapter_rank: int = 16
+    """Columns of one adapter slot: an adapter's rank times its q/k/v modules must fit."""
     worker_start_timeout_s: float = 120.0
     pool_min_replicas: int = Field(default=0, ge=0)
     """Workers a pool keeps even when idle (0: idle pools scale to zero)."""

@@ -41,7 +41,10 @@ async def stream(
     """
     if backend.waiting() >= max_waiting:
         raise Overloaded("too many sequences waiting", retry_after_s=1.0)
-    chunks = backend.stream(request)
+    try:
+        chunks = backend.stream(request)
+    except ValueError as exc:
+        raise BadRequest(str(exc)) from None
     try:
         try:
             first = await anext(chunks)

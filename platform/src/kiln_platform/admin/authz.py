@@ -6,7 +6,7 @@ client (the key's ``role`` column, bounded by its scopes), or the CLI (platform-
 | role | tenants it sees | may change |
 |---|---|---|
 | platform-admin | all | everything |
-| tenant-admin | its own | its tenant's keys, OAuth clients, users (tenant roles only) |
+| tenant-admin | its own | its tenant's keys, OAuth clients, adapters, users (tenant roles) |
 | tenant-member | its own | nothing (reads its tenant, keys, quotas) |
 | finance | all (or its own, if it has a tenant) | nothing (reads costs, statements, prices) |
 
@@ -49,6 +49,10 @@ _RULES: dict[str, tuple[frozenset[Role], frozenset[Role]]] = {
         frozenset({Role.PLATFORM_ADMIN, Role.TENANT_ADMIN}),
     ),
     "oauth-clients": (
+        frozenset({Role.PLATFORM_ADMIN, Role.TENANT_ADMIN, Role.TENANT_MEMBER}),
+        frozenset({Role.PLATFORM_ADMIN, Role.TENANT_ADMIN}),
+    ),
+    "adapters": (
         frozenset({Role.PLATFORM_ADMIN, Role.TENANT_ADMIN, Role.TENANT_MEMBER}),
         frozenset({Role.PLATFORM_ADMIN, Role.TENANT_ADMIN}),
     ),

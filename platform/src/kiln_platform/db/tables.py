@@ -118,6 +118,22 @@ class ModelRoute(Base):
     updated_at: Mapped[datetime] = _created()
 
 
+class Adapter(Base):
+    """A tenant's LoRA adapter of a generation model: PEFT files, a tree in the artifact store."""
+
+    __tablename__ = "adapters"
+    __table_args__ = (UniqueConstraint("tenant_id", "model_id", "name"),)
+    id: Mapped[uuid.UUID] = _uuid_pk()
+    tenant_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("tenants.id", ondelete="CASCADE"))
+    model_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("models.id", ondelete="CASCADE"))
+    name: Mapped[str] = mapped_column(String(64))
+    digest: Mapped[str] = mapped_column(String(71))
+    rank: Mapped[int] = mapped_column(Integer)
+    modules: Mapped[list[str]] = mapped_column(ARRAY(String(16)))
+    size_bytes: Mapped[int] = mapped_column(BigInteger)
+    created_at: Mapped[datetime] = _created()
+
+
 class CompileJob(Base):
     """Compiling a model version for one target; ``cache_key`` makes it unique (engine key)."""
 

@@ -49,7 +49,7 @@ async def complete_chat(gen: Generation) -> ChatCompletion:
     return ChatCompletion(
         id=_id("chatcmpl", gen),
         created=int(time.time()),
-        model=gen.version.model,
+        model=gen.name,
         choices=[ChatChoice(message=AssistantMessage(content=text), finish_reason=finish)],
         usage=_usage(gen),
     )
@@ -61,7 +61,7 @@ async def complete_text(gen: Generation) -> TextCompletion:
     return TextCompletion(
         id=_id("cmpl", gen),
         created=int(time.time()),
-        model=gen.version.model,
+        model=gen.name,
         choices=[TextChoice(text=text, finish_reason=finish)],
         usage=_usage(gen),
     )
@@ -77,7 +77,7 @@ def _error_event(exc: KilnError) -> bytes:
 
 async def stream_chat(gen: Generation, include_usage: bool) -> AsyncIterator[bytes]:
     """``chat.completion.chunk`` events, then usage (if asked) and ``[DONE]``."""
-    cid, created, model = _id("chatcmpl", gen), int(time.time()), gen.version.model
+    cid, created, model = _id("chatcmpl", gen), int(time.time()), gen.name
 
     def chunk(delta: Delta, finish: str | None = None) -> bytes:
         choice = ChunkChoice(delta=delta, finish_reason=finish)
@@ -101,7 +101,7 @@ async def stream_chat(gen: Generation, include_usage: bool) -> AsyncIterator[byt
 
 async def stream_text(gen: Generation, include_usage: bool) -> AsyncIterator[bytes]:
     """``text_completion`` events, then usage (if asked) and ``[DONE]``."""
-    cid, created, model = _id("cmpl", gen), int(time.time()), gen.version.model
+    cid, created, model = _id("cmpl", gen), int(time.time()), gen.name
     try:
         async for piece in gen.pieces():
             if piece.text or piece.finish_reason:

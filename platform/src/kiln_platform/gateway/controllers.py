@@ -47,15 +47,12 @@ class OpenAIController(Controller):
     @get("/models")
     async def list_models(self, kiln: KilnDep, principal: PrincipalDep) -> ModelList:
         """List served models."""
-        await kiln.resolver.refresh()
-        tenant = str(principal.tenant_id)
-        models = [await kiln.resolver.resolve(m, tenant) for m in sorted(kiln.resolver.served)]
-        return ModelList(data=[services.model_card(v) for v in models])
+        return ModelList(data=await services.model_cards(kiln, principal.tenant_id))
 
     @get("/models/{model_id:str}")
     async def get_model(self, kiln: KilnDep, principal: PrincipalDep, model_id: str) -> ModelCard:
-        """Describe one model."""
-        return services.model_card(await kiln.resolver.resolve(model_id, str(principal.tenant_id)))
+        """Describe one model (or one of the tenant's adapters, ``<model>:<adapter>``)."""
+        return await services.describe(kiln, principal.tenant_id, model_id)
 
     @post("/embeddings", status_code=200)
     async def embeddings(

@@ -9,9 +9,10 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 
+from kiln_platform.adapters.directory import split
 from kiln_platform.billing.ledger import Usage, usage_of
 from kiln_platform.billing.pricing import Quantities
-from kiln_platform.errors import BadRequest, KilnError
+from kiln_platform.errors import BadRequest, KilnError, ModelNotFound
 from kiln_platform.gateway import metrics
 from kiln_platform.gateway._textmodel import TextModel, load_text_model
 from kiln_platform.gateway._textstream import TextStream
@@ -51,6 +52,8 @@ class Generation:
     principal: Principal
     ticket: Ticket
     version: ResolvedVersion
+    name: str
+    """The model as the request named it (``<model>:<adapter>`` for an adapter)."""
     model: TextModel
     request: GenerateRequest
     stop: tuple[str, ...]
@@ -257,10 +260,18 @@ async def prepare(
 ) -> Generation:
     """Everything up to dispatch: validation, templating, tokenization, limits."""
     _reject_unsupported(request)
-    version = await kiln.resolver.resolve(request.model, str(principal.tenant_id))
+    base, adapter_name = split(request.model)
+    version = await kiln.resolver.resolve(base, str(principal.tenant_id))
     manifest = version.manifest
     if manifest.task != "generate":
         raise BadRequest(f"The model `{version.model}` does not generate text.", param="model")
+    adapter = None
+    if adapter_name is not None:
+        if not kiln.settings.worker_adapter_slots:
+            raise BadRequest("This platform serves no adapters.", param="model")
+        adapter = await kiln.adapters.digest(principal.tenant_id, version.model, adapter_name)
+        if adapter is None:
+            raise ModelNotFound(f"The model `{request.model}` does not exist.", param="model")
     model = load_text_model(
         kiln.store.path(version.artifact_digest), manifest.tokenizer_file or "tokenizer.json"
     )
@@ -278,10 +289,12 @@ async def prepare(
         top_p=top_p,
         seed=request.seed,
         stop_token_ids=list(model.eos_token_ids),
+        adapter=adapter,
     )
     most = Quantities(input_tokens=len(prompt), output_tokens=generate.max_tokens)
     await kiln.budgets.reserve(principal, request_id, version, most, ticket.timeout_s)
-    return Generation(kiln, principal, ticket, version, model, generate, stop, endpoint)
+    name = request.model
+    return Generation(kiln, principal, ticket, version, name, model, generate, stop, endpoint)
 
 
 def sse(payload: Any) -> bytes:

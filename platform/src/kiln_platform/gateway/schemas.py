@@ -48,6 +48,8 @@ class ModelCard(msgspec.Struct, kw_only=True):
     created: int
     owned_by: str = "kiln"
     object: str = "model"
+    parent: str | msgspec.UnsetType = msgspec.UNSET
+    """The base model of a LoRA adapter (vLLM's field); absent for a base model."""
 
 
 class ModelList(msgspec.Struct, kw_only=True):

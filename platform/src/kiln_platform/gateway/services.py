@@ -10,9 +10,10 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from tokenizers import Tokenizer
 
+from kiln_platform.adapters.directory import SEPARATOR, split
 from kiln_platform.billing.ledger import usage_of
 from kiln_platform.billing.pricing import Quantities
-from kiln_platform.errors import BadRequest, KilnError
+from kiln_platform.errors import BadRequest, KilnError, ModelNotFound
 from kiln_platform.gateway.schemas import (
     Embedding,
     EmbeddingsRequest,
@@ -23,6 +24,7 @@ from kiln_platform.gateway.schemas import (
 from kiln_runtimes.protocol import EmbedRequest
 
 if TYPE_CHECKING:
+    import uuid
     from pathlib import Path
 
     from kiln_platform.context import Kiln
@@ -151,3 +153,26 @@ async def embed(
 def model_card(version: ResolvedVersion) -> ModelCard:
     """The `/v1/models` entry for a model's newest version."""
     return ModelCard(id=version.model, created=int(version.created_at.timestamp()))
+
+
+async def model_cards(kiln: Kiln, tenant_id: uuid.UUID) -> list[ModelCard]:
+    """Served models, then the tenant's adapters (``<model>:<adapter>``, with their parent)."""
+    await kiln.resolver.refresh()
+    tenant = str(tenant_id)
+    models = [await kiln.resolver.resolve(m, tenant) for m in sorted(kiln.resolver.served)]
+    cards = [model_card(v) for v in models]
+    for base, adapter, created in await kiln.adapters.names(tenant_id):
+        model = f"{base}{SEPARATOR}{adapter}"
+        cards.append(ModelCard(id=model, created=created, owned_by=tenant, parent=base))
+    return cards
+
+
+async def describe(kiln: Kiln, tenant_id: uuid.UUID, model: str) -> ModelCard:
+    """One model's card, or one of the tenant's adapters'."""
+    base, adapter = split(model)
+    card = model_card(await kiln.resolver.resolve(base, str(tenant_id)))
+    if adapter is None:
+        return card
+    if await kiln.adapters.digest(tenant_id, base, adapter) is None:
+        raise ModelNotFound(f"The model `{model}` does not exist.", param="model")
+    return ModelCard(id=model, created=card.created, owned_by=str(tenant_id), parent=base)

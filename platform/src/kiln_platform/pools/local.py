@@ -191,6 +191,9 @@ class LocalBackend:
             cmd += ["--cpus", s.worker_cpus]
         if not s.worker_preempt:
             cmd += ["--no-preempt"]
+        if s.worker_adapter_slots:
+            cmd += ["--adapter-slots", str(s.worker_adapter_slots)]
+            cmd += ["--adapter-rank", str(s.worker_adapter_rank)]
         return cmd
 
     async def _supervise(self, worker: Worker) -> None:

@@ -1,0 +1,73 @@
+"""`/admin/v1/tenants/{id}/adapters`: thin handlers, behaviour in ``adapters.services``."""
+
+from __future__ import annotations
+
+import tempfile
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated
+
+from litestar import delete, get, post
+from litestar.datastructures import UploadFile
+from litestar.enums import RequestEncodingType
+from litestar.params import Body
+
+from kiln_platform.adapters import services
+from kiln_platform.adapters.schemas import AdapterView
+from kiln_platform.admin.controllers import ActorDep, AdminController, KilnDep
+from kiln_platform.admin.deps import transaction
+
+MAX_ADAPTER_BYTES = 256 << 20
+
+
+@dataclass
+class AdapterForm:
+    """``multipart/form-data``: PEFT's ``adapter_config.json`` and ``adapter_model.safetensors``."""
+
+    name: str
+    model: str
+    config: UploadFile
+    weights: UploadFile
+
+
+class AdaptersController(AdminController):
+    """A tenant's LoRA adapters; requests use one as ``model: "<base model>:<name>"``."""
+
+    @get("/tenants/{tenant_id:uuid}/adapters")
+    async def list_adapters(
+        self, kiln: KilnDep, actor: ActorDep, tenant_id: uuid.UUID
+    ) -> list[AdapterView]:
+        """The tenant's adapters."""
+        async with transaction(kiln, actor) as session:
+            return await services.list_adapters(session, actor, tenant_id)
+
+    @post(
+        "/tenants/{tenant_id:uuid}/adapters", status_code=201,
+        request_max_body_size=MAX_ADAPTER_BYTES,
+    )  # fmt: skip
+    async def create_adapter(
+        self, kiln: KilnDep, actor: ActorDep, tenant_id: uuid.UUID,
+        data: Annotated[AdapterForm, Body(media_type=RequestEncodingType.MULTI_PART)],
+    ) -> AdapterView:  # fmt: skip
+        """Upload an adapter of a generation model; 400 names the field that does not fit."""
+        with tempfile.TemporaryDirectory(prefix="adapter-upload-") as tmp:
+            weights = Path(tmp) / "weights"
+            weights.write_bytes(await data.weights.read())
+            upload = services.Upload(
+                name=data.name, model=data.model, config=await data.config.read(), weights=weights
+            )
+            settings = kiln.settings
+            async with transaction(kiln, actor) as session:
+                return await services.create_adapter(
+                    session, actor, tenant_id, upload,
+                    store=kiln.store, max_rank=settings.worker_adapter_rank,
+                )  # fmt: skip
+
+    @delete("/tenants/{tenant_id:uuid}/adapters/{adapter_id:uuid}", status_code=204)
+    async def delete_adapter(
+        self, kiln: KilnDep, actor: ActorDep, tenant_id: uuid.UUID, adapter_id: uuid.UUID
+    ) -> None:
+        """Delete an adapter; requests naming it are refused within the cache TTL (5 s)."""
+        async with transaction(kiln, actor) as session:
+            await services.delete_adapter(session, actor, tenant_id, adapter_id)
