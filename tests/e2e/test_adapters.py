@@ -11,10 +11,11 @@ from typing import TYPE_CHECKING, Any
 import httpx
 import openai
 import pytest
+from playwright.sync_api import Page, expect
 
 from kiln_runtimes.lora import Dims
 
-from .conftest import SMOLLM2, KilnProcess, serve_model
+from .conftest import PASSWORD, SMOLLM2, KilnProcess, serve_model, settled, sign_in
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator
@@ -115,3 +116,30 @@ def test_a_tenant_uploads_an_adapter_and_chats_with_it(
             break
         assert time.monotonic() < deadline, "a deleted adapter still served after 10 s"
         time.sleep(0.5)
+
+
+@pytest.fixture(scope="module")
+def kiln(llm_up: KilnProcess) -> KilnProcess:
+    """The ``kiln up`` the console's browser tests open (``page``)."""
+    llm_up.cli("users", "create", "--email", "lora@acme.test", "--role", "tenant-admin",
+               "--tenant", "acme", "--password", PASSWORD)  # fmt: skip
+    return llm_up
+
+
+def test_a_tenant_admin_uploads_an_adapter_in_the_console(
+    page: Page, smollm2_dir: Path, peft: Any, tmp_path: Path
+) -> None:
+    dims = Dims.from_genai_config(json.loads((smollm2_dir / "genai_config.json").read_text()))
+    folder = peft.write(tmp_path / "web", peft.config(4, QV), peft.tensors(dims, 4, QV, seed=5))
+    sign_in(page, "lora@acme.test")
+    page.click("header nav >> text=Adapters")
+    page.fill("#new-adapter input[name=name]", "from-the-web")
+    page.set_input_files("#new-adapter input[name=config]", folder / "adapter_config.json")
+    page.set_input_files("#new-adapter input[name=weights]", folder / "adapter_model.safetensors")
+    page.click("#new-adapter button[type=submit]")
+    row = page.locator("#adapters tbody tr[data-name='from-the-web']")
+    expect(row.locator("code")).to_have_text(f"{SMOLLM2}:from-the-web")
+    settled(page)  # the new row's button is live
+    page.once("dialog", lambda dialog: dialog.accept())
+    row.get_by_role("button", name="Delete").click()
+    expect(row).to_have_count(0)

@@ -23,7 +23,7 @@ from litestar.middleware.session.client_side import ClientSideSessionBackend, Co
 from litestar.static_files import create_static_files_router
 from litestar.template.config import TemplateConfig
 
-from kiln_console import audit, auth, costs, errors, members, models, pages
+from kiln_console import adapters, audit, auth, costs, errors, members, models, pages
 from kiln_console.sso import OpenIDProvider
 from kiln_console.throttle import SignInThrottle
 
@@ -86,6 +86,7 @@ def console(settings: Settings) -> Console:
             auth.SignIn,
             pages.Pages,
             members.Members,
+            adapters.Adapters,
             costs.Costs,
             models.Models,
             audit.Audit,

@@ -90,6 +90,17 @@ class WorkerMetrics:
             "kiln_worker_waiting_sequences", "Sequences waiting to start.", registry=self.registry
         ).set_function(waiting)
 
+    def watch_adapters(self, in_slots: Callable[[], float], read: Callable[[], float]) -> None:
+        """Expose the LoRA adapters a generation worker holds."""
+        Gauge(
+            "kiln_worker_adapter_slots_used", "Adapter slots holding an adapter.",
+            registry=self.registry,
+        ).set_function(in_slots)  # fmt: skip
+        Gauge(
+            "kiln_worker_adapters_in_memory", "Adapters read from the store and kept in memory.",
+            registry=self.registry,
+        ).set_function(read)  # fmt: skip
+
     def render(self) -> bytes:
         """Return the Prometheus text exposition."""
         return generate_latest(self.registry)

@@ -127,6 +127,10 @@ class Worker:
             await generator.load(settings.model_dir, manifest, settings.max_batch_size)
             self._generator = generator
             self.metrics.watch_generation(generator.running, generator.waiting)
+            if settings.adapter_slots:
+                self.metrics.watch_adapters(
+                    lambda: generator.adapters()[0], lambda: generator.adapters()[1]
+                )
         elif manifest.task == "tensor":
             self._tensor, self._batcher = await _tensor.load(settings, manifest, self.metrics)
         else:

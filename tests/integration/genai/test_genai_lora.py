@@ -120,6 +120,8 @@ async def test_rows_of_three_adapters_and_none_in_two_slots_match_their_solo_run
     )
     assert list(together) == solo
     assert (backend.running(), backend.waiting()) == (0, 0)
+    in_slots, in_memory = backend.adapters()
+    assert (in_slots, in_memory >= 3) == (2, True)  # qv, o, qkv read once; two slots in use
 
 
 async def test_an_adapter_that_does_not_fit_the_model_is_refused_before_admission(

@@ -69,6 +69,9 @@ class FakeGenerator:
     def waiting(self) -> int:
         return 0
 
+    def adapters(self) -> tuple[int, int]:
+        return 0, 0
+
     async def unload(self) -> None:
         pass
 

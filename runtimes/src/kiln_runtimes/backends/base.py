@@ -45,6 +45,10 @@ class GenerationBackend(Protocol):
 
     def waiting(self) -> int: ...
 
+    def adapters(self) -> tuple[int, int]:
+        """LoRA adapters ``(in slots, in memory)``; ``(0, 0)`` without adapter slots."""
+        ...
+
     async def unload(self) -> None: ...
 
 

@@ -129,6 +129,10 @@ class EngineCore:
     def waiting(self) -> int:
         return len(self._joining) + len(self._scheduler.waiting)
 
+    def adapters_in_slots(self) -> int:
+        table = self._scheduler.adapters
+        return table.loaded() if table else 0
+
     def step(self) -> None:
         """One iteration: admit/cancel, schedule -> execute -> update, publish new tokens."""
         outputs = self._take_inbox()
@@ -262,6 +266,9 @@ class GenAIGenerationBackend:
 
     def waiting(self) -> int:
         return self._core.waiting() if self._core else 0
+
+    def adapters(self) -> tuple[int, int]:
+        return self._core.adapters_in_slots() if self._core else 0, len(self._adapters)
 
     async def unload(self) -> None:
         """Stop the engine thread; open streams raise ``RuntimeError``."""

@@ -13,15 +13,14 @@ from safetensors.numpy import save_file
 from sqlalchemy import func, select
 
 from kiln_platform.db.tables import Adapter
-from kiln_platform.registry.services import register_version
 from kiln_platform.settings import Settings
 from kiln_runtimes.lora import Dims
-from kiln_runtimes.protocol import ModelManifest
 
+from ..conftest import TINY_LLM_DIMS as DIMS
+from ..conftest import register_tiny_llm
 from .conftest import Admin
 
 MODEL = "tiny-llm"
-DIMS = Dims(num_layers=2, hidden=8, q_size=8, kv_size=4)
 QV = ("q_proj", "v_proj")
 
 
@@ -37,16 +36,7 @@ def settings(database_uri: str, tmp_path_factory: pytest.TempPathFactory) -> Set
 
 @pytest.fixture(scope="module")
 async def model(admin: Admin, tmp_path_factory: pytest.TempPathFactory) -> str:
-    """A generation model whose artifact has the ``genai_config.json`` adapters are read with."""
-    folder = tmp_path_factory.mktemp("tiny-llm")
-    decoder = {"head_size": 4, "hidden_size": 8, "num_attention_heads": 2,
-               "num_key_value_heads": 1, "num_hidden_layers": 2}  # fmt: skip
-    (folder / "genai_config.json").write_text(json.dumps({"model": {"decoder": decoder}}))
-    digest = admin.kiln.store.put_dir(folder)
-    manifest = ModelManifest(name=MODEL, task="generate", engine="onnxruntime-genai")
-    async with admin.kiln.db.sessions.begin() as session:
-        await register_version(session, manifest, "1", digest)
-    return MODEL
+    return await register_tiny_llm(admin.kiln, tmp_path_factory.mktemp("tiny-llm"), MODEL)
 
 
 def _files(peft: Any, tmp_path: Path, *, config: Any = None, weights: bytes | None = None,
