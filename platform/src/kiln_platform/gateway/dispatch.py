@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, TypeVar
 
 import aiohttp
 import msgspec
+import structlog
 
 from kiln_platform.errors import (
     BadRequest,
@@ -50,6 +51,7 @@ _result = msgspec.msgpack.Decoder(EmbedResult)
 _infer_result = msgspec.msgpack.Decoder(InferResult)
 _chunk = msgspec.msgpack.Decoder(GenerateChunk)
 _error_decoder = msgspec.msgpack.Decoder(ErrorReply)
+log = structlog.get_logger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,16 +84,14 @@ class WorkerClient:
 
     async def embed(self, pool: str, request: EmbedRequest, ticket: Ticket) -> EmbedResult:
         """Embed token ids on a worker of ``pool``; fair-share cost is the number of inputs."""
-        runner = self._pools.runner(pool)
-        queued = _queued(runner, request.request_id, ticket, len(request.input_ids))
-        async with runner.slot(queued) as lease:
-            worker = self._pools.worker(pool, lease.worker)
-            request = _leased(request, lease)
-            async with self._post(worker, pool, "/embed", request, self._timeout) as resp:
-                body = await resp.read()
-                if resp.status == 200:
-                    return _worker_timed(_result.decode(body))
-            raise _error(body)
+        cost = len(request.input_ids)
+        async with self._dispatch(
+            pool, "/embed", request, ticket, cost=cost, limit=self._timeout
+        ) as sent:
+            body = await sent.response.read()
+            if sent.response.status == 200:
+                return _worker_timed(_result.decode(body))
+        raise _error(body)
 
     async def generate(
         self, pool: str, request: GenerateRequest, ticket: Ticket
@@ -101,36 +101,62 @@ class WorkerClient:
         The fair-share cost is prompt + max tokens at admission, settled to the tokens actually
         processed when the stream ends.
         """
-        runner = self._pools.runner(pool)
         cost = len(request.prompt_ids) + request.max_tokens
-        async with runner.slot(_queued(runner, request.request_id, ticket, cost)) as lease:
-            worker = self._pools.worker(pool, lease.worker)
-            request = _leased(request, lease)
-            async with self._post(worker, pool, "/generate", request, self._stream) as resp:
-                if resp.status != 200:
-                    raise _error(await resp.read())
-                generated = 0
-                try:
-                    async for chunk in _frames(resp, pool):
-                        generated = chunk.completion_tokens or generated + len(chunk.token_ids)
-                        yield chunk
-                finally:
-                    lease.actual_cost = len(request.prompt_ids) + generated
-                    resp.close()  # drops the connection: the worker sees it and cancels
+        async with self._dispatch(
+            pool, "/generate", request, ticket, cost=cost, limit=self._stream
+        ) as sent:
+            resp = sent.response
+            if resp.status != 200:
+                raise _error(await resp.read())
+            generated = 0
+            try:
+                async for chunk in _frames(resp, pool):
+                    generated = chunk.completion_tokens or generated + len(chunk.token_ids)
+                    yield chunk
+            finally:
+                sent.lease.actual_cost = len(request.prompt_ids) + generated
+                resp.close()  # drops the connection: the worker sees it and cancels
 
     async def infer(
         self, pool: str, request: InferRequest, ticket: Ticket, rows: int
     ) -> InferResult:
         """Run tensors on a worker of ``pool``; fair-share cost is the request's batch rows."""
+        async with self._dispatch(
+            pool, "/infer", request, ticket, cost=rows, limit=self._timeout
+        ) as sent:
+            body = await sent.response.read()
+            if sent.response.status == 200:
+                return _worker_timed(_infer_result.decode(body))
+        raise _error(body)
+
+    @contextlib.asynccontextmanager
+    async def _dispatch(
+        self, pool: str, path: str, message: M, ticket: Ticket, *, cost: float,
+        limit: aiohttp.ClientTimeout,
+    ) -> AsyncIterator[Sent]:  # fmt: skip
+        """Lease a worker of ``pool`` in its fair queue and send it ``message``.
+
+        A worker that turns the request away unrun (draining: a scale-down retired it between
+        the lease and the request; or not listening any more) charges nothing, and the request
+        is leased again, once, to another worker. Its tokens are not generated twice: it never
+        started.
+        """
         runner = self._pools.runner(pool)
-        async with runner.slot(_queued(runner, request.request_id, ticket, rows)) as lease:
-            worker = self._pools.worker(pool, lease.worker)
-            request = _leased(request, lease)
-            async with self._post(worker, pool, "/infer", request, self._timeout) as resp:
-                body = await resp.read()
-                if resp.status == 200:
-                    return _worker_timed(_infer_result.decode(body))
-            raise _error(body)
+        for last in (False, True):
+            async with runner.slot(_queued(runner, message.request_id, ticket, cost)) as lease:
+                worker = self._pools.worker(pool, lease.worker)
+                try:
+                    async with self._post(
+                        worker, pool, path, _leased(message, lease), limit, connect_retry=not last
+                    ) as resp:
+                        if last or not await _draining(resp):
+                            yield Sent(lease, resp)
+                            return
+                    self._pools.mark_unreachable(worker)  # out of rotation while it drains
+                except _Unreached:
+                    pass
+                lease.actual_cost = 0.0
+                log.info("worker refused the request unrun; leasing again", worker=worker.url)
 
     @contextlib.asynccontextmanager
     async def _post(
@@ -140,7 +166,11 @@ class WorkerClient:
         path: str,
         message: EmbedRequest | GenerateRequest | InferRequest,
         limit: aiohttp.ClientTimeout,
+        *,
+        connect_retry: bool = False,
     ) -> AsyncIterator[aiohttp.ClientResponse]:
+        """POST to a worker; with ``connect_retry`` a worker not listening raises ``_Unreached``
+        (the request was never delivered) instead of answering 503."""
         try:
             async with self._http.post(
                 f"{worker.url}{path}",
@@ -151,11 +181,32 @@ class WorkerClient:
                 yield resp
         except (aiohttp.ClientConnectionError, ConnectionError) as exc:
             self._pools.mark_unreachable(worker)
+            if connect_retry and isinstance(exc, aiohttp.ClientConnectorError):
+                raise _Unreached from exc
             raise ServiceUnavailable(
                 f"The worker for `{pool}` went away; retry shortly.", retry_after=1.0
             ) from exc
         except TimeoutError as exc:
             raise DeadlineExceeded("The pool did not answer in time.") from exc
+
+
+@dataclass(frozen=True, slots=True)
+class Sent:
+    """A request delivered to a worker: its lease and the worker's response."""
+
+    lease: Lease
+    response: aiohttp.ClientResponse
+
+
+class _Unreached(Exception):
+    """The worker was not listening: the request was never delivered."""
+
+
+async def _draining(resp: aiohttp.ClientResponse) -> bool:
+    """The worker refused the request unrun because it is draining (its body stays readable)."""
+    if resp.status != 503:
+        return False
+    return _error_decoder.decode(await resp.read()).code == "draining"
 
 
 async def _frames(resp: aiohttp.ClientResponse, model: str) -> AsyncIterator[GenerateChunk]:
