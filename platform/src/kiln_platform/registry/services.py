@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
+import math
+import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -93,6 +96,12 @@ async def routed_versions(session: AsyncSession) -> tuple[dict[str, Route], list
     return routes, versions
 
 
+MISS_REFRESH_S = 0.25
+"""A name the cache does not know reloads the catalog, but at most this often (a miss soon after
+a reload waits for the next one) and concurrent misses share one reload: a flood of made-up
+model names costs the database one reload per 250 ms, not one per request."""
+
+
 class Resolver:
     """Model name -> the version that serves a request, cached in memory and refreshed from the
     database: the route's stable version or its canary (sticky per tenant), else the newest."""
@@ -102,9 +111,21 @@ class Resolver:
         self.routes: dict[str, Route] = {}
         self.served: dict[str, dict[str, ResolvedVersion]] = {}
         """Each model's served versions, by version."""
+        self._refreshed_at = -math.inf
+        self._reload: asyncio.Future[list[ResolvedVersion]] | None = None
 
     async def refresh(self) -> list[ResolvedVersion]:
         """Reload routes and served versions; returns every served version (one pool each)."""
+        if self._reload is None:  # concurrent callers share the reload in flight
+            self._reload = asyncio.ensure_future(self._load())
+            self._reload.add_done_callback(self._reloaded)
+        return await asyncio.shield(self._reload)
+
+    def _reloaded(self, _: asyncio.Future[list[ResolvedVersion]]) -> None:
+        self._reload = None
+
+    async def _load(self) -> list[ResolvedVersion]:
+        started = time.monotonic()
         async with self._sessions() as session:
             routes, routed = await routed_versions(session)
             newest = [v for v in await latest_versions(session) if v.model not in routes]
@@ -113,12 +134,14 @@ class Resolver:
             served.setdefault(v.model, {})[v.version] = v
         self.routes = {m: r for m, r in routes.items() if set(r.versions) <= set(served[m])}
         self.served = served
+        self._refreshed_at = started
         return [*newest, *routed]
 
     async def resolve(self, name: str, sticky: str = "") -> ResolvedVersion:
         """The version of ``name`` that serves ``sticky`` (a tenant id), refreshing on a miss."""
         versions = self.served.get(name)
-        if versions is None:
+        if versions is None:  # new since the last reload, or made up: reload, at most so often
+            await asyncio.sleep(self._refreshed_at + MISS_REFRESH_S - time.monotonic())
             await self.refresh()
             versions = self.served.get(name)
         if versions is None:

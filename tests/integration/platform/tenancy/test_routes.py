@@ -4,12 +4,15 @@ sticky per tenant, pinned versions, rollback retiring the canary's pool)."""
 
 from __future__ import annotations
 
+import asyncio
+import time
 import uuid
+from typing import Any
 
 import pytest
 
 from kiln_platform.errors import ModelNotFound
-from kiln_platform.registry.services import register_version
+from kiln_platform.registry.services import MISS_REFRESH_S, Resolver, register_version
 from kiln_platform.settings import Settings
 from kiln_runtimes.protocol import ModelManifest
 
@@ -111,3 +114,25 @@ async def test_a_canary_takes_its_share_sticky_and_rollback_retires_it(
     assert r.status_code == 200
     assert {(await resolver.resolve(MODEL, t)).version for t in TENANTS} == {"1"}
     assert {k for k in pools.desired if k.startswith(MODEL)} == {f"{MODEL}@1"}
+
+
+async def test_unknown_names_share_one_catalog_reload_per_quarter_second(admin: Admin) -> None:
+    reloads = 0
+
+    def counted() -> Any:
+        nonlocal reloads
+        reloads += 1
+        return admin.kiln.db.sessions()
+
+    resolver = Resolver(counted)  # type: ignore[arg-type]
+    started = time.monotonic()
+    for wave in (1, 2):
+        made_up = (resolver.resolve(f"made-up-{wave}-{i}") for i in range(200))
+        results = await asyncio.gather(*made_up, return_exceptions=True)
+        assert all(isinstance(r, ModelNotFound) for r in results)
+        assert reloads == wave  # 200 misses, one reload
+    assert time.monotonic() - started >= MISS_REFRESH_S  # the second wave waited its turn
+    manifest = ModelManifest(name="fresh", task="embeddings", engine="onnxruntime", dimensions=4)
+    async with admin.kiln.db.sessions.begin() as session:
+        await register_version(session, manifest, "1", f"sha256:{'f' * 64}")
+    assert (await resolver.resolve("fresh")).version == "1"  # new since the last reload: found
