@@ -3,6 +3,7 @@ official ``openai`` SDK chats with ``<model>:<adapter>`` on a real ``kiln up`` w
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 from pathlib import Path
@@ -12,7 +13,11 @@ import httpx
 import openai
 import pytest
 from playwright.sync_api import Page, expect
+from sqlalchemy import func, select
 
+from kiln_platform.context import open_database
+from kiln_platform.db.tables import UsageEvent
+from kiln_platform.settings import Settings
 from kiln_runtimes.lora import Dims
 
 from .conftest import PASSWORD, SMOLLM2, KilnProcess, serve_model, settled, sign_in
@@ -58,6 +63,24 @@ def _upload(admin: httpx.Client, tenant: str, name: str, folder: Path) -> httpx.
     return admin.post(f"/admin/v1/tenants/{tenant}/adapters", data=data, files=files, timeout=60)
 
 
+def _adapters_billed(kiln: KilnProcess) -> dict[str | None, int]:
+    """Successful chat completions in the ledger, by the adapter each named."""
+
+    async def read() -> dict[str | None, int]:
+        async with (
+            open_database(Settings(data_dir=kiln.env["KILN_DATA_DIR"])) as db,
+            db.sessions() as session,
+        ):
+            rows = await session.execute(
+                select(UsageEvent.adapter, func.count())
+                .where(UsageEvent.endpoint == "chat.completions", UsageEvent.status == 200)
+                .group_by(UsageEvent.adapter)
+            )
+            return {adapter: count for adapter, count in rows}
+
+    return asyncio.run(read())
+
+
 def _chat(client: openai.OpenAI, model: str) -> Any:
     return client.chat.completions.create(model=model, messages=ASK, temperature=0, max_tokens=24)
 
@@ -95,6 +118,7 @@ def test_a_tenant_uploads_an_adapter_and_chats_with_it(
         _chat(client, f"{SMOLLM2}:tuned").choices[0].message.content
         == tuned.choices[0].message.content
     )
+    assert _adapters_billed(llm_up) == {None: 1, "zero": 1, "tuned": 2}  # priced as the base
     cards = {m.id: m for m in client.models.list().data}
     assert cards[f"{SMOLLM2}:tuned"].model_extra["parent"] == SMOLLM2
     with pytest.raises(openai.NotFoundError, match="does not exist"):

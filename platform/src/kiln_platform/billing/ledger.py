@@ -95,8 +95,9 @@ def usage_of(
     items: int = 0,
     queue_ms: float = 0.0,
     compute_ms: float = 0.0,
+    adapter: str | None = None,
 ) -> Usage:
-    """A request's usage, from the caller and the model version that served it."""
+    """A request's usage, from the caller and the model version (and adapter) that served it."""
     return Usage(
         request_id=request_id,
         tenant_id=principal.tenant_id,
@@ -111,6 +112,7 @@ def usage_of(
         queue_ms=queue_ms,
         compute_ms=compute_ms,
         oauth_client_id=principal.oauth_client_id,
+        adapter=adapter,
         plan=principal.plan,
         timezone=principal.timezone,
     )

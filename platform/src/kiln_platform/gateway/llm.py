@@ -148,7 +148,7 @@ class Generation:
             self.principal, self.version, self.request.request_id, self.endpoint,
             status=self.status, input_tokens=self.prompt_tokens,
             output_tokens=self.completion_tokens, queue_ms=self.queue_ms,
-            compute_ms=self.compute_ms,
+            compute_ms=self.compute_ms, adapter=split(self.name)[1],
         )  # fmt: skip
 
 

@@ -42,7 +42,7 @@ def _local(zone: Any, at: Any, unit: str | None, step: str | None = None) -> Any
     return func.timezone(zone, local, type_=DateTime(timezone=True))
 
 
-ORDER = ("period_start", "day_start", "tenant_name", "tenant_id", "model", "version",
+ORDER = ("period_start", "day_start", "tenant_name", "tenant_id", "model", "version", "adapter",
          "api_key_id", "oauth_client_id", "kind", "unit", "currency")  # fmt: skip
 MEASURES = ("quantity", "list_cost_micros", "cost_micros", "lines")
 
@@ -54,6 +54,7 @@ def _charge_dims(g: frozenset[str]) -> dict[str, Any]:
         "kind": C.kind,
         "model": C.model if g & {"model", "version"} else None,
         "version": C.version if "version" in g else None,
+        "adapter": C.adapter if g & {"adapter", "request"} else None,
         "unit": C.unit,
         "currency": C.currency,
         "api_key_id": C.api_key_id if credential else None,

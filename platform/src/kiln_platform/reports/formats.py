@@ -28,10 +28,12 @@ def instant(value: datetime) -> str:
 
 
 def sku(row: Any) -> str:
-    """``model:version:unit`` with ``*`` for what the report does not group by."""
+    """``model:version:unit`` with ``*`` for what the report does not group by, and
+    ``:adapter`` when grouped by adapter (a LoRA adapter's requests)."""
     if row.kind == "adjustment":
         return "adjustment"
-    return f"{row.model or '*'}:{row.version or '*'}:{row.unit}"
+    base = f"{row.model or '*'}:{row.version or '*'}:{row.unit}"
+    return f"{base}:{row.adapter}" if row.adapter else base
 
 
 def columns(row: Any, start: datetime, end: datetime) -> dict[str, Any]:
@@ -62,6 +64,7 @@ def columns(row: Any, start: datetime, end: datetime) -> dict[str, Any]:
         "BillingCurrency": row.currency,
         "x_Model": row.model if usage else None,
         "x_ModelVersion": row.version if usage else None,
+        "x_Adapter": row.adapter if usage else None,
         "x_ApiKeyId": key,
         "x_OAuthClientId": client,
         "x_RequestId": row.request_id,

@@ -25,6 +25,7 @@ COLUMNS = (
     "BillingCurrency",
     "x_Model",
     "x_ModelVersion",
+    "x_Adapter",
     "x_ApiKeyId",
     "x_OAuthClientId",
     "x_RequestId",
@@ -35,7 +36,7 @@ COLUMNS = (
 )
 """The report's columns, in order; FOCUS 1.x names, Kiln's own ones prefixed ``x_``."""
 
-GROUPS = ("tenant", "model", "version", "key", "day", "request")
+GROUPS = ("tenant", "model", "version", "adapter", "key", "day", "request")
 """What ``group_by`` may name; billing period, charge category, unit and currency always are."""
 DEFAULT_GROUPS = "tenant,model,version"
 

@@ -159,3 +159,22 @@ async def test_tenant_admin_sees_only_its_own_costs(admin: Admin, root: str) -> 
     assert r.status_code == 404
     r = await admin.call("GET", f"/admin/v1/reports/costs?{JAN}&tenant_id={b}", root)
     assert [x["BilledCost"] for x in r.json()["totals"]] == ["0.000001"]
+
+
+async def test_costs_grouped_by_adapter(admin: Admin, root: str) -> None:
+    tenant = await admin.tenant(root, "costs-lora")
+    async with admin.kiln.db.sessions.begin() as session:
+        session.add_all([
+            line(tenant, "2025-03-02T10:00:00Z", "output_token", "10", (20, 20), adapter="bot"),
+            line(tenant, "2025-03-02T11:00:00Z", "output_token", "5", (10, 10), adapter="bot"),
+            line(tenant, "2025-03-02T12:00:00Z", "output_token", "7", (14, 14)),  # base model
+        ])  # fmt: skip
+    march = f"from=2025-03-01&to=2025-04-01&tenant_id={tenant}"
+    r = await admin.call("GET", f"/admin/v1/reports/costs?{march}&group_by=model,adapter", root)
+    assert r.status_code == 200, r.text
+    rows = [
+        (x["SkuId"], x["x_Adapter"], x["ConsumedQuantity"], x["x_Lines"]) for x in r.json()["rows"]
+    ]
+    assert rows == [("m1:*:output_token:bot", "bot", "15", 2), ("m1:*:output_token", None, "7", 1)]
+    r = await admin.call("GET", f"/admin/v1/reports/costs?{march}&group_by=model", root)
+    assert [x["x_Adapter"] for x in r.json()["rows"]] == [None]  # not grouped: one row
