@@ -9,7 +9,7 @@ SHELL  := /bin/bash
 QUIET  := 2>&1 | { grep -v "is ignored: it is neither" || true; }
 
 .DEFAULT_GOAL := help
-.PHONY: help setup browser up test lint bench-cold-start bench-embeddings bench-tensor bench-tensor-latency
+.PHONY: help setup browser up test lint bench-cold-start bench-embeddings bench-lora bench-tensor bench-tensor-latency
 
 help: ## List the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-18s %s\n", $$1, $$2}'
@@ -40,6 +40,9 @@ lint: setup ## ruff + mypy
 
 bench-cold-start: setup ## First request to a pool scaled to zero vs a new ONNX Runtime session in-process (docs/benchmarks.md)
 	$(PY) bench/cold_start.py --rounds 7
+
+bench-lora: setup ## Chat with three LoRA adapters and the base model mixed vs the base model alone (docs/benchmarks.md)
+	$(PY) bench/lora_serving.py --rounds 3 --duration 20
 
 bench-embeddings: setup ## Kiln vs in-process ONNX Runtime, all-MiniLM-L6-v2 (see docs/benchmarks.md)
 	$(PY) bench/embeddings.py
