@@ -28,6 +28,8 @@ if TYPE_CHECKING:
 
 CONFIG_FILE = "adapter_config.json"
 WEIGHTS_FILE = "adapter_model.safetensors"
+PEFT_DEFAULT_ALPHA = 8
+"""``LoraConfig.lora_alpha`` when a config leaves it out."""
 MODULES = ("q_proj", "k_proj", "v_proj", "o_proj")
 """PEFT ``target_modules`` an adapter may name (attention projections)."""
 _KEY = re.compile(
@@ -143,9 +145,13 @@ def _check_config(config: Mapping[str, Any], max_rank: int) -> tuple[int, float,
         raise AdapterError(f"peft_type {config.get('peft_type')!r} is not LORA", "config")
     if config.get("use_dora") or config.get("bias", "none") != "none":
         raise AdapterError("DoRA and LoRA biases are not supported", "config")
+    if config.get("fan_in_fan_out"):
+        raise AdapterError(
+            "fan_in_fan_out adapters (GPT-2 style Conv1D) are not supported", "config"
+        )
     if config.get("modules_to_save") or config.get("rank_pattern") or config.get("alpha_pattern"):
         raise AdapterError("modules_to_save and per-module ranks are not supported", "config")
-    rank, alpha = config.get("r"), config.get("lora_alpha", config.get("r"))
+    rank, alpha = config.get("r"), config.get("lora_alpha", PEFT_DEFAULT_ALPHA)
     if not isinstance(rank, int) or isinstance(rank, bool) or rank < 1:
         raise AdapterError("r must be a positive integer", "config")
     if not isinstance(alpha, int | float) or isinstance(alpha, bool):

@@ -37,6 +37,7 @@ def test_an_adapter_is_transposed_and_scaled(peft: Any) -> None:
         ({"target_modules": ["gate_proj"]}, "config", "target_modules"),
         ({"r": 0}, "config", "r must be"),
         ({"use_dora": True}, "config", "DoRA"),
+        ({"fan_in_fan_out": True}, "config", "fan_in_fan_out"),
         ({"r": 3, "target_modules": ["q_proj", "k_proj"]}, "config", "needs 6 columns"),
     ],
 )
