@@ -57,7 +57,7 @@ class Adapters(Controller):
             async with transaction(kiln, viewer.actor) as session:
                 await adapters.create_adapter(
                     session, viewer.actor, tenant_id, upload,
-                    store=kiln.store, max_rank=kiln.settings.worker_adapter_rank,
+                    store=kiln.store, max_rank=adapters.slot_rank(kiln.settings),
                 )  # fmt: skip
                 context = {**await _adapters(session, viewer, tenant_id), "partial": True}
         return Template("_adapters.html.j2", context=context, status_code=201)

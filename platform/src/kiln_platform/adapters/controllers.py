@@ -57,11 +57,10 @@ class AdaptersController(AdminController):
             upload = services.Upload(
                 name=data.name, model=data.model, config=await data.config.read(), weights=weights
             )
-            settings = kiln.settings
             async with transaction(kiln, actor) as session:
                 return await services.create_adapter(
                     session, actor, tenant_id, upload,
-                    store=kiln.store, max_rank=settings.worker_adapter_rank,
+                    store=kiln.store, max_rank=services.slot_rank(kiln.settings),
                 )  # fmt: skip
 
     @delete("/tenants/{tenant_id:uuid}/adapters/{adapter_id:uuid}", status_code=204)

@@ -27,6 +27,7 @@ if TYPE_CHECKING:
     from sqlalchemy.ext.asyncio import AsyncSession
 
     from kiln_platform.admin.authz import Actor
+    from kiln_platform.settings import Settings
     from kiln_runtimes.store import ArtifactStore
 
 NAME = re.compile(r"[a-z0-9][a-z0-9._-]{0,63}")
@@ -47,9 +48,18 @@ async def create_adapter(
     session: AsyncSession, actor: Actor, tenant_id: uuid.UUID, upload: Upload,
     *, store: ArtifactStore, max_rank: int,
 ) -> AdapterView:  # fmt: skip
-    """Check the adapter against its model, store its files, register it; 400 names the field."""
+    """Check the adapter against its model, store its files, register it; 400 names the field.
+
+    ``max_rank``: the columns of a worker's adapter slot (:func:`slot_rank`; 0: no slots).
+    """
     await get_tenant(session, actor, tenant_id)
     require(actor, "adapters", write=True)
+    if max_rank < 1:
+        raise BadRequest(
+            "This platform serves no adapters: its workers have no adapter slots "
+            "(KILN_WORKER_ADAPTER_SLOTS).",
+            param="model",
+        )
     if not NAME.fullmatch(upload.name):
         raise BadRequest("An adapter name is 1-64 of a-z, 0-9, '.', '_', '-'.", param="name")
     model, digest = await _base_model(session, upload.model)
@@ -106,6 +116,11 @@ async def delete_adapter(
     await session.delete(row)
     await session.flush()
     await record(session, actor, "adapter.delete", "adapter", adapter_id, tenant_id, before=before)
+
+
+def slot_rank(settings: Settings) -> int:
+    """The columns of a worker's adapter slot, or 0 when workers hold no adapters."""
+    return settings.worker_adapter_rank if settings.worker_adapter_slots > 0 else 0
 
 
 def adapter_view(row: Adapter, base: str) -> AdapterView:

@@ -27,6 +27,7 @@ def settings(database_uri: str, tmp_path_factory: pytest.TempPathFactory) -> Set
     return Settings(
         data_dir=tmp_path_factory.mktemp("data"), database_url=database_uri,
         secret_key="console-test-secret", key_cache_ttl_s=0.0, pool_initial_replicas=0,
+        worker_adapter_slots=2,
     )  # fmt: skip
 
 

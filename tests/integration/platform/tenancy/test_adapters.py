@@ -12,13 +12,15 @@ import pytest
 from safetensors.numpy import save_file
 from sqlalchemy import func, select
 
+from kiln_platform.adapters.services import Upload, create_adapter, slot_rank
 from kiln_platform.db.tables import Adapter
+from kiln_platform.errors import BadRequest
 from kiln_platform.settings import Settings
 from kiln_runtimes.lora import Dims
 
 from ..conftest import TINY_LLM_DIMS as DIMS
 from ..conftest import register_tiny_llm
-from .conftest import Admin
+from .conftest import CLI, Admin
 
 MODEL = "tiny-llm"
 QV = ("q_proj", "v_proj")
@@ -116,3 +118,21 @@ async def test_tenant_admins_upload_members_read_other_tenants_see_nothing(
     assert (await admin.call("DELETE", f"{path}/{made['id']}", owner)).status_code == 204
     gone = await admin.call("GET", f"/v1/models/{model}:support", member)
     assert gone.status_code == 404
+
+
+async def test_without_adapter_slots_an_upload_is_refused(
+    admin: Admin, root: str, model: str, *, peft: Any, tmp_path: Path, settings: Settings
+) -> None:
+    assert slot_rank(settings) == 8
+    assert slot_rank(settings.model_copy(update={"worker_adapter_slots": 0})) == 0
+    tenant = uuid.UUID(await admin.tenant(root, f"t-{uuid.uuid4()}"))
+    files = _files(peft, tmp_path)
+    weights = tmp_path / "weights"
+    weights.write_bytes(files["weights"][1])
+    upload = Upload(name="x", model=model, config=files["config"][1], weights=weights)
+    before = await _count(admin)
+    async with admin.kiln.db.sessions.begin() as session:
+        with pytest.raises(BadRequest, match="no adapter slots") as caught:
+            await create_adapter(session, CLI, tenant, upload, store=admin.kiln.store, max_rank=0)
+    assert caught.value.param == "model"
+    assert await _count(admin) == before
