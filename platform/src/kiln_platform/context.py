@@ -33,6 +33,7 @@ if TYPE_CHECKING:
 
     from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 
+    from kiln_platform.pools.backend import Backend
     from kiln_platform.settings import Settings
 
 
@@ -83,6 +84,15 @@ class Kiln:
     """Tenants' LoRA adapters by ``<model>:<adapter>`` name, cached."""
 
 
+def _pool_backend(settings: Settings, http: aiohttp.ClientSession) -> Backend:
+    """The backend ``KILN_POOL_BACKEND`` names (the kubernetes client is imported only for it)."""
+    if settings.pool_backend == "kubernetes":
+        from kiln_platform.pools.kubernetes import KubernetesBackend
+
+        return KubernetesBackend(settings, http)
+    return LocalBackend(settings, http)
+
+
 @asynccontextmanager
 async def running(settings: Settings) -> AsyncIterator[Kiln]:
     """Start every service for serving; stop them in reverse order."""
@@ -96,7 +106,7 @@ async def running(settings: Settings) -> AsyncIterator[Kiln]:
         resolver = Resolver(db.sessions)
         scheduler = SchedulerConfig(policy=PolicyConfig(express=settings.scheduler_express))
         pools = PoolManager(
-            LocalBackend(settings, http), resolver, store, scheduler, scaling=settings.autoscale()
+            _pool_backend(settings, http), resolver, store, scheduler, scaling=settings.autoscale()
         )
         hold_s = 2 * settings.request_timeout_s + 30
         quotas = QuotaEnforcer(db.sessions, ttl=settings.key_cache_ttl_s, lease_s=hold_s)

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Literal
 
 import platformdirs
-from pydantic import Field, SecretStr, field_validator
+from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from kiln_platform.pools.autoscale import AutoscaleConfig
@@ -78,6 +78,20 @@ class Settings(BaseSettings):
     """A pool without requests this long falls to ``pool_min_replicas``."""
     warm_standby: bool = True
     """Keep one preloaded standby worker process, so starts skip imports (``pools.local``)."""
+    pool_backend: Literal["local", "kubernetes"] = "local"
+    """What runs workers: ``local`` subprocesses, or ``kubernetes``, one Deployment per pool
+    (docs/architecture.md, "Kubernetes backend")."""
+    kubernetes_namespace: str = "kiln"
+    """Namespace of the pools' Deployments and worker pods (``kubernetes`` backend)."""
+    kubernetes_service_account: str = "kiln"
+    """Service account of worker pods (its token is not mounted: workers call no API)."""
+    kubernetes_store_claim: str | None = None
+    """PersistentVolumeClaim holding the artifact store (``$KILN_DATA_DIR/store``, shared with the
+    gateway, ReadWriteMany): mounted read-only at the same path in worker pods, so their
+    ``--model-dir`` is the gateway's. Required by the ``kubernetes`` backend."""
+    worker_image: str | None = None
+    """Container image of worker pods (``kiln-runtimes`` with the engine extras the pools'
+    ``KILN_WORKER_TARGET`` needs). Required by the ``kubernetes`` backend."""
     key_cache_ttl_s: float = 5.0
     """How long keys, quota limits and the JWT denylist are cached (the revocation bound)."""
     oauth_issuer: str = "urn:kiln"
@@ -120,6 +134,15 @@ class Settings(BaseSettings):
         if value is not None:
             cpus.parse(value)  # its ValueError names the bad part
         return value
+
+    @model_validator(mode="after")
+    def _kubernetes(self) -> Settings:
+        if self.pool_backend == "kubernetes":
+            missing = [f"KILN_{name.upper()}" for name in ("worker_image", "kubernetes_store_claim")
+                       if getattr(self, name) is None]  # fmt: skip
+            if missing:
+                raise ValueError(f"the kubernetes pool backend needs {', '.join(missing)}")
+        return self
 
     def autoscale(self) -> AutoscaleConfig:
         """The pools' autoscaling policy configuration."""

@@ -18,56 +18,24 @@ import json
 import socket
 import sys
 import time
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-import aiohttp
-import msgspec
 import structlog
 
-from kiln_runtimes.protocol import WorkerInfo
+from kiln_platform.pools import backend
+from kiln_platform.pools.backend import PoolSpec, Worker
 
 if TYPE_CHECKING:
     from collections.abc import Callable
-    from pathlib import Path
+
+    import aiohttp
 
     from kiln_platform.settings import Settings
 
+__all__ = ["LocalBackend", "PoolSpec", "Worker"]  # PoolSpec, Worker: from pools.backend
+
 log = structlog.get_logger("kiln.pools")
 _BACKOFF_MAX_S = 10.0
-
-
-@dataclass(frozen=True, slots=True)
-class PoolSpec:
-    """What a pool runs: one model version from a built folder."""
-
-    model: str
-    version: str
-    model_dir: Path
-
-    @property
-    def key(self) -> str:
-        """The pool's name: ``model@version`` (a model has a pool per served version)."""
-        return f"{self.model}@{self.version}"
-
-
-@dataclass(slots=True)
-class Worker:
-    """One supervised worker process and what the supervisor knows of it."""
-
-    spec: PoolSpec
-    port: int = 0
-    process: asyncio.subprocess.Process | None = None
-    ready: bool = False
-    restarts: int = 0
-    started_at: float = 0.0
-    info: WorkerInfo | None = None
-    task: asyncio.Task[None] | None = field(default=None, repr=False)
-
-    @property
-    def url(self) -> str:
-        """Base URL of the worker's internal HTTP server."""
-        return f"http://127.0.0.1:{self.port}"
 
 
 def _free_port() -> int:
@@ -139,18 +107,12 @@ class LocalBackend:
             worker.task.add_done_callback(self._retiring.discard)
 
     def credits(self, worker: Worker | None) -> int:
-        """Requests the scheduler may keep in flight on ``worker`` (about one batch); for a
-        worker not started yet, what one is expected to take."""
-        if self._settings.worker_slots:
-            return self._settings.worker_slots
-        if worker is None or worker.info is None:
-            return self._settings.worker_max_batch_size
-        return worker.info.max_batch_size
+        """Requests the scheduler may keep in flight on ``worker`` (``backend.credits``)."""
+        return backend.credits(self._settings, worker)
 
     def retry_after(self, worker: Worker) -> float:
         """Seconds a caller should wait for this worker to become ready (a rough estimate)."""
-        waited = time.monotonic() - worker.started_at
-        return max(1.0, min(self._settings.worker_start_timeout_s, 5.0 - waited))
+        return backend.retry_after(self._settings, worker)
 
     async def stop(self) -> None:
         """Stop every worker: SIGTERM (they drain), then wait."""
@@ -167,42 +129,15 @@ class LocalBackend:
             tasks.append(asyncio.ensure_future(standby.wait()))
         await asyncio.gather(*tasks, return_exceptions=True)
 
-    def _arguments(self, worker: Worker) -> list[str]:
-        s = self._settings
-        cmd = [
-            "--model-dir", str(worker.spec.model_dir),
-            "--model", worker.spec.model,
-            "--version", worker.spec.version,
-            "--port", str(worker.port),
-            "--max-batch-size", str(s.worker_max_batch_size),
-            "--max-wait-ms", str(s.worker_max_wait_ms),
-            "--max-queue", str(s.worker_max_queue),
-            "--log-level", s.log_level,
-            "--target", s.worker_target,
-            "--precision", s.worker_precision,
-        ]  # fmt: skip
-        if s.worker_threads:
-            cmd += ["--threads", str(s.worker_threads)]
-        if s.worker_concurrency != 1:
-            cmd += ["--concurrency", str(s.worker_concurrency)]
-        if s.worker_prefetch:
-            cmd += ["--prefetch"]
-        if s.worker_cpus:
-            cmd += ["--cpus", s.worker_cpus]
-        if not s.worker_preempt:
-            cmd += ["--no-preempt"]
-        if s.worker_adapter_slots:
-            cmd += ["--adapter-slots", str(s.worker_adapter_slots)]
-            cmd += ["--adapter-rank", str(s.worker_adapter_rank)]
-        return cmd
-
     async def _supervise(self, worker: Worker) -> None:
         backoff = 0.5
         try:
             while not self._stopping:
                 worker.port = _free_port()
                 worker.started_at = time.monotonic()
-                worker.process, warm = await self._spawn(self._arguments(worker))
+                worker.process, warm = await self._spawn(
+                    backend.worker_arguments(worker.spec, self._settings, worker.port)
+                )
                 log.info(
                     "worker started", model=worker.spec.model, pid=worker.process.pid, standby=warm
                 )
@@ -262,7 +197,7 @@ class LocalBackend:
 
     async def _watch_ready(self, worker: Worker, deadline: float) -> None:
         while time.monotonic() < deadline:
-            info = await self._health(worker)
+            info = await backend.health(self._http, worker)
             if info is not None and info.ready:
                 worker.info = info
                 self._set_ready(worker, True)
@@ -273,14 +208,6 @@ class LocalBackend:
         log.error("worker did not become ready in time; restarting", model=worker.spec.model)
         if worker.process is not None:
             worker.process.kill()
-
-    async def _health(self, worker: Worker) -> WorkerInfo | None:
-        with contextlib.suppress(aiohttp.ClientError, OSError, asyncio.TimeoutError):
-            async with self._http.get(
-                f"{worker.url}/health", timeout=aiohttp.ClientTimeout(1)
-            ) as r:
-                return msgspec.msgpack.decode(await r.read(), type=WorkerInfo)
-        return None
 
     async def _terminate(self, worker: Worker) -> None:
         proc = worker.process

@@ -21,11 +21,12 @@ import structlog
 from kiln_platform.errors import ServiceUnavailable
 from kiln_platform.pools import autoscale, metrics
 from kiln_platform.pools.autoscale import AutoscaleConfig, AutoscaleState, PoolLoad
-from kiln_platform.pools.local import LocalBackend, PoolSpec, Worker
+from kiln_platform.pools.backend import PoolSpec, Worker
 from kiln_platform.scheduler.core import PoolScheduler, SchedulerConfig
 from kiln_platform.scheduler.runner import PoolRunner
 
 if TYPE_CHECKING:
+    from kiln_platform.pools.backend import Backend
     from kiln_platform.registry.services import ResolvedVersion, Resolver
     from kiln_runtimes.store import ArtifactStore
 
@@ -49,7 +50,7 @@ class PoolManager:
 
     def __init__(
         self,
-        backend: LocalBackend,
+        backend: Backend,
         resolver: Resolver,
         store: ArtifactStore,
         scheduler: SchedulerConfig | None = None,

@@ -1,0 +1,199 @@
+"""The ``kubernetes`` backend's pure parts: a pool's Deployment rendered from its ``PoolSpec``
+and the settings, and pods (the API server's JSON) turned into what the backend tracks.
+
+The Deployment matches ``terraform/kubernetes/pool/worker.yaml`` (labels, node group, GPU taint,
+probes, security context), with the worker command line the ``local`` backend runs
+(``backend.worker_arguments``), listening on ``0.0.0.0:9000``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import re
+from dataclasses import dataclass
+from datetime import datetime
+from typing import TYPE_CHECKING, Any
+
+from kiln_platform.pools.backend import worker_arguments
+
+if TYPE_CHECKING:
+    from collections.abc import Iterable, Mapping
+
+    from kiln_platform.pools.backend import PoolSpec
+    from kiln_platform.settings import Settings
+
+WORKER_PORT = 9000
+"""The port every worker pod listens on (the pod IP tells workers apart)."""
+MANAGED_BY = "kiln-pool-manager"
+POOL_LABEL = "kiln.dev/pool"
+NODE_CLASS_LABEL = "kiln.dev/node-class"
+"""The node groups' label (``terraform/modules/eks/nodes.tf``): ``cpu`` or ``gpu``."""
+GPU_TOLERATION = {"key": "nvidia.com/gpu", "operator": "Equal", "value": "true",
+                  "effect": "NoSchedule"}  # fmt: skip
+"""Tolerates the GPU node group's taint (only pool workers do)."""
+GPU_TARGETS = frozenset({"cuda", "tensorrt"})
+WORKER_SELECTOR = {
+    "app.kubernetes.io/component": "worker",
+    "app.kubernetes.io/managed-by": MANAGED_BY,
+}
+"""Every pod of every pool this backend made (one list call covers all pools)."""
+_CRASHING = frozenset({"CrashLoopBackOff", "ImagePullBackOff", "ErrImagePull",
+                       "CreateContainerConfigError", "RunContainerError"})  # fmt: skip
+"""Container waiting reasons that a pod does not leave by itself."""
+_LABEL_VALUE = re.compile(r"^(?:[A-Za-z0-9](?:[A-Za-z0-9._-]{0,61}[A-Za-z0-9])?)?$")
+
+
+def _safe(text: str, limit: int, pattern: re.Pattern[str], lower: bool) -> str:
+    """``text`` if it is valid and short enough, else a cleaned prefix and a digest suffix (so
+    two names never clean to the same value)."""
+    if len(text) <= limit and pattern.match(text) and (not lower or text == text.lower()):
+        return text
+    cleaned = re.sub(
+        r"[^a-z0-9-]" if lower else r"[^A-Za-z0-9._-]", "-", text.lower() if lower else text
+    )
+    digest = hashlib.sha256(text.encode()).hexdigest()[:8]
+    return f"{cleaned[: limit - 9].strip('-._')}-{digest}".strip("-")
+
+
+def label_value(text: str) -> str:
+    """``text`` as a label value (63 characters, alphanumerics and ``-_.``)."""
+    return _safe(text, 63, _LABEL_VALUE, lower=False)
+
+
+def deployment_name(spec: PoolSpec) -> str:
+    """``kiln-pool-<model>-<version>``: a DNS label short enough for pod names to derive from."""
+    dns = re.compile(r"^[a-z0-9](?:[a-z0-9-]*[a-z0-9])?$")
+    return "kiln-pool-" + _safe(f"{spec.model}-{spec.version}", 47, dns, lower=True)
+
+
+def selector(spec: PoolSpec) -> dict[str, str]:
+    """The labels that select this pool's pods."""
+    return {**WORKER_SELECTOR, POOL_LABEL: deployment_name(spec)}
+
+
+def pod_labels(spec: PoolSpec) -> dict[str, str]:
+    """Labels of the pool's Deployment and pods (the exact names are annotations)."""
+    return {"app.kubernetes.io/name": "kiln", "app.kubernetes.io/part-of": "kiln",
+            **selector(spec), "kiln.dev/model": label_value(spec.model),
+            "kiln.dev/version": label_value(spec.version)}  # fmt: skip
+
+
+def deployment(spec: PoolSpec, settings: Settings, replicas: int) -> dict[str, Any]:
+    """The pool's Deployment: ``replicas`` workers of ``spec`` on the node group of its target."""
+    gpu = settings.worker_target in GPU_TARGETS
+    annotations = {"kiln.dev/model": spec.model, "kiln.dev/version": spec.version}
+    metadata = {"name": deployment_name(spec), "namespace": settings.kubernetes_namespace,
+                "labels": pod_labels(spec), "annotations": annotations}  # fmt: skip
+    pod: dict[str, Any] = {
+        "serviceAccountName": settings.kubernetes_service_account,
+        "automountServiceAccountToken": False,
+        "terminationGracePeriodSeconds": 60,  # a worker drains admitted work on SIGTERM
+        "nodeSelector": {NODE_CLASS_LABEL: "gpu" if gpu else "cpu"},
+        "securityContext": {"runAsNonRoot": True, "runAsUser": 10001, "runAsGroup": 10001,
+                            "fsGroup": 10001, "seccompProfile": {"type": "RuntimeDefault"}},
+        "containers": [_container(spec, settings, gpu)],
+        "volumes": [
+            {"name": "store", "persistentVolumeClaim": {
+                "claimName": settings.kubernetes_store_claim, "readOnly": True}},
+            {"name": "tmp", "emptyDir": {"sizeLimit": "2Gi"}},
+        ],
+    }  # fmt: skip
+    if gpu:
+        pod["tolerations"] = [dict(GPU_TOLERATION)]
+    prometheus = {"prometheus.io/scrape": "true", "prometheus.io/port": str(WORKER_PORT),
+                  "prometheus.io/path": "/metrics"}  # fmt: skip
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": metadata,
+        "spec": {
+            "replicas": replicas,
+            "revisionHistoryLimit": 5,
+            "selector": {"matchLabels": selector(spec)},
+            "template": {
+                "metadata": {
+                    "labels": pod_labels(spec),
+                    "annotations": annotations | prometheus,
+                },
+                "spec": pod,
+            },
+        },
+    }
+
+
+def _container(spec: PoolSpec, settings: Settings, gpu: bool) -> dict[str, Any]:
+    argv = worker_arguments(spec, settings, WORKER_PORT, host="0.0.0.0")  # noqa: S104
+    probe = {"httpGet": {"path": "/health", "port": "http"}}
+    starting = math.ceil(settings.worker_start_timeout_s / 10)
+    requests: dict[str, Any] = {"cpu": "2", "memory": "8Gi"}
+    limits: dict[str, Any] = {"cpu": "4", "memory": "16Gi"}
+    if gpu:
+        requests["nvidia.com/gpu"] = limits["nvidia.com/gpu"] = 1
+    return {
+        "name": "worker",
+        "image": settings.worker_image,
+        "imagePullPolicy": "IfNotPresent",
+        "command": ["python", "-m", "kiln_runtimes", *argv],
+        "ports": [{"name": "http", "containerPort": WORKER_PORT, "protocol": "TCP"}],
+        # loading (and, on a cold engine cache, compiling) may take the whole start timeout
+        "startupProbe": probe | {"periodSeconds": 10, "failureThreshold": starting},
+        "livenessProbe": probe | {"periodSeconds": 10, "timeoutSeconds": 3, "failureThreshold": 3},
+        "readinessProbe": probe | {"periodSeconds": 2, "timeoutSeconds": 2, "failureThreshold": 1},
+        "resources": {"requests": requests, "limits": limits},
+        "securityContext": {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
+                            "runAsNonRoot": True, "capabilities": {"drop": ["ALL"]}},
+        "volumeMounts": [
+            {"name": "store", "mountPath": str(settings.store_dir), "readOnly": True},
+            {"name": "tmp", "mountPath": "/tmp"},  # noqa: S108
+        ],
+    }  # fmt: skip
+
+
+@dataclass(frozen=True, slots=True)
+class PodState:
+    """What the backend needs of one worker pod."""
+
+    name: str
+    ip: str | None
+    ready: bool
+    """The pod's Ready condition is true (the kubelet's readiness probe passes)."""
+    crashed: bool
+    """A container is crash-looping or cannot start, or the pod failed."""
+    restarts: int
+    created_at: float
+    """Creation time, seconds since the epoch."""
+    terminating: bool
+
+
+def pod_state(pod: Mapping[str, Any]) -> PodState:
+    """One pod (as the API server returns it) as a ``PodState``."""
+    meta, status = pod.get("metadata") or {}, pod.get("status") or {}
+    conditions = status.get("conditions") or []
+    ready = any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
+    containers = status.get("containerStatuses") or []
+    waiting = {(c.get("state") or {}).get("waiting", {}).get("reason") for c in containers}
+    created = meta.get("creationTimestamp")
+    return PodState(
+        name=meta.get("name", ""),
+        ip=status.get("podIP") or None,
+        ready=ready,
+        crashed=status.get("phase") == "Failed" or bool(waiting & _CRASHING),
+        restarts=sum(int(c.get("restartCount", 0)) for c in containers),
+        created_at=_epoch(created) if created else 0.0,
+        terminating=meta.get("deletionTimestamp") is not None,
+    )
+
+
+def _epoch(timestamp: str | datetime) -> float:
+    if isinstance(timestamp, datetime):
+        return timestamp.timestamp()
+    return datetime.fromisoformat(timestamp.replace("Z", "+00:00")).timestamp()
+
+
+def keep(pods: Iterable[PodState], replicas: int) -> list[PodState]:
+    """The pods that are the pool's ``replicas`` workers: not terminating, ready ones first,
+    then the oldest (so a scale-down leaves rotation with starting pods first, then the newest,
+    like the ``local`` backend)."""
+    live = sorted((p for p in pods if not p.terminating), key=lambda p: (not p.ready, p.created_at))
+    return live[:replicas]

@@ -1,0 +1,166 @@
+"""What the pool manager asks of a pool backend (``local`` or ``kubernetes``) and what both
+share: a pool's spec, a worker as the router sees it, the worker's command line.
+
+A backend owns a set of pools (by ``PoolSpec.key``), each a list of workers, and makes each pool
+as big as the manager's last ``scale``; it reports workers becoming ready or leaving rotation
+through ``on_change``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Protocol
+
+import aiohttp
+import msgspec
+
+from kiln_runtimes.protocol import WorkerInfo
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+    from pathlib import Path
+
+    from kiln_platform.settings import Settings
+
+
+@dataclass(frozen=True, slots=True)
+class PoolSpec:
+    """What a pool runs: one model version from a built folder."""
+
+    model: str
+    version: str
+    model_dir: Path
+
+    @property
+    def key(self) -> str:
+        """The pool's name: ``model@version`` (a model has a pool per served version)."""
+        return f"{self.model}@{self.version}"
+
+
+@dataclass(slots=True)
+class Worker:
+    """One worker (a local process or a pod) and what its backend knows of it."""
+
+    spec: PoolSpec
+    port: int = 0
+    host: str = "127.0.0.1"
+    """Where the worker listens: loopback for a local process, the pod IP for a pod."""
+    name: str = ""
+    """The pod's name (``kubernetes``); empty for a process or a pod not created yet."""
+    process: asyncio.subprocess.Process | None = None
+    ready: bool = False
+    restarts: int = 0
+    started_at: float = 0.0
+    info: WorkerInfo | None = None
+    task: asyncio.Task[None] | None = field(default=None, repr=False)
+
+    @property
+    def url(self) -> str:
+        """Base URL of the worker's internal HTTP server."""
+        return f"http://{self.host}:{self.port}"
+
+
+class Backend(Protocol):
+    """The pool backend interface ``PoolManager`` drives (``LocalBackend``,
+    ``KubernetesBackend``)."""
+
+    pools: dict[str, list[Worker]]
+    specs: dict[str, PoolSpec]
+    on_change: Callable[[Worker], None]
+
+    def ensure(self, spec: PoolSpec) -> None:
+        """Have a pool for ``spec`` (empty until ``scale``)."""
+
+    def remove(self, key: str) -> None:
+        """Retire a pool: its workers leave rotation and drain."""
+
+    def scale(self, key: str, replicas: int) -> None:
+        """Make the pool ``replicas`` workers big."""
+
+    def ready(self, key: str) -> list[Worker]:
+        """The pool's workers that take requests."""
+        ...
+
+    def find(self, key: str, url: str) -> Worker | None:
+        """The pool's worker at ``url``, if it is still there."""
+
+    def crashed(self, key: str) -> bool:
+        """Every worker of a non-empty pool is down after a crash."""
+        ...
+
+    def suspect(self, worker: Worker) -> None:
+        """Out of rotation after a failed call, until its next successful readiness check."""
+
+    def credits(self, worker: Worker | None) -> int:
+        """Requests the scheduler may keep in flight on ``worker``."""
+        ...
+
+    def retry_after(self, worker: Worker) -> float:
+        """Seconds a caller should wait for this worker to become ready."""
+        ...
+
+    async def stop(self) -> None:
+        """Stop supervising (and, for local processes, stop them)."""
+
+
+def worker_arguments(
+    spec: PoolSpec, settings: Settings, port: int, host: str | None = None
+) -> list[str]:
+    """The worker's command line after ``python -m kiln_runtimes``, from the settings."""
+    s = settings
+    cmd = [
+        "--model-dir", str(spec.model_dir),
+        "--model", spec.model,
+        "--version", spec.version,
+        "--port", str(port),
+        "--max-batch-size", str(s.worker_max_batch_size),
+        "--max-wait-ms", str(s.worker_max_wait_ms),
+        "--max-queue", str(s.worker_max_queue),
+        "--log-level", s.log_level,
+        "--target", s.worker_target,
+        "--precision", s.worker_precision,
+    ]  # fmt: skip
+    if host is not None:
+        cmd += ["--host", host]
+    if s.worker_threads:
+        cmd += ["--threads", str(s.worker_threads)]
+    if s.worker_concurrency != 1:
+        cmd += ["--concurrency", str(s.worker_concurrency)]
+    if s.worker_prefetch:
+        cmd += ["--prefetch"]
+    if s.worker_cpus:
+        cmd += ["--cpus", s.worker_cpus]
+    if not s.worker_preempt:
+        cmd += ["--no-preempt"]
+    if s.worker_adapter_slots:
+        cmd += ["--adapter-slots", str(s.worker_adapter_slots)]
+        cmd += ["--adapter-rank", str(s.worker_adapter_rank)]
+    return cmd
+
+
+def credits(settings: Settings, worker: Worker | None) -> int:
+    """Requests the scheduler may keep in flight on ``worker`` (about one batch); for a worker
+    not started yet (or not described yet), what one is expected to take."""
+    if settings.worker_slots:
+        return settings.worker_slots
+    if worker is None or worker.info is None:
+        return settings.worker_max_batch_size
+    return worker.info.max_batch_size
+
+
+def retry_after(settings: Settings, worker: Worker) -> float:
+    """Seconds a caller should wait for this worker to become ready (a rough estimate)."""
+    waited = time.monotonic() - worker.started_at
+    return max(1.0, min(settings.worker_start_timeout_s, 5.0 - waited))
+
+
+async def health(http: aiohttp.ClientSession, worker: Worker) -> WorkerInfo | None:
+    """The worker's ``GET /health`` report, or None if it does not answer (1 s)."""
+    failures = (aiohttp.ClientError, OSError, asyncio.TimeoutError, msgspec.DecodeError)
+    with contextlib.suppress(*failures):
+        async with http.get(f"{worker.url}/health", timeout=aiohttp.ClientTimeout(1)) as r:
+            return msgspec.msgpack.decode(await r.read(), type=WorkerInfo)
+    return None

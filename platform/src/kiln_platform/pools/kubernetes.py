@@ -1,0 +1,263 @@
+"""The ``kubernetes`` pool backend: one Deployment per pool, its pods the pool's workers.
+
+The pool manager still decides each pool's size; ``scale`` records it and the backend's one
+background loop patches the Deployment's ``spec.replicas`` (the pool manager is the only writer:
+do not also apply a KEDA ScaledObject to these Deployments). The same loop lists the worker
+pods of every pool by label, about once a second, and keeps each pool's workers: a pod is a
+worker the scheduler may use when its Ready condition is true, it has an IP, and the gateway's
+own ``GET /health`` on ``http://<podIP>:9000`` answered ready (once when it turns Ready, and
+again after ``suspect``). The Deployment's pure parts are in ``pools._kube_objects``.
+
+The API client is lightkube (in-cluster service account, else ``$KUBECONFIG`` or
+``~/.kube/config``), imported only here: the ``local`` backend never needs it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from typing import TYPE_CHECKING, Any, cast
+
+import structlog
+from lightkube import AsyncClient, KubeConfig
+from lightkube.core.exceptions import ApiError
+from lightkube.resources.apps_v1 import Deployment
+from lightkube.resources.core_v1 import Pod
+from lightkube.types import PatchType
+
+from kiln_platform.pools import _kube_objects as objects
+from kiln_platform.pools import backend
+from kiln_platform.pools.backend import PoolSpec, Worker
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    import aiohttp
+
+    from kiln_platform.settings import Settings
+
+log = structlog.get_logger("kiln.pools")
+_FIELD_MANAGER = "kiln"
+
+
+class KubernetesBackend:
+    """Keeps one Deployment per pool at the pool manager's size and tracks its pods."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        http: aiohttp.ClientSession,
+        config: KubeConfig | None = None,
+        *,
+        poll_s: float = 1.0,
+        port: int = objects.WORKER_PORT,
+    ) -> None:
+        """``config``: the API server to use (default: in-cluster, else the kubeconfig);
+        ``port``: where workers listen (tests point it at a stand-in)."""
+        self._settings = settings
+        self._http = http
+        self._client = AsyncClient(
+            config or KubeConfig.from_env(),
+            namespace=settings.kubernetes_namespace,
+            field_manager=_FIELD_MANAGER,
+        )
+        self._poll_s = poll_s
+        self._port = port
+        self.pools: dict[str, list[Worker]] = {}
+        """Each pool's workers (by ``PoolSpec.key``): its pods, then placeholders for pods the
+        Deployment has not made yet, as many as the pool's replicas."""
+        self.specs: dict[str, PoolSpec] = {}
+        self.on_change: Callable[[Worker], None] = lambda worker: None
+        """Called when a worker becomes ready or stops being ready."""
+        self._replicas: dict[str, int] = {}
+        self._applied: dict[str, int] = {}
+        """Replicas last written to each pool's Deployment (absent: not created yet)."""
+        self._pods: dict[str, Worker] = {}
+        """Every tracked pod's worker, by pod name (the same object while the pod lives)."""
+        self._crashed: set[str] = set()
+        self._doomed: set[str] = set()
+        """Deployments of removed pools still to delete."""
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+
+    def ensure(self, spec: PoolSpec) -> None:
+        """Have a pool for ``spec``: its Deployment is created (or adopted) on the next sync."""
+        self.specs.setdefault(spec.key, spec)
+        self.pools.setdefault(spec.key, [])
+        self._doomed.discard(objects.deployment_name(spec))
+        self._kick()
+
+    def remove(self, key: str) -> None:
+        """Retire a pool: its workers leave rotation now; its Deployment is deleted (the pods
+        get SIGTERM and drain)."""
+        spec = self.specs.pop(key, None)
+        for worker in self.pools.pop(key, []):
+            self._set_ready(worker, False)
+        self._replicas.pop(key, None)
+        self._applied.pop(key, None)
+        self._crashed.discard(key)
+        if spec is not None:
+            self._doomed.add(objects.deployment_name(spec))
+            self._kick()
+
+    def scale(self, key: str, replicas: int) -> None:
+        """Have ``replicas`` workers: the pool's list changes now (a scale-down takes starting
+        workers out first), the Deployment on the next sync, at once."""
+        self._replicas[key] = replicas
+        workers = self.pools.setdefault(key, [])
+        while len(workers) < replicas:
+            workers.append(Worker(self.specs[key], self._port, started_at=time.monotonic()))
+        while len(workers) > replicas:
+            idle = [w for w in workers if not w.ready]
+            worker = idle[-1] if idle else workers[-1]
+            workers.remove(worker)
+            self._set_ready(worker, False)
+        self._kick()
+
+    def ready(self, key: str) -> list[Worker]:
+        """The pool's workers that take requests."""
+        return [w for w in self.pools.get(key, []) if w.ready]
+
+    def find(self, key: str, url: str) -> Worker | None:
+        """The pool's worker at ``url``, if it is still there."""
+        return next((w for w in self.pools.get(key, []) if w.name and w.url == url), None)
+
+    def crashed(self, key: str) -> bool:
+        """The pool has pods, every one crash-looping or failed, none ready."""
+        return key in self._crashed and not self.ready(key)
+
+    def suspect(self, worker: Worker) -> None:
+        """Out of rotation after a failed call, until its next ``GET /health`` answers ready
+        (the next sync, while its pod is Ready)."""
+        self._set_ready(worker, False)
+
+    def credits(self, worker: Worker | None) -> int:
+        """Requests the scheduler may keep in flight on ``worker`` (``backend.credits``)."""
+        return backend.credits(self._settings, worker)
+
+    def retry_after(self, worker: Worker) -> float:
+        """Seconds a caller should wait for this worker to become ready (a rough estimate)."""
+        return backend.retry_after(self._settings, worker)
+
+    async def stop(self) -> None:
+        """Stop syncing. Deployments stay as they are: workers keep serving through a gateway
+        restart, and the next gateway adopts them."""
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        await self._client.close()
+
+    def _kick(self) -> None:
+        self._wake.set()
+        if self._task is None:
+            self._task = asyncio.create_task(self._loop(), name="pools:kubernetes")
+
+    async def _loop(self) -> None:
+        while True:
+            self._wake.clear()
+            try:
+                await self.sync()
+            except Exception:  # the next round tries again
+                log.exception("kubernetes pool sync failed")
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), self._poll_s)
+
+    async def sync(self) -> None:
+        """One round: delete removed pools' Deployments, create or resize the others, then
+        read every pool's pods."""
+        for name in list(self._doomed):
+            with contextlib.suppress(ApiError):  # already gone: same outcome
+                await self._client.delete(Deployment, name)
+            self._doomed.discard(name)
+        for key, spec in list(self.specs.items()):
+            replicas = self._replicas.get(key, 0)
+            if self._applied.get(key) != replicas:
+                await self._apply(spec, replicas)
+                self._applied[key] = replicas
+        pods = [
+            pod.to_dict()
+            async for pod in self._client.list(Pod, labels=dict(objects.WORKER_SELECTOR))
+        ]
+        await self._observe([p for p in pods if isinstance(p, dict)])
+
+    async def _apply(self, spec: PoolSpec, replicas: int) -> None:
+        """Create the pool's Deployment, or, if it exists (a previous gateway's), bring its
+        template and size to ours; later changes patch the size only."""
+        name = objects.deployment_name(spec)
+        if spec.key in self._applied:
+            patch = {"spec": {"replicas": replicas}}
+            await self._client.patch(Deployment, name, patch, patch_type=PatchType.MERGE)
+            log.info("pool deployment scaled", pool=spec.key, deployment=name, replicas=replicas)
+            return
+        body = objects.deployment(spec, self._settings, replicas)
+        try:
+            await self._client.create(cast("Deployment", Deployment.from_dict(body)))
+            log.info("pool deployment created", pool=spec.key, deployment=name, replicas=replicas)
+        except ApiError as exc:
+            if exc.status.code != 409:
+                raise
+            await self._client.patch(Deployment, name, body, patch_type=PatchType.MERGE)
+            log.info("pool deployment adopted", pool=spec.key, deployment=name, replicas=replicas)
+
+    async def _observe(self, pods: list[dict[str, Any]]) -> None:
+        """Rebuild each pool's workers from its pods; health-check the pods that turned Ready."""
+        by_pool: dict[str, list[objects.PodState]] = {}
+        for pod in pods:
+            pool = ((pod.get("metadata") or {}).get("labels") or {}).get(objects.POOL_LABEL)
+            by_pool.setdefault(pool or "", []).append(objects.pod_state(pod))
+        seen: dict[str, Worker] = {}
+        checks: list[Worker] = []
+        for key, spec in self.specs.items():
+            states = by_pool.get(objects.deployment_name(spec), [])
+            live = [s for s in states if not s.terminating]
+            if live and all(s.crashed for s in live):
+                self._crashed.add(key)
+            else:
+                self._crashed.discard(key)
+            workers = []
+            for state in objects.keep(states, self._replicas.get(key, 0)):
+                worker = self._worker(spec, state)
+                seen[state.name] = worker
+                workers.append(worker)
+                if not (state.ready and state.ip):
+                    self._set_ready(worker, False)
+                elif not worker.ready:
+                    checks.append(worker)
+            placeholders = [w for w in self.pools.get(key, []) if not w.name]
+            missing = self._replicas.get(key, 0) - len(workers)
+            self.pools[key] = (
+                workers
+                + placeholders[:missing]
+                + [
+                    Worker(spec, self._port, started_at=time.monotonic())
+                    for _ in range(missing - len(placeholders[:missing]))
+                ]
+            )
+        for name, worker in self._pods.items():
+            if name not in seen:  # terminating, gone, or beyond the pool's size
+                self._set_ready(worker, False)
+        self._pods = seen
+        await asyncio.gather(*(self._check(w) for w in checks))
+
+    def _worker(self, spec: PoolSpec, state: objects.PodState) -> Worker:
+        worker = self._pods.get(state.name)
+        if worker is None:
+            started = time.monotonic() - max(0.0, time.time() - state.created_at)
+            worker = Worker(spec, self._port, name=state.name, started_at=started)
+        worker.host = state.ip or ""
+        worker.restarts = state.restarts
+        return worker
+
+    async def _check(self, worker: Worker) -> None:
+        info = await backend.health(self._http, worker)
+        if info is not None and info.ready and worker.name in self._pods:
+            worker.info = info
+            self._set_ready(worker, True)
+            log.info("worker ready", model=worker.spec.model, pod=worker.name, url=worker.url)
+
+    def _set_ready(self, worker: Worker, ready: bool) -> None:
+        if worker.ready != ready:
+            worker.ready = ready
+            self.on_change(worker)
