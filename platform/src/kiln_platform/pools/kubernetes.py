@@ -124,7 +124,8 @@ class KubernetesBackend:
         return next((w for w in self.pools.get(key, []) if w.name and w.url == url), None)
 
     def crashed(self, key: str) -> bool:
-        """The pool has pods, every one crash-looping or failed, none ready."""
+        """The pool has all its pods, every one crash-looping or failed, none ready (a pod
+        not made yet may still start)."""
         return key in self._crashed and not self.ready(key)
 
     def suspect(self, worker: Worker) -> None:
@@ -212,12 +213,13 @@ class KubernetesBackend:
         for key, spec in self.specs.items():
             states = by_pool.get(objects.deployment_name(spec), [])
             live = [s for s in states if not s.terminating]
-            if live and all(s.crashed for s in live):
+            wanted = self._replicas.get(key, 0)
+            if live and len(live) >= wanted and all(s.crashed for s in live):
                 self._crashed.add(key)
             else:
                 self._crashed.discard(key)
             workers = []
-            for state in objects.keep(states, self._replicas.get(key, 0)):
+            for state in objects.keep(states, wanted):
                 worker = self._worker(spec, state)
                 seen[state.name] = worker
                 workers.append(worker)
@@ -226,7 +228,7 @@ class KubernetesBackend:
                 elif not worker.ready:
                     checks.append(worker)
             placeholders = [w for w in self.pools.get(key, []) if not w.name]
-            missing = self._replicas.get(key, 0) - len(workers)
+            missing = wanted - len(workers)
             self.pools[key] = (
                 workers
                 + placeholders[:missing]

@@ -1,0 +1,252 @@
+"""The ``kubernetes`` pool backend through the real client library (lightkube, real HTTP)
+against a stand-in for the API server (``fake_kube_api``): Deployments created on ``ensure``,
+replicas patched on ``scale``, pods turned into ready workers, ``suspect``, ``crashed``,
+``remove``. Worker pods' ``GET /health`` is served by the real worker routes
+(``kiln_runtimes._app``) over a stub worker, on loopback addresses standing for pod IPs.
+
+What only a real cluster shows (scheduling, probes, the controller's choices) is in the last
+test, which runs only with ``KUBECONFIG`` and ``KILN_TEST_KUBE_NAMESPACE`` set.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import SimpleNamespace
+
+import aiohttp
+import pytest
+from aiohttp import web
+from lightkube import KubeConfig
+
+from kiln_platform.pools._kube_objects import deployment_name
+from kiln_platform.pools.backend import PoolSpec, Worker
+from kiln_platform.pools.kubernetes import KubernetesBackend
+from kiln_platform.settings import Settings
+from kiln_runtimes import _app as worker_app
+from kiln_runtimes.protocol import WorkerInfo
+
+from .fake_kube_api import FakeKubeAPI, serving
+
+SPEC = PoolSpec("resnet50", "1", Path("/data/store/trees/abc"))
+NAME = deployment_name(SPEC)
+POD_IPS = ("127.0.0.2", "127.0.0.3")
+"""Loopback addresses standing for pod IPs: the stub workers listen on both."""
+
+
+@dataclass
+class StubWorkers:
+    """``GET /health`` of every pod IP in ``POD_IPS`` on one port; ``ready`` is their answer."""
+
+    port: int = 0
+    ready: bool = True
+    seen: list[str] = field(default_factory=list)
+
+    def info(self) -> WorkerInfo:
+        return WorkerInfo(model="resnet50", version="1", task="tensor", ready=self.ready,
+                          draining=False, in_flight=0, queued=0, free_slots=8,
+                          max_batch_size=8, max_queue=64)  # fmt: skip
+
+
+@pytest.fixture
+async def workers() -> AsyncIterator[StubWorkers]:
+    stub = StubWorkers()
+    worker = SimpleNamespace(settings=SimpleNamespace(max_queue=64), info=stub.info,
+                             manifest=SimpleNamespace(context_length=1, task="tensor"))  # fmt: skip
+    runner = web.AppRunner(worker_app.create_app(worker))  # type: ignore[arg-type]
+    await runner.setup()
+    first = web.TCPSite(runner, POD_IPS[0], 0)
+    await first.start()
+    stub.port = runner.addresses[0][1]
+    await web.TCPSite(runner, POD_IPS[1], stub.port).start()
+    yield stub
+    await runner.cleanup()
+
+
+@pytest.fixture
+async def kube() -> AsyncIterator[FakeKubeAPI]:
+    async with serving() as api:
+        yield api
+
+
+@pytest.fixture
+async def backend(
+    kube: FakeKubeAPI, workers: StubWorkers, tmp_path: Path
+) -> AsyncIterator[KubernetesBackend]:
+    settings = Settings(data_dir=tmp_path, pool_backend="kubernetes", worker_image="kiln/w:1",
+                        kubernetes_store_claim="kiln-store")  # fmt: skip
+    async with aiohttp.ClientSession() as http:
+        pools = KubernetesBackend(settings, http, KubeConfig.from_dict(kube.kubeconfig()),
+                                  poll_s=0.05, port=workers.port)  # fmt: skip
+        yield pools
+        await pools.stop()
+
+
+async def until(check: Callable[[], object]) -> None:
+    """Wait up to 5 s for ``check()`` to hold (the backend syncs every 50 ms here)."""
+    deadline = time.monotonic() + 5.0
+    while not check():
+        assert time.monotonic() < deadline, "timed out"
+        await asyncio.sleep(0.02)
+
+
+def replicas(kube: FakeKubeAPI) -> int | None:
+    found = kube.deployments.get(NAME)
+    return None if found is None else int(found["spec"]["replicas"])
+
+
+async def sized(backend: KubernetesBackend, kube: FakeKubeAPI, n: int) -> None:
+    """The pool ensured and scaled to ``n``, its Deployment at ``n`` replicas."""
+    backend.ensure(SPEC)
+    backend.scale(SPEC.key, n)
+    await until(lambda: replicas(kube) == n)
+
+
+async def test_ensure_creates_the_deployment_and_scale_patches_its_replicas(
+    backend: KubernetesBackend, kube: FakeKubeAPI
+) -> None:
+    await sized(backend, kube, 1)
+    created = kube.deployments[NAME]
+    assert created["metadata"]["namespace"] == "kiln"
+    assert created["spec"]["template"]["spec"]["containers"][0]["image"] == "kiln/w:1"
+    assert ("POST", "/apis/apps/v1/namespaces/kiln/deployments", "application/json") in (
+        kube.requests
+    )
+    assert len(backend.pools[SPEC.key]) == 1  # a placeholder until the pod exists
+    assert backend.ready(SPEC.key) == []
+    backend.scale(SPEC.key, 3)
+    await until(lambda: replicas(kube) == 3)
+    assert ("PATCH", f"/apis/apps/v1/namespaces/kiln/deployments/{NAME}",
+            "application/merge-patch+json") in kube.requests  # fmt: skip
+    backend.scale(SPEC.key, 0)  # to zero: the Deployment stays, with no pods
+    await until(lambda: replicas(kube) == 0)
+    assert backend.pools[SPEC.key] == []
+    creates = [r for r in kube.requests if r[0] == "POST"]
+    assert len(creates) == 1
+
+
+async def test_ready_pods_with_an_ip_that_answer_health_are_the_workers(
+    backend: KubernetesBackend, kube: FakeKubeAPI, workers: StubWorkers
+) -> None:
+    changes: list[tuple[str, bool]] = []
+    backend.on_change = lambda w: changes.append((w.name, w.ready))
+    await sized(backend, kube, 2)
+    kube.add_pod(NAME, "a", POD_IPS[0], ready=True)
+    kube.add_pod(NAME, "b", POD_IPS[1], ready=False)
+    await until(lambda: len(backend.ready(SPEC.key)) == 1)
+    [a] = backend.ready(SPEC.key)
+    assert (a.name, a.url) == ("a", f"http://{POD_IPS[0]}:{workers.port}")
+    assert a.info is not None
+    assert backend.credits(a) == 8
+    assert backend.find(SPEC.key, a.url) is a
+    assert [w.name for w in backend.pools[SPEC.key]] == ["a", "b"]
+    kube.pods["b"]["status"]["conditions"][0]["status"] = "True"
+    await until(lambda: len(backend.ready(SPEC.key)) == 2)
+    kube.pods["a"]["metadata"]["deletionTimestamp"] = "2026-01-01T00:01:00Z"  # scaled away
+    await until(lambda: [w.name for w in backend.ready(SPEC.key)] == ["b"])
+    assert changes == [("a", True), ("b", True), ("a", False)]
+    assert backend.find(SPEC.key, a.url) is None
+
+
+async def test_a_ready_pod_whose_health_the_gateway_cannot_reach_is_not_used(
+    backend: KubernetesBackend, kube: FakeKubeAPI
+) -> None:
+    await sized(backend, kube, 1)
+    kube.add_pod(NAME, "far", "127.0.0.9", ready=True)  # nothing listens there
+    kube.add_pod(NAME, "no-ip", None, ready=True)
+    await until(lambda: [w.name for w in backend.pools[SPEC.key]] == ["far"])
+    await asyncio.sleep(0.3)
+    assert backend.ready(SPEC.key) == []
+
+
+async def test_suspect_takes_a_worker_out_until_its_health_answers_ready_again(
+    backend: KubernetesBackend, kube: FakeKubeAPI, workers: StubWorkers
+) -> None:
+    await sized(backend, kube, 1)
+    kube.add_pod(NAME, "a", POD_IPS[0])
+    await until(lambda: len(backend.ready(SPEC.key)) == 1)
+    [worker] = backend.ready(SPEC.key)
+    workers.ready = False  # the gateway cannot use it, though its pod is still Ready
+    backend.suspect(worker)
+    assert backend.ready(SPEC.key) == []
+    await asyncio.sleep(0.3)  # several syncs: the pod is Ready, its health says no
+    assert backend.ready(SPEC.key) == []
+    workers.ready = True
+    await until(lambda: backend.ready(SPEC.key) == [worker])
+
+
+async def test_crashed_is_every_pod_crash_looping_with_none_ready(
+    backend: KubernetesBackend, kube: FakeKubeAPI
+) -> None:
+    await sized(backend, kube, 2)
+    kube.add_pod(NAME, "a", POD_IPS[0], ready=False, waiting="CrashLoopBackOff")
+    await asyncio.sleep(0.2)
+    assert not backend.crashed(SPEC.key)  # the other pod may still start
+    kube.add_pod(NAME, "b", POD_IPS[1], ready=False, waiting="ErrImagePull")
+    await until(lambda: backend.crashed(SPEC.key))
+    worker = backend.pools[SPEC.key][0]
+    assert 1.0 <= backend.retry_after(worker) <= 5.0
+    kube.pods["b"]["status"]["conditions"][0]["status"] = "True"
+    kube.pods["b"]["status"]["containerStatuses"][0]["state"] = {"running": {}}
+    await until(lambda: not backend.crashed(SPEC.key))
+    assert [w.name for w in backend.ready(SPEC.key)] == ["b"]
+
+
+async def test_remove_deletes_the_deployment_and_takes_its_workers_out(
+    backend: KubernetesBackend, kube: FakeKubeAPI
+) -> None:
+    await sized(backend, kube, 1)
+    kube.add_pod(NAME, "a", POD_IPS[0])
+    await until(lambda: len(backend.ready(SPEC.key)) == 1)
+    [worker] = backend.ready(SPEC.key)
+    backend.remove(SPEC.key)
+    assert not worker.ready
+    await until(lambda: NAME not in kube.deployments)
+    assert SPEC.key not in backend.pools
+
+
+async def test_an_existing_deployment_is_adopted_with_our_template_and_size(
+    backend: KubernetesBackend, kube: FakeKubeAPI
+) -> None:
+    kube.deployments[NAME] = {"apiVersion": "apps/v1", "kind": "Deployment",
+                              "metadata": {"name": NAME, "namespace": "kiln"},
+                              "spec": {"replicas": 5, "template": {"spec": {"containers": [
+                                  {"name": "worker", "image": "old"}]}}}}  # fmt: skip
+    await sized(backend, kube, 1)
+    assert kube.deployments[NAME]["spec"]["template"]["spec"]["containers"][0]["image"] == (
+        "kiln/w:1"
+    )
+
+
+@pytest.mark.skipif(
+    not (os.environ.get("KUBECONFIG") and os.environ.get("KILN_TEST_KUBE_NAMESPACE")),
+    reason="needs a real cluster: set KUBECONFIG and KILN_TEST_KUBE_NAMESPACE (a scratch "
+    "namespace the kubeconfig's user may create Deployments in)",
+)
+async def test_against_a_real_cluster(tmp_path: Path) -> None:
+    """The API server accepts the rendered Deployment (admission, the selector matching the
+    template), the replica patch and the delete; no pod has to start."""
+    namespace = os.environ["KILN_TEST_KUBE_NAMESPACE"]
+    settings = Settings(data_dir=tmp_path, pool_backend="kubernetes", worker_image="busybox",
+                        kubernetes_store_claim="kiln-store",
+                        kubernetes_namespace=namespace)  # fmt: skip
+    spec = PoolSpec("kiln-backend-test", str(int(time.time())), tmp_path)
+    async with aiohttp.ClientSession() as http:
+        pools = KubernetesBackend(settings, http, poll_s=0.2)
+        seen: list[Worker] = []
+        pools.on_change = seen.append
+        try:
+            pools.ensure(spec)
+            pools.scale(spec.key, 0)
+            await pools.sync()
+            pools.scale(spec.key, 1)
+            await pools.sync()
+            assert len(pools.pools[spec.key]) == 1
+        finally:
+            pools.remove(spec.key)
+            await pools.sync()
+            await pools.stop()
