@@ -57,7 +57,10 @@ def _provider(settings: Settings) -> OpenIDProvider | None:
     if not (s.oidc_issuer and s.oidc_client_id and s.oidc_client_secret):
         return None
     secret = s.oidc_client_secret.get_secret_value()
-    return OpenIDProvider(s.oidc_issuer, s.oidc_client_id, secret, s.oidc_scopes, s.oidc_label)
+    return OpenIDProvider(
+        s.oidc_issuer, s.oidc_client_id, secret, s.oidc_scopes, s.oidc_label,
+        require_verified=s.oidc_require_verified_email,
+    )  # fmt: skip
 
 
 def _derive(secret: bytes, purpose: str) -> bytes:

@@ -27,15 +27,27 @@ CACHE_S = 300.0
 ALGORITHMS = ["RS256", "ES256", "PS256"]
 
 
+def vouched_email(claims: dict[str, Any], *, require_verified: bool) -> str:
+    """The ID token's email, if the provider vouches for it: ``email_verified`` is true, or, when
+    not required, at least not false."""
+    email, verified = claims.get("email"), claims.get("email_verified")
+    vouched = verified is True if require_verified else verified is not False
+    if not isinstance(email, str) or not email or not vouched:
+        raise Forbidden("The SSO provider did not vouch for an email address.")
+    return email
+
+
 class OpenIDProvider:
     """One configured provider: its discovery document and keys, cached for five minutes."""
 
     def __init__(
-        self, issuer: str, client_id: str, client_secret: str, scopes: str, label: str
-    ) -> None:
+        self, issuer: str, client_id: str, client_secret: str, scopes: str, label: str,
+        *, require_verified: bool = True,
+    ) -> None:  # fmt: skip
         self.issuer = issuer.rstrip("/")
         self.label = label
         """The sign-in button's text."""
+        self._require_verified = require_verified
         self._client = (client_id, client_secret)
         self._scopes = scopes
         self._metadata: dict[str, Any] = {}
@@ -80,10 +92,7 @@ class OpenIDProvider:
             tokens = await _json(http, "POST", self._metadata["token_endpoint"], data=form,
                                  auth=aiohttp.BasicAuth(*self._client))  # fmt: skip
         claims = self._verify(str(tokens.get("id_token", "")), flow["nonce"])
-        email = claims.get("email")
-        if not isinstance(email, str) or not email or claims.get("email_verified") is False:
-            raise Forbidden("The SSO provider did not vouch for an email address.")
-        return email
+        return vouched_email(claims, require_verified=self._require_verified)
 
     def _verify(self, id_token: str, nonce: str) -> dict[str, Any]:
         assert self._keys is not None

@@ -107,6 +107,9 @@ class Settings(BaseSettings):
     oidc_client_secret: SecretStr | None = None
     oidc_scopes: str = "openid email profile"
     oidc_label: str = "Sign in with single sign-on"
+    oidc_require_verified_email: bool = True
+    """Sign in only with an ID token that says ``email_verified: true``; turn off for a provider
+    that never sends the claim (Azure AD) and vouches for its emails some other way."""
     console_url: str | None = None
     """The console's public base URL (``https://kiln.example.com``) for the SSO redirect URI;
     unset: taken from the request."""

@@ -69,6 +69,7 @@ async def test_a_verified_email_of_a_user_signs_in(app: App, oidc_provider: Any)
         ("issuer", 401, "not valid"),
         ("signature", 401, "not valid"),
         ("unverified", 403, "did not vouch"),
+        ("unstated", 403, "did not vouch"),  # KILN_OIDC_REQUIRE_VERIFIED_EMAIL, the default
     ],
 )
 async def test_a_wrong_id_token_is_refused(
