@@ -70,3 +70,15 @@ async def test_a_cancelled_waiter_does_not_cancel_the_shared_load() -> None:
     first.cancel()
     assert await second == 3
     assert cache.peek("k") == 3
+
+
+async def test_a_forgotten_value_is_loaded_again_before_it_expires() -> None:
+    cache: TTLCache[str, int | None] = TTLCache(ttl=60)
+    values = iter([None, 3])
+
+    async def load() -> int | None:
+        return next(values)
+
+    assert await cache.get("k", load) is None  # a miss, cached
+    cache.forget("k")
+    assert await cache.get("k", load) == 3

@@ -55,11 +55,12 @@ class Adapters(Controller):
                 config=await _file(form.get("config"), "config").read(), weights=weights,
             )  # fmt: skip
             async with transaction(kiln, viewer.actor) as session:
-                await adapters.create_adapter(
+                made = await adapters.create_adapter(
                     session, viewer.actor, tenant_id, upload,
                     store=kiln.store, max_rank=adapters.slot_rank(kiln.settings),
                 )  # fmt: skip
                 context = {**await _adapters(session, viewer, tenant_id), "partial": True}
+        kiln.adapters.forget(tenant_id, made.base_model, made.name)
         return Template("_adapters.html.j2", context=context, status_code=201)
 
     @post("/tenants/{tenant_id:uuid}/adapters/{adapter_id:uuid}/delete")
@@ -68,8 +69,9 @@ class Adapters(Controller):
     ) -> Template:
         """Delete an adapter (requests naming it are refused within seconds)."""
         async with transaction(kiln, viewer.actor) as session:
-            await adapters.delete_adapter(session, viewer.actor, tenant_id, adapter_id)
+            gone = await adapters.delete_adapter(session, viewer.actor, tenant_id, adapter_id)
             context = {**await _adapters(session, viewer, tenant_id), "partial": True}
+        kiln.adapters.forget(tenant_id, gone.base_model, gone.name)
         return Template("_adapters.html.j2", context=context)
 
 

@@ -35,6 +35,10 @@ class TTLCache(Generic[K, V]):
             pending = self._loading[key] = asyncio.ensure_future(self._load(key, load))
         return await asyncio.shield(pending)
 
+    def forget(self, key: K) -> None:
+        """Drop ``key``'s value: the next ``get`` loads it again."""
+        self._values.pop(key, None)
+
     def peek(self, key: K) -> V | None:
         """The value held for ``key``, fresh or not, without loading."""
         hit = self._values.get(key)

@@ -58,10 +58,12 @@ class AdaptersController(AdminController):
                 name=data.name, model=data.model, config=await data.config.read(), weights=weights
             )
             async with transaction(kiln, actor) as session:
-                return await services.create_adapter(
+                made = await services.create_adapter(
                     session, actor, tenant_id, upload,
                     store=kiln.store, max_rank=services.slot_rank(kiln.settings),
                 )  # fmt: skip
+        kiln.adapters.forget(tenant_id, made.base_model, made.name)  # a miss cached before it
+        return made
 
     @delete("/tenants/{tenant_id:uuid}/adapters/{adapter_id:uuid}", status_code=204)
     async def delete_adapter(
@@ -69,4 +71,5 @@ class AdaptersController(AdminController):
     ) -> None:
         """Delete an adapter; requests naming it are refused within the cache TTL (5 s)."""
         async with transaction(kiln, actor) as session:
-            await services.delete_adapter(session, actor, tenant_id, adapter_id)
+            gone = await services.delete_adapter(session, actor, tenant_id, adapter_id)
+        kiln.adapters.forget(tenant_id, gone.base_model, gone.name)  # refused here at once

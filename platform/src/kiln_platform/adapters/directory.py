@@ -47,6 +47,10 @@ class AdapterDirectory:
 
         return await self._cache.get((tenant_id, model, adapter), load)
 
+    def forget(self, tenant_id: uuid.UUID, model: str, adapter: str) -> None:
+        """Drop what this process cached for the name (after an upload or a delete here)."""
+        self._cache.forget((tenant_id, model, adapter))
+
     async def names(self, tenant_id: uuid.UUID) -> list[tuple[str, str, int]]:
         """``(base model, adapter, created)`` of the tenant's adapters (for ``/v1/models``)."""
         async with self._sessions() as session:

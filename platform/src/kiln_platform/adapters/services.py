@@ -105,17 +105,21 @@ async def list_adapters(
 
 async def delete_adapter(
     session: AsyncSession, actor: Actor, tenant_id: uuid.UUID, adapter_id: uuid.UUID
-) -> None:
-    """Delete an adapter: requests naming it get 404 within the cache TTL (5 s)."""
+) -> AdapterView:
+    """Delete an adapter (requests naming it get 404 within the cache TTL, 5 s); returns it."""
     await get_tenant(session, actor, tenant_id)
     require(actor, "adapters", write=True)
     row = await session.get(Adapter, adapter_id)
     if row is None or row.tenant_id != tenant_id:
         raise NotFound("No such adapter.")
+    view = adapter_view(
+        row, await session.scalar(select(Model.name).where(Model.id == row.model_id)) or ""
+    )
     before = snapshot(row, *FIELDS)
     await session.delete(row)
     await session.flush()
     await record(session, actor, "adapter.delete", "adapter", adapter_id, tenant_id, before=before)
+    return view
 
 
 def slot_rank(settings: Settings) -> int:
