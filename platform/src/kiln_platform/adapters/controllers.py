@@ -69,7 +69,8 @@ class AdaptersController(AdminController):
     async def delete_adapter(
         self, kiln: KilnDep, actor: ActorDep, tenant_id: uuid.UUID, adapter_id: uuid.UUID
     ) -> None:
-        """Delete an adapter; requests naming it are refused within the cache TTL (5 s)."""
+        """Delete an adapter; requests naming it are refused at once through this gateway and
+        within the cache TTL (5 s) through others."""
         async with transaction(kiln, actor) as session:
             gone = await services.delete_adapter(session, actor, tenant_id, adapter_id)
         kiln.adapters.forget(tenant_id, gone.base_model, gone.name)  # refused here at once
