@@ -120,7 +120,7 @@ class SignIn(Controller):
         form = await request.form()
         email, password = str(form.get("email", "")).strip(), str(form.get("password", ""))
         source = str(source_of(request))
-        wait = throttle.retry_after(email, source)
+        wait = await throttle.retry_after(kiln.db.sessions, email, source)
         if wait > 0:
             error = f"Too many failed sign-ins; try again in {max(1, round(wait / 60))} min."
             headers = {"retry-after": str(max(1, round(wait)))}
@@ -130,9 +130,9 @@ class SignIn(Controller):
                 user = await authenticate(session, email, password, request.state.request_id,
                                           source)  # fmt: skip
         except Unauthorized as exc:
-            throttle.failed(email, source)
+            await throttle.failed(kiln.db.sessions, email, source)
             return _login_page(provider, email, exc.message, status=401)
-        throttle.succeeded(email)
+        await throttle.succeeded(kiln.db.sessions, email)
         request.set_session({"uid": str(user.id)})
         return Redirect("/console/", status_code=303)
 

@@ -134,6 +134,16 @@ class Adapter(Base):
     created_at: Mapped[datetime] = _created()
 
 
+class SignInFailure(Base):
+    """A failed console sign-in, under ``email:<address>`` and ``source:<client address>``."""
+
+    __tablename__ = "signin_failures"
+    __table_args__ = (Index("ix_signin_failures_key_failed_at", "key", "failed_at"),)
+    id: Mapped[int] = mapped_column(BigInteger, primary_key=True)
+    key: Mapped[str] = mapped_column(String(400))
+    failed_at: Mapped[datetime] = _created()
+
+
 class CompileJob(Base):
     """Compiling a model version for one target; ``cache_key`` makes it unique (engine key)."""
 
