@@ -235,8 +235,13 @@ def both_models(
 @pytest.fixture(scope="module")
 def kiln_up(minilm_dir: Path) -> Iterator[KilnProcess]:
     """``kiln up`` with all-MiniLM-L6-v2 registered, plus a tenant and key made with the CLI."""
+    yield from minilm_up(minilm_dir, {})
+
+
+def minilm_up(minilm_dir: Path, env: dict[str, str]) -> Iterator[KilnProcess]:
+    """``kiln up`` serving all-MiniLM-L6-v2 with ``env`` (for a module's own ``kiln`` fixture)."""
     with data_dir() as path:
-        yield from serve_model(_start_kiln(path, [minilm_dir]), MINILM, "embeddings")
+        yield from serve_model(_start_kiln(path, [minilm_dir], env), MINILM, "embeddings")
 
 
 @pytest.fixture(scope="module")

@@ -6,15 +6,14 @@ from __future__ import annotations
 import concurrent.futures
 import re
 import time
-from collections.abc import Callable, Iterator
-from contextlib import AbstractContextManager
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import openai
 import pytest
 
-from .conftest import MINILM, KilnProcess, serve_model, wait_for
+from .conftest import MINILM, KilnProcess, minilm_up, wait_for
 
 SCALING = {
     "KILN_POOL_MAX_REPLICAS": "2",
@@ -26,13 +25,8 @@ SCALING = {
 
 
 @pytest.fixture(scope="module")
-def kiln(
-    start_kiln: Callable[..., KilnProcess],
-    kiln_data_dir: Callable[[], AbstractContextManager[Path]],
-    minilm_dir: Path,
-) -> Iterator[KilnProcess]:
-    with kiln_data_dir() as path:
-        yield from serve_model(start_kiln(path, [minilm_dir], SCALING), MINILM, "embeddings")
+def kiln(minilm_dir: Path) -> Iterator[KilnProcess]:
+    yield from minilm_up(minilm_dir, SCALING)
 
 
 def _replicas(kiln: KilnProcess) -> dict[str, float]:

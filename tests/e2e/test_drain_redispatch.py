@@ -6,8 +6,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import signal
-from collections.abc import Callable, Iterator
-from contextlib import AbstractContextManager
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -16,7 +15,7 @@ import pytest
 
 from kiln_runtimes.protocol import WorkerInfo
 
-from .conftest import MINILM, KilnProcess, serve_model, wait_for
+from .conftest import MINILM, KilnProcess, minilm_up, wait_for
 
 TWO_WORKERS = {
     "KILN_POOL_MIN_REPLICAS": "2",
@@ -28,13 +27,8 @@ LONG = ["a long sentence about kilns, clay and fire " * 12] * 384  # a few secon
 
 
 @pytest.fixture(scope="module")
-def kiln(
-    start_kiln: Callable[..., KilnProcess],
-    kiln_data_dir: Callable[[], AbstractContextManager[Path]],
-    minilm_dir: Path,
-) -> Iterator[KilnProcess]:
-    with kiln_data_dir() as path:
-        yield from serve_model(start_kiln(path, [minilm_dir], TWO_WORKERS), MINILM, "embeddings")
+def kiln(minilm_dir: Path) -> Iterator[KilnProcess]:
+    yield from minilm_up(minilm_dir, TWO_WORKERS)
 
 
 def _info(port: str) -> WorkerInfo | None:

@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import signal
-from collections.abc import Callable, Iterator
-from contextlib import AbstractContextManager
+from collections.abc import Iterator
 from pathlib import Path
 
 import psutil
 import pytest
 
-from .conftest import MINILM, KilnProcess, serve_model, wait_for
+from .conftest import MINILM, KilnProcess, minilm_up, wait_for
 
 
 def _standbys(kiln: KilnProcess) -> list[psutil.Process]:
@@ -18,14 +17,8 @@ def _standbys(kiln: KilnProcess) -> list[psutil.Process]:
 
 
 @pytest.fixture(scope="module")
-def warm_kiln(
-    start_kiln: Callable[..., KilnProcess],
-    kiln_data_dir: Callable[[], AbstractContextManager[Path]],
-    minilm_dir: Path,
-) -> Iterator[KilnProcess]:
-    with kiln_data_dir() as path:
-        kiln = start_kiln(path, [minilm_dir], {"KILN_WARM_STANDBY": "true"})
-        yield from serve_model(kiln, MINILM, "embeddings")
+def warm_kiln(minilm_dir: Path) -> Iterator[KilnProcess]:
+    yield from minilm_up(minilm_dir, {"KILN_WARM_STANDBY": "true"})
 
 
 def test_a_restart_takes_the_standby_and_a_new_one_is_made(warm_kiln: KilnProcess) -> None:

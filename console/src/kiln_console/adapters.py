@@ -17,6 +17,7 @@ from sqlalchemy import select
 from kiln_console.auth import Viewer
 from kiln_platform.adapters import services as adapters
 from kiln_platform.adapters.controllers import MAX_ADAPTER_BYTES
+from kiln_platform.adapters.directory import slot_rank
 from kiln_platform.admin import services as admin
 from kiln_platform.admin.deps import transaction
 from kiln_platform.context import Kiln
@@ -57,7 +58,7 @@ class Adapters(Controller):
             async with transaction(kiln, viewer.actor) as session:
                 made = await adapters.create_adapter(
                     session, viewer.actor, tenant_id, upload,
-                    store=kiln.store, max_rank=adapters.slot_rank(kiln.settings),
+                    store=kiln.store, max_rank=slot_rank(kiln.settings),
                 )  # fmt: skip
                 context = {**await _adapters(session, viewer, tenant_id), "partial": True}
         kiln.adapters.forget(tenant_id, made.base_model, made.name)

@@ -14,6 +14,7 @@ from litestar.enums import RequestEncodingType
 from litestar.params import Body
 
 from kiln_platform.adapters import services
+from kiln_platform.adapters.directory import slot_rank
 from kiln_platform.adapters.schemas import AdapterView
 from kiln_platform.admin.controllers import ActorDep, AdminController, KilnDep
 from kiln_platform.admin.deps import transaction
@@ -60,7 +61,7 @@ class AdaptersController(AdminController):
             async with transaction(kiln, actor) as session:
                 made = await services.create_adapter(
                     session, actor, tenant_id, upload,
-                    store=kiln.store, max_rank=services.slot_rank(kiln.settings),
+                    store=kiln.store, max_rank=slot_rank(kiln.settings),
                 )  # fmt: skip
         kiln.adapters.forget(tenant_id, made.base_model, made.name)  # a miss cached before it
         return made

@@ -13,6 +13,8 @@ from kiln_platform.db.tables import Adapter, Model
 if TYPE_CHECKING:
     from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
+    from kiln_platform.settings import Settings
+
 SEPARATOR = ":"
 
 
@@ -20,6 +22,11 @@ def split(model: str) -> tuple[str, str | None]:
     """``"base:adapter"`` -> ``("base", "adapter")``; a plain name has no adapter."""
     base, sep, adapter = model.partition(SEPARATOR)
     return base, adapter if sep else None
+
+
+def slot_rank(settings: Settings) -> int:
+    """The columns of a worker's adapter slot, or 0 when workers hold no adapters."""
+    return settings.worker_adapter_rank if settings.worker_adapter_slots > 0 else 0
 
 
 class AdapterDirectory:

@@ -27,7 +27,6 @@ if TYPE_CHECKING:
     from sqlalchemy.ext.asyncio import AsyncSession
 
     from kiln_platform.admin.authz import Actor
-    from kiln_platform.settings import Settings
     from kiln_runtimes.store import ArtifactStore
 
 NAME = re.compile(r"[a-z0-9][a-z0-9._-]{0,63}")
@@ -50,7 +49,7 @@ async def create_adapter(
 ) -> AdapterView:  # fmt: skip
     """Check the adapter against its model, store its files, register it; 400 names the field.
 
-    ``max_rank``: the columns of a worker's adapter slot (:func:`slot_rank`; 0: no slots).
+    ``max_rank``: the columns of a worker's adapter slot (``directory.slot_rank``; 0: no slots).
     """
     await get_tenant(session, actor, tenant_id)
     require(actor, "adapters", write=True)
@@ -120,11 +119,6 @@ async def delete_adapter(
     await session.flush()
     await record(session, actor, "adapter.delete", "adapter", adapter_id, tenant_id, before=before)
     return view
-
-
-def slot_rank(settings: Settings) -> int:
-    """The columns of a worker's adapter slot, or 0 when workers hold no adapters."""
-    return settings.worker_adapter_rank if settings.worker_adapter_slots > 0 else 0
 
 
 def adapter_view(row: Adapter, base: str) -> AdapterView:

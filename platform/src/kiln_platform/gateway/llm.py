@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 
-from kiln_platform.adapters.directory import split
+from kiln_platform.adapters.directory import slot_rank, split
 from kiln_platform.billing.ledger import Usage, usage_of
 from kiln_platform.billing.pricing import Quantities
 from kiln_platform.errors import BadRequest, KilnError, ModelNotFound
@@ -267,7 +267,7 @@ async def prepare(
         raise BadRequest(f"The model `{version.model}` does not generate text.", param="model")
     adapter = None
     if adapter_name is not None:
-        if not kiln.settings.worker_adapter_slots:
+        if not slot_rank(kiln.settings):
             raise BadRequest("This platform serves no adapters.", param="model")
         adapter = await kiln.adapters.digest(principal.tenant_id, version.model, adapter_name)
         if adapter is None:

@@ -12,7 +12,8 @@ import pytest
 from safetensors.numpy import save_file
 from sqlalchemy import func, select
 
-from kiln_platform.adapters.services import Upload, create_adapter, slot_rank
+from kiln_platform.adapters.directory import slot_rank
+from kiln_platform.adapters.services import Upload, create_adapter
 from kiln_platform.db.tables import Adapter
 from kiln_platform.errors import BadRequest
 from kiln_platform.settings import Settings
