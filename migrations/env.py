@@ -20,11 +20,13 @@ def _run(connection: Connection) -> None:
 
 
 async def _run_from_settings() -> None:
-    from kiln_platform.db.engine import create_engine, database_url
+    from kiln_platform.db.engine import create_engine, database_urls
     from kiln_platform.settings import Settings
 
-    with database_url(Settings()) as url:
-        engine = create_engine(url, pool_size=1)
+    settings = Settings()
+    context.config.attributes.setdefault("secret", settings.hmac_key())
+    with database_urls(settings) as urls:
+        engine = create_engine(urls.owner, pool_size=1)
         async with engine.connect() as conn:
             await conn.run_sync(_run)
             await conn.commit()

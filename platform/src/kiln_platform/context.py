@@ -14,7 +14,7 @@ from kiln_platform.billing.pricebooks import PriceBooks
 from kiln_platform.billing.reservations import Budgets
 from kiln_platform.compiler.runner import CompileRunner
 from kiln_platform.db import migrate
-from kiln_platform.db.engine import create_engine, database_url, sessionmaker, writer_engine
+from kiln_platform.db.engine import create_engine, database_urls, sessionmaker, writer_engine
 from kiln_platform.gateway.dispatch import WorkerClient
 from kiln_platform.idempotency.services import IdempotencyStore
 from kiln_platform.keys.services import KeyVerifier
@@ -39,21 +39,30 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True, slots=True)
 class Database:
-    """An engine and its session factory."""
+    """The app's engine (role ``kiln_app``) and its session factory for platform work."""
 
     engine: AsyncEngine
     sessions: async_sessionmaker[AsyncSession]
+    """Sessions that declare platform scope (``db.engine.PlatformSession``)."""
+    set_role: str | None = None
+    """The role each connection switches to (no owner URL configured), for more engines."""
 
 
 @asynccontextmanager
 async def open_database(settings: Settings, *, upgrade: bool = True) -> AsyncIterator[Database]:
-    """Connect (starting the embedded server if needed) and apply migrations."""
-    with database_url(settings) as url:
-        engine = create_engine(url)
+    """Apply migrations as the owner (starting the embedded server if needed), then connect as
+    the app's role; refuse a role that would lift row-level security."""
+    with database_urls(settings) as urls:
+        if upgrade:
+            owner = create_engine(urls.owner, pool_size=1)
+            try:
+                await migrate.upgrade(owner, settings.hmac_key(), app_password=urls.app_password)
+            finally:
+                await owner.dispose()
+        engine = create_engine(urls.app, role=urls.set_role)
         try:
-            if upgrade:
-                await migrate.upgrade(engine)
-            yield Database(engine, sessionmaker(engine))
+            await migrate.check_app_role(engine)
+            yield Database(engine, sessionmaker(engine), urls.set_role)
         finally:
             await engine.dispose()
 
@@ -114,7 +123,7 @@ async def running(settings: Settings) -> AsyncIterator[Kiln]:
         budgets = Budgets(
             db.sessions, quotas, books, timeout_s=settings.request_timeout_s, hold_s=hold_s
         )
-        ledger_db = writer_engine(db.engine)
+        ledger_db = writer_engine(db.engine, db.set_role)
         ledger = MeteredLedger(
             sessionmaker(ledger_db), quotas, budgets, books, enabled=settings.metering
         )
@@ -133,7 +142,7 @@ async def running(settings: Settings) -> AsyncIterator[Kiln]:
             budgets=budgets,
             tokens=TokenVerifier(
                 db.sessions,
-                Keyring(db.sessions, settings.oauth_token_ttl_s),
+                Keyring(db.sessions, settings.oauth_token_ttl_s, settings.hmac_key()),
                 issuer=settings.oauth_issuer,
                 audience=settings.oauth_audience,
                 ttl=settings.key_cache_ttl_s,

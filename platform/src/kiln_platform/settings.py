@@ -27,6 +27,12 @@ class Settings(BaseSettings):
 
     data_dir: Path = Field(default_factory=_default_data_dir)
     database_url: str | None = None
+    """PostgreSQL the app connects to (unset: the embedded server in ``data_dir/pg``). Its role
+    must not own the tables nor bypass row-level security, unless ``database_owner_url`` is unset
+    (then each connection switches to ``kiln_app`` with ``SET ROLE``: weaker, docs/security.md)."""
+    database_owner_url: str | None = None
+    """The tables' owner, used only to apply migrations; with it, ``database_url`` should log in
+    as ``kiln_app`` (or a member of it) so the app cannot lift row-level security."""
     host: str = "127.0.0.1"
     port: int = 8000
     log_level: Literal["debug", "info", "warning", "error"] = "info"
@@ -174,11 +180,32 @@ class Settings(BaseSettings):
             return self.secret_key.get_secret_value().encode()
         path = self.data_dir / "secret.key"
         if not path.exists():
-            path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_name(f".secret.{os.getpid()}")
-            tmp.write_text(secrets.token_urlsafe(48))
-            tmp.chmod(0o600)
-            with contextlib.suppress(FileExistsError):
-                os.link(tmp, path)  # atomic: the first process to link wins
-            tmp.unlink()
+            _create_secret(path)
         return path.read_text().strip().encode()
+
+
+def _create_secret(path: Path) -> None:
+    """Write a new secret to ``path`` unless another process got there first.
+
+    The file is created 0600 (never readable by others, not even for an instant), written and
+    fsynced under a private name, then linked into place: ``link`` fails if ``path`` exists, so
+    of two processes starting at once the first wins and both read its secret.
+    """
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".secret.{os.getpid()}.{secrets.token_hex(4)}")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        with os.fdopen(fd, "w") as out:
+            out.write(secrets.token_urlsafe(48))
+            out.flush()
+            os.fsync(out.fileno())
+        with contextlib.suppress(FileExistsError):
+            os.link(tmp, path)  # atomic: the first process to link wins
+    finally:
+        tmp.unlink()
+    with contextlib.suppress(OSError):  # the link itself is durable once its folder is
+        dir_fd = os.open(path.parent, os.O_RDONLY)
+        try:
+            os.fsync(dir_fd)
+        finally:
+            os.close(dir_fd)

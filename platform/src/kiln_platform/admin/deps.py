@@ -21,6 +21,10 @@ if TYPE_CHECKING:
     from sqlalchemy.ext.asyncio import AsyncSession
 
 APP_ROLE = "kiln_tenant"
+TENANT_CONTEXT = text(
+    "SELECT set_config('kiln.tenant_id', :t, true), set_config('kiln.scope', '', true)"
+)
+"""One tenant's context, the platform scope the session factory declared withdrawn."""
 BAD_TEXT = frozenset({"22P05", "22021"})
 """SQLSTATEs of text PostgreSQL cannot store (untranslatable character, e.g. NUL; bad UTF-8)."""
 
@@ -65,17 +69,15 @@ async def transaction(kiln: Kiln, actor: Actor) -> AsyncIterator[AsyncSession]:
 
     For an actor confined to a tenant it also runs as the ``kiln_tenant`` database role with
     ``kiln.tenant_id`` set, so PostgreSQL's row-level security hides every other tenant's rows
-    even if a service forgot a filter (the second wall). Text PostgreSQL cannot store (a NUL
+    even if a service forgot a filter (the second wall; ``kiln_tenant`` has no platform-scope
+    policy, and the scope is withdrawn too). Text PostgreSQL cannot store (a NUL
     character) is the caller's error: 400, not 500.
     """
     try:
         async with kiln.db.sessions.begin() as session:
             if actor.tenant_id is not None:
                 await session.execute(text(f"SET LOCAL ROLE {APP_ROLE}"))
-                await session.execute(
-                    text("SELECT set_config('kiln.tenant_id', :t, true)"),
-                    {"t": str(actor.tenant_id)},
-                )
+                await session.execute(TENANT_CONTEXT, {"t": str(actor.tenant_id)})
             yield session
     except DBAPIError as exc:
         if getattr(exc.orig, "sqlstate", None) not in BAD_TEXT:

@@ -1,21 +1,40 @@
-"""Database URL resolution (embedded PostgreSQL when none is configured) and the async engine."""
+"""Database URL resolution (embedded PostgreSQL when none is configured), the async engine, and
+the session factory for platform work.
+
+Two roles: the owner of the tables applies migrations; the app connects as ``kiln_app``, which
+owns nothing and does not bypass row-level security (RLS is forced on every tenant table, so it
+binds even the owner). A transaction sees tenant rows only if it declares whose: ``kiln.tenant_id``
+for one tenant, or ``kiln.scope = 'platform'`` for platform work (the session factory below).
+"""
 
 from __future__ import annotations
 
 import warnings
 from contextlib import contextmanager
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
+from sqlalchemy import event
+from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncEngine, async_sessionmaker, create_async_engine
+from sqlalchemy.orm import Session
+
+from kiln_platform.sealing import derive
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
     from pathlib import Path
 
+    from sqlalchemy.engine import Connection
     from sqlalchemy.ext.asyncio import AsyncSession
+    from sqlalchemy.orm import SessionTransaction
 
     from kiln_platform.settings import Settings
+
+APP_ROLE = "kiln_app"
+"""The role the app works as: no ownership, no DDL, no ``BYPASSRLS`` (migration ``0010``)."""
+PLATFORM_SCOPE = "SELECT set_config('kiln.scope', 'platform', true)"
 
 
 @contextmanager
@@ -45,36 +64,81 @@ def asyncpg_url(uri: str) -> str:
     return uri
 
 
+@dataclass(frozen=True, slots=True)
+class Urls:
+    """Where Kiln connects (asyncpg URLs)."""
+
+    owner: str
+    """The tables' owner: migrations only."""
+    app: str
+    """The app's connections."""
+    set_role: str | None = None
+    """Role each app connection switches to at connect (no owner URL: the weaker fallback)."""
+    app_password: str | None = None
+    """Password migrations give ``kiln_app`` (the embedded server, whose app URL logs in as it)."""
+
+
+def app_password(secret: bytes) -> str:
+    """``kiln_app``'s password on the embedded server, derived from the server secret."""
+    return derive(secret, b"kiln embedded database app role v1").hex()
+
+
 @contextmanager
-def database_url(settings: Settings) -> Iterator[str]:
-    """The configured database URL, or the embedded server's while it is held."""
+def database_urls(settings: Settings) -> Iterator[Urls]:
+    """The configured database's URLs, or the embedded server's while it is held."""
     if settings.database_url:
-        yield asyncpg_url(settings.database_url)
+        app = asyncpg_url(settings.database_url)
+        if settings.database_owner_url:
+            yield Urls(owner=asyncpg_url(settings.database_owner_url), app=app)
+        else:
+            yield Urls(owner=app, app=app, set_role=APP_ROLE)
         return
     with embedded_server(settings.pg_dir) as uri:
-        yield asyncpg_url(uri)
+        owner = asyncpg_url(uri)
+        password = app_password(settings.hmac_key())
+        app_url = make_url(owner).set(username=APP_ROLE, password=password)
+        yield Urls(owner, app_url.render_as_string(hide_password=False), app_password=password)
 
 
-def create_engine(url: str, pool_size: int = 10, *, pre_ping: bool = True) -> AsyncEngine:
-    """An asyncpg-backed engine; UTC sessions."""
+def create_engine(
+    url: str, pool_size: int = 10, *, pre_ping: bool = True, role: str | None = None
+) -> AsyncEngine:
+    """An asyncpg-backed engine; UTC sessions; each connection as ``role`` if given (sent in
+    the start-up packet, so no round trip)."""
+    server_settings = {"timezone": "UTC", "application_name": "kiln"}
+    if role is not None:
+        server_settings["role"] = role
     return create_async_engine(
         url,
         pool_size=pool_size,
         max_overflow=pool_size,
         pool_pre_ping=pre_ping,
-        connect_args={"server_settings": {"timezone": "UTC", "application_name": "kiln"}},
+        connect_args={"server_settings": server_settings},
     )
 
 
-def writer_engine(engine: AsyncEngine) -> AsyncEngine:
+def writer_engine(engine: AsyncEngine, role: str | None = None) -> AsyncEngine:
     """One connection to ``engine``'s database for a single busy writer (the usage ledger).
 
     No ping before each use: the writer retries a failed batch, and a dead connection is
     replaced then; the ping would cost a round trip per batch.
     """
-    return create_engine(engine.url.render_as_string(hide_password=False), 1, pre_ping=False)
+    url = engine.url.render_as_string(hide_password=False)
+    return create_engine(url, 1, pre_ping=False, role=role)
+
+
+class PlatformSession(Session):
+    """A session for platform-wide work: each transaction declares ``kiln.scope = 'platform'``,
+    so row-level security lets it see every tenant's rows."""
+
+
+@event.listens_for(PlatformSession, "after_begin")
+def _declare_platform_scope(_: Session, __: SessionTransaction, connection: Connection) -> Any:
+    connection.exec_driver_sql(PLATFORM_SCOPE)
 
 
 def sessionmaker(engine: AsyncEngine) -> async_sessionmaker[AsyncSession]:
-    """Session factory; objects stay usable after commit."""
-    return async_sessionmaker(engine, expire_on_commit=False)
+    """Session factory for platform work (see ``PlatformSession``); objects stay usable after
+    commit. A tenant-confined transaction switches to ``kiln_tenant`` (``admin.deps``), where
+    the platform scope has no policy."""
+    return async_sessionmaker(engine, expire_on_commit=False, sync_session_class=PlatformSession)

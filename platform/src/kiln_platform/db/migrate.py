@@ -11,6 +11,8 @@ from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from sqlalchemy import text
 
+from kiln_platform.db.engine import APP_ROLE
+
 if TYPE_CHECKING:
     from sqlalchemy.engine import Connection
     from sqlalchemy.ext.asyncio import AsyncEngine
@@ -26,10 +28,11 @@ def migrations_dir() -> Path:
     return Path(__file__).resolve().parents[4] / "migrations"
 
 
-def _config(connection: Connection | None = None) -> Config:
+def _config(connection: Connection | None = None, secret: bytes | None = None) -> Config:
     cfg = Config()
     cfg.set_main_option("script_location", str(migrations_dir()))
     cfg.attributes["connection"] = connection
+    cfg.attributes["secret"] = secret  # data migrations that seal secrets at rest (0010)
     return cfg
 
 
@@ -43,18 +46,60 @@ def current_revision(connection: Connection) -> str | None:
     return MigrationContext.configure(connection).get_current_revision()
 
 
-def _upgrade(connection: Connection) -> None:
+def _upgrade(
+    connection: Connection, secret: bytes | None, app_password: str | None, revision: str
+) -> None:
     connection.execute(text("SELECT pg_advisory_xact_lock(:id)"), {"id": _LOCK_ID})
-    command.upgrade(_config(connection), "head")
+    command.upgrade(_config(connection, secret), revision)
+    if app_password is not None:  # hex: nothing to escape; DDL takes no bind parameters
+        connection.execute(text(f"ALTER ROLE {APP_ROLE} WITH LOGIN PASSWORD '{app_password}'"))
 
 
-async def upgrade(engine: AsyncEngine) -> None:
-    """Bring the database to the head revision (idempotent, safe from several processes)."""
+async def upgrade(
+    engine: AsyncEngine,
+    secret: bytes | None = None,
+    *,
+    app_password: str | None = None,
+    revision: str = "head",
+) -> None:
+    """Bring the database to the head revision (idempotent, safe from several processes).
+
+    ``engine`` connects as the tables' owner; ``secret`` is the server secret (a migration that
+    seals plaintext secrets needs it); ``app_password`` lets ``kiln_app`` log in with it (the
+    embedded server); ``revision`` is for tests of a data migration.
+    """
     async with engine.begin() as conn:
-        await conn.run_sync(_upgrade)
+        await conn.run_sync(_upgrade, secret, app_password, revision)
 
 
 async def is_current(engine: AsyncEngine) -> bool:
     """Whether the database is reachable and at the head revision."""
     async with engine.connect() as conn:
         return await conn.run_sync(current_revision) == head_revision()
+
+
+class UnsafeDatabaseRole(RuntimeError):
+    """The app's database role would lift row-level security (superuser, BYPASSRLS, owner)."""
+
+
+_ROLE_CHECK = text(
+    """
+    SELECT current_user, r.rolsuper OR r.rolbypassrls,
+           EXISTS (SELECT FROM pg_tables t
+                   WHERE t.schemaname = current_schema() AND t.tableowner = current_user)
+    FROM pg_roles r WHERE r.rolname = current_user
+    """
+)
+
+
+async def check_app_role(engine: AsyncEngine) -> None:
+    """Refuse to serve as a role that row-level security does not bind."""
+    async with engine.connect() as conn:
+        row = (await conn.execute(_ROLE_CHECK)).one()
+    user, privileged, owner = row
+    if privileged or owner:
+        raise UnsafeDatabaseRole(
+            f"the app's database role {user!r} is a superuser, bypasses row-level security or "
+            "owns Kiln's tables: set KILN_DATABASE_OWNER_URL to the owner and KILN_DATABASE_URL "
+            "to a login role that is a member of kiln_app (docs/security.md)"
+        )

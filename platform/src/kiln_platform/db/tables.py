@@ -287,7 +287,8 @@ class SigningKey(Base):
 
     __tablename__ = "oauth_signing_keys"
     kid: Mapped[str] = mapped_column(String(64), primary_key=True)
-    private_pem: Mapped[str] = mapped_column(Text)
+    private_sealed: Mapped[bytes] = mapped_column(LargeBinary)
+    """The private key's PEM sealed under the server secret (``oauth.keys``): never in clear."""
     created_at: Mapped[datetime] = _created()
     retired_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
 

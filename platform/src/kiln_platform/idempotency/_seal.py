@@ -8,29 +8,25 @@ body cannot be moved to another row.
 from __future__ import annotations
 
 import hmac
-import os
 from hashlib import sha256
 
-from cryptography.hazmat.primitives.ciphers.aead import AESGCM
-
-NONCE = 12
+from kiln_platform.sealing import Seal, derive
 
 
 class Sealer:
     """Seals and opens bodies; also the keyed fingerprint of a request."""
 
     def __init__(self, secret: bytes) -> None:
-        self._aead = AESGCM(hmac.new(secret, b"kiln idempotency seal v1", sha256).digest())
-        self._mac_key = hmac.new(secret, b"kiln idempotency fingerprint v1", sha256).digest()
+        self._seal = Seal(secret, b"kiln idempotency seal v1")
+        self._mac_key = derive(secret, b"kiln idempotency fingerprint v1")
 
     def seal(self, plain: bytes, identity: bytes) -> bytes:
         """``nonce || ciphertext+tag``."""
-        nonce = os.urandom(NONCE)
-        return nonce + self._aead.encrypt(nonce, plain, identity)
+        return self._seal.seal(plain, identity)
 
     def open(self, sealed: bytes, identity: bytes) -> bytes:
         """The plain body (``cryptography.exceptions.InvalidTag`` if tampered or moved)."""
-        return self._aead.decrypt(sealed[:NONCE], sealed[NONCE:], identity)
+        return self._seal.open(sealed, identity)
 
     def fingerprinter(self) -> hmac.HMAC:
         """An incremental keyed SHA-256 for a request's query string and body."""

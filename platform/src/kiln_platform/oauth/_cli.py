@@ -69,7 +69,7 @@ def register(main: click.Group, with_db: WithDb, fail: Callable[[Exception], Non
 
         async def action(db: Database, settings: Settings) -> str:
             async with db.sessions.begin() as session:
-                return await rotate_keys(session, cli_actor())
+                return await rotate_keys(session, cli_actor(), settings.hmac_key())
 
         try:
             click.echo(f"active signing key: {with_db(ctx.find_root(), action)}")

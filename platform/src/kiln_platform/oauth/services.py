@@ -90,11 +90,11 @@ async def revoke_client(
     return client_view(row)
 
 
-async def rotate_keys(session: AsyncSession, actor: Actor) -> str:
+async def rotate_keys(session: AsyncSession, actor: Actor, secret: bytes) -> str:
     """Add a new active signing key; the old ones stay in the JWKS until their tokens expire."""
     if actor.role is not Role.PLATFORM_ADMIN:
         raise Forbidden("Only a platform-admin may rotate signing keys.")
-    row, retired = await keys.rotate(session)
+    row, retired = await keys.rotate(session, keys.key_seal(secret))
     await record(session, actor, "oauth_key.rotate", "signing_key", row.kid, None,
                  before={"active": retired}, after={"active": [row.kid]})  # fmt: skip
     return row.kid

@@ -13,12 +13,13 @@ from typing import Any
 
 import pytest
 from authlib.integrations.httpx_client import AsyncOAuth2Client
+from cryptography.exceptions import InvalidTag
 from joserfc import jwt
 from joserfc.jwk import RSAKey
-from sqlalchemy import select
+from sqlalchemy import select, text
 
 from kiln_platform.db.tables import AuditRecord
-from kiln_platform.oauth import services
+from kiln_platform.oauth import keys, services
 
 from .conftest import BASE, CLI, App
 
@@ -182,7 +183,7 @@ async def test_key_rotation_keeps_old_tokens_valid(app: App, bearer: Bearer) -> 
     cid, secret = await app.oauth_client(tenant)
     old = (await _fetch(app, cid, secret))["access_token"]
     async with app.kiln.db.sessions.begin() as session:
-        kid = await services.rotate_keys(session, CLI)
+        kid = await services.rotate_keys(session, CLI, app.kiln.settings.hmac_key())
     new = (await _fetch(app, cid, secret))["access_token"]
     assert _part(new, 0)["kid"] == kid != _part(old, 0)["kid"]
     async with app.client() as http:
@@ -190,3 +191,32 @@ async def test_key_rotation_keeps_old_tokens_valid(app: App, bearer: Bearer) -> 
         assert {kid, _part(old, 0)["kid"]} <= set(kids)
         for token in (old, new):
             assert (await http.get("/v1/models", headers=bearer(token))).status_code == 200
+
+
+async def test_signing_keys_sealed_at_rest(app: App, bearer: Bearer) -> None:
+    """The table holds no private key material, only a blob the server secret opens; tokens
+    signed with the opened key verify."""
+    tenant = await app.tenant()
+    cid, secret = await app.oauth_client(tenant)
+    token = (await _fetch(app, cid, secret))["access_token"]
+    assert (await _get_models(app, bearer, token)) == 200
+    async with app.kiln.db.sessions() as session:
+        rows = (await session.execute(text("SELECT * FROM oauth_signing_keys"))).mappings().all()
+    assert rows
+    assert set(rows[0]) == {"kid", "private_sealed", "created_at", "retired_at"}
+    seal = keys.key_seal(app.kiln.settings.hmac_key())
+    for row in rows:
+        raw = b"".join(str(v).encode() if not isinstance(v, bytes) else v for v in row.values())
+        pem = seal.open(row["private_sealed"], row["kid"].encode())
+        private = RSAKey.import_key(pem)
+        d = private.as_dict(private=True)["d"]
+        assert b"PRIVATE KEY" in pem
+        assert b"PRIVATE KEY" not in raw
+        assert b"-----BEGIN" not in raw
+        assert pem[40:80] not in raw
+        assert base64.urlsafe_b64decode(d + "=" * (-len(d) % 4)) not in raw
+        with pytest.raises(InvalidTag):  # another secret, or the blob moved to another kid
+            keys.key_seal(b"another secret").open(row["private_sealed"], row["kid"].encode())
+        with pytest.raises(InvalidTag):
+            seal.open(row["private_sealed"], b"another-kid")
+    assert _part(token, 0)["kid"] in {r["kid"] for r in rows}
