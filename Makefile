@@ -9,7 +9,7 @@ SHELL  := /bin/bash
 QUIET  := 2>&1 | { grep -v "is ignored: it is neither" || true; }
 
 .DEFAULT_GOAL := help
-.PHONY: help setup browser up test lint bench-cold-start bench-embeddings bench-lora bench-tensor bench-tensor-latency
+.PHONY: help setup browser up test test-unit test-integration test-e2e test-deploy lint bench-cold-start bench-embeddings bench-lora bench-tensor bench-tensor-latency
 
 help: ## List the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-18s %s\n", $$1, $$2}'
@@ -32,6 +32,18 @@ up: setup ## Run Kiln locally on the embedded defaults (imports the bundled mode
 
 test: setup browser ## Run the test suite (a crash, even at exit, prints every thread's stack)
 	PYTHONFAULTHANDLER=1 $(VENV)/bin/pytest
+
+test-unit: setup ## Only tests/unit (seconds)
+	PYTHONFAULTHANDLER=1 $(VENV)/bin/pytest -m unit
+
+test-integration: setup ## Only tests/integration (real PostgreSQL and workers)
+	PYTHONFAULTHANDLER=1 $(VENV)/bin/pytest -m integration
+
+test-e2e: setup browser ## Only tests/e2e (real `kiln up`, the SDKs, Chromium)
+	PYTHONFAULTHANDLER=1 $(VENV)/bin/pytest -m e2e
+
+test-deploy: setup ## Only tests/deploy (terraform and manifests, offline)
+	PYTHONFAULTHANDLER=1 $(VENV)/bin/pytest -m deploy
 
 lint: setup ## ruff + mypy
 	$(VENV)/bin/ruff check .
