@@ -114,6 +114,10 @@ class LocalBackend:
         """Seconds a caller should wait for this worker to become ready (a rough estimate)."""
         return backend.retry_after(self._settings, worker)
 
+    def stopping(self) -> bool:
+        """``stop()`` has begun."""
+        return self._stopping
+
     async def stop(self) -> None:
         """Stop every worker: SIGTERM (they drain), then wait."""
         self._stopping = True
@@ -146,7 +150,7 @@ class LocalBackend:
                 code = await worker.process.wait()
                 self._set_ready(worker, False)
                 watcher.cancel()
-                if self._stopping:
+                if self.stopping():  # stop() may have run while we waited
                     return
                 lived = time.monotonic() - worker.started_at
                 backoff = 0.5 if lived > 30 else min(backoff * 2, _BACKOFF_MAX_S)
