@@ -108,12 +108,15 @@ async def running(settings: Settings) -> AsyncIterator[Kiln]:
         pools = PoolManager(
             _pool_backend(settings, http), resolver, store, scheduler, scaling=settings.autoscale()
         )
-        hold_s = 2 * settings.request_timeout_s + 30
-        quotas = QuotaEnforcer(db.sessions, ttl=settings.key_cache_ttl_s, lease_s=hold_s)
+        quotas = QuotaEnforcer(
+            db.sessions, ttl=settings.key_cache_ttl_s, lease_ttl_s=settings.lease_ttl_s,
+            timeout_s=settings.request_timeout_s,
+        )  # fmt: skip
         books = PriceBooks(db.sessions, settings.key_cache_ttl_s)
         budgets = Budgets(
-            db.sessions, quotas, books, timeout_s=settings.request_timeout_s, hold_s=hold_s
-        )
+            db.sessions, quotas, books, timeout_s=settings.request_timeout_s,
+            ttl_s=settings.lease_ttl_s,
+        )  # fmt: skip
         ledger_db = writer_engine(db.engine)
         ledger = MeteredLedger(
             sessionmaker(ledger_db), quotas, budgets, books, enabled=settings.metering
@@ -147,6 +150,7 @@ async def running(settings: Settings) -> AsyncIterator[Kiln]:
             ),
         )
         await ledger.start()
+        await quotas.start()
         await budgets.start()
         await pools.start()
         kiln.compiler.start()
@@ -160,4 +164,5 @@ async def running(settings: Settings) -> AsyncIterator[Kiln]:
             await ledger.stop()
             await ledger_db.dispose()
             await budgets.stop()
+            await quotas.stop()
             await quotas.drain()

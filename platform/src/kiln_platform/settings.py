@@ -126,7 +126,14 @@ class Settings(BaseSettings):
     """Record usage in the ledger. Off only to measure metering's overhead (``bench/``): with it
     off nothing is billed and budgets are never settled."""
     max_embedding_inputs: int = 2048
-    request_timeout_s: float = 60.0
+    request_timeout_s: float = Field(default=60.0, gt=0)
+    """Gateway -> worker timeout of a non-streamed call (and of each read of a stream)."""
+    stream_timeout_s: float = Field(default=300.0, gt=0)
+    """A generation's total deadline from admission (queue, generation, sending): past it the
+    worker's sequence is cancelled and the response ends with ``finish_reason: "length"``."""
+    lease_ttl_s: float = Field(default=30.0, gt=0)
+    """Concurrency leases and budget holds live as long as the server lets their request run plus
+    this, and are renewed every third of it while it runs; a killed gateway's lapse after that."""
     max_upload_bytes: int = 2 << 30
     min_opset: int = 7
     max_opset: int = 23

@@ -84,7 +84,9 @@ class OpenAIController(DocumentedController):
         gen = await llm.prepare(kiln, principal, data, request.state.request_id, ticket)
         if data.stream:
             include_usage = bool(data.stream_options and data.stream_options.include_usage)
-            return Stream(completions.stream_chat(gen, include_usage), media_type=SSE)
+            events = completions.stream_chat(gen, include_usage)
+            return completions.streamed(request.scope, gen, events)
+        completions.held(request.scope, gen)
         return Response(await completions.complete_chat(gen), media_type=MediaType.JSON)
 
     @post("/completions", status_code=200, media_type=SSE)
@@ -100,5 +102,7 @@ class OpenAIController(DocumentedController):
         gen = await llm.prepare(kiln, principal, data, request.state.request_id, ticket)
         if data.stream:
             include_usage = bool(data.stream_options and data.stream_options.include_usage)
-            return Stream(completions.stream_text(gen, include_usage), media_type=SSE)
+            events = completions.stream_text(gen, include_usage)
+            return completions.streamed(request.scope, gen, events)
+        completions.held(request.scope, gen)
         return Response(await completions.complete_text(gen), media_type=MediaType.JSON)

@@ -121,7 +121,7 @@ async def embed(
     ids = tokenize_input(request.input, tokenizer, manifest.context_length)
     tokens = sum(map(len, ids))
     most = Quantities(input_tokens=tokens, items=len(ids))
-    await kiln.budgets.reserve(principal, request_id, version, most, ticket.timeout_s)
+    await kiln.budgets.reserve(principal, request_id, version, most)
     usage = usage_of(
         principal, version, request_id, "embeddings", input_tokens=tokens, items=len(ids)
     )
