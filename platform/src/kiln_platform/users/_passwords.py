@@ -1,18 +1,21 @@
-"""Argon2 password hashing off the event loop, a few hashes at a time.
+"""Argon2 password hashing off the event loop, a few hashes at a time, at the lowest CPU
+priority.
 
-An argon2 check takes tens of milliseconds of CPU and 64 MiB: on the event loop, a sign-in
-flood would stall every request the gateway serves. Hashes run in worker threads (argon2-cffi
-releases the GIL), at most ``HASHES_AT_ONCE`` together, so a flood waits its turn instead of
-occupying every thread and all the memory.
+An argon2 check takes tens of milliseconds of CPU on several threads (one per lane) and 64 MiB:
+on the event loop, a sign-in flood would stall every request the gateway serves. Hashes run on
+``HASHES_AT_ONCE`` dedicated threads (argon2-cffi releases the GIL) whose nice value is 19, which
+the lane threads libargon2 starts inherit: a flood queues for them instead of occupying every
+thread, and inference keeps the cores (bench/signin_flood.py).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
-from weakref import WeakKeyDictionary
+import threading
+from concurrent.futures import ThreadPoolExecutor
 
-import anyio
 from argon2 import PasswordHasher
 from argon2.exceptions import InvalidHashError, VerificationError
 from prometheus_client import Counter
@@ -23,15 +26,15 @@ CHECKS = Counter(
 )
 _hasher = PasswordHasher()
 _DUMMY = _hasher.hash("kiln-timing-equalizer")
-_limiters: WeakKeyDictionary[asyncio.AbstractEventLoop, anyio.CapacityLimiter] = WeakKeyDictionary()
 
 
-def _limiter() -> anyio.CapacityLimiter:
-    """The event loop's limiter (asyncio primitives belong to one loop; tests run several)."""
-    loop = asyncio.get_running_loop()
-    if loop not in _limiters:
-        _limiters[loop] = anyio.CapacityLimiter(HASHES_AT_ONCE)
-    return _limiters[loop]
+def _lowest_priority() -> None:
+    """Run this thread (and the threads it starts) at nice 19, where the OS allows it."""
+    with contextlib.suppress(AttributeError, OSError):
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
+
+
+_pool = ThreadPoolExecutor(HASHES_AT_ONCE, "kiln-argon2", initializer=_lowest_priority)
 
 
 def _verify(password_hash: str | None, password: str) -> bool:
@@ -45,9 +48,9 @@ def _verify(password_hash: str | None, password: str) -> bool:
 async def verify(password_hash: str | None, password: str) -> bool:
     """The password matches the hash (None, no such user: the same work, then False)."""
     CHECKS.inc()
-    return await anyio.to_thread.run_sync(_verify, password_hash, password, limiter=_limiter())
+    return await asyncio.get_running_loop().run_in_executor(_pool, _verify, password_hash, password)
 
 
 async def hash_password(password: str) -> str:
     """An argon2 hash of ``password``."""
-    return await anyio.to_thread.run_sync(_hasher.hash, password, limiter=_limiter())
+    return await asyncio.get_running_loop().run_in_executor(_pool, _hasher.hash, password)
