@@ -1,7 +1,8 @@
 """The console as one Litestar router, mounted by the platform app at ``/console``.
 
 Sign-in sets an encrypted session cookie (AES-GCM, keyed from the server secret); every unsafe
-request must carry the CSRF token (htmx sends it as a header, plain forms as a field). Both
+request must carry the CSRF token (htmx sends it as a header, plain forms as a field), and a
+signed-in session's must be the token issued with it (``kiln_console.csrf``). Both
 cookies are confined to ``/console``, so the API is untouched: it keeps its bearer credentials.
 """
 
@@ -17,13 +18,13 @@ from litestar.config.csrf import CSRFConfig
 from litestar.contrib.jinja import JinjaTemplateEngine
 from litestar.di import Provide
 from litestar.middleware import DefineMiddleware
-from litestar.middleware.csrf import CSRFMiddleware
 from litestar.middleware.session import SessionMiddleware
 from litestar.middleware.session.client_side import ClientSideSessionBackend, CookieBackendConfig
 from litestar.static_files import create_static_files_router
 from litestar.template.config import TemplateConfig
 
 from kiln_console import adapters, audit, auth, costs, errors, members, models, pages
+from kiln_console.csrf import SessionCSRFMiddleware
 from kiln_console.sso import OpenIDProvider
 from kiln_console.throttle import SignInThrottle
 
@@ -99,10 +100,11 @@ def console(settings: Settings) -> Console:
             "viewer": Provide(auth.provide_viewer),
             "provider": Provide(lambda: provider, sync_to_thread=False),
             "throttle": Provide(lambda: throttle, sync_to_thread=False),
+            "csrf": Provide(lambda: csrf, sync_to_thread=False),
         },
         middleware=[
             DefineMiddleware(_sessions, config=session),
-            DefineMiddleware(CSRFMiddleware, config=csrf),
+            DefineMiddleware(SessionCSRFMiddleware, config=csrf),
         ],
         exception_handlers=errors.HANDLERS,
         include_in_schema=False,

@@ -116,6 +116,11 @@ class Settings(BaseSettings):
     console_login_failures: int = Field(default=5, ge=1)
     """Failed console sign-ins per email (and 10x that per client address) in 15 minutes before
     sign-in answers 429 for the rest of the window."""
+    forwarded_allow_ips: str = ""
+    """Addresses of trusted reverse proxies, comma-separated (uvicorn's ``forwarded_allow_ips``;
+    ``*``: any). Only their ``X-Forwarded-For``/``X-Forwarded-Proto`` set the client address
+    (the sign-in throttle's and the audit log's source) and the scheme (OAuth's https check);
+    anyone else's are ignored. Empty (the default): no proxy is trusted."""
     console_secure_cookies: bool = False
     """Mark the console's session and CSRF cookies ``Secure`` (set it when served over HTTPS)."""
     idempotency_ttl_s: float = 86_400.0
