@@ -127,7 +127,12 @@ class Settings(BaseSettings):
     off nothing is billed and budgets are never settled."""
     max_embedding_inputs: int = 2048
     request_timeout_s: float = 60.0
-    max_upload_bytes: int = 2 << 30
+    max_json_body_bytes: int = Field(default=4 << 20, gt=0)
+    """Largest `/v1` JSON request body (refused with 413 while it streams in)."""
+    max_tensor_body_bytes: int = Field(default=256 << 20, gt=0)
+    """Largest `/v2` inference request body (JSON or binary tensors)."""
+    max_upload_bytes: int = Field(default=2 << 30, gt=0)
+    """Largest model upload (`/admin/v1/models/{name}/versions`)."""
     min_opset: int = 7
     max_opset: int = 23
 
