@@ -5,8 +5,12 @@ refused before a byte is read; otherwise the ``receive`` every later middleware 
 see counts the bytes it hands out and raises :class:`~kiln_platform.errors.PayloadTooLarge`
 the moment they pass the limit, whatever the headers said (a lying Content-Length, chunked
 transfer). So no reader downstream (the idempotency fingerprint, Litestar's ``request.body()``,
-an upload's stream) can pull more than the limit. The 413 says ``Connection: close``: the
-server hangs up instead of draining the rest of the body.
+an upload's stream) can pull more than the limit.
+
+The connection is kept: uvicorn discards the rest of the body as it arrives (never buffered),
+so a client that sends its whole body before reading (httpx, the openai SDK) still gets the
+413. ``Connection: close`` would make uvicorn close with unread data, which resets the
+connection and loses the answer: the SDKs then see a network error and send the body again.
 """
 
 from __future__ import annotations
@@ -31,7 +35,6 @@ if TYPE_CHECKING:
 
 SMALL_BODY_BYTES = 1 << 20
 """Every route that is not `/v1`, `/v2` or an upload: `/admin/v1` and `/oauth` JSON, forms."""
-_CLOSE = (b"connection", b"close")
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,23 +88,20 @@ def body_limit_middleware(app: ASGIApp, limits: BodyLimits, errors: ErrorRendere
         limit = limits.of(scope)
         started = False
 
-        async def send_closing(message: Message) -> None:
+        async def send_noting(message: Message) -> None:
             nonlocal started
-            if message["type"] == "http.response.start":
-                started = True
-                if message["status"] == PayloadTooLarge.status_code:
-                    message["headers"] = [*message.get("headers", []), _CLOSE]
+            started = started or message["type"] == "http.response.start"
             await send(message)
 
         try:
             if _declared(scope) > limit:
                 raise _too_large(limit)
-            await app(scope, _counting(receive, limit), send_closing)
+            await app(scope, _counting(receive, limit), send_noting)
         except PayloadTooLarge as exc:
             if started:  # the route answered before reading on; nothing more to say
                 return
             request: Request[Any, Any, Any] = Request(scope)
-            await errors(request, exc).to_asgi_response(None, request)(scope, receive, send_closing)
+            await errors(request, exc).to_asgi_response(None, request)(scope, receive, send)
 
     return middleware
 

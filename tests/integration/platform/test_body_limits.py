@@ -118,7 +118,6 @@ async def server(
 
 def assert_openai_413(answer: Answer) -> None:
     assert answer.status == 413
-    assert answer.headers["connection"] == "close"
     error = answer.json()["error"]
     assert error["code"] == "request_too_large"
     assert error["param"] is None
@@ -167,7 +166,6 @@ async def test_v2_tensor_bodies_have_their_own_limit(server: Server) -> None:
         f"/v2/models/{server.model}/infer", source, {"content-type": "application/octet-stream"}
     )
     assert answer.status == 413
-    assert answer.headers["connection"] == "close"
     assert str(TENSOR_LIMIT) in answer.json()["error"]
     assert TENSOR_LIMIT < source.pulled <= TENSOR_LIMIT + CHUNK
 
