@@ -22,6 +22,7 @@ from kiln_platform.adapters.controllers import AdaptersController
 from kiln_platform.admin.controllers import TenantsController
 from kiln_platform.audit.controllers import AuditController
 from kiln_platform.billing.controllers import PriceBooksController
+from kiln_platform.body_limit import BodyLimits, body_limit_middleware
 from kiln_platform.context import Kiln, running
 from kiln_platform.db import migrate
 from kiln_platform.errors import KilnError, QuotaExceeded
@@ -157,10 +158,17 @@ def create_app(settings: Settings) -> Litestar:
         middleware=[
             prometheus.middleware,
             DefineMiddleware(request_id_middleware),
+            # the first reader of every body: nothing after it reads past the route's limit
+            DefineMiddleware(
+                body_limit_middleware,
+                limits=BodyLimits.from_settings(settings),
+                errors=_error_response,
+            ),
             DefineMiddleware(idempotency_middleware, errors=_error_response),
             DefineMiddleware(quota_middleware),
         ],
         exception_handlers={Exception: _error_response},
+        request_max_body_size=None,  # body_limit_middleware enforces each route's limit
         template_config=web.templates,
         openapi_config=OpenAPIConfig(title="Kiln", version="0.1.0", path="/docs"),
     )

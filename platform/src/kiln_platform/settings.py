@@ -139,7 +139,12 @@ class Settings(BaseSettings):
     lease_ttl_s: float = Field(default=30.0, gt=0)
     """Concurrency leases and budget holds live as long as the server lets their request run plus
     this, and are renewed every third of it while it runs; a killed gateway's lapse after that."""
-    max_upload_bytes: int = 2 << 30
+    max_json_body_bytes: int = Field(default=4 << 20, gt=0)
+    """Largest `/v1` JSON request body (refused with 413 while it streams in)."""
+    max_tensor_body_bytes: int = Field(default=256 << 20, gt=0)
+    """Largest `/v2` inference request body (JSON or binary tensors)."""
+    max_upload_bytes: int = Field(default=2 << 30, gt=0)
+    """Largest model upload (`/admin/v1/models/{name}/versions`)."""
     min_opset: int = 7
     max_opset: int = 23
 

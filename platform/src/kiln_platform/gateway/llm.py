@@ -15,6 +15,7 @@ from kiln_platform.billing.ledger import Usage, usage_of
 from kiln_platform.billing.pricing import Quantities
 from kiln_platform.errors import BadRequest, DeadlineExceeded, KilnError, ModelNotFound
 from kiln_platform.gateway import metrics
+from kiln_platform.gateway._offload import off_loop
 from kiln_platform.gateway._textmodel import TextModel, load_text_model
 from kiln_platform.gateway._textstream import TextStream
 from kiln_platform.gateway.llm_schemas import (
@@ -218,6 +219,22 @@ def chat_prompt(request: ChatCompletionRequest, model: TextModel) -> list[int]:
     return model.encode(model.render(messages))
 
 
+def _chat_chars(request: ChatCompletionRequest) -> int:
+    """About how many characters the chat template renders (the messages' text)."""
+    return sum(
+        len(m.content) if isinstance(m.content, str)
+        else sum(len(getattr(part, "text", "") or "") for part in m.content or [])
+        for m in request.messages
+    )  # fmt: skip
+
+
+def _prompt_chars(request: CompletionRequest) -> int:
+    prompt = request.prompt
+    if isinstance(prompt, str):
+        return len(prompt)
+    return len(prompt[0]) if len(prompt) == 1 and isinstance(prompt[0], str) else 0
+
+
 def completion_prompt(request: CompletionRequest, model: TextModel) -> list[int]:
     """A text completion's prompt: a string, one-string list, or token ids."""
     prompt = request.prompt
@@ -302,9 +319,11 @@ async def prepare(
         kiln.store.path(version.artifact_digest), manifest.tokenizer_file or "tokenizer.json"
     )
     if isinstance(request, ChatCompletionRequest):
-        prompt, endpoint = chat_prompt(request, model), "chat.completions"
+        prompt = await off_loop(_chat_chars(request), chat_prompt, request, model)
+        endpoint = "chat.completions"
     else:
-        prompt, endpoint = completion_prompt(request, model), "completions"
+        prompt = await off_loop(_prompt_chars(request), completion_prompt, request, model)
+        endpoint = "completions"
     stop = _stop(request.stop)
     temperature, top_p = _sampling(request)
     generate = GenerateRequest(

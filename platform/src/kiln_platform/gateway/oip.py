@@ -22,7 +22,6 @@ KilnDep = SkipValidation[Kiln]
 PrincipalDep = SkipValidation[Principal]
 AUTH = {"principal": Provide(provide_principal)}
 SCHEDULED = {**AUTH, "ticket": Provide(provide_ticket)}
-MAX_BODY = 256 << 20
 
 
 def _status(ok: bool, what: str) -> Response[Any]:
@@ -75,7 +74,6 @@ class OIPController(DocumentedController):
     @post(
         ["/models/{name:str}/infer", "/models/{name:str}/versions/{version:str}/infer"],
         dependencies=SCHEDULED,
-        request_max_body_size=MAX_BODY,
     )
     async def infer(
         self,
