@@ -19,6 +19,7 @@ from kiln_platform.adapters import services as adapters
 from kiln_platform.adapters.controllers import MAX_ADAPTER_BYTES
 from kiln_platform.adapters.directory import slot_rank
 from kiln_platform.admin import services as admin
+from kiln_platform.admin.authz import check_tenant, require
 from kiln_platform.admin.deps import transaction
 from kiln_platform.context import Kiln
 from kiln_platform.db.tables import Model
@@ -46,7 +47,11 @@ class Adapters(Controller):
     async def upload(
         self, request: AnyRequest, kiln: KilnDep, viewer: ViewerDep, tenant_id: uuid.UUID
     ) -> Template:
-        """Upload an adapter; a file that does not fit the model is named in the flash."""
+        """Upload an adapter; a file that does not fit the model is named in the flash. The role
+        and the tenant are checked before the multipart body is read (the handler reads it, not
+        a ``data`` parameter, which Litestar would parse before resolving ``viewer``)."""
+        check_tenant(viewer.actor, tenant_id, "tenant")
+        require(viewer.actor, "adapters", write=True)
         form = await request.form()
         with tempfile.TemporaryDirectory(prefix="adapter-upload-") as tmp:
             weights = Path(tmp) / "weights"

@@ -16,6 +16,7 @@ from litestar import Router
 from litestar.config.csrf import CSRFConfig
 from litestar.contrib.jinja import JinjaTemplateEngine
 from litestar.di import Provide
+from litestar.exceptions import PermissionDeniedException
 from litestar.middleware import DefineMiddleware
 from litestar.middleware.csrf import CSRFMiddleware
 from litestar.middleware.session import SessionMiddleware
@@ -28,11 +29,12 @@ from kiln_console.sso import OpenIDProvider
 from kiln_console.throttle import SignInThrottle
 
 if TYPE_CHECKING:
-    from litestar.types import ASGIApp
+    from litestar.types import ASGIApp, Receive, Scope, Send
 
     from kiln_platform.settings import Settings
 
 HERE = Path(__file__).parent
+SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS", "TRACE"})
 PREFIX = "/console"
 SESSION_S = 8 * 3600
 
@@ -61,6 +63,22 @@ def _provider(settings: Settings) -> OpenIDProvider | None:
         s.oidc_issuer, s.oidc_client_id, secret, s.oidc_scopes, s.oidc_label,
         require_verified=s.oidc_require_verified_email,
     )  # fmt: skip
+
+
+def _multipart_needs_header(app: ASGIApp) -> ASGIApp:
+    """Refuse (403) an unsafe multipart request without the CSRF header: looking for the form
+    field, the CSRF middleware would read a whole upload before anyone is signed in (htmx sends
+    the header; the console has no plain multipart form)."""
+
+    async def middleware(scope: Scope, receive: Receive, send: Send) -> None:
+        if scope.get("method", "GET") not in SAFE_METHODS:  # HTTP only: a websocket has none
+            headers = dict(scope["headers"])
+            kind = headers.get(b"content-type", b"").partition(b";")[0].strip().lower()
+            if kind == b"multipart/form-data" and b"x-csrftoken" not in headers:
+                raise PermissionDeniedException("CSRF token verification failed")
+        await app(scope, receive, send)
+
+    return middleware
 
 
 def _derive(secret: bytes, purpose: str) -> bytes:
@@ -102,6 +120,7 @@ def console(settings: Settings) -> Console:
         },
         middleware=[
             DefineMiddleware(_sessions, config=session),
+            DefineMiddleware(_multipart_needs_header),
             DefineMiddleware(CSRFMiddleware, config=csrf),
         ],
         exception_handlers=errors.HANDLERS,

@@ -17,7 +17,7 @@ from kiln_platform.adapters import services
 from kiln_platform.adapters.directory import slot_rank
 from kiln_platform.adapters.schemas import AdapterView
 from kiln_platform.admin.controllers import ActorDep, AdminController, KilnDep
-from kiln_platform.admin.deps import transaction
+from kiln_platform.admin.deps import transaction, writes
 
 MAX_ADAPTER_BYTES = 256 << 20
 
@@ -44,14 +44,15 @@ class AdaptersController(AdminController):
             return await services.list_adapters(session, actor, tenant_id)
 
     @post(
-        "/tenants/{tenant_id:uuid}/adapters", status_code=201,
+        "/tenants/{tenant_id:uuid}/adapters", status_code=201, guards=[writes("adapters")],
         request_max_body_size=MAX_ADAPTER_BYTES,
     )  # fmt: skip
     async def create_adapter(
         self, kiln: KilnDep, actor: ActorDep, tenant_id: uuid.UUID,
         data: Annotated[AdapterForm, Body(media_type=RequestEncodingType.MULTI_PART)],
     ) -> AdapterView:  # fmt: skip
-        """Upload an adapter of a generation model; 400 names the field that does not fit."""
+        """Upload an adapter of a generation model; 400 names the field that does not fit (the
+        role is checked before the multipart body is read: ``writes``)."""
         with tempfile.TemporaryDirectory(prefix="adapter-upload-") as tmp:
             weights = Path(tmp) / "weights"
             weights.write_bytes(await data.weights.read())
