@@ -17,7 +17,7 @@ from kiln_platform.adapters import services
 from kiln_platform.adapters.directory import slot_rank
 from kiln_platform.adapters.schemas import AdapterView
 from kiln_platform.admin.controllers import ActorDep, AdminController, KilnDep
-from kiln_platform.admin.deps import transaction, writes
+from kiln_platform.admin.deps import transaction
 
 MAX_ADAPTER_BYTES = 256 << 20
 
@@ -35,6 +35,8 @@ class AdapterForm:
 class AdaptersController(AdminController):
     """A tenant's LoRA adapters; requests use one as ``model: "<base model>:<name>"``."""
 
+    opt = {"resource": "adapters"}  # noqa: RUF012 (admin.deps.authorize reads it)
+
     @get("/tenants/{tenant_id:uuid}/adapters")
     async def list_adapters(
         self, kiln: KilnDep, actor: ActorDep, tenant_id: uuid.UUID
@@ -44,7 +46,7 @@ class AdaptersController(AdminController):
             return await services.list_adapters(session, actor, tenant_id)
 
     @post(
-        "/tenants/{tenant_id:uuid}/adapters", status_code=201, guards=[writes("adapters")],
+        "/tenants/{tenant_id:uuid}/adapters", status_code=201,
         request_max_body_size=MAX_ADAPTER_BYTES,
     )  # fmt: skip
     async def create_adapter(
@@ -52,7 +54,7 @@ class AdaptersController(AdminController):
         data: Annotated[AdapterForm, Body(media_type=RequestEncodingType.MULTI_PART)],
     ) -> AdapterView:  # fmt: skip
         """Upload an adapter of a generation model; 400 names the field that does not fit (the
-        role is checked before the multipart body is read: ``writes``)."""
+        role is checked before the multipart body is read: ``admin.deps.authorize``)."""
         with tempfile.TemporaryDirectory(prefix="adapter-upload-") as tmp:
             weights = Path(tmp) / "weights"
             weights.write_bytes(await data.weights.read())

@@ -20,7 +20,6 @@ if TYPE_CHECKING:
 
     from litestar.connection import ASGIConnection
     from litestar.handlers import BaseRouteHandler
-    from litestar.types import Guard
     from sqlalchemy.ext.asyncio import AsyncSession
 
 APP_ROLE = "kiln_tenant"
@@ -72,24 +71,28 @@ async def provide_actor(request: Request[Any, Any, Any], kiln: SkipValidation[Ki
     return await authenticate(request, kiln)
 
 
-def writes(resource: str) -> Guard:
-    """A guard for a handler whose body is an upload: authenticate and authorize the write of
-    ``resource`` (``_RULES``) before the body is read.
+READS = frozenset({"GET", "HEAD"})
 
-    Litestar reads a handler's ``data`` (and multipart forms) before it resolves dependencies,
-    so ``provide_actor`` alone would refuse only after the whole body arrived; guards run first.
-    A ``tenant_id`` path parameter of a tenant the actor cannot see is ``NotFound``, as in the
-    services.
+
+async def authorize(
+    connection: ASGIConnection[Any, Any, Any, Any], handler: BaseRouteHandler
+) -> None:
+    """The guard of every ``/admin/v1`` handler: the actor may read (GET) or write (any other
+    method) the handler's ``opt["resource"]`` (``authz._RULES``); a ``tenant_id`` path parameter
+    of a tenant it cannot see is ``NotFound``, as in the services (which check again, per object).
+
+    A guard because Litestar reads a handler's ``data`` (JSON or a multipart upload) before it
+    resolves dependencies: ``provide_actor`` alone would refuse only after the whole body came.
+    A handler without a resource is refused (fail closed).
     """
-
-    async def guard(connection: ASGIConnection[Any, Any, Any, Any], _: BaseRouteHandler) -> None:
-        actor = await authenticate(connection, connection.app.state.kiln)
-        tenant = connection.path_params.get("tenant_id")
-        if tenant is not None:
-            check_tenant(actor, tenant, "tenant")
-        require(actor, resource, write=True)
-
-    return guard
+    actor = await authenticate(connection, connection.app.state.kiln)
+    resource = handler.opt.get("resource")
+    if resource is None:
+        raise Forbidden("This route declares no resource to authorize.")
+    tenant = connection.path_params.get("tenant_id")
+    if tenant is not None:
+        check_tenant(actor, tenant, "tenant")
+    require(actor, resource, write=connection.scope.get("method") not in READS)
 
 
 @asynccontextmanager

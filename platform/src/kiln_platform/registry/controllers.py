@@ -1,7 +1,7 @@
 """`/admin/v1` model and compile-job handlers: thin, behaviour in the services.
 
 Every one is platform-admin only (``admin.authz``: ``models`` and ``compile-jobs``); an upload
-is authorized by a guard before its body is read.
+is authorized (``admin.deps.authorize``) before its body is read.
 """
 
 from __future__ import annotations
@@ -15,18 +15,20 @@ import msgspec
 from litestar import Request, get, post
 
 from kiln_platform.admin.controllers import ActorDep, AdminController, KilnDep
-from kiln_platform.admin.deps import writes
 from kiln_platform.compiler import services as jobs
 from kiln_platform.compiler.schemas import CompileJobView, CompileRequest, UploadView
 from kiln_platform.registry.upload import receive, upload_dir, upload_version
+
+COMPILE_JOBS = {"resource": "compile-jobs"}
 
 
 class AdminModelsController(AdminController):
     """Model upload and compilation for platform operators."""
 
+    opt = {"resource": "models"}  # noqa: RUF012 (admin.deps.authorize reads it)
+
     @post(
         "/models/{name:str}/versions",
-        guards=[writes("models")],
         status_code=201,
         request_max_body_size=None,  # the upload limit is enforced while streaming
     )
@@ -58,7 +60,7 @@ class AdminModelsController(AdminController):
 
     @post(
         "/models/{name:str}/versions/{version:str}/compile",
-        guards=[writes("compile-jobs")],
+        opt=COMPILE_JOBS,
         status_code=202,
     )
     async def compile(
@@ -72,13 +74,13 @@ class AdminModelsController(AdminController):
         async with kiln.db.sessions() as session:
             return await jobs.view(session, actor, job_id)
 
-    @get("/compile-jobs/{job_id:uuid}")
+    @get("/compile-jobs/{job_id:uuid}", opt=COMPILE_JOBS)
     async def get_job(self, kiln: KilnDep, actor: ActorDep, job_id: uuid.UUID) -> CompileJobView:
         """One compile job: queued, running, done (with its report) or failed (with the reason)."""
         async with kiln.db.sessions() as session:
             return await jobs.view(session, actor, job_id)
 
-    @get("/compile-jobs")
+    @get("/compile-jobs", opt=COMPILE_JOBS)
     async def list_jobs(self, kiln: KilnDep, actor: ActorDep) -> list[CompileJobView]:
         """The newest compile jobs."""
         async with kiln.db.sessions() as session:
