@@ -19,7 +19,6 @@ from kiln_platform.adapters import services as adapters
 from kiln_platform.adapters.controllers import MAX_ADAPTER_BYTES
 from kiln_platform.adapters.directory import slot_rank
 from kiln_platform.admin import services as admin
-from kiln_platform.admin.authz import check_tenant, require
 from kiln_platform.admin.deps import transaction
 from kiln_platform.context import Kiln
 from kiln_platform.db.tables import Model
@@ -36,6 +35,8 @@ AnyRequest = Request[Any, Any, Any]
 class Adapters(Controller):
     """``/console/tenants/{id}/adapters``."""
 
+    opt = {"resource": "adapters"}  # noqa: RUF012 (auth.authorize reads it)
+
     @get("/tenants/{tenant_id:uuid}/adapters")
     async def adapters(self, kiln: KilnDep, viewer: ViewerDep, tenant_id: uuid.UUID) -> Template:
         """The tenant's adapters, and the upload form."""
@@ -48,10 +49,7 @@ class Adapters(Controller):
         self, request: AnyRequest, kiln: KilnDep, viewer: ViewerDep, tenant_id: uuid.UUID
     ) -> Template:
         """Upload an adapter; a file that does not fit the model is named in the flash. The role
-        and the tenant are checked before the multipart body is read (the handler reads it, not
-        a ``data`` parameter, which Litestar would parse before resolving ``viewer``)."""
-        check_tenant(viewer.actor, tenant_id, "tenant")
-        require(viewer.actor, "adapters", write=True)
+        and the tenant are checked (``auth.authorize``) before the multipart body is read."""
         form = await request.form()
         with tempfile.TemporaryDirectory(prefix="adapter-upload-") as tmp:
             weights = Path(tmp) / "weights"

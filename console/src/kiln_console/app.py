@@ -100,7 +100,8 @@ def console(settings: Settings) -> Console:
     provider = _provider(settings)
     throttle = SignInThrottle(settings.console_login_failures)
     static = create_static_files_router(path="/static", directories=[HERE / "static"],
-                                        name="console-static", include_in_schema=False)  # fmt: skip
+                                        name="console-static", include_in_schema=False,
+                                        opt=auth.PUBLIC)  # fmt: skip
     router = Router(
         path=PREFIX,
         route_handlers=[
@@ -123,6 +124,7 @@ def console(settings: Settings) -> Console:
             DefineMiddleware(_multipart_needs_header),
             DefineMiddleware(CSRFMiddleware, config=csrf),
         ],
+        guards=[auth.authorize],
         exception_handlers=errors.HANDLERS,
         include_in_schema=False,
     )

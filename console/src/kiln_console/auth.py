@@ -11,19 +11,29 @@ from dataclasses import dataclass
 from typing import Any
 
 from litestar import Controller, Request, get, post
+from litestar.connection import ASGIConnection
+from litestar.handlers import BaseRouteHandler
 from litestar.params import SkipValidation
 from litestar.response import Redirect, Template
 
 from kiln_console.sso import OpenIDProvider
 from kiln_console.throttle import SignInThrottle
-from kiln_platform.admin.authz import BILLING_READERS, Actor, Role, actor_tenant, require
-from kiln_platform.admin.deps import source_of
+from kiln_platform.admin.authz import (
+    BILLING_READERS,
+    Actor,
+    Role,
+    actor_tenant,
+    check_tenant,
+    require,
+)
+from kiln_platform.admin.deps import READS, source_of
 from kiln_platform.context import Kiln
 from kiln_platform.db.tables import User
 from kiln_platform.errors import Forbidden, NotFound, Unauthorized
 from kiln_platform.users.services import authenticate, sign_in_verified
 
 AnyRequest = Request[Any, Any, Any]
+Connection = ASGIConnection[Any, Any, Any, Any]
 KilnDep = SkipValidation[Kiln]
 ProviderDep = SkipValidation[OpenIDProvider | None]
 """The single sign-on provider, None without SSO."""
@@ -72,6 +82,14 @@ class Viewer:
 
 async def provide_viewer(request: AnyRequest, kiln: KilnDep) -> Viewer:
     """The signed-in user (re-read from the database), or ``LoginRequired``."""
+    return await viewer_of(request, kiln)
+
+
+async def viewer_of(request: Connection, kiln: Kiln) -> Viewer:
+    """The signed-in user, read once a request (``authorize``, then ``provide_viewer``)."""
+    known: Viewer | None = request.state.get("viewer")
+    if known is not None:
+        return known
     raw = request.session.get("uid") if request.scope.get("session") else None
     try:
         uid = uuid.UUID(str(raw))
@@ -84,8 +102,35 @@ async def provide_viewer(request: AnyRequest, kiln: KilnDep) -> Viewer:
         raise LoginRequired
     role = Role(user.role)
     actor = Actor(f"user:{user.email}", role, actor_tenant(role, user.tenant_id),
-                  request_id=request.state.request_id, source=source_of(request))  # fmt: skip
-    return Viewer(actor, user.email, user.tenant_id)
+                  request_id=request.state.get("request_id"),
+                  source=source_of(request))  # fmt: skip
+    viewer = Viewer(actor, user.email, user.tenant_id)
+    request.state.viewer = viewer
+    return viewer
+
+
+PUBLIC = {"public": True}
+"""The ``opt`` of a page anyone may open (sign-in, static files)."""
+SIGNED_IN = {"resource": None}
+"""The ``opt`` of a page any signed-in user may open (the landing redirect)."""
+
+
+async def authorize(connection: Connection, handler: BaseRouteHandler) -> None:
+    """The guard of every console page: signed in (else the sign-in page), the tenant of a
+    ``tenant_id`` in the URL visible (else 404), and the page's ``opt["resource"]`` readable
+    (GET) or writable (POST) by the user's role (``authz._RULES``, as ``/admin/v1``), before
+    any form or upload is read. A page that declares neither a resource nor ``PUBLIC`` is
+    refused."""
+    if handler.opt.get("public"):
+        return
+    if "resource" not in handler.opt:
+        raise Forbidden("This page declares no resource to authorize.")
+    viewer = await viewer_of(connection, connection.app.state.kiln)
+    tenant = connection.path_params.get("tenant_id")
+    if tenant is not None:
+        check_tenant(viewer.actor, tenant, "tenant")
+    if (resource := handler.opt["resource"]) is not None:
+        require(viewer.actor, resource, write=connection.scope.get("method") not in READS)
 
 
 def _login_page(
@@ -105,6 +150,8 @@ def _callback(request: AnyRequest, kiln: Kiln) -> str:
 
 class SignIn(Controller):
     """``/console/login`` and ``/console/logout``."""
+
+    opt = PUBLIC
 
     @get("/login")
     async def form(self, provider: ProviderDep) -> Template:
