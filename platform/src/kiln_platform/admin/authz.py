@@ -64,6 +64,7 @@ _RULES: dict[str, tuple[frozenset[Role], frozenset[Role]]] = {
     # The catalog serves every tenant: only a platform-admin changes it (versions, routes).
     "models": (NOT_FINANCE, PLATFORM),
     "compile-jobs": (PLATFORM, PLATFORM),
+    "signing-keys": (PLATFORM, PLATFORM),  # OAuth token signing keys (``kiln oauth rotate-keys``)
     "audit": (frozenset({Role.PLATFORM_ADMIN, Role.TENANT_ADMIN}), frozenset()),
     # What finance may read, and all it may read: costs, statements, adjustments, prices.
     "reports": (BILLING_READERS, frozenset()),
