@@ -17,6 +17,7 @@ from litestar import Router
 from litestar.config.csrf import CSRFConfig
 from litestar.contrib.jinja import JinjaTemplateEngine
 from litestar.di import Provide
+from litestar.exceptions import PermissionDeniedException
 from litestar.middleware import DefineMiddleware
 from litestar.middleware.session import SessionMiddleware
 from litestar.middleware.session.client_side import ClientSideSessionBackend, CookieBackendConfig
@@ -29,11 +30,12 @@ from kiln_console.sso import OpenIDProvider
 from kiln_console.throttle import SignInThrottle
 
 if TYPE_CHECKING:
-    from litestar.types import ASGIApp
+    from litestar.types import ASGIApp, Receive, Scope, Send
 
     from kiln_platform.settings import Settings
 
 HERE = Path(__file__).parent
+SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS", "TRACE"})
 PREFIX = "/console"
 SESSION_S = 8 * 3600
 
@@ -64,6 +66,22 @@ def _provider(settings: Settings) -> OpenIDProvider | None:
     )  # fmt: skip
 
 
+def _multipart_needs_header(app: ASGIApp) -> ASGIApp:
+    """Refuse (403) an unsafe multipart request without the CSRF header: looking for the form
+    field, the CSRF middleware would read a whole upload before anyone is signed in (htmx sends
+    the header; the console has no plain multipart form)."""
+
+    async def middleware(scope: Scope, receive: Receive, send: Send) -> None:
+        if scope.get("method", "GET") not in SAFE_METHODS:  # HTTP only: a websocket has none
+            headers = dict(scope["headers"])
+            kind = headers.get(b"content-type", b"").partition(b";")[0].strip().lower()
+            if kind == b"multipart/form-data" and b"x-csrftoken" not in headers:
+                raise PermissionDeniedException("CSRF token verification failed")
+        await app(scope, receive, send)
+
+    return middleware
+
+
 def _derive(secret: bytes, purpose: str) -> bytes:
     return hashlib.sha256(b"kiln-console/" + purpose.encode() + b"\0" + secret).digest()
 
@@ -83,7 +101,8 @@ def console(settings: Settings) -> Console:
     provider = _provider(settings)
     throttle = SignInThrottle(settings.console_login_failures)
     static = create_static_files_router(path="/static", directories=[HERE / "static"],
-                                        name="console-static", include_in_schema=False)  # fmt: skip
+                                        name="console-static", include_in_schema=False,
+                                        opt=auth.PUBLIC)  # fmt: skip
     router = Router(
         path=PREFIX,
         route_handlers=[
@@ -104,8 +123,10 @@ def console(settings: Settings) -> Console:
         },
         middleware=[
             DefineMiddleware(_sessions, config=session),
+            DefineMiddleware(_multipart_needs_header),
             DefineMiddleware(SessionCSRFMiddleware, config=csrf),
         ],
+        guards=[auth.authorize],
         exception_handlers=errors.HANDLERS,
         include_in_schema=False,
     )

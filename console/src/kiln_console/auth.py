@@ -14,6 +14,8 @@ from typing import Any
 
 from litestar import Controller, Request, get, post
 from litestar.config.csrf import CSRFConfig
+from litestar.connection import ASGIConnection
+from litestar.handlers import BaseRouteHandler
 from litestar.params import SkipValidation
 from litestar.response import Redirect, Template
 
@@ -21,8 +23,15 @@ from kiln_console.csrf import session_token
 from kiln_console.forms import convert
 from kiln_console.sso import OpenIDProvider
 from kiln_console.throttle import SignInThrottle
-from kiln_platform.admin.authz import BILLING_READERS, Actor, Role, actor_tenant, require
-from kiln_platform.admin.deps import source_of
+from kiln_platform.admin.authz import (
+    BILLING_READERS,
+    Actor,
+    Role,
+    actor_tenant,
+    check_tenant,
+    require,
+)
+from kiln_platform.admin.deps import READS, source_of
 from kiln_platform.context import Kiln
 from kiln_platform.db.tables import User
 from kiln_platform.errors import BadRequest, Forbidden, NotFound, Unauthorized
@@ -30,6 +39,7 @@ from kiln_platform.users.schemas import Login
 from kiln_platform.users.services import authenticate, sign_in_verified, sign_out_everywhere
 
 AnyRequest = Request[Any, Any, Any]
+Connection = ASGIConnection[Any, Any, Any, Any]
 KilnDep = SkipValidation[Kiln]
 ProviderDep = SkipValidation[OpenIDProvider | None]
 """The single sign-on provider, None without SSO."""
@@ -79,6 +89,14 @@ class Viewer:
 
 async def provide_viewer(request: AnyRequest, kiln: KilnDep) -> Viewer:
     """The signed-in user (re-read from the database), or ``LoginRequired``."""
+    return await viewer_of(request, kiln)
+
+
+async def viewer_of(request: Connection, kiln: Kiln) -> Viewer:
+    """The signed-in user, read once a request (``authorize``, then ``provide_viewer``)."""
+    known: Viewer | None = request.state.get("viewer")
+    if known is not None:
+        return known
     uid, version = _signed_in(request)
     if uid is None:
         raise LoginRequired
@@ -89,11 +107,38 @@ async def provide_viewer(request: AnyRequest, kiln: KilnDep) -> Viewer:
         raise LoginRequired
     role = Role(user.role)
     actor = Actor(f"user:{user.email}", role, actor_tenant(role, user.tenant_id),
-                  request_id=request.state.request_id, source=source_of(request))  # fmt: skip
-    return Viewer(actor, user.email, user.tenant_id)
+                  request_id=request.state.get("request_id"),
+                  source=source_of(request))  # fmt: skip
+    viewer = Viewer(actor, user.email, user.tenant_id)
+    request.state.viewer = viewer
+    return viewer
 
 
-def _signed_in(request: AnyRequest) -> tuple[uuid.UUID | None, object]:
+PUBLIC = {"public": True}
+"""The ``opt`` of a page anyone may open (sign-in, static files)."""
+SIGNED_IN = {"resource": None}
+"""The ``opt`` of a page any signed-in user may open (the landing redirect)."""
+
+
+async def authorize(connection: Connection, handler: BaseRouteHandler) -> None:
+    """The guard of every console page: signed in (else the sign-in page), the tenant of a
+    ``tenant_id`` in the URL visible (else 404), and the page's ``opt["resource"]`` readable
+    (GET) or writable (POST) by the user's role (``authz._RULES``, as ``/admin/v1``), before
+    any form or upload is read. A page that declares neither a resource nor ``PUBLIC`` is
+    refused."""
+    if handler.opt.get("public"):
+        return
+    if "resource" not in handler.opt:
+        raise Forbidden("This page declares no resource to authorize.")
+    viewer = await viewer_of(connection, connection.app.state.kiln)
+    tenant = connection.path_params.get("tenant_id")
+    if tenant is not None:
+        check_tenant(viewer.actor, tenant, "tenant")
+    if (resource := handler.opt["resource"]) is not None:
+        require(viewer.actor, resource, write=connection.scope.get("method") not in READS)
+
+
+def _signed_in(request: Connection) -> tuple[uuid.UUID | None, object]:
     """The session's user id (None: not signed in) and the session version it was given."""
     session = request.session if request.scope.get("session") else {}
     try:
@@ -126,6 +171,8 @@ def _callback(request: AnyRequest, kiln: Kiln) -> str:
 
 class SignIn(Controller):
     """``/console/login`` and ``/console/logout``."""
+
+    opt = PUBLIC
 
     @get("/login")
     async def form(self, provider: ProviderDep) -> Template:
