@@ -402,6 +402,7 @@ async def _session(world: World, email: str | None) -> AsyncIterator[tuple[httpx
             r = await http.post("/console/login", data={"email": email, "password": PASSWORD,
                                                         "_csrf_token": token})  # fmt: skip
             assert r.status_code == 303, r.text
+            token = http.cookies["kiln_csrf"]  # sign-in issues the session its own token
         yield http, token
 
 
