@@ -22,9 +22,10 @@ import aiohttp
 import pytest
 from aiohttp import web
 from lightkube import KubeConfig
+from pydantic import SecretStr
 
 from kiln_platform.pools._kube_objects import deployment_name
-from kiln_platform.pools.backend import PoolSpec, Worker
+from kiln_platform.pools.backend import PoolSpec, Worker, worker_headers
 from kiln_platform.pools.kubernetes import KubernetesBackend
 from kiln_platform.settings import Settings
 from kiln_runtimes import _app as worker_app
@@ -34,6 +35,7 @@ from .fake_kube_api import FakeKubeAPI, serving
 
 SPEC = PoolSpec("resnet50", "1", Path("/data/store/trees/abc"))
 NAME = deployment_name(SPEC)
+SECRET = "kube-backend-test-worker-secret"
 POD_IPS = ("127.0.0.2", "127.0.0.3")
 """Loopback addresses standing for pod IPs: the stub workers listen on both."""
 
@@ -55,7 +57,7 @@ class StubWorkers:
 @pytest.fixture
 async def workers() -> AsyncIterator[StubWorkers]:
     stub = StubWorkers()
-    worker = SimpleNamespace(settings=SimpleNamespace(max_queue=64), info=stub.info,
+    worker = SimpleNamespace(settings=SimpleNamespace(max_queue=64, secret=SECRET), info=stub.info,
                              manifest=SimpleNamespace(context_length=1, task="tensor"))  # fmt: skip
     runner = web.AppRunner(worker_app.create_app(worker))  # type: ignore[arg-type]
     await runner.setup()
@@ -78,8 +80,9 @@ async def backend(
     kube: FakeKubeAPI, workers: StubWorkers, tmp_path: Path
 ) -> AsyncIterator[KubernetesBackend]:
     settings = Settings(data_dir=tmp_path, pool_backend="kubernetes", worker_image="kiln/w:1",
-                        kubernetes_store_claim="kiln-store")  # fmt: skip
-    async with aiohttp.ClientSession() as http:
+                        kubernetes_store_claim="kiln-store",
+                        worker_secret=SecretStr(SECRET))  # fmt: skip
+    async with aiohttp.ClientSession(headers=worker_headers(settings)) as http:
         pools = KubernetesBackend(settings, http, KubeConfig.from_dict(kube.kubeconfig()),
                                   poll_s=0.05, port=workers.port)  # fmt: skip
         yield pools
@@ -233,7 +236,7 @@ async def test_against_a_real_cluster(tmp_path: Path) -> None:
     template), the replica patch and the delete; no pod has to start."""
     namespace = os.environ["KILN_TEST_KUBE_NAMESPACE"]
     settings = Settings(data_dir=tmp_path, pool_backend="kubernetes", worker_image="busybox",
-                        kubernetes_store_claim="kiln-store",
+                        kubernetes_store_claim="kiln-store", worker_secret=SecretStr(SECRET),
                         kubernetes_namespace=namespace)  # fmt: skip
     spec = PoolSpec("kiln-backend-test", str(int(time.time())), tmp_path)
     async with aiohttp.ClientSession() as http:
