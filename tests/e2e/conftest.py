@@ -267,7 +267,7 @@ def llm_up(smollm2_dir: Path) -> Iterator[KilnProcess]:
 
 def serve_model(kiln: KilnProcess, model: str, path: str) -> Iterator[KilnProcess]:
     try:
-        kiln.cli("tenants", "create", "acme")
+        kiln.env["TEST_TENANT_ID"] = kiln.cli("tenants", "create", "acme").strip()
         kiln.env["TEST_KEY"] = (
             kiln.cli("keys", "create", "--tenant", "acme").strip().splitlines()[-1]
         )
