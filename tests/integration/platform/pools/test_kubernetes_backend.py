@@ -166,6 +166,29 @@ async def test_a_ready_pod_whose_health_the_gateway_cannot_reach_is_not_used(
     assert backend.ready(SPEC.key) == []
 
 
+async def test_a_pod_that_refuses_the_gateways_secret_is_not_used(
+    backend: KubernetesBackend, kube: FakeKubeAPI, workers: StubWorkers
+) -> None:
+    """The health check carries the worker secret; a worker with another secret answers 401,
+    and its pod, Ready to the kubelet (whose probes need none), never takes requests."""
+    other = SimpleNamespace(settings=SimpleNamespace(max_queue=64, secret="not-this-gateways"),
+                            info=workers.info,
+                            manifest=SimpleNamespace(context_length=1, task="tensor"))  # fmt: skip
+    runner = web.AppRunner(worker_app.create_app(other))  # type: ignore[arg-type]
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.4", workers.port).start()
+    try:
+        await sized(backend, kube, 2)
+        kube.add_pod(NAME, "other", "127.0.0.4", ready=True)
+        kube.add_pod(NAME, "ours", POD_IPS[0], ready=True)
+        await until(lambda: [w.name for w in backend.ready(SPEC.key)] == ["ours"])
+        await asyncio.sleep(0.3)
+        assert [w.name for w in backend.ready(SPEC.key)] == ["ours"]
+        assert sorted(w.name for w in backend.pools[SPEC.key]) == ["other", "ours"]
+    finally:
+        await runner.cleanup()
+
+
 async def test_suspect_takes_a_worker_out_until_its_health_answers_ready_again(
     backend: KubernetesBackend, kube: FakeKubeAPI, workers: StubWorkers
 ) -> None:
