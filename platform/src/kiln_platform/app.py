@@ -15,7 +15,7 @@ from litestar.exceptions import HTTPException, ValidationException
 from litestar.middleware import DefineMiddleware
 from litestar.openapi import OpenAPIConfig
 from litestar.params import SkipValidation
-from litestar.plugins.prometheus import PrometheusConfig, PrometheusController
+from litestar.plugins.prometheus import PrometheusConfig
 
 from kiln_console.app import console
 from kiln_platform.adapters.controllers import AdaptersController
@@ -38,6 +38,7 @@ from kiln_platform.quotas.middleware import quota_middleware
 from kiln_platform.registry.controllers import AdminModelsController
 from kiln_platform.registry.routes_api import RoutesController
 from kiln_platform.reports.controllers import ReportsController
+from kiln_platform.scrape import metrics_route
 from kiln_platform.users.controllers import UsersController
 
 log = structlog.get_logger("kiln.app")
@@ -148,7 +149,7 @@ def create_app(settings: Settings) -> Litestar:
             PriceBooksController,
             ReportsController,
             OAuthController,
-            PrometheusController,
+            metrics_route(settings.metrics_token),
             web.router,
             healthz,
             readyz,

@@ -20,6 +20,7 @@ from kiln_platform.idempotency.services import IdempotencyStore
 from kiln_platform.keys.services import KeyVerifier
 from kiln_platform.oauth.keys import Keyring
 from kiln_platform.oauth.verifier import TokenVerifier
+from kiln_platform.pools.backend import worker_headers
 from kiln_platform.pools.local import LocalBackend
 from kiln_platform.pools.services import PoolManager
 from kiln_platform.quotas.enforcer import MeteredLedger, QuotaEnforcer
@@ -98,8 +99,9 @@ async def running(settings: Settings) -> AsyncIterator[Kiln]:
     """Start every service for serving; stop them in reverse order."""
     async with (
         open_database(settings) as db,
-        aiohttp.ClientSession(
-            connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=60)
+        aiohttp.ClientSession(  # calls workers only: every call carries the worker secret
+            connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=60),
+            headers=worker_headers(settings),
         ) as http,
     ):
         store = ArtifactStore(settings.store_dir)

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import contextlib
+import hashlib
+import hmac
 import os
 import secrets
 from pathlib import Path
@@ -92,6 +94,15 @@ class Settings(BaseSettings):
     worker_image: str | None = None
     """Container image of worker pods (``kiln-runtimes`` with the engine extras the pools'
     ``KILN_WORKER_TARGET`` needs). Required by the ``kubernetes`` backend."""
+    worker_secret: SecretStr | None = None
+    """What every gateway->worker call carries (``Authorization: Bearer``), handed to workers
+    in their environment; unset: derived from the server secret (``worker_key``). Required by
+    the ``kubernetes`` backend: the same value is in the Secret its worker pods read."""
+    kubernetes_worker_secret: str = "kiln-worker-secret"  # noqa: S105 (a Secret's name)
+    """Kubernetes Secret (key ``secret``) that worker pods take ``KILN_WORKER_SECRET`` from."""
+    metrics_token: SecretStr | None = None
+    """Bearer token of the Prometheus scraper: with it, ``/metrics`` serves every series and
+    answers 401 without it; unset, ``/metrics`` serves only series without a tenant label."""
     key_cache_ttl_s: float = 5.0
     """How long keys, quota limits and the JWT denylist are cached (the revocation bound)."""
     oauth_issuer: str = "urn:kiln"
@@ -158,8 +169,8 @@ class Settings(BaseSettings):
     @model_validator(mode="after")
     def _kubernetes(self) -> Settings:
         if self.pool_backend == "kubernetes":
-            missing = [f"KILN_{name.upper()}" for name in ("worker_image", "kubernetes_store_claim")
-                       if getattr(self, name) is None]  # fmt: skip
+            needed = ("worker_image", "kubernetes_store_claim", "worker_secret")
+            missing = [f"KILN_{name.upper()}" for name in needed if getattr(self, name) is None]
             if missing:
                 raise ValueError(f"the kubernetes pool backend needs {', '.join(missing)}")
         return self
@@ -199,3 +210,10 @@ class Settings(BaseSettings):
                 os.link(tmp, path)  # atomic: the first process to link wins
             tmp.unlink()
         return path.read_text().strip().encode()
+
+    def worker_key(self) -> str:
+        """The worker secret: ``KILN_WORKER_SECRET``, else HMAC-SHA256 of the server secret
+        (one value for every gateway of a deployment, and not the server secret itself)."""
+        if self.worker_secret is not None:
+            return self.worker_secret.get_secret_value()
+        return hmac.new(self.hmac_key(), b"kiln-worker-auth", hashlib.sha256).hexdigest()

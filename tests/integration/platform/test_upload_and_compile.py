@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -203,3 +204,35 @@ async def test_a_job_left_running_by_a_dead_runner_is_requeued(
     assert await runner.run_once(dead.id)
     async with db.sessions() as session:
         assert (await jobs.view(session, CLI, dead.id)).status == "done"
+
+
+async def test_the_compile_subprocess_gets_no_gateway_secret(
+    db: Database,
+    settings: Settings,
+    tensor_models: dict[str, Path],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The compiler reports its own environment (a ``sitecustomize`` on its PYTHONPATH, which
+    it keeps): the server secret and the database URL are not in it."""
+    dump = tmp_path / "environ.json"
+    hook = tmp_path / "hook"
+    hook.mkdir()
+    (hook / "sitecustomize.py").write_text(
+        f"import json, os\nopen({str(dump)!r}, 'w').write(json.dumps(dict(os.environ)))\n"
+    )
+    monkeypatch.setenv("PYTHONPATH", str(hook))
+    monkeypatch.setenv("KILN_SECRET_KEY", "server-secret-not-for-compilers")
+    monkeypatch.setenv("KILN_DATABASE_URL", settings.database_url or "postgresql://x")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "not-for-compilers")
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    await upload(db, settings, "env-checked", tensor_models["mlp"], version="1")
+    async with db.sessions.begin() as session:
+        job = await jobs.enqueue(session, "env-checked", "1", "cpu", "fp32")
+    assert await CompileRunner(db, settings).run_once(job.id)
+    async with db.sessions() as session:
+        assert (await jobs.view(session, CLI, job.id)).status == "done"
+    seen = json.loads(dump.read_text())
+    assert not [k for k in seen if k.startswith("KILN_") or k.startswith("AWS_")]
+    assert not [k for k, v in seen.items() if "not-for-compilers" in v]
+    assert (seen["PYTHONPATH"], seen["OMP_NUM_THREADS"]) == (str(hook), "1")
