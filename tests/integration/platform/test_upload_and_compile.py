@@ -228,7 +228,7 @@ async def test_the_compile_subprocess_gets_no_gateway_secret(
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
     await upload(db, settings, "env-checked", tensor_models["mlp"], version="1")
     async with db.sessions.begin() as session:
-        job = await jobs.enqueue(session, "env-checked", "1", "cpu", "fp32")
+        job = await jobs.enqueue(session, CLI, "env-checked", "1", "cpu", "fp32")
     assert await CompileRunner(db, settings).run_once(job.id)
     async with db.sessions() as session:
         assert (await jobs.view(session, CLI, job.id)).status == "done"
