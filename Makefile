@@ -9,7 +9,7 @@ SHELL  := /bin/bash
 QUIET  := 2>&1 | { grep -v "is ignored: it is neither" || true; }
 
 .DEFAULT_GOAL := help
-.PHONY: help setup browser up test lint bench-cold-start bench-embeddings bench-lora bench-tensor bench-tensor-latency
+.PHONY: help setup browser up test test-unit test-integration test-e2e test-deploy lint bench-cold-start bench-embeddings bench-lora bench-tensor bench-tensor-latency bench-loop-stalls
 
 help: ## List the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-18s %s\n", $$1, $$2}'
@@ -33,6 +33,18 @@ up: setup ## Run Kiln locally on the embedded defaults (imports the bundled mode
 test: setup browser ## Run the test suite (a crash, even at exit, prints every thread's stack)
 	PYTHONFAULTHANDLER=1 $(VENV)/bin/pytest
 
+test-unit: setup ## Only tests/unit (seconds)
+	PYTHONFAULTHANDLER=1 $(VENV)/bin/pytest -m unit
+
+test-integration: setup ## Only tests/integration (real PostgreSQL and workers)
+	PYTHONFAULTHANDLER=1 $(VENV)/bin/pytest -m integration
+
+test-e2e: setup browser ## Only tests/e2e (real `kiln up`, the SDKs, Chromium)
+	PYTHONFAULTHANDLER=1 $(VENV)/bin/pytest -m e2e
+
+test-deploy: setup ## Only tests/deploy (terraform and manifests, offline)
+	PYTHONFAULTHANDLER=1 $(VENV)/bin/pytest -m deploy
+
 lint: setup ## ruff + mypy
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
@@ -54,3 +66,6 @@ bench-tensor: setup ## Kiln /v2 vs in-process ONNX Runtime, transformer encoder,
 bench-tensor-latency: setup ## p99 under open-loop load vs the bound and an ideal queue, same configuration
 	$(PY) bench/tensor_latency.py --model encoder --items 32 --max-batch-size 32 \
 		--worker-threads 1 --worker-concurrency 1 --worker-prefetch --compute-cores 1
+
+bench-loop-stalls: setup ## How long decoding and tokenizing a limit-sized body holds the event loop (docs/benchmarks.md)
+	$(PY) bench/loop_stalls.py

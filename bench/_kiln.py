@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import secrets
 import shutil
 import signal
 import socket
@@ -77,6 +78,7 @@ class Kiln:
         data_dir = Path(tempfile.mkdtemp(prefix="kiln-bench-"))
         env = {**os.environ, "KILN_DATA_DIR": str(data_dir), "KILN_LOG_LEVEL": "warning"}
         env.pop("KILN_DATABASE_URL", None)
+        env["KILN_METRICS_TOKEN"] = secrets.token_hex(16)  # tenant-labelled series need it
         env.update(extra_env or {})
         kiln = cls(data_dir, env)
         try:
@@ -95,6 +97,10 @@ class Kiln:
             kiln.stop()
             raise
         return kiln
+
+    def metrics_headers(self) -> dict[str, str]:
+        """What a scrape of the gateway's every series (tenants' included) carries."""
+        return {"authorization": f"Bearer {self.env['KILN_METRICS_TOKEN']}"}
 
     def cli(self, *args: str) -> str:
         """Run a ``kiln`` admin command on this data directory; returns stdout."""

@@ -243,7 +243,10 @@ def server_p99(text: str, status: str) -> float:
 
 async def scheduler_metrics(kiln: Kiln) -> tuple[dict[str, float], float]:
     """Service shares per tenant id and Jain's index, as the gateway exports them."""
-    async with aiohttp.ClientSession() as session, session.get(f"{kiln.base_url}/metrics") as r:
+    async with (
+        aiohttp.ClientSession(headers=kiln.metrics_headers()) as session,
+        session.get(f"{kiln.base_url}/metrics") as r,
+    ):
         text = await r.text()
     print(f"gateway-side p99 of 429 answers: <= {server_p99(text, '429'):.0f} ms (bucket edge)")
     shares, jain = {}, float("nan")

@@ -251,12 +251,15 @@ def measure_kiln(
 def _worker_start(model_dir: Path, standby: bool) -> tuple[float, float, str]:
     """Seconds to a ready worker (and its load phase): a new process, or a preloaded standby
     (``kiln_runtimes._standby``) handed the model, as the pool supervisor does."""
-    port = free_port()
+    from kiln_runtimes.protocol import WORKER_SECRET_ENV
+
+    port, secret = free_port(), "bench-worker-secret"
+    env, auth = {**os.environ, WORKER_SECRET_ENV: secret}, {"authorization": f"Bearer {secret}"}
     argv = ["--model-dir", str(model_dir), "--port", str(port), "--log-level", "warning"]
     cmd = [sys.executable, "-m", "kiln_runtimes"]
     if standby:
         proc = subprocess.Popen(
-            [*cmd, "--standby"], stdin=subprocess.PIPE, stderr=subprocess.DEVNULL
+            [*cmd, "--standby"], stdin=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env
         )
         time.sleep(3)  # preloaded by then (imports take ~0.4 s)
         begin = time.perf_counter()
@@ -265,17 +268,22 @@ def _worker_start(model_dir: Path, standby: bool) -> tuple[float, float, str]:
         proc.stdin.close()
     else:
         begin = time.perf_counter()
-        proc = subprocess.Popen([*cmd, *argv], stderr=subprocess.DEVNULL)
+        proc = subprocess.Popen([*cmd, *argv], stderr=subprocess.DEVNULL, env=env)
     try:
         while True:
             try:
-                if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
+                if (
+                    httpx.get(
+                        f"http://127.0.0.1:{port}/health", headers=auth, timeout=1
+                    ).status_code
+                    == 200
+                ):
                     break
             except httpx.HTTPError:
                 pass
             time.sleep(0.002)
         total = time.perf_counter() - begin
-        text = httpx.get(f"http://127.0.0.1:{port}/metrics").text
+        text = httpx.get(f"http://127.0.0.1:{port}/metrics", headers=auth).text
         load = next(
             float(x.split()[1])
             for x in text.splitlines()

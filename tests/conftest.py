@@ -20,6 +20,17 @@ from kiln_platform.db.engine import asyncpg_url, create_engine, embedded_server
 from kiln_runtimes.protocol import ModelManifest, TensorSpec
 
 TEMPLATE = "kiln_template"
+LAYERS = ("unit", "integration", "e2e", "deploy")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Mark each test with its layer, the folder under ``tests/`` it lives in (``make
+    test-unit`` etc. select one with ``-m``)."""
+    root = Path(__file__).parent
+    for item in items:
+        layer = item.path.relative_to(root).parts[0]
+        assert layer in LAYERS, f"{item.nodeid}: tests live under one of {LAYERS}"
+        item.add_marker(getattr(pytest.mark, layer))
 
 
 @pytest.fixture(scope="session")

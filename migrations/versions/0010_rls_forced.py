@@ -15,7 +15,7 @@ key derived from the server secret, the ``kid`` as associated data); existing ke
 here, so this step needs the server secret when the table has rows.
 
 Revision ID: 0010
-Revises: 0008
+Revises: 0009
 Create Date: 2026-12-01
 """
 
@@ -27,7 +27,7 @@ from alembic import op
 from kiln_platform.sealing import Seal
 
 revision = "0010"
-down_revision = "0008"
+down_revision = "0009"
 branch_labels = None
 depends_on = None
 

@@ -17,6 +17,7 @@ from pydantic import SecretStr
 from kiln_platform.app import create_app
 from kiln_platform.settings import Settings
 from kiln_runtimes import _app as worker_app
+from kiln_runtimes.protocol import WORKER_SECRET_ENV
 from kiln_runtimes.worker import parse_args
 
 TERRAFORM = Path(__file__).resolve().parents[2] / "terraform"
@@ -95,13 +96,53 @@ def test_worker_flags_and_probes_are_the_workers(resources: dict[Any, Any]) -> N
     settings = parse_args(worker["command"][3:])  # argparse exits on an unknown flag
     assert settings.port == worker["ports"][0]["containerPort"]
     stub = SimpleNamespace(
-        settings=SimpleNamespace(max_queue=1),
+        settings=SimpleNamespace(max_queue=1, secret="probe-test"),
         manifest=SimpleNamespace(context_length=1, task="tensor"),
     )
     app = worker_app.create_app(stub)  # type: ignore[arg-type]
     routes = {r.resource.canonical for r in app.router.routes() if r.resource is not None}
     for probe in ("startupProbe", "livenessProbe", "readinessProbe"):
-        assert worker[probe]["httpGet"]["path"] in routes
+        # the kubelet sends no worker secret: only the routes that need none will do
+        assert worker[probe]["httpGet"]["path"] in routes & worker_app.PROBES
+
+
+def _labels_match(selector: dict[str, Any], labels: dict[str, str]) -> bool:
+    return selector.get("matchLabels", {}).items() <= labels.items()
+
+
+def test_worker_inference_port_admits_only_gateway_pods(resources: dict[Any, Any]) -> None:
+    """Port 9000 (the gateway's calls) from pods labelled as the gateway, nothing else; the
+    monitoring namespace reaches the metrics-only port; the secret comes from a Secret."""
+    policy = resources["NetworkPolicy", "kiln-worker"]["spec"]
+    pool = resources["Deployment", "kiln-pool-resnet50-1"]["spec"]["template"]
+    gateway = resources["Deployment", "kiln-gateway"]["spec"]["template"]["metadata"]["labels"]
+    assert _labels_match(policy["podSelector"], pool["metadata"]["labels"])
+    assert "Ingress" in policy["policyTypes"]
+    worker = pool["spec"]["containers"][0]
+    ports = {p["name"]: p["containerPort"] for p in worker["ports"]}
+    settings = parse_args(worker["command"][3:])
+    assert (settings.port, settings.metrics_port) == (ports["http"], ports["metrics"])
+    by_port: dict[int, list[dict[str, Any]]] = {}
+    for rule in policy["ingress"]:
+        assert rule.get("from"), "an ingress rule without 'from' admits every source"
+        for port in rule["ports"]:
+            by_port.setdefault(port["port"], []).extend(rule["from"])
+    assert set(by_port) == {ports["http"], ports["metrics"]}
+    [inference] = by_port[ports["http"]]
+    assert set(inference) == {"podSelector"}  # this namespace's pods, no namespaceSelector
+    assert _labels_match(inference["podSelector"], gateway)
+    assert inference["podSelector"]["matchLabels"]["app.kubernetes.io/component"] == "gateway"
+    [scrapers] = by_port[ports["metrics"]]
+    assert scrapers["namespaceSelector"]["matchLabels"] == {
+        "kubernetes.io/metadata.name": "monitoring"
+    }
+    annotations = pool["metadata"]["annotations"]
+    assert annotations["prometheus.io/port"] == str(ports["metrics"])
+    [secret] = [e for e in worker["env"] if e["name"] == WORKER_SECRET_ENV]
+    assert secret["valueFrom"]["secretKeyRef"] == {"name": "kiln-worker-secret", "key": "secret"}
+    gateway_env = _container(resources, "kiln-gateway")["env"]
+    [same] = [e for e in gateway_env if e["name"] == WORKER_SECRET_ENV]
+    assert same["valueFrom"] == secret["valueFrom"]  # one value on both ends
 
 
 def test_network_policy_reaches_the_database_in_the_vpc(resources: dict[Any, Any]) -> None:

@@ -137,6 +137,20 @@ class KilnProcess:
         assert not alive, f"workers still running after kiln up stopped: {alive}"
         return code
 
+    def worker_headers(self) -> dict[str, str]:
+        """What the gateway's calls to its workers carry: the worker secret, derived from the
+        server secret in the data directory (no ``KILN_WORKER_SECRET`` is set here)."""
+        settings = Settings(data_dir=Path(self.env["KILN_DATA_DIR"]))
+        return {"authorization": f"Bearer {settings.worker_key()}"}
+
+    def metrics(self, token: str | None = None) -> str:
+        """The gateway's ``/metrics`` text: anonymous, or with ``KILN_METRICS_TOKEN``'s value."""
+        token = token or self.env.get("KILN_METRICS_TOKEN")
+        headers = {"authorization": f"Bearer {token}"} if token else {}
+        r = httpx.get(f"{self.base_url}/metrics", headers=headers, timeout=10)
+        r.raise_for_status()
+        return r.text
+
     def workers(self) -> list[psutil.Process]:
         """Worker subprocesses of this Kiln."""
         return [
@@ -253,7 +267,7 @@ def llm_up(smollm2_dir: Path) -> Iterator[KilnProcess]:
 
 def serve_model(kiln: KilnProcess, model: str, path: str) -> Iterator[KilnProcess]:
     try:
-        kiln.cli("tenants", "create", "acme")
+        kiln.env["TEST_TENANT_ID"] = kiln.cli("tenants", "create", "acme").strip()
         kiln.env["TEST_KEY"] = (
             kiln.cli("keys", "create", "--tenant", "acme").strip().splitlines()[-1]
         )

@@ -157,7 +157,7 @@ def test_sixteen_concurrent_streams_complete(llm_up: Any) -> None:
 def _worker_gauge(llm_up: Any, name: str) -> float:
     (worker,) = llm_up.workers()
     port = worker.cmdline()[worker.cmdline().index("--port") + 1]
-    metrics = httpx.get(f"http://127.0.0.1:{port}/metrics").text
+    metrics = httpx.get(f"http://127.0.0.1:{port}/metrics", headers=llm_up.worker_headers()).text
     return sum(float(line.split()[-1]) for line in metrics.splitlines() if line.startswith(name))
 
 

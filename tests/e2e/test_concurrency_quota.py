@@ -38,7 +38,8 @@ def test_concurrency_cap_holds_inside_the_worker(kiln_up: KilnProcess) -> None:
 
             async def sample() -> None:
                 while not done.is_set():
-                    samples.append(_in_flight((await client.get(metrics)).text))
+                    scraped = await client.get(metrics, headers=kiln_up.worker_headers())
+                    samples.append(_in_flight(scraped.text))
 
             sampler = asyncio.create_task(sample())
             results = await asyncio.gather(*(

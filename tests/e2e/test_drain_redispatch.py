@@ -31,9 +31,9 @@ def kiln(minilm_dir: Path) -> Iterator[KilnProcess]:
     yield from minilm_up(minilm_dir, TWO_WORKERS)
 
 
-def _info(port: str) -> WorkerInfo | None:
+def _info(kiln: KilnProcess, port: str) -> WorkerInfo | None:
     try:
-        r = httpx.get(f"http://127.0.0.1:{port}/health", timeout=2)
+        r = httpx.get(f"http://127.0.0.1:{port}/health", headers=kiln.worker_headers(), timeout=2)
     except httpx.HTTPError:
         return None
     return msgspec.msgpack.decode(r.content, type=WorkerInfo)
@@ -45,7 +45,7 @@ def _ready_ports(kiln: KilnProcess) -> dict[int, str]:
     for proc in kiln.workers():
         args = proc.cmdline()
         port = args[args.index("--port") + 1] if "--port" in args else None
-        info = _info(port) if port else None
+        info = _info(kiln, port) if port else None
         if port and info is not None and info.ready:
             found[proc.pid] = port
     return found if len(found) == 2 else {}
@@ -65,7 +65,7 @@ def test_requests_leased_to_a_draining_worker_run_on_another(kiln: KilnProcess) 
 
         def busy() -> int | None:
             for pid, port in ports.items():
-                info = _info(port)
+                info = _info(kiln, port)
                 if info is not None and info.in_flight:
                     return pid
             return None
@@ -73,7 +73,7 @@ def test_requests_leased_to_a_draining_worker_run_on_another(kiln: KilnProcess) 
         draining = wait_for(busy, timeout=10)
         kiln_worker = next(p for p in kiln.workers() if p.pid == draining)
         kiln_worker.send_signal(signal.SIGTERM)  # drains: finishes the long request, refuses new
-        wait_for(lambda: (i := _info(ports[draining])) is None or i.draining, timeout=5)
+        wait_for(lambda: (i := _info(kiln, ports[draining])) is None or i.draining, timeout=5)
         short = list(pool.map(embed, [["hello"]] * 24))
         assert short == [200] * 24  # none got the draining worker's 503
         assert long.result() == 200  # the draining worker finished it

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import json
+import re
 import signal
 import time
 from pathlib import Path
@@ -157,8 +158,18 @@ def test_health_ready_and_metrics(kiln_up: Any) -> None:
     ready = httpx.get(f"{kiln_up.base_url}/readyz")
     assert ready.status_code == 200
     assert ready.json() == {"database": True}
-    metrics = httpx.get(f"{kiln_up.base_url}/metrics").text
+    served = httpx.post(
+        f"{kiln_up.base_url}/v1/embeddings",
+        json={"model": MODEL, "input": "counted per tenant"},
+        headers={"authorization": f"Bearer {kiln_up.key}"},
+    )
+    assert served.status_code == 200
+    metrics = httpx.get(f"{kiln_up.base_url}/metrics").text  # anonymous, no token configured
     assert "kiln_requests_total" in metrics
+    desired = r'^kiln_pool_replicas\{model="all-minilm-l6-v2",state="desired"'
+    assert re.search(desired, metrics, re.M)  # KEDA's query needs no token
+    assert kiln_up.env["TEST_TENANT_ID"] not in metrics
+    assert "tenant=" not in metrics
 
 
 def test_killed_worker_gives_prompt_503_then_recovers(kiln_up: Any) -> None:

@@ -4,6 +4,7 @@ running, runs first, and the stopped batch runs again to the same result."""
 from __future__ import annotations
 
 import asyncio
+import os
 import subprocess
 import sys
 import time
@@ -15,10 +16,18 @@ import msgspec
 import numpy as np
 import pytest
 
-from kiln_runtimes.protocol import CONTENT_TYPE, EmbedRequest, EmbedResult, WorkerInfo
+from kiln_runtimes.protocol import (
+    CONTENT_TYPE,
+    WORKER_SECRET_ENV,
+    EmbedRequest,
+    EmbedResult,
+    WorkerInfo,
+)
 
 from .conftest import free_port
 
+SECRET = "preemption-test-worker-secret"
+GATEWAY = {"Authorization": f"Bearer {SECRET}"}
 LONG = [[1000 + (7 * i + j) % 20000 for j in range(128)] for i in range(64)]
 
 
@@ -27,7 +36,8 @@ def worker(minilm_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterat
     port, log = free_port(), tmp_path_factory.mktemp("preempt") / "worker.log"
     command = [sys.executable, "-m", "kiln_runtimes", "--model-dir", str(minilm_dir)]
     command += ["--port", str(port), "--threads", "1", "--max-batch-size", "64"]
-    process = subprocess.Popen(command, stderr=log.open("wb"), stdout=subprocess.DEVNULL)
+    env = {**os.environ, WORKER_SECRET_ENV: SECRET}
+    process = subprocess.Popen(command, stderr=log.open("wb"), stdout=subprocess.DEVNULL, env=env)
     try:
         yield f"http://127.0.0.1:{port}"
     finally:
@@ -37,7 +47,7 @@ def worker(minilm_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterat
 
 @pytest.fixture
 async def session(worker: str) -> AsyncIterator[aiohttp.ClientSession]:
-    async with aiohttp.ClientSession(base_url=worker) as client:
+    async with aiohttp.ClientSession(base_url=worker, headers=GATEWAY) as client:
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
             try:

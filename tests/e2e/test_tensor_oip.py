@@ -29,7 +29,8 @@ pytestmark = pytest.mark.slow
 def tensor_up(
     tensor_models: dict[str, Path], start_kiln: Callable[[Path, list[Path]], KilnProcess]
 ) -> Iterator[KilnProcess]:
-    """``kiln up`` with no model; a tenant, an inference+admin key, and the MLP uploaded."""
+    """``kiln up`` with no model; a tenant, a platform-admin key (inference too: it calls `/v2`),
+    and the MLP uploaded (model writes are platform-admin only)."""
     path = Path(tempfile.mkdtemp(prefix="kiln-e2e-"))
     with pytest.MonkeyPatch.context() as env:
         env.setenv("KILN_MAX_UPLOAD_BYTES", str(UPLOAD_LIMIT))
@@ -37,7 +38,7 @@ def tensor_up(
     try:
         kiln.cli("tenants", "create", "acme")
         out = kiln.cli(
-            "keys", "create", "--tenant", "acme",
+            "keys", "create", "--tenant", "acme", "--role", "platform-admin",
             "--scope", "inference", "--scope", "admin:write",
         )  # fmt: skip
         kiln.env["TEST_KEY"] = out.strip().splitlines()[-1]
@@ -191,7 +192,7 @@ def test_bad_uploads_are_rejected_with_nothing_left(
     else:
         body = tensor_models[case].read_bytes()
     r = _upload(tensor_up, f"bad-{case}", body)
-    assert r.status_code == 400, r.text
+    assert r.status_code == (413 if case == "oversized" else 400), r.text
     assert r.json()["detail"]
     assert _store_files(tensor_up) == before_files
     assert tensor_up.cli("models", "list") == before_models

@@ -35,6 +35,8 @@ AnyRequest = Request[Any, Any, Any]
 class Adapters(Controller):
     """``/console/tenants/{id}/adapters``."""
 
+    opt = {"resource": "adapters"}  # noqa: RUF012 (auth.authorize reads it)
+
     @get("/tenants/{tenant_id:uuid}/adapters")
     async def adapters(self, kiln: KilnDep, viewer: ViewerDep, tenant_id: uuid.UUID) -> Template:
         """The tenant's adapters, and the upload form."""
@@ -46,7 +48,8 @@ class Adapters(Controller):
     async def upload(
         self, request: AnyRequest, kiln: KilnDep, viewer: ViewerDep, tenant_id: uuid.UUID
     ) -> Template:
-        """Upload an adapter; a file that does not fit the model is named in the flash."""
+        """Upload an adapter; a file that does not fit the model is named in the flash. The role
+        and the tenant are checked (``auth.authorize``) before the multipart body is read."""
         form = await request.form()
         with tempfile.TemporaryDirectory(prefix="adapter-upload-") as tmp:
             weights = Path(tmp) / "weights"

@@ -1,7 +1,8 @@
 """The console as one Litestar router, mounted by the platform app at ``/console``.
 
 Sign-in sets an encrypted session cookie (AES-GCM, keyed from the server secret); every unsafe
-request must carry the CSRF token (htmx sends it as a header, plain forms as a field). Both
+request must carry the CSRF token (htmx sends it as a header, plain forms as a field), and a
+signed-in session's must be the token issued with it (``kiln_console.csrf``). Both
 cookies are confined to ``/console``, so the API is untouched: it keeps its bearer credentials.
 """
 
@@ -16,23 +17,25 @@ from litestar import Router
 from litestar.config.csrf import CSRFConfig
 from litestar.contrib.jinja import JinjaTemplateEngine
 from litestar.di import Provide
+from litestar.exceptions import PermissionDeniedException
 from litestar.middleware import DefineMiddleware
-from litestar.middleware.csrf import CSRFMiddleware
 from litestar.middleware.session import SessionMiddleware
 from litestar.middleware.session.client_side import ClientSideSessionBackend, CookieBackendConfig
 from litestar.static_files import create_static_files_router
 from litestar.template.config import TemplateConfig
 
 from kiln_console import adapters, audit, auth, costs, errors, members, models, pages
+from kiln_console.csrf import SessionCSRFMiddleware
 from kiln_console.sso import OpenIDProvider
 from kiln_console.throttle import SignInThrottle
 
 if TYPE_CHECKING:
-    from litestar.types import ASGIApp
+    from litestar.types import ASGIApp, Receive, Scope, Send
 
     from kiln_platform.settings import Settings
 
 HERE = Path(__file__).parent
+SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS", "TRACE"})
 PREFIX = "/console"
 SESSION_S = 8 * 3600
 
@@ -63,6 +66,22 @@ def _provider(settings: Settings) -> OpenIDProvider | None:
     )  # fmt: skip
 
 
+def _multipart_needs_header(app: ASGIApp) -> ASGIApp:
+    """Refuse (403) an unsafe multipart request without the CSRF header: looking for the form
+    field, the CSRF middleware would read a whole upload before anyone is signed in (htmx sends
+    the header; the console has no plain multipart form)."""
+
+    async def middleware(scope: Scope, receive: Receive, send: Send) -> None:
+        if scope.get("method", "GET") not in SAFE_METHODS:  # HTTP only: a websocket has none
+            headers = dict(scope["headers"])
+            kind = headers.get(b"content-type", b"").partition(b";")[0].strip().lower()
+            if kind == b"multipart/form-data" and b"x-csrftoken" not in headers:
+                raise PermissionDeniedException("CSRF token verification failed")
+        await app(scope, receive, send)
+
+    return middleware
+
+
 def _derive(secret: bytes, purpose: str) -> bytes:
     return hashlib.sha256(b"kiln-console/" + purpose.encode() + b"\0" + secret).digest()
 
@@ -82,7 +101,8 @@ def console(settings: Settings) -> Console:
     provider = _provider(settings)
     throttle = SignInThrottle(settings.console_login_failures)
     static = create_static_files_router(path="/static", directories=[HERE / "static"],
-                                        name="console-static", include_in_schema=False)  # fmt: skip
+                                        name="console-static", include_in_schema=False,
+                                        opt=auth.PUBLIC)  # fmt: skip
     router = Router(
         path=PREFIX,
         route_handlers=[
@@ -99,11 +119,14 @@ def console(settings: Settings) -> Console:
             "viewer": Provide(auth.provide_viewer),
             "provider": Provide(lambda: provider, sync_to_thread=False),
             "throttle": Provide(lambda: throttle, sync_to_thread=False),
+            "csrf": Provide(lambda: csrf, sync_to_thread=False),
         },
         middleware=[
             DefineMiddleware(_sessions, config=session),
-            DefineMiddleware(CSRFMiddleware, config=csrf),
+            DefineMiddleware(_multipart_needs_header),
+            DefineMiddleware(SessionCSRFMiddleware, config=csrf),
         ],
+        guards=[auth.authorize],
         exception_handlers=errors.HANDLERS,
         include_in_schema=False,
     )

@@ -23,6 +23,8 @@ PAGE = 50
 class Audit(Controller):
     """``/console/audit``."""
 
+    opt = {"resource": "audit"}  # noqa: RUF012 (auth.authorize reads it)
+
     @get("/audit")
     async def page(
         self, request: Request[Any, Any, Any], kiln: KilnDep, viewer: ViewerDep, *,

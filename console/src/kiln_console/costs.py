@@ -50,6 +50,8 @@ def _form(start: str | None, end: str | None, group_by: str | None) -> Report:
 class Costs(Controller):
     """``/console/costs`` and ``/console/costs.csv``."""
 
+    opt = {"resource": "reports"}  # noqa: RUF012 (auth.authorize reads it)
+
     @get("/costs")
     async def page(
         self, request: Request[Any, Any, Any], kiln: KilnDep, viewer: ViewerDep, *,

@@ -32,6 +32,8 @@ AnyRequest = Request[Any, Any, Any]
 class Members(Controller):
     """``/console/tenants/{id}/users`` and ``/console/tenants/{id}/quotas``."""
 
+    opt = {"resource": "users"}  # noqa: RUF012 (auth.authorize reads it)
+
     @get("/tenants/{tenant_id:uuid}/users")
     async def users(self, kiln: KilnDep, viewer: ViewerDep, tenant_id: uuid.UUID) -> Template:
         """The tenant's console users, and the form that adds one."""
@@ -77,7 +79,7 @@ class Members(Controller):
             context = {**await _users(session, viewer, tenant_id), "partial": True}
         return Template("_users.html.j2", context=context)
 
-    @get("/tenants/{tenant_id:uuid}/quotas")
+    @get("/tenants/{tenant_id:uuid}/quotas", opt={"resource": "quotas"})
     async def quotas(self, kiln: KilnDep, viewer: ViewerDep, tenant_id: uuid.UUID) -> Template:
         """The tenant's limits and this month's budget: spent, held, left, thresholds reached."""
         async with transaction(kiln, viewer.actor) as session:

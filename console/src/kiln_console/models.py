@@ -24,6 +24,8 @@ ViewerDep = SkipValidation[Viewer]
 class Models(Controller):
     """``/console/models``."""
 
+    opt = {"resource": "models"}  # noqa: RUF012 (auth.authorize reads it)
+
     @get("/models")
     async def page(self, kiln: KilnDep, viewer: ViewerDep) -> Template:
         """Models, versions, routes and pool sizes."""

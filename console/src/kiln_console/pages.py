@@ -11,7 +11,7 @@ from litestar.params import SkipValidation
 from litestar.response import Redirect, Template
 
 from kiln_console import forms
-from kiln_console.auth import Viewer
+from kiln_console.auth import SIGNED_IN, Viewer
 from kiln_platform.admin import services as admin
 from kiln_platform.admin.deps import transaction
 from kiln_platform.admin.schemas import KeyCreate
@@ -37,29 +37,34 @@ def _fields(form: FormMultiDict) -> dict[str, Any]:
     return {"name": str(form.get("name", "")), "scopes": scopes}
 
 
+TENANTS = {"resource": "tenants"}
+KEYS = {"resource": "keys"}
+CLIENTS = {"resource": "oauth-clients"}
+
+
 class Pages(Controller):
     """The console's pages and the partials their forms swap in."""
 
-    @get("/")
+    @get("/", opt=SIGNED_IN)
     async def home(self, viewer: ViewerDep) -> Redirect:
         """The signed-in user's landing page."""
         return Redirect(viewer.home(), status_code=303)
 
-    @get("/tenants")
+    @get("/tenants", opt=TENANTS)
     async def tenants(self, kiln: KilnDep, viewer: ViewerDep) -> Template:
         """Tenants the user may see."""
         async with transaction(kiln, viewer.actor) as session:
             rows = await admin.list_tenants(session, viewer.actor)
         return Template("tenants.html.j2", context={"viewer": viewer, "tenants": rows})
 
-    @get("/tenants/{tenant_id:uuid}/keys")
+    @get("/tenants/{tenant_id:uuid}/keys", opt=KEYS)
     async def keys(self, kiln: KilnDep, viewer: ViewerDep, tenant_id: uuid.UUID) -> Template:
         """A tenant's API keys, and the form that creates one."""
         async with transaction(kiln, viewer.actor) as session:
             context = await _keys(session, viewer, tenant_id)
         return Template("keys.html.j2", context=context)
 
-    @post("/tenants/{tenant_id:uuid}/keys")
+    @post("/tenants/{tenant_id:uuid}/keys", opt=KEYS)
     async def create_key(
         self, request: AnyRequest, kiln: KilnDep, viewer: ViewerDep, tenant_id: uuid.UUID
     ) -> Template:
@@ -74,7 +79,7 @@ class Pages(Controller):
             context = {**await _keys(session, viewer, tenant_id), "created": made}
         return Template("_key_created.html.j2", context=context, status_code=201)
 
-    @post("/tenants/{tenant_id:uuid}/keys/{key_id:uuid}/revoke")
+    @post("/tenants/{tenant_id:uuid}/keys/{key_id:uuid}/revoke", opt=KEYS)
     async def revoke_key(
         self, kiln: KilnDep, viewer: ViewerDep, tenant_id: uuid.UUID, key_id: uuid.UUID
     ) -> Template:
@@ -86,14 +91,14 @@ class Pages(Controller):
             context = {**await _keys(session, viewer, tenant_id), "partial": True}
         return Template("_keys.html.j2", context=context)
 
-    @get("/tenants/{tenant_id:uuid}/clients")
+    @get("/tenants/{tenant_id:uuid}/clients", opt=CLIENTS)
     async def clients(self, kiln: KilnDep, viewer: ViewerDep, tenant_id: uuid.UUID) -> Template:
         """A tenant's OAuth clients, and the form that registers one."""
         async with transaction(kiln, viewer.actor) as session:
             context = await _clients(session, viewer, tenant_id)
         return Template("clients.html.j2", context=context)
 
-    @post("/tenants/{tenant_id:uuid}/clients")
+    @post("/tenants/{tenant_id:uuid}/clients", opt=CLIENTS)
     async def create_client(
         self, request: AnyRequest, kiln: KilnDep, viewer: ViewerDep, tenant_id: uuid.UUID
     ) -> Template:
@@ -106,7 +111,7 @@ class Pages(Controller):
             context = {**await _clients(session, viewer, tenant_id), "created": made}
         return Template("_client_created.html.j2", context=context, status_code=201)
 
-    @post("/tenants/{tenant_id:uuid}/clients/{client_id:uuid}/revoke")
+    @post("/tenants/{tenant_id:uuid}/clients/{client_id:uuid}/revoke", opt=CLIENTS)
     async def revoke_client(
         self, kiln: KilnDep, viewer: ViewerDep, tenant_id: uuid.UUID, client_id: uuid.UUID
     ) -> Template:

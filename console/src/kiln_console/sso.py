@@ -4,7 +4,8 @@
 verifier kept in the (encrypted) session; ``/console/sso/callback`` checks the state, exchanges
 the code (client secret over HTTP Basic), and verifies the ID token against the provider's JWKS:
 signature, ``iss``, ``aud``, ``exp`` and the ``nonce``. The token's verified ``email`` must be a
-console user's: SSO signs existing users in, it does not create them (roles stay Kiln's).
+console user's: SSO signs existing users in, it does not create them (roles stay Kiln's). The
+first sign-in binds the user to the token's ``(iss, sub)``, which decides from then on.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from joserfc.errors import JoseError
 from joserfc.jwk import KeySet
 
 from kiln_platform.errors import Forbidden, ServiceUnavailable, Unauthorized
+from kiln_platform.users.schemas import VerifiedIdentity
 
 CACHE_S = 300.0
 ALGORITHMS = ["RS256", "ES256", "PS256"]
@@ -79,8 +81,10 @@ class OpenIDProvider:
             keys = KeySet.import_key_set(await _json(http, "GET", metadata["jwks_uri"]))  # type: ignore[arg-type]
         self._metadata, self._keys, self._fetched = metadata, keys, time.monotonic()
 
-    async def finish(self, params: dict[str, str], flow: dict[str, str], redirect_uri: str) -> str:
-        """The verified email of the user the provider sent back (else ``Unauthorized``)."""
+    async def finish(
+        self, params: dict[str, str], flow: dict[str, str], redirect_uri: str
+    ) -> VerifiedIdentity:
+        """Who the provider sent back: issuer, subject, vouched email (else ``Unauthorized``)."""
         if "error" in params:
             raise Unauthorized(f"The SSO provider refused the sign-in: {params['error']}.")
         if not flow or not secrets.compare_digest(params.get("state", ""), flow["state"]):
@@ -92,7 +96,11 @@ class OpenIDProvider:
             tokens = await _json(http, "POST", self._metadata["token_endpoint"], data=form,
                                  auth=aiohttp.BasicAuth(*self._client))  # fmt: skip
         claims = self._verify(str(tokens.get("id_token", "")), flow["nonce"])
-        return vouched_email(claims, require_verified=self._require_verified)
+        email = vouched_email(claims, require_verified=self._require_verified)
+        subject = claims.get("sub")
+        if not isinstance(subject, str) or not subject or len(subject) > 255:
+            raise Unauthorized("The SSO provider's ID token names no subject (sub).")
+        return VerifiedIdentity(self.issuer, subject, email)
 
     def _verify(self, id_token: str, nonce: str) -> dict[str, Any]:
         assert self._keys is not None

@@ -11,6 +11,8 @@ from typing import TYPE_CHECKING, Any
 import click
 import msgspec
 
+from kiln_platform.admin._cli import cli_actor
+
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
 
@@ -52,7 +54,9 @@ def register(models: click.Group, with_db: WithDb, fail: Callable[[Exception], N
 
         async def action(db: Database, settings: Settings) -> str:
             store = ArtifactStore(settings.store_dir)
-            done = await upload_version(db.sessions, store, settings, name, path, version=version)
+            done = await upload_version(
+                db.sessions, store, settings, name, path, actor=cli_actor(), version=version
+            )
             specs = ", ".join(f"{s.name} {s.datatype}{s.shape}" for s in done.manifest.inputs)
             click.echo(f"registered {name} ({done.artifact_digest[:19]}) inputs: {specs}")
             return done.version
@@ -78,11 +82,12 @@ def register(models: click.Group, with_db: WithDb, fail: Callable[[Exception], N
 
         async def action(db: Database, settings: Settings) -> CompileJobView:
             async with db.sessions.begin() as session:
-                job_id = (await services.enqueue(session, name, version, target, precision)).id
+                job = await services.enqueue(session, cli_actor(), name, version, target, precision)
+                job_id = job.id
             if not no_wait:
                 await _wait(db, settings, CompileRunner(db, settings), job_id)
             async with db.sessions() as session:
-                return await services.view(session, job_id)
+                return await services.view(session, cli_actor(), job_id)
 
         try:
             job = with_db(ctx.find_root(), action)
@@ -104,8 +109,8 @@ def register(models: click.Group, with_db: WithDb, fail: Callable[[Exception], N
         async def action(db: Database, settings: Settings) -> list[CompileJobView]:
             async with db.sessions() as session:
                 if job_id is not None:
-                    return [await services.view(session, job_id)]
-                return await services.list_jobs(session)
+                    return [await services.view(session, cli_actor(), job_id)]
+                return await services.list_jobs(session, cli_actor())
 
         try:
             for job in with_db(ctx.find_root(), action):
@@ -123,7 +128,7 @@ async def _wait(db: Database, settings: Settings, runner: Any, job_id: uuid.UUID
     await runner.run_once(job_id)
     while True:
         async with db.sessions() as session:
-            if (await services.view(session, job_id)).status in ("done", "failed"):
+            if (await services.view(session, cli_actor(), job_id)).status in ("done", "failed"):
                 return
         await asyncio.sleep(0.5)
 

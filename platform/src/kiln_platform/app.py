@@ -15,13 +15,14 @@ from litestar.exceptions import HTTPException, ValidationException
 from litestar.middleware import DefineMiddleware
 from litestar.openapi import OpenAPIConfig
 from litestar.params import SkipValidation
-from litestar.plugins.prometheus import PrometheusConfig, PrometheusController
+from litestar.plugins.prometheus import PrometheusConfig
 
 from kiln_console.app import console
 from kiln_platform.adapters.controllers import AdaptersController
 from kiln_platform.admin.controllers import TenantsController
 from kiln_platform.audit.controllers import AuditController
 from kiln_platform.billing.controllers import PriceBooksController
+from kiln_platform.body_limit import BodyLimits, body_limit_middleware
 from kiln_platform.context import Kiln, running
 from kiln_platform.db import migrate
 from kiln_platform.errors import KilnError, QuotaExceeded
@@ -37,6 +38,7 @@ from kiln_platform.quotas.middleware import quota_middleware
 from kiln_platform.registry.controllers import AdminModelsController
 from kiln_platform.registry.routes_api import RoutesController
 from kiln_platform.reports.controllers import ReportsController
+from kiln_platform.scrape import metrics_route
 from kiln_platform.users.controllers import UsersController
 
 log = structlog.get_logger("kiln.app")
@@ -147,7 +149,7 @@ def create_app(settings: Settings) -> Litestar:
             PriceBooksController,
             ReportsController,
             OAuthController,
-            PrometheusController,
+            metrics_route(settings.metrics_token),
             web.router,
             healthz,
             readyz,
@@ -157,10 +159,17 @@ def create_app(settings: Settings) -> Litestar:
         middleware=[
             prometheus.middleware,
             DefineMiddleware(request_id_middleware),
+            # the first reader of every body: nothing after it reads past the route's limit
+            DefineMiddleware(
+                body_limit_middleware,
+                limits=BodyLimits.from_settings(settings),
+                errors=_error_response,
+            ),
             DefineMiddleware(idempotency_middleware, errors=_error_response),
             DefineMiddleware(quota_middleware),
         ],
         exception_handlers={Exception: _error_response},
+        request_max_body_size=None,  # body_limit_middleware enforces each route's limit
         template_config=web.templates,
         openapi_config=OpenAPIConfig(title="Kiln", version="0.1.0", path="/docs"),
     )

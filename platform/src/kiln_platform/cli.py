@@ -101,6 +101,10 @@ def up(
         log_level="warning",
         access_log=False,
         timeout_graceful_shutdown=30,
+        # X-Forwarded-* only from KILN_FORWARDED_ALLOW_IPS (never uvicorn's FORWARDED_ALLOW_IPS
+        # environment default, which trusts any local process)
+        proxy_headers=bool(settings.forwarded_allow_ips.strip()),
+        forwarded_allow_ips=settings.forwarded_allow_ips.strip() or "",
     )
 
 

@@ -20,6 +20,7 @@ from kiln_platform.idempotency.services import IdempotencyStore
 from kiln_platform.keys.services import KeyVerifier
 from kiln_platform.oauth.keys import Keyring
 from kiln_platform.oauth.verifier import TokenVerifier
+from kiln_platform.pools.backend import worker_headers
 from kiln_platform.pools.local import LocalBackend
 from kiln_platform.pools.services import PoolManager
 from kiln_platform.quotas.enforcer import MeteredLedger, QuotaEnforcer
@@ -107,8 +108,9 @@ async def running(settings: Settings) -> AsyncIterator[Kiln]:
     """Start every service for serving; stop them in reverse order."""
     async with (
         open_database(settings) as db,
-        aiohttp.ClientSession(
-            connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=60)
+        aiohttp.ClientSession(  # calls workers only: every call carries the worker secret
+            connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=60),
+            headers=worker_headers(settings),
         ) as http,
     ):
         store = ArtifactStore(settings.store_dir)
@@ -117,12 +119,15 @@ async def running(settings: Settings) -> AsyncIterator[Kiln]:
         pools = PoolManager(
             _pool_backend(settings, http), resolver, store, scheduler, scaling=settings.autoscale()
         )
-        hold_s = 2 * settings.request_timeout_s + 30
-        quotas = QuotaEnforcer(db.sessions, ttl=settings.key_cache_ttl_s, lease_s=hold_s)
+        quotas = QuotaEnforcer(
+            db.sessions, ttl=settings.key_cache_ttl_s, lease_ttl_s=settings.lease_ttl_s,
+            timeout_s=settings.request_timeout_s,
+        )  # fmt: skip
         books = PriceBooks(db.sessions, settings.key_cache_ttl_s)
         budgets = Budgets(
-            db.sessions, quotas, books, timeout_s=settings.request_timeout_s, hold_s=hold_s
-        )
+            db.sessions, quotas, books, timeout_s=settings.request_timeout_s,
+            ttl_s=settings.lease_ttl_s,
+        )  # fmt: skip
         ledger_db = writer_engine(db.engine, db.set_role)
         ledger = MeteredLedger(
             sessionmaker(ledger_db), quotas, budgets, books, enabled=settings.metering
@@ -156,6 +161,7 @@ async def running(settings: Settings) -> AsyncIterator[Kiln]:
             ),
         )
         await ledger.start()
+        await quotas.start()
         await budgets.start()
         await pools.start()
         kiln.compiler.start()
@@ -169,4 +175,5 @@ async def running(settings: Settings) -> AsyncIterator[Kiln]:
             await ledger.stop()
             await ledger_db.dispose()
             await budgets.stop()
+            await quotas.stop()
             await quotas.drain()

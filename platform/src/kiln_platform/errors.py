@@ -27,6 +27,14 @@ class BadRequest(KilnError):
     type = "invalid_request_error"
 
 
+class PayloadTooLarge(KilnError):
+    """The request body is larger than its route's limit (refused while it streams in)."""
+
+    status_code = 413
+    code = "request_too_large"
+    type = "invalid_request_error"
+
+
 class Unauthorized(KilnError):
     """Missing, unknown, revoked or expired credentials."""
 

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import contextlib
+import hashlib
+import hmac
 import os
 import secrets
 from pathlib import Path
@@ -98,6 +100,15 @@ class Settings(BaseSettings):
     worker_image: str | None = None
     """Container image of worker pods (``kiln-runtimes`` with the engine extras the pools'
     ``KILN_WORKER_TARGET`` needs). Required by the ``kubernetes`` backend."""
+    worker_secret: SecretStr | None = None
+    """What every gateway->worker call carries (``Authorization: Bearer``), handed to workers
+    in their environment; unset: derived from the server secret (``worker_key``). Required by
+    the ``kubernetes`` backend: the same value is in the Secret its worker pods read."""
+    kubernetes_worker_secret: str = "kiln-worker-secret"  # noqa: S105 (a Secret's name)
+    """Kubernetes Secret (key ``secret``) that worker pods take ``KILN_WORKER_SECRET`` from."""
+    metrics_token: SecretStr | None = None
+    """Bearer token of the Prometheus scraper: with it, ``/metrics`` serves every series and
+    answers 401 without it; unset, ``/metrics`` serves only series without a tenant label."""
     key_cache_ttl_s: float = 5.0
     """How long keys, quota limits and the JWT denylist are cached (the revocation bound)."""
     oauth_issuer: str = "urn:kiln"
@@ -122,6 +133,11 @@ class Settings(BaseSettings):
     console_login_failures: int = Field(default=5, ge=1)
     """Failed console sign-ins per email (and 10x that per client address) in 15 minutes before
     sign-in answers 429 for the rest of the window."""
+    forwarded_allow_ips: str = ""
+    """Addresses of trusted reverse proxies, comma-separated (uvicorn's ``forwarded_allow_ips``;
+    ``*``: any). Only their ``X-Forwarded-For``/``X-Forwarded-Proto`` set the client address
+    (the sign-in throttle's and the audit log's source) and the scheme (OAuth's https check);
+    anyone else's are ignored. Empty (the default): no proxy is trusted."""
     console_secure_cookies: bool = False
     """Mark the console's session and CSRF cookies ``Secure`` (set it when served over HTTPS)."""
     idempotency_ttl_s: float = 86_400.0
@@ -132,8 +148,20 @@ class Settings(BaseSettings):
     """Record usage in the ledger. Off only to measure metering's overhead (``bench/``): with it
     off nothing is billed and budgets are never settled."""
     max_embedding_inputs: int = 2048
-    request_timeout_s: float = 60.0
-    max_upload_bytes: int = 2 << 30
+    request_timeout_s: float = Field(default=60.0, gt=0)
+    """Gateway -> worker timeout of a non-streamed call (and of each read of a stream)."""
+    stream_timeout_s: float = Field(default=300.0, gt=0)
+    """A generation's total deadline from admission (queue, generation, sending): past it the
+    worker's sequence is cancelled and the response ends with ``finish_reason: "length"``."""
+    lease_ttl_s: float = Field(default=30.0, gt=0)
+    """Concurrency leases and budget holds live as long as the server lets their request run plus
+    this, and are renewed every third of it while it runs; a killed gateway's lapse after that."""
+    max_json_body_bytes: int = Field(default=4 << 20, gt=0)
+    """Largest `/v1` JSON request body (refused with 413 while it streams in)."""
+    max_tensor_body_bytes: int = Field(default=256 << 20, gt=0)
+    """Largest `/v2` inference request body (JSON or binary tensors)."""
+    max_upload_bytes: int = Field(default=2 << 30, gt=0)
+    """Largest model upload (`/admin/v1/models/{name}/versions`)."""
     min_opset: int = 7
     max_opset: int = 23
 
@@ -147,8 +175,8 @@ class Settings(BaseSettings):
     @model_validator(mode="after")
     def _kubernetes(self) -> Settings:
         if self.pool_backend == "kubernetes":
-            missing = [f"KILN_{name.upper()}" for name in ("worker_image", "kubernetes_store_claim")
-                       if getattr(self, name) is None]  # fmt: skip
+            needed = ("worker_image", "kubernetes_store_claim", "worker_secret")
+            missing = [f"KILN_{name.upper()}" for name in needed if getattr(self, name) is None]
             if missing:
                 raise ValueError(f"the kubernetes pool backend needs {', '.join(missing)}")
         return self
@@ -182,6 +210,13 @@ class Settings(BaseSettings):
         if not path.exists():
             _create_secret(path)
         return path.read_text().strip().encode()
+
+    def worker_key(self) -> str:
+        """The worker secret: ``KILN_WORKER_SECRET``, else HMAC-SHA256 of the server secret
+        (one value for every gateway of a deployment, and not the server secret itself)."""
+        if self.worker_secret is not None:
+            return self.worker_secret.get_secret_value()
+        return hmac.new(self.hmac_key(), b"kiln-worker-auth", hashlib.sha256).hexdigest()
 
 
 def _create_secret(path: Path) -> None:

@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
+import hmac
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
 import msgspec
 import structlog
 from aiohttp import web
+from aiohttp.typedefs import Middleware
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from kiln_runtimes import _embed, _generate, _tensor
-from kiln_runtimes._errors import BadRequest, Internal, WorkerError
+from kiln_runtimes._errors import BadRequest, Internal, Unauthorized, WorkerError
 from kiln_runtimes._runtime import Worker
 from kiln_runtimes.protocol import (
     CONTENT_TYPE,
@@ -26,6 +28,8 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 WORKER = web.AppKey("worker", Worker)
 OUTCOME = web.RequestKey("outcome", str)
 COUNTED = frozenset({"/embed", "/generate", "/infer"})
+PROBES = frozenset({"/livez", "/readyz"})
+"""The kubelet's probes: the only routes that answer without the worker secret (no body)."""
 TENSOR_BODY_LIMIT = 256 << 20
 log = structlog.get_logger(__name__)
 
@@ -37,8 +41,12 @@ def create_app(worker: Worker) -> web.Application:
     body_limit = settings.max_queue * manifest.context_length * 9 + 65536
     if manifest.task == "tensor":
         body_limit = TENSOR_BODY_LIMIT
-    app = web.Application(middlewares=[_errors], client_max_size=body_limit)
+    app = web.Application(
+        middlewares=[_errors, _gateway_only(settings.secret)], client_max_size=body_limit
+    )
     app[WORKER] = worker
+    app.router.add_get("/livez", _live)
+    app.router.add_get("/readyz", _ready)
     app.router.add_get("/health", _health)
     app.router.add_get("/metrics", _metrics)
     if manifest.task == "embeddings":
@@ -48,6 +56,31 @@ def create_app(worker: Worker) -> web.Application:
     if manifest.task == "tensor":
         app.router.add_post("/infer", _infer_handler)
     return app
+
+
+def metrics_app(worker: Worker) -> web.Application:
+    """``GET /metrics`` alone, without the secret, for ``--metrics-port`` (a port that only the
+    monitoring namespace reaches; the worker's series carry no tenant label)."""
+    app = web.Application()
+    app[WORKER] = worker
+    app.router.add_get("/metrics", _metrics)
+    return app
+
+
+def _gateway_only(secret: str) -> Middleware:
+    """Refuse (401) every call but the probes unless it carries ``Bearer <secret>``, compared
+    in constant time, before its body is read. An empty secret refuses them all."""
+    expected = f"Bearer {secret}".encode()
+
+    @web.middleware
+    async def gateway_only(request: web.Request, handler: Handler) -> web.StreamResponse:
+        if request.path not in PROBES:
+            given = request.headers.get("Authorization", "").encode("utf-8", "replace")
+            if not secret or not hmac.compare_digest(given, expected):
+                raise Unauthorized("this worker answers only its gateway")
+        return await handler(request)
+
+    return gateway_only
 
 
 @web.middleware
@@ -68,6 +101,14 @@ async def _errors(request: web.Request, handler: Handler) -> web.StreamResponse:
         outcome = request.get(OUTCOME, "ok")
         request.app[WORKER].metrics.requests.labels(request.path, outcome).inc()
     return response
+
+
+async def _live(request: web.Request) -> web.Response:
+    return web.Response(status=200)
+
+
+async def _ready(request: web.Request) -> web.Response:
+    return web.Response(status=200 if request.app[WORKER].info().ready else 503)
 
 
 async def _health(request: web.Request) -> web.Response:

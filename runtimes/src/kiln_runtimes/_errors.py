@@ -62,3 +62,10 @@ class DeadlineExceeded(WorkerError):
 
 class Internal(WorkerError):
     """The backend failed while running the request."""
+
+
+class Unauthorized(WorkerError):
+    """The call does not carry the worker secret: it did not come from the gateway."""
+
+    code = "unauthorized"
+    status = 401

@@ -9,6 +9,7 @@ from aiohttp import web
 
 from kiln_runtimes._errors import BadRequest, Internal, Overloaded
 from kiln_runtimes.protocol import CONTENT_TYPE, GenerateChunk, GenerateRequest, frame
+from kiln_runtimes.store import tree_hex
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator
@@ -19,7 +20,8 @@ log = structlog.get_logger(__name__)
 
 
 def validate(request: GenerateRequest, context_length: int) -> None:
-    """Raise ``BadRequest`` unless the prompt fits the model and asks for at least one token."""
+    """Raise ``BadRequest`` unless the prompt fits the model and asks for at least one token,
+    and its adapter (if any) is a tree digest, not a path."""
     if not request.prompt_ids:
         raise BadRequest("prompt_ids is empty")
     if len(request.prompt_ids) >= context_length:
@@ -28,6 +30,11 @@ def validate(request: GenerateRequest, context_length: int) -> None:
         )
     if request.max_tokens < 1:
         raise BadRequest("max_tokens must be at least 1")
+    if request.adapter is not None:
+        try:
+            tree_hex(request.adapter)
+        except ValueError as exc:
+            raise BadRequest(f"adapter: {exc}") from None
 
 
 async def stream(

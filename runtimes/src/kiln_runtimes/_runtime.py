@@ -6,7 +6,7 @@ import asyncio
 import contextlib
 import os
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
@@ -55,6 +55,11 @@ class WorkerSettings:
     """LoRA adapters a generation worker holds at once (0: none)."""
     adapter_rank: int = 16
     """Columns of one adapter slot (q, k and v of an adapter share them)."""
+    metrics_port: int = 0
+    """A second port serving ``GET /metrics`` alone, without the secret (0: none)."""
+    secret: str = field(default="", repr=False)
+    """What every call but the probes must carry (``$KILN_WORKER_SECRET``, not a flag);
+    empty: every such call is refused."""
 
     def engine_threads(self, default: int) -> int:
         """``threads`` if given, else one per ``cpus`` core, else ``default``."""

@@ -19,7 +19,7 @@ import msgspec
 
 from kiln_runtimes.engines import EngineCache, engine_key, validate_target
 from kiln_runtimes.protocol import MANIFEST_NAME, CompileReport, ModelManifest
-from kiln_runtimes.store import ArtifactStore
+from kiln_runtimes.store import ArtifactStore, tree_hex
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -35,6 +35,7 @@ def compile_engine(
     max_batch: int = 32,
 ) -> tuple[Path, CompileReport]:
     """The engine folder for (artifact, target, precision) on this machine, built if not cached."""
+    tree_hex(artifact_digest)  # a digest, not a path, before anything reads or writes
     checked_target, checked_precision = validate_target(target, precision)
     key = engine_key(artifact_digest, checked_target, checked_precision)
     cache = EngineCache(store)

@@ -4,6 +4,11 @@ Every message that crosses the process boundary is a msgspec struct defined here
 MessagePack over HTTP (``CONTENT_TYPE``). Streams (``/generate``) are a sequence of frames, each a
 4-byte big-endian length followed by one encoded ``GenerateChunk``.
 
+Every call carries ``Authorization: Bearer <secret>``, the per-deployment worker secret a worker
+reads from ``$KILN_WORKER_SECRET`` (``WORKER_SECRET_ENV``); a call without it gets 401 and an
+``ErrorReply`` of code ``unauthorized``. Only the kubelet's probes, ``GET /livez`` (the process
+serves) and ``GET /readyz`` (200 ready, else 503; no body), go without it.
+
 Worker endpoints:
 
 - ``GET /health``    -> ``WorkerInfo`` (200 when ready, 503 while warming up or draining)
@@ -21,9 +26,13 @@ import msgspec
 
 CONTENT_TYPE = "application/msgpack"
 MANIFEST_NAME = "kiln.json"
+WORKER_SECRET_ENV = "KILN_WORKER_SECRET"  # noqa: S105 (a variable's name)
+"""The environment variable a worker reads its secret from (never a flag: ``ps`` shows those)."""
 
 Task = Literal["embeddings", "generate", "tensor"]
-ErrorCode = Literal["bad_request", "overloaded", "deadline_exceeded", "draining", "internal"]
+ErrorCode = Literal[
+    "bad_request", "overloaded", "deadline_exceeded", "draining", "internal", "unauthorized"
+]
 FinishReason = Literal["stop", "length", "cancelled", "error"]
 # Open Inference Protocol datatypes -> little-endian numpy dtype strings (BYTES is not served).
 DATATYPES: dict[str, str] = {

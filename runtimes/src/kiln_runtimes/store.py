@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 import shutil
 import tempfile
 from pathlib import Path
@@ -16,6 +17,17 @@ from pathlib import Path
 import msgspec
 
 _CHUNK = 1 << 20
+_HEX64 = re.compile(r"[0-9a-f]{64}")
+
+
+def tree_hex(digest: str) -> str:
+    """The 64 lowercase hex characters of a ``sha256:<hex>`` tree digest, checked before it
+    names a folder: anything else (``../../etc``, upper case, a NUL) raises ``ValueError``
+    without touching the filesystem."""
+    algo, _, hexdigest = digest.partition(":")
+    if algo != "sha256" or not _HEX64.fullmatch(hexdigest):
+        raise ValueError(f"not a sha256 tree digest: {digest[:80]!r}")
+    return hexdigest
 
 
 def _sha256_file(path: Path) -> str:
@@ -66,7 +78,7 @@ class ArtifactStore:
     def owning(cls, folder: Path) -> tuple[ArtifactStore, str] | None:
         """The store a materialized tree belongs to and the tree's digest, or None."""
         folder = folder.resolve()
-        if folder.parent.name != "trees" or len(folder.name) != 64:
+        if folder.parent.name != "trees" or not _HEX64.fullmatch(folder.name):
             return None
         store = cls(folder.parent.parent)
         return (store, f"sha256:{folder.name}") if store._blobs.is_dir() else None
@@ -88,11 +100,8 @@ class ArtifactStore:
             return None
 
     def path(self, digest: str) -> Path:
-        """The materialized folder of a tree."""
-        algo, _, hexdigest = digest.partition(":")
-        if algo != "sha256" or len(hexdigest) != 64:
-            raise ValueError(f"not a sha256 tree digest: {digest!r}")
-        return self._trees / hexdigest
+        """The materialized folder of a tree (``ValueError`` unless ``digest`` is one)."""
+        return self._trees / tree_hex(digest)
 
     def _materialize(self, digest: str, entries: list[list[str | int]]) -> None:
         dest = self.path(digest)

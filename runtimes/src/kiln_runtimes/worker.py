@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import os
 import signal
 import sys
@@ -20,10 +21,10 @@ import structlog
 from aiohttp import web
 
 from kiln_runtimes import _standby, cpus
-from kiln_runtimes._app import create_app
+from kiln_runtimes._app import create_app, metrics_app
 from kiln_runtimes._logging import configure_logging
 from kiln_runtimes._runtime import Worker, WorkerSettings
-from kiln_runtimes.protocol import MANIFEST_NAME, ModelManifest
+from kiln_runtimes.protocol import MANIFEST_NAME, WORKER_SECRET_ENV, ModelManifest
 
 log = structlog.get_logger(__name__)
 
@@ -41,6 +42,10 @@ def parse_args(argv: Sequence[str] | None = None) -> WorkerSettings:
     parser.add_argument("--version", default="0", help="served model version")
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=0, help="0 picks a free port (logged)")
+    parser.add_argument(
+        "--metrics-port", type=int, default=0,
+        help="also serve GET /metrics, without the worker secret, on this port (0: not at all)",
+    )  # fmt: skip
     parser.add_argument(
         "--max-batch-size",
         type=int,
@@ -114,6 +119,7 @@ def parse_args(argv: Sequence[str] | None = None) -> WorkerSettings:
         version=args.version,
         host=args.host,
         port=args.port,
+        metrics_port=args.metrics_port,
         max_batch_size=args.max_batch_size,
         max_wait=args.max_wait_ms / 1000,
         threads=args.threads,
@@ -134,12 +140,17 @@ def main(argv: Sequence[str] | None = None) -> None:
     """Run a worker until it is told to stop; the exit status says how it ended.
 
     ``--standby`` as the only argument: preload, then take the arguments from stdin (``_standby``).
+    The secret the gateway's calls carry comes from ``$KILN_WORKER_SECRET``, which is then taken
+    out of the environment (nothing this process starts inherits it).
     """
     args = list(sys.argv[1:] if argv is None else argv)
     if args == ["--standby"]:
         _standby.preload()
         args = _standby.assignment()
-    settings = parse_args(args)
+    secret = os.environ.pop(WORKER_SECRET_ENV, "")
+    if not secret:
+        raise SystemExit(f"kiln-worker: ${WORKER_SECRET_ENV} is not set (the gateway's secret)")
+    settings = dataclasses.replace(parse_args(args), secret=secret)
     configure_logging(settings.log_level)
     raise SystemExit(_run(serve(settings)))
 
@@ -167,12 +178,17 @@ async def serve(settings: WorkerSettings) -> int:
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, _on_signal, worker, stop, signum)
-    runner = web.AppRunner(create_app(worker), access_log=None)
-    await runner.setup()
-    await web.TCPSite(runner, settings.host, settings.port).start()
+    runners = [web.AppRunner(create_app(worker), access_log=None)]
+    ports = [settings.port]
+    if settings.metrics_port:
+        runners.append(web.AppRunner(metrics_app(worker), access_log=None))
+        ports.append(settings.metrics_port)
+    for runner, port in zip(runners, ports, strict=True):
+        await runner.setup()
+        await web.TCPSite(runner, settings.host, port).start()
     log.info(
         "listening",
-        addresses=[list(a) for a in runner.addresses],
+        addresses=[list(a) for r in runners for a in r.addresses],
         model=manifest.name,
         version=settings.version,
         task=manifest.task,
@@ -181,12 +197,14 @@ async def serve(settings: WorkerSettings) -> int:
         await worker.load()
     except Exception:
         log.exception("model failed to load")
-        await runner.cleanup()
+        for runner in runners:
+            await runner.cleanup()
         return 1
     await stop.wait()
     log.info("draining", in_flight=worker.in_flight, queued=worker.queued())
     await worker.drain()
-    await runner.cleanup()
+    for runner in runners:
+        await runner.cleanup()
     await worker.close()
     log.info("stopped")
     return 0

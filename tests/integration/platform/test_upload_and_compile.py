@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
 from sqlalchemy import func, select
 
+from kiln_platform.admin.authz import Actor, Role
 from kiln_platform.compiler import services as jobs
 from kiln_platform.compiler.runner import CompileRunner
 from kiln_platform.context import Database, open_database
@@ -19,6 +21,7 @@ from kiln_platform.settings import Settings
 from kiln_runtimes.store import ArtifactStore
 
 LIMIT = 1 << 20
+CLI = Actor("cli:test", Role.PLATFORM_ADMIN, None)
 
 
 @pytest.fixture(scope="module")
@@ -48,7 +51,9 @@ async def upload(
     db: Database, settings: Settings, name: str, path: Path, version: str | None = None
 ) -> Uploaded:
     store = ArtifactStore(settings.store_dir)
-    return await upload_version(db.sessions, store, settings, name, path, version=version)
+    return await upload_version(
+        db.sessions, store, settings, name, path, actor=CLI, version=version
+    )
 
 
 async def test_upload_records_specs_and_numbers_versions(
@@ -119,9 +124,9 @@ async def test_compile_jobs_are_unique_claimed_once_and_report(
 ) -> None:
     await upload(db, settings, "compiled", tensor_models["mlp"], version="1")
     async with db.sessions.begin() as session:
-        job = await jobs.enqueue(session, "compiled", "1", "cpu", "int8")
+        job = await jobs.enqueue(session, CLI, "compiled", "1", "cpu", "int8")
     async with db.sessions.begin() as session:
-        again = await jobs.enqueue(session, "compiled", "1", "cpu", "int8")
+        again = await jobs.enqueue(session, CLI, "compiled", "1", "cpu", "int8")
     assert again.id == job.id
     async with db.sessions() as session:
         rows = await session.scalar(select(func.count()).select_from(CompileJob))
@@ -139,7 +144,7 @@ async def test_compile_jobs_are_unique_claimed_once_and_report(
 
     assert await CompileRunner(db, settings).run_once(job.id)
     async with db.sessions() as session:
-        view = await jobs.view(session, job.id)
+        view = await jobs.view(session, CLI, job.id)
     assert view.status == "done", view.reason
     assert view.report is not None
     assert view.report["precision"] == "int8"
@@ -157,10 +162,10 @@ async def test_compile_of_an_unavailable_target_fails_with_the_reason(
         pytest.skip("TensorRT is available here")
     await upload(db, settings, "gpu-wanted", tensor_models["mlp"], version="1")
     async with db.sessions.begin() as session:
-        job = await jobs.enqueue(session, "gpu-wanted", "1", "tensorrt", "fp16")
+        job = await jobs.enqueue(session, CLI, "gpu-wanted", "1", "tensorrt", "fp16")
     assert await CompileRunner(db, settings).run_once(job.id)
     async with db.sessions() as session:
-        view = await jobs.view(session, job.id)
+        view = await jobs.view(session, CLI, job.id)
     assert view.status == "failed"
     assert "TensorrtExecutionProvider" in (view.reason or "")
 
@@ -168,9 +173,9 @@ async def test_compile_of_an_unavailable_target_fails_with_the_reason(
 async def test_compile_requests_are_checked(db: Database, settings: Settings) -> None:
     async with db.sessions.begin() as session:
         with pytest.raises(NotFound):
-            await jobs.enqueue(session, "nope", "1", "cpu", "fp32")
+            await jobs.enqueue(session, CLI, "nope", "1", "cpu", "fp32")
         with pytest.raises(BadRequest, match="precision"):
-            await jobs.enqueue(session, "compiled", "1", "cpu", "fp16")
+            await jobs.enqueue(session, CLI, "compiled", "1", "cpu", "fp16")
 
 
 async def test_a_job_left_running_by_a_dead_runner_is_requeued(
@@ -178,8 +183,8 @@ async def test_a_job_left_running_by_a_dead_runner_is_requeued(
 ) -> None:
     await upload(db, settings, "orphaned", tensor_models["mlp"], version="1")
     async with db.sessions.begin() as session:
-        dead = await jobs.enqueue(session, "orphaned", "1", "cpu", "fp32")
-        live = await jobs.enqueue(session, "orphaned", "1", "cpu", "int8")
+        dead = await jobs.enqueue(session, CLI, "orphaned", "1", "cpu", "fp32")
+        live = await jobs.enqueue(session, CLI, "orphaned", "1", "cpu", "int8")
     # A runner that died: its job is running, but no connection holds the job's lock.
     async with db.sessions.begin() as session:
         assert await jobs.claim(session, dead.id) is not None
@@ -190,12 +195,44 @@ async def test_a_job_left_running_by_a_dead_runner_is_requeued(
         runner = CompileRunner(db, settings)
         await runner.recover()
         async with db.sessions() as session:
-            assert (await jobs.view(session, dead.id)).status == "queued"
-            assert (await jobs.view(session, live.id)).status == "running"
+            assert (await jobs.view(session, CLI, dead.id)).status == "queued"
+            assert (await jobs.view(session, CLI, live.id)).status == "running"
         await holder.invalidate()  # the live runner dies too: its connection closes
     await runner.recover()
     async with db.sessions() as session:
-        assert (await jobs.view(session, live.id)).status == "queued"
+        assert (await jobs.view(session, CLI, live.id)).status == "queued"
     assert await runner.run_once(dead.id)
     async with db.sessions() as session:
-        assert (await jobs.view(session, dead.id)).status == "done"
+        assert (await jobs.view(session, CLI, dead.id)).status == "done"
+
+
+async def test_the_compile_subprocess_gets_no_gateway_secret(
+    db: Database,
+    settings: Settings,
+    tensor_models: dict[str, Path],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The compiler reports its own environment (a ``sitecustomize`` on its PYTHONPATH, which
+    it keeps): the server secret and the database URL are not in it."""
+    dump = tmp_path / "environ.json"
+    hook = tmp_path / "hook"
+    hook.mkdir()
+    (hook / "sitecustomize.py").write_text(
+        f"import json, os\nopen({str(dump)!r}, 'w').write(json.dumps(dict(os.environ)))\n"
+    )
+    monkeypatch.setenv("PYTHONPATH", str(hook))
+    monkeypatch.setenv("KILN_SECRET_KEY", "server-secret-not-for-compilers")
+    monkeypatch.setenv("KILN_DATABASE_URL", settings.database_url or "postgresql://x")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "not-for-compilers")
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    await upload(db, settings, "env-checked", tensor_models["mlp"], version="1")
+    async with db.sessions.begin() as session:
+        job = await jobs.enqueue(session, CLI, "env-checked", "1", "cpu", "fp32")
+    assert await CompileRunner(db, settings).run_once(job.id)
+    async with db.sessions() as session:
+        assert (await jobs.view(session, CLI, job.id)).status == "done"
+    seen = json.loads(dump.read_text())
+    assert not [k for k in seen if k.startswith("KILN_") or k.startswith("AWS_")]
+    assert not [k for k, v in seen.items() if "not-for-compilers" in v]
+    assert (seen["PYTHONPATH"], seen["OMP_NUM_THREADS"]) == (str(hook), "1")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import signal
 import socket
 import subprocess
@@ -19,6 +20,7 @@ import pytest
 from kiln_runtimes.protocol import (
     CONTENT_TYPE,
     MANIFEST_NAME,
+    WORKER_SECRET_ENV,
     InferRequest,
     InferResult,
     ModelManifest,
@@ -41,19 +43,24 @@ def stored(
     return store.path(store.put_dir(folder))
 
 
+SECRET = "tensor-worker-test-secret"
+GATEWAY = {"Authorization": f"Bearer {SECRET}"}
+
+
 def start(model_dir: Path, log: Path) -> tuple[subprocess.Popen[bytes], str]:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     command = [sys.executable, "-m", "kiln_runtimes", "--model-dir", str(model_dir),
                "--port", str(port), "--threads", "1", "--max-batch-size", "8"]  # fmt: skip
-    proc = subprocess.Popen(command, stderr=log.open("wb"), stdout=subprocess.DEVNULL)
+    env = {**os.environ, WORKER_SECRET_ENV: SECRET}
+    proc = subprocess.Popen(command, stderr=log.open("wb"), stdout=subprocess.DEVNULL, env=env)
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         assert proc.poll() is None, log.read_text()
         try:
-            if httpx.get(f"{url}/health", timeout=1).status_code == 200:
+            if httpx.get(f"{url}/health", headers=GATEWAY, timeout=1).status_code == 200:
                 return proc, url
         except httpx.HTTPError:
             pass
@@ -68,7 +75,7 @@ def stop(proc: subprocess.Popen[bytes]) -> None:
 
 
 def metric(url: str, name: str) -> dict[str, float]:
-    lines = httpx.get(f"{url}/metrics").text.splitlines()
+    lines = httpx.get(f"{url}/metrics", headers=GATEWAY).text.splitlines()
     return {
         line.split(" ")[0]: float(line.split(" ")[1]) for line in lines if line.startswith(name)
     }
@@ -95,7 +102,7 @@ def test_second_start_loads_the_cached_engine(
         )  # fmt: skip
         reply = httpx.post(
             f"{url}/infer", content=msgspec.msgpack.encode(request),
-            headers={"content-type": CONTENT_TYPE},
+            headers={"content-type": CONTENT_TYPE, **GATEWAY},
         )  # fmt: skip
         result = msgspec.msgpack.decode(reply.content, type=InferResult)
         session = ort.InferenceSession(str(tensor_models["mlp"]))

@@ -25,6 +25,7 @@ from onnx import TensorProto, helper, numpy_helper
 from kiln_runtimes.protocol import (
     CONTENT_TYPE,
     MANIFEST_NAME,
+    WORKER_SECRET_ENV,
     EmbedRequest,
     EmbedResult,
     ErrorReply,
@@ -114,12 +115,24 @@ def free_port() -> int:
         return port
 
 
-def start_worker(model: tuple[Path, Table], log: Path, *extra: str) -> RunningWorker:
+SECRET = "worker-process-test-secret"
+GATEWAY = {"Authorization": f"Bearer {SECRET}"}
+"""What the gateway's calls carry (``pools.backend.worker_headers``)."""
+
+
+def start_worker(
+    model: tuple[Path, Table], log: Path, *extra: str, secret: str | None = SECRET
+) -> RunningWorker:
     folder, table = model
     port = free_port()
     command = [sys.executable, "-m", "kiln_runtimes", "--model-dir", str(folder)]
     command += ["--model", "tiny", "--version", "3", "--port", str(port), "--threads", "1"]
-    process = subprocess.Popen([*command, *extra], stderr=log.open("wb"), stdout=subprocess.DEVNULL)
+    env = {k: v for k, v in os.environ.items() if k != WORKER_SECRET_ENV}
+    if secret is not None:
+        env[WORKER_SECRET_ENV] = secret
+    process = subprocess.Popen(
+        [*command, *extra], stderr=log.open("wb"), stdout=subprocess.DEVNULL, env=env
+    )
     return RunningWorker(process, f"http://127.0.0.1:{port}", table, log)
 
 
@@ -172,7 +185,7 @@ def worker(
 
 @pytest.fixture
 async def session() -> AsyncIterator[aiohttp.ClientSession]:
-    async with aiohttp.ClientSession() as client:
+    async with aiohttp.ClientSession(headers=GATEWAY) as client:
         yield client
 
 
@@ -359,3 +372,38 @@ async def test_sigterm_drains_in_flight_requests_then_exits_0(
         ]
     finally:
         drained.stop()
+
+
+async def test_a_worker_without_its_secret_does_not_start(
+    model_dir: tuple[Path, Table], tmp_path: Path
+) -> None:
+    worker = start_worker(model_dir, tmp_path / "nosecret.log", secret=None)
+    try:
+        assert await asyncio.to_thread(worker.process.wait, 30) != 0
+    finally:
+        worker.stop()
+    assert WORKER_SECRET_ENV in worker.log.read_text()
+
+
+async def test_only_the_metrics_port_answers_without_the_secret(
+    model_dir: tuple[Path, Table], tmp_path: Path, session: aiohttp.ClientSession
+) -> None:
+    metrics_port = free_port()
+    worker = start_worker(model_dir, tmp_path / "m.log", "--metrics-port", str(metrics_port))
+    try:
+        await wait_ready(session, worker)
+        async with aiohttp.ClientSession() as anonymous:
+            for path in ("/health", "/metrics"):
+                async with anonymous.get(f"{worker.url}{path}") as refused:
+                    assert refused.status == 401
+            status, _ = await post_embed(
+                anonymous, worker.url, EmbedRequest(request_id="x", input_ids=[[1]])
+            )
+            assert status == 401
+            async with anonymous.get(f"http://127.0.0.1:{metrics_port}/metrics") as scraped:
+                assert scraped.status == 200
+                assert 'outcome="unauthorized"} 1.0' in await scraped.text()
+            async with anonymous.get(f"{worker.url}/readyz") as ready:
+                assert ready.status == 200
+    finally:
+        worker.stop()

@@ -6,6 +6,7 @@ repeated); pods read as the backend needs them."""
 from __future__ import annotations
 
 import importlib.util
+import json
 import re
 from pathlib import Path
 from typing import Any
@@ -13,6 +14,7 @@ from typing import Any
 import kubernetes_validate
 import pytest
 import yaml
+from pydantic import SecretStr
 
 from kiln_platform.pools import _kube_objects as objects
 from kiln_platform.pools.backend import PoolSpec, worker_arguments
@@ -37,11 +39,13 @@ def _version() -> str:
 
 
 VERSION = _version()
+WORKER_SECRET = "kube-objects-test-worker-secret"
 
 
 def settings(**changes: Any) -> Settings:
     return Settings(data_dir=Path("/data"), pool_backend="kubernetes", worker_image="kiln/w:1",
-                    kubernetes_store_claim="kiln-store", **changes)  # fmt: skip
+                    kubernetes_store_claim="kiln-store", worker_secret=SecretStr(WORKER_SECRET),
+                    **changes)  # fmt: skip
 
 
 def pod_spec(doc: dict[str, Any]) -> dict[str, Any]:
@@ -92,7 +96,9 @@ def test_command_is_the_local_backends_on_all_interfaces_and_the_store_is_mounte
     s = settings(worker_threads=3, worker_adapter_slots=2)
     container = pod_spec(objects.deployment(SPEC, s, 1))["containers"][0]
     assert container["command"][:3] == ["python", "-m", "kiln_runtimes"]
-    assert container["command"][3:] == worker_arguments(SPEC, s, 9000, host="0.0.0.0")  # noqa: S104
+    assert container["command"][3:] == [
+        *worker_arguments(SPEC, s, 9000, host="0.0.0.0"), "--metrics-port", "9090"  # noqa: S104
+    ]  # fmt: skip
     parsed = parse_args(container["command"][3:])
     assert (parsed.host, parsed.port, parsed.threads) == ("0.0.0.0", 9000, 3)  # noqa: S104
     # the model folder is the gateway's path, on the shared store volume
@@ -105,8 +111,24 @@ def test_command_is_the_local_backends_on_all_interfaces_and_the_store_is_mounte
     assert volume["persistentVolumeClaim"]["claimName"] == "kiln-store"
 
 
+def test_the_worker_secret_comes_from_a_secret_never_the_command_line() -> None:
+    doc = objects.deployment(SPEC, settings(kubernetes_worker_secret="pool-auth"), 1)
+    container = pod_spec(doc)["containers"][0]
+    assert not any(WORKER_SECRET in part for part in json.dumps(doc).split('"'))
+    assert container["env"] == [{"name": "KILN_WORKER_SECRET", "valueFrom": {
+        "secretKeyRef": {"name": "pool-auth", "key": "secret"}}}]  # fmt: skip
+    # the kubelet's probes use the routes that need no secret
+    paths = {container[p]["httpGet"]["path"] for p in ("livenessProbe", "readinessProbe")}
+    assert paths == {"/livez", "/readyz"}
+    assert parse_args(container["command"][3:]).metrics_port == 9090
+    template = doc["spec"]["template"]["metadata"]["annotations"]
+    assert template["prometheus.io/port"] == "9090"
+
+
 def test_kubernetes_backend_needs_an_image_and_a_store_claim() -> None:
-    with pytest.raises(ValueError, match="KILN_WORKER_IMAGE, KILN_KUBERNETES_STORE_CLAIM"):
+    with pytest.raises(
+        ValueError, match="KILN_WORKER_IMAGE, KILN_KUBERNETES_STORE_CLAIM, KILN_WORKER_SECRET"
+    ):
         Settings(pool_backend="kubernetes")
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -13,7 +14,7 @@ import pytest
 from aiohttp import web
 
 from kiln_runtimes import _runtime
-from kiln_runtimes._app import create_app
+from kiln_runtimes._app import create_app, metrics_app
 from kiln_runtimes._errors import Overloaded, WorkerError
 from kiln_runtimes._runtime import Worker, WorkerSettings
 from kiln_runtimes.protocol import (
@@ -25,6 +26,9 @@ from kiln_runtimes.protocol import (
     WorkerInfo,
 )
 
+SECRET = "worker-secret-for-tests"
+GATEWAY = {"Authorization": f"Bearer {SECRET}"}
+"""What the gateway's calls carry (``pools.backend.worker_headers``)."""
 MANIFEST = ModelManifest(
     name="fake-llm", task="generate", engine="onnxruntime-genai", context_length=64
 )
@@ -104,6 +108,7 @@ async def start(
         threads=1,
         max_queue=8,
         log_level="info",
+        secret=SECRET,
     )
     monkeypatch.setattr(_runtime, "get_generation_backend", lambda manifest, **_: backend)
     worker = Worker(settings, MANIFEST)
@@ -137,7 +142,7 @@ async def test_health_is_503_while_loading_then_200(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     worker, server = await start(tmp_path, monkeypatch, FakeGenerator(), load=False)
-    async with aiohttp.ClientSession() as session:
+    async with aiohttp.ClientSession(headers=GATEWAY) as session:
         async with session.get(server.make_url("/health")) as response:
             info = msgspec.msgpack.decode(await response.read(), type=WorkerInfo)
         assert response.status == 503
@@ -161,7 +166,7 @@ async def test_generate_streams_length_prefixed_frames(
     backend = FakeGenerator()
     _, server = await start(tmp_path, monkeypatch, backend)
     async with (
-        aiohttp.ClientSession() as session,
+        aiohttp.ClientSession(headers=GATEWAY) as session,
         session.post(server.make_url("/generate"), data=generate_body(4)) as response,
     ):
         assert response.status == 200
@@ -179,7 +184,7 @@ async def test_client_disconnect_closes_the_backend_stream_within_a_step(
 ) -> None:
     backend = FakeGenerator(step=0.01)
     worker, server = await start(tmp_path, monkeypatch, backend)
-    async with aiohttp.ClientSession() as session:
+    async with aiohttp.ClientSession(headers=GATEWAY) as session:
         response = await session.post(server.make_url("/generate"), data=generate_body(1000))
         size = int.from_bytes(await response.content.readexactly(4), "big")
         await response.content.readexactly(size)
@@ -201,7 +206,7 @@ async def test_failure_mid_stream_ends_with_an_error_chunk(
 ) -> None:
     _, server = await start(tmp_path, monkeypatch, FakeGenerator(fail_at=2))
     async with (
-        aiohttp.ClientSession() as session,
+        aiohttp.ClientSession(headers=GATEWAY) as session,
         session.post(server.make_url("/generate"), data=generate_body(5)) as response,
     ):
         assert response.status == 200
@@ -228,7 +233,7 @@ async def test_refusals_before_the_first_chunk_are_error_replies(
 ) -> None:
     _, server = await start(tmp_path, monkeypatch, backend)
     async with (
-        aiohttp.ClientSession() as session,
+        aiohttp.ClientSession(headers=GATEWAY) as session,
         session.post(server.make_url("/generate"), data=body) as response,
     ):
         reply = msgspec.msgpack.decode(await response.read(), type=ErrorReply)
@@ -240,7 +245,7 @@ async def test_draining_refuses_new_streams_and_waits_for_running_ones(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     worker, server = await start(tmp_path, monkeypatch, FakeGenerator(step=0.02))
-    async with aiohttp.ClientSession() as session:
+    async with aiohttp.ClientSession(headers=GATEWAY) as session:
         running = await session.post(server.make_url("/generate"), data=generate_body(10))
         assert running.status == 200  # headers are sent with the first chunk: it is in flight
         drained = asyncio.create_task(worker.drain())
@@ -252,4 +257,73 @@ async def test_draining_refuses_new_streams_and_waits_for_running_ones(
         chunks = parse_frames(await running.read())
         assert chunks[-1].finish_reason == "length"
         await asyncio.wait_for(drained, timeout=1.0)
+    await server.close()
+
+
+@pytest.mark.parametrize(
+    "authorization",
+    [None, "", f"Bearer {SECRET[:-1]}", f"Bearer {SECRET}x", SECRET, f"bearer {SECRET}",
+     "Bearer \u00e9t\u00e9"],
+)  # fmt: skip
+async def test_calls_without_the_secret_are_refused_before_anything_runs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, authorization: str | None
+) -> None:
+    backend = FakeGenerator()
+    _, server = await start(tmp_path, monkeypatch, backend)
+    headers = {} if authorization is None else {"Authorization": authorization}
+    async with aiohttp.ClientSession(headers=headers) as session:
+        for method, path in [("POST", "/generate"), ("GET", "/health"), ("GET", "/metrics")]:
+            async with session.request(
+                method, server.make_url(path), data=generate_body(2)
+            ) as response:
+                reply = msgspec.msgpack.decode(await response.read(), type=ErrorReply)
+            assert (response.status, reply.code) == (401, "unauthorized"), path
+        # the kubelet's probes need no secret and say nothing but their status
+        async with session.get(server.make_url("/readyz")) as ready:
+            assert (ready.status, await ready.read()) == (200, b"")
+        async with session.get(server.make_url("/livez")) as live:
+            assert live.status == 200
+    assert backend.yielded == 0
+    async with (
+        aiohttp.ClientSession(headers=GATEWAY) as session,
+        session.get(server.make_url("/metrics")) as metrics,
+    ):
+        text = await metrics.text()
+    assert 'kiln_worker_requests_total{endpoint="/generate",outcome="unauthorized"} 1.0' in text
+    await server.close()
+
+
+async def test_an_empty_secret_refuses_every_call(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    worker, server = await start(tmp_path, monkeypatch, FakeGenerator())
+    open_app = create_app(Worker(dataclasses.replace(worker.settings, secret=""), MANIFEST))
+    runner = web.AppRunner(open_app, access_log=None)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", 0).start()
+    host, port = runner.addresses[0][:2]
+    async with (
+        aiohttp.ClientSession(headers={"Authorization": "Bearer "}) as session,
+        session.get(f"http://{host}:{port}/health") as response,
+    ):
+        assert response.status == 401
+    await runner.cleanup()
+    await server.close()
+
+
+async def test_the_metrics_port_serves_metrics_alone_without_the_secret(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    worker, server = await start(tmp_path, monkeypatch, FakeGenerator())
+    runner = web.AppRunner(metrics_app(worker), access_log=None)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", 0).start()
+    host, port = runner.addresses[0][:2]
+    async with aiohttp.ClientSession() as session:
+        async with session.get(f"http://{host}:{port}/metrics") as metrics:
+            assert metrics.status == 200
+            assert "kiln_worker_running_sequences" in await metrics.text()
+        async with session.post(f"http://{host}:{port}/generate", data=generate_body(1)) as r:
+            assert r.status == 404
+    await runner.cleanup()
     await server.close()

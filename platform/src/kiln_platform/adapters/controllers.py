@@ -35,6 +35,8 @@ class AdapterForm:
 class AdaptersController(AdminController):
     """A tenant's LoRA adapters; requests use one as ``model: "<base model>:<name>"``."""
 
+    opt = {"resource": "adapters"}  # noqa: RUF012 (admin.deps.authorize reads it)
+
     @get("/tenants/{tenant_id:uuid}/adapters")
     async def list_adapters(
         self, kiln: KilnDep, actor: ActorDep, tenant_id: uuid.UUID
@@ -51,7 +53,8 @@ class AdaptersController(AdminController):
         self, kiln: KilnDep, actor: ActorDep, tenant_id: uuid.UUID,
         data: Annotated[AdapterForm, Body(media_type=RequestEncodingType.MULTI_PART)],
     ) -> AdapterView:  # fmt: skip
-        """Upload an adapter of a generation model; 400 names the field that does not fit."""
+        """Upload an adapter of a generation model; 400 names the field that does not fit (the
+        role is checked before the multipart body is read: ``admin.deps.authorize``)."""
         with tempfile.TemporaryDirectory(prefix="adapter-upload-") as tmp:
             weights = Path(tmp) / "weights"
             weights.write_bytes(await data.weights.read())

@@ -10,7 +10,7 @@ from litestar.params import SkipValidation
 
 from kiln_platform.admin import services
 from kiln_platform.admin.authz import Actor
-from kiln_platform.admin.deps import provide_actor, transaction
+from kiln_platform.admin.deps import authorize, provide_actor, transaction
 from kiln_platform.admin.problems import DocumentedController
 from kiln_platform.admin.schemas import (
     KeyCreate,
@@ -24,18 +24,23 @@ from kiln_platform.context import Kiln
 
 KilnDep = SkipValidation[Kiln]
 ActorDep = SkipValidation[Actor]
+KEYS = {"resource": "keys"}
 
 
 class AdminController(DocumentedController):
-    """Base of the admin controllers: every handler gets the authenticated ``actor``."""
+    """Base of the admin controllers: every handler is authorized by ``authorize`` (its
+    ``opt["resource"]`` read or written, before its body is read) and gets the ``actor``."""
 
     path = "/admin/v1"
+    guards = [authorize]  # noqa: RUF012
     dependencies = {"actor": Provide(provide_actor)}  # noqa: RUF012
     tags = ["admin"]  # noqa: RUF012
 
 
 class TenantsController(AdminController):
     """Tenants and their API keys."""
+
+    opt = {"resource": "tenants"}  # noqa: RUF012 (admin.deps.authorize reads it)
 
     @get("/tenants")
     async def list_tenants(self, kiln: KilnDep, actor: ActorDep) -> list[TenantView]:
@@ -69,7 +74,7 @@ class TenantsController(AdminController):
         async with transaction(kiln, actor) as session:
             await services.delete_tenant(session, actor, tenant_id)
 
-    @get("/tenants/{tenant_id:uuid}/keys")
+    @get("/tenants/{tenant_id:uuid}/keys", opt=KEYS)
     async def list_keys(
         self, kiln: KilnDep, actor: ActorDep, tenant_id: uuid.UUID
     ) -> list[KeyView]:
@@ -77,7 +82,7 @@ class TenantsController(AdminController):
         async with transaction(kiln, actor) as session:
             return await services.list_keys(session, actor, tenant_id)
 
-    @post("/tenants/{tenant_id:uuid}/keys", status_code=201)
+    @post("/tenants/{tenant_id:uuid}/keys", status_code=201, opt=KEYS)
     async def create_key(
         self, kiln: KilnDep, actor: ActorDep, tenant_id: uuid.UUID, data: KeyCreate
     ) -> KeyCreated:
@@ -87,7 +92,7 @@ class TenantsController(AdminController):
                 session, actor, tenant_id, data, kiln.settings.hmac_key()
             )
 
-    @delete("/tenants/{tenant_id:uuid}/keys/{key_id:uuid}", status_code=200)
+    @delete("/tenants/{tenant_id:uuid}/keys/{key_id:uuid}", status_code=200, opt=KEYS)
     async def revoke_key(
         self, kiln: KilnDep, actor: ActorDep, tenant_id: uuid.UUID, key_id: uuid.UUID
     ) -> KeyView:

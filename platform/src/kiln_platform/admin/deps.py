@@ -10,7 +10,7 @@ from litestar.params import SkipValidation
 from sqlalchemy import text
 from sqlalchemy.exc import DBAPIError
 
-from kiln_platform.admin.authz import Actor, Role, actor_tenant
+from kiln_platform.admin.authz import Actor, Role, actor_tenant, check_tenant, require
 from kiln_platform.context import Kiln
 from kiln_platform.errors import BadRequest, Forbidden, Unauthorized
 from kiln_platform.gateway.auth import verify_bearer
@@ -18,6 +18,8 @@ from kiln_platform.gateway.auth import verify_bearer
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator
 
+    from litestar.connection import ASGIConnection
+    from litestar.handlers import BaseRouteHandler
     from sqlalchemy.ext.asyncio import AsyncSession
 
 APP_ROLE = "kiln_tenant"
@@ -29,7 +31,7 @@ BAD_TEXT = frozenset({"22P05", "22021"})
 """SQLSTATEs of text PostgreSQL cannot store (untranslatable character, e.g. NUL; bad UTF-8)."""
 
 
-def bearer(request: Request[Any, Any, Any]) -> str:
+def bearer(request: ASGIConnection[Any, Any, Any, Any]) -> str:
     """The bearer credential, or ``Unauthorized``."""
     scheme, _, token = request.headers.get("authorization", "").partition(" ")
     if scheme.lower() != "bearer" or not token.strip():
@@ -37,13 +39,16 @@ def bearer(request: Request[Any, Any, Any]) -> str:
     return token.strip()
 
 
-def source_of(request: Request[Any, Any, Any]) -> str | None:
+def source_of(request: ASGIConnection[Any, Any, Any, Any]) -> str | None:
     """The peer address of a request."""
     return request.client.host if request.client else None
 
 
-async def provide_actor(request: Request[Any, Any, Any], kiln: SkipValidation[Kiln]) -> Actor:
-    """Who calls ``/admin/v1``: a key or token with an admin scope (else 403)."""
+async def authenticate(request: ASGIConnection[Any, Any, Any, Any], kiln: Kiln) -> Actor:
+    """Who calls ``/admin/v1``: a key or token with an admin scope (else 403); once a request."""
+    known: Actor | None = request.state.get("actor")
+    if known is not None:
+        return known
     token = bearer(request)
     principal = await verify_bearer(kiln, token)
     oauth = principal.name.startswith("oauth:")
@@ -51,16 +56,47 @@ async def provide_actor(request: Request[Any, Any, Any], kiln: SkipValidation[Ki
     if not {"admin:read", "admin:write"} & principal.scopes:
         raise Forbidden("This credential does not have an admin scope.")
     role = Role(principal.role)
-    if role is Role.FINANCE and request.method not in {"GET", "HEAD"}:
+    if role is Role.FINANCE and request.scope.get("method") not in {"GET", "HEAD"}:
         raise Forbidden("A finance credential may only read cost reports and statements.")
-    return Actor(
+    actor = Actor(
         name=name,
         role=role,
         tenant_id=actor_tenant(role, principal.tenant_id),
         scopes=principal.scopes,
-        request_id=request.state.request_id,
+        request_id=request.state.get("request_id"),
         source=source_of(request),
     )
+    request.state.actor = actor
+    return actor
+
+
+async def provide_actor(request: Request[Any, Any, Any], kiln: SkipValidation[Kiln]) -> Actor:
+    """The ``actor`` dependency of every ``/admin/v1`` handler."""
+    return await authenticate(request, kiln)
+
+
+READS = frozenset({"GET", "HEAD"})
+
+
+async def authorize(
+    connection: ASGIConnection[Any, Any, Any, Any], handler: BaseRouteHandler
+) -> None:
+    """The guard of every ``/admin/v1`` handler: the actor may read (GET) or write (any other
+    method) the handler's ``opt["resource"]`` (``authz._RULES``); a ``tenant_id`` path parameter
+    of a tenant it cannot see is ``NotFound``, as in the services (which check again, per object).
+
+    A guard because Litestar reads a handler's ``data`` (JSON or a multipart upload) before it
+    resolves dependencies: ``provide_actor`` alone would refuse only after the whole body came.
+    A handler without a resource is refused (fail closed).
+    """
+    actor = await authenticate(connection, connection.app.state.kiln)
+    resource = handler.opt.get("resource")
+    if resource is None:
+        raise Forbidden("This route declares no resource to authorize.")
+    tenant = connection.path_params.get("tenant_id")
+    if tenant is not None:
+        check_tenant(actor, tenant, "tenant")
+    require(actor, resource, write=connection.scope.get("method") not in READS)
 
 
 @asynccontextmanager

@@ -8,10 +8,12 @@ Admin controllers derive from ``DocumentedController`` so the document says what
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 import msgspec
-from litestar import Controller
-from litestar.handlers import BaseRouteHandler, HTTPRouteHandler
 from litestar.openapi import ResponseSpec
+
+from kiln_platform import openapi
 
 PROBLEM_JSON = "application/problem+json"
 
@@ -25,27 +27,22 @@ class Problem(msgspec.Struct):
     detail: str
 
 
-PROBLEMS = {
-    status: ResponseSpec(
-        Problem, description=description, media_type=PROBLEM_JSON, generate_examples=False
-    )
-    for status, description in (
-        (400, "Invalid request (the detail names the field)"),
-        (401, "Missing, unknown, revoked or expired credential"),
-        (403, "The credential's scope or role does not allow this"),
-        (404, "No such object (or another tenant's)"),
-        (409, "Conflicts with an existing object"),
-    )
-}
+PROBLEMS = openapi.responses(
+    Problem,
+    {
+        400: "Invalid request (the detail names the field)",
+        401: "Missing, unknown, revoked or expired credential",
+        403: "The credential's scope or role does not allow this",
+        404: "No such object (or another tenant's)",
+        409: "Conflicts with an existing object (or a running Idempotency-Key)",
+        413: "The request body is larger than this route accepts",
+        422: "This Idempotency-Key was used with another body",
+    },
+    PROBLEM_JSON,
+)
 
 
-class DocumentedController(Controller):
-    """A controller whose handlers document the problem-details errors."""
+class DocumentedController(openapi.DocumentedController):
+    """An admin controller: its handlers document the problem-details errors."""
 
-    def get_route_handlers(self) -> list[BaseRouteHandler]:
-        """The handlers, each with ``PROBLEMS`` added to its documented responses."""
-        handlers = super().get_route_handlers()
-        for handler in handlers:
-            if isinstance(handler, HTTPRouteHandler):
-                handler.responses = {**PROBLEMS, **(handler.responses or {})}
-        return handlers
+    errors: ClassVar[dict[int, ResponseSpec]] = PROBLEMS

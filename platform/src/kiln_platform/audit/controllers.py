@@ -18,6 +18,8 @@ from kiln_platform.audit.schemas import AuditPage
 class AuditController(AdminController):
     """The audit log (platform-admins: all tenants; tenant-admins: their own)."""
 
+    opt = {"resource": "audit"}  # noqa: RUF012 (admin.deps.authorize reads it)
+
     @get("/audit")
     async def list_audit(
         self,

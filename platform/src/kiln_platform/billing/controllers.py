@@ -17,6 +17,8 @@ class PriceBooksController(AdminController):
     security (which a tenant-confined finance key runs under) has nothing to hide in them.
     """
 
+    opt = {"resource": "price-books"}  # noqa: RUF012 (admin.deps.authorize reads it)
+
     @get("/price-books")
     async def list_books(self, kiln: KilnDep, actor: ActorDep) -> list[PriceBookView]:
         """Every version, oldest first."""

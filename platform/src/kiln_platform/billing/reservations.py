@@ -1,5 +1,6 @@
-"""Budget reservations on the request path: hold a request's worst case at admission, release
-what the ledger will not settle, and expire what a killed process left behind.
+"""Budget reservations on the request path: hold a request's worst case at admission, renew the
+hold while the request runs, release what the ledger will not settle, and expire what a killed
+process left behind.
 
 The hold is one conditional ``UPDATE … WHERE spent + reserved + :x <= :limit`` on the tenant's
 period row, so concurrent requests (in any number of gateway processes) serialize on that row
@@ -20,6 +21,7 @@ from sqlalchemy.exc import IntegrityError
 
 from kiln_platform.billing.budgets import Key, move, period_end, period_of, take, worst_case
 from kiln_platform.errors import Conflict, QuotaExceeded
+from kiln_platform.quotas.leases import lifetime, renew_every
 
 if TYPE_CHECKING:
     from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
@@ -47,6 +49,10 @@ _HOLD = text(
     RETURNING request_id
     """
 )
+_RENEW = text(
+    "UPDATE budget_reservations SET expires_at = greatest(expires_at, now() + :ttl)"
+    " WHERE request_id = ANY(:ids)"
+)
 _EXPIRED = text(
     "SELECT request_id FROM budget_reservations WHERE expires_at < now()"
     " ORDER BY request_id LIMIT 1000 FOR UPDATE SKIP LOCKED"
@@ -54,31 +60,33 @@ _EXPIRED = text(
 
 
 class Budgets:
-    """Reserves, releases and expires budget holds (one per process)."""
+    """Reserves, renews, releases and expires budget holds (one per process)."""
 
     def __init__(
         self, sessions: async_sessionmaker[AsyncSession], quotas: QuotaEnforcer,
-        books: PriceBooks, *, timeout_s: float, hold_s: float, sweep_s: float = 10.0,
+        books: PriceBooks, *, timeout_s: float, ttl_s: float, sweep_s: float = 10.0,
     ) -> None:  # fmt: skip
         self._sessions = sessions
         self._quotas = quotas
         self._books = books
         self._timeout_s = timeout_s
-        self._hold = timedelta(seconds=hold_s)
+        self._ttl_s = ttl_s
         self._sweep_s = sweep_s
         self._open: set[str] = set()
-        """Reservations this process holds that the ledger has not been handed yet."""
+        """Reservations this process holds that the ledger has not been handed yet: renewed."""
         self._periods: set[Key] = set()
         self._task: asyncio.Task[None] | None = None
 
     async def reserve(
         self, principal: Principal, request_id: str, version: ResolvedVersion, most: Quantities,
-        timeout_s: float | None = None,
+        run_s: float | None = None,
     ) -> None:  # fmt: skip
         """Hold the most this request can cost, or raise ``QuotaExceeded`` (429).
 
-        ``most`` are the request's maximum quantities; its compute time is bounded by its
-        timeout (``timeout_s``, else ``KILN_REQUEST_TIMEOUT_S``).
+        ``most`` are the request's maximum quantities; its compute time is bounded by the most
+        the server lets it run (``run_s``: a generation's stream deadline; else
+        ``KILN_REQUEST_TIMEOUT_S``), never by a timeout the client chose. The hold lives at least
+        that long too, and is renewed until the request ends.
         """
         limits = (await self._quotas.effective(principal)).limits
         if "monthly_budget_micros" not in limits:
@@ -86,13 +94,14 @@ class Budgets:
         limit = limits["monthly_budget_micros"][0]
         now = datetime.now(UTC)
         book = await self._books.current(now)
-        most = dataclasses.replace(most, compute_ms=1000 * (timeout_s or self._timeout_s))
+        run_s = self._timeout_s if run_s is None else run_s
+        most = dataclasses.replace(most, compute_ms=1000 * run_s)
         amount = worst_case(book, version.model, version.version, principal.plan, most)
         if amount == 0:
             return
         key = (principal.tenant_id, period_of(principal.timezone, now))
         params = {"t": key[0], "p": key[1], "x": amount, "limit": limit, "r": request_id,
-                  "e": now + self._hold}  # fmt: skip
+                  "e": now + timedelta(seconds=lifetime(self._ttl_s, run_s))}  # fmt: skip
         try:
             async with self._sessions.begin() as session:
                 if key not in self._periods:
@@ -129,6 +138,14 @@ class Budgets:
         async with self._sessions.begin() as session:
             await move(session, {}, await take(session, [request_id]))
 
+    async def renew(self) -> int:
+        """Push the expiry of every hold this process tracks to at least one TTL ahead."""
+        live = list(self._open)
+        if live:
+            async with self._sessions.begin() as session:
+                await session.execute(_RENEW, {"ids": live, "ttl": timedelta(seconds=self._ttl_s)})
+        return len(live)
+
     async def sweep(self) -> int:
         """Release holds past their expiry (left by a killed process); how many."""
         async with self._sessions.begin() as session:
@@ -138,19 +155,28 @@ class Budgets:
         return len(ids)
 
     async def start(self) -> None:
-        """Start the sweeper."""
+        """Start the renewer and sweeper."""
         self._task = asyncio.create_task(self._loop(), name="budget-sweeper")
 
     async def stop(self) -> None:
-        """Stop the sweeper."""
+        """Stop the renewer and sweeper."""
         if self._task is not None:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
 
     async def _loop(self) -> None:
+        every = min(self._sweep_s, renew_every(self._ttl_s))
+        swept = asyncio.get_running_loop().time()
         while True:
-            await asyncio.sleep(self._sweep_s)
+            await asyncio.sleep(every)
+            try:
+                await self.renew()
+            except Exception:
+                log.exception("renewing budget holds failed; will retry")
+            if asyncio.get_running_loop().time() - swept < self._sweep_s - every / 2:
+                continue
+            swept = asyncio.get_running_loop().time()
             try:
                 if expired := await self.sweep():
                     log.info("budget reservations expired", count=expired)

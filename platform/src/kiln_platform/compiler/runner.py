@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import sys
 from typing import TYPE_CHECKING
 
@@ -17,6 +18,7 @@ import structlog
 from sqlalchemy import text
 
 from kiln_platform.compiler import services
+from kiln_platform.subprocess_env import child_environment
 from kiln_runtimes.protocol import CompileReport
 
 if TYPE_CHECKING:
@@ -37,6 +39,8 @@ class CompileRunner:
         self._settings = settings
         self._task: asyncio.Task[None] | None = None
         self._wake = asyncio.Event()
+        self._env = child_environment(os.environ)
+        """The compiler's environment, taken once: not the gateway's secrets or database URL."""
 
     def start(self) -> None:
         """Poll for jobs in the background."""
@@ -116,7 +120,7 @@ class CompileRunner:
         if s.worker_threads:
             cmd += ["--threads", str(s.worker_threads)]
         proc = await asyncio.create_subprocess_exec(
-            *cmd, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
+            *cmd, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, env=self._env
         )
         try:
             out, err = await proc.communicate()

@@ -9,6 +9,8 @@ from typing import TYPE_CHECKING
 from sqlalchemy import select, text, update
 from sqlalchemy.dialects.postgresql import insert
 
+from kiln_platform.admin.authz import require
+from kiln_platform.audit.services import record
 from kiln_platform.compiler.schemas import CompileJobView
 from kiln_platform.db.tables import CompileJob, Model, ModelVersion
 from kiln_platform.errors import BadRequest, NotFound
@@ -17,6 +19,7 @@ from kiln_runtimes.engines import engine_key, validate_target
 if TYPE_CHECKING:
     from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
 
+    from kiln_platform.admin.authz import Actor
     from kiln_runtimes.protocol import CompileReport
 
 
@@ -58,10 +61,12 @@ async def _version(session: AsyncSession, model: str, version: str) -> tuple[Mod
     return row[0], row[1]
 
 
-async def enqueue(
-    session: AsyncSession, model: str, version: str, target: str, precision: str
+async def enqueue(  # noqa: PLR0917 (who, what, and for which target)
+    session: AsyncSession, actor: Actor, model: str, version: str, target: str, precision: str
 ) -> CompileJob:
-    """Queue a compile; an identical one (same cache key) is returned, a failed one requeued."""
+    """Queue a compile (platform-admin, audited as ``model.compile``); an identical one (same
+    cache key) is returned, a failed one requeued."""
+    require(actor, "compile-jobs", write=True)
     found_model, found_version = await _version(session, model, version)
     if found_model.task != "tensor":
         raise BadRequest(f"{model} is a {found_model.task} model; only tensor models compile")
@@ -88,6 +93,9 @@ async def enqueue(
     if job.status == "failed":
         job.status, job.reason, job.finished_at = "queued", None, None
     await session.flush()
+    await record(session, actor, "model.compile", "compile-job", job.id, None,
+                 after={"model": model, "version": version, "target": target,
+                        "precision": precision, "status": job.status})  # fmt: skip
     return job
 
 
@@ -166,16 +174,18 @@ async def recover(session: AsyncSession) -> list[uuid.UUID]:
     return orphans
 
 
-async def view(session: AsyncSession, job_id: uuid.UUID) -> CompileJobView:
-    """One job, or ``NotFound``."""
+async def view(session: AsyncSession, actor: Actor, job_id: uuid.UUID) -> CompileJobView:
+    """One job (platform-admin), or ``NotFound``."""
+    require(actor, "compile-jobs")
     jobs = await _views(session, CompileJob.id == job_id)
     if not jobs:
         raise NotFound(f"compile job {job_id} does not exist")
     return jobs[0]
 
 
-async def list_jobs(session: AsyncSession, limit: int = 100) -> list[CompileJobView]:
-    """The newest jobs first."""
+async def list_jobs(session: AsyncSession, actor: Actor, limit: int = 100) -> list[CompileJobView]:
+    """The newest jobs first (platform-admin)."""
+    require(actor, "compile-jobs")
     return await _views(session, None, limit)
 
 

@@ -201,6 +201,9 @@ class User(Base):
     """A console user: a local account (argon2 hash) with one role, in a tenant or platform-wide."""
 
     __tablename__ = "users"
+    __table_args__ = (
+        UniqueConstraint("oidc_issuer", "oidc_subject", name="uq_users_oidc_issuer_subject"),
+    )
     id: Mapped[uuid.UUID] = _uuid_pk()
     email: Mapped[str] = mapped_column(String(320), unique=True)
     password_hash: Mapped[str] = mapped_column(Text)
@@ -210,6 +213,12 @@ class User(Base):
     )
     created_at: Mapped[datetime] = _created()
     last_login_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    session_version: Mapped[int] = mapped_column(Integer, server_default="0")
+    """Console sessions carry it; signing out, or a password, role or tenant change (a trigger,
+    migration 0009), bumps it, so every older session is signed out."""
+    oidc_issuer: Mapped[str | None] = mapped_column(String(400))
+    oidc_subject: Mapped[str | None] = mapped_column(String(400))
+    """The SSO identity (``iss``, ``sub``) bound at the first single sign-on."""
 
 
 class Quota(Base):

@@ -59,8 +59,12 @@ class TextModel:
             ) from exc
 
     def encode(self, text: str) -> list[int]:
-        """Token ids of prompt text (special tokens written in the text are recognised)."""
-        return list(self.tokenizer.encode(text, add_special_tokens=False).ids)
+        """Token ids of prompt text (special tokens written in the text are recognised).
+
+        ``encode_batch`` releases the GIL while it works (``encode`` does not), so a long
+        prompt tokenized in a thread leaves the event loop running.
+        """
+        return list(self.tokenizer.encode_batch([text], add_special_tokens=False)[0].ids)
 
 
 def _token(value: Any) -> str:

@@ -1,4 +1,4 @@
-"""Bearer-credential authentication for `/v1`, `/v2` and `/admin/v1`."""
+"""Bearer-credential authentication for `/v1` and `/v2` (``/admin/v1``: ``admin.deps``)."""
 
 from __future__ import annotations
 
@@ -46,24 +46,4 @@ async def provide_principal(
     if "inference" not in principal.scopes:
         raise Forbidden("This API key does not have the 'inference' scope.")
     await kiln.quotas.admit(principal, admission_of(request.scope))
-    return principal
-
-
-async def provide_admin_writer(
-    request: Request[Any, Any, Any], kiln: SkipValidation[Kiln]
-) -> Principal:
-    """Authenticate a key with the ``admin:write`` scope."""
-    principal = _not_finance(await _authenticate(request, kiln))
-    if "admin:write" not in principal.scopes:
-        raise Forbidden("This API key does not have the 'admin:write' scope.")
-    return principal
-
-
-async def provide_admin_reader(
-    request: Request[Any, Any, Any], kiln: SkipValidation[Kiln]
-) -> Principal:
-    """Authenticate a key with ``admin:read`` (or ``admin:write``)."""
-    principal = _not_finance(await _authenticate(request, kiln))
-    if not {"admin:read", "admin:write"} & principal.scopes:
-        raise Forbidden("This API key does not have the 'admin:read' scope.")
     return principal

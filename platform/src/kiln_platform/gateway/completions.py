@@ -5,6 +5,8 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING
 
+from litestar.response import Stream
+
 from kiln_platform.errors import KilnError
 from kiln_platform.gateway.llm import Generation, sse
 from kiln_platform.gateway.llm_schemas import (
@@ -19,11 +21,28 @@ from kiln_platform.gateway.llm_schemas import (
     Usage,
 )
 from kiln_platform.gateway.schemas import ErrorBody, ErrorResponse
+from kiln_platform.quotas.middleware import admission_of
 
 if TYPE_CHECKING:
-    from collections.abc import AsyncIterator
+    from collections.abc import AsyncGenerator
+
+    from litestar.types import Scope
 
 DONE = b"data: [DONE]\n\n"
+SSE = "text/event-stream"
+
+
+def held(scope: Scope, gen: Generation) -> None:
+    """Hold the response to the generation's deadline, even while a client does not read it."""
+    admission_of(scope).deadline = gen.deadline
+
+
+def streamed(scope: Scope, gen: Generation, events: AsyncGenerator[bytes, None]) -> Stream:
+    """An event stream held to the generation's deadline; closed however its response ends (a
+    send cut at the deadline leaves it suspended: closing it cancels the worker's sequence)."""
+    held(scope, gen)
+    admission_of(scope).closers.append(events.aclose)
+    return Stream(events, media_type=SSE)
 
 
 def _usage(gen: Generation) -> Usage:
@@ -75,7 +94,7 @@ def _error_event(exc: KilnError) -> bytes:
     )
 
 
-async def stream_chat(gen: Generation, include_usage: bool) -> AsyncIterator[bytes]:
+async def stream_chat(gen: Generation, include_usage: bool) -> AsyncGenerator[bytes, None]:
     """``chat.completion.chunk`` events, then usage (if asked) and ``[DONE]``."""
     cid, created, model = _id("chatcmpl", gen), int(time.time()), gen.name
 
@@ -99,7 +118,7 @@ async def stream_chat(gen: Generation, include_usage: bool) -> AsyncIterator[byt
     yield DONE
 
 
-async def stream_text(gen: Generation, include_usage: bool) -> AsyncIterator[bytes]:
+async def stream_text(gen: Generation, include_usage: bool) -> AsyncGenerator[bytes, None]:
     """``text_completion`` events, then usage (if asked) and ``[DONE]``."""
     cid, created, model = _id("cmpl", gen), int(time.time()), gen.name
     try:

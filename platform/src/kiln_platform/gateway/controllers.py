@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from litestar import Controller, MediaType, Request, Response, get, post
+from litestar import MediaType, Request, Response, get, post
 from litestar.di import Provide
 from litestar.params import SkipValidation
 from litestar.response import Stream
@@ -27,6 +27,7 @@ from kiln_platform.gateway.schemas import (
 )
 from kiln_platform.gateway.tickets import provide_ticket
 from kiln_platform.keys.services import Principal
+from kiln_platform.openapi import OPENAI_ERRORS, DocumentedController
 
 SSE = "text/event-stream"
 # Already-built objects: skip Litestar's per-request validation of their fields.
@@ -35,8 +36,10 @@ PrincipalDep = SkipValidation[Principal]
 TicketDep = SkipValidation[Ticket]
 
 
-class OpenAIController(Controller):
+class OpenAIController(DocumentedController):
     """The OpenAI-compatible API."""
+
+    errors = OPENAI_ERRORS
 
     path = "/v1"
     dependencies = {  # noqa: RUF012
@@ -81,7 +84,9 @@ class OpenAIController(Controller):
         gen = await llm.prepare(kiln, principal, data, request.state.request_id, ticket)
         if data.stream:
             include_usage = bool(data.stream_options and data.stream_options.include_usage)
-            return Stream(completions.stream_chat(gen, include_usage), media_type=SSE)
+            events = completions.stream_chat(gen, include_usage)
+            return completions.streamed(request.scope, gen, events)
+        completions.held(request.scope, gen)
         return Response(await completions.complete_chat(gen), media_type=MediaType.JSON)
 
     @post("/completions", status_code=200, media_type=SSE)
@@ -97,5 +102,7 @@ class OpenAIController(Controller):
         gen = await llm.prepare(kiln, principal, data, request.state.request_id, ticket)
         if data.stream:
             include_usage = bool(data.stream_options and data.stream_options.include_usage)
-            return Stream(completions.stream_text(gen, include_usage), media_type=SSE)
+            events = completions.stream_text(gen, include_usage)
+            return completions.streamed(request.scope, gen, events)
+        completions.held(request.scope, gen)
         return Response(await completions.complete_text(gen), media_type=MediaType.JSON)

@@ -45,6 +45,7 @@ _ERRORS: dict[str, type[KilnError]] = {
     "deadline_exceeded": DeadlineExceeded,
     "draining": ServiceUnavailable,
     "internal": KilnError,
+    "unauthorized": KilnError,  # the worker does not know this gateway's secret: a 500
 }
 _encoder = msgspec.msgpack.Encoder()
 _result = msgspec.msgpack.Decoder(EmbedResult)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import time
 from dataclasses import dataclass
@@ -12,8 +13,9 @@ import msgspec
 from kiln_platform.adapters.directory import slot_rank, split
 from kiln_platform.billing.ledger import Usage, usage_of
 from kiln_platform.billing.pricing import Quantities
-from kiln_platform.errors import BadRequest, KilnError, ModelNotFound
+from kiln_platform.errors import BadRequest, DeadlineExceeded, KilnError, ModelNotFound
 from kiln_platform.gateway import metrics
+from kiln_platform.gateway._offload import off_loop
 from kiln_platform.gateway._textmodel import TextModel, load_text_model
 from kiln_platform.gateway._textstream import TextStream
 from kiln_platform.gateway.llm_schemas import (
@@ -58,6 +60,8 @@ class Generation:
     request: GenerateRequest
     stop: tuple[str, ...]
     endpoint: str
+    deadline: float
+    """Loop time (``KILN_STREAM_TIMEOUT_S`` after admission) past which generation is cut."""
     completion_tokens: int = 0
     status: int = 499
     """The outcome so far: 499 (client went away) until generation finishes or fails."""
@@ -74,14 +78,17 @@ class Generation:
 
         The last piece (the one with a finish reason) comes only once that event is durable, so
         a stream's usage chunk and ``[DONE]``, or a whole response, never reach a client unbilled.
-        A failed or abandoned generation is recorded without waiting.
+        A failed or abandoned generation is recorded without waiting. Past the deadline the
+        worker's sequence is cancelled and generation ends as if ``max_tokens`` were reached
+        (``"length"``), billed for what was produced.
         """
         recorded = False
         try:
             final = None
             async with contextlib.aclosing(self._generate()) as pieces:
-                async for piece in pieces:
-                    if piece.finish_reason is not None:
+                while final is None:
+                    piece = await self._next(pieces)
+                    if piece is None or piece.finish_reason is not None:
                         final = piece
                         break
                     yield piece
@@ -96,6 +103,26 @@ class Generation:
         finally:
             if not recorded:
                 self.kiln.ledger.record(self.usage())
+
+    async def _next(self, pieces: AsyncGenerator[Piece, None]) -> Piece | None:
+        """The next piece, or the ``"length"`` one if the deadline passes first (the worker's
+        sequence is then cancelled: ``pieces`` is closed by the timeout's cancellation)."""
+        loop = asyncio.get_running_loop()
+        try:
+            if loop.time() >= self.deadline:  # e.g. the client took that long to read the last
+                raise TimeoutError
+            async with asyncio.timeout_at(self.deadline):
+                return await anext(pieces)
+        except StopAsyncIteration:
+            return None
+        except TimeoutError:
+            metrics.DEADLINE_CUTS.labels(self.version.model).inc()
+            if not self.completion_tokens:  # never started: nothing to return, nothing billed
+                raise DeadlineExceeded(
+                    "The generation did not start before the server's deadline; retry shortly."
+                ) from None
+            self.status = 200
+            return Piece("", "length")
 
     async def _generate(self) -> AsyncGenerator[Piece, None]:
         name = self.version.model
@@ -192,6 +219,22 @@ def chat_prompt(request: ChatCompletionRequest, model: TextModel) -> list[int]:
     return model.encode(model.render(messages))
 
 
+def _chat_chars(request: ChatCompletionRequest) -> int:
+    """About how many characters the chat template renders (the messages' text)."""
+    return sum(
+        len(m.content) if isinstance(m.content, str)
+        else sum(len(getattr(part, "text", "") or "") for part in m.content or [])
+        for m in request.messages
+    )  # fmt: skip
+
+
+def _prompt_chars(request: CompletionRequest) -> int:
+    prompt = request.prompt
+    if isinstance(prompt, str):
+        return len(prompt)
+    return len(prompt[0]) if len(prompt) == 1 and isinstance(prompt[0], str) else 0
+
+
 def completion_prompt(request: CompletionRequest, model: TextModel) -> list[int]:
     """A text completion's prompt: a string, one-string list, or token ids."""
     prompt = request.prompt
@@ -276,9 +319,11 @@ async def prepare(
         kiln.store.path(version.artifact_digest), manifest.tokenizer_file or "tokenizer.json"
     )
     if isinstance(request, ChatCompletionRequest):
-        prompt, endpoint = chat_prompt(request, model), "chat.completions"
+        prompt = await off_loop(_chat_chars(request), chat_prompt, request, model)
+        endpoint = "chat.completions"
     else:
-        prompt, endpoint = completion_prompt(request, model), "completions"
+        prompt = await off_loop(_prompt_chars(request), completion_prompt, request, model)
+        endpoint = "completions"
     stop = _stop(request.stop)
     temperature, top_p = _sampling(request)
     generate = GenerateRequest(
@@ -292,9 +337,13 @@ async def prepare(
         adapter=adapter,
     )
     most = Quantities(input_tokens=len(prompt), output_tokens=generate.max_tokens)
-    await kiln.budgets.reserve(principal, request_id, version, most, ticket.timeout_s)
+    run_s = kiln.settings.stream_timeout_s
+    deadline = asyncio.get_running_loop().time() + run_s
+    await kiln.budgets.reserve(principal, request_id, version, most, run_s)
     name = request.model
-    return Generation(kiln, principal, ticket, version, name, model, generate, stop, endpoint)
+    return Generation(
+        kiln, principal, ticket, version, name, model, generate, stop, endpoint, deadline
+    )
 
 
 def sse(payload: Any) -> bytes:

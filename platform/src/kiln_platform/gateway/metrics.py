@@ -16,5 +16,8 @@ INTER_TOKEN_LATENCY = Histogram(
 )  # fmt: skip
 PROMPT_TOKENS = Counter("kiln_llm_prompt_tokens", "Prompt tokens admitted.", ["model"])
 COMPLETION_TOKENS = Counter("kiln_llm_completion_tokens", "Tokens generated.", ["model"])
+DEADLINE_CUTS = Counter(
+    "kiln_llm_deadline_cuts", "Generations ended by KILN_STREAM_TIMEOUT_S.", ["model"]
+)
 ACTIVE_STREAMS = Gauge("kiln_llm_active_generations", "Generations in flight.", ["model"])
 EMBEDDED_ITEMS = Counter("kiln_embeddings_items", "Inputs embedded.", ["model"])

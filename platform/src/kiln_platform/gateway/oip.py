@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from litestar import Controller, Request, Response, get, post
+from litestar import MediaType, Request, Response, get, post
 from litestar.di import Provide
 from litestar.params import SkipValidation
 
@@ -16,31 +16,33 @@ from kiln_platform.gateway.oip_codec import HEADER_LENGTH
 from kiln_platform.gateway.oip_schemas import ModelMetadata, ServerMetadata
 from kiln_platform.gateway.tickets import provide_ticket
 from kiln_platform.keys.services import Principal
+from kiln_platform.openapi import OIP_ERRORS, DocumentedController
 
 KilnDep = SkipValidation[Kiln]
 PrincipalDep = SkipValidation[Principal]
 AUTH = {"principal": Provide(provide_principal)}
 SCHEDULED = {**AUTH, "ticket": Provide(provide_ticket)}
-MAX_BODY = 256 << 20
 
 
 def _status(ok: bool, what: str) -> Response[Any]:
     if ok:
-        return Response(b"", status_code=200)
-    return Response({"error": f"{what} is not ready"}, status_code=503)
+        return Response(b"", status_code=200, media_type=MediaType.TEXT)
+    return Response({"error": f"{what} is not ready"}, status_code=503, media_type=MediaType.JSON)
 
 
-class OIPController(Controller):
+class OIPController(DocumentedController):
     """The Open Inference Protocol v2 REST API (what ``tritonclient.http`` speaks)."""
+
+    errors = OIP_ERRORS
 
     path = "/v2"
 
-    @get("/health/live")
+    @get("/health/live", media_type=MediaType.TEXT)
     async def live(self) -> Response[Any]:
-        """The server is alive."""
-        return Response(b"", status_code=200)
+        """The server is alive (200, no body)."""
+        return Response(b"", status_code=200, media_type=MediaType.TEXT)
 
-    @get("/health/ready")
+    @get("/health/ready", media_type=MediaType.TEXT)
     async def ready(self, kiln: KilnDep) -> Response[Any]:
         """The server is ready (database reachable and migrated)."""
         return _status(await oip.server_ready(kiln), "the server")
@@ -60,6 +62,7 @@ class OIPController(Controller):
     @get(
         ["/models/{name:str}/ready", "/models/{name:str}/versions/{version:str}/ready"],
         dependencies=AUTH,
+        media_type=MediaType.TEXT,
     )
     async def model_ready(
         self, kiln: KilnDep, principal: PrincipalDep, name: str, version: str | None = None
@@ -71,7 +74,6 @@ class OIPController(Controller):
     @post(
         ["/models/{name:str}/infer", "/models/{name:str}/versions/{version:str}/infer"],
         dependencies=SCHEDULED,
-        request_max_body_size=MAX_BODY,
     )
     async def infer(
         self,

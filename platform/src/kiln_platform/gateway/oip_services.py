@@ -88,9 +88,7 @@ async def infer(
     ticket = dataclasses.replace(ticket, timeout_s=timeout_ms / 1000)
     batched = version.manifest.batching and tensors and tensors[0].shape
     rows = tensors[0].shape[0] if batched else 1
-    await kiln.budgets.reserve(
-        principal, request_id, version, Quantities(items=rows), ticket.timeout_s
-    )
+    await kiln.budgets.reserve(principal, request_id, version, Quantities(items=rows))
     message = InferRequest(
         request_id=request_id,
         inputs=tensors,

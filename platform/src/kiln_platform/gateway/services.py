@@ -14,6 +14,7 @@ from kiln_platform.adapters.directory import SEPARATOR, split
 from kiln_platform.billing.ledger import usage_of
 from kiln_platform.billing.pricing import Quantities
 from kiln_platform.errors import BadRequest, KilnError, ModelNotFound
+from kiln_platform.gateway._offload import off_loop
 from kiln_platform.gateway.schemas import (
     Embedding,
     EmbeddingsRequest,
@@ -84,6 +85,13 @@ def count_items(raw: str | list[Any], max_items: int) -> int:
     return len(raw)
 
 
+def _chars(raw: str | list[Any], count: int) -> int:
+    """Characters of text ``input`` holds (none in a list of token ids)."""
+    if isinstance(raw, str):
+        return len(raw)
+    return sum(len(x) for x in raw if isinstance(x, str)) if count > 1 else 0
+
+
 def tokenize_input(raw: str | list[Any], tokenizer: Tokenizer, context: int) -> list[list[int]]:
     """Validate ``input`` (counted by :func:`count_items`) and return token ids per item; errors
     name the offending field."""
@@ -118,10 +126,13 @@ async def embed(
     tokenizer = load_tokenizer(model_dir / (manifest.tokenizer_file or "tokenizer.json"))
     count = count_items(request.input, _max_inputs(kiln.settings))
     kiln.workers.screen(version.pool, request_id, ticket, count)
-    ids = tokenize_input(request.input, tokenizer, manifest.context_length)
+    ids = await off_loop(
+        _chars(request.input, count), tokenize_input, request.input, tokenizer,
+        manifest.context_length,
+    )  # fmt: skip
     tokens = sum(map(len, ids))
     most = Quantities(input_tokens=tokens, items=len(ids))
-    await kiln.budgets.reserve(principal, request_id, version, most, ticket.timeout_s)
+    await kiln.budgets.reserve(principal, request_id, version, most)
     usage = usage_of(
         principal, version, request_id, "embeddings", input_tokens=tokens, items=len(ids)
     )

@@ -1,6 +1,7 @@
 """A request body read ahead of the route (to fingerprint it), then handed to the route as if
 unread. Past ``SPOOL_BYTES`` it goes to a temporary file, so a model upload is not held in
-memory."""
+memory. It is never more than the route's limit: ``receive`` is ``body_limit``'s, which raises
+``PayloadTooLarge`` past it (the middleware renders it as the API's 413)."""
 
 from __future__ import annotations
 

@@ -1,9 +1,10 @@
 """The Idempotency-Key middleware on POSTs of ``/v1`` and ``/admin/v1``.
 
 A request without the header passes straight through. With it: authenticate (the routes' own
-cached ``verify_bearer``; a failure passes through so the route answers 401), fingerprint the
-query string and body, claim the key, then either run the route and store its response (a
-stream as the bytes sent) or replay the stored one with ``Idempotent-Replayed: true``.
+cached ``verify_bearer``; a failure passes through so the route answers 401), run the route's
+guards (an upload is authorized before its body is read, here as without the header),
+fingerprint the query string and body, claim the key, then either run the route and store its
+response (a stream as the bytes sent) or replay the stored one with ``Idempotent-Replayed: true``.
 """
 
 from __future__ import annotations
@@ -60,6 +61,7 @@ def idempotency_middleware(app: ASGIApp, errors: ErrorRenderer) -> ASGIApp:
             await app(scope, receive, send)
             return
         try:
+            await _guarded(scope)
             await _idempotent(app, kiln.idempotency, principal, key, (scope, receive, send))
         except KilnError as exc:
             extra = {"x-should-retry": "true"} if isinstance(exc, IdempotencyInProgress) else {}
@@ -70,6 +72,13 @@ def idempotency_middleware(app: ASGIApp, errors: ErrorRenderer) -> ASGIApp:
             return
 
     return middleware
+
+
+async def _guarded(scope: Scope) -> None:
+    """Run the route's guards (an upload's authorization) before the body is read ahead."""
+    handler = scope.get("route_handler")
+    if handler is not None and handler.resolve_guards():
+        await handler.authorize_connection(Request(scope))
 
 
 def _key_of(scope: Scope) -> str | None:

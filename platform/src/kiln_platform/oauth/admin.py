@@ -15,6 +15,8 @@ from kiln_platform.oauth.schemas import ClientCreate, ClientCreated, ClientView
 class ClientsController(AdminController):
     """A tenant's OAuth clients (client credentials grant)."""
 
+    opt = {"resource": "oauth-clients"}  # noqa: RUF012 (admin.deps.authorize reads it)
+
     @get("/tenants/{tenant_id:uuid}/oauth-clients")
     async def list_clients(
         self, kiln: KilnDep, actor: ActorDep, tenant_id: uuid.UUID

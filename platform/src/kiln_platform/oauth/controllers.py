@@ -5,13 +5,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from litestar import Controller, Request, Response, get, post
+from litestar import Request, Response, get, post
 from litestar.params import SkipValidation
 
 from kiln_platform.admin.deps import source_of
 from kiln_platform.context import Kiln
 from kiln_platform.oauth import services
 from kiln_platform.oauth._server import FormRequest
+from kiln_platform.openapi import OAUTH_ERRORS, DocumentedController
 
 KilnDep = SkipValidation[Kiln]
 AnyRequest = Request[Any, Any, Any]
@@ -32,22 +33,23 @@ def _reply(status: int, body: Any, headers: dict[str, str]) -> Response[Any]:
     return Response(body, status_code=status, headers=headers, media_type="application/json")
 
 
-class OAuthController(Controller):
+class OAuthController(DocumentedController):
     """The OAuth2 authorization server (client credentials; RFC 9068, 7662, 7009)."""
 
     tags = ["oauth"]  # noqa: RUF012
+    errors = OAUTH_ERRORS
 
-    @post("/oauth/token")
+    @post("/oauth/token", status_code=200)
     async def token(self, kiln: KilnDep, request: AnyRequest) -> Response[Any]:
         """Client credentials grant (HTTP Basic or form client auth) → a JWT access token."""
         return _reply(*await services.token(kiln, await _form_request(request)))
 
-    @post("/oauth/introspect")
+    @post("/oauth/introspect", status_code=200)
     async def introspect(self, kiln: KilnDep, request: AnyRequest) -> Response[Any]:
         """RFC 7662 token introspection, for a client of the token's tenant."""
         return _reply(*await services.introspect(kiln, await _form_request(request)))
 
-    @post("/oauth/revoke")
+    @post("/oauth/revoke", status_code=200)
     async def revoke(self, kiln: KilnDep, request: AnyRequest) -> Response[Any]:
         """RFC 7009 revocation: refused by every gateway within the denylist cache TTL (5 s)."""
         req = await _form_request(request)

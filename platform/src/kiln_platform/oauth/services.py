@@ -18,7 +18,7 @@ from kiln_platform.admin.authz import Actor, Role, require
 from kiln_platform.admin.services import get_tenant
 from kiln_platform.audit.services import record, snapshot
 from kiln_platform.db.tables import OAuthClient, RevokedToken
-from kiln_platform.errors import Forbidden, NotFound, Unauthorized
+from kiln_platform.errors import NotFound, Unauthorized
 from kiln_platform.keys.services import key_digest
 from kiln_platform.oauth import keys
 from kiln_platform.oauth._server import (
@@ -92,8 +92,7 @@ async def revoke_client(
 
 async def rotate_keys(session: AsyncSession, actor: Actor, secret: bytes) -> str:
     """Add a new active signing key; the old ones stay in the JWKS until their tokens expire."""
-    if actor.role is not Role.PLATFORM_ADMIN:
-        raise Forbidden("Only a platform-admin may rotate signing keys.")
+    require(actor, "signing-keys", write=True)
     row, retired = await keys.rotate(session, keys.key_seal(secret))
     await record(session, actor, "oauth_key.rotate", "signing_key", row.kid, None,
                  before={"active": retired}, after={"active": [row.kid]})  # fmt: skip

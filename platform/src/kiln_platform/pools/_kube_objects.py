@@ -3,7 +3,9 @@ and the settings, and pods (the API server's JSON) turned into what the backend 
 
 The Deployment matches ``terraform/kubernetes/pool/worker.yaml`` (labels, node group, GPU taint,
 probes, security context), with the worker command line the ``local`` backend runs
-(``backend.worker_arguments``), listening on ``0.0.0.0:9000``.
+(``backend.worker_arguments``), listening on ``0.0.0.0:9000`` (the gateway's calls, which carry
+the worker secret: ``KILN_WORKER_SECRET`` from a Secret, never a flag) and ``:9090`` (``GET
+/metrics`` alone, for the monitoring namespace; ``terraform/kubernetes/networkpolicy.yaml``).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from kiln_platform.pools.backend import worker_arguments
+from kiln_runtimes.protocol import WORKER_SECRET_ENV
 
 if TYPE_CHECKING:
     from collections.abc import Iterable, Mapping
@@ -25,6 +28,8 @@ if TYPE_CHECKING:
 
 WORKER_PORT = 9000
 """The port every worker pod listens on (the pod IP tells workers apart)."""
+METRICS_PORT = 9090
+"""Where a worker pod serves ``GET /metrics`` alone (no tenant labels, no secret)."""
 MANAGED_BY = "kiln-pool-manager"
 POOL_LABEL = "kiln.dev/pool"
 NODE_CLASS_LABEL = "kiln.dev/node-class"
@@ -101,7 +106,7 @@ def deployment(spec: PoolSpec, settings: Settings, replicas: int) -> dict[str, A
     }  # fmt: skip
     if gpu:
         pod["tolerations"] = [dict(GPU_TOLERATION)]
-    prometheus = {"prometheus.io/scrape": "true", "prometheus.io/port": str(WORKER_PORT),
+    prometheus = {"prometheus.io/scrape": "true", "prometheus.io/port": str(METRICS_PORT),
                   "prometheus.io/path": "/metrics"}  # fmt: skip
     return {
         "apiVersion": "apps/v1",
@@ -124,7 +129,11 @@ def deployment(spec: PoolSpec, settings: Settings, replicas: int) -> dict[str, A
 
 def _container(spec: PoolSpec, settings: Settings, gpu: bool) -> dict[str, Any]:
     argv = worker_arguments(spec, settings, WORKER_PORT, host="0.0.0.0")  # noqa: S104
-    probe = {"httpGet": {"path": "/health", "port": "http"}}
+    argv += ["--metrics-port", str(METRICS_PORT)]
+    # the kubelet cannot send the secret: its probes use the two routes that need none
+    ready = {"httpGet": {"path": "/readyz", "port": "http"}}
+    live = {"httpGet": {"path": "/livez", "port": "http"}}
+    secret = {"secretKeyRef": {"name": settings.kubernetes_worker_secret, "key": "secret"}}
     starting = math.ceil(settings.worker_start_timeout_s / 10)
     requests: dict[str, Any] = {"cpu": "2", "memory": "8Gi"}
     limits: dict[str, Any] = {"cpu": "4", "memory": "16Gi"}
@@ -135,11 +144,13 @@ def _container(spec: PoolSpec, settings: Settings, gpu: bool) -> dict[str, Any]:
         "image": settings.worker_image,
         "imagePullPolicy": "IfNotPresent",
         "command": ["python", "-m", "kiln_runtimes", *argv],
-        "ports": [{"name": "http", "containerPort": WORKER_PORT, "protocol": "TCP"}],
+        "env": [{"name": WORKER_SECRET_ENV, "valueFrom": secret}],
+        "ports": [{"name": "http", "containerPort": WORKER_PORT, "protocol": "TCP"},
+                  {"name": "metrics", "containerPort": METRICS_PORT, "protocol": "TCP"}],
         # loading (and, on a cold engine cache, compiling) may take the whole start timeout
-        "startupProbe": probe | {"periodSeconds": 10, "failureThreshold": starting},
-        "livenessProbe": probe | {"periodSeconds": 10, "timeoutSeconds": 3, "failureThreshold": 3},
-        "readinessProbe": probe | {"periodSeconds": 2, "timeoutSeconds": 2, "failureThreshold": 1},
+        "startupProbe": ready | {"periodSeconds": 10, "failureThreshold": starting},
+        "livenessProbe": live | {"periodSeconds": 10, "timeoutSeconds": 3, "failureThreshold": 3},
+        "readinessProbe": ready | {"periodSeconds": 2, "timeoutSeconds": 2, "failureThreshold": 1},
         "resources": {"requests": requests, "limits": limits},
         "securityContext": {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
                             "runAsNonRoot": True, "capabilities": {"drop": ["ALL"]}},

@@ -17,10 +17,11 @@ from typing import TYPE_CHECKING, Protocol
 import aiohttp
 import msgspec
 
-from kiln_runtimes.protocol import WorkerInfo
+from kiln_platform.subprocess_env import child_environment
+from kiln_runtimes.protocol import WORKER_SECRET_ENV, WorkerInfo
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from collections.abc import Callable, Mapping
     from pathlib import Path
 
     from kiln_platform.settings import Settings
@@ -139,6 +140,17 @@ def worker_arguments(
         cmd += ["--adapter-slots", str(s.worker_adapter_slots)]
         cmd += ["--adapter-rank", str(s.worker_adapter_rank)]
     return cmd
+
+
+def worker_headers(settings: Settings) -> dict[str, str]:
+    """Headers of every gateway->worker call (the HTTP session for workers sends them all):
+    the worker secret, without which a worker answers 401 (``kiln_runtimes.protocol``)."""
+    return {"authorization": f"Bearer {settings.worker_key()}"}
+
+
+def worker_environment(settings: Settings, parent: Mapping[str, str]) -> dict[str, str]:
+    """A local worker's environment: the allowed part of ``parent`` and the worker secret."""
+    return child_environment(parent, **{WORKER_SECRET_ENV: settings.worker_key()})
 
 
 def credits(settings: Settings, worker: Worker | None) -> int:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
 import socket
 import sys
 import time
@@ -60,6 +61,8 @@ class LocalBackend:
         self.on_change: Callable[[Worker], None] = lambda worker: None
         """Called when a worker becomes ready or stops being ready."""
         self._standby: asyncio.subprocess.Process | None = None
+        self._env = backend.worker_environment(settings, os.environ)
+        """Workers' environment, taken once: never the gateway's own secrets or database URL."""
 
     def ensure(self, spec: PoolSpec) -> None:
         """Have a pool for ``spec`` (empty until ``scale``)."""
@@ -114,6 +117,10 @@ class LocalBackend:
         """Seconds a caller should wait for this worker to become ready (a rough estimate)."""
         return backend.retry_after(self._settings, worker)
 
+    def stopping(self) -> bool:
+        """``stop()`` has begun."""
+        return self._stopping
+
     async def stop(self) -> None:
         """Stop every worker: SIGTERM (they drain), then wait."""
         self._stopping = True
@@ -146,7 +153,7 @@ class LocalBackend:
                 code = await worker.process.wait()
                 self._set_ready(worker, False)
                 watcher.cancel()
-                if self._stopping:
+                if self.stopping():  # stop() may have run while we waited
                     return
                 lived = time.monotonic() - worker.started_at
                 backoff = 0.5 if lived > 30 else min(backoff * 2, _BACKOFF_MAX_S)
@@ -167,7 +174,7 @@ class LocalBackend:
                 standby.stdin.close()
                 return standby, True
         cmd = [sys.executable, "-m", "kiln_runtimes", *argv]
-        return await asyncio.create_subprocess_exec(*cmd), False
+        return await asyncio.create_subprocess_exec(*cmd, env=self._env), False
 
     async def _refill(self) -> None:
         """Start a standby worker unless one is alive (or standbys are off)."""
@@ -176,8 +183,9 @@ class LocalBackend:
         if self._standby is not None and self._standby.returncode is None:
             return
         self._standby = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "kiln_runtimes", "--standby", stdin=asyncio.subprocess.PIPE
-        )
+            sys.executable, "-m", "kiln_runtimes", "--standby", stdin=asyncio.subprocess.PIPE,
+            env=self._env,
+        )  # fmt: skip
         log.info("standby worker started", pid=self._standby.pid)
 
     def suspect(self, worker: Worker) -> None:

@@ -15,6 +15,8 @@ from kiln_platform.quotas.schemas import Limits, QuotaView
 class QuotasController(AdminController):
     """Plans and quotas: requests/min, tokens/min, concurrency, monthly budget."""
 
+    opt = {"resource": "quotas"}  # noqa: RUF012 (admin.deps.authorize reads it)
+
     @get("/quotas/{tenant_id:uuid}")
     async def get_quotas(self, kiln: KilnDep, actor: ActorDep, tenant_id: uuid.UUID) -> QuotaView:
         """A tenant's limits, per-key overrides, and this month's spend."""

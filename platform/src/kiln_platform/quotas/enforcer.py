@@ -5,7 +5,8 @@
   race between processes);
 - tokens/min: the same row's ``tokens``, checked at admission and charged when usage is known;
 - concurrency: lease rows counted under a transaction-scoped advisory lock per subject; a lease
-  expires if its process dies;
+  outlives the request timeout and is renewed while its request runs (``quotas.leases``), so it
+  expires only once its process has died;
 - monthly budget: not here; ``billing.reservations`` holds each request's worst-case cost once
   its quantities are known, against the limit cached here.
 
@@ -16,6 +17,7 @@ cached per process for ``ttl`` seconds (like keys), so an unlimited tenant costs
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import math
 import time
@@ -24,15 +26,19 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING
 
+import structlog
 from sqlalchemy import select, text
 
 from kiln_platform._ttlcache import TTLCache
 from kiln_platform.billing.ledger import LedgerWriter, Usage
 from kiln_platform.db.tables import Quota
 from kiln_platform.errors import RateLimited
+from kiln_platform.quotas.leases import lifetime, renew_every
 from kiln_platform.quotas.services import FIELDS
 
 if TYPE_CHECKING:
+    from collections.abc import Awaitable, Callable
+
     from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
     from kiln_platform.billing.pricebooks import PriceBooks
@@ -47,6 +53,9 @@ _COUNT = text(
         WHERE c.requests < :limit
     RETURNING requests, tokens
     """
+)
+_RENEW = text(
+    "UPDATE quota_leases SET expires_at = greatest(expires_at, now() + :ttl) WHERE id = ANY(:ids)"
 )
 _TOKENS = text(
     "SELECT tokens FROM quota_counters"
@@ -70,10 +79,16 @@ class Effective:
 
 @dataclass(slots=True)
 class Admission:
-    """What admission decided: response headers, and the concurrency lease to release."""
+    """What admission decided: response headers, and the concurrency lease to release; what the
+    handler added: the loop time its response must be sent by, and what to close at its end."""
 
     headers: dict[str, str] = field(default_factory=dict)
     lease: uuid.UUID | None = None
+    deadline: float | None = None
+    closers: list[Callable[[], Awaitable[object]]] = field(default_factory=list)
+
+
+log = structlog.get_logger("kiln.quotas")
 
 
 def _reset() -> float:
@@ -84,12 +99,17 @@ class QuotaEnforcer:
     """Admits requests against their tenant's and key's limits."""
 
     def __init__(
-        self, sessions: async_sessionmaker[AsyncSession], ttl: float, lease_s: float
-    ) -> None:
+        self, sessions: async_sessionmaker[AsyncSession], ttl: float, *, lease_ttl_s: float,
+        timeout_s: float,
+    ) -> None:  # fmt: skip
         self._sessions = sessions
-        self._lease = timedelta(seconds=lease_s)
+        self._lease = timedelta(seconds=lifetime(lease_ttl_s, timeout_s))
+        self._ttl = timedelta(seconds=lease_ttl_s)
         self._cache: TTLCache[tuple[uuid.UUID, uuid.UUID | None], Effective] = TTLCache(ttl)
         self._tasks: set[asyncio.Task[None]] = set()
+        self._live: set[uuid.UUID] = set()
+        """Leases this process holds for running requests: renewed until released."""
+        self._renewer: asyncio.Task[None] | None = None
 
     async def effective(self, principal: Principal) -> Effective:
         """The limits that apply to a key (its overrides over its tenant's), cached."""
@@ -169,12 +189,41 @@ class QuotaEnforcer:
                 text("INSERT INTO quota_leases (id, subject, expires_at) VALUES (:i, :s, :e)"),
                 {"i": lease, "s": subject, "e": datetime.now(UTC) + self._lease},
             )
+        self._live.add(lease)
         return lease
 
     async def release(self, lease: uuid.UUID) -> None:
-        """End a concurrency lease."""
+        """End a concurrency lease (its renewals first, even if the delete fails)."""
+        self._live.discard(lease)
         async with self._sessions.begin() as session:
             await session.execute(text("DELETE FROM quota_leases WHERE id = :i"), {"i": lease})
+
+    async def renew(self) -> int:
+        """Push the expiry of every lease this process holds to at least one TTL ahead."""
+        live = list(self._live)
+        if live:
+            async with self._sessions.begin() as session:
+                await session.execute(_RENEW, {"ids": live, "ttl": self._ttl})
+        return len(live)
+
+    async def start(self) -> None:
+        """Start renewing the leases of running requests."""
+        self._renewer = asyncio.create_task(self._renew_loop(), name="lease-renewer")
+
+    async def stop(self) -> None:
+        """Stop renewing."""
+        if self._renewer is not None:
+            self._renewer.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._renewer
+
+    async def _renew_loop(self) -> None:
+        while True:
+            await asyncio.sleep(renew_every(self._ttl.total_seconds()))
+            try:
+                await self.renew()
+            except Exception:
+                log.exception("renewing concurrency leases failed; will retry")
 
     def charge(self, tenant_id: uuid.UUID, key_id: uuid.UUID | None, tokens: int) -> None:
         """Charge a request's tokens to its tokens/min counter (off the request path)."""

@@ -1,4 +1,8 @@
-"""`/admin/v1` model and compile-job handlers: thin, behaviour in the services."""
+"""`/admin/v1` model and compile-job handlers: thin, behaviour in the services.
+
+Every one is platform-admin only (``admin.authz``: ``models`` and ``compile-jobs``); an upload
+is authorized (``admin.deps.authorize``) before its body is read.
+"""
 
 from __future__ import annotations
 
@@ -9,31 +13,22 @@ from typing import Any
 
 import msgspec
 from litestar import Request, get, post
-from litestar.di import Provide
-from litestar.params import SkipValidation
 
-from kiln_platform.admin.problems import DocumentedController
+from kiln_platform.admin.controllers import ActorDep, AdminController, KilnDep
 from kiln_platform.compiler import services as jobs
 from kiln_platform.compiler.schemas import CompileJobView, CompileRequest, UploadView
-from kiln_platform.context import Kiln
-from kiln_platform.gateway.auth import provide_admin_reader, provide_admin_writer
-from kiln_platform.keys.services import Principal
 from kiln_platform.registry.upload import receive, upload_dir, upload_version
 
-KilnDep = SkipValidation[Kiln]
-PrincipalDep = SkipValidation[Principal]
-WRITE = {"principal": Provide(provide_admin_writer)}
-READ = {"principal": Provide(provide_admin_reader)}
+COMPILE_JOBS = {"resource": "compile-jobs"}
 
 
-class AdminModelsController(DocumentedController):
+class AdminModelsController(AdminController):
     """Model upload and compilation for platform operators."""
 
-    path = "/admin/v1"
+    opt = {"resource": "models"}  # noqa: RUF012 (admin.deps.authorize reads it)
 
     @post(
         "/models/{name:str}/versions",
-        dependencies=WRITE,
         status_code=201,
         request_max_body_size=None,  # the upload limit is enforced while streaming
     )
@@ -41,7 +36,7 @@ class AdminModelsController(DocumentedController):
         self,
         request: Request[Any, Any, Any],
         kiln: KilnDep,
-        principal: PrincipalDep,
+        actor: ActorDep,
         name: str,
         version: str | None = None,
     ) -> UploadView:
@@ -51,7 +46,7 @@ class AdminModelsController(DocumentedController):
             path = Path(tmp) / "body"
             await receive(request.stream(), path, settings.max_upload_bytes)
             done = await upload_version(
-                kiln.db.sessions, kiln.store, settings, name, path, version=version
+                kiln.db.sessions, kiln.store, settings, name, path, actor=actor, version=version
             )
         await kiln.resolver.refresh()
         return UploadView(
@@ -63,28 +58,30 @@ class AdminModelsController(DocumentedController):
             batching=done.manifest.batching,
         )
 
-    @post("/models/{name:str}/versions/{version:str}/compile", dependencies=WRITE, status_code=202)
+    @post(
+        "/models/{name:str}/versions/{version:str}/compile",
+        opt=COMPILE_JOBS,
+        status_code=202,
+    )
     async def compile(
-        self, kiln: KilnDep, principal: PrincipalDep, name: str, version: str, data: CompileRequest
+        self, kiln: KilnDep, actor: ActorDep, name: str, version: str, data: CompileRequest
     ) -> CompileJobView:
         """Queue a compile of a version for a target (the same compile is never queued twice)."""
         async with kiln.db.sessions.begin() as session:
-            job = await jobs.enqueue(session, name, version, data.target, data.precision)
+            job = await jobs.enqueue(session, actor, name, version, data.target, data.precision)
             job_id = job.id
         kiln.compiler.poke()
         async with kiln.db.sessions() as session:
-            return await jobs.view(session, job_id)
+            return await jobs.view(session, actor, job_id)
 
-    @get("/compile-jobs/{job_id:uuid}", dependencies=READ)
-    async def get_job(
-        self, kiln: KilnDep, principal: PrincipalDep, job_id: uuid.UUID
-    ) -> CompileJobView:
+    @get("/compile-jobs/{job_id:uuid}", opt=COMPILE_JOBS)
+    async def get_job(self, kiln: KilnDep, actor: ActorDep, job_id: uuid.UUID) -> CompileJobView:
         """One compile job: queued, running, done (with its report) or failed (with the reason)."""
         async with kiln.db.sessions() as session:
-            return await jobs.view(session, job_id)
+            return await jobs.view(session, actor, job_id)
 
-    @get("/compile-jobs", dependencies=READ)
-    async def list_jobs(self, kiln: KilnDep, principal: PrincipalDep) -> list[CompileJobView]:
+    @get("/compile-jobs", opt=COMPILE_JOBS)
+    async def list_jobs(self, kiln: KilnDep, actor: ActorDep) -> list[CompileJobView]:
         """The newest compile jobs."""
         async with kiln.db.sessions() as session:
-            return await jobs.list_jobs(session)
+            return await jobs.list_jobs(session, actor)

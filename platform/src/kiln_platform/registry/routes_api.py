@@ -13,6 +13,8 @@ from kiln_platform.registry.schemas import RouteUpdate, RouteView
 class RoutesController(AdminController):
     """Which versions of a model serve (canary, promotion, rollback)."""
 
+    opt = {"resource": "models"}  # noqa: RUF012 (admin.deps.authorize reads it)
+
     @get("/models/{name:str}/route")
     async def get_route(self, kiln: KilnDep, actor: ActorDep, name: str) -> RouteView:
         """A model's route (without one, the newest version serves)."""

@@ -16,6 +16,8 @@ from typing import TYPE_CHECKING
 import msgspec
 from sqlalchemy import func, select
 
+from kiln_platform.admin.authz import require
+from kiln_platform.audit.services import record
 from kiln_platform.db.tables import Model, ModelVersion
 from kiln_platform.errors import BadRequest, Conflict
 from kiln_platform.registry import validation
@@ -27,6 +29,7 @@ if TYPE_CHECKING:
 
     from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
+    from kiln_platform.admin.authz import Actor
     from kiln_platform.settings import Settings
     from kiln_runtimes.store import ArtifactStore
 
@@ -76,9 +79,12 @@ async def upload_version(
     name: str,
     source: Path,
     *,
+    actor: Actor,
     version: str | None = None,
 ) -> Uploaded:
-    """Validate ``source`` (.onnx, .zip/.tar, or a folder) and register it as ``name``."""
+    """Validate ``source`` (.onnx, .zip/.tar, or a folder) and register it as ``name``
+    (platform-admin: a model serves every tenant); audited as ``model.version.create``."""
+    require(actor, "models", write=True)
     if not _NAME.fullmatch(name):
         raise BadRequest(f"invalid model name {name!r}: lowercase letters, digits, . _ -")
     if version is not None and not _VERSION.fullmatch(version):
@@ -92,6 +98,9 @@ async def upload_version(
     async with sessions.begin() as session:
         if not await register_version(session, manifest, version, digest):
             raise Conflict(f"{name} version {version} already exists")
+        model_id = await session.scalar(select(Model.id).where(Model.name == name))
+        await record(session, actor, "model.version.create", "model", model_id, None,
+                     after={"version": version, "artifact_digest": digest})  # fmt: skip
     return Uploaded(name, version, digest, manifest)
 
 

@@ -19,8 +19,14 @@ MEDIA = {"csv": "text/csv; charset=utf-8", "json": "application/json"}
 Period = Annotated[str, Parameter(pattern=r"^\d{4}-\d{2}$", description="YYYY-MM")]
 
 
+STATEMENTS = {"resource": "statements"}
+ADJUSTMENTS = {"resource": "adjustments"}
+
+
 class ReportsController(AdminController):
     """Finance: cost reports (JSON or CSV), monthly statements, adjustments."""
+
+    opt = {"resource": "reports"}  # noqa: RUF012 (admin.deps.authorize reads it)
 
     @get(
         "/reports/costs",
@@ -51,7 +57,7 @@ class ReportsController(AdminController):
         body = encode(lambda: transaction(kiln, actor), query)
         return Stream(body, media_type=MEDIA[kind], headers=headers)
 
-    @get("/tenants/{tenant_id:uuid}/statements")
+    @get("/tenants/{tenant_id:uuid}/statements", opt=STATEMENTS)
     async def list_statements(
         self, kiln: KilnDep, actor: ActorDep, tenant_id: uuid.UUID
     ) -> list[StatementView]:
@@ -59,7 +65,7 @@ class ReportsController(AdminController):
         async with transaction(kiln, actor) as session:
             return await statements.list_statements(session, actor, tenant_id)
 
-    @get("/tenants/{tenant_id:uuid}/statements/{period:str}")
+    @get("/tenants/{tenant_id:uuid}/statements/{period:str}", opt=STATEMENTS)
     async def get_statement(
         self, kiln: KilnDep, actor: ActorDep, tenant_id: uuid.UUID, period: Period
     ) -> StatementView:
@@ -67,7 +73,9 @@ class ReportsController(AdminController):
         async with transaction(kiln, actor) as session:
             return await statements.get_statement(session, actor, tenant_id, period)
 
-    @post("/tenants/{tenant_id:uuid}/statements/{period:str}/close", status_code=201)
+    @post(
+        "/tenants/{tenant_id:uuid}/statements/{period:str}/close", status_code=201, opt=STATEMENTS
+    )
     async def close_statement(
         self, kiln: KilnDep, actor: ActorDep, tenant_id: uuid.UUID, period: Period
     ) -> StatementView:
@@ -75,7 +83,7 @@ class ReportsController(AdminController):
         async with transaction(kiln, actor) as session:
             return await statements.close_statement(session, actor, tenant_id, period)
 
-    @post("/tenants/{tenant_id:uuid}/adjustments", status_code=201)
+    @post("/tenants/{tenant_id:uuid}/adjustments", status_code=201, opt=ADJUSTMENTS)
     async def create_adjustment(
         self, kiln: KilnDep, actor: ActorDep, tenant_id: uuid.UUID, data: AdjustmentCreate
     ) -> AdjustmentView:

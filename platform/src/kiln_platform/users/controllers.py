@@ -15,6 +15,8 @@ from kiln_platform.users.schemas import UserCreate, UserUpdate, UserView
 class UsersController(AdminController):
     """Console users and their roles."""
 
+    opt = {"resource": "users"}  # noqa: RUF012 (admin.deps.authorize reads it)
+
     @get("/users")
     async def list_users(
         self, kiln: KilnDep, actor: ActorDep, tenant_id: uuid.UUID | None = None

@@ -47,6 +47,14 @@ class Login(msgspec.Struct, forbid_unknown_fields=True):
     password: Annotated[str, msgspec.Meta(min_length=1, max_length=1024)]
 
 
+class VerifiedIdentity(msgspec.Struct, frozen=True):
+    """Who an identity provider's ID token says signed in: its issuer, subject and email."""
+
+    issuer: str
+    subject: str
+    email: str
+
+
 class LoginResult(msgspec.Struct):
     """A short-lived bearer token for ``/admin/v1`` (a JWT carrying the user's role)."""
 

@@ -6,9 +6,7 @@ import uuid
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
-from argon2 import PasswordHasher
-from argon2.exceptions import InvalidHashError, VerificationError
-from sqlalchemy import select
+from sqlalchemy import select, update
 from sqlalchemy.exc import IntegrityError
 
 from kiln_platform.admin.authz import GLOBAL_ROLES, Actor, Role, check_tenant, grantable, require
@@ -16,14 +14,13 @@ from kiln_platform.admin.services import get_tenant
 from kiln_platform.audit.services import record, snapshot
 from kiln_platform.db.tables import User
 from kiln_platform.errors import BadRequest, Conflict, Forbidden, NotFound, Unauthorized
-from kiln_platform.users.schemas import UserCreate, UserUpdate, UserView
+from kiln_platform.users._passwords import hash_password, verify
+from kiln_platform.users.schemas import UserCreate, UserUpdate, UserView, VerifiedIdentity
 
 if TYPE_CHECKING:
-    from sqlalchemy.ext.asyncio import AsyncSession
+    from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 FIELDS = ("id", "email", "role", "tenant_id")
-_hasher = PasswordHasher()
-_DUMMY = _hasher.hash("kiln-timing-equalizer")
 
 
 async def create_user(session: AsyncSession, actor: Actor, data: UserCreate) -> UserView:
@@ -41,7 +38,7 @@ async def create_user(session: AsyncSession, actor: Actor, data: UserCreate) -> 
     if role is Role.PLATFORM_ADMIN:
         tenant_id = None
     user = User(
-        email=data.email.lower(), password_hash=_hasher.hash(data.password), role=role,
+        email=data.email.lower(), password_hash=await hash_password(data.password), role=role,
         tenant_id=tenant_id,
     )  # fmt: skip
     session.add(user)
@@ -110,37 +107,67 @@ async def delete_user(session: AsyncSession, actor: Actor, user_id: uuid.UUID) -
 
 
 async def authenticate(
-    session: AsyncSession, email: str, password: str, request_id: str | None, source: str | None
-) -> User:
-    """Check a password (constant work whether or not the user exists); audit the login."""
-    user = await session.scalar(select(User).where(User.email == email.lower()))
-    try:
-        _hasher.verify(user.password_hash if user else _DUMMY, password)
-        ok = user is not None
-    except (VerificationError, InvalidHashError):
-        ok = False
-    if not ok or user is None:
+    sessions: async_sessionmaker[AsyncSession], email: str, password: str,
+    request_id: str | None, source: str | None,
+) -> User:  # fmt: skip
+    """Check a password (constant work whether or not the user exists); audit the login.
+
+    The hash runs in a thread while no database connection is held: a sign-in flood neither
+    stalls the event loop nor takes the pool's connections from other requests."""
+    async with sessions() as session:
+        found = await session.scalar(select(User).where(User.email == email.lower()))
+    if not await verify(found.password_hash if found else None, password) or found is None:
         raise Unauthorized("Incorrect email or password.")
-    user.last_login_at = datetime.now(UTC)
-    actor = Actor(f"user:{user.email}", Role(user.role), user.tenant_id,
-                  request_id=request_id, source=source)  # fmt: skip
-    await record(session, actor, "user.login", "user", user.id, user.tenant_id)
+    async with sessions.begin() as session:
+        user = await session.get(User, found.id, with_for_update=True)
+        if user is None or user.password_hash != found.password_hash:  # changed meanwhile
+            raise Unauthorized("Incorrect email or password.")
+        user.last_login_at = datetime.now(UTC)
+        actor = Actor(f"user:{user.email}", Role(user.role), user.tenant_id,
+                      request_id=request_id, source=source)  # fmt: skip
+        await record(session, actor, "user.login", "user", user.id, user.tenant_id)
     return user
 
 
 async def sign_in_verified(
-    session: AsyncSession, email: str, request_id: str | None, source: str | None, method: str
-) -> User:
-    """Sign in a user whose email an identity provider verified (audited like a password login)."""
-    user = await session.scalar(select(User).where(User.email == email.lower()))
+    session: AsyncSession, identity: VerifiedIdentity, request_id: str | None,
+    source: str | None, method: str,
+) -> User:  # fmt: skip
+    """Sign in the user an identity provider vouched for (audited like a password login).
+
+    The first sign-in binds the user to the provider's ``(iss, sub)``; from then on that pair
+    finds the user even after an email change at the provider, and a token with the user's
+    email but another subject (someone who took over the address there) is refused."""
+    bound = await session.scalar(
+        select(User).where(User.oidc_issuer == identity.issuer,
+                           User.oidc_subject == identity.subject)
+    )  # fmt: skip
+    user = bound or await session.scalar(select(User).where(User.email == identity.email.lower()))
     if user is None:
-        raise Forbidden(f"No console account has the email {email}; ask an administrator.")
+        raise Forbidden(f"No console account has the email {identity.email}; ask an administrator.")
+    if bound is None:
+        if user.oidc_subject is not None:
+            raise Forbidden(
+                "This console account is bound to another single sign-on identity; "
+                "ask an administrator."
+            )
+        user.oidc_issuer, user.oidc_subject = identity.issuer, identity.subject
     user.last_login_at = datetime.now(UTC)
+    await session.flush()
     actor = Actor(f"user:{user.email}", Role(user.role), user.tenant_id,
                   request_id=request_id, source=source)  # fmt: skip
     await record(session, actor, "user.login", "user", user.id, user.tenant_id,
                  after={"method": method})  # fmt: skip
     return user
+
+
+async def sign_out_everywhere(session: AsyncSession, user_id: uuid.UUID, version: int) -> None:
+    """Sign out every console session of the user (their session version moves on), if
+    ``version`` is still current (an already signed-out cookie changes nothing)."""
+    await session.execute(
+        update(User).where(User.id == user_id, User.session_version == version)
+        .values(session_version=User.session_version + 1)
+    )  # fmt: skip
 
 
 def user_view(u: User) -> UserView:

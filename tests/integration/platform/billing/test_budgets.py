@@ -51,11 +51,9 @@ async def _prices(db: Database) -> None:
         await create_book(session, CLI, PriceBookCreate(prices=PRICES, effective_from=start))
 
 
-def _budgets(db: Database, hold_s: float = 60.0) -> Budgets:
-    quotas = QuotaEnforcer(db.sessions, ttl=60.0, lease_s=60.0)
-    return Budgets(
-        db.sessions, quotas, PriceBooks(db.sessions, 60.0), timeout_s=60.0, hold_s=hold_s
-    )
+def _budgets(db: Database, ttl_s: float = 60.0) -> Budgets:
+    quotas = QuotaEnforcer(db.sessions, ttl=60.0, lease_ttl_s=60.0, timeout_s=60.0)
+    return Budgets(db.sessions, quotas, PriceBooks(db.sessions, 60.0), timeout_s=0.0, ttl_s=ttl_s)
 
 
 async def _tenant(
@@ -142,7 +140,7 @@ async def test_a_request_the_ledger_never_got_is_released_at_the_end(db: Databas
 
 
 async def test_expired_holds_are_swept_once(db: Database) -> None:
-    left_behind = _budgets(db, hold_s=-1.0)  # a process that was killed holding these
+    left_behind = _budgets(db, ttl_s=-1.0)  # a process that was killed holding these
     principal = await _tenant(db, budget=1000)
     for _ in range(3):
         await left_behind.reserve(principal, _rid(), EMB, Quantities(input_tokens=10, items=1))

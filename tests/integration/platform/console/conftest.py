@@ -58,7 +58,7 @@ class App:
             r = await http.post("/console/login", data={"email": email, "password": PASSWORD,
                                                         "_csrf_token": token})  # fmt: skip
             assert r.status_code == 303, r.text
-            yield http, token
+            yield http, http.cookies["kiln_csrf"]  # sign-in issues the session its own token
 
 
 def csrf(page: httpx.Response) -> str:

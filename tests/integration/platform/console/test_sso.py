@@ -11,7 +11,7 @@ import httpx
 import pytest
 from sqlalchemy import select
 
-from kiln_platform.db.tables import AuditRecord
+from kiln_platform.db.tables import AuditRecord, User
 from kiln_platform.settings import Settings
 
 from .conftest import App
@@ -100,3 +100,36 @@ async def test_unknown_emails_and_forged_states_get_no_session(
         assert r.status_code == 401
         assert "did not start here" in r.text
         assert (await http.get("/console/tenants")).status_code == 303
+
+
+async def test_the_first_sign_in_binds_the_user_to_the_providers_subject(
+    app: App, oidc_provider: Any
+) -> None:
+    tenant = await app.tenant()
+    email = await app.user("tenant-admin", tenant)
+    page = f"/console/tenants/{tenant}/keys"
+    oidc_provider.email, oidc_provider.subject, oidc_provider.tamper = email, "sub-alice", None
+    try:
+        async with app.client() as http:
+            assert (await _sso(http)).status_code == 303  # binds (iss, sub-alice)
+        async with app.kiln.db.sessions() as session:
+            bound = (await session.execute(
+                select(User.oidc_issuer, User.oidc_subject).where(User.email == email)
+            )).one()  # fmt: skip
+        assert tuple(bound) == (oidc_provider.base_url, "sub-alice")
+        # someone else took over the address at the provider: same email, another subject
+        oidc_provider.subject = "sub-mallory"
+        async with app.client() as http:
+            r = await _sso(http)
+            assert r.status_code == 403
+            assert "bound to another single sign-on identity" in r.text
+            assert (await http.get(page)).status_code == 303  # no session
+        # the bound subject changed its email at the provider: still the same console user
+        oidc_provider.email, oidc_provider.subject = "alice.new@example.com", "sub-alice"
+        async with app.client() as http:
+            assert (await _sso(http)).status_code == 303
+            r = await http.get(page)
+            assert r.status_code == 200
+            assert email in r.text
+    finally:
+        oidc_provider.subject = None

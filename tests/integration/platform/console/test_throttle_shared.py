@@ -7,7 +7,7 @@ import uuid
 
 from sqlalchemy import text
 
-from kiln_console.throttle import SignInThrottle
+from kiln_console.throttle import Attempt, SignInThrottle
 
 from .conftest import PASSWORD, App, csrf
 
@@ -48,5 +48,5 @@ async def test_the_window_slides_on_the_database_clock(app: App) -> None:
     await throttle.failed(sessions, email.upper(), source)  # the fifth: locked
     wait = await throttle.retry_after(sessions, email, source)
     assert 25 < wait <= 30  # until the oldest of the last five leaves, 30 s from now
-    await throttle.succeeded(sessions, email)
+    await throttle.succeeded(sessions, email, Attempt(0.0))
     assert await throttle.retry_after(sessions, email, source) == 0.0

@@ -22,9 +22,10 @@ import aiohttp
 import pytest
 from aiohttp import web
 from lightkube import KubeConfig
+from pydantic import SecretStr
 
 from kiln_platform.pools._kube_objects import deployment_name
-from kiln_platform.pools.backend import PoolSpec, Worker
+from kiln_platform.pools.backend import PoolSpec, Worker, worker_headers
 from kiln_platform.pools.kubernetes import KubernetesBackend
 from kiln_platform.settings import Settings
 from kiln_runtimes import _app as worker_app
@@ -34,6 +35,7 @@ from .fake_kube_api import FakeKubeAPI, serving
 
 SPEC = PoolSpec("resnet50", "1", Path("/data/store/trees/abc"))
 NAME = deployment_name(SPEC)
+SECRET = "kube-backend-test-worker-secret"
 POD_IPS = ("127.0.0.2", "127.0.0.3")
 """Loopback addresses standing for pod IPs: the stub workers listen on both."""
 
@@ -55,7 +57,7 @@ class StubWorkers:
 @pytest.fixture
 async def workers() -> AsyncIterator[StubWorkers]:
     stub = StubWorkers()
-    worker = SimpleNamespace(settings=SimpleNamespace(max_queue=64), info=stub.info,
+    worker = SimpleNamespace(settings=SimpleNamespace(max_queue=64, secret=SECRET), info=stub.info,
                              manifest=SimpleNamespace(context_length=1, task="tensor"))  # fmt: skip
     runner = web.AppRunner(worker_app.create_app(worker))  # type: ignore[arg-type]
     await runner.setup()
@@ -78,8 +80,9 @@ async def backend(
     kube: FakeKubeAPI, workers: StubWorkers, tmp_path: Path
 ) -> AsyncIterator[KubernetesBackend]:
     settings = Settings(data_dir=tmp_path, pool_backend="kubernetes", worker_image="kiln/w:1",
-                        kubernetes_store_claim="kiln-store")  # fmt: skip
-    async with aiohttp.ClientSession() as http:
+                        kubernetes_store_claim="kiln-store",
+                        worker_secret=SecretStr(SECRET))  # fmt: skip
+    async with aiohttp.ClientSession(headers=worker_headers(settings)) as http:
         pools = KubernetesBackend(settings, http, KubeConfig.from_dict(kube.kubeconfig()),
                                   poll_s=0.05, port=workers.port)  # fmt: skip
         yield pools
@@ -163,6 +166,29 @@ async def test_a_ready_pod_whose_health_the_gateway_cannot_reach_is_not_used(
     assert backend.ready(SPEC.key) == []
 
 
+async def test_a_pod_that_refuses_the_gateways_secret_is_not_used(
+    backend: KubernetesBackend, kube: FakeKubeAPI, workers: StubWorkers
+) -> None:
+    """The health check carries the worker secret; a worker with another secret answers 401,
+    and its pod, Ready to the kubelet (whose probes need none), never takes requests."""
+    other = SimpleNamespace(settings=SimpleNamespace(max_queue=64, secret="not-this-gateways"),
+                            info=workers.info,
+                            manifest=SimpleNamespace(context_length=1, task="tensor"))  # fmt: skip
+    runner = web.AppRunner(worker_app.create_app(other))  # type: ignore[arg-type]
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.4", workers.port).start()
+    try:
+        await sized(backend, kube, 2)
+        kube.add_pod(NAME, "other", "127.0.0.4", ready=True)
+        kube.add_pod(NAME, "ours", POD_IPS[0], ready=True)
+        await until(lambda: [w.name for w in backend.ready(SPEC.key)] == ["ours"])
+        await asyncio.sleep(0.3)
+        assert [w.name for w in backend.ready(SPEC.key)] == ["ours"]
+        assert sorted(w.name for w in backend.pools[SPEC.key]) == ["other", "ours"]
+    finally:
+        await runner.cleanup()
+
+
 async def test_suspect_takes_a_worker_out_until_its_health_answers_ready_again(
     backend: KubernetesBackend, kube: FakeKubeAPI, workers: StubWorkers
 ) -> None:
@@ -233,7 +259,7 @@ async def test_against_a_real_cluster(tmp_path: Path) -> None:
     template), the replica patch and the delete; no pod has to start."""
     namespace = os.environ["KILN_TEST_KUBE_NAMESPACE"]
     settings = Settings(data_dir=tmp_path, pool_backend="kubernetes", worker_image="busybox",
-                        kubernetes_store_claim="kiln-store",
+                        kubernetes_store_claim="kiln-store", worker_secret=SecretStr(SECRET),
                         kubernetes_namespace=namespace)  # fmt: skip
     spec = PoolSpec("kiln-backend-test", str(int(time.time())), tmp_path)
     async with aiohttp.ClientSession() as http:

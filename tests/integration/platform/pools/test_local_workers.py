@@ -1,0 +1,114 @@
+"""The ``local`` backend's real worker processes: what they inherit from the gateway (read from
+``/proc/<pid>/environ``) and that they answer only calls carrying the worker secret."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import aiohttp
+import msgspec
+import pytest
+from pydantic import SecretStr
+
+from kiln_platform.pools.backend import PoolSpec, Worker, worker_headers
+from kiln_platform.pools.local import LocalBackend
+from kiln_platform.settings import Settings
+from kiln_runtimes.protocol import MANIFEST_NAME, ErrorReply, ModelManifest, WorkerInfo
+from kiln_runtimes.store import ArtifactStore
+
+SERVER_SECRET = "server-secret-never-in-a-worker"
+DATABASE_URL = "postgresql://kiln:db-password-never-in-a-worker@db:5432/kiln"
+GATEWAY_ONLY = {
+    "KILN_SECRET_KEY": SERVER_SECRET,
+    "KILN_DATABASE_URL": DATABASE_URL,
+    "KILN_OIDC_CLIENT_SECRET": "oidc-secret-never-in-a-worker",
+    "AWS_SECRET_ACCESS_KEY": "aws-secret-never-in-a-worker",
+}
+"""The gateway's environment that no worker may see."""
+
+
+def environ(pid: int) -> dict[str, str]:
+    """A running process's environment, as the kernel holds it."""
+    raw = Path(f"/proc/{pid}/environ").read_bytes()
+    return dict(item.decode().split("=", 1) for item in raw.split(b"\0") if item)
+
+
+def cmdline(pid: int) -> bytes:
+    """A running process's command line (what ``ps`` shows)."""
+    return Path(f"/proc/{pid}/cmdline").read_bytes()
+
+
+@pytest.fixture
+def model_dir(tensor_models: dict[str, Path], mlp_manifest: ModelManifest, tmp_path: Path) -> Path:
+    folder = tmp_path / "mlp"
+    folder.mkdir()
+    (folder / "model.onnx").write_bytes(tensor_models["mlp"].read_bytes())
+    (folder / MANIFEST_NAME).write_bytes(msgspec.json.encode(mlp_manifest))
+    store = ArtifactStore(tmp_path / "store")
+    return store.path(store.put_dir(folder))
+
+
+@pytest.fixture
+async def worker(
+    model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> AsyncIterator[tuple[Settings, Worker]]:
+    for name, value in GATEWAY_ONLY.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    monkeypatch.setenv("LC_ALL", "C.UTF-8")
+    settings = Settings(data_dir=tmp_path / "data", secret_key=SecretStr(SERVER_SECRET),
+                        warm_standby=False, worker_threads=1)  # fmt: skip
+    spec = PoolSpec("mlp", "1", model_dir)
+    async with aiohttp.ClientSession(headers=worker_headers(settings)) as http:
+        pools = LocalBackend(settings, http)
+        pools.ensure(spec)
+        pools.scale(spec.key, 1)
+        deadline = time.monotonic() + 60
+        while not pools.ready(spec.key):  # readiness is the gateway's /health call, with secret
+            assert time.monotonic() < deadline, "the worker never became ready"
+            await asyncio.sleep(0.05)
+        try:
+            yield settings, pools.ready(spec.key)[0]
+        finally:
+            await pools.stop()
+
+
+async def test_a_worker_inherits_only_what_it_needs(worker: tuple[Settings, Worker]) -> None:
+    settings, running = worker
+    assert running.process is not None
+    env = environ(running.process.pid)
+    assert env["KILN_WORKER_SECRET"] == settings.worker_key()
+    assert settings.worker_key() != SERVER_SECRET
+    assert not [k for k in env if k in GATEWAY_ONLY]
+    leaked = [k for k, v in env.items() for secret in GATEWAY_ONLY.values() if secret in v]
+    assert not leaked
+    assert [k for k in env if k.startswith("KILN_")] == ["KILN_WORKER_SECRET"]
+    assert (env["OMP_NUM_THREADS"], env["LC_ALL"]) == ("1", "C.UTF-8")
+    assert env["PATH"]
+    # and not on its command line either, where ``ps`` shows it
+    assert settings.worker_key().encode() not in cmdline(running.process.pid)
+
+
+async def test_the_worker_refuses_calls_without_the_secret(
+    worker: tuple[Settings, Worker],
+) -> None:
+    settings, running = worker
+    wrong = Settings(data_dir=Path("/nonexistent"), secret_key=SecretStr("another deployment"))
+    for headers in ({}, worker_headers(wrong), {"authorization": f"Bearer {SERVER_SECRET}"}):
+        async with (
+            aiohttp.ClientSession(headers=headers) as stranger,
+            stranger.get(f"{running.url}/health") as refused,
+        ):
+            assert refused.status == 401
+            assert msgspec.msgpack.decode(await refused.read(), type=ErrorReply).code == (
+                "unauthorized"
+            )
+    async with (
+        aiohttp.ClientSession(headers=worker_headers(settings)) as gateway,
+        gateway.get(f"{running.url}/health") as answered,
+    ):
+        assert answered.status == 200
+        assert msgspec.msgpack.decode(await answered.read(), type=WorkerInfo).ready
