@@ -227,6 +227,9 @@ class GenerateAccuracy(msgspec.Struct, frozen=True, kw_only=True, tag="generate"
     first_divergence: int | None
     top1_agreement: float
     max_abs_logit_diff: float
+    reference_min_margin: float
+    """The smallest gap between transformers' best and second-best logit along the sequence:
+    when it is well above ``max_abs_logit_diff``, equal greedy output is no accident of ties."""
 
 
 class EmbedAccuracy(msgspec.Struct, frozen=True, kw_only=True, tag="embeddings"):
