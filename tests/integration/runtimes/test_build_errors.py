@@ -120,6 +120,11 @@ def test_embeddings_precision(tmp_path: Path, tiny_models: Any, build_cli: Any) 
     assert error["field"] == "precision"
 
 
+def test_fp16_on_cpu(llama: Path, tmp_path: Path, build_cli: Any) -> None:
+    error = _refused(build_cli, llama, tmp_path, "--precision", "fp16", "--target", "cpu")
+    assert (error["file"], error["field"]) == (None, "precision")
+
+
 def test_tensor_model_is_detected_not_built(
     tmp_path: Path, tensor_models: dict[str, Path], build_cli: Any
 ) -> None:

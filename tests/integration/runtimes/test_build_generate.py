@@ -74,18 +74,21 @@ def test_fp32_greedy_equals_transformers(kind: str, fp32: dict[str, Any]) -> Non
     assert "<|im_start|>" in tokenizer_config["chat_template"]
 
 
-def test_int4_reports_agreement(sources: dict[str, Path], tmp_path: Path, build_cli: Any) -> None:
-    run = build_cli.build(sources["llama"], tmp_path / "int4", "--precision", "int4")
+@pytest.mark.parametrize("precision", ["int4", "int8"])
+def test_quantized_build_reports_agreement(
+    precision: str, sources: dict[str, Path], tmp_path: Path, build_cli: Any
+) -> None:
+    run = build_cli.build(sources["llama"], tmp_path / precision, "--precision", precision)
     assert run.returncode == 0, run.stderr[-3000:]
     assert run.phases == ["validating", "quantizing", "optimizing", "checking accuracy", "ready"]
     accuracy = run.last["accuracy"]
-    print("int4", {k: accuracy[k] for k in FIGURES}, f"{run.last['seconds']} s")
+    print(precision, {k: accuracy[k] for k in FIGURES}, f"{run.last['seconds']} s")
     assert 0.0 <= accuracy["top1_agreement"] <= 1.0
     assert 0 <= accuracy["equal_prefix"] <= 32
-    assert accuracy["max_abs_logit_diff"] > 0.0
-    model = onnx.load(str(tmp_path / "int4" / "model.onnx"), load_external_data=False)
+    assert accuracy["max_abs_logit_diff"] > 1e-3  # weights really were quantized
+    model = onnx.load(str(tmp_path / precision / "model.onnx"), load_external_data=False)
     assert "MatMulNBits" in {node.op_type for node in model.graph.node}
-    assert run.last["manifest"]["precision"] == "int4"
+    assert run.last["manifest"]["precision"] == precision
 
 
 def test_cuda_target_builds_on_cpu(
@@ -113,3 +116,19 @@ def test_cuda_build_serves() -> None:
     if "CUDAExecutionProvider" not in ort.get_available_providers():
         pytest.skip("serving a CUDA-target build needs an NVIDIA GPU (no CUDA provider here)")
     pytest.fail("run the CUDA build through og.Generator on a GPU machine")  # not reached here
+
+
+def test_prebuilt_genai_folder_is_taken_as_it_is(
+    fp32: dict[str, Any], tmp_path: Path, build_cli: Any
+) -> None:
+    built = Path(fp32["llama"].last["out_dir"])
+    detected = build_cli.build(built, None, "--detect")
+    assert (detected.last["kind"], detected.last["task"]) == ("genai", "generate")
+    run = build_cli.build(built, tmp_path / "copy", "--name", "prebuilt")
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert run.last["accuracy"]["type"] == "skipped"
+    manifest = run.last["manifest"]
+    assert (manifest["name"], manifest["target"], manifest["stop_token_ids"]) == (
+        "prebuilt", "cpu", [2],
+    )  # fmt: skip
+    assert (tmp_path / "copy" / "model.onnx").read_bytes() == (built / "model.onnx").read_bytes()
