@@ -1,4 +1,4 @@
-"""Generation builds of tiny random Llama, Qwen2 and Phi-3 folders through the builder.
+"""Generation builds of tiny random Llama, Qwen2, Phi-3 and Gemma folders through the builder.
 
 fp32 builds must reproduce transformers' greedy output token for token (the models are drawn
 with a wide init so their logits are far from ties); an int4 build reports how far it drifts;
@@ -19,6 +19,7 @@ ARCHITECTURES = {
     "llama": "LlamaForCausalLM",
     "qwen2": "Qwen2ForCausalLM",
     "phi3": "Phi3ForCausalLM",
+    "gemma": "GemmaForCausalLM",
 }
 FIGURES = ("equal_prefix", "top1_agreement", "max_abs_logit_diff", "reference_min_margin")
 PHASES = ["validating", "converting", "optimizing", "checking accuracy", "ready"]
