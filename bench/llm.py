@@ -233,8 +233,7 @@ def unpruned_model_dir(args: argparse.Namespace) -> Path:
         from kiln_runtimes.importers import smollm2
 
         print(f"building {out} (og.Engine needs an export without prune_lm_head) ...", flush=True)
-        smollm2.BUILDER_ARGS = ("-p", "int4", "-e", "cpu")  # type: ignore[assignment]
-        smollm2.build(out, progress=lambda m: print("  " + m, flush=True))
+        smollm2.build(out, progress=lambda m: print("  " + m, flush=True), prune_lm_head=False)
     return out
 
 

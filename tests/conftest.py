@@ -140,6 +140,18 @@ def tensor_models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 
 @pytest.fixture(scope="session")
+def tiny_models() -> Any:
+    """Tiny random-weight Hugging Face folders (``tests/fixtures/tiny_models.py``)."""
+    return _fixture_module("tiny_models")
+
+
+@pytest.fixture(scope="session")
+def build_cli() -> Any:
+    """Runs ``python -m kiln_runtimes.build`` (``tests/fixtures/build_cli.py``)."""
+    return _fixture_module("build_cli")
+
+
+@pytest.fixture(scope="session")
 def peft() -> Any:
     """Made-up PEFT LoRA adapters (``tests/fixtures/peft_adapters.py``)."""
     return _fixture_module("peft_adapters")

@@ -66,6 +66,18 @@ class ModelManifest(msgspec.Struct, frozen=True, kw_only=True):
     outputs: list[TensorSpec] = []
     opset: int | None = None
     batching: bool = False
+    architecture: str | None = None
+    """The source's ``config.json`` architecture (``LlamaForCausalLM``, ``BertModel``, ...)."""
+    precision: str | None = None
+    """Weight precision the model was built in: ``int4``, ``int8``, ``fp16`` or ``fp32``."""
+    target: str | None = None
+    """What the graph was built for: ``cpu`` or ``cuda``."""
+    stop_token_ids: list[int] = []
+    """Generation ends at any of these (``eos_token_id`` of config and generation config)."""
+    pooling: Literal["mean", "cls", "lasttoken"] | None = None
+    """How the embeddings graph pools token states (it is inside the graph; informational)."""
+    normalize: bool | None = None
+    """Whether the embeddings graph L2-normalizes its output."""
 
 
 class WorkerInfo(msgspec.Struct, frozen=True, kw_only=True):
@@ -185,6 +197,74 @@ class CompileReport(msgspec.Struct, frozen=True, kw_only=True):
     reference_ms: float | None = None
     engine_ms: float | None = None
     notes: str = ""
+
+
+BuildPhase = Literal[
+    "validating", "converting", "quantizing", "optimizing", "checking accuracy", "ready"
+]
+
+
+class BuildProgress(msgspec.Struct, frozen=True, kw_only=True):
+    """One progress line of ``python -m kiln_runtimes.build``."""
+
+    phase: BuildPhase
+    percent: int
+    message: str
+
+
+class BuildFailure(msgspec.Struct, frozen=True, kw_only=True):
+    """The last line of a failed build: what is wrong, in which file, which field."""
+
+    error: str
+    file: str | None = None
+    field: str | None = None
+
+
+class GenerateAccuracy(msgspec.Struct, frozen=True, kw_only=True, tag="generate"):
+    """A generation build against transformers on one fixed prompt.
+
+    Greedy: each side generates ``tokens`` tokens on its own. Teacher-forced: both score the
+    same sequence (prompt + transformers' tokens); agreement is the share of positions whose
+    argmax matches, the logit difference the largest over every position and vocabulary entry.
+    """
+
+    prompt_ids: list[int]
+    tokens: int
+    reference_ids: list[int]
+    built_ids: list[int]
+    equal_prefix: int
+    first_divergence: int | None
+    top1_agreement: float
+    max_abs_logit_diff: float
+    reference_min_margin: float
+    """The smallest gap between transformers' best and second-best logit along the sequence:
+    when it is well above ``max_abs_logit_diff``, equal greedy output is no accident of ties."""
+
+
+class EmbedAccuracy(msgspec.Struct, frozen=True, kw_only=True, tag="embeddings"):
+    """An embeddings build against sentence-transformers: cosine per fixed input."""
+
+    inputs: list[str]
+    cosines: list[float]
+    min_cosine: float
+
+
+class AccuracySkipped(msgspec.Struct, frozen=True, kw_only=True, tag="skipped"):
+    """No comparison was possible (a prebuilt folder, a CUDA graph on a machine without GPU)."""
+
+    reason: str
+
+
+AccuracyReport = GenerateAccuracy | EmbedAccuracy | AccuracySkipped
+
+
+class BuildReport(msgspec.Struct, frozen=True, kw_only=True):
+    """The last line of a successful build; ``accuracy`` is also ``accuracy.json`` in the folder."""
+
+    out_dir: str
+    manifest: ModelManifest
+    accuracy: AccuracyReport
+    seconds: float
 
 
 class ErrorReply(msgspec.Struct, frozen=True, kw_only=True):

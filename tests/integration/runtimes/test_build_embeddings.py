@@ -1,0 +1,84 @@
+"""Embeddings builds of tiny BERT sentence-transformers folders (mean and CLS pooling).
+
+Each fp32 build must match sentence-transformers (cosine >= 0.9999 on fixed inputs) and be
+served by the worker's own embeddings backend; an int8 build reports its cosines.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import numpy as np
+import pytest
+
+from kiln_runtimes.backends import get_embedding_backend
+from kiln_runtimes.protocol import MANIFEST_NAME, ModelManifest
+
+pytestmark = pytest.mark.slow
+HEADS = {"mean": ("mean", True), "cls": ("cls", False), "lasttoken": ("lasttoken", True)}
+
+
+@pytest.fixture(scope="module")
+def sources(tmp_path_factory: pytest.TempPathFactory, tiny_models: Any) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("st")
+    return {
+        name: tiny_models.sentence(root / name, pooling, normalize=normalize)
+        for name, (pooling, normalize) in HEADS.items()
+    }
+
+
+@pytest.fixture(scope="module")
+def fp32(
+    sources: dict[str, Path], tmp_path_factory: pytest.TempPathFactory, build_cli: Any
+) -> dict[str, Any]:
+    out = tmp_path_factory.mktemp("built")
+    return {name: build_cli.build(source, out / name) for name, source in sources.items()}
+
+
+@pytest.mark.parametrize("name", list(HEADS))
+def test_fp32_matches_sentence_transformers(name: str, fp32: dict[str, Any]) -> None:
+    run = fp32[name]
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert run.phases == ["validating", "converting", "optimizing", "checking accuracy", "ready"]
+    accuracy, manifest = run.last["accuracy"], run.last["manifest"]
+    print(name, accuracy["cosines"], f"{run.last['seconds']} s")
+    assert accuracy["type"] == "embeddings"
+    assert len(accuracy["cosines"]) == len(accuracy["inputs"]) == 4
+    assert accuracy["min_cosine"] >= 0.9999
+    pooling, normalize = HEADS[name]
+    assert (manifest["pooling"], manifest["normalize"]) == (pooling, normalize)
+    assert (manifest["task"], manifest["engine"], manifest["dimensions"]) == (
+        "embeddings", "onnxruntime", 64,
+    )  # fmt: skip
+    assert (manifest["precision"], manifest["architecture"]) == ("fp32", "BertModel")
+    folder = Path(run.last["out_dir"])
+    assert json.loads((folder / "accuracy.json").read_text()) == accuracy
+
+
+@pytest.mark.parametrize("name", ["mean", "cls"])
+def test_worker_backend_serves_the_build(name: str, fp32: dict[str, Any]) -> None:
+    folder = Path(fp32[name].last["out_dir"])
+    manifest = msgspec.json.decode((folder / MANIFEST_NAME).read_bytes(), type=ModelManifest)
+    backend = get_embedding_backend(manifest)
+    backend.load(folder, manifest, threads=1)
+    try:
+        out = backend.run([[2, 10, 11, 12, 3], [2, 20, 3]])
+    finally:
+        backend.unload()
+    vectors = np.asarray(out)
+    assert vectors.shape == (2, 64)
+    if HEADS[name][1]:
+        assert np.allclose(np.linalg.norm(vectors, axis=1), 1.0, atol=1e-5)
+
+
+def test_int8_reports_cosines(sources: dict[str, Path], tmp_path: Path, build_cli: Any) -> None:
+    run = build_cli.build(sources["mean"], tmp_path / "int8", "--precision", "int8")
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert "quantizing" in run.phases
+    accuracy = run.last["accuracy"]
+    print("int8", accuracy["cosines"], f"{run.last['seconds']} s")
+    assert 0.9 <= accuracy["min_cosine"] <= 1.0
+    assert run.last["manifest"]["precision"] == "int8"

@@ -1,0 +1,135 @@
+"""Generation builds of tiny random Llama, Qwen2, Phi-3 and Gemma folders through the builder.
+
+fp32 builds must reproduce transformers' greedy output token for token (the models are drawn
+with a wide init so their logits are far from ties); an int4 build reports how far it drifts;
+a CUDA-target build is produced here on CPU and its structure checked.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import onnx
+import pytest
+
+pytestmark = pytest.mark.slow
+ARCHITECTURES = {
+    "llama": "LlamaForCausalLM",
+    "qwen2": "Qwen2ForCausalLM",
+    "phi3": "Phi3ForCausalLM",
+    "gemma": "GemmaForCausalLM",
+}
+FIGURES = ("equal_prefix", "top1_agreement", "max_abs_logit_diff", "reference_min_margin")
+PHASES = ["validating", "converting", "optimizing", "checking accuracy", "ready"]
+
+
+@pytest.fixture(scope="module")
+def sources(tmp_path_factory: pytest.TempPathFactory, tiny_models: Any) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("sources")
+    return {kind: tiny_models.causal(root / kind, kind, seed=7) for kind in ARCHITECTURES}
+
+
+@pytest.fixture(scope="module")
+def fp32(
+    sources: dict[str, Path], tmp_path_factory: pytest.TempPathFactory, build_cli: Any
+) -> dict[str, Any]:
+    out = tmp_path_factory.mktemp("fp32")
+    return {
+        kind: build_cli.build(source, out / kind, "--precision", "fp32", "--name", f"tiny-{kind}")
+        for kind, source in sources.items()
+    }
+
+
+@pytest.mark.parametrize("kind", list(ARCHITECTURES))
+def test_fp32_greedy_equals_transformers(kind: str, fp32: dict[str, Any]) -> None:
+    run = fp32[kind]
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert run.phases == PHASES
+    report = run.last
+    accuracy = report["accuracy"]
+    print(kind, {k: accuracy[k] for k in FIGURES}, f"{report['seconds']} s")
+    assert accuracy["type"] == "generate"
+    assert accuracy["tokens"] == 32
+    assert accuracy["built_ids"] == accuracy["reference_ids"]
+    assert accuracy["equal_prefix"] == 32
+    assert accuracy["first_divergence"] is None
+    assert accuracy["top1_agreement"] == 1.0
+    assert accuracy["max_abs_logit_diff"] < 1e-3
+    # no near-ties: the closest call along the sequence is far wider than the builds' difference
+    assert accuracy["reference_min_margin"] > 10 * accuracy["max_abs_logit_diff"]
+    assert len(set(accuracy["reference_ids"])) >= 16  # a real sequence, not one token repeated
+    folder = Path(report["out_dir"])
+    assert json.loads((folder / "accuracy.json").read_text()) == accuracy
+    manifest = report["manifest"]
+    assert json.loads((folder / "kiln.json").read_text()) == manifest
+    assert manifest["name"] == f"tiny-{kind}"
+    assert manifest["task"] == "generate"
+    assert manifest["engine"] == "onnxruntime-genai"
+    assert manifest["architecture"] == ARCHITECTURES[kind]
+    assert (manifest["precision"], manifest["target"]) == ("fp32", "cpu")
+    assert manifest["stop_token_ids"] == [2]
+    assert manifest["context_length"] == 256
+    tokenizer_config = json.loads((folder / "tokenizer_config.json").read_text())
+    assert "<|im_start|>" in tokenizer_config["chat_template"]
+
+
+@pytest.mark.parametrize("precision", ["int4", "int8"])
+def test_quantized_build_reports_agreement(
+    precision: str, sources: dict[str, Path], tmp_path: Path, build_cli: Any
+) -> None:
+    run = build_cli.build(sources["llama"], tmp_path / precision, "--precision", precision)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert run.phases == ["validating", "quantizing", "optimizing", "checking accuracy", "ready"]
+    accuracy = run.last["accuracy"]
+    print(precision, {k: accuracy[k] for k in FIGURES}, f"{run.last['seconds']} s")
+    assert 0.0 <= accuracy["top1_agreement"] <= 1.0
+    assert 0 <= accuracy["equal_prefix"] <= 32
+    assert accuracy["max_abs_logit_diff"] > 1e-3  # weights really were quantized
+    model = onnx.load(str(tmp_path / precision / "model.onnx"), load_external_data=False)
+    assert "MatMulNBits" in {node.op_type for node in model.graph.node}
+    assert run.last["manifest"]["precision"] == precision
+
+
+def test_cuda_target_builds_on_cpu(
+    sources: dict[str, Path], tmp_path: Path, build_cli: Any
+) -> None:
+    out = tmp_path / "cuda"
+    run = build_cli.build(sources["qwen2"], out, "--precision", "int4", "--target", "cuda")
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert run.last["accuracy"] == {"type": "skipped", "reason": "a cuda graph needs a GPU to run"}
+    assert run.last["manifest"]["target"] == "cuda"
+    genai = json.loads((out / "genai_config.json").read_text())
+    providers = genai["model"]["decoder"]["session_options"]["provider_options"]
+    assert any("cuda" in entry for entry in providers)
+    model = onnx.load(str(out / "model.onnx"), load_external_data=False)
+    ops = {node.op_type for node in model.graph.node}
+    assert {"GroupQueryAttention", "MatMulNBits"} <= ops
+    inputs = {i.name: i.type.tensor_type.elem_type for i in model.graph.input}
+    assert inputs["past_key_values.0.key"] == onnx.TensorProto.FLOAT16  # fp16 KV cache on CUDA
+
+
+@pytest.mark.gpu
+def test_cuda_build_serves() -> None:
+    import onnxruntime as ort
+
+    if "CUDAExecutionProvider" not in ort.get_available_providers():
+        pytest.skip("serving a CUDA-target build needs an NVIDIA GPU (no CUDA provider here)")
+    pytest.fail("run the CUDA build through og.Generator on a GPU machine")  # not reached here
+
+
+def test_prebuilt_genai_folder_is_taken_as_it_is(
+    fp32: dict[str, Any], tmp_path: Path, build_cli: Any
+) -> None:
+    built = Path(fp32["llama"].last["out_dir"])
+    detected = build_cli.build(built, None, "--detect")
+    assert (detected.last["kind"], detected.last["task"]) == ("genai", "generate")
+    run = build_cli.build(built, tmp_path / "copy", "--name", "prebuilt")
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert run.last["accuracy"]["type"] == "skipped"
+    manifest = run.last["manifest"]
+    assert (manifest["name"], manifest["target"], manifest["stop_token_ids"]) == (
+        "prebuilt", "cpu", [2],
+    )  # fmt: skip
+    assert (tmp_path / "copy" / "model.onnx").read_bytes() == (built / "model.onnx").read_bytes()

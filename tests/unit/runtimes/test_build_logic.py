@@ -1,0 +1,176 @@
+"""The build library's pure parts: task detection, pooling, safetensors checks, report maths."""
+
+from __future__ import annotations
+
+import json
+import struct
+from pathlib import Path
+
+import msgspec
+import numpy as np
+import pytest
+
+from kiln_runtimes.build import BuildError
+from kiln_runtimes.build._accuracy import agreement, cosines, teacher_forced
+from kiln_runtimes.build._checks import (
+    builder_architectures,
+    check_architecture,
+    safetensors_parameters,
+)
+from kiln_runtimes.build._genai import builder_command, provider, stop_token_ids
+from kiln_runtimes.build._options import check_memory, memory_needed
+from kiln_runtimes.build._pooling import pooling_mode, read_head
+from kiln_runtimes.build._source import detect, task_for
+from kiln_runtimes.protocol import ModelManifest
+
+
+@pytest.mark.parametrize(
+    ("config", "modules", "task"),
+    [
+        ({"architectures": ["LlamaForCausalLM"]}, False, "generate"),
+        ({"architectures": ["Qwen3ForCausalLM"]}, False, "generate"),
+        ({"architectures": ["BertModel"]}, False, "embeddings"),
+        ({"architectures": ["XLMRobertaModel"]}, True, "embeddings"),
+        ({"model_type": "bert"}, False, "embeddings"),
+        ({"architectures": ["ViTForImageClassification"]}, False, None),
+        ({}, False, None),
+    ],
+)
+def test_task_for(config: dict[str, object], modules: bool, task: str | None) -> None:
+    assert task_for(config, has_modules=modules) == task
+
+
+def test_detect_kinds(tmp_path: Path) -> None:
+    (tmp_path / "m.gguf").write_bytes(b"GGUF")
+    (tmp_path / "t.onnx").write_bytes(b"")
+    genai = tmp_path / "genai"
+    genai.mkdir()
+    (genai / "genai_config.json").write_text("{}")
+    hf = tmp_path / "hf"
+    hf.mkdir()
+    (hf / "config.json").write_text(json.dumps({"architectures": ["BertModel"]}))
+    assert detect(tmp_path / "m.gguf").kind == "gguf"
+    assert detect(tmp_path / "t.onnx").task == "tensor"
+    assert detect(genai).kind == "genai"
+    assert detect(hf).task == "embeddings"
+    assert detect(hf, "generate").task == "generate"  # an explicit task overrides
+    with pytest.raises(BuildError) as refused:
+        detect(tmp_path / "m.gguf", "embeddings")
+    assert refused.value.field == "task"
+
+
+def test_builder_architectures_cover_the_brief() -> None:
+    wanted = {"LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM",
+              "Phi3ForCausalLM", "GemmaForCausalLM", "Gemma2ForCausalLM"}  # fmt: skip
+    assert wanted <= builder_architectures()
+    with pytest.raises(BuildError) as refused:
+        check_architecture("GPTNeoXForCausalLM")
+    assert (refused.value.file, refused.value.field) == ("config.json", "architectures")
+
+
+@pytest.mark.parametrize(
+    ("config", "mode"),
+    [
+        ({"pooling_mode_mean_tokens": True, "pooling_mode_cls_token": False}, "mean"),
+        ({"pooling_mode_cls_token": True}, "cls"),
+        ({"pooling_mode_lasttoken": True}, "lasttoken"),
+        ({"pooling_mode": "cls"}, "cls"),
+    ],
+)
+def test_pooling_mode(config: dict[str, object], mode: str) -> None:
+    assert pooling_mode(config) == mode
+
+
+@pytest.mark.parametrize(
+    "config",
+    [{"pooling_mode_max_tokens": True}, {}, {"pooling_mode_mean_tokens": True,
+                                             "pooling_mode_cls_token": True}],
+)  # fmt: skip
+def test_pooling_mode_refuses(config: dict[str, object]) -> None:
+    with pytest.raises(BuildError) as refused:
+        pooling_mode(config)
+    assert refused.value.file == "1_Pooling/config.json"
+
+
+def test_read_head(tmp_path: Path) -> None:
+    assert (read_head(tmp_path).pooling, read_head(tmp_path).normalize) == ("mean", False)
+    kinds = [("", "Transformer"), ("1_Pooling", "Pooling"), ("2_Normalize", "Normalize")]
+    modules = [{"path": p, "type": f"sentence_transformers.models.{k}"} for p, k in kinds]
+    (tmp_path / "modules.json").write_text(json.dumps(modules))
+    (tmp_path / "1_Pooling").mkdir()
+    (tmp_path / "1_Pooling" / "config.json").write_text('{"pooling_mode_cls_token": true}')
+    head = read_head(tmp_path)
+    assert (head.encoder_dir, head.pooling, head.normalize) == ("", "cls", True)
+
+
+def _safetensors(path: Path, header: dict[str, object], data: bytes) -> Path:
+    raw = json.dumps(header).encode()
+    path.write_bytes(struct.pack("<Q", len(raw)) + raw + data)
+    return path
+
+
+def test_safetensors_parameters(tmp_path: Path) -> None:
+    header = {"__metadata__": {"format": "pt"},
+              "a": {"dtype": "F32", "shape": [2, 3], "data_offsets": [0, 24]},
+              "b": {"dtype": "F32", "shape": [4], "data_offsets": [24, 40]}}  # fmt: skip
+    assert (
+        safetensors_parameters(_safetensors(tmp_path / "ok.safetensors", header, bytes(40))) == 10
+    )
+    with pytest.raises(BuildError) as short:
+        safetensors_parameters(_safetensors(tmp_path / "short.safetensors", header, bytes(30)))
+    assert (short.value.file, short.value.field) == ("short.safetensors", "b")
+    with pytest.raises(BuildError) as padded:
+        safetensors_parameters(_safetensors(tmp_path / "long.safetensors", header, bytes(48)))
+    assert padded.value.field == "data"
+    (tmp_path / "huge.safetensors").write_bytes(struct.pack("<Q", 1 << 40) + b"{}")
+    with pytest.raises(BuildError) as huge:
+        safetensors_parameters(tmp_path / "huge.safetensors")
+    assert huge.value.field == "header"
+
+
+def test_memory_estimate() -> None:
+    assert memory_needed(1_000_000, "int4") == 500_000
+    assert memory_needed(1_000_000, "fp16") == 2_000_000
+    check_memory(1_000_000, "int8", 1_000_000, "x")
+    with pytest.raises(BuildError) as refused:
+        check_memory(1_000_000, "fp32", 3_999_999, "model.gguf")
+    assert (refused.value.file, refused.value.field) == ("model.gguf", "max_memory_bytes")
+
+
+def test_stop_token_ids(tmp_path: Path) -> None:
+    (tmp_path / "config.json").write_text('{"eos_token_id": [128001, 128009]}')
+    (tmp_path / "generation_config.json").write_text('{"eos_token_id": 128008}')
+    assert stop_token_ids(tmp_path) == [128001, 128008, 128009]
+
+
+def test_builder_command_and_provider(tmp_path: Path) -> None:
+    command = builder_command(tmp_path, tmp_path / "o", tmp_path / "c", precision="int8",
+                              target="cuda", prune_lm_head=True)  # fmt: skip
+    assert command[command.index("-p") + 1 :][:3] == ["int8", "-e", "cuda"]
+    assert command[-2:] == ["--extra_options", "prune_lm_head=true"]
+    options = {"provider_options": [{"cuda": {"enable_cuda_graph": "0"}}]}
+    assert provider({"model": {"decoder": {"session_options": options}}}) == "cuda"
+    assert provider({"model": {"decoder": {"session_options": {}}}}) == "cpu"
+
+
+def test_agreement() -> None:
+    assert agreement([1, 2, 3], [1, 2, 3]) == (3, None)
+    assert agreement([1, 2, 3], [1, 5, 3]) == (1, 1)
+    assert agreement([1, 2, 3], [1, 2]) == (2, 2)  # the built side stopped early
+
+
+def test_teacher_forced_and_cosines() -> None:
+    ref = np.array([[0.0, 1.0, 0.5], [2.0, 0.0, 0.0]], dtype=np.float32)
+    built = np.array([[0.0, 0.9, 0.5], [0.0, 0.0, 2.5]], dtype=np.float32)
+    rate, diff, margin = teacher_forced(ref, built)
+    assert rate == 0.5
+    assert diff == pytest.approx(2.5)
+    assert margin == pytest.approx(0.5)
+    assert cosines(ref, ref) == pytest.approx([1.0, 1.0])
+    assert cosines(np.array([[1.0, 0.0]]), np.array([[0.0, 1.0]])) == [0.0]
+
+
+def test_old_manifests_still_decode() -> None:
+    old = b'{"name":"m","task":"generate","engine":"onnxruntime-genai","context_length":8192}'
+    manifest = msgspec.json.decode(old, type=ModelManifest)
+    assert (manifest.stop_token_ids, manifest.precision, manifest.pooling) == ([], None, None)
