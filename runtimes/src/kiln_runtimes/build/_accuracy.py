@@ -1,0 +1,132 @@
+"""Each build against its source framework on fixed inputs (the ``accuracy.json`` report)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from kiln_runtimes.protocol import EmbedAccuracy, GenerateAccuracy
+
+if TYPE_CHECKING:
+    from pathlib import Path
+
+PROMPT = "The quick brown fox jumps over the lazy dog. Once upon a time"
+SENTENCES = (
+    "a cat sits on the mat",
+    "Kiln compares every build with the framework it came from.",
+    "Café crème, s'il vous plaît",
+    "the the the the",
+)
+
+
+def agreement(reference: list[int], built: list[int]) -> tuple[int, int | None]:
+    """Equal-prefix length of two greedy outputs and the first index where they differ."""
+    prefix = 0
+    for want, got in zip(reference, built, strict=False):
+        if want != got:
+            break
+        prefix += 1
+    same = prefix == len(reference) == len(built)
+    return prefix, None if same else prefix
+
+
+def teacher_forced(reference: np.ndarray, built: np.ndarray) -> tuple[float, float, float]:
+    """Top-1 agreement rate and max abs difference of two ``[positions, vocab]`` logit arrays,
+    and the smallest gap between the reference's best and second-best logit at any position."""
+    rate = float(np.mean(reference.argmax(axis=-1) == built.argmax(axis=-1)))
+    top2 = np.sort(reference, axis=-1)[:, -2:].astype(np.float64)
+    margin = float((top2[:, 1] - top2[:, 0]).min())
+    return rate, float(np.abs(reference.astype(np.float64) - built).max()), margin
+
+
+def cosines(reference: np.ndarray, built: np.ndarray) -> list[float]:
+    """Cosine similarity of each row pair."""
+    a, b = reference.astype(np.float64), built.astype(np.float64)
+    norms = np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1)
+    return [float(x) for x in (a * b).sum(axis=1) / np.maximum(norms, 1e-12)]
+
+
+def generate(hf_dir: Path, built_dir: Path, tokens: int) -> GenerateAccuracy:
+    """Greedy ``tokens`` tokens from transformers and from the built folder, then both scored
+    teacher-forced on transformers' sequence."""
+    from tokenizers import Tokenizer
+
+    prompt = Tokenizer.from_file(str(built_dir / "tokenizer.json")).encode(PROMPT).ids
+    reference, reference_logits = _transformers(hf_dir, prompt, tokens)
+    built, built_logits = _genai(built_dir, prompt, reference, tokens)
+    prefix, divergence = agreement(reference, built)
+    rate, diff, margin = teacher_forced(reference_logits, built_logits)
+    return GenerateAccuracy(
+        prompt_ids=prompt, tokens=tokens, reference_ids=reference, built_ids=built,
+        equal_prefix=prefix, first_divergence=divergence, top1_agreement=rate,
+        max_abs_logit_diff=diff, reference_min_margin=margin,
+    )  # fmt: skip
+
+
+def _transformers(hf_dir: Path, prompt: list[int], tokens: int) -> tuple[list[int], np.ndarray]:
+    """transformers' greedy continuation (EOS ignored) and its logits along it, fp32."""
+    import torch
+    from transformers import AutoModelForCausalLM, GenerationConfig
+
+    model = AutoModelForCausalLM.from_pretrained(str(hf_dir), dtype=torch.float32)
+    model.eval()  # type: ignore[no-untyped-call]
+    model.generation_config.eos_token_id = None  # generate merges it in: never stop early
+    settings = GenerationConfig(  # type: ignore[no-untyped-call]
+        do_sample=False, max_new_tokens=tokens, eos_token_id=None,
+        pad_token_id=0, bos_token_id=None,
+    )  # fmt: skip
+    ids = torch.tensor([prompt])
+    with torch.inference_mode():
+        out = model.generate(ids, attention_mask=torch.ones_like(ids), generation_config=settings)
+        sequence = out[0, len(prompt) :].tolist()
+        logits = model(out[:, :-1]).logits[0, len(prompt) - 1 :].float().numpy()
+    return sequence, logits
+
+
+def _genai(
+    built_dir: Path, prompt: list[int], reference: list[int], tokens: int
+) -> tuple[list[int], np.ndarray]:
+    """The built folder's own greedy continuation, and its logits along ``reference``."""
+    import onnxruntime_genai as og
+
+    model = og.Model(str(built_dir))
+    own = _step(og, model, prompt, None, tokens)
+    forced = _step(og, model, prompt, reference, len(reference))
+    return [int(np.argmax(row)) for row in own][:tokens], np.stack(forced)
+
+
+def _step(
+    og: Any, model: Any, prompt: list[int], forced: list[int] | None, tokens: int
+) -> list[np.ndarray]:
+    """Last-position logits after the prompt and after each appended token (argmax or forced)."""
+    params = og.GeneratorParams(model)
+    params.set_search_options(max_length=len(prompt) + tokens + 1, do_sample=False)
+    generator = og.Generator(model, params)
+    generator.append_tokens(prompt)
+    rows: list[np.ndarray] = []
+    for i in range(tokens):
+        row = np.asarray(generator.get_logits(), dtype=np.float32).reshape(-1)
+        rows.append(row)
+        if i + 1 < tokens:
+            nxt = forced[i] if forced is not None else int(np.argmax(row))
+            generator.append_tokens([nxt])
+    return rows
+
+
+def embeddings(source: Path, built_dir: Path, model_file: str) -> EmbedAccuracy:
+    """Cosine of each fixed input's built embedding with sentence-transformers' own."""
+    import onnxruntime as ort
+    from sentence_transformers import SentenceTransformer
+    from tokenizers import Tokenizer
+
+    from kiln_runtimes.build._encoder import pad
+
+    reference = SentenceTransformer(str(source), device="cpu", local_files_only=True).encode(
+        list(SENTENCES), convert_to_numpy=True
+    )
+    ids, mask = pad(Tokenizer.from_file(str(built_dir / "tokenizer.json")), SENTENCES)
+    session = ort.InferenceSession(str(built_dir / model_file), providers=["CPUExecutionProvider"])
+    built = session.run(["embeddings"], {"input_ids": ids, "attention_mask": mask})[0]
+    values = cosines(np.asarray(reference), built)
+    return EmbedAccuracy(inputs=list(SENTENCES), cosines=values, min_cosine=min(values))

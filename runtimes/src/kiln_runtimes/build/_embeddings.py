@@ -1,0 +1,71 @@
+"""Embeddings builds: a sentence-transformers (or bare BERT-family) folder to one ONNX graph."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from kiln_runtimes.build import _checks, _encoder
+from kiln_runtimes.build._options import BuildError, check_memory
+from kiln_runtimes.build._pooling import read_head
+from kiln_runtimes.protocol import ModelManifest
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from kiln_runtimes.build._options import BuildOptions
+    from kiln_runtimes.build._source import Source
+    from kiln_runtimes.protocol import AccuracyReport, BuildPhase
+
+MODEL_FILE = "model.onnx"
+EMBED_PRECISIONS = ("fp32", "int8")
+
+
+def build_embeddings(
+    found: Source, folder: Path, work: Path, options: BuildOptions,
+    say: Callable[[BuildPhase, int, str], None],
+) -> tuple[ModelManifest, AccuracyReport]:  # fmt: skip
+    """Export, optimize, optionally quantize, then compare with sentence-transformers."""
+    from kiln_runtimes.build import _accuracy
+
+    source = Path(found.path)
+    precision = options.precision or "fp32"
+    if precision not in EMBED_PRECISIONS:
+        raise BuildError(
+            f"embeddings build in {' or '.join(EMBED_PRECISIONS)}, not {precision}",
+            field="precision",
+        )
+    head = read_head(source)
+    encoder_dir = source / head.encoder_dir
+    _checks.check_tokenizer(encoder_dir, chat=False)
+    parameters = _checks.weight_parameters(encoder_dir)
+    check_memory(parameters, precision, options.max_memory_bytes, found.path)
+    say("converting", 20, f"exporting {found.architecture} with {head.pooling} pooling")
+    tokenizer = _encoder.write_tokenizer(encoder_dir / "tokenizer.json", folder / "tokenizer.json")
+    embedder, dimensions, positions = _encoder.load(source, head)
+    _encoder.export(embedder, tokenizer, dimensions, work / "exported.onnx")
+    say("optimizing", 50, "ONNX Runtime basic graph optimizations")
+    _encoder.optimize(work / "exported.onnx", work / "optimized.onnx")
+    if precision == "int8":
+        say("quantizing", 65, "dynamic int8 weights")
+        _encoder.quantize_int8(work / "optimized.onnx", folder / MODEL_FILE)
+    else:
+        shutil.copy2(work / "optimized.onnx", folder / MODEL_FILE)
+    manifest = ModelManifest(
+        name=options.name or source.name.lower(),
+        task="embeddings",
+        engine="onnxruntime",
+        model_file=MODEL_FILE,
+        tokenizer_file="tokenizer.json",
+        context_length=positions,
+        dimensions=dimensions,
+        source=options.source_label or found.path,
+        architecture=found.architecture,
+        precision=precision,
+        target=options.target,
+        pooling=head.pooling,
+        normalize=head.normalize,
+    )
+    say("checking accuracy", 80, "cosine against sentence-transformers")
+    return manifest, _accuracy.embeddings(source, folder, MODEL_FILE)

@@ -1,0 +1,146 @@
+"""Embeddings graphs: an encoder with its pooling and normalization traced to one ONNX file.
+
+The graph takes ``input_ids`` and ``attention_mask`` (int64, ``[batch, sequence]``, right-padded
+by the worker) and returns ``embeddings`` (float32, ``[batch, dimensions]``).
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from kiln_runtimes.build._options import BuildError
+
+if TYPE_CHECKING:
+    from pathlib import Path
+
+    import torch
+    from tokenizers import Tokenizer
+
+    from kiln_runtimes.build._pooling import Head
+
+OPSET = 17
+EXPORT_SENTENCES = ("a cat sits on the mat", "Kiln exports this graph", "Café crème")
+
+
+def load(folder: Path, head: Head) -> tuple[torch.nn.Module, int, int]:
+    """The encoder wrapped with its head, its output width and its position limit."""
+    from transformers import AutoModel
+
+    encoder = AutoModel.from_pretrained(
+        str(folder / head.encoder_dir), local_files_only=True, attn_implementation="eager",
+        dtype="float32",
+    )  # fmt: skip
+    config = encoder.config
+    return _wrap(encoder, head), int(config.hidden_size), int(config.max_position_embeddings)
+
+
+def _wrap(encoder: torch.nn.Module, head: Head) -> torch.nn.Module:
+    """A module mapping (input_ids, attention_mask) to pooled, optionally normalized vectors."""
+    import torch
+
+    typed = "token_type_ids" in inspect.signature(encoder.forward).parameters
+
+    class Embedder(torch.nn.Module):
+        """Encoder, then the sentence-transformers pooling, then L2 normalization if asked."""
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.encoder = encoder
+
+        def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+            """Embed one right-padded batch."""
+            extra = {"token_type_ids": torch.zeros_like(input_ids)} if typed else {}
+            hidden = self.encoder(
+                input_ids=input_ids, attention_mask=attention_mask, **extra
+            ).last_hidden_state
+            pooled: torch.Tensor
+            if head.pooling == "cls":
+                pooled = hidden[:, 0]
+            elif head.pooling == "lasttoken":
+                last = attention_mask.sum(dim=1) - 1
+                pooled = hidden[torch.arange(hidden.shape[0]), last]
+            else:
+                mask = attention_mask.unsqueeze(-1).to(hidden.dtype)
+                pooled = (hidden * mask).sum(dim=1) / mask.sum(dim=1).clamp(min=1e-9)
+            if head.normalize:
+                pooled = torch.nn.functional.normalize(pooled, p=2.0, dim=1)
+            return pooled
+
+    return Embedder().eval()  # eval() propagates to the encoder: no dropout
+
+
+def write_tokenizer(source: Path, path: Path) -> Tokenizer:
+    """Save the source tokenizer with padding and truncation off; the worker pads per batch."""
+    from tokenizers import Tokenizer
+
+    if not source.is_file():
+        raise BuildError("file not found", file="tokenizer.json")
+    tokenizer = Tokenizer.from_file(str(source))
+    tokenizer.no_padding()
+    tokenizer.no_truncation()
+    tokenizer.save(str(path))
+    return tokenizer
+
+
+def pad(tokenizer: Tokenizer, sentences: tuple[str, ...]) -> tuple[np.ndarray, np.ndarray]:
+    """Tokenize and right-pad a batch with id 0; return int64 ids and attention mask."""
+    rows = [encoding.ids for encoding in tokenizer.encode_batch(list(sentences))]
+    width = max(len(row) for row in rows)
+    ids = np.zeros((len(rows), width), dtype=np.int64)
+    mask = np.zeros((len(rows), width), dtype=np.int64)
+    for i, row in enumerate(rows):
+        ids[i, : len(row)] = row
+        mask[i, : len(row)] = 1
+    return ids, mask
+
+
+def export(embedder: torch.nn.Module, tokenizer: Tokenizer, dimensions: int, path: Path) -> None:
+    """Trace to a single-file ONNX graph with dynamic batch and sequence axes."""
+    import onnx
+    import torch
+
+    ids, mask = pad(tokenizer, EXPORT_SENTENCES)
+    axes = {0: "batch", 1: "sequence"}
+    with torch.inference_mode():
+        torch.onnx.export(
+            embedder,
+            (torch.from_numpy(ids), torch.from_numpy(mask)),
+            str(path),
+            input_names=["input_ids", "attention_mask"],
+            output_names=["embeddings"],
+            dynamic_axes={"input_ids": axes, "attention_mask": axes, "embeddings": {0: "batch"}},
+            opset_version=OPSET,
+            do_constant_folding=True,
+            dynamo=False,
+        )
+    model = onnx.load(str(path))
+    if any(path.parent.glob("*.data")) or any(t.data_location for t in model.graph.initializer):
+        raise RuntimeError("export wrote external data; expected a single-file model")
+    model.graph.output[0].type.tensor_type.shape.dim[1].dim_value = dimensions
+    onnx.checker.check_model(model, full_check=True)
+    onnx.save(model, str(path))
+
+
+def optimize(path: Path, out: Path) -> None:
+    """Portable graph clean-up (constant folding, redundant nodes): ONNX Runtime's basic level.
+
+    The fusions of the higher levels are hardware-specific; the worker's compile step applies
+    them per target (``_compile_cpu``), so the stored artifact stays good for every engine.
+    """
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
+    options.optimized_model_filepath = str(out)
+    options.log_severity_level = 3
+    ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+
+
+def quantize_int8(path: Path, out: Path) -> None:
+    """Dynamic int8 quantization of the weights (activations quantized per batch at run time)."""
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    quantize_dynamic(str(path), str(out), weight_type=QuantType.QInt8)

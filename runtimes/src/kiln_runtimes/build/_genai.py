@@ -1,0 +1,123 @@
+"""Generation folders: the onnxruntime-genai builder in a subprocess, tokenizer, manifest."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from typing import TYPE_CHECKING, Any
+
+from kiln_runtimes.build._checks import chat_template
+from kiln_runtimes.build._options import BuildError
+from kiln_runtimes.build._source import read_json
+from kiln_runtimes.protocol import ModelManifest
+
+if TYPE_CHECKING:
+    from pathlib import Path
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
+
+
+def builder_command(
+    hf_dir: Path, out: Path, cache: Path, *, precision: str, target: str, prune_lm_head: bool
+) -> list[str]:
+    """The builder's command line for one build."""
+    command = [
+        sys.executable, "-m", "onnxruntime_genai.models.builder",
+        "-i", str(hf_dir), "-o", str(out), "-c", str(cache), "-p", precision, "-e", target,
+    ]  # fmt: skip
+    if prune_lm_head:
+        command += ["--extra_options", "prune_lm_head=true"]
+    return command
+
+
+def run_builder(command: list[str], out: Path) -> None:
+    """Run the builder (it holds the whole model in memory: a process of its own)."""
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}  # everything it needs is in the input folder
+    result = subprocess.run(command, capture_output=True, text=True, check=False, env=env)
+    if result.returncode != 0 or not (out / "genai_config.json").is_file():
+        tail = (result.stderr or result.stdout)[-4000:]
+        raise RuntimeError(f"onnxruntime-genai builder failed ({result.returncode}):\n{tail}")
+
+
+def copy_tokenizer(hf_dir: Path, out: Path) -> None:
+    """Make sure the gateway's tokenizer files, with the chat template inline, are in ``out``."""
+    for name in TOKENIZER_FILES:
+        if not (out / name).is_file():
+            shutil.copy2(hf_dir / name, out / name)
+    config = json.loads((out / "tokenizer_config.json").read_text())
+    if not config.get("chat_template"):
+        template = chat_template(hf_dir)
+        if template is None:
+            raise BuildError(
+                "no chat template", file="tokenizer_config.json", field="chat_template"
+            )
+        config["chat_template"] = template
+        (out / "tokenizer_config.json").write_text(json.dumps(config, indent=2))
+
+
+def stop_token_ids(hf_dir: Path) -> list[int]:
+    """``eos_token_id`` (an id or a list) of ``config.json`` and ``generation_config.json``."""
+    ids: list[int] = []
+    for name in ("config.json", "generation_config.json"):
+        if (hf_dir / name).is_file():
+            ids += _ids(read_json(hf_dir / name).get("eos_token_id"))
+    return sorted(set(ids))
+
+
+def _ids(value: Any) -> list[int]:
+    """A token id or list of ids from a config value; anything else is none."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return [value]
+    if isinstance(value, list):
+        return [v for v in value if isinstance(v, int) and not isinstance(v, bool)]
+    return []
+
+
+def manifest(
+    out: Path, *, name: str, source: str, architecture: str | None, precision: str | None,
+    target: str | None, stop: list[int],
+) -> ModelManifest:  # fmt: skip
+    """Describe a generation folder; file and context length come from ``genai_config.json``."""
+    genai = read_json(out / "genai_config.json")
+    try:
+        model = genai["model"]
+        filename = model["decoder"].get("filename", "model.onnx")
+        context = int(model["context_length"])
+    except (KeyError, TypeError, ValueError) as exc:
+        raise BuildError(f"missing {exc}", file="genai_config.json", field="model") from exc
+    if not stop:
+        stop = _ids(model.get("eos_token_id"))
+    return ModelManifest(
+        name=name,
+        task="generate",
+        engine="onnxruntime-genai",
+        model_file=filename,
+        tokenizer_file="tokenizer.json",
+        context_length=context,
+        source=source,
+        architecture=architecture,
+        precision=precision,
+        target=target or provider(genai),
+        stop_token_ids=stop,
+    )
+
+
+def provider(genai: dict[str, Any]) -> str:
+    """``cuda`` when the session options name the CUDA provider, else ``cpu``."""
+    options = genai.get("model", {}).get("decoder", {}).get("session_options", {})
+    names = {key for entry in options.get("provider_options", []) for key in entry}
+    return "cuda" if "cuda" in names else "cpu"
+
+
+def check_prebuilt(folder: Path) -> None:
+    """A prebuilt GenAI folder must name a decoder file it has and carry a tokenizer."""
+    genai = read_json(folder / "genai_config.json")
+    decoder = genai.get("model", {}).get("decoder", {})
+    filename = decoder.get("filename") if isinstance(decoder, dict) else None
+    if not isinstance(filename, str):
+        raise BuildError("no decoder file named", file="genai_config.json", field="model.decoder")
+    if not (folder / filename).is_file():
+        raise BuildError("file not found (named by genai_config.json)", file=filename)

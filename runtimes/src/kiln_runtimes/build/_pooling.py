@@ -1,0 +1,68 @@
+"""A sentence-transformers folder's pooling and normalization, read from its module files."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Literal
+
+import msgspec
+
+from kiln_runtimes.build._options import BuildError
+from kiln_runtimes.build._source import read_json
+
+if TYPE_CHECKING:
+    from pathlib import Path
+
+Pooling = Literal["mean", "cls", "lasttoken"]
+_FLAGS: dict[str, Pooling] = {
+    "pooling_mode_mean_tokens": "mean",
+    "pooling_mode_cls_token": "cls",
+    "pooling_mode_lasttoken": "lasttoken",
+}
+_UNSUPPORTED = ("pooling_mode_max_tokens", "pooling_mode_mean_sqrt_len_tokens",
+                "pooling_mode_weightedmean_tokens")  # fmt: skip
+
+
+class Head(msgspec.Struct, frozen=True, kw_only=True):
+    """Where the encoder lives in the folder, how its token states pool, whether to normalize."""
+
+    encoder_dir: str = ""
+    pooling: Pooling = "mean"
+    normalize: bool = False
+
+
+def read_head(folder: Path) -> Head:
+    """The folder's head; a bare encoder (no ``modules.json``) pools by mean, unnormalized,
+    which is what sentence-transformers does when it loads one."""
+    if not (folder / "modules.json").is_file():
+        return Head()
+    modules = msgspec.json.decode((folder / "modules.json").read_bytes(), type=list[dict[str, Any]])
+    kinds = {str(m.get("type", "")).rsplit(".", 1)[-1]: str(m.get("path", "")) for m in modules}
+    if "Transformer" not in kinds:
+        raise BuildError("no Transformer module", file="modules.json", field="type")
+    pooling: Pooling = "mean"
+    if "Pooling" in kinds:
+        pooling = pooling_mode(read_json(folder / kinds["Pooling"] / "config.json"))
+    return Head(encoder_dir=kinds["Transformer"], pooling=pooling, normalize="Normalize" in kinds)
+
+
+def pooling_mode(config: dict[str, Any]) -> Pooling:
+    """The one pooling a ``1_Pooling/config.json`` turns on (flags, or ``pooling_mode``)."""
+    named = config.get("pooling_mode")
+    if isinstance(named, str):
+        config = {f"pooling_mode_{_flag_suffix(named)}": True}
+    chosen = [mode for flag, mode in _FLAGS.items() if config.get(flag)]
+    others = [flag for flag in _UNSUPPORTED if config.get(flag)]
+    if others or len(chosen) != 1:
+        raise BuildError(
+            f"pooling must be exactly one of mean, cls, lasttoken (found {chosen + others})",
+            file="1_Pooling/config.json",
+            field=(others or list(_FLAGS))[0],
+        )
+    return chosen[0]
+
+
+def _flag_suffix(name: str) -> str:
+    """``mean`` -> ``mean_tokens`` etc., the flag a ``pooling_mode`` string stands for."""
+    return {"mean": "mean_tokens", "cls": "cls_token", "lasttoken": "lasttoken",
+            "max": "max_tokens", "mean_sqrt_len_tokens": "mean_sqrt_len_tokens",
+            "weightedmean": "weightedmean_tokens"}.get(name, name)  # fmt: skip
