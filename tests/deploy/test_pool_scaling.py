@@ -9,7 +9,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
-from kiln_platform.pools.local import PoolSpec
+from kiln_platform.pools.backend import PoolSpec
 from kiln_platform.pools.metrics import SchedulerCollector
 from kiln_platform.pools.services import PoolSize
 

@@ -30,11 +30,11 @@ from kiln_runtimes.backends._genai_config import load_spec
 from kiln_runtimes.backends._genai_runner import ModelRunner
 from kiln_runtimes.backends._genai_sampling import Sampler
 from kiln_runtimes.backends._genai_scheduler import (
-    Batch,
     PrefillWork,
     Scheduler,
     Sequence,
     SequenceOutput,
+    StepPlan,
 )
 from kiln_runtimes.lora import Adapter, load_adapter
 from kiln_runtimes.protocol import GenerateChunk, GenerateRequest
@@ -136,12 +136,12 @@ class EngineCore:
     def step(self) -> None:
         """One iteration: admit/cancel, schedule -> execute -> update, publish new tokens."""
         outputs = self._take_inbox()
-        batch = self._scheduler.schedule()
+        plan = self._scheduler.schedule()
         started = time.perf_counter()
-        logits = self._runner.execute(batch)
+        logits = self._runner.execute(plan)
         sampled = self._sample(logits)
-        self._scheduler.charge(batch, time.perf_counter() - started)
-        outputs += self._scheduler.update(batch, sampled)
+        self._scheduler.charge(plan, time.perf_counter() - started)
+        outputs += self._scheduler.update(plan, sampled)
         self._publish(outputs)
         if not self._scheduler.has_work():
             self._runner.shrink()
@@ -334,11 +334,11 @@ def _open_runner(
 def _warm_up(runner: ModelRunner, spec: ModelSpec, rows: int) -> None:
     """One prefill and one decode over every row, so kernels and buffers exist before traffic."""
     prompt = (spec.pad_token_id,) * WARMUP_PROMPT
-    logits = runner.execute(Batch(prefills=(PrefillWork(0, 0, prompt, last=True),)))
+    logits = runner.execute(StepPlan(prefills=(PrefillWork(0, 0, prompt, last=True),)))
     if logits[0].shape != (spec.vocab_size,):
         raise ValueError(f"model returned logits of shape {logits[0].shape}")
     lengths = (WARMUP_PROMPT,) + (0,) * (rows - 1)
-    runner.execute(Batch((), (0,), (spec.pad_token_id,) * rows, lengths))
+    runner.execute(StepPlan((), (0,), (spec.pad_token_id,) * rows, lengths))
     runner.shrink()
 
 

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from kiln_runtimes.backends._genai_config import ModelSpec
-from kiln_runtimes.backends._genai_scheduler import Batch, Scheduler
+from kiln_runtimes.backends._genai_scheduler import Scheduler, StepPlan
 from kiln_runtimes.backends.genai import EngineCore, GenAIGenerationBackend
 from kiln_runtimes.protocol import GenerateChunk, GenerateRequest
 
@@ -41,10 +41,10 @@ class FakeRunner:
         self.step_seconds = step_seconds
         self.eos_after = eos_after
         self.fail = threading.Event()
-        self.batches: list[Batch] = []
+        self.batches: list[StepPlan] = []
         self.decodes = 0
 
-    def execute(self, batch: Batch) -> dict[int, np.ndarray]:
+    def execute(self, batch: StepPlan) -> dict[int, np.ndarray]:
         if self.fail.is_set():
             self.fail.clear()
             raise RuntimeError("boom")
@@ -203,7 +203,7 @@ async def test_the_engine_thread_runs_on_its_cores() -> None:
     seen: list[frozenset[int]] = []
 
     class Recording(FakeRunner):
-        def execute(self, batch: Batch) -> dict[int, np.ndarray]:
+        def execute(self, batch: StepPlan) -> dict[int, np.ndarray]:
             seen.append(frozenset(os.sched_getaffinity(0)))
             return super().execute(batch)
 
