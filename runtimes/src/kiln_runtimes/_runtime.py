@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -109,6 +110,7 @@ class Worker:
         """Load and warm the backend, then become ready unless draining began meanwhile."""
         settings, manifest = self.settings, self.manifest
         cpus.keep_off(settings.cpus)  # the engine's threads go on --cpus; the loop elsewhere
+        start = time.perf_counter()
         if manifest.task == "embeddings":
             embedder = get_embedding_backend(manifest)
             on = settings.cpus
@@ -140,6 +142,7 @@ class Worker:
             self._tensor, self._batcher = await _tensor.load(settings, manifest, self.metrics)
         else:
             raise ValueError(f"task {manifest.task!r} is not served by this worker")
+        self.metrics.load_seconds.set(time.perf_counter() - start)
         if self.phase == "loading":
             self.phase = "ready"
         log.info("model loaded", model=manifest.name, task=manifest.task, phase=self.phase)

@@ -6,7 +6,6 @@ import asyncio
 import functools
 import math
 import os
-import time
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -33,7 +32,6 @@ async def load(
     settings: WorkerSettings, manifest: ModelManifest, metrics: WorkerMetrics
 ) -> tuple[TensorBackend, Batcher]:
     """Find or build the engine, load it, warm it up, start the batcher."""
-    start = time.perf_counter()
     backend = get_tensor_backend(manifest)
     threads = settings.engine_threads(os.cpu_count() or 1)
     owner = ArtifactStore.owning(settings.model_dir)
@@ -68,7 +66,6 @@ async def load(
         cpus=settings.cpus,
     )
     batcher.start()
-    metrics.load_seconds.set(time.perf_counter() - start)
     return backend, batcher
 
 
