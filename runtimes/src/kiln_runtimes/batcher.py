@@ -27,7 +27,7 @@ from collections import Counter, deque
 from collections.abc import Callable, Coroutine, Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
-from typing import Any, Protocol
+from typing import Any
 
 import numpy as np
 import structlog
@@ -36,17 +36,11 @@ from kiln_runtimes._attribution import shares
 from kiln_runtimes._batch_types import Batch, BatchResult, CloseReason, Item, Outcome, Ticket
 from kiln_runtimes._errors import DeadlineExceeded, Internal, Overloaded, WorkerError
 from kiln_runtimes._latency import LatencyModel
+from kiln_runtimes.backends.base import Stop
 from kiln_runtimes.cpus import pin_thread
 
 Clock = Callable[[], float]
 log = structlog.get_logger(__name__)
-
-
-class Stop(Protocol):
-    """A handle for one backend run (ONNX Runtime's ``RunOptions``): setting ``terminate`` from
-    another thread makes the run raise at its next operator."""
-
-    terminate: bool
 
 
 Run = Callable[[list[Any], Any], BatchResult]

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import numpy.typing as npt
 import onnxruntime as ort
+
+from kiln_runtimes.backends._ort import open_session
+from kiln_runtimes.backends.base import EngineHealth, EngineOptions, model_path
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -48,29 +52,17 @@ def partition(lengths: Sequence[int], run_cost: int = RUN_COST_TOKENS) -> list[l
 class OnnxEmbeddingBackend:
     """One CPU ``InferenceSession``; ``run`` pads each batch to its longest sequence."""
 
-    def __init__(self) -> None:
+    def __init__(self, options: EngineOptions | None = None) -> None:
+        self._options = options or EngineOptions()
         self._session: Any = None
         self._context_length = 0
         self._dimensions: int | None = None
 
-    def load(self, model_dir: Path, manifest: ModelManifest, threads: int) -> None:
+    def load(self, model_dir: Path, manifest: ModelManifest) -> None:
         """Open the model named by the manifest, confined to ``model_dir``."""
-        root = model_dir.resolve()
-        path = (root / manifest.model_file).resolve()
-        if not path.is_relative_to(root):
-            raise ValueError(f"model file {manifest.model_file!r} is outside {root}")
-        options = ort.SessionOptions()
-        options.intra_op_num_threads = threads
-        options.inter_op_num_threads = 1
-        options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
-        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-        options.enable_cpu_mem_arena = True
-        # Spin-waiting intra-op threads take the cores the worker's and gateway's event loops
-        # need between and during batches; blocking waits cost ~0.5 ms a run and win overall.
-        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
-        session = ort.InferenceSession(
-            str(path), sess_options=options, providers=["CPUExecutionProvider"]
-        )
+        path = model_path(model_dir, manifest)
+        threads = self._options.threads or os.cpu_count() or 1
+        session = open_session(path, threads)
         inputs = {i.name for i in session.get_inputs()}
         outputs = {o.name for o in session.get_outputs()}
         if inputs != INPUTS or OUTPUT not in outputs:
@@ -93,7 +85,11 @@ class OnnxEmbeddingBackend:
                     f"(manifest dimensions: {self._dimensions})"
                 )
 
-    def stopper(self) -> ort.RunOptions:
+    def health(self) -> EngineHealth:
+        """Loaded or not (the batcher counts the work)."""
+        return EngineHealth(loaded=self._session is not None)
+
+    def stop_handle(self) -> ort.RunOptions:
         """A handle for one ``run``: setting its ``terminate`` stops the run at its next node."""
         return ort.RunOptions()
 
