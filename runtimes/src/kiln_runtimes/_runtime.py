@@ -17,7 +17,8 @@ from kiln_runtimes._errors import Draining, NotReady
 from kiln_runtimes._metrics import WorkerMetrics
 from kiln_runtimes.backends import create_backend
 from kiln_runtimes.backends.base import EngineOptions, StreamBackend
-from kiln_runtimes.batcher import Batcher, BatchPolicy
+from kiln_runtimes.batch_queue import BatchPolicy
+from kiln_runtimes.batcher import Batcher
 from kiln_runtimes.protocol import ModelManifest, WorkerInfo
 
 if TYPE_CHECKING:
@@ -47,7 +48,7 @@ class WorkerSettings:
     concurrency: int = 1
     """Batches run at once (embeddings, tensors), each on ``threads`` engine threads."""
     preempt: bool = True
-    """Express requests stop a running normal batch (``batcher``)."""
+    """Express requests stop a running normal batch (``batch_queue``)."""
     prefetch: bool = False
     """A full batch may close while every runner is busy (``BatchPolicy.prefetch``)."""
     cpus: frozenset[int] | None = None

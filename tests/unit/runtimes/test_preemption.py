@@ -16,7 +16,8 @@ from kiln_runtimes._batch_types import Batch, Outcome, Rows
 from kiln_runtimes._latency import LatencyModel
 from kiln_runtimes.backends.base import EngineOptions, Stop
 from kiln_runtimes.backends.onnx_tensor import OnnxTensorBackend
-from kiln_runtimes.batcher import Batcher, BatchPolicy, BatchQueue
+from kiln_runtimes.batch_queue import BatchPolicy, BatchQueue
+from kiln_runtimes.batcher import Batcher
 from kiln_runtimes.protocol import ModelManifest
 
 

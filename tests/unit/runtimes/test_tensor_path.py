@@ -15,7 +15,8 @@ from kiln_runtimes._errors import BadRequest, DeadlineExceeded, Internal
 from kiln_runtimes._latency import LatencyModel
 from kiln_runtimes.backends.base import EngineOptions
 from kiln_runtimes.backends.onnx_tensor import OnnxTensorBackend
-from kiln_runtimes.batcher import Batcher, BatchPolicy, BatchQueue
+from kiln_runtimes.batch_queue import BatchPolicy, BatchQueue
+from kiln_runtimes.batcher import Batcher
 from kiln_runtimes.protocol import InferRequest, ModelManifest, Tensor, TensorSpec
 
 SEQ = ModelManifest(
