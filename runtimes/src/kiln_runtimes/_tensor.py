@@ -21,7 +21,7 @@ if TYPE_CHECKING:
     from pathlib import Path
 
     from kiln_runtimes._metrics import WorkerMetrics
-    from kiln_runtimes._runtime import WorkerSettings
+    from kiln_runtimes._settings import WorkerSettings
     from kiln_runtimes.batcher import Batcher
     from kiln_runtimes.protocol import ModelManifest
 

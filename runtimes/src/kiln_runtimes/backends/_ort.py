@@ -9,6 +9,8 @@ import onnxruntime as ort
 if TYPE_CHECKING:
     from pathlib import Path
 
+    from kiln_runtimes.protocol import ModelManifest
+
 
 def open_session(path: Path, threads: int, *, optimize: bool = True) -> Any:
     """A CPU ``InferenceSession`` on ``threads`` intra-op threads, run sequentially; ``optimize``
@@ -27,3 +29,12 @@ def open_session(path: Path, threads: int, *, optimize: bool = True) -> Any:
     # need between and during batches; blocking waits cost ~0.5 ms a run and win overall.
     options.add_session_config_entry("session.intra_op.allow_spinning", "0")
     return ort.InferenceSession(str(path), sess_options=options, providers=["CPUExecutionProvider"])
+
+
+def model_path(model_dir: Path, manifest: ModelManifest) -> Path:
+    """The model file a manifest names, refused (``ValueError``) if it is outside ``model_dir``."""
+    root = model_dir.resolve()
+    path = (root / manifest.model_file).resolve()
+    if not path.is_relative_to(root):
+        raise ValueError(f"model file {manifest.model_file!r} is outside {root}")
+    return path

@@ -1,11 +1,10 @@
 """One engine lifecycle: ``load`` -> ``warmup`` -> ``run`` or ``stream`` -> ``unload``.
 
-Every backend is made from ``EngineOptions`` by ``backends.create_backend`` and answers
-``health`` at any time. ``load``, ``warmup`` and ``unload`` block (they open sessions, run kernels,
-join threads): the worker calls them off the event loop, on the engine's cores
-(``backends.start``). Failures raise; nothing returns ``False``. A backend then either runs
-batches the batcher closes (``BatchBackend``: embeddings, tensors) or streams sequences it
-batches itself (``StreamBackend``: generation).
+``backends.create_backend`` makes every backend from ``EngineOptions``; ``health`` answers at
+any time; ``load``, ``warmup`` and ``unload`` block, so the worker calls them off the event loop on
+the engine's cores (``backends.start``). Failures raise; nothing returns ``False``. A backend
+runs the batches the batcher closes (``BatchBackend``: embeddings, tensors) or streams
+sequences it batches itself (``StreamBackend``: generation).
 """
 
 from __future__ import annotations
@@ -53,8 +52,8 @@ class EngineHealth:
 
 
 class Stop(Protocol):
-    """A stop handle for one run (ONNX Runtime's ``RunOptions``): setting ``terminate`` from
-    another thread makes the run raise at its next operator (preemption)."""
+    """One run's stop handle (ONNX Runtime's ``RunOptions``): ``terminate`` set from another
+    thread makes the run raise at its next operator (preemption)."""
 
     terminate: bool
 
@@ -99,12 +98,3 @@ class StreamBackend(EngineBackend, Protocol):
         """Yield chunks of new token ids; closing the iterator cancels the sequence.
         Raises ``ValueError`` for a request this model cannot take."""
         ...
-
-
-def model_path(model_dir: Path, manifest: ModelManifest) -> Path:
-    """The model file a manifest names, refused (``ValueError``) if it is outside ``model_dir``."""
-    root = model_dir.resolve()
-    path = (root / manifest.model_file).resolve()
-    if not path.is_relative_to(root):
-        raise ValueError(f"model file {manifest.model_file!r} is outside {root}")
-    return path

@@ -3,15 +3,15 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import numpy.typing as npt
 import onnxruntime as ort
 
-from kiln_runtimes.backends._ort import open_session
-from kiln_runtimes.backends.base import EngineHealth, EngineOptions, model_path
+from kiln_runtimes.backends._ort import model_path, open_session
+from kiln_runtimes.backends._padding import partition
+from kiln_runtimes.backends.base import EngineHealth, EngineOptions
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -26,27 +26,6 @@ PAD_ID = 0
 # first big batch 55 ms (ONNX Runtime's first run of a new shape is ~10% slower on CPU).
 WARMUP_BATCH_SIZES = (1, 2)
 WARMUP_LENGTH = 16
-# The fixed cost of one session run, in tokens' worth of compute (about 1.2 ms against 55 us a
-# token for all-MiniLM-L6-v2 on 2 cores): what splitting a batch must save in padding to pay.
-RUN_COST_TOKENS = 24
-
-
-def partition(lengths: Sequence[int], run_cost: int = RUN_COST_TOKENS) -> list[list[int]]:
-    """Group input indices, shortest first, into runs minimizing padded tokens plus run costs.
-
-    A run costs ``run_cost + size * longest``; over the length-sorted inputs the cheapest split
-    into contiguous runs is found by dynamic programming (``O(n^2)``, n = batch size).
-    """
-    order = sorted(range(len(lengths)), key=lengths.__getitem__)
-    best, cut = [0] * (len(order) + 1), [0] * (len(order) + 1)
-    for j in range(1, len(order) + 1):
-        longest = lengths[order[j - 1]]
-        best[j], cut[j] = min((best[i] + run_cost + (j - i) * longest, i) for i in range(j))
-    runs, j = [], len(order)
-    while j:
-        runs.append(order[cut[j] : j])
-        j = cut[j]
-    return runs[::-1]
 
 
 class OnnxEmbeddingBackend:

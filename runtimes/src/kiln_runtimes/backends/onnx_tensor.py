@@ -15,8 +15,8 @@ import numpy as np
 import onnxruntime as ort
 
 from kiln_runtimes._synthetic import synthetic_inputs
-from kiln_runtimes.backends._ort import open_session
-from kiln_runtimes.backends.base import EngineHealth, EngineOptions, model_path
+from kiln_runtimes.backends._ort import model_path, open_session
+from kiln_runtimes.backends.base import EngineHealth, EngineOptions
 
 if TYPE_CHECKING:
     from pathlib import Path
