@@ -8,10 +8,6 @@ import shutil
 import subprocess
 from importlib import metadata
 from pathlib import Path
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from kiln_runtimes.engines import Target
 
 _CPU_FLAGS = ("avx2", "avx512f", "avx512_vnni", "avx512_bf16", "amx_tile", "neon", "asimd")
 _LIBRARIES: dict[str, tuple[str, ...]] = {
@@ -44,7 +40,7 @@ def gpu_hardware() -> str:
     return first.replace(", ", "-sm").replace(" ", "_")
 
 
-def hardware(target: Target) -> str:
+def hardware(target: str) -> str:
     """The hardware class engines for ``target`` are specific to on this machine."""
     if target == "cpu":
         try:
@@ -55,7 +51,7 @@ def hardware(target: Target) -> str:
     return gpu_hardware()
 
 
-def library_versions(target: Target) -> tuple[tuple[str, str], ...]:
+def library_versions(target: str) -> tuple[tuple[str, str], ...]:
     """Installed versions of the libraries an engine for ``target`` is built with."""
     versions = []
     for name in _LIBRARIES[target]:

@@ -41,6 +41,17 @@ class PoolSpec:
         return f"{self.model}@{self.version}"
 
 
+@dataclass(frozen=True, slots=True)
+class PoolSize:
+    """A pool's version and workers: as the policy decided (what KEDA would scale to), running
+    (started, ready or not), ready."""
+
+    spec: PoolSpec
+    desired: int
+    running: int
+    ready: int
+
+
 @dataclass(slots=True)
 class PoolWorker:
     """A pool's record of one worker (a local process or a pod) and what its backend knows of

@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from dataclasses import dataclass
 from functools import partial
 from typing import TYPE_CHECKING
 
@@ -21,7 +20,7 @@ import structlog
 from kiln_platform.errors import ServiceUnavailable
 from kiln_platform.pools import autoscale, metrics
 from kiln_platform.pools.autoscale import AutoscaleConfig, AutoscaleState, PoolLoad
-from kiln_platform.pools.backend import PoolSpec, PoolWorker
+from kiln_platform.pools.backend import PoolSize, PoolSpec, PoolWorker
 from kiln_platform.scheduler.core import PoolScheduler, SchedulerConfig
 from kiln_platform.scheduler.runner import PoolRunner
 
@@ -31,17 +30,6 @@ if TYPE_CHECKING:
     from kiln_runtimes.store import ArtifactStore
 
 log = structlog.get_logger("kiln.pools")
-
-
-@dataclass(frozen=True, slots=True)
-class PoolSize:
-    """A pool's version and workers: as the policy decided (what KEDA would scale to), running
-    (started, ready or not), ready."""
-
-    spec: PoolSpec
-    desired: int
-    running: int
-    ready: int
 
 
 class PoolManager:
