@@ -185,15 +185,18 @@ class KilnEngine:
     def __init__(self, model_dir: Path, threads: int) -> None:
         import msgspec
 
+        from kiln_runtimes import backends
+        from kiln_runtimes.backends.base import EngineOptions
         from kiln_runtimes.backends.genai import GenAIGenerationBackend
         from kiln_runtimes.protocol import ModelManifest
 
         self.tokens = Tokens(model_dir)
         self.eos = sorted(_eos(model_dir))
         self.loop = asyncio.new_event_loop()
-        self.backend = GenAIGenerationBackend(threads=threads)
+        self.backend = GenAIGenerationBackend(EngineOptions(threads=threads, max_batch_size=32))
         manifest = msgspec.json.decode((model_dir / "kiln.json").read_bytes(), type=ModelManifest)
-        self.loop.run_until_complete(self.backend.load(model_dir, manifest, 32))
+        start = backends.start(self.backend, model_dir, manifest, None)
+        self.loop.run_until_complete(start)
         self.run(1, 0.0, 0.01, 4)
 
     def run(

@@ -40,7 +40,7 @@ import numpy as np
 import onnxruntime as ort
 from tokenizers import Tokenizer
 
-from kiln_runtimes.backends.onnx_embed import partition
+from kiln_runtimes.backends._padding import partition
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _corpus import sentences

@@ -17,7 +17,7 @@ import numpy as np
 
 from kiln_runtimes.backends._genai_config import load_spec
 from kiln_runtimes.backends._genai_runner import ModelRunner
-from kiln_runtimes.backends._genai_scheduler import Batch, PrefillWork
+from kiln_runtimes.backends._genai_scheduler import PrefillWork, StepPlan
 from kiln_runtimes.lora import Adapter, Dims
 from kiln_runtimes.protocol import MANIFEST_NAME, ModelManifest
 
@@ -36,9 +36,9 @@ def adapter(dims: Dims, rank: int, seed: int) -> Adapter:
 def steps_per_s(runner: ModelRunner, rows: int, adapters: tuple[int, ...], seconds: float) -> float:
     prompt = tuple(range(100, 164))
     for row in range(rows):
-        runner.execute(Batch(prefills=(PrefillWork(row, 0, prompt, True, adapters[row]),)))
+        runner.execute(StepPlan(prefills=(PrefillWork(row, 0, prompt, True, adapters[row]),)))
     lengths = (len(prompt),) * rows
-    batch = Batch((), tuple(range(rows)), (7,) * rows, lengths, adapters)
+    batch = StepPlan((), tuple(range(rows)), (7,) * rows, lengths, adapters)
     runner.execute(batch)
     times = []
     deadline = time.perf_counter() + seconds

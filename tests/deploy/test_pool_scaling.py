@@ -9,9 +9,8 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
-from kiln_platform.pools.local import PoolSpec
+from kiln_platform.pools.backend import PoolSize, PoolSpec
 from kiln_platform.pools.metrics import SchedulerCollector
-from kiln_platform.pools.services import PoolSize
 
 TERRAFORM = Path(__file__).resolve().parents[2] / "terraform"
 POOL = "kiln-pool-resnet50-1"

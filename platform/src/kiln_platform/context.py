@@ -21,7 +21,7 @@ from kiln_platform.keys.services import KeyVerifier
 from kiln_platform.oauth.keys import Keyring
 from kiln_platform.oauth.verifier import TokenVerifier
 from kiln_platform.pools.backend import worker_headers
-from kiln_platform.pools.local import LocalBackend
+from kiln_platform.pools.local import LocalPoolBackend
 from kiln_platform.pools.services import PoolManager
 from kiln_platform.quotas.enforcer import MeteredLedger, QuotaEnforcer
 from kiln_platform.registry.services import Resolver
@@ -34,7 +34,7 @@ if TYPE_CHECKING:
 
     from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 
-    from kiln_platform.pools.backend import Backend
+    from kiln_platform.pools.backend import PoolBackend
     from kiln_platform.settings import Settings
 
 
@@ -94,13 +94,13 @@ class Kiln:
     """Tenants' LoRA adapters by ``<model>:<adapter>`` name, cached."""
 
 
-def _pool_backend(settings: Settings, http: aiohttp.ClientSession) -> Backend:
+def _pool_backend(settings: Settings, http: aiohttp.ClientSession) -> PoolBackend:
     """The backend ``KILN_POOL_BACKEND`` names (the kubernetes client is imported only for it)."""
     if settings.pool_backend == "kubernetes":
-        from kiln_platform.pools.kubernetes import KubernetesBackend
+        from kiln_platform.pools.kubernetes import KubernetesPoolBackend
 
-        return KubernetesBackend(settings, http)
-    return LocalBackend(settings, http)
+        return KubernetesPoolBackend(settings, http)
+    return LocalPoolBackend(settings, http)
 
 
 @asynccontextmanager

@@ -14,7 +14,7 @@ from kiln_runtimes.store import tree_hex
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator
 
-    from kiln_runtimes.backends.base import GenerationBackend
+    from kiln_runtimes.backends.base import StreamBackend
 
 log = structlog.get_logger(__name__)
 
@@ -38,7 +38,7 @@ def validate(request: GenerateRequest, context_length: int) -> None:
 
 
 async def stream(
-    http: web.Request, backend: GenerationBackend, request: GenerateRequest, max_waiting: int
+    http: web.Request, backend: StreamBackend, request: GenerateRequest, max_waiting: int
 ) -> tuple[web.StreamResponse, str]:
     """Stream one sequence; closing the backend's iterator is how cancellation reaches it.
 
@@ -46,7 +46,7 @@ async def stream(
     ends with a ``finish_reason="error"`` chunk. A client that went away is noticed at the next
     write, one decode step at most, and the iterator is closed right then.
     """
-    if backend.waiting() >= max_waiting:
+    if backend.health().waiting >= max_waiting:
         raise Overloaded("too many sequences waiting", retry_after_s=1.0)
     try:
         chunks = backend.stream(request)

@@ -1,76 +1,29 @@
-"""One served model: its settings, phase, in-flight requests and the backend behind them."""
+"""One served model: its settings, phase, in-flight requests and the engine behind them."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
+import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
-from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
 import structlog
 
-from kiln_runtimes import _tensor, cpus
+from kiln_runtimes import _tensor, backends, cpus
 from kiln_runtimes._errors import Draining, NotReady
 from kiln_runtimes._metrics import WorkerMetrics
-from kiln_runtimes.backends import get_embedding_backend, get_generation_backend
-from kiln_runtimes.batcher import Batcher, BatchPolicy
+from kiln_runtimes.backends import create_backend
+from kiln_runtimes.backends.base import StreamBackend
+from kiln_runtimes.batcher import Batcher
 from kiln_runtimes.protocol import ModelManifest, WorkerInfo
 
 if TYPE_CHECKING:
-    from kiln_runtimes.backends.base import EmbeddingBackend, GenerationBackend, TensorBackend
+    from kiln_runtimes._settings import WorkerSettings
+    from kiln_runtimes.backends.base import EngineBackend
 
 Phase = Literal["loading", "ready", "draining"]
 log = structlog.get_logger(__name__)
-
-
-@dataclass(frozen=True, slots=True)
-class WorkerSettings:
-    """Everything the worker reads from its command line, read once in ``main``."""
-
-    model_dir: Path
-    model: str | None
-    version: str
-    host: str
-    port: int
-    max_batch_size: int
-    max_wait: float
-    threads: int | None
-    """Engine intra-op threads (``None``: see :meth:`engine_threads`)."""
-    max_queue: int
-    log_level: str
-    target: str = "cpu"
-    precision: str = "fp32"
-    concurrency: int = 1
-    """Batches run at once (embeddings, tensors), each on ``threads`` engine threads."""
-    preempt: bool = True
-    """Express requests stop a running normal batch (``batcher``)."""
-    prefetch: bool = False
-    """A full batch may close while every runner is busy (``BatchPolicy.prefetch``)."""
-    cpus: frozenset[int] | None = None
-    """Cores for the engine's threads; the event loop keeps off them (``kiln_runtimes.cpus``)."""
-    adapter_slots: int = 0
-    """LoRA adapters a generation worker holds at once (0: none)."""
-    adapter_rank: int = 16
-    """Columns of one adapter slot (q, k and v of an adapter share them)."""
-    metrics_port: int = 0
-    """A second port serving ``GET /metrics`` alone, without the secret (0: none)."""
-    secret: str = field(default="", repr=False)
-    """What every call but the probes must carry (``$KILN_WORKER_SECRET``, not a flag);
-    empty: every such call is refused."""
-
-    def engine_threads(self, default: int) -> int:
-        """``threads`` if given, else one per ``cpus`` core, else ``default``."""
-        return self.threads or (len(self.cpus) if self.cpus else default)
-
-    def batch_policy(self, batching: bool = True) -> BatchPolicy:
-        """The batcher's knobs; ``batching=False`` keeps one item per batch."""
-        size = self.max_batch_size if batching else 1
-        return BatchPolicy(
-            size, self.max_wait, self.max_queue, self.concurrency, self.preempt, self.prefetch
-        )
 
 
 class Worker:
@@ -83,66 +36,70 @@ class Worker:
         self.in_flight = 0
         self._idle = asyncio.Event()
         self._idle.set()
-        self._embedder: EmbeddingBackend | None = None
+        self._engine: EngineBackend | None = None
         self._batcher: Batcher | None = None
-        self._generator: GenerationBackend | None = None
-        self._tensor: TensorBackend | None = None
+        """Embeddings and tensors: the batches the engine runs."""
+        self._streams: StreamBackend | None = None
+        """Generation: the engine batches its sequences itself."""
         self.metrics.in_flight.set_function(lambda: self.in_flight)
         self.metrics.queued.set_function(self.queued)
         self.metrics.ready.set_function(lambda: self.phase == "ready")
 
     @property
     def batcher(self) -> Batcher:
-        """The embeddings batcher (exists once loaded)."""
+        """The batcher of a batch engine (exists once loaded)."""
         if self._batcher is None:
             raise NotReady("model is not loaded")
         return self._batcher
 
     @property
-    def generator(self) -> GenerationBackend:
-        """The generation backend (exists once loaded)."""
-        if self._generator is None:
+    def generator(self) -> StreamBackend:
+        """The streaming engine (exists once loaded)."""
+        if self._streams is None:
             raise NotReady("model is not loaded")
-        return self._generator
+        return self._streams
 
     async def load(self) -> None:
-        """Load and warm the backend, then become ready unless draining began meanwhile."""
+        """Load and warm the engine, then become ready unless draining began meanwhile."""
         settings, manifest = self.settings, self.manifest
         cpus.keep_off(settings.cpus)  # the engine's threads go on --cpus; the loop elsewhere
-        if manifest.task == "embeddings":
-            embedder = get_embedding_backend(manifest)
-            on = settings.cpus
-            threads = settings.engine_threads(os.cpu_count() or 1)
-            await cpus.run_on(on, embedder.load, settings.model_dir, manifest, threads)
-            await cpus.run_on(on, embedder.warmup)
-            self._embedder = embedder
+        start = time.perf_counter()
+        model_dir, served, optimized = settings.model_dir, manifest, False
+        if manifest.task == "tensor":
+            model_dir, served, optimized = await _tensor.engine_folder(
+                settings, manifest, self.metrics
+            )
+        engine = create_backend(manifest, settings.engine_options(optimized))
+        await backends.start(engine, model_dir, served, settings.cpus)
+        self._engine = engine
+        if isinstance(engine, StreamBackend):
+            self._streams = engine
+            self._watch(engine)
+        else:  # a tensor model's manifest says whether it batches; embeddings always do
+            batching = manifest.batching or manifest.task != "tensor"
             self._batcher = Batcher(
-                embedder.run,
-                settings.batch_policy(),
-                stopper=embedder.stopper,
+                engine.run,
+                settings.batch_policy(batching),
+                stopper=engine.stop_handle,
                 on_batch=self.metrics.observe_batch,
-                cpus=on,
+                cpus=settings.cpus,
             )
             self._batcher.start()
-        elif manifest.task == "generate":
-            generator = get_generation_backend(
-                manifest, threads=settings.engine_threads(0), cpus=settings.cpus,
-                adapter_slots=settings.adapter_slots, adapter_rank=settings.adapter_rank,
-            )  # fmt: skip
-            await generator.load(settings.model_dir, manifest, settings.max_batch_size)
-            self._generator = generator
-            self.metrics.watch_generation(generator.running, generator.waiting)
-            if settings.adapter_slots:
-                self.metrics.watch_adapters(
-                    lambda: generator.adapters()[0], lambda: generator.adapters()[1]
-                )
-        elif manifest.task == "tensor":
-            self._tensor, self._batcher = await _tensor.load(settings, manifest, self.metrics)
-        else:
-            raise ValueError(f"task {manifest.task!r} is not served by this worker")
+        self.metrics.load_seconds.set(time.perf_counter() - start)
         if self.phase == "loading":
             self.phase = "ready"
         log.info("model loaded", model=manifest.name, task=manifest.task, phase=self.phase)
+
+    def _watch(self, engine: StreamBackend) -> None:
+        """Expose a streaming engine's sequences (and adapters) in the metrics."""
+        self.metrics.watch_generation(
+            lambda: engine.health().running, lambda: engine.health().waiting
+        )
+        if self.settings.adapter_slots:
+            self.metrics.watch_adapters(
+                lambda: engine.health().adapters_in_slots,
+                lambda: engine.health().adapters_in_memory,
+            )
 
     @contextlib.contextmanager
     def admit(self) -> Iterator[None]:
@@ -170,27 +127,23 @@ class Worker:
         await self._idle.wait()
 
     async def close(self) -> None:
-        """Stop the batcher and release the backend."""
+        """Stop the batcher and unload the engine."""
         if self._batcher is not None:
             await self._batcher.close()
-        if self._embedder is not None:
-            self._embedder.unload()
-        if self._tensor is not None:
-            self._tensor.unload()
-        if self._generator is not None:
-            await self._generator.unload()
+        if self._engine is not None:
+            await asyncio.to_thread(self._engine.unload)
 
     def queued(self) -> int:
-        """Embedding inputs queued, or generation sequences waiting."""
+        """Inputs queued in the batcher, or sequences waiting in the engine."""
         if self._batcher is not None:
             return self._batcher.queue.queued
-        return self._generator.waiting() if self._generator is not None else 0
+        return self._streams.health().waiting if self._streams is not None else 0
 
     def info(self) -> WorkerInfo:
         """Describe this worker; ``ready`` is what ``/health`` answers."""
         settings, queued = self.settings, self.queued()
-        if self._generator is not None:
-            free = settings.max_batch_size - self._generator.running() - queued
+        if self._streams is not None:
+            free = settings.max_batch_size - self._streams.health().running - queued
         else:
             free = settings.max_queue - queued
         return WorkerInfo(
@@ -203,5 +156,5 @@ class Worker:
             queued=queued,
             free_slots=max(free, 0),
             max_batch_size=settings.max_batch_size,
-            max_queue=0 if self._generator is not None else settings.max_queue,
+            max_queue=0 if self._streams is not None else settings.max_queue,
         )

@@ -14,17 +14,13 @@ import importlib
 import json
 import sys
 
-_BACKENDS = (
-    "kiln_runtimes.backends.onnx_tensor",
-    "kiln_runtimes.backends.onnx_embed",
-    "kiln_runtimes.backends.genai",
-    "kiln_runtimes._compile_cpu",
-)
+from kiln_runtimes.backends import BACKENDS
 
 
 def preload() -> None:
     """Import what a worker will need and initialise ONNX Runtime's environment."""
-    for name in _BACKENDS:
+    modules = dict.fromkeys(name.partition(":")[0] for name in BACKENDS.values())
+    for name in [*modules, "kiln_runtimes._compile_cpu"]:
         with contextlib.suppress(ImportError):  # an optional engine library is missing
             importlib.import_module(name)
     import onnxruntime as ort

@@ -1,75 +1,59 @@
-"""The tensor path: load an engine (cached or compiled now), validate, batch, answer."""
+"""The tensor path: find the engine (cached or compiled now), validate, batch, answer."""
 
 from __future__ import annotations
 
 import asyncio
-import functools
 import math
 import os
-import time
 from typing import TYPE_CHECKING
 
+import msgspec
 import numpy as np
 import structlog
 
-from kiln_runtimes import cpus
 from kiln_runtimes._errors import BadRequest
-from kiln_runtimes.backends import get_tensor_backend
-from kiln_runtimes.batcher import Batcher
 from kiln_runtimes.compile import compile_engine
+from kiln_runtimes.engines import ENGINE_MODEL
 from kiln_runtimes.protocol import DATATYPES, InferRequest, InferResult, Tensor
 from kiln_runtimes.store import ArtifactStore
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
     from kiln_runtimes._metrics import WorkerMetrics
-    from kiln_runtimes._runtime import WorkerSettings
-    from kiln_runtimes.backends.base import TensorBackend
+    from kiln_runtimes._settings import WorkerSettings
+    from kiln_runtimes.batcher import Batcher
     from kiln_runtimes.protocol import ModelManifest
 
 log = structlog.get_logger(__name__)
 
 
-async def load(
+async def engine_folder(
     settings: WorkerSettings, manifest: ModelManifest, metrics: WorkerMetrics
-) -> tuple[TensorBackend, Batcher]:
-    """Find or build the engine, load it, warm it up, start the batcher."""
-    start = time.perf_counter()
-    backend = get_tensor_backend(manifest)
-    threads = settings.engine_threads(os.cpu_count() or 1)
+) -> tuple[Path, ModelManifest, bool]:
+    """The folder and manifest to load, and whether they are a compiled engine: the engine
+    cached for this model (compiled now on a miss), or the model itself when its folder is not
+    in an artifact store."""
     owner = ArtifactStore.owning(settings.model_dir)
     if owner is None:  # a plain folder: no store to cache an engine in
-        model, optimized, result = settings.model_dir / manifest.model_file, False, "uncached"
-    else:
-        store, digest = owner
-        engine_dir, report = await asyncio.to_thread(
-            compile_engine, store, digest, target=settings.target,
-            precision=settings.precision, threads=threads,
-            max_batch=settings.max_batch_size,
-        )  # fmt: skip
-        model, optimized = engine_dir / "model.onnx", True
-        result = "hit" if report.cache_hit else "miss"
-        log.info(
-            f"engine cache {result}",
-            cache_key=report.cache_key,
-            engine=report.engine_digest,
-            target=report.target,
-            precision=report.precision,
-            compile_seconds=None if report.cache_hit else round(report.seconds, 3),
-        )
-    metrics.engine_cache.labels(result).inc()
-    load = functools.partial(backend.load, optimized=optimized)
-    await cpus.run_on(settings.cpus, load, model, manifest, threads)
-    await cpus.run_on(settings.cpus, backend.warmup, settings.max_batch_size)
-    batcher = Batcher(
-        backend.run,
-        settings.batch_policy(manifest.batching),
-        stopper=backend.stopper,
-        on_batch=metrics.observe_batch,
-        cpus=settings.cpus,
+        metrics.engine_cache.labels("uncached").inc()
+        return settings.model_dir, manifest, False
+    store, digest = owner
+    engine_dir, report = await asyncio.to_thread(
+        compile_engine, store, digest, target=settings.target, precision=settings.precision,
+        threads=settings.engine_threads(os.cpu_count() or 1), max_batch=settings.max_batch_size,
+    )  # fmt: skip
+    result = "hit" if report.cache_hit else "miss"
+    log.info(
+        f"engine cache {result}",
+        cache_key=report.cache_key,
+        engine=report.engine_digest,
+        target=report.target,
+        precision=report.precision,
+        compile_seconds=None if report.cache_hit else round(report.seconds, 3),
     )
-    batcher.start()
-    metrics.load_seconds.set(time.perf_counter() - start)
-    return backend, batcher
+    metrics.engine_cache.labels(result).inc()
+    return engine_dir, msgspec.structs.replace(manifest, model_file=ENGINE_MODEL), True
 
 
 def decode(

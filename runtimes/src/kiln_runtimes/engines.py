@@ -8,19 +8,17 @@ recompiles and a library upgrade or a different CPU/GPU never reuses a stale eng
 from __future__ import annotations
 
 import hashlib
-import platform
-import shutil
-import subprocess
 from dataclasses import dataclass
-from importlib import metadata
-from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
 import msgspec
 
+from kiln_runtimes._hardware import hardware, library_versions
 from kiln_runtimes.protocol import CompileReport
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
     from kiln_runtimes.store import ArtifactStore
 
 Target = Literal["cpu", "cuda", "tensorrt"]
@@ -33,12 +31,6 @@ PRECISIONS: dict[Target, tuple[Precision, ...]] = {
 }
 ENGINE_MODEL = "model.onnx"
 REPORT_NAME = "report.json"
-_CPU_FLAGS = ("avx2", "avx512f", "avx512_vnni", "avx512_bf16", "amx_tile", "neon", "asimd")
-_LIBRARIES: dict[Target, tuple[str, ...]] = {
-    "cpu": ("onnxruntime",),
-    "cuda": ("onnxruntime-gpu",),
-    "tensorrt": ("onnxruntime-gpu", "tensorrt"),
-}
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,51 +60,6 @@ def validate_target(target: str, precision: str) -> tuple[Target, Precision]:
     if precision not in allowed:
         raise ValueError(f"target {target} supports precision {', '.join(allowed)}")
     return target, precision
-
-
-def cpu_hardware(cpuinfo: str, machine: str) -> str:
-    """A CPU hardware class: architecture plus the vector extensions kernels dispatch on."""
-    flags: set[str] = set()
-    for line in cpuinfo.splitlines():
-        if line.startswith(("flags", "Features")):
-            flags.update(line.partition(":")[2].split())
-            break
-    return "-".join([machine, *[f for f in _CPU_FLAGS if f in flags]])
-
-
-def gpu_hardware() -> str:
-    """The first NVIDIA GPU's name and compute capability, or ``none``."""
-    smi = shutil.which("nvidia-smi")
-    if smi is None:
-        return "none"
-    out = subprocess.run(
-        [smi, "--query-gpu=name,compute_cap", "--format=csv,noheader"],
-        capture_output=True, text=True, timeout=10, check=False,
-    ).stdout  # fmt: skip
-    first = out.strip().splitlines()[0] if out.strip() else "none"
-    return first.replace(", ", "-sm").replace(" ", "_")
-
-
-def hardware(target: Target) -> str:
-    """The hardware class engines for ``target`` are specific to on this machine."""
-    if target == "cpu":
-        try:
-            cpuinfo = Path("/proc/cpuinfo").read_text()
-        except OSError:
-            cpuinfo = ""
-        return cpu_hardware(cpuinfo, platform.machine())
-    return gpu_hardware()
-
-
-def library_versions(target: Target) -> tuple[tuple[str, str], ...]:
-    """Installed versions of the libraries an engine for ``target`` is built with."""
-    versions = []
-    for name in _LIBRARIES[target]:
-        try:
-            versions.append((name, metadata.version(name)))
-        except metadata.PackageNotFoundError:
-            versions.append((name, "absent"))
-    return tuple(versions)
 
 
 def engine_key(artifact_digest: str, target: Target, precision: Precision) -> EngineKey:

@@ -67,14 +67,17 @@ def adapters(
 
 @pytest.fixture(scope="module")
 async def backend(store: ArtifactStore, smollm2_dir: Path) -> AsyncIterator[GenAIGenerationBackend]:
+    from kiln_runtimes import backends
+    from kiln_runtimes.backends.base import EngineOptions
     from kiln_runtimes.backends.genai import GenAIGenerationBackend
 
     folder = store.path(store.put_dir(smollm2_dir))  # adapters come from the model's store
     manifest = msgspec.json.decode((folder / MANIFEST_NAME).read_bytes(), type=ModelManifest)
-    generation = GenAIGenerationBackend(adapter_slots=2, adapter_rank=16)
-    await generation.load(folder, manifest, 4)
+    options = EngineOptions(max_batch_size=4, adapter_slots=2, adapter_rank=16)
+    generation = GenAIGenerationBackend(options)
+    await backends.start(generation, folder, manifest, None)
     yield generation
-    await generation.unload()
+    generation.unload()
 
 
 async def generate(
@@ -119,8 +122,9 @@ async def test_rows_of_three_adapters_and_none_in_two_slots_match_their_solo_run
         )
     )
     assert list(together) == solo
-    assert (backend.running(), backend.waiting()) == (0, 0)
-    in_slots, in_memory = backend.adapters()
+    health = backend.health()
+    assert (health.running, health.waiting) == (0, 0)
+    in_slots, in_memory = health.adapters_in_slots, health.adapters_in_memory
     assert (in_slots, in_memory >= 3) == (2, True)  # qv, o, qkv read once; two slots in use
 
 

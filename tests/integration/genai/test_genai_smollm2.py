@@ -30,13 +30,15 @@ MAX_SEQUENCES = 8
 @pytest.fixture(scope="module")
 async def backend(smollm2_dir: Path) -> AsyncIterator[GenAIGenerationBackend]:
     pytest.importorskip("onnxruntime")
+    from kiln_runtimes import backends
+    from kiln_runtimes.backends.base import EngineOptions
     from kiln_runtimes.backends.genai import GenAIGenerationBackend
 
     manifest = msgspec.json.decode((smollm2_dir / MANIFEST_NAME).read_bytes(), type=ModelManifest)
-    generation = GenAIGenerationBackend()
-    await generation.load(smollm2_dir, manifest, MAX_SEQUENCES)
+    generation = GenAIGenerationBackend(EngineOptions(max_batch_size=MAX_SEQUENCES))
+    await backends.start(generation, smollm2_dir, manifest, None)
     yield generation
-    await generation.unload()
+    generation.unload()
 
 
 @pytest.fixture(scope="module")
@@ -118,7 +120,7 @@ async def test_concurrent_streams_match_solo_runs(
     assert len(together) == MAX_SEQUENCES
     assert all(last.finish_reason in ("stop", "length") for _, last in together)
     assert [tokens for tokens, _ in together] == [tokens for tokens, _ in solo] * 2
-    assert (backend.running(), backend.waiting()) == (0, 0)
+    assert (backend.health().running, backend.health().waiting) == (0, 0)
 
 
 async def test_closing_a_stream_frees_its_slot_within_a_second(
@@ -129,13 +131,13 @@ async def test_closing_a_stream_frees_its_slot_within_a_second(
     others = [asyncio.create_task(generate(backend, long)) for _ in range(3)]
     stream = backend.stream(long)
     await anext(stream)
-    assert await poll(lambda: backend.running() == 4, 5.0)
+    assert await poll(lambda: backend.health().running == 4, 5.0)
     await stream.aclose()
-    assert await poll(lambda: backend.running() == 3, 1.0), "the closed stream kept its slot"
+    assert await poll(lambda: backend.health().running == 3, 1.0), "the closed stream kept its slot"
     for task in others:
         task.cancel()
     await asyncio.gather(*others, return_exceptions=True)
-    assert await poll(lambda: backend.running() == 0, 1.0)
+    assert await poll(lambda: backend.health().running == 0, 1.0)
 
 
 async def poll(condition: Callable[[], bool], seconds: float) -> bool:

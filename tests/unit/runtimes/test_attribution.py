@@ -9,7 +9,7 @@ from kiln_runtimes._attribution import shares, shares_by
 from kiln_runtimes._batch_types import Outcome
 from kiln_runtimes._latency import LatencyModel
 from kiln_runtimes.backends._genai_scheduler import Scheduler, Sequence, step_tokens
-from kiln_runtimes.batcher import BatchPolicy, BatchQueue
+from kiln_runtimes.batch_queue import BatchPolicy, BatchQueue
 
 
 def test_shares_are_proportional_and_add_up() -> None:

@@ -16,7 +16,8 @@ from kiln_runtimes._batch_types import Batch, Outcome, Rows, Ticket
 from kiln_runtimes._embed import embed
 from kiln_runtimes._errors import DeadlineExceeded, Internal, Overloaded
 from kiln_runtimes._latency import LatencyModel
-from kiln_runtimes.batcher import Batcher, BatchPolicy, BatchQueue, close_reason
+from kiln_runtimes.batch_queue import BatchPolicy, BatchQueue, close_reason
+from kiln_runtimes.batcher import Batcher
 from kiln_runtimes.protocol import EmbedRequest, InferRequest
 
 

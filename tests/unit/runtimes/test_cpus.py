@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 
 from kiln_runtimes import cpus
-from kiln_runtimes.batcher import Batcher, BatchPolicy
+from kiln_runtimes.batch_queue import BatchPolicy
+from kiln_runtimes.batcher import Batcher
 from kiln_runtimes.worker import parse_args
 
 ALLOWED = frozenset(os.sched_getaffinity(0))

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from kiln_runtimes.backends.onnx_embed import partition
+from kiln_runtimes.backends._padding import partition
 
 
 def test_uniform_lengths_stay_one_run() -> None:

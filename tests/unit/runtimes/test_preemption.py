@@ -8,13 +8,16 @@ import threading
 from pathlib import Path
 from types import SimpleNamespace
 
+import msgspec
 import numpy as np
 import pytest
 
 from kiln_runtimes._batch_types import Batch, Outcome, Rows
 from kiln_runtimes._latency import LatencyModel
+from kiln_runtimes.backends.base import EngineOptions, Stop
 from kiln_runtimes.backends.onnx_tensor import OnnxTensorBackend
-from kiln_runtimes.batcher import Batcher, BatchPolicy, BatchQueue, Stop
+from kiln_runtimes.batch_queue import BatchPolicy, BatchQueue
+from kiln_runtimes.batcher import Batcher
 from kiln_runtimes.protocol import ModelManifest
 
 
@@ -145,7 +148,7 @@ class StoppableBackend:
         self.starts = threading.Semaphore(0)
         self.stopped = 0
 
-    def stopper(self) -> Stop:
+    def stop_handle(self) -> Stop:
         stop: Stop = SimpleNamespace(terminate=False)  # type: ignore[assignment]
         return stop
 
@@ -167,7 +170,7 @@ async def test_driver_runs_an_express_request_before_the_batch_it_stops() -> Non
     batcher = Batcher(
         backend.run,
         BatchPolicy(max_batch_size=4, max_wait=0.0),
-        stopper=backend.stopper,
+        stopper=backend.stop_handle,
         model=LatencyModel(0.5, 1.0),  # predicted long: the flood batch is worth stopping
         on_batch=seen.append,
     )
@@ -220,12 +223,13 @@ async def test_without_a_stopper_express_waits_for_the_running_batch() -> None:
 def test_onnx_runtime_stops_a_run_when_told(
     tensor_models: dict[str, Path], mlp_manifest: ModelManifest
 ) -> None:
-    backend = OnnxTensorBackend()
-    backend.load(tensor_models["mlp"], mlp_manifest, 1, optimized=False)
+    backend = OnnxTensorBackend(EngineOptions(threads=1))
+    model = tensor_models["mlp"]
+    backend.load(model.parent, msgspec.structs.replace(mlp_manifest, model_file=model.name))
     row = {"x": np.ones((1, 16), np.float32), "scale": np.ones((1, 1), np.float32)}
-    stop = backend.stopper()
+    stop = backend.stop_handle()
     stop.terminate = True
     with pytest.raises(Exception, match="terminate"):
         backend.run([row, row], stop)
-    fresh = backend.stopper()
+    fresh = backend.stop_handle()
     assert len(backend.run([row, row], fresh)) == 2

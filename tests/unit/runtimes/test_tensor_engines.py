@@ -7,14 +7,8 @@ from pathlib import Path
 import pytest
 
 from kiln_runtimes import _compile_gpu as gpu
-from kiln_runtimes.engines import (
-    EngineCache,
-    EngineKey,
-    cpu_hardware,
-    engine_key,
-    library_versions,
-    validate_target,
-)
+from kiln_runtimes._hardware import cpu_hardware, library_versions
+from kiln_runtimes.engines import EngineCache, EngineKey, engine_key, validate_target
 from kiln_runtimes.protocol import CompileReport, ModelManifest, TensorSpec
 from kiln_runtimes.store import ArtifactStore
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
+import msgspec
 import numpy as np
 import pytest
 
@@ -12,8 +13,10 @@ from kiln_runtimes import _tensor
 from kiln_runtimes._batch_types import Batch, Outcome
 from kiln_runtimes._errors import BadRequest, DeadlineExceeded, Internal
 from kiln_runtimes._latency import LatencyModel
+from kiln_runtimes.backends.base import EngineOptions
 from kiln_runtimes.backends.onnx_tensor import OnnxTensorBackend
-from kiln_runtimes.batcher import Batcher, BatchPolicy, BatchQueue
+from kiln_runtimes.batch_queue import BatchPolicy, BatchQueue
+from kiln_runtimes.batcher import Batcher
 from kiln_runtimes.protocol import InferRequest, ModelManifest, Tensor, TensorSpec
 
 SEQ = ModelManifest(
@@ -66,9 +69,10 @@ def test_decode_bounds_the_rows_of_one_request(mlp_manifest: ModelManifest) -> N
 
 
 def test_variable_length_rows_run_in_shape_buckets(tensor_models: dict[str, Path]) -> None:
-    backend = OnnxTensorBackend()
-    backend.load(tensor_models["seq"], SEQ, 1, optimized=False)
-    backend.warmup(4)
+    backend = OnnxTensorBackend(EngineOptions(threads=1, max_batch_size=4))
+    model = tensor_models["seq"]
+    backend.load(model.parent, msgspec.structs.replace(SEQ, model_file=model.name))
+    backend.warmup()
     lengths = [3, 5, 3, 7, 5]
     rows = [{"tokens": np.full((1, n), float(n), np.float32)} for n in lengths]
     results = backend.run(rows)

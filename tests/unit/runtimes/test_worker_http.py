@@ -16,7 +16,9 @@ from aiohttp import web
 from kiln_runtimes import _runtime
 from kiln_runtimes._app import create_app, metrics_app
 from kiln_runtimes._errors import Overloaded, WorkerError
-from kiln_runtimes._runtime import Worker, WorkerSettings
+from kiln_runtimes._runtime import Worker
+from kiln_runtimes._settings import WorkerSettings
+from kiln_runtimes.backends.base import EngineHealth
 from kiln_runtimes.protocol import (
     CONTENT_TYPE,
     ErrorReply,
@@ -44,8 +46,11 @@ class FakeGenerator:
         self.yielded = 0
         self.closed = asyncio.Event()
 
-    async def load(self, model_dir: Path, manifest: ModelManifest, max_sequences: int) -> None:
-        self.max_sequences = max_sequences
+    def load(self, model_dir: Path, manifest: ModelManifest) -> None:
+        pass
+
+    def warmup(self) -> None:
+        pass
 
     async def stream(self, request: GenerateRequest) -> AsyncIterator[GenerateChunk]:
         try:
@@ -67,16 +72,10 @@ class FakeGenerator:
         finally:
             self.closed.set()
 
-    def running(self) -> int:
-        return 1
+    def health(self) -> EngineHealth:
+        return EngineHealth(loaded=True, running=1)
 
-    def waiting(self) -> int:
-        return 0
-
-    def adapters(self) -> tuple[int, int]:
-        return 0, 0
-
-    async def unload(self) -> None:
+    def unload(self) -> None:
         pass
 
 
@@ -110,7 +109,7 @@ async def start(
         log_level="info",
         secret=SECRET,
     )
-    monkeypatch.setattr(_runtime, "get_generation_backend", lambda manifest, **_: backend)
+    monkeypatch.setattr(_runtime, "create_backend", lambda manifest, options: backend)
     worker = Worker(settings, MANIFEST)
     runner = web.AppRunner(create_app(worker), access_log=None)
     await runner.setup()

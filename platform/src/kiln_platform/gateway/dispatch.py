@@ -34,7 +34,7 @@ from kiln_runtimes.protocol import (
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator
 
-    from kiln_platform.pools.local import Worker
+    from kiln_platform.pools.backend import PoolWorker
     from kiln_platform.pools.services import PoolManager
     from kiln_platform.scheduler.runner import Lease, PoolRunner
     from kiln_platform.scheduler.schemas import Request
@@ -162,7 +162,7 @@ class WorkerClient:
     @contextlib.asynccontextmanager
     async def _post(
         self,
-        worker: Worker,
+        worker: PoolWorker,
         pool: str,
         path: str,
         message: EmbedRequest | GenerateRequest | InferRequest,

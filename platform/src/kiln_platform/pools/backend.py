@@ -41,9 +41,21 @@ class PoolSpec:
         return f"{self.model}@{self.version}"
 
 
+@dataclass(frozen=True, slots=True)
+class PoolSize:
+    """A pool's version and workers: as the policy decided (what KEDA would scale to), running
+    (started, ready or not), ready."""
+
+    spec: PoolSpec
+    desired: int
+    running: int
+    ready: int
+
+
 @dataclass(slots=True)
-class Worker:
-    """One worker (a local process or a pod) and what its backend knows of it."""
+class PoolWorker:
+    """A pool's record of one worker (a local process or a pod) and what its backend knows of
+    it; the process itself is a runtime ``Worker`` (``kiln_runtimes``)."""
 
     spec: PoolSpec
     port: int = 0
@@ -64,13 +76,13 @@ class Worker:
         return f"http://{self.host}:{self.port}"
 
 
-class Backend(Protocol):
-    """The pool backend interface ``PoolManager`` drives (``LocalBackend``,
-    ``KubernetesBackend``)."""
+class PoolBackend(Protocol):
+    """The pool backend interface ``PoolManager`` drives (``LocalPoolBackend``,
+    ``KubernetesPoolBackend``)."""
 
-    pools: dict[str, list[Worker]]
+    pools: dict[str, list[PoolWorker]]
     specs: dict[str, PoolSpec]
-    on_change: Callable[[Worker], None]
+    on_change: Callable[[PoolWorker], None]
 
     def ensure(self, spec: PoolSpec) -> None:
         """Have a pool for ``spec`` (empty until ``scale``)."""
@@ -81,25 +93,25 @@ class Backend(Protocol):
     def scale(self, key: str, replicas: int) -> None:
         """Make the pool ``replicas`` workers big."""
 
-    def ready(self, key: str) -> list[Worker]:
+    def ready(self, key: str) -> list[PoolWorker]:
         """The pool's workers that take requests."""
         ...
 
-    def find(self, key: str, url: str) -> Worker | None:
+    def find(self, key: str, url: str) -> PoolWorker | None:
         """The pool's worker at ``url``, if it is still there."""
 
     def crashed(self, key: str) -> bool:
         """Every worker of a non-empty pool is down after a crash."""
         ...
 
-    def suspect(self, worker: Worker) -> None:
+    def suspect(self, worker: PoolWorker) -> None:
         """Out of rotation after a failed call, until its next successful readiness check."""
 
-    def credits(self, worker: Worker | None) -> int:
+    def credits(self, worker: PoolWorker | None) -> int:
         """Requests the scheduler may keep in flight on ``worker``."""
         ...
 
-    def retry_after(self, worker: Worker) -> float:
+    def retry_after(self, worker: PoolWorker) -> float:
         """Seconds a caller should wait for this worker to become ready."""
         ...
 
@@ -153,7 +165,7 @@ def worker_environment(settings: Settings, parent: Mapping[str, str]) -> dict[st
     return child_environment(parent, **{WORKER_SECRET_ENV: settings.worker_key()})
 
 
-def credits(settings: Settings, worker: Worker | None) -> int:
+def credits(settings: Settings, worker: PoolWorker | None) -> int:
     """Requests the scheduler may keep in flight on ``worker`` (about one batch); for a worker
     not started yet (or not described yet), what one is expected to take."""
     if settings.worker_slots:
@@ -163,13 +175,13 @@ def credits(settings: Settings, worker: Worker | None) -> int:
     return worker.info.max_batch_size
 
 
-def retry_after(settings: Settings, worker: Worker) -> float:
+def retry_after(settings: Settings, worker: PoolWorker) -> float:
     """Seconds a caller should wait for this worker to become ready (a rough estimate)."""
     waited = time.monotonic() - worker.started_at
     return max(1.0, min(settings.worker_start_timeout_s, 5.0 - waited))
 
 
-async def health(http: aiohttp.ClientSession, worker: Worker) -> WorkerInfo | None:
+async def health(http: aiohttp.ClientSession, worker: PoolWorker) -> WorkerInfo | None:
     """The worker's ``GET /health`` report, or None if it does not answer (1 s)."""
     failures = (aiohttp.ClientError, OSError, asyncio.TimeoutError, msgspec.DecodeError)
     with contextlib.suppress(*failures):

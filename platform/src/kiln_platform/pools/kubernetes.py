@@ -28,7 +28,7 @@ from lightkube.types import PatchType
 
 from kiln_platform.pools import _kube_objects as objects
 from kiln_platform.pools import backend
-from kiln_platform.pools.backend import PoolSpec, Worker
+from kiln_platform.pools.backend import PoolSpec, PoolWorker
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -41,7 +41,7 @@ log = structlog.get_logger("kiln.pools")
 _FIELD_MANAGER = "kiln"
 
 
-class KubernetesBackend:
+class KubernetesPoolBackend:
     """Keeps one Deployment per pool at the pool manager's size and tracks its pods."""
 
     def __init__(
@@ -64,16 +64,16 @@ class KubernetesBackend:
         )
         self._poll_s = poll_s
         self._port = port
-        self.pools: dict[str, list[Worker]] = {}
+        self.pools: dict[str, list[PoolWorker]] = {}
         """Each pool's workers (by ``PoolSpec.key``): its pods, then placeholders for pods the
         Deployment has not made yet, as many as the pool's replicas."""
         self.specs: dict[str, PoolSpec] = {}
-        self.on_change: Callable[[Worker], None] = lambda worker: None
+        self.on_change: Callable[[PoolWorker], None] = lambda worker: None
         """Called when a worker becomes ready or stops being ready."""
         self._replicas: dict[str, int] = {}
         self._applied: dict[str, int] = {}
         """Replicas last written to each pool's Deployment (absent: not created yet)."""
-        self._pods: dict[str, Worker] = {}
+        self._pods: dict[str, PoolWorker] = {}
         """Every tracked pod's worker, by pod name (the same object while the pod lives)."""
         self._crashed: set[str] = set()
         self._doomed: set[str] = set()
@@ -107,7 +107,7 @@ class KubernetesBackend:
         self._replicas[key] = replicas
         workers = self.pools.setdefault(key, [])
         while len(workers) < replicas:
-            workers.append(Worker(self.specs[key], self._port, started_at=time.monotonic()))
+            workers.append(PoolWorker(self.specs[key], self._port, started_at=time.monotonic()))
         while len(workers) > replicas:
             idle = [w for w in workers if not w.ready]
             worker = idle[-1] if idle else workers[-1]
@@ -115,11 +115,11 @@ class KubernetesBackend:
             self._set_ready(worker, False)
         self._kick()
 
-    def ready(self, key: str) -> list[Worker]:
+    def ready(self, key: str) -> list[PoolWorker]:
         """The pool's workers that take requests."""
         return [w for w in self.pools.get(key, []) if w.ready]
 
-    def find(self, key: str, url: str) -> Worker | None:
+    def find(self, key: str, url: str) -> PoolWorker | None:
         """The pool's worker at ``url``, if it is still there."""
         return next((w for w in self.pools.get(key, []) if w.name and w.url == url), None)
 
@@ -128,16 +128,16 @@ class KubernetesBackend:
         not made yet may still start)."""
         return key in self._crashed and not self.ready(key)
 
-    def suspect(self, worker: Worker) -> None:
+    def suspect(self, worker: PoolWorker) -> None:
         """Out of rotation after a failed call, until its next ``GET /health`` answers ready
         (the next sync, while its pod is Ready)."""
         self._set_ready(worker, False)
 
-    def credits(self, worker: Worker | None) -> int:
+    def credits(self, worker: PoolWorker | None) -> int:
         """Requests the scheduler may keep in flight on ``worker`` (``backend.credits``)."""
         return backend.credits(self._settings, worker)
 
-    def retry_after(self, worker: Worker) -> float:
+    def retry_after(self, worker: PoolWorker) -> float:
         """Seconds a caller should wait for this worker to become ready (a rough estimate)."""
         return backend.retry_after(self._settings, worker)
 
@@ -208,8 +208,8 @@ class KubernetesBackend:
         for pod in pods:
             pool = ((pod.get("metadata") or {}).get("labels") or {}).get(objects.POOL_LABEL)
             by_pool.setdefault(pool or "", []).append(objects.pod_state(pod))
-        seen: dict[str, Worker] = {}
-        checks: list[Worker] = []
+        seen: dict[str, PoolWorker] = {}
+        checks: list[PoolWorker] = []
         for key, spec in self.specs.items():
             states = by_pool.get(objects.deployment_name(spec), [])
             live = [s for s in states if not s.terminating]
@@ -233,7 +233,7 @@ class KubernetesBackend:
                 workers
                 + placeholders[:missing]
                 + [
-                    Worker(spec, self._port, started_at=time.monotonic())
+                    PoolWorker(spec, self._port, started_at=time.monotonic())
                     for _ in range(missing - len(placeholders[:missing]))
                 ]
             )
@@ -243,23 +243,23 @@ class KubernetesBackend:
         self._pods = seen
         await asyncio.gather(*(self._check(w) for w in checks))
 
-    def _worker(self, spec: PoolSpec, state: objects.PodState) -> Worker:
+    def _worker(self, spec: PoolSpec, state: objects.PodState) -> PoolWorker:
         worker = self._pods.get(state.name)
         if worker is None:
             started = time.monotonic() - max(0.0, time.time() - state.created_at)
-            worker = Worker(spec, self._port, name=state.name, started_at=started)
+            worker = PoolWorker(spec, self._port, name=state.name, started_at=started)
         worker.host = state.ip or ""
         worker.restarts = state.restarts
         return worker
 
-    async def _check(self, worker: Worker) -> None:
+    async def _check(self, worker: PoolWorker) -> None:
         info = await backend.health(self._http, worker)
         if info is not None and info.ready and worker.name in self._pods:
             worker.info = info
             self._set_ready(worker, True)
             log.info("worker ready", model=worker.spec.model, pod=worker.name, url=worker.url)
 
-    def _set_ready(self, worker: Worker, ready: bool) -> None:
+    def _set_ready(self, worker: PoolWorker, ready: bool) -> None:
         if worker.ready != ready:
             worker.ready = ready
             self.on_change(worker)

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 import structlog
 
 from kiln_platform.pools import backend
-from kiln_platform.pools.backend import PoolSpec, Worker
+from kiln_platform.pools.backend import PoolSpec, PoolWorker
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -33,7 +33,7 @@ if TYPE_CHECKING:
 
     from kiln_platform.settings import Settings
 
-__all__ = ["LocalBackend", "PoolSpec", "Worker"]  # PoolSpec, Worker: from pools.backend
+__all__ = ["LocalPoolBackend"]
 
 log = structlog.get_logger("kiln.pools")
 _BACKOFF_MAX_S = 10.0
@@ -45,20 +45,20 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-class LocalBackend:
+class LocalPoolBackend:
     """Starts, watches and restarts worker subprocesses on this machine."""
 
     def __init__(self, settings: Settings, http: aiohttp.ClientSession) -> None:
         self._settings = settings
         self._http = http
-        self.pools: dict[str, list[Worker]] = {}
+        self.pools: dict[str, list[PoolWorker]] = {}
         """Each pool's workers (by ``PoolSpec.key``), oldest first."""
         self.specs: dict[str, PoolSpec] = {}
         self._stopping = False
         self._rechecks: set[asyncio.Task[None]] = set()
         self._retiring: set[asyncio.Task[None]] = set()
         """Supervisors of workers taken out of their pool, still draining (``stop`` waits)."""
-        self.on_change: Callable[[Worker], None] = lambda worker: None
+        self.on_change: Callable[[PoolWorker], None] = lambda worker: None
         """Called when a worker becomes ready or stops being ready."""
         self._standby: asyncio.subprocess.Process | None = None
         self._env = backend.worker_environment(settings, os.environ)
@@ -79,7 +79,7 @@ class LocalBackend:
         """Start or stop workers until the pool has ``replicas`` (starting ones go first)."""
         workers = self.pools.setdefault(key, [])
         while len(workers) < replicas:
-            worker = Worker(self.specs[key])
+            worker = PoolWorker(self.specs[key])
             worker.task = asyncio.create_task(self._supervise(worker), name=f"pool:{key}")
             workers.append(worker)
         while len(workers) > replicas:
@@ -88,11 +88,11 @@ class LocalBackend:
             workers.remove(worker)
             self._retire(worker)
 
-    def ready(self, key: str) -> list[Worker]:
+    def ready(self, key: str) -> list[PoolWorker]:
         """The pool's workers that take requests."""
         return [w for w in self.pools.get(key, []) if w.ready]
 
-    def find(self, key: str, url: str) -> Worker | None:
+    def find(self, key: str, url: str) -> PoolWorker | None:
         """The pool's worker at ``url``, if it is still there."""
         return next((w for w in self.pools.get(key, []) if w.url == url), None)
 
@@ -101,7 +101,7 @@ class LocalBackend:
         workers = self.pools.get(key, [])
         return bool(workers) and all(w.restarts and not w.ready for w in workers)
 
-    def _retire(self, worker: Worker) -> None:
+    def _retire(self, worker: PoolWorker) -> None:
         """Out of rotation now; SIGTERM (the worker drains what it has), then gone."""
         self._set_ready(worker, False)
         if worker.task is not None:
@@ -109,11 +109,11 @@ class LocalBackend:
             self._retiring.add(worker.task)
             worker.task.add_done_callback(self._retiring.discard)
 
-    def credits(self, worker: Worker | None) -> int:
+    def credits(self, worker: PoolWorker | None) -> int:
         """Requests the scheduler may keep in flight on ``worker`` (``backend.credits``)."""
         return backend.credits(self._settings, worker)
 
-    def retry_after(self, worker: Worker) -> float:
+    def retry_after(self, worker: PoolWorker) -> float:
         """Seconds a caller should wait for this worker to become ready (a rough estimate)."""
         return backend.retry_after(self._settings, worker)
 
@@ -136,7 +136,7 @@ class LocalBackend:
             tasks.append(asyncio.ensure_future(standby.wait()))
         await asyncio.gather(*tasks, return_exceptions=True)
 
-    async def _supervise(self, worker: Worker) -> None:
+    async def _supervise(self, worker: PoolWorker) -> None:
         backoff = 0.5
         try:
             while not self._stopping:
@@ -188,7 +188,7 @@ class LocalBackend:
         )  # fmt: skip
         log.info("standby worker started", pid=self._standby.pid)
 
-    def suspect(self, worker: Worker) -> None:
+    def suspect(self, worker: PoolWorker) -> None:
         """Take a worker out of rotation after a failed call; put it back if it answers again."""
         if not worker.ready:
             return
@@ -198,12 +198,12 @@ class LocalBackend:
             self._rechecks.add(asyncio.create_task(self._watch_ready(worker, deadline)))
             self._rechecks = {t for t in self._rechecks if not t.done()}
 
-    def _set_ready(self, worker: Worker, ready: bool) -> None:
+    def _set_ready(self, worker: PoolWorker, ready: bool) -> None:
         if worker.ready != ready:
             worker.ready = ready
             self.on_change(worker)
 
-    async def _watch_ready(self, worker: Worker, deadline: float) -> None:
+    async def _watch_ready(self, worker: PoolWorker, deadline: float) -> None:
         while time.monotonic() < deadline:
             info = await backend.health(self._http, worker)
             if info is not None and info.ready:
@@ -217,7 +217,7 @@ class LocalBackend:
         if worker.process is not None:
             worker.process.kill()
 
-    async def _terminate(self, worker: Worker) -> None:
+    async def _terminate(self, worker: PoolWorker) -> None:
         proc = worker.process
         if proc is None or proc.returncode is not None:
             return

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from prometheus_client import REGISTRY, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
@@ -13,7 +13,8 @@ if TYPE_CHECKING:
 
     from prometheus_client.core import Metric
 
-    from kiln_platform.pools.services import PoolManager
+    from kiln_platform.pools.backend import PoolBackend, PoolSize
+    from kiln_platform.scheduler.runner import PoolRunner
     from kiln_platform.scheduler.schemas import Request
 
 QUEUE_WAIT = Histogram(
@@ -29,10 +30,19 @@ def observe_wait(model: str, version: str, request: Request, seconds: float) -> 
     QUEUE_WAIT.labels(model, version, request.tenant).observe(seconds)
 
 
+class Pools(Protocol):
+    """What the collector reads of the pool manager (``services.PoolManager``)."""
+
+    runners: dict[str, PoolRunner]
+    backend: PoolBackend
+
+    def sizes(self) -> dict[str, PoolSize]: ...
+
+
 class SchedulerCollector:
     """Admitted/rejected counts, service shares and Jain's index of every pool."""
 
-    def __init__(self, pools: PoolManager) -> None:
+    def __init__(self, pools: Pools) -> None:
         self._pools = pools
 
     def collect(self) -> Iterator[Metric]:
@@ -80,7 +90,7 @@ class SchedulerCollector:
         return replicas
 
 
-def register(pools: PoolManager) -> SchedulerCollector:
+def register(pools: Pools) -> SchedulerCollector:
     """Export ``pools``' scheduler metrics from the default registry."""
     collector = SchedulerCollector(pools)
     REGISTRY.register(collector)

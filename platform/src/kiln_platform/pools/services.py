@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from dataclasses import dataclass
 from functools import partial
 from typing import TYPE_CHECKING
 
@@ -21,27 +20,16 @@ import structlog
 from kiln_platform.errors import ServiceUnavailable
 from kiln_platform.pools import autoscale, metrics
 from kiln_platform.pools.autoscale import AutoscaleConfig, AutoscaleState, PoolLoad
-from kiln_platform.pools.backend import PoolSpec, Worker
+from kiln_platform.pools.backend import PoolSize, PoolSpec, PoolWorker
 from kiln_platform.scheduler.core import PoolScheduler, SchedulerConfig
 from kiln_platform.scheduler.runner import PoolRunner
 
 if TYPE_CHECKING:
-    from kiln_platform.pools.backend import Backend
+    from kiln_platform.pools.backend import PoolBackend
     from kiln_platform.registry.services import ResolvedVersion, Resolver
     from kiln_runtimes.store import ArtifactStore
 
 log = structlog.get_logger("kiln.pools")
-
-
-@dataclass(frozen=True, slots=True)
-class PoolSize:
-    """A pool's version and workers: as the policy decided (what KEDA would scale to), running
-    (started, ready or not), ready."""
-
-    spec: PoolSpec
-    desired: int
-    running: int
-    ready: int
 
 
 class PoolManager:
@@ -50,7 +38,7 @@ class PoolManager:
 
     def __init__(
         self,
-        backend: Backend,
+        backend: PoolBackend,
         resolver: Resolver,
         store: ArtifactStore,
         scheduler: SchedulerConfig | None = None,
@@ -171,14 +159,14 @@ class PoolManager:
         """A worker of the pool takes requests now (no side effect: not a request)."""
         return bool(self.backend.ready(pool))
 
-    def worker(self, pool: str, url: str) -> Worker:
+    def worker(self, pool: str, url: str) -> PoolWorker:
         """The worker a dispatch named (it may have gone away since)."""
         worker = self.backend.find(pool, url)
         if worker is None or not worker.ready:
             raise ServiceUnavailable(f"The worker for `{pool}` went away.", retry_after=1.0)
         return worker
 
-    def mark_unreachable(self, worker: Worker) -> None:
+    def mark_unreachable(self, worker: PoolWorker) -> None:
         """Take a worker out of rotation after a connection failure."""
         self.backend.suspect(worker)
 
@@ -217,7 +205,7 @@ class PoolManager:
             if w.info is not None and w.info.max_queue
         }
 
-    def _worker_changed(self, worker: Worker) -> None:
+    def _worker_changed(self, worker: PoolWorker) -> None:
         runner = self.runners.get(worker.spec.key)
         if runner is not None:
             runner.poke()

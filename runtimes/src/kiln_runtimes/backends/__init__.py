@@ -1,43 +1,47 @@
-"""Engine backends, chosen by name; heavy libraries are imported only inside their module."""
+"""Engine backends, one lifecycle (``base``), chosen by name; heavy libraries (onnxruntime,
+onnxruntime_genai, tensorrt) are imported only inside their backend's module."""
 
 from __future__ import annotations
 
+import importlib
 from typing import TYPE_CHECKING
 
+from kiln_runtimes import cpus
+
 if TYPE_CHECKING:
-    from kiln_runtimes.backends.base import EmbeddingBackend, GenerationBackend, TensorBackend
+    from pathlib import Path
+
+    from kiln_runtimes.backends.base import (
+        BatchBackend,
+        EngineBackend,
+        EngineOptions,
+        StreamBackend,
+    )
     from kiln_runtimes.protocol import ModelManifest
 
-
-def get_embedding_backend(manifest: ModelManifest) -> EmbeddingBackend:
-    """Return the embeddings backend for a manifest's engine."""
-    if manifest.engine == "onnxruntime":
-        from kiln_runtimes.backends.onnx_embed import OnnxEmbeddingBackend
-
-        return OnnxEmbeddingBackend()
-    raise ValueError(f"no embeddings backend for engine {manifest.engine!r}")
-
-
-def get_generation_backend(
-    manifest: ModelManifest, *, threads: int = 0, cpus: frozenset[int] | None = None,
-    adapter_slots: int = 0, adapter_rank: int = 16,
-) -> GenerationBackend:  # fmt: skip
-    """Return the generation backend for a manifest's engine, its engine on ``threads`` threads
-    (0: one per core) on ``cpus`` (``None``: any core), holding ``adapter_slots`` LoRA adapters
-    of up to ``adapter_rank`` columns."""
-    if manifest.engine == "onnxruntime-genai":
-        from kiln_runtimes.backends.genai import GenAIGenerationBackend
-
-        return GenAIGenerationBackend(
-            threads=threads, cpus=cpus, adapter_slots=adapter_slots, adapter_rank=adapter_rank
-        )
-    raise ValueError(f"no generation backend for engine {manifest.engine!r}")
+BACKENDS: dict[tuple[str, str], str] = {
+    ("embeddings", "onnxruntime"): "kiln_runtimes.backends.onnx_embed:OnnxEmbeddingBackend",
+    ("tensor", "onnxruntime"): "kiln_runtimes.backends.onnx_tensor:OnnxTensorBackend",
+    ("tensor", "tensorrt"): "kiln_runtimes.backends.onnx_tensor:OnnxTensorBackend",
+    ("generate", "onnxruntime-genai"): "kiln_runtimes.backends.genai:GenAIGenerationBackend",
+}
+"""(task, engine) -> ``module:class`` of its backend."""
 
 
-def get_tensor_backend(manifest: ModelManifest) -> TensorBackend:
-    """Return the tensor backend for a manifest's engine."""
-    if manifest.engine in ("onnxruntime", "tensorrt"):
-        from kiln_runtimes.backends.onnx_tensor import OnnxTensorBackend
+def create_backend(manifest: ModelManifest, options: EngineOptions) -> BatchBackend | StreamBackend:
+    """The backend for a manifest's task and engine, not loaded yet; ``ValueError`` if none."""
+    name = BACKENDS.get((manifest.task, manifest.engine))
+    if name is None:
+        raise ValueError(f"no {manifest.task} backend for engine {manifest.engine!r}")
+    module, _, cls = name.partition(":")
+    backend: BatchBackend | StreamBackend = getattr(importlib.import_module(module), cls)(options)
+    return backend
 
-        return OnnxTensorBackend()
-    raise ValueError(f"no tensor backend for engine {manifest.engine!r}")
+
+async def start(
+    backend: EngineBackend, model_dir: Path, manifest: ModelManifest, on: frozenset[int] | None
+) -> None:
+    """Load and warm up ``backend`` off the event loop, on the cores ``on`` (``None``: any): an
+    engine's thread pool created there inherits them."""
+    await cpus.run_on(on, backend.load, model_dir, manifest)
+    await cpus.run_on(on, backend.warmup)

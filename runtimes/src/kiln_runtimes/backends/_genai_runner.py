@@ -1,4 +1,4 @@
-"""Runs a ``Batch`` on the GenAI folder's ``model.onnx`` with one slot-indexed KV cache.
+"""Runs a ``StepPlan`` on the GenAI folder's ``model.onnx`` with one slot-indexed KV cache.
 
 The KV cache of every layer is one ``[slots, kv_heads, capacity, head_size]`` buffer bound as both
 past input and present output (GroupQueryAttention's shared-buffer mode), so a decode step over
@@ -19,7 +19,7 @@ from kiln_runtimes.backends._genai_lora import MASK, AdapterSlots, patch
 
 if TYPE_CHECKING:
     from kiln_runtimes.backends._genai_config import ModelSpec
-    from kiln_runtimes.backends._genai_scheduler import Batch, PrefillWork
+    from kiln_runtimes.backends._genai_scheduler import PrefillWork, StepPlan
 
 MIN_CAPACITY = 256
 ORT_TYPES: dict[str, Any] = {
@@ -74,18 +74,18 @@ class ModelRunner:
         self.capacity = 0
         self.reserve(MIN_CAPACITY)
 
-    def execute(self, batch: Batch) -> dict[int, npt.NDArray[np.float32]]:
-        """Run the batch; returns last-position logits for every slot that samples this step."""
+    def execute(self, plan: StepPlan) -> dict[int, npt.NDArray[np.float32]]:
+        """Run the step plan; returns last-position logits for every slot that samples this step."""
         logits: dict[int, npt.NDArray[np.float32]] = {}
-        for slot, adapter in batch.adapter_loads:
+        for slot, adapter in plan.adapter_loads:
             self._slots_of_adapters().load(slot, adapter)
-        for work in batch.prefills:
+        for work in plan.prefills:
             row = self._prefill(work)
             if work.last:
                 logits[work.slot] = row
-        if batch.decode_slots:
-            rows = self._decode(batch.decode_tokens, batch.decode_lengths, batch.decode_adapters)
-            logits.update((slot, rows[slot]) for slot in batch.decode_slots)
+        if plan.decode_slots:
+            rows = self._decode(plan.decode_tokens, plan.decode_lengths, plan.decode_adapters)
+            logits.update((slot, rows[slot]) for slot in plan.decode_slots)
         return logits
 
     def reserve(self, positions: int) -> None:

@@ -1,6 +1,6 @@
 """Continuous-batching scheduler over KV-cache slots: admission, chunked prefill, stop rules.
 
-Pure Python, no ONNX Runtime: the engine loop asks ``schedule()`` for a ``Batch`` (plain data),
+Pure Python, no ONNX Runtime: the engine loop asks ``schedule()`` for a ``StepPlan`` (plain data),
 runs it, samples one token per ready slot and hands the tokens back to ``update()``.
 """
 
@@ -66,7 +66,7 @@ class PrefillWork:
 
 
 @dataclass(frozen=True)
-class Batch:
+class StepPlan:
     """One step's work. Decode covers rows ``0..len(decode_tokens)-1``; only ``decode_slots`` count.
 
     ``decode_lengths`` is how many KV positions each row already holds (the new token is written
@@ -123,10 +123,10 @@ def output(
     )
 
 
-def step_tokens(batch: Batch) -> dict[int, int]:
+def step_tokens(plan: StepPlan) -> dict[int, int]:
     """Tokens each slot processes in a step: its prompt chunk, or the one token it decodes."""
-    tokens = {slot: 1 for slot in batch.decode_slots}
-    for work in batch.prefills:
+    tokens = {slot: 1 for slot in plan.decode_slots}
+    for work in plan.prefills:
         tokens[work.slot] = tokens.get(work.slot, 0) + len(work.token_ids)
     return tokens
 
@@ -181,21 +181,21 @@ class Scheduler:
                 return output(running, (), "cancelled")
         return None
 
-    def schedule(self) -> Batch:
+    def schedule(self) -> StepPlan:
         """Admit waiting sequences into free slots, then plan prefill chunks and one decode."""
         loads = self._admit()
         prefills = self._plan_prefills()
         return replace(self._plan_decode(prefills), adapter_loads=loads)
 
-    def charge(self, batch: Batch, seconds: float) -> None:
+    def charge(self, plan: StepPlan, seconds: float) -> None:
         """Share a step's time among its sequences, in proportion to the tokens each processed
         (the padding rows of a decode are nobody's)."""
-        for slot, share in shares_by(step_tokens(batch), seconds).items():
+        for slot, share in shares_by(step_tokens(plan), seconds).items():
             self._occupant(slot).compute_s += share
 
-    def update(self, batch: Batch, sampled: Mapping[int, int]) -> list[SequenceOutput]:
-        """Record the executed batch and one sampled token per ready slot; free finished slots."""
-        for work in batch.prefills:
+    def update(self, plan: StepPlan, sampled: Mapping[int, int]) -> list[SequenceOutput]:
+        """Record the executed step and one sampled token per ready slot; free finished slots."""
+        for work in plan.prefills:
             self._occupant(work.slot).prefilled = work.start + len(work.token_ids)
         outputs = []
         for slot, token in sampled.items():
@@ -242,10 +242,10 @@ class Scheduler:
             budget -= len(chunk)
         return tuple(works)
 
-    def _plan_decode(self, prefills: tuple[PrefillWork, ...]) -> Batch:
+    def _plan_decode(self, prefills: tuple[PrefillWork, ...]) -> StepPlan:
         ready = [s for s in self.slots if s is not None and s.prefill_done and s.output_ids]
         if not ready:
-            return Batch(prefills=prefills)
+            return StepPlan(prefills=prefills)
         rows = max(_slot(s) for s in ready) + 1
         tokens, lengths = [self.pad_token_id] * rows, [0] * rows
         adapters = [-1] * rows
@@ -259,7 +259,7 @@ class Scheduler:
         for seq in ready:
             tokens[_slot(seq)], lengths[_slot(seq)] = seq.output_ids[-1], seq.num_tokens - 1
         decode = tuple(_slot(s) for s in ready)
-        return Batch(prefills, decode, tuple(tokens), tuple(lengths), tuple(adapters))
+        return StepPlan(prefills, decode, tuple(tokens), tuple(lengths), tuple(adapters))
 
     def _occupant(self, slot: int) -> Sequence:
         seq = self.slots[slot]

@@ -1,81 +1,100 @@
-"""Backend lifecycles: ``load`` -> ``warmup`` -> ``run``/``stream`` -> ``unload``."""
+"""One engine lifecycle: ``load`` -> ``warmup`` -> ``run`` or ``stream`` -> ``unload``.
+
+``backends.create_backend`` makes every backend from ``EngineOptions``; ``health`` answers at
+any time; ``load``, ``warmup`` and ``unload`` block, so the worker calls them off the event loop on
+the engine's cores (``backends.start``). Failures raise; nothing returns ``False``. A backend
+runs the batches the batcher closes (``BatchBackend``: embeddings, tensors) or streams
+sequences it batches itself (``StreamBackend``: generation).
+"""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Protocol
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator
     from pathlib import Path
 
-    import numpy as np
-
+    from kiln_runtimes._batch_types import BatchResult
     from kiln_runtimes.protocol import GenerateChunk, GenerateRequest, ModelManifest
 
 
-class EmbeddingBackend(Protocol):
-    """Sentence embeddings over a padded batch; ``run`` is synchronous and called off the loop."""
+@dataclass(frozen=True, slots=True)
+class EngineOptions:
+    """How the worker runs an engine (from its settings); each backend reads what it uses."""
 
-    def load(self, model_dir: Path, manifest: ModelManifest, threads: int) -> None: ...
+    threads: int = 0
+    """Intra-op threads (0: the backend's default, one per core)."""
+    cpus: frozenset[int] | None = None
+    """Cores of the engine's threads (``None``: any)."""
+    max_batch_size: int = 32
+    """Items per batch (warmup runs the largest), or sequences decoded at once."""
+    optimized: bool = False
+    """The model is a compiled engine, already graph-optimized (``compile``)."""
+    adapter_slots: int = 0
+    """LoRA adapters held at once (generation)."""
+    adapter_rank: int = 16
+    """Columns of one adapter slot."""
 
-    def warmup(self) -> None: ...
 
-    def stopper(self) -> Any:
-        """A fresh stop handle for one ``run`` (``batcher.Stop``)."""
+@dataclass(frozen=True, slots=True)
+class EngineHealth:
+    """What a backend reports of itself; the counts are a streaming backend's."""
+
+    loaded: bool
+    running: int = 0
+    """Sequences being decoded."""
+    waiting: int = 0
+    """Sequences waiting for a slot."""
+    adapters_in_slots: int = 0
+    adapters_in_memory: int = 0
+
+
+class Stop(Protocol):
+    """One run's stop handle (ONNX Runtime's ``RunOptions``): ``terminate`` set from another
+    thread makes the run raise at its next operator (preemption)."""
+
+    terminate: bool
+
+
+@runtime_checkable
+class EngineBackend(Protocol):
+    """The lifecycle every engine backend has."""
+
+    def load(self, model_dir: Path, manifest: ModelManifest) -> None:
+        """Open the model ``manifest.model_file`` names, confined to ``model_dir``."""
         ...
 
-    def run(self, input_ids: list[list[int]], stop: Any = None) -> np.ndarray:
-        """Embed unpadded token-id sequences; returns float32 ``[len(input_ids), dimensions]``.
-        Setting ``stop.terminate`` from another thread makes it raise early."""
+    def warmup(self) -> None:
+        """Run synthetic work so the first request finds kernels and buffers ready."""
         ...
 
-    def unload(self) -> None: ...
+    def health(self) -> EngineHealth: ...
+
+    def unload(self) -> None:
+        """Release the engine; a streaming backend's open streams raise."""
+        ...
 
 
-class GenerationBackend(Protocol):
-    """Continuous-batching text generation over token ids."""
+@runtime_checkable
+class BatchBackend(EngineBackend, Protocol):
+    """Runs the batches the worker's batcher closes, on the batcher's threads."""
 
-    async def load(self, model_dir: Path, manifest: ModelManifest, max_sequences: int) -> None: ...
+    def stop_handle(self) -> Stop:
+        """A fresh ``Stop`` for one ``run``."""
+        ...
+
+    def run(self, inputs: list[Any], stop: Stop | None = None) -> BatchResult:
+        """Run one input per item (token ids, or a row of named tensors); results in order."""
+        ...
+
+
+@runtime_checkable
+class StreamBackend(EngineBackend, Protocol):
+    """Batches sequences itself (continuous batching); called on the event loop."""
 
     def stream(self, request: GenerateRequest) -> AsyncIterator[GenerateChunk]:
-        """Yield chunks of new token ids; closing the iterator cancels the sequence."""
+        """Yield chunks of new token ids; closing the iterator cancels the sequence.
+        Raises ``ValueError`` for a request this model cannot take."""
         ...
-
-    def running(self) -> int: ...
-
-    def waiting(self) -> int: ...
-
-    def adapters(self) -> tuple[int, int]:
-        """LoRA adapters ``(in slots, in memory)``; ``(0, 0)`` without adapter slots."""
-        ...
-
-    async def unload(self) -> None: ...
-
-
-class TensorBackend(Protocol):
-    """Named tensors batched along dim 0; ``run`` is synchronous and called off the loop."""
-
-    def load(
-        self,
-        model: Path,
-        manifest: ModelManifest,
-        threads: int,
-        *,
-        optimized: bool,
-        providers: list[tuple[str, dict[str, str]]] | None = None,
-    ) -> None: ...
-
-    def warmup(self, max_batch_size: int) -> None: ...
-
-    def stopper(self) -> Any:
-        """A fresh stop handle for one ``run`` (``batcher.Stop``)."""
-        ...
-
-    def run(
-        self, rows: list[dict[str, np.ndarray]], stop: Any = None
-    ) -> list[dict[str, np.ndarray]]:
-        """Run one row per item; returns each item's named outputs, in order. Setting
-        ``stop.terminate`` from another thread makes it raise early."""
-        ...
-
-    def unload(self) -> None: ...

@@ -1,8 +1,8 @@
 """Continuous-batching generation for ONNX Runtime GenAI model folders (CPU).
 
-One engine thread runs ``EngineCore.step()`` (schedule -> execute -> update) over a slot-indexed KV
-cache: a request joins between decode steps as soon as a slot is free, leaves on the step it
-finishes, and a closed stream frees its slot at the next step.
+One engine thread (``_genai_engine.EngineCore``) runs ``step()`` (schedule -> execute -> update)
+over a slot-indexed KV cache; this module is the ``StreamBackend`` around it: the lifecycle, the
+async streams, and the LoRA adapters read from the model's store.
 
 The folder, ``genai_config.json`` and graph are the GenAI builder's, but the loop drives them with
 plain ``onnxruntime``: on CPU, onnxruntime-genai 0.18's ``og.Engine`` batches statically (no joins
@@ -14,41 +14,28 @@ Generator: ~630 vs ~400 tokens/s at 16 streams, ~250 vs ~200 single-stream (docs
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import functools
-import itertools
-import threading
-import time
-from collections import OrderedDict, deque
-from dataclasses import dataclass
+from collections import OrderedDict
 from typing import TYPE_CHECKING
 
 import structlog
 
-from kiln_runtimes import cpus as placement
 from kiln_runtimes.backends._genai_config import load_spec
+from kiln_runtimes.backends._genai_engine import EngineCore, Sink
 from kiln_runtimes.backends._genai_runner import ModelRunner
 from kiln_runtimes.backends._genai_sampling import Sampler
-from kiln_runtimes.backends._genai_scheduler import (
-    Batch,
-    PrefillWork,
-    Scheduler,
-    Sequence,
-    SequenceOutput,
-)
+from kiln_runtimes.backends._genai_scheduler import PrefillWork, Scheduler, StepPlan
+from kiln_runtimes.backends.base import EngineHealth, EngineOptions
 from kiln_runtimes.lora import Adapter, load_adapter
-from kiln_runtimes.protocol import GenerateChunk, GenerateRequest
+from kiln_runtimes.protocol import GenerateChunk
 from kiln_runtimes.store import ArtifactStore
 
 if TYPE_CHECKING:
     from collections.abc import AsyncGenerator
     from pathlib import Path
 
-    import numpy as np
-    import numpy.typing as npt
-
     from kiln_runtimes.backends._genai_config import ModelSpec
-    from kiln_runtimes.protocol import ModelManifest
+    from kiln_runtimes.backends._genai_scheduler import Sequence
+    from kiln_runtimes.protocol import GenerateRequest, ModelManifest
 
 log = structlog.get_logger(__name__)
 
@@ -60,196 +47,66 @@ ADAPTERS_IN_MEMORY = 32
 """Adapters kept read (host memory) beyond those in slots; reading one again takes a few ms."""
 
 
-@dataclass(frozen=True)
-class _Sink:
-    """Where a sequence's chunks go: an asyncio queue owned by ``loop``."""
-
-    request_id: str
-    loop: asyncio.AbstractEventLoop
-    queue: asyncio.Queue[GenerateChunk | BaseException]
-    sampler: Sampler
-
-
-_Item = tuple[_Sink, GenerateChunk | BaseException]
-
-
-class EngineCore:
-    """The engine loop. Other threads only ``submit``/``abort``; everything else is its thread's."""
-
-    def __init__(
-        self, spec: ModelSpec, runner: ModelRunner, scheduler: Scheduler,
-        cpus: frozenset[int] | None = None,
-    ) -> None:  # fmt: skip
-        self.spec = spec
-        self._cpus = cpus
-        self._runner = runner
-        self._scheduler = scheduler
-        self._sinks: dict[int, _Sink] = {}
-        self._joining: deque[tuple[Sequence, _Sink]] = deque()
-        self._leaving: deque[int] = deque()
-        self._wakeup = threading.Condition()
-        self._stopping = False
-        self._ids = itertools.count(1)
-        self._thread = threading.Thread(target=self._run, name="kiln-genai-engine", daemon=True)
-
-    def start(self) -> None:
-        self._thread.start()
-
-    def stop(self) -> None:
-        """Finish the current step, fail whatever is left, and join the thread."""
-        with self._wakeup:
-            self._stopping = True
-            self._wakeup.notify()
-        self._thread.join()
-
-    def new_sequence(self, request: GenerateRequest) -> Sequence:
-        """Validate a request into a sequence; raises ``ValueError`` before any admission."""
-        _validate(request, self.spec)
-        return Sequence(
-            seq_id=next(self._ids),
-            prompt_ids=list(request.prompt_ids),
-            max_tokens=request.max_tokens,
-            stop_ids=self.spec.eos_token_ids | frozenset(request.stop_token_ids),
-            express=request.express,
-        )
-
-    def submit(self, seq: Sequence, sink: _Sink) -> None:
-        with self._wakeup:
-            self._joining.append((seq, sink))
-            self._wakeup.notify()
-
-    def abort(self, seq_id: int) -> None:
-        with self._wakeup:
-            self._leaving.append(seq_id)
-            self._wakeup.notify()
-
-    def running(self) -> int:
-        return self._scheduler.running
-
-    def waiting(self) -> int:
-        return len(self._joining) + len(self._scheduler.waiting)
-
-    def adapters_in_slots(self) -> int:
-        table = self._scheduler.adapters
-        return table.loaded() if table else 0
-
-    def step(self) -> None:
-        """One iteration: admit/cancel, schedule -> execute -> update, publish new tokens."""
-        outputs = self._take_inbox()
-        batch = self._scheduler.schedule()
-        started = time.perf_counter()
-        logits = self._runner.execute(batch)
-        sampled = self._sample(logits)
-        self._scheduler.charge(batch, time.perf_counter() - started)
-        outputs += self._scheduler.update(batch, sampled)
-        self._publish(outputs)
-        if not self._scheduler.has_work():
-            self._runner.shrink()
-
-    def _run(self) -> None:
-        placement.pin_thread(self._cpus)
-        while self._wait_for_work():
-            try:
-                self.step()
-            except Exception as exc:
-                log.exception("genai engine step failed")
-                self._fail_all("generation step failed", exc)
-        self._fail_all("generation backend unloaded", None)
-
-    def _wait_for_work(self) -> bool:
-        with self._wakeup:
-            while not (self._stopping or self._joining or self._leaving):
-                if self._scheduler.has_work():
-                    break
-                self._wakeup.wait()
-            return not self._stopping
-
-    def _take_inbox(self) -> list[SequenceOutput]:
-        with self._wakeup:
-            joining, self._joining = list(self._joining), deque()
-            leaving, self._leaving = list(self._leaving), deque()
-        for seq, sink in joining:
-            self._sinks[seq.seq_id] = sink
-            self._scheduler.add(seq)
-        aborted = (self._scheduler.abort(seq_id) for seq_id in leaving)
-        return [out for out in aborted if out is not None]
-
-    def _sample(self, logits: dict[int, npt.NDArray[np.float32]]) -> dict[int, int]:
-        tokens = {}
-        for slot, row in logits.items():
-            seq = self._scheduler.slots[slot]
-            if seq is not None:
-                tokens[slot] = self._sinks[seq.seq_id].sampler.sample(row)
-        return tokens
-
-    def _publish(self, outputs: list[SequenceOutput]) -> None:
-        """Hand each output to its stream's loop: one ``call_soon_threadsafe`` per loop."""
-        by_loop: dict[asyncio.AbstractEventLoop, list[_Item]] = {}
-        for out in outputs:
-            sink = self._sinks[out.seq_id]
-            if out.finish_reason is not None:
-                del self._sinks[out.seq_id]
-            by_loop.setdefault(sink.loop, []).append((sink, _chunk(sink.request_id, out)))
-        for loop, items in by_loop.items():
-            _call_soon(loop, items)
-
-    def _fail_all(self, reason: str, cause: BaseException | None) -> None:
-        """Drop every sequence (a failed step leaves the cache undefined); their streams raise."""
-        self._take_inbox()
-        for seq in [*self._scheduler.waiting, *filter(None, self._scheduler.slots)]:
-            self._scheduler.abort(seq.seq_id)
-        sinks, self._sinks = list(self._sinks.values()), {}
-        for sink in sinks:
-            error = RuntimeError(reason)
-            error.__cause__ = cause
-            _call_soon(sink.loop, [(sink, error)])
-        self._runner.shrink()
-
-
 class GenAIGenerationBackend:
-    """``GenerationBackend`` for ``onnxruntime-genai`` folders: continuous batching on CPU."""
+    """``StreamBackend`` for ``onnxruntime-genai`` folders: continuous batching on CPU."""
 
     def __init__(
-        self, *, prefill_chunk: int = PREFILL_CHUNK, threads: int = 0, spin: bool = True,
-        cpus: frozenset[int] | None = None, adapter_slots: int = 0, adapter_rank: int = 16,
+        self, options: EngineOptions | None = None, *, prefill_chunk: int = PREFILL_CHUNK,
+        spin: bool = True,
     ) -> None:  # fmt: skip
-        """``threads``, ``spin``: ONNX Runtime intra-op threads (0: one per core), spin-waiting;
-        ``cpus``: the cores of the engine thread and of ONNX Runtime's pool (``None``: any);
-        ``adapter_slots``, ``adapter_rank``: LoRA adapters held at once, columns of each."""
+        """``options``: ONNX Runtime intra-op threads (0: one per core), the cores of the engine
+        thread and of ONNX Runtime's pool, sequences decoded at once (``max_batch_size``), LoRA
+        adapter slots and their rank; ``spin``: ONNX Runtime's threads spin-wait."""
+        self._options = options or EngineOptions()
         self._prefill_chunk = prefill_chunk
-        self._threads = threads
         self._spin = spin
-        self._cpus = cpus
-        self._adapter_slots, self._adapter_rank = adapter_slots, adapter_rank
+        self._runner: ModelRunner | None = None
         self._core: EngineCore | None = None
         self._active: dict[str, int] = {}
         self._store: ArtifactStore | None = None
         self._adapters: OrderedDict[str, Adapter] = OrderedDict()
 
-    async def load(self, model_dir: Path, manifest: ModelManifest, max_sequences: int) -> None:
-        """Open the model, warm it up at full width and start the engine thread."""
+    def load(self, model_dir: Path, manifest: ModelManifest) -> None:
+        """Open the model with room for ``max_batch_size`` sequences (the engine thread starts
+        after ``warmup``)."""
         if self._core is not None:
             raise RuntimeError("backend is already loaded")
-        open_runner = functools.partial(
-            _open_runner, adapter_slots=self._adapter_slots, adapter_rank=self._adapter_rank
-        )
-        runner = await placement.run_on(  # the session's thread pool is created on the cores
-            self._cpus, open_runner, model_dir, manifest, max_sequences, self._threads, self._spin
-        )
+        o = self._options
+        spec = load_spec(model_dir, manifest)
+        runner = ModelRunner(
+            spec, o.max_batch_size, o.threads, self._spin,
+            adapter_slots=o.adapter_slots, adapter_rank=o.adapter_rank,
+        )  # fmt: skip
         scheduler = Scheduler(
-            max_sequences, self._prefill_chunk, runner.spec.context_length,
-            runner.spec.pad_token_id, self._adapter_slots,
+            o.max_batch_size, self._prefill_chunk, spec.context_length, spec.pad_token_id,
+            o.adapter_slots,
         )  # fmt: skip
         owner = ArtifactStore.owning(model_dir)
         self._store = owner[0] if owner else None
-        self._core = EngineCore(runner.spec, runner, scheduler, self._cpus)
-        self._core.start()
+        self._runner = runner
+        self._core = EngineCore(spec, runner, scheduler, o.cpus)
+
+    def warmup(self) -> None:
+        """One prefill and one decode over every row, so kernels and buffers exist before
+        traffic; then start the engine thread."""
+        core, runner = self._core, self._runner
+        if core is None or runner is None:
+            raise RuntimeError("backend is not loaded")
+        spec, rows = core.spec, self._options.max_batch_size
+        prompt = (spec.pad_token_id,) * WARMUP_PROMPT
+        logits = runner.execute(StepPlan(prefills=(PrefillWork(0, 0, prompt, last=True),)))
+        if logits[0].shape != (spec.vocab_size,):
+            raise ValueError(f"model returned logits of shape {logits[0].shape}")
+        lengths = (WARMUP_PROMPT,) + (0,) * (rows - 1)
+        runner.execute(StepPlan((), (0,), (spec.pad_token_id,) * rows, lengths))
+        runner.shrink()
+        core.start()
 
     def stream(self, request: GenerateRequest) -> AsyncGenerator[GenerateChunk, None]:
         """Validate now (``ValueError``), then admit on first iteration and yield new tokens."""
         core = self._loaded()
         seq = core.new_sequence(request)
-        if request.adapter is not None and not self._adapter_slots:
+        if request.adapter is not None and not self._options.adapter_slots:
             raise ValueError("this model is served without adapter slots")
         sampler = Sampler(request.temperature, request.top_p, request.seed)
         return self._stream(core, request, seq, sampler)
@@ -261,20 +118,25 @@ class GenAIGenerationBackend:
             self._loaded().abort(seq_id)
         return seq_id is not None
 
-    def running(self) -> int:
-        return self._core.running() if self._core else 0
+    def health(self) -> EngineHealth:
+        """Sequences running and waiting, adapters in slots and in memory."""
+        core = self._core
+        if core is None:
+            return EngineHealth(loaded=False, adapters_in_memory=len(self._adapters))
+        return EngineHealth(
+            loaded=core.started,
+            running=core.running(),
+            waiting=core.waiting(),
+            adapters_in_slots=core.adapters_in_slots(),
+            adapters_in_memory=len(self._adapters),
+        )
 
-    def waiting(self) -> int:
-        return self._core.waiting() if self._core else 0
-
-    def adapters(self) -> tuple[int, int]:
-        return self._core.adapters_in_slots() if self._core else 0, len(self._adapters)
-
-    async def unload(self) -> None:
-        """Stop the engine thread; open streams raise ``RuntimeError``."""
-        core, self._core = self._core, None
+    def unload(self) -> None:
+        """Stop the engine thread (blocks for the current step); open streams raise
+        ``RuntimeError``."""
+        core, self._core, self._runner = self._core, None, None
         if core is not None:
-            await asyncio.to_thread(core.stop)
+            core.stop()
 
     async def _stream(
         self, core: EngineCore, request: GenerateRequest, seq: Sequence, sampler: Sampler
@@ -284,7 +146,7 @@ class GenAIGenerationBackend:
             seq.adapter_key = request.adapter
             seq.adapter = await self._adapter(core.spec, request.adapter)
         queue: asyncio.Queue[GenerateChunk | BaseException] = asyncio.Queue()
-        core.submit(seq, _Sink(request_id, asyncio.get_running_loop(), queue, sampler))
+        core.submit(seq, Sink(request_id, asyncio.get_running_loop(), queue, sampler))
         self._active[request_id] = seq.seq_id
         finished = False
         try:
@@ -304,8 +166,8 @@ class GenAIGenerationBackend:
         if adapter is None:
             if self._store is None or spec.dims is None or not self._store.has(digest):
                 raise ValueError(f"adapter {digest} is not in this worker's artifact store")
-            folder = self._store.path(digest)
-            adapter = await asyncio.to_thread(load_adapter, folder, spec.dims, self._adapter_rank)
+            folder, rank = self._store.path(digest), self._options.adapter_rank
+            adapter = await asyncio.to_thread(load_adapter, folder, spec.dims, rank)
             self._adapters[digest] = adapter
             log.info("adapter read", adapter=digest, rank=adapter.rank, bytes=adapter.nbytes)
             while len(self._adapters) > ADAPTERS_IN_MEMORY:
@@ -316,68 +178,9 @@ class GenAIGenerationBackend:
     def _loaded(self) -> EngineCore:
         if self._core is None:
             raise RuntimeError("backend is not loaded")
+        if not self._core.started:
+            raise RuntimeError("backend is not warmed up")
         return self._core
-
-
-def _open_runner(
-    model_dir: Path, manifest: ModelManifest, max_sequences: int, threads: int, spin: bool,
-    *, adapter_slots: int, adapter_rank: int,
-) -> ModelRunner:  # fmt: skip
-    spec = load_spec(model_dir, manifest)
-    runner = ModelRunner(
-        spec, max_sequences, threads, spin, adapter_slots=adapter_slots, adapter_rank=adapter_rank
-    )
-    _warm_up(runner, spec, max_sequences)
-    return runner
-
-
-def _warm_up(runner: ModelRunner, spec: ModelSpec, rows: int) -> None:
-    """One prefill and one decode over every row, so kernels and buffers exist before traffic."""
-    prompt = (spec.pad_token_id,) * WARMUP_PROMPT
-    logits = runner.execute(Batch(prefills=(PrefillWork(0, 0, prompt, last=True),)))
-    if logits[0].shape != (spec.vocab_size,):
-        raise ValueError(f"model returned logits of shape {logits[0].shape}")
-    lengths = (WARMUP_PROMPT,) + (0,) * (rows - 1)
-    runner.execute(Batch((), (0,), (spec.pad_token_id,) * rows, lengths))
-    runner.shrink()
-
-
-def _validate(request: GenerateRequest, spec: ModelSpec) -> None:
-    prompt = len(request.prompt_ids)
-    if prompt == 0:
-        raise ValueError("prompt_ids is empty")
-    if request.max_tokens < 1:
-        raise ValueError("max_tokens must be at least 1")
-    if prompt + request.max_tokens > spec.context_length:
-        raise ValueError(
-            f"prompt ({prompt} tokens) plus max_tokens ({request.max_tokens}) exceeds "
-            f"the context length ({spec.context_length})"
-        )
-    if not all(0 <= token < spec.vocab_size for token in request.prompt_ids):
-        raise ValueError(f"prompt_ids must be token ids in [0, {spec.vocab_size})")
-
-
-def _chunk(request_id: str, out: SequenceOutput) -> GenerateChunk:
-    return GenerateChunk(
-        request_id=request_id,
-        token_ids=list(out.token_ids),
-        finish_reason=out.finish_reason,
-        prompt_tokens=out.prompt_tokens,
-        completion_tokens=out.completion_tokens,
-        queue_ms=out.queue_s * 1000,
-        compute_ms=out.compute_s * 1000,
-    )
-
-
-def _call_soon(loop: asyncio.AbstractEventLoop, items: list[_Item]) -> None:
-    """Deliver from the engine thread; a closed loop means nobody is listening any more."""
-    with contextlib.suppress(RuntimeError):
-        loop.call_soon_threadsafe(_deliver, items)
-
-
-def _deliver(items: list[_Item]) -> None:
-    for sink, item in items:
-        sink.queue.put_nowait(item)
 
 
 async def _next_chunk(queue: asyncio.Queue[GenerateChunk | BaseException]) -> GenerateChunk:

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import os
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import numpy.typing as npt
 import onnxruntime as ort
+
+from kiln_runtimes.backends._ort import model_path, open_session
+from kiln_runtimes.backends._padding import partition
+from kiln_runtimes.backends.base import EngineHealth, EngineOptions
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -22,55 +26,22 @@ PAD_ID = 0
 # first big batch 55 ms (ONNX Runtime's first run of a new shape is ~10% slower on CPU).
 WARMUP_BATCH_SIZES = (1, 2)
 WARMUP_LENGTH = 16
-# The fixed cost of one session run, in tokens' worth of compute (about 1.2 ms against 55 us a
-# token for all-MiniLM-L6-v2 on 2 cores): what splitting a batch must save in padding to pay.
-RUN_COST_TOKENS = 24
-
-
-def partition(lengths: Sequence[int], run_cost: int = RUN_COST_TOKENS) -> list[list[int]]:
-    """Group input indices, shortest first, into runs minimizing padded tokens plus run costs.
-
-    A run costs ``run_cost + size * longest``; over the length-sorted inputs the cheapest split
-    into contiguous runs is found by dynamic programming (``O(n^2)``, n = batch size).
-    """
-    order = sorted(range(len(lengths)), key=lengths.__getitem__)
-    best, cut = [0] * (len(order) + 1), [0] * (len(order) + 1)
-    for j in range(1, len(order) + 1):
-        longest = lengths[order[j - 1]]
-        best[j], cut[j] = min((best[i] + run_cost + (j - i) * longest, i) for i in range(j))
-    runs, j = [], len(order)
-    while j:
-        runs.append(order[cut[j] : j])
-        j = cut[j]
-    return runs[::-1]
 
 
 class OnnxEmbeddingBackend:
     """One CPU ``InferenceSession``; ``run`` pads each batch to its longest sequence."""
 
-    def __init__(self) -> None:
+    def __init__(self, options: EngineOptions | None = None) -> None:
+        self._options = options or EngineOptions()
         self._session: Any = None
         self._context_length = 0
         self._dimensions: int | None = None
 
-    def load(self, model_dir: Path, manifest: ModelManifest, threads: int) -> None:
+    def load(self, model_dir: Path, manifest: ModelManifest) -> None:
         """Open the model named by the manifest, confined to ``model_dir``."""
-        root = model_dir.resolve()
-        path = (root / manifest.model_file).resolve()
-        if not path.is_relative_to(root):
-            raise ValueError(f"model file {manifest.model_file!r} is outside {root}")
-        options = ort.SessionOptions()
-        options.intra_op_num_threads = threads
-        options.inter_op_num_threads = 1
-        options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
-        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-        options.enable_cpu_mem_arena = True
-        # Spin-waiting intra-op threads take the cores the worker's and gateway's event loops
-        # need between and during batches; blocking waits cost ~0.5 ms a run and win overall.
-        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
-        session = ort.InferenceSession(
-            str(path), sess_options=options, providers=["CPUExecutionProvider"]
-        )
+        path = model_path(model_dir, manifest)
+        threads = self._options.threads or os.cpu_count() or 1
+        session = open_session(path, threads)
         inputs = {i.name for i in session.get_inputs()}
         outputs = {o.name for o in session.get_outputs()}
         if inputs != INPUTS or OUTPUT not in outputs:
@@ -93,7 +64,11 @@ class OnnxEmbeddingBackend:
                     f"(manifest dimensions: {self._dimensions})"
                 )
 
-    def stopper(self) -> ort.RunOptions:
+    def health(self) -> EngineHealth:
+        """Loaded or not (the batcher counts the work)."""
+        return EngineHealth(loaded=self._session is not None)
+
+    def stop_handle(self) -> ort.RunOptions:
         """A handle for one ``run``: setting its ``terminate`` stops the run at its next node."""
         return ort.RunOptions()
 

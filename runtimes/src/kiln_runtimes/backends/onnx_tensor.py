@@ -8,12 +8,15 @@ sees padding it was not trained with.
 from __future__ import annotations
 
 import functools
+import os
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import onnxruntime as ort
 
 from kiln_runtimes._synthetic import synthetic_inputs
+from kiln_runtimes.backends._ort import model_path, open_session
+from kiln_runtimes.backends.base import EngineHealth, EngineOptions
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -26,39 +29,18 @@ Row = dict[str, np.ndarray]
 class OnnxTensorBackend:
     """One ``InferenceSession`` over an engine (optimized model) or the uploaded model."""
 
-    def __init__(self) -> None:
+    def __init__(self, options: EngineOptions | None = None) -> None:
+        self._options = options or EngineOptions()
         self._session: Any = None
         self._manifest: ModelManifest | None = None
         self._outputs: list[str] = []
 
-    def load(
-        self,
-        model: Path,
-        manifest: ModelManifest,
-        threads: int,
-        *,
-        optimized: bool,
-        providers: list[tuple[str, dict[str, str]]] | None = None,
-    ) -> None:
-        """Open ``model``; an already-optimized engine loads with graph optimization off."""
-        options = ort.SessionOptions()
-        options.intra_op_num_threads = threads
-        options.inter_op_num_threads = 1
-        options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
-        # No spin-waiting between batches: those cores serve the gateway and the event loop.
-        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
-        options.graph_optimization_level = (
-            ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-            if optimized
-            else ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-        )
-        chain = providers or [("CPUExecutionProvider", {})]
-        self._session = ort.InferenceSession(
-            str(model),
-            sess_options=options,
-            providers=[name for name, _ in chain],
-            provider_options=[opts for _, opts in chain],
-        )
+    def load(self, model_dir: Path, manifest: ModelManifest) -> None:
+        """Open the manifest's model in ``model_dir``; a compiled engine (``optimized``) loads
+        with graph optimization off."""
+        model = model_path(model_dir, manifest)
+        threads = self._options.threads or os.cpu_count() or 1
+        self._session = open_session(model, threads, optimize=not self._options.optimized)
         names = {i.name for i in self._session.get_inputs()}
         expected = {s.name for s in manifest.inputs}
         if names != expected:
@@ -66,10 +48,10 @@ class OnnxTensorBackend:
         self._manifest = manifest
         self._outputs = [s.name for s in manifest.outputs]
 
-    def warmup(self, max_batch_size: int) -> None:
+    def warmup(self) -> None:
         """Run synthetic inputs (batch 1, the largest batch, 1) through every kernel."""
         manifest = self._require()
-        sizes = (1, max_batch_size, 1) if manifest.batching else (1,)
+        sizes = (1, self._options.max_batch_size, 1) if manifest.batching else (1,)
         for size in sizes:
             feeds = synthetic_inputs(manifest.inputs, size)
             rows = [{k: v[i : i + 1] for k, v in feeds.items()} for i in range(size)]
@@ -78,7 +60,11 @@ class OnnxTensorBackend:
             if len(self.run(rows)) != len(rows):
                 raise ValueError("warmup returned the wrong number of results")
 
-    def stopper(self) -> ort.RunOptions:
+    def health(self) -> EngineHealth:
+        """Loaded or not (the batcher counts the work)."""
+        return EngineHealth(loaded=self._session is not None)
+
+    def stop_handle(self) -> ort.RunOptions:
         """A handle for one ``run``: setting its ``terminate`` stops the run at its next node."""
         return ort.RunOptions()
 

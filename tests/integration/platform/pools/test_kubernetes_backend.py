@@ -1,7 +1,7 @@
 """The ``kubernetes`` pool backend through the real client library (lightkube, real HTTP)
 against a stand-in for the API server (``fake_kube_api``): Deployments created on ``ensure``,
 replicas patched on ``scale``, pods turned into ready workers, ``suspect``, ``crashed``,
-``remove``. Worker pods' ``GET /health`` is served by the real worker routes
+``remove``. PoolWorker pods' ``GET /health`` is served by the real worker routes
 (``kiln_runtimes._app``) over a stub worker, on loopback addresses standing for pod IPs.
 
 What only a real cluster shows (scheduling, probes, the controller's choices) is in the last
@@ -25,8 +25,8 @@ from lightkube import KubeConfig
 from pydantic import SecretStr
 
 from kiln_platform.pools._kube_objects import deployment_name
-from kiln_platform.pools.backend import PoolSpec, Worker, worker_headers
-from kiln_platform.pools.kubernetes import KubernetesBackend
+from kiln_platform.pools.backend import PoolSpec, PoolWorker, worker_headers
+from kiln_platform.pools.kubernetes import KubernetesPoolBackend
 from kiln_platform.settings import Settings
 from kiln_runtimes import _app as worker_app
 from kiln_runtimes.protocol import WorkerInfo
@@ -78,12 +78,12 @@ async def kube() -> AsyncIterator[FakeKubeAPI]:
 @pytest.fixture
 async def backend(
     kube: FakeKubeAPI, workers: StubWorkers, tmp_path: Path
-) -> AsyncIterator[KubernetesBackend]:
+) -> AsyncIterator[KubernetesPoolBackend]:
     settings = Settings(data_dir=tmp_path, pool_backend="kubernetes", worker_image="kiln/w:1",
                         kubernetes_store_claim="kiln-store",
                         worker_secret=SecretStr(SECRET))  # fmt: skip
     async with aiohttp.ClientSession(headers=worker_headers(settings)) as http:
-        pools = KubernetesBackend(settings, http, KubeConfig.from_dict(kube.kubeconfig()),
+        pools = KubernetesPoolBackend(settings, http, KubeConfig.from_dict(kube.kubeconfig()),
                                   poll_s=0.05, port=workers.port)  # fmt: skip
         yield pools
         await pools.stop()
@@ -102,7 +102,7 @@ def replicas(kube: FakeKubeAPI) -> int | None:
     return None if found is None else int(found["spec"]["replicas"])
 
 
-async def sized(backend: KubernetesBackend, kube: FakeKubeAPI, n: int) -> None:
+async def sized(backend: KubernetesPoolBackend, kube: FakeKubeAPI, n: int) -> None:
     """The pool ensured and scaled to ``n``, its Deployment at ``n`` replicas."""
     backend.ensure(SPEC)
     backend.scale(SPEC.key, n)
@@ -110,7 +110,7 @@ async def sized(backend: KubernetesBackend, kube: FakeKubeAPI, n: int) -> None:
 
 
 async def test_ensure_creates_the_deployment_and_scale_patches_its_replicas(
-    backend: KubernetesBackend, kube: FakeKubeAPI
+    backend: KubernetesPoolBackend, kube: FakeKubeAPI
 ) -> None:
     await sized(backend, kube, 1)
     created = kube.deployments[NAME]
@@ -133,7 +133,7 @@ async def test_ensure_creates_the_deployment_and_scale_patches_its_replicas(
 
 
 async def test_ready_pods_with_an_ip_that_answer_health_are_the_workers(
-    backend: KubernetesBackend, kube: FakeKubeAPI, workers: StubWorkers
+    backend: KubernetesPoolBackend, kube: FakeKubeAPI, workers: StubWorkers
 ) -> None:
     changes: list[tuple[str, bool]] = []
     backend.on_change = lambda w: changes.append((w.name, w.ready))
@@ -156,7 +156,7 @@ async def test_ready_pods_with_an_ip_that_answer_health_are_the_workers(
 
 
 async def test_a_ready_pod_whose_health_the_gateway_cannot_reach_is_not_used(
-    backend: KubernetesBackend, kube: FakeKubeAPI
+    backend: KubernetesPoolBackend, kube: FakeKubeAPI
 ) -> None:
     await sized(backend, kube, 1)
     kube.add_pod(NAME, "far", "127.0.0.9", ready=True)  # nothing listens there
@@ -167,7 +167,7 @@ async def test_a_ready_pod_whose_health_the_gateway_cannot_reach_is_not_used(
 
 
 async def test_a_pod_that_refuses_the_gateways_secret_is_not_used(
-    backend: KubernetesBackend, kube: FakeKubeAPI, workers: StubWorkers
+    backend: KubernetesPoolBackend, kube: FakeKubeAPI, workers: StubWorkers
 ) -> None:
     """The health check carries the worker secret; a worker with another secret answers 401,
     and its pod, Ready to the kubelet (whose probes need none), never takes requests."""
@@ -190,7 +190,7 @@ async def test_a_pod_that_refuses_the_gateways_secret_is_not_used(
 
 
 async def test_suspect_takes_a_worker_out_until_its_health_answers_ready_again(
-    backend: KubernetesBackend, kube: FakeKubeAPI, workers: StubWorkers
+    backend: KubernetesPoolBackend, kube: FakeKubeAPI, workers: StubWorkers
 ) -> None:
     await sized(backend, kube, 1)
     kube.add_pod(NAME, "a", POD_IPS[0])
@@ -206,7 +206,7 @@ async def test_suspect_takes_a_worker_out_until_its_health_answers_ready_again(
 
 
 async def test_crashed_is_every_pod_crash_looping_with_none_ready(
-    backend: KubernetesBackend, kube: FakeKubeAPI
+    backend: KubernetesPoolBackend, kube: FakeKubeAPI
 ) -> None:
     await sized(backend, kube, 2)
     kube.add_pod(NAME, "a", POD_IPS[0], ready=False, waiting="CrashLoopBackOff")
@@ -224,7 +224,7 @@ async def test_crashed_is_every_pod_crash_looping_with_none_ready(
 
 
 async def test_remove_deletes_the_deployment_and_takes_its_workers_out(
-    backend: KubernetesBackend, kube: FakeKubeAPI
+    backend: KubernetesPoolBackend, kube: FakeKubeAPI
 ) -> None:
     await sized(backend, kube, 1)
     kube.add_pod(NAME, "a", POD_IPS[0])
@@ -237,7 +237,7 @@ async def test_remove_deletes_the_deployment_and_takes_its_workers_out(
 
 
 async def test_an_existing_deployment_is_adopted_with_our_template_and_size(
-    backend: KubernetesBackend, kube: FakeKubeAPI
+    backend: KubernetesPoolBackend, kube: FakeKubeAPI
 ) -> None:
     kube.deployments[NAME] = {"apiVersion": "apps/v1", "kind": "Deployment",
                               "metadata": {"name": NAME, "namespace": "kiln"},
@@ -263,8 +263,8 @@ async def test_against_a_real_cluster(tmp_path: Path) -> None:
                         kubernetes_namespace=namespace)  # fmt: skip
     spec = PoolSpec("kiln-backend-test", str(int(time.time())), tmp_path)
     async with aiohttp.ClientSession() as http:
-        pools = KubernetesBackend(settings, http, poll_s=0.2)
-        seen: list[Worker] = []
+        pools = KubernetesPoolBackend(settings, http, poll_s=0.2)
+        seen: list[PoolWorker] = []
         pools.on_change = seen.append
         try:
             pools.ensure(spec)

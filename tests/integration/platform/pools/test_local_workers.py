@@ -13,8 +13,8 @@ import msgspec
 import pytest
 from pydantic import SecretStr
 
-from kiln_platform.pools.backend import PoolSpec, Worker, worker_headers
-from kiln_platform.pools.local import LocalBackend
+from kiln_platform.pools.backend import PoolSpec, PoolWorker, worker_headers
+from kiln_platform.pools.local import LocalPoolBackend
 from kiln_platform.settings import Settings
 from kiln_runtimes.protocol import MANIFEST_NAME, ErrorReply, ModelManifest, WorkerInfo
 from kiln_runtimes.store import ArtifactStore
@@ -54,7 +54,7 @@ def model_dir(tensor_models: dict[str, Path], mlp_manifest: ModelManifest, tmp_p
 @pytest.fixture
 async def worker(
     model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> AsyncIterator[tuple[Settings, Worker]]:
+) -> AsyncIterator[tuple[Settings, PoolWorker]]:
     for name, value in GATEWAY_ONLY.items():
         monkeypatch.setenv(name, value)
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
@@ -63,7 +63,7 @@ async def worker(
                         warm_standby=False, worker_threads=1)  # fmt: skip
     spec = PoolSpec("mlp", "1", model_dir)
     async with aiohttp.ClientSession(headers=worker_headers(settings)) as http:
-        pools = LocalBackend(settings, http)
+        pools = LocalPoolBackend(settings, http)
         pools.ensure(spec)
         pools.scale(spec.key, 1)
         deadline = time.monotonic() + 60
@@ -76,7 +76,7 @@ async def worker(
             await pools.stop()
 
 
-async def test_a_worker_inherits_only_what_it_needs(worker: tuple[Settings, Worker]) -> None:
+async def test_a_worker_inherits_only_what_it_needs(worker: tuple[Settings, PoolWorker]) -> None:
     settings, running = worker
     assert running.process is not None
     env = environ(running.process.pid)
@@ -93,7 +93,7 @@ async def test_a_worker_inherits_only_what_it_needs(worker: tuple[Settings, Work
 
 
 async def test_the_worker_refuses_calls_without_the_secret(
-    worker: tuple[Settings, Worker],
+    worker: tuple[Settings, PoolWorker],
 ) -> None:
     settings, running = worker
     wrong = Settings(data_dir=Path("/nonexistent"), secret_key=SecretStr("another deployment"))

@@ -13,8 +13,9 @@ import numpy as np
 import pytest
 
 from kiln_runtimes.backends._genai_config import ModelSpec
-from kiln_runtimes.backends._genai_scheduler import Batch, Scheduler
-from kiln_runtimes.backends.genai import EngineCore, GenAIGenerationBackend
+from kiln_runtimes.backends._genai_engine import EngineCore
+from kiln_runtimes.backends._genai_scheduler import Scheduler, StepPlan
+from kiln_runtimes.backends.genai import GenAIGenerationBackend
 from kiln_runtimes.protocol import GenerateChunk, GenerateRequest
 
 if TYPE_CHECKING:
@@ -41,10 +42,10 @@ class FakeRunner:
         self.step_seconds = step_seconds
         self.eos_after = eos_after
         self.fail = threading.Event()
-        self.batches: list[Batch] = []
+        self.batches: list[StepPlan] = []
         self.decodes = 0
 
-    def execute(self, batch: Batch) -> dict[int, np.ndarray]:
+    def execute(self, batch: StepPlan) -> dict[int, np.ndarray]:
         if self.fail.is_set():
             self.fail.clear()
             raise RuntimeError("boom")
@@ -72,7 +73,12 @@ async def backend() -> AsyncIterator[tuple[GenAIGenerationBackend, FakeRunner]]:
     generation = GenAIGenerationBackend()
     generation._core = core
     yield generation, runner
-    await generation.unload()
+    generation.unload()
+
+
+def running_waiting(generation: GenAIGenerationBackend) -> tuple[int, int]:
+    health = generation.health()
+    return health.running, health.waiting
 
 
 def request(rid: str = "r", prompt: int = 3, max_tokens: int = 4) -> GenerateRequest:
@@ -108,7 +114,7 @@ async def test_stream_yields_tokens_then_length(
     tokens, last = await collect(generation.stream(request(max_tokens=4)))
     assert tokens == [5, 5, 5, 5]
     assert (last.finish_reason, last.prompt_tokens, last.completion_tokens) == ("length", 3, 4)
-    assert (generation.running(), generation.waiting()) == (0, 0)
+    assert running_waiting(generation) == (0, 0)
 
 
 async def test_eos_stops_without_emitting_it(
@@ -127,10 +133,10 @@ async def test_more_streams_than_slots_wait_then_all_finish(
     generation, _ = backend
     streams = [generation.stream(request(f"r{i}", max_tokens=20)) for i in range(4)]
     tasks = [asyncio.create_task(collect(s)) for s in streams]
-    await wait_until(lambda: generation.running() == 2 and generation.waiting() == 2)
+    await wait_until(lambda: running_waiting(generation) == (2, 2))
     results = await asyncio.gather(*tasks)
     assert [last.finish_reason for _, last in results] == ["length"] * 4
-    assert (generation.running(), generation.waiting()) == (0, 0)
+    assert running_waiting(generation) == (0, 0)
 
 
 async def test_closing_a_stream_frees_its_slot(
@@ -140,9 +146,9 @@ async def test_closing_a_stream_frees_its_slot(
     stream = generation.stream(request(max_tokens=50))
     first = await anext(stream)
     assert first.token_ids
-    assert generation.running() == 1
+    assert generation.health().running == 1
     await stream.aclose()
-    elapsed = await wait_until(lambda: generation.running() == 0)
+    elapsed = await wait_until(lambda: generation.health().running == 0)
     assert elapsed < 10 * runner.step_seconds + 0.05
 
 
@@ -167,7 +173,7 @@ async def test_requests_beyond_the_context_are_refused_up_front(
         generation.stream(request(prompt=40, max_tokens=30))
     with pytest.raises(ValueError, match="token ids"):
         generation.stream(request(prompt=VOCAB, max_tokens=1))
-    assert generation.waiting() == 0
+    assert generation.health().waiting == 0
 
 
 async def test_a_failed_step_fails_running_streams_and_the_engine_goes_on(
@@ -191,7 +197,7 @@ async def test_unload_fails_open_streams() -> None:
     generation._core = core
     stream = generation.stream(request(max_tokens=60))
     await anext(stream)
-    await generation.unload()
+    generation.unload()
     with pytest.raises(RuntimeError, match="unloaded"):
         await collect(stream)
     with pytest.raises(RuntimeError, match="not loaded"):
@@ -203,7 +209,7 @@ async def test_the_engine_thread_runs_on_its_cores() -> None:
     seen: list[frozenset[int]] = []
 
     class Recording(FakeRunner):
-        def execute(self, batch: Batch) -> dict[int, np.ndarray]:
+        def execute(self, batch: StepPlan) -> dict[int, np.ndarray]:
             seen.append(frozenset(os.sched_getaffinity(0)))
             return super().execute(batch)
 
@@ -214,6 +220,6 @@ async def test_the_engine_thread_runs_on_its_cores() -> None:
     try:
         await collect(generation.stream(request(max_tokens=2)))
     finally:
-        await generation.unload()
+        generation.unload()
     assert seen
     assert set(seen) == {last}

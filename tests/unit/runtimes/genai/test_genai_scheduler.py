@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from kiln_runtimes.backends._genai_scheduler import Batch, Scheduler, Sequence, finish_reason
+from kiln_runtimes.backends._genai_scheduler import Scheduler, Sequence, StepPlan, finish_reason
 
 EOS = 2
 PAD = 0
@@ -25,7 +25,7 @@ def make_seq(
     )
 
 
-def run_step(scheduler: Scheduler, token: int = 7) -> tuple[Batch, dict[int, int]]:
+def run_step(scheduler: Scheduler, token: int = 7) -> tuple[StepPlan, dict[int, int]]:
     """Schedule, pretend to execute, and sample ``token`` for every slot that samples."""
     batch = scheduler.schedule()
     sampled = {w.slot: token for w in batch.prefills if w.last}

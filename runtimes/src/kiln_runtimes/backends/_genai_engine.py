@@ -1,0 +1,224 @@
+"""The GenAI engine thread: ``EngineCore.step()`` (schedule -> execute -> update) over a
+slot-indexed KV cache. A request joins between decode steps as soon as a slot is free, leaves on
+the step it finishes, and a closed stream frees its slot at the next step.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import structlog
+
+from kiln_runtimes import cpus as placement
+from kiln_runtimes.backends._genai_scheduler import Sequence, SequenceOutput
+from kiln_runtimes.protocol import GenerateChunk
+
+if TYPE_CHECKING:
+    import numpy as np
+    import numpy.typing as npt
+
+    from kiln_runtimes.backends._genai_config import ModelSpec
+    from kiln_runtimes.backends._genai_runner import ModelRunner
+    from kiln_runtimes.backends._genai_sampling import Sampler
+    from kiln_runtimes.backends._genai_scheduler import Scheduler
+    from kiln_runtimes.protocol import GenerateRequest
+
+log = structlog.get_logger(__name__)
+
+
+@dataclass(frozen=True)
+class Sink:
+    """Where a sequence's chunks go: an asyncio queue owned by ``loop``."""
+
+    request_id: str
+    loop: asyncio.AbstractEventLoop
+    queue: asyncio.Queue[GenerateChunk | BaseException]
+    sampler: Sampler
+
+
+_Item = tuple[Sink, GenerateChunk | BaseException]
+
+
+class EngineCore:
+    """The engine loop. Other threads only ``submit``/``abort``; everything else is its thread's."""
+
+    def __init__(
+        self, spec: ModelSpec, runner: ModelRunner, scheduler: Scheduler,
+        cpus: frozenset[int] | None = None,
+    ) -> None:  # fmt: skip
+        self.spec = spec
+        self._cpus = cpus
+        self._runner = runner
+        self._scheduler = scheduler
+        self._sinks: dict[int, Sink] = {}
+        self._joining: deque[tuple[Sequence, Sink]] = deque()
+        self._leaving: deque[int] = deque()
+        self._wakeup = threading.Condition()
+        self._stopping = False
+        self._ids = itertools.count(1)
+        self._thread = threading.Thread(target=self._run, name="kiln-genai-engine", daemon=True)
+
+    @property
+    def started(self) -> bool:
+        """Whether the engine thread was started (it runs until ``stop``)."""
+        return self._thread.ident is not None
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Finish the current step, fail whatever is left, and join the thread."""
+        if not self.started:
+            return
+        with self._wakeup:
+            self._stopping = True
+            self._wakeup.notify()
+        self._thread.join()
+
+    def new_sequence(self, request: GenerateRequest) -> Sequence:
+        """Validate a request into a sequence; raises ``ValueError`` before any admission."""
+        _validate(request, self.spec)
+        return Sequence(
+            seq_id=next(self._ids),
+            prompt_ids=list(request.prompt_ids),
+            max_tokens=request.max_tokens,
+            stop_ids=self.spec.eos_token_ids | frozenset(request.stop_token_ids),
+            express=request.express,
+        )
+
+    def submit(self, seq: Sequence, sink: Sink) -> None:
+        with self._wakeup:
+            self._joining.append((seq, sink))
+            self._wakeup.notify()
+
+    def abort(self, seq_id: int) -> None:
+        with self._wakeup:
+            self._leaving.append(seq_id)
+            self._wakeup.notify()
+
+    def running(self) -> int:
+        return self._scheduler.running
+
+    def waiting(self) -> int:
+        return len(self._joining) + len(self._scheduler.waiting)
+
+    def adapters_in_slots(self) -> int:
+        table = self._scheduler.adapters
+        return table.loaded() if table else 0
+
+    def step(self) -> None:
+        """One iteration: admit/cancel, schedule -> execute -> update, publish new tokens."""
+        outputs = self._take_inbox()
+        plan = self._scheduler.schedule()
+        started = time.perf_counter()
+        logits = self._runner.execute(plan)
+        sampled = self._sample(logits)
+        self._scheduler.charge(plan, time.perf_counter() - started)
+        outputs += self._scheduler.update(plan, sampled)
+        self._publish(outputs)
+        if not self._scheduler.has_work():
+            self._runner.shrink()
+
+    def _run(self) -> None:
+        placement.pin_thread(self._cpus)
+        while self._wait_for_work():
+            try:
+                self.step()
+            except Exception as exc:
+                log.exception("genai engine step failed")
+                self._fail_all("generation step failed", exc)
+        self._fail_all("generation backend unloaded", None)
+
+    def _wait_for_work(self) -> bool:
+        with self._wakeup:
+            while not (self._stopping or self._joining or self._leaving):
+                if self._scheduler.has_work():
+                    break
+                self._wakeup.wait()
+            return not self._stopping
+
+    def _take_inbox(self) -> list[SequenceOutput]:
+        with self._wakeup:
+            joining, self._joining = list(self._joining), deque()
+            leaving, self._leaving = list(self._leaving), deque()
+        for seq, sink in joining:
+            self._sinks[seq.seq_id] = sink
+            self._scheduler.add(seq)
+        aborted = (self._scheduler.abort(seq_id) for seq_id in leaving)
+        return [out for out in aborted if out is not None]
+
+    def _sample(self, logits: dict[int, npt.NDArray[np.float32]]) -> dict[int, int]:
+        tokens = {}
+        for slot, row in logits.items():
+            seq = self._scheduler.slots[slot]
+            if seq is not None:
+                tokens[slot] = self._sinks[seq.seq_id].sampler.sample(row)
+        return tokens
+
+    def _publish(self, outputs: list[SequenceOutput]) -> None:
+        """Hand each output to its stream's loop: one ``call_soon_threadsafe`` per loop."""
+        by_loop: dict[asyncio.AbstractEventLoop, list[_Item]] = {}
+        for out in outputs:
+            sink = self._sinks[out.seq_id]
+            if out.finish_reason is not None:
+                del self._sinks[out.seq_id]
+            by_loop.setdefault(sink.loop, []).append((sink, _chunk(sink.request_id, out)))
+        for loop, items in by_loop.items():
+            _call_soon(loop, items)
+
+    def _fail_all(self, reason: str, cause: BaseException | None) -> None:
+        """Drop every sequence (a failed step leaves the cache undefined); their streams raise."""
+        self._take_inbox()
+        for seq in [*self._scheduler.waiting, *filter(None, self._scheduler.slots)]:
+            self._scheduler.abort(seq.seq_id)
+        sinks, self._sinks = list(self._sinks.values()), {}
+        for sink in sinks:
+            error = RuntimeError(reason)
+            error.__cause__ = cause
+            _call_soon(sink.loop, [(sink, error)])
+        self._runner.shrink()
+
+
+def _validate(request: GenerateRequest, spec: ModelSpec) -> None:
+    prompt = len(request.prompt_ids)
+    if prompt == 0:
+        raise ValueError("prompt_ids is empty")
+    if request.max_tokens < 1:
+        raise ValueError("max_tokens must be at least 1")
+    if prompt + request.max_tokens > spec.context_length:
+        raise ValueError(
+            f"prompt ({prompt} tokens) plus max_tokens ({request.max_tokens}) exceeds "
+            f"the context length ({spec.context_length})"
+        )
+    if not all(0 <= token < spec.vocab_size for token in request.prompt_ids):
+        raise ValueError(f"prompt_ids must be token ids in [0, {spec.vocab_size})")
+
+
+def _chunk(request_id: str, out: SequenceOutput) -> GenerateChunk:
+    return GenerateChunk(
+        request_id=request_id,
+        token_ids=list(out.token_ids),
+        finish_reason=out.finish_reason,
+        prompt_tokens=out.prompt_tokens,
+        completion_tokens=out.completion_tokens,
+        queue_ms=out.queue_s * 1000,
+        compute_ms=out.compute_s * 1000,
+    )
+
+
+def _call_soon(loop: asyncio.AbstractEventLoop, items: list[_Item]) -> None:
+    """Deliver from the engine thread; a closed loop means nobody is listening any more."""
+    with contextlib.suppress(RuntimeError):
+        loop.call_soon_threadsafe(_deliver, items)
+
+
+def _deliver(items: list[_Item]) -> None:
+    for sink, item in items:
+        sink.queue.put_nowait(item)
