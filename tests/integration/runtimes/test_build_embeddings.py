@@ -14,7 +14,8 @@ import msgspec
 import numpy as np
 import pytest
 
-from kiln_runtimes.backends import get_embedding_backend
+from kiln_runtimes.backends import create_backend
+from kiln_runtimes.backends.base import BatchBackend, EngineOptions
 from kiln_runtimes.protocol import MANIFEST_NAME, ModelManifest
 
 pytestmark = pytest.mark.slow
@@ -62,8 +63,9 @@ def test_fp32_matches_sentence_transformers(name: str, fp32: dict[str, Any]) -> 
 def test_worker_backend_serves_the_build(name: str, fp32: dict[str, Any]) -> None:
     folder = Path(fp32[name].last["out_dir"])
     manifest = msgspec.json.decode((folder / MANIFEST_NAME).read_bytes(), type=ModelManifest)
-    backend = get_embedding_backend(manifest)
-    backend.load(folder, manifest, threads=1)
+    backend = create_backend(manifest, EngineOptions(threads=1))
+    assert isinstance(backend, BatchBackend)
+    backend.load(folder, manifest)
     try:
         out = backend.run([[2, 10, 11, 12, 3], [2, 20, 3]])
     finally:
