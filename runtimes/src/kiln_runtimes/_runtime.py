@@ -6,8 +6,6 @@ import asyncio
 import contextlib
 import os
 from collections.abc import Iterator
-from dataclasses import dataclass, field
-from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
 import structlog
@@ -15,8 +13,9 @@ import structlog
 from kiln_runtimes import _tensor, cpus
 from kiln_runtimes._errors import Draining, NotReady
 from kiln_runtimes._metrics import WorkerMetrics
+from kiln_runtimes._settings import WorkerSettings
 from kiln_runtimes.backends import get_embedding_backend, get_generation_backend
-from kiln_runtimes.batcher import Batcher, BatchPolicy
+from kiln_runtimes.batcher import Batcher
 from kiln_runtimes.protocol import ModelManifest, WorkerInfo
 
 if TYPE_CHECKING:
@@ -24,53 +23,6 @@ if TYPE_CHECKING:
 
 Phase = Literal["loading", "ready", "draining"]
 log = structlog.get_logger(__name__)
-
-
-@dataclass(frozen=True, slots=True)
-class WorkerSettings:
-    """Everything the worker reads from its command line, read once in ``main``."""
-
-    model_dir: Path
-    model: str | None
-    version: str
-    host: str
-    port: int
-    max_batch_size: int
-    max_wait: float
-    threads: int | None
-    """Engine intra-op threads (``None``: see :meth:`engine_threads`)."""
-    max_queue: int
-    log_level: str
-    target: str = "cpu"
-    precision: str = "fp32"
-    concurrency: int = 1
-    """Batches run at once (embeddings, tensors), each on ``threads`` engine threads."""
-    preempt: bool = True
-    """Express requests stop a running normal batch (``batcher``)."""
-    prefetch: bool = False
-    """A full batch may close while every runner is busy (``BatchPolicy.prefetch``)."""
-    cpus: frozenset[int] | None = None
-    """Cores for the engine's threads; the event loop keeps off them (``kiln_runtimes.cpus``)."""
-    adapter_slots: int = 0
-    """LoRA adapters a generation worker holds at once (0: none)."""
-    adapter_rank: int = 16
-    """Columns of one adapter slot (q, k and v of an adapter share them)."""
-    metrics_port: int = 0
-    """A second port serving ``GET /metrics`` alone, without the secret (0: none)."""
-    secret: str = field(default="", repr=False)
-    """What every call but the probes must carry (``$KILN_WORKER_SECRET``, not a flag);
-    empty: every such call is refused."""
-
-    def engine_threads(self, default: int) -> int:
-        """``threads`` if given, else one per ``cpus`` core, else ``default``."""
-        return self.threads or (len(self.cpus) if self.cpus else default)
-
-    def batch_policy(self, batching: bool = True) -> BatchPolicy:
-        """The batcher's knobs; ``batching=False`` keeps one item per batch."""
-        size = self.max_batch_size if batching else 1
-        return BatchPolicy(
-            size, self.max_wait, self.max_queue, self.concurrency, self.preempt, self.prefetch
-        )
 
 
 class Worker:

@@ -22,7 +22,7 @@ from kiln_runtimes.store import ArtifactStore
 
 if TYPE_CHECKING:
     from kiln_runtimes._metrics import WorkerMetrics
-    from kiln_runtimes._runtime import WorkerSettings
+    from kiln_runtimes._settings import WorkerSettings
     from kiln_runtimes.backends.base import TensorBackend
     from kiln_runtimes.protocol import ModelManifest
 

@@ -23,7 +23,8 @@ from aiohttp import web
 from kiln_runtimes import _standby, cpus
 from kiln_runtimes._app import create_app, metrics_app
 from kiln_runtimes._logging import configure_logging
-from kiln_runtimes._runtime import Worker, WorkerSettings
+from kiln_runtimes._runtime import Worker
+from kiln_runtimes._settings import WorkerSettings
 from kiln_runtimes.protocol import MANIFEST_NAME, WORKER_SECRET_ENV, ModelManifest
 
 log = structlog.get_logger(__name__)

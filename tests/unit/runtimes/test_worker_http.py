@@ -16,7 +16,8 @@ from aiohttp import web
 from kiln_runtimes import _runtime
 from kiln_runtimes._app import create_app, metrics_app
 from kiln_runtimes._errors import Overloaded, WorkerError
-from kiln_runtimes._runtime import Worker, WorkerSettings
+from kiln_runtimes._runtime import Worker
+from kiln_runtimes._settings import WorkerSettings
 from kiln_runtimes.protocol import (
     CONTENT_TYPE,
     ErrorReply,

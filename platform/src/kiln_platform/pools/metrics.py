@@ -3,17 +3,18 @@
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from prometheus_client import REGISTRY, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 if TYPE_CHECKING:
-    from collections.abc import Iterator
+    from collections.abc import Iterator, Mapping
 
     from prometheus_client.core import Metric
 
-    from kiln_platform.pools.services import PoolManager
+    from kiln_platform.pools.backend import PoolSpec
+    from kiln_platform.scheduler.runner import PoolRunner
     from kiln_platform.scheduler.schemas import Request
 
 QUEUE_WAIT = Histogram(
@@ -29,10 +30,38 @@ def observe_wait(model: str, version: str, request: Request, seconds: float) -> 
     QUEUE_WAIT.labels(model, version, request.tenant).observe(seconds)
 
 
+class _Size(Protocol):
+    """A pool's size as ``pools.services.PoolSize`` reports it."""
+
+    @property
+    def spec(self) -> PoolSpec: ...
+    @property
+    def desired(self) -> int: ...
+    @property
+    def running(self) -> int: ...
+    @property
+    def ready(self) -> int: ...
+
+
+class _Specs(Protocol):
+    @property
+    def specs(self) -> Mapping[str, PoolSpec]: ...
+
+
+class Pools(Protocol):
+    """What the collector reads of ``pools.services.PoolManager`` (which imports this module)."""
+
+    @property
+    def runners(self) -> Mapping[str, PoolRunner]: ...
+    @property
+    def backend(self) -> _Specs: ...
+    def sizes(self) -> Mapping[str, _Size]: ...
+
+
 class SchedulerCollector:
     """Admitted/rejected counts, service shares and Jain's index of every pool."""
 
-    def __init__(self, pools: PoolManager) -> None:
+    def __init__(self, pools: Pools) -> None:
         self._pools = pools
 
     def collect(self) -> Iterator[Metric]:
@@ -80,7 +109,7 @@ class SchedulerCollector:
         return replicas
 
 
-def register(pools: PoolManager) -> SchedulerCollector:
+def register(pools: Pools) -> SchedulerCollector:
     """Export ``pools``' scheduler metrics from the default registry."""
     collector = SchedulerCollector(pools)
     REGISTRY.register(collector)
