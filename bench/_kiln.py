@@ -46,7 +46,7 @@ def stop_tree(proc: subprocess.Popen[bytes] | None, owned: list[psutil.Process])
 
 async def register_model(data_dir: Path, model_dir: Path) -> str:
     """Register a built model folder in a data directory's database; returns its name."""
-    from kiln_platform.context import open_database
+    from kiln_platform.db.database import open_database
     from kiln_platform.registry.services import register_version
     from kiln_platform.settings import Settings
     from kiln_runtimes.protocol import ModelManifest

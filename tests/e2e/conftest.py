@@ -23,7 +23,7 @@ import psutil
 import pytest
 from playwright.sync_api import Browser, Page, expect, sync_playwright
 
-from kiln_platform.context import open_database
+from kiln_platform.db.database import open_database
 from kiln_platform.registry.services import register_version
 from kiln_platform.settings import Settings
 from kiln_runtimes.protocol import ModelManifest

@@ -20,7 +20,7 @@ from sqlalchemy import text
 from kiln_platform.admin.authz import Actor, Role
 from kiln_platform.billing.pricebooks import create_book
 from kiln_platform.billing.schemas import PriceBookCreate, PriceIn
-from kiln_platform.context import open_database
+from kiln_platform.db.database import open_database
 from kiln_platform.settings import Settings
 
 from .conftest import MINILM, SMOLLM2, KilnProcess, free_port

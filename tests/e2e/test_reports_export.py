@@ -14,7 +14,7 @@ from pathlib import Path
 
 from sqlalchemy import text
 
-from kiln_platform.context import open_database
+from kiln_platform.db.database import open_database
 from kiln_platform.settings import Settings
 
 LINES = 30_000

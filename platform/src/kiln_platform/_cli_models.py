@@ -17,7 +17,7 @@ if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
 
     from kiln_platform.compiler.schemas import CompileJobView
-    from kiln_platform.context import Database
+    from kiln_platform.db.database import Database
     from kiln_platform.settings import Settings
 
     WithDb = Callable[[click.Context, Callable[[Database, Settings], Awaitable[Any]]], Any]

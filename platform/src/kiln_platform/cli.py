@@ -22,7 +22,7 @@ from kiln_platform.settings import Settings
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
 
-    from kiln_platform.context import Database
+    from kiln_platform.db.database import Database
 
 
 def _settings(ctx: click.Context, **overrides: Any) -> Settings:
@@ -39,7 +39,7 @@ def _settings(ctx: click.Context, **overrides: Any) -> Settings:
 
 
 def _with_db(ctx: click.Context, action: Callable[[Database, Settings], Awaitable[Any]]) -> Any:
-    from kiln_platform.context import open_database
+    from kiln_platform.db.database import open_database
 
     settings = _settings(ctx)
 

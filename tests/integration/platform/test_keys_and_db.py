@@ -7,7 +7,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from sqlalchemy import select, text, update
 
-from kiln_platform.context import Database
+from kiln_platform.db.database import Database
 from kiln_platform.db.tables import ApiKey
 from kiln_platform.errors import Conflict, Unauthorized
 from kiln_platform.keys.services import KeyVerifier, create_key

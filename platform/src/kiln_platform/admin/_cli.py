@@ -14,7 +14,7 @@ import click
 from kiln_platform.admin.authz import Actor, Role
 
 if TYPE_CHECKING:
-    from kiln_platform.context import Database
+    from kiln_platform.db.database import Database
     from kiln_platform.settings import Settings
 
 WithDb = Callable[[click.Context, Callable[["Database", "Settings"], Awaitable[Any]]], Any]

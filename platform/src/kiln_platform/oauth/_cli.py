@@ -10,7 +10,7 @@ import click
 from kiln_platform.admin._cli import WithDb, cli_actor, tenant_id
 
 if TYPE_CHECKING:
-    from kiln_platform.context import Database
+    from kiln_platform.db.database import Database
     from kiln_platform.oauth.schemas import ClientCreated
     from kiln_platform.settings import Settings
 

@@ -18,7 +18,7 @@ if TYPE_CHECKING:
     from collections.abc import Callable
 
     from kiln_platform.admin._cli import WithDb
-    from kiln_platform.context import Database
+    from kiln_platform.db.database import Database
     from kiln_platform.settings import Settings
 
 

@@ -16,7 +16,7 @@ from kiln_platform.billing.pricebooks import PriceBooks, create_book
 from kiln_platform.billing.pricing import Quantities
 from kiln_platform.billing.reservations import Budgets
 from kiln_platform.billing.schemas import PriceBookCreate, PriceIn
-from kiln_platform.context import Database
+from kiln_platform.db.database import Database
 from kiln_platform.errors import RateLimited
 from kiln_platform.keys.services import Principal
 from kiln_platform.quotas.enforcer import Admission, QuotaEnforcer

@@ -18,7 +18,7 @@ from kiln_platform.admin.authz import Actor, Role
 from kiln_platform.billing.ledger import LedgerWriter, Usage
 from kiln_platform.billing.pricebooks import PriceBooks, create_book
 from kiln_platform.billing.schemas import PriceBookCreate, PriceIn
-from kiln_platform.context import Database
+from kiln_platform.db.database import Database
 from kiln_platform.errors import ServiceUnavailable
 from kiln_platform.tenants.services import create_tenant
 

@@ -10,7 +10,7 @@ import pytest
 from sqlalchemy import func, select
 
 from kiln_platform.billing.tables import IdempotencyKey
-from kiln_platform.context import Database
+from kiln_platform.db.database import Database
 from kiln_platform.errors import Conflict, IdempotencyInProgress, IdempotencyKeyReused
 from kiln_platform.idempotency.services import IdempotencyStore, KeyScope, StoredResponse
 from kiln_platform.tenants.services import create_tenant

@@ -33,7 +33,7 @@ from kiln_platform.admin import services
 from kiln_platform.admin.authz import Actor, Role
 from kiln_platform.admin.schemas import KeyCreate, TenantCreate
 from kiln_platform.app import create_app
-from kiln_platform.context import open_database
+from kiln_platform.db.database import open_database
 from kiln_platform.settings import Settings
 
 SCOPES = ["inference", "admin:read", "admin:write"]
