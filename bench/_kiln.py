@@ -88,7 +88,7 @@ class Kiln:
             port = free_port()
             kiln.base_url = f"http://127.0.0.1:{port}"
             kiln.proc = subprocess.Popen(
-                [sys.executable, "-m", "kiln_platform", "up", "--no-import", "--port", str(port)],
+                [sys.executable, "-m", "kiln_console", "up", "--no-import", "--port", str(port)],
                 env=env,
                 stdout=subprocess.DEVNULL,
             )
@@ -105,7 +105,7 @@ class Kiln:
     def cli(self, *args: str) -> str:
         """Run a ``kiln`` admin command on this data directory; returns stdout."""
         return subprocess.run(
-            [sys.executable, "-m", "kiln_platform", *args],
+            [sys.executable, "-m", "kiln_console", *args],
             env=self.env, capture_output=True, text=True, timeout=120, check=True,
         ).stdout  # fmt: skip
 

@@ -121,7 +121,7 @@ async def _load(kiln: KilnProcess) -> tuple[list[Answered], int]:
 def _restart(kiln: KilnProcess) -> KilnProcess:
     port = free_port()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "kiln_platform", "up", "--no-import", "--port", str(port)],
+        [sys.executable, "-m", "kiln_console", "up", "--no-import", "--port", str(port)],
         env=kiln.env,
     )
     return KilnProcess(proc, f"http://127.0.0.1:{port}", kiln.env)
