@@ -46,7 +46,7 @@ def stop_tree(proc: subprocess.Popen[bytes] | None, owned: list[psutil.Process])
 
 async def register_model(data_dir: Path, model_dir: Path) -> str:
     """Register a built model folder in a data directory's database; returns its name."""
-    from kiln_platform.context import open_database
+    from kiln_platform.db.database import open_database
     from kiln_platform.registry.services import register_version
     from kiln_platform.settings import Settings
     from kiln_runtimes.protocol import ModelManifest
@@ -88,7 +88,7 @@ class Kiln:
             port = free_port()
             kiln.base_url = f"http://127.0.0.1:{port}"
             kiln.proc = subprocess.Popen(
-                [sys.executable, "-m", "kiln_platform", "up", "--no-import", "--port", str(port)],
+                [sys.executable, "-m", "kiln_console", "up", "--no-import", "--port", str(port)],
                 env=env,
                 stdout=subprocess.DEVNULL,
             )
@@ -105,7 +105,7 @@ class Kiln:
     def cli(self, *args: str) -> str:
         """Run a ``kiln`` admin command on this data directory; returns stdout."""
         return subprocess.run(
-            [sys.executable, "-m", "kiln_platform", *args],
+            [sys.executable, "-m", "kiln_console", *args],
             env=self.env, capture_output=True, text=True, timeout=120, check=True,
         ).stdout  # fmt: skip
 

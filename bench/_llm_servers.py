@@ -161,7 +161,7 @@ class Kiln(Server):
 
     def cli(self, *args: str) -> str:
         return subprocess.run(
-            [sys.executable, "-m", "kiln_platform", *args],
+            [sys.executable, "-m", "kiln_console", *args],
             env=self.env, capture_output=True, text=True, timeout=180, check=True,
         ).stdout  # fmt: skip
 
@@ -169,7 +169,7 @@ class Kiln(Server):
         self.model = asyncio.run(register_model(self.data_dir, self.model_dir))
         self.cli("tenants", "create", "bench")
         self.key = self.cli("keys", "create", "--tenant", "bench").strip().splitlines()[-1]
-        cmd = [sys.executable, "-m", "kiln_platform", "up", "--no-import", "--port", str(self.port)]
+        cmd = [sys.executable, "-m", "kiln_console", "up", "--no-import", "--port", str(self.port)]
         self._spawn(cmd, self.env)
         self.wait_ready()
 

@@ -25,7 +25,7 @@ async def _price_book(data_dir: Path) -> None:
     from kiln_platform.admin.authz import Actor, Role
     from kiln_platform.billing.pricebooks import create_book
     from kiln_platform.billing.schemas import PriceBookCreate, PriceIn
-    from kiln_platform.context import open_database
+    from kiln_platform.db.database import open_database
     from kiln_platform.settings import Settings
 
     book = PriceBookCreate(

@@ -35,7 +35,7 @@ from pathlib import Path
 import psutil
 from sqlalchemy import text
 
-from kiln_platform.admin._cli import cli_actor
+from kiln_platform.cli._base import cli_actor
 from kiln_platform.db import migrate
 from kiln_platform.db.engine import asyncpg_url, create_engine, embedded_server, sessionmaker
 from kiln_platform.reports import services
@@ -120,7 +120,7 @@ def export(uri: str, until: str, out: Path) -> tuple[float, float, float]:
     """``kiln reports export`` in a subprocess: (seconds, peak RSS MB sampled, ru_maxrss MB)."""
     env = {**os.environ, "KILN_DATABASE_URL": uri, "KILN_DATA_DIR": str(out.parent),
            "KILN_LOG_LEVEL": "warning"}  # fmt: skip
-    cmd = [sys.executable, "-m", "kiln_platform", "reports", "export", "--from", MONTH_START,
+    cmd = [sys.executable, "-m", "kiln_console", "reports", "export", "--from", MONTH_START,
            "--to", until, "--format", "csv", "--group-by", "tenant,model,version,key,request",
            "--output", str(out)]  # fmt: skip
     started = time.perf_counter()

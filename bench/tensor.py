@@ -181,7 +181,7 @@ def start_kiln(spec: Model, model: Path, env_extra: dict[str, str]) -> Kiln:
         port = free_port()
         kiln.base_url = f"http://127.0.0.1:{port}"
         kiln.proc = subprocess.Popen(
-            [sys.executable, "-m", "kiln_platform", "up", "--no-import", "--port", str(port)],
+            [sys.executable, "-m", "kiln_console", "up", "--no-import", "--port", str(port)],
             env=env, stdout=subprocess.DEVNULL,
         )  # fmt: skip
         deadline = time.monotonic() + 180

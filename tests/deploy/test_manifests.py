@@ -14,7 +14,7 @@ import kubernetes_validate
 import pytest
 from pydantic import SecretStr
 
-from kiln_platform.app import create_app
+from kiln_console.compose import create_app
 from kiln_platform.settings import Settings
 from kiln_runtimes import _app as worker_app
 from kiln_runtimes.protocol import WORKER_SECRET_ENV

@@ -23,7 +23,7 @@ import psutil
 import pytest
 from playwright.sync_api import Browser, Page, expect, sync_playwright
 
-from kiln_platform.context import open_database
+from kiln_platform.db.database import open_database
 from kiln_platform.registry.services import register_version
 from kiln_platform.settings import Settings
 from kiln_runtimes.protocol import ModelManifest
@@ -80,7 +80,7 @@ class KilnProcess:
     def cli(self, *args: str) -> str:
         """Run a ``kiln`` admin command against the same data directory; returns stdout."""
         out = subprocess.run(
-            [sys.executable, "-m", "kiln_platform", *args],
+            [sys.executable, "-m", "kiln_console", *args],
             env=self.env, capture_output=True, text=True, timeout=60, check=True,
         )  # fmt: skip
         return out.stdout
@@ -182,7 +182,7 @@ def _start_kiln(
         asyncio.run(_register(settings, model_dir))
     port = free_port()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "kiln_platform", "up", "--no-import", "--port", str(port)],
+        [sys.executable, "-m", "kiln_console", "up", "--no-import", "--port", str(port)],
         env=env,
     )
     return KilnProcess(proc, f"http://127.0.0.1:{port}", env)

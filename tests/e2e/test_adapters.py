@@ -14,7 +14,7 @@ import pytest
 from playwright.sync_api import Page, expect
 from sqlalchemy import func, select
 
-from kiln_platform.context import open_database
+from kiln_platform.db.database import open_database
 from kiln_platform.db.tables import UsageEvent
 from kiln_platform.settings import Settings
 from kiln_runtimes.lora import Dims

@@ -21,7 +21,7 @@ import pytest
 from sqlalchemy import func, select
 
 from kiln_platform.billing.tables import UsageCharge
-from kiln_platform.context import open_database
+from kiln_platform.db.database import open_database
 from kiln_platform.db.tables import UsageEvent
 from kiln_platform.settings import Settings
 

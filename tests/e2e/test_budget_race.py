@@ -23,7 +23,7 @@ import pytest
 from sqlalchemy import text
 from tokenizers import Tokenizer
 
-from kiln_platform.context import open_database
+from kiln_platform.db.database import open_database
 from kiln_platform.settings import Settings
 
 from .conftest import MINILM, SMOLLM2, KilnProcess

@@ -16,7 +16,7 @@ import pytest
 from sqlalchemy import select
 from tokenizers import Tokenizer
 
-from kiln_platform.context import open_database
+from kiln_platform.db.database import open_database
 from kiln_platform.db.tables import UsageEvent
 from kiln_platform.settings import Settings
 

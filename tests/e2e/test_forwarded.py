@@ -15,7 +15,7 @@ import httpx
 import pytest
 from sqlalchemy import select
 
-from kiln_platform.context import open_database
+from kiln_platform.db.database import open_database
 from kiln_platform.db.tables import AuditRecord, SignInFailure
 from kiln_platform.settings import Settings
 

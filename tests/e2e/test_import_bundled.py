@@ -12,7 +12,7 @@ def _kiln(data_dir: Path, *args: str) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "KILN_DATA_DIR": str(data_dir)}
     env.pop("KILN_DATABASE_URL", None)
     return subprocess.run(
-        [sys.executable, "-m", "kiln_platform", *args],
+        [sys.executable, "-m", "kiln_console", *args],
         env=env, capture_output=True, text=True, timeout=600, check=True,
     )  # fmt: skip
 

@@ -20,7 +20,7 @@ from sqlalchemy import text
 from kiln_platform.admin.authz import Actor, Role
 from kiln_platform.billing.pricebooks import create_book
 from kiln_platform.billing.schemas import PriceBookCreate, PriceIn
-from kiln_platform.context import open_database
+from kiln_platform.db.database import open_database
 from kiln_platform.settings import Settings
 
 from .conftest import MINILM, SMOLLM2, KilnProcess, free_port
@@ -121,7 +121,7 @@ async def _load(kiln: KilnProcess) -> tuple[list[Answered], int]:
 def _restart(kiln: KilnProcess) -> KilnProcess:
     port = free_port()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "kiln_platform", "up", "--no-import", "--port", str(port)],
+        [sys.executable, "-m", "kiln_console", "up", "--no-import", "--port", str(port)],
         env=kiln.env,
     )
     return KilnProcess(proc, f"http://127.0.0.1:{port}", kiln.env)

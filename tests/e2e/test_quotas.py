@@ -36,7 +36,7 @@ def _gateway(uri: str, env_extra: dict[str, str]) -> KilnProcess:
     }
     port = free_port()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "kiln_platform", "up", "--no-import", "--port", str(port)], env=env
+        [sys.executable, "-m", "kiln_console", "up", "--no-import", "--port", str(port)], env=env
     )
     return KilnProcess(proc, f"http://127.0.0.1:{port}", env)
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from sqlalchemy import text
 
-from kiln_platform.context import open_database
+from kiln_platform.db.database import open_database
 from kiln_platform.settings import Settings
 
 LINES = 30_000
@@ -39,7 +39,7 @@ def _kiln(data_dir: Path, *args: str) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "KILN_DATA_DIR": str(data_dir), "KILN_LOG_LEVEL": "warning"}
     env.pop("KILN_DATABASE_URL", None)
     return subprocess.run(
-        [sys.executable, "-m", "kiln_platform", *args],
+        [sys.executable, "-m", "kiln_console", *args],
         env=env, capture_output=True, text=True, timeout=120, check=False,
     )  # fmt: skip
 

@@ -22,7 +22,7 @@ import openai
 import pytest
 from sqlalchemy import text
 
-from kiln_platform.context import open_database
+from kiln_platform.db.database import open_database
 from kiln_platform.settings import Settings
 
 from .conftest import SMOLLM2, KilnProcess, _start_kiln, data_dir, serve_model

@@ -28,7 +28,7 @@ def test_worker_cpus_rejects_a_malformed_list_naming_the_field(value: str) -> No
 def test_kiln_names_a_bad_setting_without_a_traceback(tmp_path: Path) -> None:
     env = {**os.environ, "KILN_WORKER_CPUS": "abc", "KILN_DATA_DIR": str(tmp_path)}
     done = subprocess.run(
-        [sys.executable, "-m", "kiln_platform", "up"],
+        [sys.executable, "-m", "kiln_console", "up"],
         env=env, capture_output=True, text=True, timeout=60, check=False,
     )  # fmt: skip
     assert done.returncode == 2

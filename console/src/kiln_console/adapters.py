@@ -12,17 +12,16 @@ from litestar import Controller, Request, get, post
 from litestar.datastructures import UploadFile
 from litestar.params import SkipValidation
 from litestar.response import Template
-from sqlalchemy import select
 
 from kiln_console.auth import Viewer
 from kiln_platform.adapters import services as adapters
 from kiln_platform.adapters.controllers import MAX_ADAPTER_BYTES
 from kiln_platform.adapters.directory import slot_rank
-from kiln_platform.admin import services as admin
 from kiln_platform.admin.deps import transaction
 from kiln_platform.context import Kiln
-from kiln_platform.db.tables import Model
 from kiln_platform.errors import BadRequest
+from kiln_platform.registry.services import model_names
+from kiln_platform.tenants.services import get_tenant
 
 if TYPE_CHECKING:
     from sqlalchemy.ext.asyncio import AsyncSession
@@ -59,12 +58,11 @@ class Adapters(Controller):
                 config=await _file(form.get("config"), "config").read(), weights=weights,
             )  # fmt: skip
             async with transaction(kiln, viewer.actor) as session:
-                made = await adapters.create_adapter(
-                    session, viewer.actor, tenant_id, upload,
-                    store=kiln.store, max_rank=slot_rank(kiln.settings),
+                await adapters.create_adapter(
+                    session, viewer.actor, tenant_id, upload, store=kiln.store,
+                    max_rank=slot_rank(kiln.settings), directory=kiln.adapters,
                 )  # fmt: skip
                 context = {**await _adapters(session, viewer, tenant_id), "partial": True}
-        kiln.adapters.forget(tenant_id, made.base_model, made.name)
         return Template("_adapters.html.j2", context=context, status_code=201)
 
     @post("/tenants/{tenant_id:uuid}/adapters/{adapter_id:uuid}/delete")
@@ -73,9 +71,10 @@ class Adapters(Controller):
     ) -> Template:
         """Delete an adapter (requests naming it are refused within seconds)."""
         async with transaction(kiln, viewer.actor) as session:
-            gone = await adapters.delete_adapter(session, viewer.actor, tenant_id, adapter_id)
+            await adapters.delete_adapter(
+                session, viewer.actor, tenant_id, adapter_id, kiln.adapters
+            )
             context = {**await _adapters(session, viewer, tenant_id), "partial": True}
-        kiln.adapters.forget(tenant_id, gone.base_model, gone.name)
         return Template("_adapters.html.j2", context=context)
 
 
@@ -87,7 +86,7 @@ def _file(value: Any, field: str) -> UploadFile:
 
 async def _adapters(session: AsyncSession, viewer: Viewer, tenant_id: uuid.UUID) -> dict[str, Any]:
     """The adapters page's context, read in the caller's transaction (after its change, if any)."""
-    tenant = await admin.get_tenant(session, viewer.actor, tenant_id)
+    tenant = await get_tenant(session, viewer.actor, tenant_id)
     rows = await adapters.list_adapters(session, viewer.actor, tenant_id)
-    models = await session.scalars(select(Model.name).where(Model.task == "generate"))
-    return {"viewer": viewer, "tenant": tenant, "adapters": rows, "models": sorted(models)}
+    models = await model_names(session, "generate")
+    return {"viewer": viewer, "tenant": tenant, "adapters": rows, "models": models}

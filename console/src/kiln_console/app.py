@@ -27,7 +27,7 @@ from litestar.template.config import TemplateConfig
 from kiln_console import adapters, audit, auth, costs, errors, members, models, pages
 from kiln_console.csrf import SessionCSRFMiddleware
 from kiln_console.sso import OpenIDProvider
-from kiln_console.throttle import SignInThrottle
+from kiln_platform.users.throttle import SignInThrottle
 
 if TYPE_CHECKING:
     from litestar.types import ASGIApp, Receive, Scope, Send

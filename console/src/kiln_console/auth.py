@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import uuid
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from litestar import Controller, Request, get, post
 from litestar.config.csrf import CSRFConfig
@@ -22,7 +22,6 @@ from litestar.response import Redirect, Template
 from kiln_console.csrf import session_token
 from kiln_console.forms import convert
 from kiln_console.sso import OpenIDProvider
-from kiln_console.throttle import SignInThrottle
 from kiln_platform.admin.authz import (
     BILLING_READERS,
     Actor,
@@ -33,10 +32,18 @@ from kiln_platform.admin.authz import (
 )
 from kiln_platform.admin.deps import READS, source_of
 from kiln_platform.context import Kiln
-from kiln_platform.db.tables import User
 from kiln_platform.errors import BadRequest, Forbidden, NotFound, Unauthorized
 from kiln_platform.users.schemas import Login
-from kiln_platform.users.services import authenticate, sign_in_verified, sign_out_everywhere
+from kiln_platform.users.services import (
+    authenticate,
+    sign_in_verified,
+    sign_out_everywhere,
+    signed_in_user,
+)
+from kiln_platform.users.throttle import SignInThrottle
+
+if TYPE_CHECKING:
+    from kiln_platform.db.tables import User
 
 AnyRequest = Request[Any, Any, Any]
 Connection = ASGIConnection[Any, Any, Any, Any]
@@ -100,9 +107,8 @@ async def viewer_of(request: Connection, kiln: Kiln) -> Viewer:
     uid, version = _signed_in(request)
     if uid is None:
         raise LoginRequired
-    async with kiln.db.sessions() as session:
-        user = await session.get(User, uid)
-    if user is None or user.session_version != version:
+    user = await signed_in_user(kiln.db.sessions, uid, version)
+    if user is None:
         request.clear_session()
         raise LoginRequired
     role = Role(user.role)

@@ -1,5 +1,6 @@
 """A tenant's users (invite, change role, remove) and its quotas and budget this month: thin
-handlers over the admin services (tenant-admins grant tenant roles only, in their tenant)."""
+handlers over the users and quotas services (tenant-admins grant tenant roles only, in their
+tenant)."""
 
 from __future__ import annotations
 
@@ -12,12 +13,12 @@ from litestar.response import Template
 
 from kiln_console import forms
 from kiln_console.auth import Viewer
-from kiln_platform.admin import services as admin
 from kiln_platform.admin.deps import transaction
 from kiln_platform.context import Kiln
 from kiln_platform.errors import NotFound
 from kiln_platform.quotas.services import get_quotas
 from kiln_platform.reports.formats import money
+from kiln_platform.tenants.services import get_tenant
 from kiln_platform.users import services as users
 from kiln_platform.users.schemas import UserCreate, UserUpdate
 
@@ -83,7 +84,7 @@ class Members(Controller):
     async def quotas(self, kiln: KilnDep, viewer: ViewerDep, tenant_id: uuid.UUID) -> Template:
         """The tenant's limits and this month's budget: spent, held, left, thresholds reached."""
         async with transaction(kiln, viewer.actor) as session:
-            tenant = await admin.get_tenant(session, viewer.actor, tenant_id)
+            tenant = await get_tenant(session, viewer.actor, tenant_id)
             view = await get_quotas(session, viewer.actor, tenant_id)
         context = {"viewer": viewer, "tenant": tenant, "quotas": view, "money": money}
         return Template("quotas.html.j2", context=context)
@@ -91,7 +92,7 @@ class Members(Controller):
 
 async def _users(session: AsyncSession, viewer: Viewer, tenant_id: uuid.UUID) -> dict[str, Any]:
     """The users page's context, read in the caller's transaction (after its change, if any)."""
-    tenant = await admin.get_tenant(session, viewer.actor, tenant_id)
+    tenant = await get_tenant(session, viewer.actor, tenant_id)
     rows = await users.list_users(session, viewer.actor, tenant_id)
     return {"viewer": viewer, "tenant": tenant, "users": rows}
 

@@ -13,9 +13,9 @@ from kiln_console import forms
 from kiln_console.auth import Viewer
 from kiln_platform.admin.deps import transaction
 from kiln_platform.context import Kiln
-from kiln_platform.registry import routes
-from kiln_platform.registry.routes import ModelRoutes
+from kiln_platform.registry import services
 from kiln_platform.registry.schemas import RouteUpdate
+from kiln_platform.registry.services import ModelRoutes
 
 KilnDep = SkipValidation[Kiln]
 ViewerDep = SkipValidation[Viewer]
@@ -30,7 +30,7 @@ class Models(Controller):
     async def page(self, kiln: KilnDep, viewer: ViewerDep) -> Template:
         """Models, versions, routes and pool sizes."""
         async with transaction(kiln, viewer.actor) as session:
-            rows = await routes.list_routes(session, viewer.actor)
+            rows = await services.list_routes(session, viewer.actor)
         return Template("models.html.j2", context=_context(kiln, viewer, rows))
 
     @post("/models/{name:str}/route")
@@ -46,9 +46,11 @@ class Models(Controller):
         }
         data = forms.convert(fields, RouteUpdate)
         async with transaction(kiln, viewer.actor) as session:
-            await routes.set_route(session, viewer.actor, name, data)
-            rows = await routes.list_routes(session, viewer.actor)
-        await kiln.pools.reconcile()  # pools for the new route, before their sizes are shown
+            await services.set_route(
+                session, viewer.actor, name, data, reconcile=kiln.pools.reconcile
+            )
+            rows = await services.list_routes(session, viewer.actor)
+        # committed, and the pools reconciled: the sizes shown are the new route's
         return Template(
             "_models.html.j2", context={**_context(kiln, viewer, rows), "partial": True}
         )

@@ -1,5 +1,5 @@
-"""Tenants, API keys and OAuth clients: thin handlers over the admin services, which check the
-role and the tenant exactly as they do for ``/admin/v1`` (another tenant's page is a 404)."""
+"""Tenants, API keys and OAuth clients: thin handlers over their contexts' services, which check
+the role and the tenant exactly as they do for ``/admin/v1`` (another tenant's page is a 404)."""
 
 from __future__ import annotations
 
@@ -12,13 +12,14 @@ from litestar.response import Redirect, Template
 
 from kiln_console import forms
 from kiln_console.auth import SIGNED_IN, Viewer
-from kiln_platform.admin import services as admin
 from kiln_platform.admin.deps import transaction
-from kiln_platform.admin.schemas import KeyCreate
 from kiln_platform.context import Kiln
 from kiln_platform.errors import BadRequest
+from kiln_platform.keys import services as api_keys
+from kiln_platform.keys.schemas import KeyCreate
 from kiln_platform.oauth import services as oauth
 from kiln_platform.oauth.schemas import ClientCreate
+from kiln_platform.tenants import services as tenants
 
 if TYPE_CHECKING:
     from litestar.datastructures import FormMultiDict
@@ -54,7 +55,7 @@ class Pages(Controller):
     async def tenants(self, kiln: KilnDep, viewer: ViewerDep) -> Template:
         """Tenants the user may see."""
         async with transaction(kiln, viewer.actor) as session:
-            rows = await admin.list_tenants(session, viewer.actor)
+            rows = await tenants.list_tenants(session, viewer.actor)
         return Template("tenants.html.j2", context={"viewer": viewer, "tenants": rows})
 
     @get("/tenants/{tenant_id:uuid}/keys", opt=KEYS)
@@ -73,7 +74,7 @@ class Pages(Controller):
         expires = forms.days(str(form.get("expires_days", "")), "expires_days")
         data = forms.convert({**_fields(form), "expires_in_s": expires}, KeyCreate)
         async with transaction(kiln, viewer.actor) as session:
-            made = await admin.create_tenant_key(
+            made = await api_keys.create_key(
                 session, viewer.actor, tenant_id, data, kiln.settings.hmac_key()
             )
             context = {**await _keys(session, viewer, tenant_id), "created": made}
@@ -85,7 +86,7 @@ class Pages(Controller):
     ) -> Template:
         """Revoke a key; gateways refuse it within the key cache TTL."""
         async with transaction(kiln, viewer.actor) as session:
-            await admin.revoke_key(
+            await api_keys.revoke_key(
                 session, viewer.actor, str(key_id), kiln.settings.hmac_key(), tenant_id
             )
             context = {**await _keys(session, viewer, tenant_id), "partial": True}
@@ -124,13 +125,13 @@ class Pages(Controller):
 
 async def _keys(session: AsyncSession, viewer: Viewer, tenant_id: uuid.UUID) -> dict[str, Any]:
     """The keys page's context, read in the caller's transaction (after its change, if any)."""
-    tenant = await admin.get_tenant(session, viewer.actor, tenant_id)
-    keys = await admin.list_keys(session, viewer.actor, tenant_id)
-    return {"viewer": viewer, "tenant": tenant, "keys": keys}
+    tenant = await tenants.get_tenant(session, viewer.actor, tenant_id)
+    rows = await api_keys.list_keys(session, viewer.actor, tenant_id)
+    return {"viewer": viewer, "tenant": tenant, "keys": rows}
 
 
 async def _clients(session: AsyncSession, viewer: Viewer, tenant_id: uuid.UUID) -> dict[str, Any]:
     """The OAuth clients page's context, read in the caller's transaction."""
-    tenant = await admin.get_tenant(session, viewer.actor, tenant_id)
+    tenant = await tenants.get_tenant(session, viewer.actor, tenant_id)
     clients = await oauth.list_clients(session, viewer.actor, tenant_id)
     return {"viewer": viewer, "tenant": tenant, "clients": clients}

@@ -1,4 +1,8 @@
-"""The Litestar application: ``create_app(settings)`` is the only way to build it."""
+"""The platform's Litestar application: ``create_app(settings)`` is the only way to build it.
+
+The console is not the platform's to import (it imports the platform): its composition
+(``kiln_console.compose``) hands its router and templates in as ``route_handlers`` and
+``template_config``."""
 
 from __future__ import annotations
 
@@ -17,9 +21,7 @@ from litestar.openapi import OpenAPIConfig
 from litestar.params import SkipValidation
 from litestar.plugins.prometheus import PrometheusConfig
 
-from kiln_console.app import console
 from kiln_platform.adapters.controllers import AdaptersController
-from kiln_platform.admin.controllers import TenantsController
 from kiln_platform.audit.controllers import AuditController
 from kiln_platform.billing.controllers import PriceBooksController
 from kiln_platform.body_limit import BodyLimits, body_limit_middleware
@@ -30,21 +32,25 @@ from kiln_platform.gateway.controllers import OpenAIController
 from kiln_platform.gateway.oip import OIPController
 from kiln_platform.gateway.schemas import ErrorBody, ErrorResponse
 from kiln_platform.idempotency.middleware import idempotency_middleware
+from kiln_platform.keys.controllers import KeysController
 from kiln_platform.oauth.admin import ClientsController
 from kiln_platform.oauth.controllers import OAuthController
 from kiln_platform.observability import configure_logging, request_id_middleware
 from kiln_platform.quotas.controllers import QuotasController
 from kiln_platform.quotas.middleware import quota_middleware
-from kiln_platform.registry.controllers import AdminModelsController
-from kiln_platform.registry.routes_api import RoutesController
+from kiln_platform.registry.controllers import AdminModelsController, RoutesController
 from kiln_platform.reports.controllers import ReportsController
 from kiln_platform.scrape import metrics_route
+from kiln_platform.tenants.controllers import TenantsController
 from kiln_platform.users.controllers import UsersController
 
 log = structlog.get_logger("kiln.app")
 
 if TYPE_CHECKING:
-    from collections.abc import AsyncIterator
+    from collections.abc import AsyncIterator, Sequence
+
+    from litestar.template.config import TemplateConfig
+    from litestar.types import ControllerRouterHandler
 
     from kiln_platform.settings import Settings
 
@@ -119,8 +125,14 @@ def _provide_kiln(state: State) -> Kiln:
     return kiln
 
 
-def create_app(settings: Settings) -> Litestar:
-    """Build the app; services start in its lifespan."""
+def create_app(
+    settings: Settings,
+    *,
+    route_handlers: Sequence[ControllerRouterHandler] = (),
+    template_config: TemplateConfig[Any] | None = None,
+) -> Litestar:
+    """Build the app, with more ``route_handlers`` mounted beside the platform's and the
+    ``template_config`` they render with; services start in its lifespan."""
     configure_logging(settings.log_level, settings.log_format)
 
     @asynccontextmanager
@@ -133,7 +145,6 @@ def create_app(settings: Settings) -> Litestar:
             yield
 
     prometheus = PrometheusConfig(app_name="kiln", prefix="kiln", group_path=True)
-    web = console(settings)
     return Litestar(
         route_handlers=[
             OpenAIController,
@@ -141,6 +152,7 @@ def create_app(settings: Settings) -> Litestar:
             AdminModelsController,
             RoutesController,
             TenantsController,
+            KeysController,
             UsersController,
             ClientsController,
             AdaptersController,
@@ -150,7 +162,7 @@ def create_app(settings: Settings) -> Litestar:
             ReportsController,
             OAuthController,
             metrics_route(settings.metrics_token),
-            web.router,
+            *route_handlers,
             healthz,
             readyz,
         ],
@@ -170,6 +182,6 @@ def create_app(settings: Settings) -> Litestar:
         ],
         exception_handlers={Exception: _error_response},
         request_max_body_size=None,  # body_limit_middleware enforces each route's limit
-        template_config=web.templates,
+        template_config=template_config,
         openapi_config=OpenAPIConfig(title="Kiln", version="0.1.0", path="/docs"),
     )

@@ -13,8 +13,8 @@ from kiln_platform.billing.ledger import LedgerWriter
 from kiln_platform.billing.pricebooks import PriceBooks
 from kiln_platform.billing.reservations import Budgets
 from kiln_platform.compiler.runner import CompileRunner
-from kiln_platform.db import migrate
-from kiln_platform.db.engine import create_engine, database_urls, sessionmaker, writer_engine
+from kiln_platform.db.database import Database, open_database
+from kiln_platform.db.engine import sessionmaker, writer_engine
 from kiln_platform.gateway.dispatch import WorkerClient
 from kiln_platform.idempotency.services import IdempotencyStore
 from kiln_platform.keys.services import KeyVerifier
@@ -32,40 +32,8 @@ from kiln_runtimes.store import ArtifactStore
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator
 
-    from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
-
     from kiln_platform.pools.backend import PoolBackend
     from kiln_platform.settings import Settings
-
-
-@dataclass(frozen=True, slots=True)
-class Database:
-    """The app's engine (role ``kiln_app``) and its session factory for platform work."""
-
-    engine: AsyncEngine
-    sessions: async_sessionmaker[AsyncSession]
-    """Sessions that declare platform scope (``db.engine.PlatformSession``)."""
-    set_role: str | None = None
-    """The role each connection switches to (no owner URL configured), for more engines."""
-
-
-@asynccontextmanager
-async def open_database(settings: Settings, *, upgrade: bool = True) -> AsyncIterator[Database]:
-    """Apply migrations as the owner (starting the embedded server if needed), then connect as
-    the app's role; refuse a role that would lift row-level security."""
-    with database_urls(settings) as urls:
-        if upgrade:
-            owner = create_engine(urls.owner, pool_size=1)
-            try:
-                await migrate.upgrade(owner, settings.hmac_key(), app_password=urls.app_password)
-            finally:
-                await owner.dispose()
-        engine = create_engine(urls.app, role=urls.set_role)
-        try:
-            await migrate.check_app_role(engine)
-            yield Database(engine, sessionmaker(engine), urls.set_role)
-        finally:
-            await engine.dispose()
 
 
 @dataclass(frozen=True, slots=True)

@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 from litestar import Litestar
 
-from kiln_platform.context import Database, Kiln, open_database
+from kiln_platform.context import Kiln
+from kiln_platform.db.database import Database, open_database
 from kiln_platform.registry.services import register_version
 from kiln_platform.settings import Settings
 from kiln_runtimes.lora import Dims

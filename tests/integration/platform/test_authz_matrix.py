@@ -23,17 +23,19 @@ from litestar import Litestar
 from litestar.routes import HTTPRoute
 from sqlalchemy import select
 
-from kiln_platform.admin import services as admin_services
+from kiln_console.compose import create_app
 from kiln_platform.admin.authz import _RULES, Actor, Role
-from kiln_platform.admin.schemas import KeyCreate, TenantCreate
-from kiln_platform.app import create_app
 from kiln_platform.billing import pricebooks
 from kiln_platform.billing.schemas import PriceBookCreate, PriceIn
 from kiln_platform.db.tables import Adapter, CompileJob, Model, ModelVersion
+from kiln_platform.keys import services as key_services
+from kiln_platform.keys.schemas import KeyCreate
 from kiln_platform.oauth import services as oauth_services
 from kiln_platform.oauth.schemas import ClientCreate
 from kiln_platform.reports import statements
 from kiln_platform.settings import Settings
+from kiln_platform.tenants import services as tenant_services
+from kiln_platform.tenants.schemas import TenantCreate
 from kiln_platform.users.schemas import UserCreate
 from kiln_platform.users.services import create_user
 
@@ -191,7 +193,7 @@ class World:
 
     async def tenant(self) -> uuid.UUID:
         async with self.kiln.db.sessions.begin() as session:
-            made = await admin_services.create_tenant(
+            made = await tenant_services.create_tenant(
                 session, CLI, TenantCreate(name=f"t-{uuid.uuid4()}")
             )
         return made.id
@@ -201,7 +203,7 @@ class World:
     ) -> tuple[str, str]:
         data = KeyCreate(name="k", scopes=list(scopes or ("inference",)), role=role)  # type: ignore[arg-type]
         async with self.kiln.db.sessions.begin() as session:
-            made = await admin_services.create_tenant_key(
+            made = await key_services.create_key(
                 session, CLI, tenant, data, self.kiln.settings.hmac_key()
             )
         return str(made.key.id), made.secret

@@ -13,13 +13,15 @@ from typing import Any
 import pytest
 from litestar import Litestar
 
-from kiln_platform.admin import services
+from kiln_console.compose import create_app
 from kiln_platform.admin.authz import Actor, Role
-from kiln_platform.admin.schemas import KeyCreate, TenantCreate
-from kiln_platform.app import create_app
 from kiln_platform.body_limit import SMALL_BODY_BYTES
+from kiln_platform.keys import services as key_services
+from kiln_platform.keys.schemas import KeyCreate
 from kiln_platform.registry.services import register_version
 from kiln_platform.settings import Settings
+from kiln_platform.tenants import services as tenant_services
+from kiln_platform.tenants.schemas import TenantCreate
 from kiln_runtimes.protocol import ModelManifest
 
 from .conftest import serving
@@ -104,8 +106,8 @@ async def server(
         kiln = app.state.kiln
         manifest = ModelManifest(name="limited", task="tensor", engine="onnxruntime")
         async with kiln.db.sessions.begin() as session:
-            op = await services.create_tenant(session, CLI, TenantCreate(name="operators"))
-            made = await services.create_tenant_key(
+            op = await tenant_services.create_tenant(session, CLI, TenantCreate(name="operators"))
+            made = await key_services.create_key(
                 session, CLI, op.id,
                 KeyCreate(name="root", scopes=["admin:read", "admin:write", "inference"],
                           role="platform-admin"),

@@ -7,12 +7,12 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from sqlalchemy import select, text, update
 
-from kiln_platform.context import Database
+from kiln_platform.db.database import Database
 from kiln_platform.db.tables import ApiKey
 from kiln_platform.errors import Conflict, Unauthorized
-from kiln_platform.keys.services import KeyVerifier, create_key
+from kiln_platform.keys.services import KeyVerifier, insert_key
 from kiln_platform.registry.services import Resolver, register_version
-from kiln_platform.tenants.services import create_tenant
+from kiln_platform.tenants.services import insert_tenant
 from kiln_runtimes.protocol import ModelManifest
 
 HMAC_KEY = b"test-secret"
@@ -27,10 +27,10 @@ async def test_migrations_are_current_and_idempotent(db: Database) -> None:
 
 async def test_duplicate_tenant_is_a_conflict_and_leaves_one_row(db: Database) -> None:
     async with db.sessions.begin() as session:
-        await create_tenant(session, "dup-co")
+        await insert_tenant(session, "dup-co")
     with pytest.raises(Conflict):
         async with db.sessions.begin() as session:
-            await create_tenant(session, "dup-co")
+            await insert_tenant(session, "dup-co")
     async with db.sessions() as session:
         count = await session.scalar(text("SELECT count(*) FROM tenants WHERE name = 'dup-co'"))
     assert count == 1
@@ -38,8 +38,8 @@ async def test_duplicate_tenant_is_a_conflict_and_leaves_one_row(db: Database) -
 
 async def test_key_is_stored_as_keyed_hash_and_verifies(db: Database) -> None:
     async with db.sessions.begin() as session:
-        tenant = await create_tenant(session, "keys-co")
-        key, secret = await create_key(session, HMAC_KEY, tenant.id, name="ci")
+        tenant = await insert_tenant(session, "keys-co")
+        key, secret = await insert_key(session, HMAC_KEY, tenant.id, name="ci")
     async with db.sessions() as session:
         row = await session.scalar(select(ApiKey).where(ApiKey.id == key.id))
     assert row is not None
@@ -58,9 +58,9 @@ async def test_key_is_stored_as_keyed_hash_and_verifies(db: Database) -> None:
 
 async def test_revoked_and_expired_keys_are_refused(db: Database) -> None:
     async with db.sessions.begin() as session:
-        tenant = await create_tenant(session, "revoke-co")
-        revoked, revoked_secret = await create_key(session, HMAC_KEY, tenant.id)
-        _, expired_secret = await create_key(
+        tenant = await insert_tenant(session, "revoke-co")
+        revoked, revoked_secret = await insert_key(session, HMAC_KEY, tenant.id)
+        _, expired_secret = await insert_key(
             session, HMAC_KEY, tenant.id, expires_at=datetime.now(UTC) - timedelta(seconds=1)
         )
     verifier = KeyVerifier(db.sessions, HMAC_KEY, ttl=0.0)

@@ -13,7 +13,7 @@ from sqlalchemy import func, select
 from kiln_platform.admin.authz import Actor, Role
 from kiln_platform.compiler import services as jobs
 from kiln_platform.compiler.runner import CompileRunner
-from kiln_platform.context import Database, open_database
+from kiln_platform.db.database import Database, open_database
 from kiln_platform.db.tables import CompileJob, Model, ModelVersion
 from kiln_platform.errors import BadRequest, Conflict, NotFound
 from kiln_platform.registry.upload import Uploaded, upload_version

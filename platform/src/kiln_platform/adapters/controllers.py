@@ -16,8 +16,7 @@ from litestar.params import Body
 from kiln_platform.adapters import services
 from kiln_platform.adapters.directory import slot_rank
 from kiln_platform.adapters.schemas import AdapterView
-from kiln_platform.admin.controllers import ActorDep, AdminController, KilnDep
-from kiln_platform.admin.deps import transaction
+from kiln_platform.admin.deps import ActorDep, AdminController, KilnDep, transaction
 
 MAX_ADAPTER_BYTES = 256 << 20
 
@@ -62,12 +61,10 @@ class AdaptersController(AdminController):
                 name=data.name, model=data.model, config=await data.config.read(), weights=weights
             )
             async with transaction(kiln, actor) as session:
-                made = await services.create_adapter(
-                    session, actor, tenant_id, upload,
-                    store=kiln.store, max_rank=slot_rank(kiln.settings),
+                return await services.create_adapter(
+                    session, actor, tenant_id, upload, store=kiln.store,
+                    max_rank=slot_rank(kiln.settings), directory=kiln.adapters,
                 )  # fmt: skip
-        kiln.adapters.forget(tenant_id, made.base_model, made.name)  # a miss cached before it
-        return made
 
     @delete("/tenants/{tenant_id:uuid}/adapters/{adapter_id:uuid}", status_code=204)
     async def delete_adapter(
@@ -76,5 +73,4 @@ class AdaptersController(AdminController):
         """Delete an adapter; requests naming it are refused at once through this gateway and
         within the cache TTL (5 s) through others."""
         async with transaction(kiln, actor) as session:
-            gone = await services.delete_adapter(session, actor, tenant_id, adapter_id)
-        kiln.adapters.forget(tenant_id, gone.base_model, gone.name)  # refused here at once
+            await services.delete_adapter(session, actor, tenant_id, adapter_id, kiln.adapters)

@@ -14,13 +14,14 @@ from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import select
 
-from kiln_platform.adapters.directory import SEPARATOR
+from kiln_platform.adapters.directory import SEPARATOR, AdapterDirectory
 from kiln_platform.adapters.schemas import AdapterView
 from kiln_platform.admin.authz import require
-from kiln_platform.admin.services import get_tenant
 from kiln_platform.audit.services import record, snapshot
+from kiln_platform.db import after_commit
 from kiln_platform.db.tables import Adapter, Model, ModelVersion
 from kiln_platform.errors import BadRequest, Conflict, NotFound
+from kiln_platform.tenants.services import get_tenant
 from kiln_runtimes.lora import CONFIG_FILE, WEIGHTS_FILE, AdapterError, Dims, read_adapter
 
 if TYPE_CHECKING:
@@ -45,11 +46,12 @@ class Upload:
 
 async def create_adapter(
     session: AsyncSession, actor: Actor, tenant_id: uuid.UUID, upload: Upload,
-    *, store: ArtifactStore, max_rank: int,
+    *, store: ArtifactStore, max_rank: int, directory: AdapterDirectory | None = None,
 ) -> AdapterView:  # fmt: skip
     """Check the adapter against its model, store its files, register it; 400 names the field.
 
     ``max_rank``: the columns of a worker's adapter slot (``directory.slot_rank``; 0: no slots).
+    ``directory``: the gateway's, which forgets a miss it cached for the name once committed.
     """
     await get_tenant(session, actor, tenant_id)
     require(actor, "adapters", write=True)
@@ -84,6 +86,7 @@ async def create_adapter(
     await session.flush()
     await record(session, actor, "adapter.create", "adapter", row.id, tenant_id,
                  after=snapshot(row, *FIELDS))  # fmt: skip
+    _forget(session, directory, tenant_id, model.name, upload.name)
     return adapter_view(row, model.name)
 
 
@@ -103,9 +106,11 @@ async def list_adapters(
 
 
 async def delete_adapter(
-    session: AsyncSession, actor: Actor, tenant_id: uuid.UUID, adapter_id: uuid.UUID
-) -> AdapterView:
-    """Delete an adapter (requests naming it get 404 within the cache TTL, 5 s); returns it."""
+    session: AsyncSession, actor: Actor, tenant_id: uuid.UUID, adapter_id: uuid.UUID,
+    directory: AdapterDirectory | None = None,
+) -> AdapterView:  # fmt: skip
+    """Delete an adapter; returns it. Requests naming it get 404 at once through the gateway
+    whose ``directory`` this is (once committed), within the cache TTL (5 s) through others."""
     await get_tenant(session, actor, tenant_id)
     require(actor, "adapters", write=True)
     row = await session.get(Adapter, adapter_id)
@@ -118,7 +123,17 @@ async def delete_adapter(
     await session.delete(row)
     await session.flush()
     await record(session, actor, "adapter.delete", "adapter", adapter_id, tenant_id, before=before)
+    _forget(session, directory, tenant_id, view.base_model, view.name)
     return view
+
+
+def _forget(
+    session: AsyncSession, directory: AdapterDirectory | None, tenant_id: uuid.UUID, model: str,
+    name: str,
+) -> None:  # fmt: skip
+    """Have ``directory`` forget the adapter's entry once the change is committed."""
+    if directory is not None:
+        after_commit.defer(session, lambda: directory.forget(tenant_id, model, name))
 
 
 def adapter_view(row: Adapter, base: str) -> AdapterView:

@@ -20,6 +20,7 @@ from __future__ import annotations
 import uuid
 from dataclasses import dataclass, field
 from enum import StrEnum
+from typing import Literal
 
 from kiln_platform.errors import Forbidden, NotFound
 
@@ -32,6 +33,9 @@ class Role(StrEnum):
     TENANT_MEMBER = "tenant-member"
     FINANCE = "finance"
 
+
+RoleName = Literal["platform-admin", "tenant-admin", "tenant-member", "finance"]
+"""A role's name on the wire (``Role``'s values)."""
 
 GLOBAL_ROLES = frozenset({Role.PLATFORM_ADMIN, Role.FINANCE})
 TENANT_ROLES = frozenset({Role.TENANT_ADMIN, Role.TENANT_MEMBER})

@@ -1,4 +1,5 @@
-"""Admin authentication (API keys, OAuth/login JWTs) and the actor-scoped transaction."""
+"""What every ``/admin/v1`` handler depends on: authentication (API keys, OAuth JWTs), the
+authorization guard, the actor-scoped transaction and the controllers' base class."""
 
 from __future__ import annotations
 
@@ -6,12 +7,15 @@ from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any
 
 from litestar import Request
+from litestar.di import Provide
 from litestar.params import SkipValidation
 from sqlalchemy import text
 from sqlalchemy.exc import DBAPIError
 
 from kiln_platform.admin.authz import Actor, Role, actor_tenant, check_tenant, require
+from kiln_platform.admin.problems import DocumentedController
 from kiln_platform.context import Kiln
+from kiln_platform.db import after_commit
 from kiln_platform.errors import BadRequest, Forbidden, Unauthorized
 from kiln_platform.gateway.auth import verify_bearer
 
@@ -101,7 +105,8 @@ async def authorize(
 
 @asynccontextmanager
 async def transaction(kiln: Kiln, actor: Actor) -> AsyncIterator[AsyncSession]:
-    """A transaction for an admin action.
+    """A transaction for an admin action; what the services deferred to the commit
+    (``db.after_commit``: cache invalidation) runs once it has committed.
 
     For an actor confined to a tenant it also runs as the ``kiln_tenant`` database role with
     ``kiln.tenant_id`` set, so PostgreSQL's row-level security hides every other tenant's rows
@@ -119,3 +124,18 @@ async def transaction(kiln: Kiln, actor: Actor) -> AsyncIterator[AsyncSession]:
         if getattr(exc.orig, "sqlstate", None) not in BAD_TEXT:
             raise
         raise BadRequest("Text fields may not contain NUL characters.") from exc
+    await after_commit.run(session)  # the services' cache invalidation, now that it is true
+
+
+KilnDep = SkipValidation[Kiln]
+ActorDep = SkipValidation[Actor]
+
+
+class AdminController(DocumentedController):
+    """Base of the admin controllers: every handler is authorized by ``authorize`` (its
+    ``opt["resource"]`` read or written, before its body is read) and gets the ``actor``."""
+
+    path = "/admin/v1"
+    guards = [authorize]  # noqa: RUF012
+    dependencies = {"actor": Provide(provide_actor)}  # noqa: RUF012
+    tags = ["admin"]  # noqa: RUF012

@@ -9,8 +9,7 @@ from typing import Annotated
 from litestar import get
 from litestar.params import Parameter
 
-from kiln_platform.admin.controllers import ActorDep, AdminController, KilnDep
-from kiln_platform.admin.deps import transaction
+from kiln_platform.admin.deps import ActorDep, AdminController, KilnDep, transaction
 from kiln_platform.audit import services
 from kiln_platform.audit.schemas import AuditPage
 

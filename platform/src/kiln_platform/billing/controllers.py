@@ -4,8 +4,7 @@ from __future__ import annotations
 
 from litestar import get, post
 
-from kiln_platform.admin.controllers import ActorDep, AdminController, KilnDep
-from kiln_platform.admin.deps import transaction
+from kiln_platform.admin.deps import ActorDep, AdminController, KilnDep, transaction
 from kiln_platform.billing import pricebooks
 from kiln_platform.billing.schemas import PriceBookCreate, PriceBookView
 

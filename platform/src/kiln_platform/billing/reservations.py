@@ -13,7 +13,7 @@ import asyncio
 import contextlib
 import dataclasses
 from datetime import UTC, datetime, timedelta
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import structlog
 from sqlalchemy import text
@@ -29,7 +29,6 @@ if TYPE_CHECKING:
     from kiln_platform.billing.pricebooks import PriceBooks
     from kiln_platform.billing.pricing import Quantities
     from kiln_platform.keys.services import Principal
-    from kiln_platform.quotas.enforcer import QuotaEnforcer
     from kiln_platform.registry.services import ResolvedVersion
 
 log = structlog.get_logger("kiln.budgets")
@@ -59,11 +58,22 @@ _EXPIRED = text(
 )
 
 
+class _Effective(Protocol):
+    @property
+    def limits(self) -> dict[str, tuple[int, str]]: ...
+
+
+class Limits(Protocol):
+    """What budgets read of ``quotas.enforcer.QuotaEnforcer`` (which imports this module)."""
+
+    async def effective(self, principal: Principal) -> _Effective: ...
+
+
 class Budgets:
     """Reserves, renews, releases and expires budget holds (one per process)."""
 
     def __init__(
-        self, sessions: async_sessionmaker[AsyncSession], quotas: QuotaEnforcer,
+        self, sessions: async_sessionmaker[AsyncSession], quotas: Limits,
         books: PriceBooks, *, timeout_s: float, ttl_s: float, sweep_s: float = 10.0,
     ) -> None:  # fmt: skip
         self._sessions = sessions

@@ -24,7 +24,7 @@ from kiln_runtimes.protocol import CompileReport
 if TYPE_CHECKING:
     import uuid
 
-    from kiln_platform.context import Database
+    from kiln_platform.db.database import Database
     from kiln_platform.settings import Settings
 
 log = structlog.get_logger("kiln.compiler")

@@ -1,4 +1,4 @@
-"""API key creation and verification.
+"""API keys: create, list, find, revoke, and verification on the request path.
 
 A key reads ``kiln_<8 hex id>_<secret>``. ``kiln_<id>`` is the displayed prefix and the lookup
 index; the whole key is kept only as HMAC-SHA256 under the server secret and compared in
@@ -11,21 +11,26 @@ import hmac
 import secrets
 import uuid
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from hashlib import sha256
 from typing import TYPE_CHECKING
 
 from sqlalchemy import select, update
 
 from kiln_platform._ttlcache import TTLCache
+from kiln_platform.admin.authz import Actor, Role, check_tenant, grantable, require
+from kiln_platform.audit.services import record, snapshot
 from kiln_platform.db.tables import ApiKey, Tenant
-from kiln_platform.errors import Unauthorized
+from kiln_platform.errors import NotFound, Unauthorized
+from kiln_platform.keys.schemas import KeyCreate, KeyCreated, KeyView
+from kiln_platform.tenants.services import get_tenant
 
 if TYPE_CHECKING:
     from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 SCOPES = frozenset({"inference", "admin:read", "admin:write"})
 ADMIN_SCOPES = frozenset({"admin:read", "admin:write"})
+FIELDS = ("id", "prefix", "name", "role", "scopes", "expires_at", "revoked_at")
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,7 +67,7 @@ def split_prefix(secret: str) -> str | None:
     return f"kiln_{parts[1]}"
 
 
-async def create_key(
+async def insert_key(
     session: AsyncSession,
     hmac_key: bytes,
     tenant_id: uuid.UUID,
@@ -72,7 +77,8 @@ async def create_key(
     expires_at: datetime | None = None,
     role: str | None = None,
 ) -> tuple[ApiKey, str]:
-    """Create a key; returns the row and the secret, which is never stored or shown again.
+    """Insert a key (no actor, no audit: for ``create_key`` and for seeding tests); returns the
+    row and the secret, which is never stored or shown again.
 
     Without ``role``, a key with an admin scope is a tenant-admin key, else a tenant-member key.
     """
@@ -90,6 +96,81 @@ async def create_key(
     session.add(key)
     await session.flush()
     return key, secret
+
+
+async def list_keys(session: AsyncSession, actor: Actor, tenant_id: uuid.UUID) -> list[KeyView]:
+    """A tenant's keys, newest first: prefix, label, role, scopes, dates; never secrets."""
+    await get_tenant(session, actor, tenant_id)
+    require(actor, "keys")
+    rows = await session.scalars(
+        select(ApiKey).where(ApiKey.tenant_id == tenant_id).order_by(ApiKey.created_at.desc())
+    )
+    return [key_view(k) for k in rows]
+
+
+async def create_key(
+    session: AsyncSession, actor: Actor, tenant_id: uuid.UUID, data: KeyCreate, hmac_key: bytes
+) -> KeyCreated:
+    """Create a key in a tenant; the secret is in the result only."""
+    await get_tenant(session, actor, tenant_id)
+    require(actor, "keys", write=True)
+    if data.role is not None:
+        grantable(actor, Role(data.role))
+    expires = None
+    if data.expires_in_s is not None:
+        expires = datetime.now(UTC) + timedelta(seconds=data.expires_in_s)
+    key, secret = await insert_key(
+        session, hmac_key, tenant_id, name=data.name, scopes=frozenset(data.scopes),
+        expires_at=expires, role=data.role,
+    )  # fmt: skip
+    await record(session, actor, "key.create", "api_key", key.id, tenant_id,
+                 after=snapshot(key, *FIELDS))  # fmt: skip
+    return KeyCreated(key=key_view(key), secret=secret)
+
+
+async def find_key(session: AsyncSession, actor: Actor, ref: str, hmac_key: bytes) -> ApiKey:
+    """A key by id, displayed prefix or secret, if the actor may see it."""
+    query = select(ApiKey)
+    try:
+        query = query.where(ApiKey.id == uuid.UUID(ref))
+    except ValueError:
+        prefix = split_prefix(ref)
+        if prefix is not None:
+            query = query.where(ApiKey.prefix == prefix, ApiKey.digest == key_digest(hmac_key, ref))
+        else:
+            query = query.where(ApiKey.prefix == ref)
+    key = await session.scalar(query)
+    if key is None:
+        raise NotFound("No such API key.")
+    check_tenant(actor, key.tenant_id, "API key")
+    return key
+
+
+async def revoke_key(
+    session: AsyncSession, actor: Actor, ref: str, hmac_key: bytes, tenant_id: uuid.UUID | None
+) -> KeyView:
+    """Revoke a key (idempotent; one audit record per call that revokes). Gateways refuse it
+    within their key cache TTL (``KeyVerifier``)."""
+    key = await find_key(session, actor, ref, hmac_key)
+    if tenant_id is not None and key.tenant_id != tenant_id:
+        raise NotFound("No such API key.")
+    require(actor, "keys", write=True)
+    if key.revoked_at is None:
+        before = snapshot(key, *FIELDS)
+        key.revoked_at = datetime.now(UTC)
+        await session.flush()
+        await record(session, actor, "key.revoke", "api_key", key.id, key.tenant_id,
+                     before=before, after=snapshot(key, *FIELDS))  # fmt: skip
+    return key_view(key)
+
+
+def key_view(k: ApiKey) -> KeyView:
+    """Wire form of a key."""
+    return KeyView(
+        id=k.id, tenant_id=k.tenant_id, prefix=k.prefix, name=k.name, role=k.role,
+        scopes=list(k.scopes), created_at=k.created_at, last_used_at=k.last_used_at,
+        expires_at=k.expires_at, revoked_at=k.revoked_at,
+    )  # fmt: skip
 
 
 class KeyVerifier:

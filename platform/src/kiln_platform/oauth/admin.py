@@ -6,8 +6,7 @@ import uuid
 
 from litestar import delete, get, post
 
-from kiln_platform.admin.controllers import ActorDep, AdminController, KilnDep
-from kiln_platform.admin.deps import transaction
+from kiln_platform.admin.deps import ActorDep, AdminController, KilnDep, transaction
 from kiln_platform.oauth import services
 from kiln_platform.oauth.schemas import ClientCreate, ClientCreated, ClientView
 

@@ -9,7 +9,7 @@ from typing import Annotated
 
 import msgspec
 
-from kiln_platform.admin.schemas import Label, Scope
+from kiln_platform.keys.schemas import Label, Scope
 
 
 class ClientCreate(msgspec.Struct, forbid_unknown_fields=True):

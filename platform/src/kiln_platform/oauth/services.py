@@ -15,7 +15,6 @@ from sqlalchemy import select
 from sqlalchemy.dialects.postgresql import insert
 
 from kiln_platform.admin.authz import Actor, Role, require
-from kiln_platform.admin.services import get_tenant
 from kiln_platform.audit.services import record, snapshot
 from kiln_platform.db.tables import OAuthClient, RevokedToken
 from kiln_platform.errors import NotFound, Unauthorized
@@ -30,6 +29,7 @@ from kiln_platform.oauth._server import (
 )
 from kiln_platform.oauth.schemas import ClientCreate, ClientCreated, ClientView
 from kiln_platform.oauth.verifier import looks_like_jwt, role_of
+from kiln_platform.tenants.services import get_tenant
 
 if TYPE_CHECKING:
     from sqlalchemy.ext.asyncio import AsyncSession

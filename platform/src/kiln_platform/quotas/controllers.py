@@ -6,8 +6,7 @@ import uuid
 
 from litestar import get, put
 
-from kiln_platform.admin.controllers import ActorDep, AdminController, KilnDep
-from kiln_platform.admin.deps import transaction
+from kiln_platform.admin.deps import ActorDep, AdminController, KilnDep, transaction
 from kiln_platform.quotas import services
 from kiln_platform.quotas.schemas import Limits, QuotaView
 

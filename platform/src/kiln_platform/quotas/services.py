@@ -11,12 +11,12 @@ from sqlalchemy import select
 from sqlalchemy.dialects.postgresql import insert
 
 from kiln_platform.admin.authz import Actor, require
-from kiln_platform.admin.services import find_key, get_tenant
 from kiln_platform.audit.services import record
 from kiln_platform.billing.budgets import period_of
 from kiln_platform.billing.tables import BudgetEvent, BudgetPeriod
 from kiln_platform.db.tables import Quota, Tenant
 from kiln_platform.errors import BadRequest, NotFound
+from kiln_platform.keys.services import find_key
 from kiln_platform.quotas.schemas import (
     DEFAULT_ALERTS,
     BudgetEventView,
@@ -25,6 +25,7 @@ from kiln_platform.quotas.schemas import (
     Limits,
     QuotaView,
 )
+from kiln_platform.tenants.services import get_tenant
 
 if TYPE_CHECKING:
     from sqlalchemy.ext.asyncio import AsyncSession

@@ -1,4 +1,4 @@
-"""`/admin/v1` model and compile-job handlers: thin, behaviour in the services.
+"""`/admin/v1` model, route and compile-job handlers: thin, behaviour in the services.
 
 Every one is platform-admin only (``admin.authz``: ``models`` and ``compile-jobs``); an upload
 is authorized (``admin.deps.authorize``) before its body is read.
@@ -12,11 +12,13 @@ from pathlib import Path
 from typing import Any
 
 import msgspec
-from litestar import Request, get, post
+from litestar import Request, get, post, put
 
-from kiln_platform.admin.controllers import ActorDep, AdminController, KilnDep
+from kiln_platform.admin.deps import ActorDep, AdminController, KilnDep, transaction
 from kiln_platform.compiler import services as jobs
 from kiln_platform.compiler.schemas import CompileJobView, CompileRequest, UploadView
+from kiln_platform.registry import services
+from kiln_platform.registry.schemas import RouteUpdate, RouteView
 from kiln_platform.registry.upload import receive, upload_dir, upload_version
 
 COMPILE_JOBS = {"resource": "compile-jobs"}
@@ -46,9 +48,9 @@ class AdminModelsController(AdminController):
             path = Path(tmp) / "body"
             await receive(request.stream(), path, settings.max_upload_bytes)
             done = await upload_version(
-                kiln.db.sessions, kiln.store, settings, name, path, actor=actor, version=version
-            )
-        await kiln.resolver.refresh()
+                kiln.db.sessions, kiln.store, settings, name, path, actor=actor, version=version,
+                refresh=kiln.resolver.refresh,
+            )  # fmt: skip
         return UploadView(
             model=done.model,
             version=done.version,
@@ -85,3 +87,26 @@ class AdminModelsController(AdminController):
         """The newest compile jobs."""
         async with kiln.db.sessions() as session:
             return await jobs.list_jobs(session, actor)
+
+
+class RoutesController(AdminController):
+    """Which versions of a model serve (canary, promotion, rollback)."""
+
+    opt = {"resource": "models"}  # noqa: RUF012 (admin.deps.authorize reads it)
+
+    @get("/models/{name:str}/route")
+    async def get_route(self, kiln: KilnDep, actor: ActorDep, name: str) -> RouteView:
+        """A model's route (without one, the newest version serves)."""
+        async with transaction(kiln, actor) as session:
+            return await services.get_route(session, actor, name)
+
+    @put("/models/{name:str}/route")
+    async def set_route(
+        self, kiln: KilnDep, actor: ActorDep, name: str, data: RouteUpdate
+    ) -> RouteView:
+        """Set the stable version and an optional canary share (platform-admin); this gateway
+        applies it at once, others within their 2 s refresh."""
+        async with transaction(kiln, actor) as session:
+            return await services.set_route(
+                session, actor, name, data, reconcile=kiln.pools.reconcile
+            )

@@ -25,7 +25,7 @@ from kiln_platform.registry.services import register_version
 from kiln_runtimes.protocol import MANIFEST_NAME, ModelManifest
 
 if TYPE_CHECKING:
-    from collections.abc import AsyncIterator
+    from collections.abc import AsyncIterator, Awaitable, Callable
 
     from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
@@ -81,9 +81,13 @@ async def upload_version(
     *,
     actor: Actor,
     version: str | None = None,
+    refresh: Callable[[], Awaitable[object]] | None = None,
 ) -> Uploaded:
     """Validate ``source`` (.onnx, .zip/.tar, or a folder) and register it as ``name``
-    (platform-admin: a model serves every tenant); audited as ``model.version.create``."""
+    (platform-admin: a model serves every tenant); audited as ``model.version.create``.
+
+    ``refresh``: the gateway's resolver's, run once the version is committed (it serves at
+    once through this gateway)."""
     require(actor, "models", write=True)
     if not _NAME.fullmatch(name):
         raise BadRequest(f"invalid model name {name!r}: lowercase letters, digits, . _ -")
@@ -101,6 +105,8 @@ async def upload_version(
         model_id = await session.scalar(select(Model.id).where(Model.name == name))
         await record(session, actor, "model.version.create", "model", model_id, None,
                      after={"version": version, "artifact_digest": digest})  # fmt: skip
+    if refresh is not None:
+        await refresh()
     return Uploaded(name, version, digest, manifest)
 
 

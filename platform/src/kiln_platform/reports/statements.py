@@ -19,13 +19,13 @@ from sqlalchemy import func, select
 from sqlalchemy.exc import IntegrityError
 
 from kiln_platform.admin.authz import Actor, require
-from kiln_platform.admin.services import get_tenant
 from kiln_platform.audit.services import record, snapshot
 from kiln_platform.billing.budgets import period_end
 from kiln_platform.billing.tables import PriceBook, Statement, UsageCharge
 from kiln_platform.errors import BadRequest, Conflict, NotFound
 from kiln_platform.reports.formats import money
 from kiln_platform.reports.schemas import AdjustmentCreate, AdjustmentView, StatementView, month
+from kiln_platform.tenants.services import get_tenant
 
 if TYPE_CHECKING:
     from sqlalchemy.ext.asyncio import AsyncSession

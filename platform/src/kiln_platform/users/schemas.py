@@ -8,7 +8,7 @@ from typing import Annotated
 
 import msgspec
 
-from kiln_platform.admin.schemas import RoleName
+from kiln_platform.admin.authz import RoleName
 
 Email = Annotated[str, msgspec.Meta(min_length=3, max_length=320, pattern=r"^[^@\s]+@[^@\s]+$")]
 Password = Annotated[str, msgspec.Meta(min_length=8, max_length=1024)]

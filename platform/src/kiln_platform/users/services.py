@@ -10,10 +10,10 @@ from sqlalchemy import select, update
 from sqlalchemy.exc import IntegrityError
 
 from kiln_platform.admin.authz import GLOBAL_ROLES, Actor, Role, check_tenant, grantable, require
-from kiln_platform.admin.services import get_tenant
 from kiln_platform.audit.services import record, snapshot
 from kiln_platform.db.tables import User
 from kiln_platform.errors import BadRequest, Conflict, Forbidden, NotFound, Unauthorized
+from kiln_platform.tenants.services import get_tenant
 from kiln_platform.users._passwords import hash_password, verify
 from kiln_platform.users.schemas import UserCreate, UserUpdate, UserView, VerifiedIdentity
 
@@ -159,6 +159,16 @@ async def sign_in_verified(
     await record(session, actor, "user.login", "user", user.id, user.tenant_id,
                  after={"method": method})  # fmt: skip
     return user
+
+
+async def signed_in_user(
+    sessions: async_sessionmaker[AsyncSession], user_id: uuid.UUID, version: object
+) -> User | None:
+    """The user a console session names, if that session is still current (the user exists and
+    its session version is the one the session was given)."""
+    async with sessions() as session:
+        user = await session.get(User, user_id)
+    return user if user is not None and user.session_version == version else None
 
 
 async def sign_out_everywhere(session: AsyncSession, user_id: uuid.UUID, version: int) -> None:

@@ -17,11 +17,11 @@ from kiln_platform.billing.pricebooks import PriceBooks, create_book
 from kiln_platform.billing.pricing import Quantities
 from kiln_platform.billing.reservations import Budgets
 from kiln_platform.billing.schemas import PriceBookCreate, PriceIn
-from kiln_platform.context import Database
+from kiln_platform.db.database import Database
 from kiln_platform.errors import Conflict, QuotaExceeded
 from kiln_platform.keys.services import Principal
 from kiln_platform.quotas.enforcer import QuotaEnforcer
-from kiln_platform.tenants.services import create_tenant
+from kiln_platform.tenants.services import insert_tenant
 
 CLI = Actor("cli:test", Role.PLATFORM_ADMIN, None)
 # emb: 3 per input token + 10 per request; chat: 1 per input token, 2 per output token.
@@ -63,7 +63,7 @@ async def _tenant(
     alerts: tuple[int, ...] = (50, 80, 100),
 ) -> Principal:
     async with db.sessions.begin() as session:
-        tenant = await create_tenant(session, f"b-{uuid.uuid4().hex[:8]}")
+        tenant = await insert_tenant(session, f"b-{uuid.uuid4().hex[:8]}")
         if budget is not None:
             await session.execute(
                 text(

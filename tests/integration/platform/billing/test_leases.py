@@ -16,11 +16,11 @@ from kiln_platform.billing.pricebooks import PriceBooks, create_book
 from kiln_platform.billing.pricing import Quantities
 from kiln_platform.billing.reservations import Budgets
 from kiln_platform.billing.schemas import PriceBookCreate, PriceIn
-from kiln_platform.context import Database
+from kiln_platform.db.database import Database
 from kiln_platform.errors import RateLimited
 from kiln_platform.keys.services import Principal
 from kiln_platform.quotas.enforcer import Admission, QuotaEnforcer
-from kiln_platform.tenants.services import create_tenant
+from kiln_platform.tenants.services import insert_tenant
 
 CLI = Actor("cli:test", Role.PLATFORM_ADMIN, None)
 TTL = 0.3
@@ -43,7 +43,7 @@ async def _prices(db: Database) -> None:
 
 async def _tenant(db: Database, concurrency: int = 1, budget: int = 10**9) -> Principal:
     async with db.sessions.begin() as session:
-        tenant = await create_tenant(session, f"l-{uuid.uuid4().hex[:8]}")
+        tenant = await insert_tenant(session, f"l-{uuid.uuid4().hex[:8]}")
         await session.execute(
             text(
                 "INSERT INTO quotas (id, tenant_id, concurrency, monthly_budget_micros)"

@@ -18,9 +18,9 @@ from kiln_platform.admin.authz import Actor, Role
 from kiln_platform.billing.ledger import LedgerWriter, Usage
 from kiln_platform.billing.pricebooks import PriceBooks, create_book
 from kiln_platform.billing.schemas import PriceBookCreate, PriceIn
-from kiln_platform.context import Database
+from kiln_platform.db.database import Database
 from kiln_platform.errors import ServiceUnavailable
-from kiln_platform.tenants.services import create_tenant
+from kiln_platform.tenants.services import insert_tenant
 
 CLI = Actor("cli:test", Role.PLATFORM_ADMIN, None)
 EPOCH = datetime(2020, 1, 1, tzinfo=UTC)
@@ -59,7 +59,7 @@ async def _ledger(db: Database, sessions: Any = None) -> AsyncIterator[LedgerWri
 
 async def _tenant(db: Database, plan: str = "pro") -> uuid.UUID:
     async with db.sessions.begin() as session:
-        tenant = await create_tenant(session, f"l-{uuid.uuid4().hex[:8]}")
+        tenant = await insert_tenant(session, f"l-{uuid.uuid4().hex[:8]}")
         await session.execute(
             text("UPDATE tenants SET plan = :p, timezone = 'Asia/Tokyo' WHERE id = :t"),
             {"p": plan, "t": tenant.id},

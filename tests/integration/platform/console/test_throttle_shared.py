@@ -7,7 +7,7 @@ import uuid
 
 from sqlalchemy import text
 
-from kiln_console.throttle import Attempt, SignInThrottle
+from kiln_platform.users.throttle import Attempt, SignInThrottle
 
 from .conftest import PASSWORD, App, csrf
 

@@ -13,15 +13,17 @@ import httpx
 import pytest
 from sqlalchemy import func, select
 
-from kiln_platform.admin import services
+from kiln_console.compose import create_app
 from kiln_platform.admin.authz import Actor, Role
-from kiln_platform.admin.schemas import KeyCreate, TenantCreate
-from kiln_platform.app import create_app
 from kiln_platform.billing.tables import IdempotencyKey
 from kiln_platform.context import Kiln
 from kiln_platform.db.tables import AuditRecord, Tenant
 from kiln_platform.idempotency.services import KeyScope
+from kiln_platform.keys import services as key_services
+from kiln_platform.keys.schemas import KeyCreate
 from kiln_platform.settings import Settings
+from kiln_platform.tenants import services as tenant_services
+from kiln_platform.tenants.schemas import TenantCreate
 
 from ..conftest import serving
 
@@ -50,8 +52,8 @@ async def root(app_client: tuple[httpx.AsyncClient, Kiln]) -> tuple[str, uuid.UU
     """A platform-admin key and its id."""
     kiln = app_client[1]
     async with kiln.db.sessions.begin() as session:
-        op = await services.create_tenant(session, CLI, TenantCreate(name="operators"))
-        made = await services.create_tenant_key(
+        op = await tenant_services.create_tenant(session, CLI, TenantCreate(name="operators"))
+        made = await key_services.create_key(
             session, CLI, op.id,
             KeyCreate(name="root", scopes=["admin:read", "admin:write", "inference"],
                       role="platform-admin"),

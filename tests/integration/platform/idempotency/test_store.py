@@ -10,10 +10,10 @@ import pytest
 from sqlalchemy import func, select
 
 from kiln_platform.billing.tables import IdempotencyKey
-from kiln_platform.context import Database
+from kiln_platform.db.database import Database
 from kiln_platform.errors import Conflict, IdempotencyInProgress, IdempotencyKeyReused
 from kiln_platform.idempotency.services import IdempotencyStore, KeyScope, StoredResponse
-from kiln_platform.tenants.services import create_tenant
+from kiln_platform.tenants.services import insert_tenant
 
 SECRET = b"idempotency-test-secret"
 ANSWER = StoredResponse(201, {"content-type": "application/json"}, b'{"secret":"kiln_x_abc"}')
@@ -22,7 +22,7 @@ ANSWER = StoredResponse(201, {"content-type": "application/json"}, b'{"secret":"
 @pytest.fixture(scope="module")
 async def tenant_id(db: Database) -> uuid.UUID:
     async with db.sessions.begin() as session:
-        return (await create_tenant(session, "idem-co")).id
+        return (await insert_tenant(session, "idem-co")).id
 
 
 def _store(db: Database, *, ttl_s: float = 3600, lock_s: float = 30) -> IdempotencyStore:

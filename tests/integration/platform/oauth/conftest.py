@@ -12,14 +12,14 @@ import httpx
 import httpx2
 import pytest
 
-from kiln_platform.admin import services as admin
+from kiln_console.compose import create_app
 from kiln_platform.admin.authz import Actor, Role
-from kiln_platform.admin.schemas import TenantCreate
-from kiln_platform.app import create_app
 from kiln_platform.context import Kiln
 from kiln_platform.oauth import services
 from kiln_platform.oauth.schemas import ClientCreate
 from kiln_platform.settings import Settings
+from kiln_platform.tenants import services as tenant_services
+from kiln_platform.tenants.schemas import TenantCreate
 
 from ..conftest import serving
 
@@ -41,7 +41,9 @@ class App:
 
     async def tenant(self) -> uuid.UUID:
         async with self.kiln.db.sessions.begin() as session:
-            made = await admin.create_tenant(session, CLI, TenantCreate(name=f"t-{uuid.uuid4()}"))
+            made = await tenant_services.create_tenant(
+                session, CLI, TenantCreate(name=f"t-{uuid.uuid4()}")
+            )
         return made.id
 
     async def oauth_client(self, tenant: uuid.UUID, *scopes: str) -> tuple[str, str]:

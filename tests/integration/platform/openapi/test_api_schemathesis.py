@@ -29,12 +29,14 @@ from schemathesis.checks import (
     status_code_conformance,
 )
 
-from kiln_platform.admin import services
+from kiln_console.compose import create_app
 from kiln_platform.admin.authz import Actor, Role
-from kiln_platform.admin.schemas import KeyCreate, TenantCreate
-from kiln_platform.app import create_app
-from kiln_platform.context import open_database
+from kiln_platform.db.database import open_database
+from kiln_platform.keys import services as key_services
+from kiln_platform.keys.schemas import KeyCreate
 from kiln_platform.settings import Settings
+from kiln_platform.tenants import services as tenant_services
+from kiln_platform.tenants.schemas import TenantCreate
 
 SCOPES = ["inference", "admin:read", "admin:write"]
 CLI = Actor("cli:schemathesis", Role.PLATFORM_ADMIN, None)
@@ -49,8 +51,10 @@ CHECKS = [
 
 async def _root_key(settings: Settings) -> str:
     async with open_database(settings) as db, db.sessions.begin() as session:
-        op = await services.create_tenant(session, CLI, TenantCreate(name=f"op-{uuid.uuid4()}"))
-        made = await services.create_tenant_key(
+        op = await tenant_services.create_tenant(
+            session, CLI, TenantCreate(name=f"op-{uuid.uuid4()}")
+        )
+        made = await key_services.create_key(
             session, CLI, op.id,
             KeyCreate(name="root", scopes=SCOPES, role="platform-admin"),
             settings.hmac_key(),

@@ -12,13 +12,15 @@ import httpx
 import pytest
 from sqlalchemy import func, select
 
-from kiln_platform.admin import services
+from kiln_console.compose import create_app
 from kiln_platform.admin.authz import Actor, Role
-from kiln_platform.admin.schemas import KeyCreate, TenantCreate
-from kiln_platform.app import create_app
 from kiln_platform.context import Kiln
 from kiln_platform.db.tables import AuditRecord
+from kiln_platform.keys import services as key_services
+from kiln_platform.keys.schemas import KeyCreate
 from kiln_platform.settings import Settings
+from kiln_platform.tenants import services as tenant_services
+from kiln_platform.tenants.schemas import TenantCreate
 
 from ..conftest import serving
 
@@ -90,8 +92,10 @@ async def _every_mutation_audited_once(admin: Admin) -> None:
 async def root(admin: Admin) -> str:
     """A platform-admin key, made the way ``kiln`` does (CLI actor)."""
     async with admin.kiln.db.sessions.begin() as session:
-        op = await services.create_tenant(session, CLI, TenantCreate(name=f"op-{uuid.uuid4()}"))
-        made = await services.create_tenant_key(
+        op = await tenant_services.create_tenant(
+            session, CLI, TenantCreate(name=f"op-{uuid.uuid4()}")
+        )
+        made = await key_services.create_key(
             session, CLI, op.id,
             KeyCreate(name="root", scopes=["admin:read", "admin:write", "inference"],
                       role="platform-admin"),

@@ -22,7 +22,7 @@ from kiln_platform.billing.tables import (
     Statement,
     UsageCharge,
 )
-from kiln_platform.context import open_database
+from kiln_platform.db.database import open_database
 from kiln_platform.db.engine import (
     APP_ROLE,
     app_password,

@@ -1,6 +1,7 @@
-"""Failed sign-ins, counted per email and per client address over a sliding window in
-PostgreSQL, so every gateway process shares the count: past the limit, sign-in answers 429 until
-enough failures leave the window. Times are the database's, one clock for all gateways.
+"""The console's sign-in throttle: failed sign-ins, counted per email and per client address
+over a sliding window in PostgreSQL, so every gateway process shares the count: past the limit,
+sign-in answers 429 until enough failures leave the window. Times are the database's, one clock
+for all gateways.
 
 An attempt is counted as a failure *before* its password is checked (and forgiven if it turns
 out right): a transaction takes the keys' advisory locks, counts, and records the attempt only

@@ -1,5 +1,0 @@
-"""``python -m kiln_platform`` is the ``kiln`` command."""
-
-from kiln_platform.cli import main
-
-main()

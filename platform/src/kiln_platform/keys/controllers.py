@@ -1,0 +1,45 @@
+"""`/admin/v1/tenants/{id}/keys`: thin handlers, behaviour in ``keys.services``."""
+
+from __future__ import annotations
+
+import uuid
+
+from litestar import delete, get, post
+
+from kiln_platform.admin.deps import ActorDep, AdminController, KilnDep, transaction
+from kiln_platform.keys import services
+from kiln_platform.keys.schemas import KeyCreate, KeyCreated, KeyView
+
+
+class KeysController(AdminController):
+    """A tenant's API keys."""
+
+    opt = {"resource": "keys"}  # noqa: RUF012 (admin.deps.authorize reads it)
+
+    @get("/tenants/{tenant_id:uuid}/keys")
+    async def list_keys(
+        self, kiln: KilnDep, actor: ActorDep, tenant_id: uuid.UUID
+    ) -> list[KeyView]:
+        """A tenant's API keys (prefix, label, role, scopes, created, last used, expiry)."""
+        async with transaction(kiln, actor) as session:
+            return await services.list_keys(session, actor, tenant_id)
+
+    @post("/tenants/{tenant_id:uuid}/keys", status_code=201)
+    async def create_key(
+        self, kiln: KilnDep, actor: ActorDep, tenant_id: uuid.UUID, data: KeyCreate
+    ) -> KeyCreated:
+        """Create an API key; its secret is in this response only."""
+        async with transaction(kiln, actor) as session:
+            return await services.create_key(
+                session, actor, tenant_id, data, kiln.settings.hmac_key()
+            )
+
+    @delete("/tenants/{tenant_id:uuid}/keys/{key_id:uuid}", status_code=200)
+    async def revoke_key(
+        self, kiln: KilnDep, actor: ActorDep, tenant_id: uuid.UUID, key_id: uuid.UUID
+    ) -> KeyView:
+        """Revoke an API key (refused by every gateway within the key cache TTL, 5 s)."""
+        async with transaction(kiln, actor) as session:
+            return await services.revoke_key(
+                session, actor, str(key_id), kiln.settings.hmac_key(), tenant_id
+            )
