@@ -77,7 +77,9 @@ def _in_flight(kiln: KilnProcess) -> float:
     args = worker.cmdline()
     url = f"http://127.0.0.1:{args[args.index('--port') + 1]}/metrics"
     line = next(
-        x for x in httpx.get(url).text.splitlines() if x.startswith("kiln_worker_in_flight")
+        x
+        for x in httpx.get(url, headers=kiln.worker_headers()).text.splitlines()
+        if x.startswith("kiln_worker_in_flight")
     )
     return float(line.split()[-1])
 
