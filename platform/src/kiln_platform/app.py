@@ -22,6 +22,7 @@ from litestar.params import SkipValidation
 from litestar.plugins.prometheus import PrometheusConfig
 
 from kiln_platform.adapters.controllers import AdaptersController
+from kiln_platform.admission.middleware import admission_middleware
 from kiln_platform.audit.controllers import AuditController
 from kiln_platform.billing.controllers import PriceBooksController
 from kiln_platform.body_limit import BodyLimits, body_limit_middleware
@@ -37,7 +38,6 @@ from kiln_platform.oauth.admin import ClientsController
 from kiln_platform.oauth.controllers import OAuthController
 from kiln_platform.observability import configure_logging, request_id_middleware
 from kiln_platform.quotas.controllers import QuotasController
-from kiln_platform.quotas.middleware import quota_middleware
 from kiln_platform.registry.controllers import AdminModelsController, RoutesController
 from kiln_platform.reports.controllers import ReportsController
 from kiln_platform.scrape import metrics_route
@@ -178,7 +178,7 @@ def create_app(
                 errors=_error_response,
             ),
             DefineMiddleware(idempotency_middleware, errors=_error_response),
-            DefineMiddleware(quota_middleware),
+            DefineMiddleware(admission_middleware),
         ],
         exception_handlers={Exception: _error_response},
         request_max_body_size=None,  # body_limit_middleware enforces each route's limit

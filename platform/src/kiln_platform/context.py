@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 import aiohttp
 
 from kiln_platform.adapters.directory import AdapterDirectory
+from kiln_platform.admission.services import Admissions
 from kiln_platform.billing.ledger import LedgerWriter
 from kiln_platform.billing.pricebooks import PriceBooks
 from kiln_platform.billing.reservations import Budgets
@@ -23,7 +24,7 @@ from kiln_platform.oauth.verifier import TokenVerifier
 from kiln_platform.pools.backend import worker_headers
 from kiln_platform.pools.local import LocalPoolBackend
 from kiln_platform.pools.services import PoolManager
-from kiln_platform.quotas.enforcer import MeteredLedger, QuotaEnforcer
+from kiln_platform.quotas.enforcer import QuotaEnforcer
 from kiln_platform.registry.services import Resolver
 from kiln_platform.scheduler.core import SchedulerConfig
 from kiln_platform.scheduler.policy import PolicyConfig
@@ -54,6 +55,8 @@ class Kiln:
     """Every price-book version, cached (pricing and budget holds cost no query)."""
     budgets: Budgets
     """Monthly budgets: worst-case holds at admission, released or settled by the ledger."""
+    admissions: Admissions
+    """Opens each request's admission: quotas, budget hold, usage record, release."""
     tokens: TokenVerifier
     """OAuth JWT access tokens: signing keys, local verification, the jti denylist."""
     idempotency: IdempotencyStore
@@ -97,9 +100,7 @@ async def running(settings: Settings) -> AsyncIterator[Kiln]:
             ttl_s=settings.lease_ttl_s,
         )  # fmt: skip
         ledger_db = writer_engine(db.engine, db.set_role)
-        ledger = MeteredLedger(
-            sessionmaker(ledger_db), quotas, budgets, books, enabled=settings.metering
-        )
+        ledger = LedgerWriter(sessionmaker(ledger_db), books, enabled=settings.metering)
         kiln = Kiln(
             settings=settings,
             db=db,
@@ -113,6 +114,7 @@ async def running(settings: Settings) -> AsyncIterator[Kiln]:
             quotas=quotas,
             books=books,
             budgets=budgets,
+            admissions=Admissions(quotas, budgets, ledger),
             tokens=TokenVerifier(
                 db.sessions,
                 Keyring(db.sessions, settings.oauth_token_ttl_s, settings.hmac_key()),

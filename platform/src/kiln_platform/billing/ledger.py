@@ -80,7 +80,7 @@ class Usage:
     timezone: str = "UTC"
     at: datetime = field(default_factory=lambda: datetime.now(UTC))
     held: bool = True
-    """Whether a budget reservation may exist for it (``MeteredLedger`` knows; else assume so)."""
+    """Whether a budget reservation may exist for it (its admission knows; else assume so)."""
 
 
 def usage_of(

@@ -11,7 +11,6 @@ from kiln_platform.context import Kiln
 from kiln_platform.errors import Forbidden, Unauthorized
 from kiln_platform.keys.services import Principal
 from kiln_platform.oauth.verifier import looks_like_jwt
-from kiln_platform.quotas.middleware import admission_of
 
 
 async def _authenticate(request: Request[Any, Any, Any], kiln: Kiln) -> Principal:
@@ -41,9 +40,9 @@ async def verify_bearer(kiln: Kiln, token: str) -> Principal:
 async def provide_principal(
     request: Request[Any, Any, Any], kiln: SkipValidation[Kiln]
 ) -> Principal:
-    """Authenticate ``Authorization: Bearer <key>``, require the inference scope, admit quotas."""
+    """Authenticate ``Authorization: Bearer <key>`` and require the inference scope (quotas are
+    the admission's: ``admission.deps``)."""
     principal = _not_finance(await _authenticate(request, kiln))
     if "inference" not in principal.scopes:
         raise Forbidden("This API key does not have the 'inference' scope.")
-    await kiln.quotas.admit(principal, admission_of(request.scope))
     return principal

@@ -21,27 +21,19 @@ from kiln_platform.gateway.llm_schemas import (
     Usage,
 )
 from kiln_platform.gateway.schemas import ErrorBody, ErrorResponse
-from kiln_platform.quotas.middleware import admission_of
 
 if TYPE_CHECKING:
     from collections.abc import AsyncGenerator
-
-    from litestar.types import Scope
 
 DONE = b"data: [DONE]\n\n"
 SSE = "text/event-stream"
 
 
-def held(scope: Scope, gen: Generation) -> None:
-    """Hold the response to the generation's deadline, even while a client does not read it."""
-    admission_of(scope).deadline = gen.deadline
-
-
-def streamed(scope: Scope, gen: Generation, events: AsyncGenerator[bytes, None]) -> Stream:
-    """An event stream held to the generation's deadline; closed however its response ends (a
-    send cut at the deadline leaves it suspended: closing it cancels the worker's sequence)."""
-    held(scope, gen)
-    admission_of(scope).closers.append(events.aclose)
+def streamed(gen: Generation, events: AsyncGenerator[bytes, None]) -> Stream:
+    """An event stream (held to the generation's deadline by its admission), closed when the
+    admission is left however the response ends (a send cut at the deadline leaves it
+    suspended: closing it cancels the worker's sequence)."""
+    gen.admission.closers.append(events.aclose)
     return Stream(events, media_type=SSE)
 
 

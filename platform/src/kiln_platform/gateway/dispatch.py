@@ -19,7 +19,6 @@ from kiln_platform.errors import (
     ServiceUnavailable,
 )
 from kiln_platform.observability import timing
-from kiln_platform.scheduler.schemas import Priority
 from kiln_runtimes.protocol import (
     CONTENT_TYPE,
     EmbedRequest,
@@ -34,6 +33,7 @@ from kiln_runtimes.protocol import (
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator
 
+    from kiln_platform.admission.services import QueueTerms
     from kiln_platform.pools.backend import PoolWorker
     from kiln_platform.pools.services import PoolManager
     from kiln_platform.scheduler.runner import Lease, PoolRunner
@@ -55,16 +55,6 @@ _error_decoder = msgspec.msgpack.Decoder(ErrorReply)
 log = structlog.get_logger(__name__)
 
 
-@dataclass(frozen=True, slots=True)
-class Ticket:
-    """How the scheduler should treat one request: whose it is, its weight, class and deadline."""
-
-    tenant: str
-    weight: float = 1.0
-    priority: Priority = Priority.INTERACTIVE
-    timeout_s: float | None = None
-
-
 class WorkerClient:
     """Queues each request in its pool's scheduler, then sends it to the worker it is given."""
 
@@ -74,20 +64,20 @@ class WorkerClient:
         self._timeout = aiohttp.ClientTimeout(total=timeout_s)
         self._stream = aiohttp.ClientTimeout(total=None, sock_read=timeout_s)
 
-    def screen(self, pool: str, request_id: str, ticket: Ticket, cost: float) -> None:
+    def screen(self, pool: str, request_id: str, terms: QueueTerms, cost: float) -> None:
         """Raise the scheduler's rejection now if the pool (``model@version``) would turn the
         request away (cheap: before tokenizing); admitted requests are decided again later."""
         try:
             runner = self._pools.runner(pool)
         except ServiceUnavailable:  # no ready worker: the request's own call answers that
             return
-        runner.screen(_queued(runner, request_id, ticket, cost))
+        runner.screen(_queued(runner, request_id, terms, cost))
 
-    async def embed(self, pool: str, request: EmbedRequest, ticket: Ticket) -> EmbedResult:
+    async def embed(self, pool: str, request: EmbedRequest, terms: QueueTerms) -> EmbedResult:
         """Embed token ids on a worker of ``pool``; fair-share cost is the number of inputs."""
         cost = len(request.input_ids)
         async with self._dispatch(
-            pool, "/embed", request, ticket, cost=cost, limit=self._timeout
+            pool, "/embed", request, terms, cost=cost, limit=self._timeout
         ) as sent:
             body = await sent.response.read()
             if sent.response.status == 200:
@@ -95,7 +85,7 @@ class WorkerClient:
         raise _error(body)
 
     async def generate(
-        self, pool: str, request: GenerateRequest, ticket: Ticket
+        self, pool: str, request: GenerateRequest, terms: QueueTerms
     ) -> AsyncIterator[GenerateChunk]:
         """Stream a generation; closing the iterator cancels it on the worker.
 
@@ -104,7 +94,7 @@ class WorkerClient:
         """
         cost = len(request.prompt_ids) + request.max_tokens
         async with self._dispatch(
-            pool, "/generate", request, ticket, cost=cost, limit=self._stream
+            pool, "/generate", request, terms, cost=cost, limit=self._stream
         ) as sent:
             resp = sent.response
             if resp.status != 200:
@@ -119,11 +109,11 @@ class WorkerClient:
                 resp.close()  # drops the connection: the worker sees it and cancels
 
     async def infer(
-        self, pool: str, request: InferRequest, ticket: Ticket, rows: int
+        self, pool: str, request: InferRequest, terms: QueueTerms, rows: int
     ) -> InferResult:
         """Run tensors on a worker of ``pool``; fair-share cost is the request's batch rows."""
         async with self._dispatch(
-            pool, "/infer", request, ticket, cost=rows, limit=self._timeout
+            pool, "/infer", request, terms, cost=rows, limit=self._timeout
         ) as sent:
             body = await sent.response.read()
             if sent.response.status == 200:
@@ -132,7 +122,7 @@ class WorkerClient:
 
     @contextlib.asynccontextmanager
     async def _dispatch(
-        self, pool: str, path: str, message: M, ticket: Ticket, *, cost: float,
+        self, pool: str, path: str, message: M, terms: QueueTerms, *, cost: float,
         limit: aiohttp.ClientTimeout,
     ) -> AsyncIterator[Sent]:  # fmt: skip
         """Lease a worker of ``pool`` in its fair queue and send it ``message``.
@@ -144,7 +134,7 @@ class WorkerClient:
         """
         runner = self._pools.runner(pool)
         for last in (False, True):
-            async with runner.slot(_queued(runner, message.request_id, ticket, cost)) as lease:
+            async with runner.slot(_queued(runner, message.request_id, terms, cost)) as lease:
                 worker = self._pools.worker(pool, lease.worker)
                 try:
                     async with self._post(
@@ -223,14 +213,14 @@ async def _frames(resp: aiohttp.ClientResponse, model: str) -> AsyncIterator[Gen
         raise ServiceUnavailable(f"The worker for `{model}` went away.") from exc
 
 
-def _queued(runner: PoolRunner, request_id: str, ticket: Ticket, cost: float) -> Request:
+def _queued(runner: PoolRunner, request_id: str, terms: QueueTerms, cost: float) -> Request:
     return runner.request(
         request_id,
-        ticket.tenant,
+        terms.tenant,
         cost,
-        timeout_s=ticket.timeout_s,
-        priority=ticket.priority,
-        weight=ticket.weight,
+        timeout_s=terms.timeout_s,
+        priority=terms.priority,
+        weight=terms.weight,
     )
 
 

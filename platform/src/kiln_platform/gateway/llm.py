@@ -29,9 +29,8 @@ from kiln_runtimes.protocol import GenerateRequest
 if TYPE_CHECKING:
     from collections.abc import AsyncGenerator, AsyncIterator
 
+    from kiln_platform.admission.services import Admission
     from kiln_platform.context import Kiln
-    from kiln_platform.gateway.dispatch import Ticket
-    from kiln_platform.keys.services import Principal
     from kiln_platform.registry.services import ResolvedVersion
 
 ROLES = {"system", "developer", "user", "assistant"}
@@ -51,8 +50,7 @@ class Generation:
     """One resolved, validated generation request and its running token counts."""
 
     kiln: Kiln
-    principal: Principal
-    ticket: Ticket
+    admission: Admission
     version: ResolvedVersion
     name: str
     """The model as the request named it (``<model>:<adapter>`` for an adapter)."""
@@ -74,15 +72,15 @@ class Generation:
         return len(self.request.prompt_ids)
 
     async def pieces(self) -> AsyncIterator[Piece]:
-        """Generate; records exactly one usage event however it ends.
+        """Generate; the admission records exactly one usage event however it ends.
 
         The last piece (the one with a finish reason) comes only once that event is durable, so
         a stream's usage chunk and ``[DONE]``, or a whole response, never reach a client unbilled.
-        A failed or abandoned generation is recorded without waiting. Past the deadline the
-        worker's sequence is cancelled and generation ends as if ``max_tokens`` were reached
-        (``"length"``), billed for what was produced.
+        A failed or abandoned generation is recorded, as it stands then, when the admission is
+        left. Past the deadline the worker's sequence is cancelled and generation ends as if
+        ``max_tokens`` were reached (``"length"``), billed for what was produced.
         """
-        recorded = False
+        self.admission.meter(self.usage)
         try:
             final = None
             async with contextlib.aclosing(self._generate()) as pieces:
@@ -94,15 +92,11 @@ class Generation:
                     yield piece
             if final is None:  # the worker's stream always ends with a finish reason
                 raise KilnError("The model stopped without finishing; please retry.")
-            recorded = True  # the worker's slot is free while the ledger writes
-            await self.kiln.ledger.commit(self.usage())
+            await self.admission.commit(self.usage())  # the worker's slot is free meanwhile
             yield final
         except KilnError as exc:
             self.status = exc.status_code
             raise
-        finally:
-            if not recorded:
-                self.kiln.ledger.record(self.usage())
 
     async def _next(self, pieces: AsyncGenerator[Piece, None]) -> Piece | None:
         """The next piece, or the ``"length"`` one if the deadline passes first (the worker's
@@ -132,7 +126,7 @@ class Generation:
         metrics.PROMPT_TOKENS.labels(name).inc(self.prompt_tokens)
         try:
             pool = self.version.pool
-            async for chunk in self.kiln.workers.generate(pool, self.request, self.ticket):
+            async for chunk in self.kiln.workers.generate(pool, self.request, self.admission.terms):
                 now = time.perf_counter()
                 hist = (
                     metrics.INTER_TOKEN_LATENCY
@@ -172,7 +166,7 @@ class Generation:
     def usage(self) -> Usage:
         """What the request consumed so far, with its outcome (499 until it finishes)."""
         return usage_of(
-            self.principal, self.version, self.request.request_id, self.endpoint,
+            self.admission.principal, self.version, self.request.request_id, self.endpoint,
             status=self.status, input_tokens=self.prompt_tokens,
             output_tokens=self.completion_tokens, queue_ms=self.queue_ms,
             compute_ms=self.compute_ms, adapter=split(self.name)[1],
@@ -295,13 +289,11 @@ def _sampling(request: ChatCompletionRequest | CompletionRequest) -> tuple[float
 
 
 async def prepare(
-    kiln: Kiln,
-    principal: Principal,
-    request: ChatCompletionRequest | CompletionRequest,
-    request_id: str,
-    ticket: Ticket,
+    kiln: Kiln, admission: Admission, request: ChatCompletionRequest | CompletionRequest
 ) -> Generation:
-    """Everything up to dispatch: validation, templating, tokenization, limits."""
+    """Everything up to dispatch: validation, templating, tokenization, limits, and the budget
+    hold; the admission is held to the generation's deadline."""
+    principal, request_id = admission.principal, admission.request_id
     _reject_unsupported(request)
     base, adapter_name = split(request.model)
     version = await kiln.resolver.resolve(base, str(principal.tenant_id))
@@ -339,11 +331,10 @@ async def prepare(
     most = Quantities(input_tokens=len(prompt), output_tokens=generate.max_tokens)
     run_s = kiln.settings.stream_timeout_s
     deadline = asyncio.get_running_loop().time() + run_s
-    await kiln.budgets.reserve(principal, request_id, version, most, run_s)
+    await admission.hold(version, most, run_s)
+    admission.deadline = deadline
     name = request.model
-    return Generation(
-        kiln, principal, ticket, version, name, model, generate, stop, endpoint, deadline
-    )
+    return Generation(kiln, admission, version, name, model, generate, stop, endpoint, deadline)
 
 
 def sse(payload: Any) -> bytes:

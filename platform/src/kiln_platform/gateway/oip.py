@@ -8,20 +8,19 @@ from litestar import MediaType, Request, Response, get, post
 from litestar.di import Provide
 from litestar.params import SkipValidation
 
+from kiln_platform.admission.deps import provide_admission, provide_scheduled
+from kiln_platform.admission.services import Admission
 from kiln_platform.context import Kiln
 from kiln_platform.gateway import oip_services as oip
 from kiln_platform.gateway.auth import provide_principal
-from kiln_platform.gateway.dispatch import Ticket
 from kiln_platform.gateway.oip_codec import HEADER_LENGTH
 from kiln_platform.gateway.oip_schemas import ModelMetadata, ServerMetadata
-from kiln_platform.gateway.tickets import provide_ticket
-from kiln_platform.keys.services import Principal
 from kiln_platform.openapi import OIP_ERRORS, DocumentedController
 
 KilnDep = SkipValidation[Kiln]
-PrincipalDep = SkipValidation[Principal]
-AUTH = {"principal": Provide(provide_principal)}
-SCHEDULED = {**AUTH, "ticket": Provide(provide_ticket)}
+AdmissionDep = SkipValidation[Admission]
+AUTH = {"principal": Provide(provide_principal), "admission": Provide(provide_admission)}
+SCHEDULED = {**AUTH, "admission": Provide(provide_scheduled)}
 
 
 def _status(ok: bool, what: str) -> Response[Any]:
@@ -48,13 +47,13 @@ class OIPController(DocumentedController):
         return _status(await oip.server_ready(kiln), "the server")
 
     @get("/", dependencies=AUTH)
-    async def server_metadata(self, principal: PrincipalDep) -> ServerMetadata:
+    async def server_metadata(self, admission: AdmissionDep) -> ServerMetadata:
         """Server name, version and extensions."""
         return oip.server_metadata()
 
     @get(["/models/{name:str}", "/models/{name:str}/versions/{version:str}"], dependencies=AUTH)
     async def model_metadata(
-        self, kiln: KilnDep, principal: PrincipalDep, name: str, version: str | None = None
+        self, kiln: KilnDep, admission: AdmissionDep, name: str, version: str | None = None
     ) -> ModelMetadata:
         """A model's inputs and outputs (``-1`` marks a dynamic dimension)."""
         return oip.model_metadata(await oip.resolve(kiln, name, version))
@@ -65,7 +64,7 @@ class OIPController(DocumentedController):
         media_type=MediaType.TEXT,
     )
     async def model_ready(
-        self, kiln: KilnDep, principal: PrincipalDep, name: str, version: str | None = None
+        self, kiln: KilnDep, admission: AdmissionDep, name: str, version: str | None = None
     ) -> Response[Any]:
         """200 when a worker of the model is ready."""
         resolved = await oip.resolve(kiln, name, version)
@@ -80,17 +79,16 @@ class OIPController(DocumentedController):
         request: Request[Any, Any, Any],
         *,
         kiln: KilnDep,
-        principal: PrincipalDep,
-        ticket: SkipValidation[Ticket],
+        admission: AdmissionDep,
         name: str,
         version: str | None = None,
     ) -> Response[bytes]:
         """Run inference: JSON tensors, or the binary tensor data extension."""
-        resolved = await oip.resolve(kiln, name, version, str(principal.tenant_id))
+        tenant = str(admission.principal.tenant_id)
+        resolved = await oip.resolve(kiln, name, version, tenant)
         body, headers = await oip.infer(
-            kiln, principal, resolved, await request.body(),
+            kiln, admission, resolved, await request.body(),
             header_length=request.headers.get(HEADER_LENGTH),
-            request_id=request.state.request_id, ticket=ticket,
         )  # fmt: skip
         media_type = headers.pop("content-type")
         return Response(body, status_code=200, headers=headers, media_type=media_type)

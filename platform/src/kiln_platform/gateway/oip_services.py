@@ -9,15 +9,14 @@ from typing import TYPE_CHECKING
 from kiln_platform.billing.ledger import usage_of
 from kiln_platform.billing.pricing import Quantities
 from kiln_platform.db import migrate
-from kiln_platform.errors import BadRequest, KilnError
+from kiln_platform.errors import BadRequest
 from kiln_platform.gateway import oip_codec
 from kiln_platform.gateway.oip_schemas import MetadataTensor, ModelMetadata, ServerMetadata
 from kiln_runtimes.protocol import InferRequest
 
 if TYPE_CHECKING:
+    from kiln_platform.admission.services import Admission
     from kiln_platform.context import Kiln
-    from kiln_platform.gateway.dispatch import Ticket
-    from kiln_platform.keys.services import Principal
     from kiln_platform.registry.services import ResolvedVersion
 
 EXTENSIONS = ["binary_tensor_data"]
@@ -71,37 +70,34 @@ def model_ready(kiln: Kiln, version: ResolvedVersion) -> bool:
 
 async def infer(
     kiln: Kiln,
-    principal: Principal,
+    admission: Admission,
     version: ResolvedVersion,
     body: bytes,
     *,
     header_length: str | None,
-    request_id: str,
-    ticket: Ticket,
 ) -> tuple[bytes, dict[str, str]]:
-    """Decode, schedule and run on a worker, encode; records the request's usage.
+    """Decode, schedule and run on a worker, encode; its admission records the usage.
 
-    The deadline is Triton's ``timeout`` parameter when the client sets one, else the ticket's.
+    The deadline is Triton's ``timeout`` parameter when the client sets one, else the
+    admission's.
     """
+    request_id, terms = admission.request_id, admission.terms
     request, tensors = oip_codec.parse(body, header_length)
-    timeout_ms = oip_codec.timeout_ms(request, ticket.timeout_s or kiln.settings.request_timeout_s)
-    ticket = dataclasses.replace(ticket, timeout_s=timeout_ms / 1000)
+    timeout_ms = oip_codec.timeout_ms(request, terms.timeout_s or kiln.settings.request_timeout_s)
+    terms = dataclasses.replace(terms, timeout_s=timeout_ms / 1000)
     batched = version.manifest.batching and tensors and tensors[0].shape
     rows = tensors[0].shape[0] if batched else 1
-    await kiln.budgets.reserve(principal, request_id, version, Quantities(items=rows))
+    await admission.hold(version, Quantities(items=rows))
     message = InferRequest(
         request_id=request_id,
         inputs=tensors,
         outputs=oip_codec.output_names(request),
         timeout_ms=timeout_ms,
     )
-    usage = usage_of(principal, version, request_id, "infer", items=rows)
-    try:
-        result = await kiln.workers.infer(version.pool, message, ticket, max(rows, 1))
-    except KilnError as exc:  # recorded unbilled; the client sees the error
-        kiln.ledger.record(dataclasses.replace(usage, status=exc.status_code))
-        raise
-    await kiln.ledger.commit(
+    usage = usage_of(admission.principal, version, request_id, "infer", items=rows)
+    async with admission.dispatched(usage):
+        result = await kiln.workers.infer(version.pool, message, terms, max(rows, 1))
+    await admission.commit(
         dataclasses.replace(usage, queue_ms=result.queue_ms, compute_ms=result.compute_ms)
     )
     return oip_codec.encode(request, result, version.model, version.version)

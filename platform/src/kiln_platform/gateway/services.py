@@ -13,7 +13,7 @@ from tokenizers import Tokenizer
 from kiln_platform.adapters.directory import SEPARATOR, split
 from kiln_platform.billing.ledger import usage_of
 from kiln_platform.billing.pricing import Quantities
-from kiln_platform.errors import BadRequest, KilnError, ModelNotFound
+from kiln_platform.errors import BadRequest, ModelNotFound
 from kiln_platform.gateway._offload import off_loop
 from kiln_platform.gateway.schemas import (
     Embedding,
@@ -28,9 +28,8 @@ if TYPE_CHECKING:
     import uuid
     from pathlib import Path
 
+    from kiln_platform.admission.services import Admission
     from kiln_platform.context import Kiln
-    from kiln_platform.gateway.dispatch import Ticket
-    from kiln_platform.keys.services import Principal
     from kiln_platform.registry.services import ResolvedVersion
     from kiln_platform.settings import Settings
 
@@ -110,10 +109,9 @@ def tokenize_input(raw: str | list[Any], tokenizer: Tokenizer, context: int) -> 
     return ids
 
 
-async def embed(
-    kiln: Kiln, principal: Principal, request: EmbeddingsRequest, request_id: str, ticket: Ticket
-) -> EmbeddingsResponse:
-    """Serve ``POST /v1/embeddings`` and record its usage."""
+async def embed(kiln: Kiln, admission: Admission, request: EmbeddingsRequest) -> EmbeddingsResponse:
+    """Serve ``POST /v1/embeddings``; its admission records the usage."""
+    principal, request_id = admission.principal, admission.request_id
     version = await kiln.resolver.resolve(request.model, str(principal.tenant_id))
     manifest = version.manifest
     if manifest.task != "embeddings":
@@ -125,24 +123,21 @@ async def embed(
     model_dir = kiln.store.path(version.artifact_digest)
     tokenizer = load_tokenizer(model_dir / (manifest.tokenizer_file or "tokenizer.json"))
     count = count_items(request.input, _max_inputs(kiln.settings))
-    kiln.workers.screen(version.pool, request_id, ticket, count)
+    kiln.workers.screen(version.pool, request_id, admission.terms, count)
     ids = await off_loop(
         _chars(request.input, count), tokenize_input, request.input, tokenizer,
         manifest.context_length,
     )  # fmt: skip
     tokens = sum(map(len, ids))
     most = Quantities(input_tokens=tokens, items=len(ids))
-    await kiln.budgets.reserve(principal, request_id, version, most)
+    await admission.hold(version, most)
     usage = usage_of(
         principal, version, request_id, "embeddings", input_tokens=tokens, items=len(ids)
     )
-    try:
+    async with admission.dispatched(usage):
         result = await kiln.workers.embed(
-            version.pool, EmbedRequest(request_id=request_id, input_ids=ids), ticket
+            version.pool, EmbedRequest(request_id=request_id, input_ids=ids), admission.terms
         )
-    except KilnError as exc:  # recorded unbilled; the client sees the error
-        kiln.ledger.record(dataclasses.replace(usage, status=exc.status_code))
-        raise
     vectors = np.frombuffer(result.data, dtype="<f4").reshape(len(ids), result.dimensions)
     if request.encoding_format == "base64":
         data = [
@@ -151,7 +146,7 @@ async def embed(
         ]
     else:
         data = [Embedding(index=i, embedding=v.tolist()) for i, v in enumerate(vectors)]
-    await kiln.ledger.commit(
+    await admission.commit(
         dataclasses.replace(usage, queue_ms=result.queue_ms, compute_ms=result.compute_ms)
     )
     return EmbeddingsResponse(

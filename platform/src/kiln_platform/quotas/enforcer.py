@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import math
 import time
 import uuid
@@ -30,19 +29,14 @@ import structlog
 from sqlalchemy import select, text
 
 from kiln_platform._ttlcache import TTLCache
-from kiln_platform.billing.ledger import LedgerWriter, Usage
 from kiln_platform.db.tables import Quota
 from kiln_platform.errors import RateLimited
 from kiln_platform.quotas.leases import lifetime, renew_every
 from kiln_platform.quotas.services import FIELDS
 
 if TYPE_CHECKING:
-    from collections.abc import Awaitable, Callable
-
     from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-    from kiln_platform.billing.pricebooks import PriceBooks
-    from kiln_platform.billing.reservations import Budgets
     from kiln_platform.keys.services import Principal
 
 _COUNT = text(
@@ -78,14 +72,12 @@ class Effective:
 
 
 @dataclass(slots=True)
-class Admission:
-    """What admission decided: response headers, and the concurrency lease to release; what the
-    handler added: the loop time its response must be sent by, and what to close at its end."""
+class QuotaGrant:
+    """What the quotas decided for a request: its rate-limit headers (set even when refused),
+    and its concurrency lease (released when the request's admission is left)."""
 
     headers: dict[str, str] = field(default_factory=dict)
     lease: uuid.UUID | None = None
-    deadline: float | None = None
-    closers: list[Callable[[], Awaitable[object]]] = field(default_factory=list)
 
 
 log = structlog.get_logger("kiln.quotas")
@@ -133,7 +125,7 @@ class QuotaEnforcer:
                         limits[name] = (getattr(row, name), subject)
         return Effective(limits)
 
-    async def admit(self, principal: Principal, admission: Admission) -> None:
+    async def admit(self, principal: Principal, admission: QuotaGrant) -> None:
         """Count the request in, or raise ``RateLimited`` (429).
 
         ``admission`` receives the rate-limit headers even when the request is refused.
@@ -248,31 +240,6 @@ class TokensLimited(RateLimited):
     """The tokens-per-minute limit is reached."""
 
     type = "tokens"
-
-
-class MeteredLedger(LedgerWriter):
-    """The usage ledger, also charging each request's tokens to its quota counters.
-
-    A request handed to the ledger has its budget reservation settled by the ledger's write,
-    so the end of its response does not release it.
-    """
-
-    def __init__(
-        self, sessions: async_sessionmaker[AsyncSession], quotas: QuotaEnforcer, budgets: Budgets,
-        books: PriceBooks | None = None, *, enabled: bool = True,
-    ) -> None:  # fmt: skip
-        super().__init__(sessions, books, enabled=enabled)
-        self._quotas = quotas
-        self._budgets = budgets
-
-    def record(self, usage: Usage) -> None:
-        """Queue the event, mark its reservation as the ledger's, and charge its tokens."""
-        if self.enabled:
-            usage = dataclasses.replace(usage, held=self._budgets.handed(usage.request_id))
-        super().record(usage)
-        self._quotas.charge(
-            usage.tenant_id, usage.api_key_id, usage.input_tokens + usage.output_tokens
-        )
 
 
 def _headers(kind: str, limit: int, remaining: int, reset: float) -> dict[str, str]:

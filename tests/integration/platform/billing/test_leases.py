@@ -19,7 +19,7 @@ from kiln_platform.billing.schemas import PriceBookCreate, PriceIn
 from kiln_platform.db.database import Database
 from kiln_platform.errors import RateLimited
 from kiln_platform.keys.services import Principal
-from kiln_platform.quotas.enforcer import Admission, QuotaEnforcer
+from kiln_platform.quotas.enforcer import QuotaEnforcer, QuotaGrant
 from kiln_platform.tenants.services import insert_tenant
 
 CLI = Actor("cli:test", Role.PLATFORM_ADMIN, None)
@@ -72,8 +72,8 @@ async def _rows(db: Database, table: str, principal: Principal) -> int:
     return int(count or 0)
 
 
-async def _admit(quotas: QuotaEnforcer, principal: Principal) -> Admission:
-    admission = Admission()
+async def _admit(quotas: QuotaEnforcer, principal: Principal) -> QuotaGrant:
+    admission = QuotaGrant()
     await quotas.admit(principal, admission)
     return admission
 

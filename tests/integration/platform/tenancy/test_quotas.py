@@ -12,7 +12,7 @@ import pytest
 from kiln_platform.billing.budgets import Settled, settle
 from kiln_platform.errors import RateLimited
 from kiln_platform.keys.services import Principal
-from kiln_platform.quotas.enforcer import Admission
+from kiln_platform.quotas.enforcer import QuotaGrant
 
 from .conftest import Admin
 
@@ -114,10 +114,10 @@ async def test_tokens_per_minute_counts_oauth_callers_too(admin: Admin, root: st
     tenant, _ = await _setup(admin, root, "q-tpm-oauth", tpm=100)
     quotas = admin.kiln.quotas
     client = Principal(uuid.UUID(tenant), None, frozenset({"inference"}), name="oauth:c1")
-    await quotas.admit(client, Admission())  # caches the tenant's limits for this caller
+    await quotas.admit(client, QuotaGrant())  # caches the tenant's limits for this caller
     quotas.charge(client.tenant_id, client.key_id, 150)
     await quotas.drain()
-    refused = Admission()
+    refused = QuotaGrant()
     with pytest.raises(RateLimited):
         await quotas.admit(client, refused)
     assert refused.headers["x-ratelimit-remaining-tokens"] == "0"

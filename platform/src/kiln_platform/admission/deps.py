@@ -1,8 +1,10 @@
-"""How the scheduler treats a request: tenant weight, priority class and deadline from headers.
+"""Litestar dependencies that enter a request's admission after authentication.
 
-- ``x-kiln-priority: interactive | batch`` (default interactive);
-- ``x-kiln-timeout: <seconds>``, else the openai SDK's ``x-stainless-read-timeout``, else
-  ``KILN_REQUEST_TIMEOUT_S``: the request's deadline, checked while it waits.
+- ``admission``: the quotas (every authenticated `/v1` and `/v2` route);
+- ``scheduled``: the quotas, then the request's class and deadline (routes that reach a
+  worker): ``x-kiln-priority: interactive | batch`` (default interactive); ``x-kiln-timeout:
+  <seconds>``, else the openai SDK's ``x-stainless-read-timeout``, else
+  ``KILN_REQUEST_TIMEOUT_S``.
 """
 
 from __future__ import annotations
@@ -13,9 +15,9 @@ from typing import Any
 from litestar import Request
 from litestar.params import SkipValidation
 
+from kiln_platform.admission.services import STATE_KEY, Admission
 from kiln_platform.context import Kiln
 from kiln_platform.errors import BadRequest
-from kiln_platform.gateway.dispatch import Ticket
 from kiln_platform.keys.services import Principal
 from kiln_platform.scheduler.schemas import Priority
 
@@ -39,20 +41,26 @@ def _timeout(request: Request[Any, Any, Any], default: float) -> float:
     return default
 
 
-async def provide_ticket(
+async def provide_admission(
+    request: Request[Any, Any, Any], principal: SkipValidation[Principal]
+) -> Admission:
+    """The request's admission (opened by ``admission_middleware``), its quotas entered."""
+    admission: Admission = request.scope["state"][STATE_KEY]
+    await admission.enter(principal)
+    return admission
+
+
+async def provide_scheduled(
     request: Request[Any, Any, Any],
     kiln: SkipValidation[Kiln],
     principal: SkipValidation[Principal],
-) -> Ticket:
-    """The scheduling ticket of an authenticated request."""
+) -> Admission:
+    """The admission of a request that goes to a worker: quotas, then class and deadline."""
+    admission = await provide_admission(request, principal)
     raw = request.headers.get("x-kiln-priority", "interactive").lower()
     if raw not in _PRIORITIES:
         raise BadRequest(
             "Header 'x-kiln-priority' must be 'interactive' or 'batch'.", param="x-kiln-priority"
         )
-    return Ticket(
-        tenant=str(principal.tenant_id),
-        weight=principal.weight,
-        priority=_PRIORITIES[raw],
-        timeout_s=_timeout(request, kiln.settings.request_timeout_s),
-    )
+    admission.schedule(_PRIORITIES[raw], _timeout(request, kiln.settings.request_timeout_s))
+    return admission

@@ -1,0 +1,177 @@
+"""One request's admission, entered in stages and left once.
+
+A request meets the stages in this order:
+
+1. ``enter``: its quotas (requests/min, tokens/min, the concurrency lease), right after
+   authentication, before the body is looked at (``admission.deps``);
+2. ``schedule``: its priority and deadline (``QueueTerms``), for requests that go to a worker;
+3. ``hold``: the worst case of its quantities against the monthly budget, once tokenized;
+4. ``dispatched`` / ``meter``: from the call to a worker on, it is recorded in the ledger exactly
+   once: ``commit`` (durable before the response's last bytes), an error's status (unbilled),
+   or, for a generation, what it consumed by the time it ended;
+5. ``leave``: what was not recorded is, the lease and whatever hold the ledger was not handed
+   are released. ``admission.middleware`` runs it when the response (a stream included) is
+   over: success, error, cancellation, client disconnect, deadline cut.
+
+While the admission is open its lease and hold are renewed by their owners
+(``QuotaEnforcer``, ``Budgets``), so a stream that runs for minutes keeps them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Self
+
+from kiln_platform.errors import KilnError
+from kiln_platform.quotas.enforcer import QuotaGrant
+from kiln_platform.scheduler.schemas import Priority
+
+if TYPE_CHECKING:
+    from collections.abc import AsyncIterator, Awaitable, Callable
+    from types import TracebackType
+
+    from kiln_platform.billing.ledger import LedgerWriter, Usage
+    from kiln_platform.billing.pricing import Quantities
+    from kiln_platform.billing.reservations import Budgets
+    from kiln_platform.keys.services import Principal
+    from kiln_platform.quotas.enforcer import QuotaEnforcer
+    from kiln_platform.registry.services import ResolvedVersion
+
+STATE_KEY = "kiln_admission"
+
+
+@dataclass(frozen=True, slots=True)
+class QueueTerms:
+    """How the pool's fair queue treats a request: whose it is, its weight, class, deadline."""
+
+    tenant: str
+    weight: float = 1.0
+    priority: Priority = Priority.INTERACTIVE
+    timeout_s: float | None = None
+
+
+class Admissions:
+    """The per-process desk: opens one :class:`Admission` per HTTP request."""
+
+    def __init__(self, quotas: QuotaEnforcer, budgets: Budgets, ledger: LedgerWriter) -> None:
+        self.quotas = quotas
+        self.budgets = budgets
+        self.ledger = ledger
+
+    def open(self, state: dict[str, object]) -> Admission:
+        """The request's admission, kept in its ASGI state (``state["request_id"]`` is its id)."""
+        admission = Admission(self, str(state.get("request_id", "")))
+        state[STATE_KEY] = admission
+        return admission
+
+
+class Admission:
+    """One request's admission (an async context manager: leaving it is ``leave``)."""
+
+    def __init__(self, desk: Admissions, request_id: str) -> None:
+        self._desk = desk
+        self.request_id = request_id
+        self._principal: Principal | None = None
+        self.grant = QuotaGrant()
+        """What the quotas decided: rate-limit headers, the concurrency lease."""
+        self.terms = QueueTerms(tenant="")
+        self.deadline: float | None = None
+        """Loop time the response must be sent by (a generation's stream deadline)."""
+        self.closers: list[Callable[[], Awaitable[object]]] = []
+        """Run first when leaving (e.g. a stream's generator, to cancel the worker's sequence)."""
+        self._usage: Callable[[], Usage] | None = None
+        self._recorded = False
+        self._left = False
+
+    @property
+    def principal(self) -> Principal:
+        """Who the request is for (set by ``enter``)."""
+        if self._principal is None:
+            raise RuntimeError("the admission was not entered")
+        return self._principal
+
+    async def enter(self, principal: Principal) -> None:
+        """Count the request against its quotas, or raise ``RateLimited`` (429)."""
+        self._principal = principal
+        self.terms = QueueTerms(tenant=str(principal.tenant_id), weight=principal.weight)
+        await self._desk.quotas.admit(principal, self.grant)
+
+    def schedule(self, priority: Priority, timeout_s: float) -> None:
+        """Set the request's class and deadline in its pool's fair queue."""
+        self.terms = dataclasses.replace(self.terms, priority=priority, timeout_s=timeout_s)
+
+    async def hold(
+        self, version: ResolvedVersion, most: Quantities, run_s: float | None = None
+    ) -> None:
+        """Hold the most the request can cost (``run_s``: the server's bound on its run, else the
+        request timeout), or raise ``QuotaExceeded`` (429)."""
+        await self._desk.budgets.reserve(self.principal, self.request_id, version, most, run_s)
+
+    def meter(self, usage: Callable[[], Usage]) -> None:
+        """From now on the request is recorded exactly once: ``usage()`` when it ends, unless it
+        was committed or recorded before."""
+        self._usage = usage
+
+    @contextlib.asynccontextmanager
+    async def dispatched(self, usage: Usage) -> AsyncIterator[None]:
+        """Around a call to a worker: a Kiln error it raises is recorded (unbilled, with its
+        status) before it propagates."""
+        try:
+            yield
+        except KilnError as exc:
+            self.record(dataclasses.replace(usage, status=exc.status_code))
+            raise
+
+    def record(self, usage: Usage) -> None:
+        """Record the request's usage without waiting (once; later calls do nothing)."""
+        if not self._recorded:
+            self._recorded = True
+            self._desk.ledger.record(self._metered(usage))
+
+    async def commit(self, usage: Usage) -> None:
+        """Record the request's usage and return once it is durable; 503 if it cannot be."""
+        if not self._recorded:
+            self._recorded = True
+            await self._desk.ledger.commit(self._metered(usage))
+
+    def _metered(self, usage: Usage) -> Usage:
+        """The usage the ledger settles the hold with; its tokens charged to tokens/min."""
+        desk = self._desk
+        if desk.ledger.enabled:  # the ledger's write settles the hold: leaving does not
+            usage = dataclasses.replace(usage, held=desk.budgets.handed(usage.request_id))
+        desk.quotas.charge(
+            usage.tenant_id, usage.api_key_id, usage.input_tokens + usage.output_tokens
+        )
+        return usage
+
+    async def leave(self) -> None:
+        """Close what the response left open, record what was not, release the lease and the
+        hold (once; shielded from the request's cancellation)."""
+        if not self._left:
+            self._left = True
+            await asyncio.shield(self._leave())
+
+    async def _leave(self) -> None:
+        desk = self._desk
+        try:
+            for close in self.closers:  # e.g. a stream cut mid-send: its generation ends
+                with contextlib.suppress(Exception):
+                    await close()
+            if self._usage is not None:
+                self.record(self._usage())
+            if self.grant.lease is not None:
+                await desk.quotas.release(self.grant.lease)
+        finally:
+            if self.request_id:
+                await desk.budgets.finish(self.request_id)
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.leave()
