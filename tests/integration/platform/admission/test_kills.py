@@ -37,10 +37,10 @@ from kiln_platform.app import create_app
 from kiln_platform.billing.pricebooks import create_book
 from kiln_platform.billing.schemas import PriceBookCreate, PriceIn
 from kiln_platform.context import Kiln
-from kiln_platform.keys.services import create_key
+from kiln_platform.keys.services import insert_key
 from kiln_platform.registry.services import register_version
 from kiln_platform.settings import Settings
-from kiln_platform.tenants.services import create_tenant
+from kiln_platform.tenants.services import insert_tenant
 from kiln_runtimes.protocol import ModelManifest
 
 from ..conftest import serving
@@ -95,7 +95,7 @@ async def served(
         async with kiln.db.sessions.begin() as session:
             start = datetime(2020, 1, 1, tzinfo=UTC)
             await create_book(session, CLI, PriceBookCreate(prices=PRICES, effective_from=start))
-            tenant = await create_tenant(session, "kills")
+            tenant = await insert_tenant(session, "kills")
             await session.execute(
                 text(
                     "INSERT INTO quotas (id, tenant_id, concurrency, monthly_budget_micros)"
@@ -103,7 +103,7 @@ async def served(
                 ),
                 {"i": uuid.uuid4(), "t": tenant.id},
             )
-            _, key = await create_key(session, settings.hmac_key(), tenant.id)
+            _, key = await insert_key(session, settings.hmac_key(), tenant.id)
         await kiln.resolver.refresh()
         yield Served(app, kiln, tenant.id, key, database_uri)
 
