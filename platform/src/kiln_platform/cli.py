@@ -264,6 +264,7 @@ def import_bundled(ctx: click.Context, only: tuple[str, ...]) -> None:
 
 _cli_models.register(models, _with_db, _fail)  # `kiln models upload | compile | jobs`
 _cli_models.register_routes(models, _with_db, _fail)  # `kiln models route`
+_cli_models.register_import(models, _with_db, _fail)  # `kiln models import`
 _cli_admin.register(main, keys, _with_db, _fail)  # `kiln users | quotas`, `keys revoke`
 _cli_oauth.register(main, _with_db, _fail)  # `kiln oauth-clients create`, `kiln oauth keys rotate`
 _cli_reports.register(main, _with_db, _fail)  # `kiln reports export`
