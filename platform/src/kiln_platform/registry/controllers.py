@@ -19,6 +19,7 @@ from litestar.openapi.datastructures import ResponseSpec
 from kiln_platform.admin.controllers import ActorDep, AdminController, KilnDep
 from kiln_platform.compiler import services as jobs
 from kiln_platform.compiler.schemas import CompileJobView, CompileRequest, UploadView
+from kiln_platform.errors import BadRequest
 from kiln_platform.registry import imports, versions
 from kiln_platform.registry.engine import EngineSettings, EngineUpdate
 from kiln_platform.registry.upload import receive, upload_dir, upload_version
@@ -57,10 +58,13 @@ class AdminModelsController(AdminController):
         file is stored as the version's source and built by a job (202, the job: follow it at
         ``/compile-jobs/{id}``)."""
         settings = kiln.settings
-        engine = msgspec.convert(
-            {"max_batch_size": max_batch_size, "max_context": max_context,
-             "adapter_slots": adapter_slots}, EngineSettings,
-        )  # fmt: skip
+        try:
+            engine = msgspec.convert(
+                {"max_batch_size": max_batch_size, "max_context": max_context,
+                 "adapter_slots": adapter_slots}, EngineSettings,
+            )  # fmt: skip
+        except msgspec.ValidationError as exc:
+            raise BadRequest(str(exc)) from None
         options = imports.ImportOptions(task, precision, target, version, engine)
         with tempfile.TemporaryDirectory(dir=upload_dir(settings), prefix="body-") as tmp:
             path = Path(tmp) / "body"
