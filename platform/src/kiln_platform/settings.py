@@ -71,6 +71,9 @@ class Settings(BaseSettings):
     worker_adapter_rank: int = 16
     """Columns of one adapter slot: an adapter's rank times its q/k/v modules must fit."""
     worker_start_timeout_s: float = 120.0
+    worker_max_memory_bytes: int | None = Field(default=None, gt=0)
+    """Memory a worker has for a model's weights: an import whose built weights (parameters x
+    bytes per parameter of its precision) exceed it fails, naming the file (None: no limit)."""
     pool_min_replicas: int = Field(default=0, ge=0)
     """Workers a pool keeps even when idle (0: idle pools scale to zero)."""
     pool_max_replicas: int = Field(default=1, ge=1)

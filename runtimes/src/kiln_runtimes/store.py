@@ -7,6 +7,7 @@ tree materialized as hard links, which is what workers load from.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import re
@@ -98,6 +99,23 @@ class ArtifactStore:
             return (self.root / "refs" / name).read_bytes()
         except FileNotFoundError:
             return None
+
+    def remove_tree(self, digest: str) -> None:
+        """Remove a tree and the blobs no other tree links to (a failed import's source).
+
+        A blob's hard links are the trees that hold it, so a blob left with one link (its own
+        name) belongs to no tree any more. The caller makes sure no one still needs the tree.
+        """
+        folder = self.path(digest)
+        if not folder.is_dir():
+            return
+        inodes = {p.stat().st_ino for p in folder.rglob("*") if p.is_file()}
+        shutil.rmtree(folder)
+        for blob in self._blobs.iterdir() if inodes else ():
+            with contextlib.suppress(FileNotFoundError):
+                st = blob.stat()
+                if st.st_ino in inodes and st.st_nlink == 1:
+                    blob.unlink()
 
     def path(self, digest: str) -> Path:
         """The materialized folder of a tree (``ValueError`` unless ``digest`` is one)."""

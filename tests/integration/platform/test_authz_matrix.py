@@ -73,6 +73,8 @@ ADMIN: dict[tuple[str, str], str] = {
     ("GET", "/admin/v1/models/{name:str}/route"): "models",
     ("PUT", "/admin/v1/models/{name:str}/route"): "models",
     ("POST", "/admin/v1/models/{name:str}/versions"): "models",
+    ("GET", "/admin/v1/models/{name:str}/versions/{version:str}"): "models",
+    ("PATCH", "/admin/v1/models/{name:str}/versions/{version:str}"): "models",
     ("POST", "/admin/v1/models/{name:str}/versions/{version:str}/compile"): "compile-jobs",
     ("GET", "/admin/v1/compile-jobs"): "compile-jobs",
     ("GET", "/admin/v1/compile-jobs/{job_id:uuid}"): "compile-jobs",

@@ -24,9 +24,11 @@ def split(model: str) -> tuple[str, str | None]:
     return base, adapter if sep else None
 
 
-def slot_rank(settings: Settings) -> int:
-    """The columns of a worker's adapter slot, or 0 when workers hold no adapters."""
-    return settings.worker_adapter_rank if settings.worker_adapter_slots > 0 else 0
+def slot_rank(settings: Settings, version_slots: int | None = None) -> int:
+    """The columns of a worker's adapter slot, or 0 when workers hold no adapters (a version's
+    own ``adapter_slots``, when set, over the deployment's)."""
+    slots = settings.worker_adapter_slots if version_slots is None else version_slots
+    return settings.worker_adapter_rank if slots > 0 else 0
 
 
 class AdapterDirectory:

@@ -10,7 +10,18 @@ from pathlib import Path
 
 import click
 
-from kiln_platform.cli import db, keys, models, oauth, quotas, reports, tenants, users, worker
+from kiln_platform.cli import (
+    db,
+    keys,
+    models,
+    oauth,
+    quotas,
+    reports,
+    tenants,
+    users,
+    worker,
+)
+from kiln_platform.cli import imports as imports  # adds `kiln models import` to `models`
 
 
 @click.pass_context

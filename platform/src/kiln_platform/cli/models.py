@@ -1,5 +1,5 @@
 """``kiln models list | import-bundled | upload | compile | jobs | route``: models, their
-compiled engines, and which versions serve."""
+compiled engines, and which versions serve (``kiln models import`` is ``cli.imports``)."""
 
 from __future__ import annotations
 
@@ -178,6 +178,22 @@ def route(ctx: click.Context, name: str, stable: str, canary: str | None, percen
     click.echo(run_or_fail(ctx, action))
 
 
+def accuracy_line(accuracy: dict[str, Any] | None) -> str:
+    """A build's accuracy report in one line."""
+    if not accuracy:
+        return "accuracy: none"
+    kind = accuracy.get("type")
+    if kind == "generate":
+        return (
+            f"accuracy: greedy equal for {accuracy['equal_prefix']}/{accuracy['tokens']} tokens, "
+            f"top-1 agreement {accuracy['top1_agreement']:.3f}, "
+            f"max |logit diff| {accuracy['max_abs_logit_diff']:.3g}"
+        )
+    if kind == "embeddings":
+        return f"accuracy: min cosine {accuracy['min_cosine']:.6f} to sentence-transformers"
+    return f"accuracy: skipped ({accuracy.get('reason')})"
+
+
 def _job_line(job: CompileJobView) -> str:
     report = job.report or {}
     extra = ""
@@ -187,6 +203,12 @@ def _job_line(job: CompileJobView) -> str:
             f" ms/batch {report['reference_ms']:.2f}->{report['engine_ms']:.2f}"
         )
     reason = f"\t{job.reason}" if job.reason else ""
+    if job.kind == "build":  # an import: where it is, and the file and field it failed on
+        where = "".join(f" {k}={v}" for k, v in (("file", job.error_file),
+                                                  ("field", job.error_field)) if v)  # fmt: skip
+        extra = f"\t{job.phase} {job.percent}%{where}"
+        if job.status == "done":
+            extra += "\t" + accuracy_line(report.get("accuracy"))
     return (
         f"{job.id}\t{job.model}\t{job.version}\t{job.target}/{job.precision}\t{job.status}"
         f"{reason}{extra}"

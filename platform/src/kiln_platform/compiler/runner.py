@@ -17,9 +17,10 @@ import msgspec
 import structlog
 from sqlalchemy import text
 
-from kiln_platform.compiler import services
+from kiln_platform.compiler import builds, services
 from kiln_platform.subprocess_env import child_environment
 from kiln_runtimes.protocol import CompileReport
+from kiln_runtimes.store import ArtifactStore
 
 if TYPE_CHECKING:
     import uuid
@@ -39,8 +40,10 @@ class CompileRunner:
         self._settings = settings
         self._task: asyncio.Task[None] | None = None
         self._wake = asyncio.Event()
-        self._env = child_environment(os.environ)
-        """The compiler's environment, taken once: not the gateway's secrets or database URL."""
+        self.env = child_environment(os.environ)
+        """The compiler's and builds' environment, taken once: not the gateway's secrets or
+        database URL."""
+        self._store = ArtifactStore(settings.store_dir)
 
     def start(self) -> None:
         """Poll for jobs in the background."""
@@ -70,9 +73,13 @@ class CompileRunner:
                 return False
             try:
                 log.info(
-                    "compile started", job=str(job.id), target=job.target, precision=job.precision
-                )
+                    f"{job.kind} started", job=str(job.id), target=job.target,
+                    precision=job.precision,
+                )  # fmt: skip
                 try:
+                    if job.kind == "build":
+                        await builds.run(self._db, self._store, self._settings, self.env, job.id)
+                        return True
                     report, reason = await self._compile(job)
                 except asyncio.CancelledError:  # shutting down: hand the job back to the queue
                     async with conn.begin():
@@ -120,7 +127,7 @@ class CompileRunner:
         if s.worker_threads:
             cmd += ["--threads", str(s.worker_threads)]
         proc = await asyncio.create_subprocess_exec(
-            *cmd, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, env=self._env
+            *cmd, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, env=self.env
         )
         try:
             out, err = await proc.communicate()

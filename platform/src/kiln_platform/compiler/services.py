@@ -31,6 +31,8 @@ class ClaimedJob:
     artifact_digest: str
     target: str
     precision: str
+    kind: str = "compile"
+    """``compile``, or ``build`` (``compiler.builds``: no version yet, a source digest)."""
 
 
 _CLAIM = text(
@@ -43,7 +45,7 @@ _CLAIM = text(
         FOR UPDATE SKIP LOCKED
         LIMIT 1
     )
-    RETURNING id, model_version_id, target, precision
+    RETURNING id, kind, model_version_id, target, precision
     """
 )
 
@@ -117,6 +119,8 @@ async def claim(
         return None
     if hold:
         await session.execute(text("SELECT pg_advisory_lock(:k)"), {"k": lock_key(row.id)})
+    if row.kind == "build":
+        return ClaimedJob(row.id, "", row.target, row.precision, "build")
     digest = await session.scalar(
         select(ModelVersion.artifact_digest).where(ModelVersion.id == row.model_version_id)
     )
@@ -192,8 +196,8 @@ async def list_jobs(session: AsyncSession, actor: Actor, limit: int = 100) -> li
 async def _views(session: AsyncSession, where: object, limit: int = 100) -> list[CompileJobView]:
     query = (
         select(CompileJob, Model.name, ModelVersion.version)
-        .join(ModelVersion, ModelVersion.id == CompileJob.model_version_id)
-        .join(Model, Model.id == ModelVersion.model_id)
+        .outerjoin(ModelVersion, ModelVersion.id == CompileJob.model_version_id)
+        .outerjoin(Model, Model.id == ModelVersion.model_id)
         .order_by(CompileJob.created_at.desc())
         .limit(limit)
     )
@@ -202,8 +206,14 @@ async def _views(session: AsyncSession, where: object, limit: int = 100) -> list
     return [
         CompileJobView(
             id=str(job.id),
-            model=name,
-            version=version,
+            kind=job.kind,
+            model=name or str(job.model_name),
+            version=version or str(job.version_name),
+            task=job.task,
+            phase=job.phase,
+            percent=job.percent,
+            error_file=job.error_file,
+            error_field=job.error_field,
             target=job.target,
             precision=job.precision,
             hardware=job.hardware,

@@ -99,6 +99,12 @@ class ModelVersion(Base):
     version: Mapped[str] = mapped_column(String(64))
     artifact_digest: Mapped[str] = mapped_column(String(71))
     manifest: Mapped[dict[str, object]] = mapped_column(JSONB)
+    engine_settings: Mapped[dict[str, object]] = mapped_column(JSONB, server_default="{}")
+    """``registry.engine.EngineSettings``: what this version's workers run with (``0011``)."""
+    accuracy: Mapped[dict[str, object] | None] = mapped_column(JSONB)
+    """The build's ``AccuracyReport`` (imported versions; ``0011``)."""
+    source_digest: Mapped[str | None] = mapped_column(String(71))
+    """The source tree an imported version was built from (``0011``)."""
     created_at: Mapped[datetime] = _created()
 
 
@@ -145,17 +151,35 @@ class SignInFailure(Base):
 
 
 class CompileJob(Base):
-    """Compiling a model version for one target; ``cache_key`` makes it unique (engine key)."""
+    """Compiling a model version for one target (``kind`` compile; ``cache_key``, the engine
+    key, makes it unique), or building an imported source into a new version (``kind`` build:
+    no version until it succeeds; migration ``0011``)."""
 
     __tablename__ = "compile_jobs"
     __table_args__ = (
         CheckConstraint("status IN ('queued', 'running', 'done', 'failed')", name="status"),
+        CheckConstraint("kind IN ('compile', 'build')", name="kind"),
+        CheckConstraint("kind = 'build' OR model_version_id IS NOT NULL", name="version_or_build"),
         Index("ix_compile_jobs_status_created", "status", "created_at"),
     )
     id: Mapped[uuid.UUID] = _uuid_pk()
-    model_version_id: Mapped[uuid.UUID] = mapped_column(
+    kind: Mapped[str] = mapped_column(String(16), server_default="compile")
+    model_version_id: Mapped[uuid.UUID | None] = mapped_column(
         ForeignKey("model_versions.id", ondelete="CASCADE")
     )
+    model_name: Mapped[str | None] = mapped_column(String(200))
+    """Build jobs: the model the build registers a version of."""
+    version_name: Mapped[str | None] = mapped_column(String(64))
+    """Build jobs: the version it registers."""
+    task: Mapped[str | None] = mapped_column(String(20))
+    source_digest: Mapped[str | None] = mapped_column(String(71))
+    engine_settings: Mapped[dict[str, object] | None] = mapped_column(JSONB)
+    phase: Mapped[str | None] = mapped_column(String(32))
+    """Build jobs: received, validating, converting, quantizing, optimizing, checking accuracy,
+    ready (or failed)."""
+    percent: Mapped[int] = mapped_column(SmallInteger, server_default="0")
+    error_file: Mapped[str | None] = mapped_column(Text)
+    error_field: Mapped[str | None] = mapped_column(Text)
     cache_key: Mapped[str] = mapped_column(String(71), unique=True)
     target: Mapped[str] = mapped_column(String(16))
     precision: Mapped[str] = mapped_column(String(8))

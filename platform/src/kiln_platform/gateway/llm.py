@@ -302,7 +302,7 @@ async def prepare(
         raise BadRequest(f"The model `{version.model}` does not generate text.", param="model")
     adapter = None
     if adapter_name is not None:
-        if not slot_rank(kiln.settings):
+        if not slot_rank(kiln.settings, version.engine.adapter_slots):
             raise BadRequest("This platform serves no adapters.", param="model")
         adapter = await kiln.adapters.digest(principal.tenant_id, version.model, adapter_name)
         if adapter is None:
@@ -321,11 +321,11 @@ async def prepare(
     generate = GenerateRequest(
         request_id=request_id,
         prompt_ids=prompt,
-        max_tokens=_max_tokens(request, len(prompt), manifest.context_length),
+        max_tokens=_max_tokens(request, len(prompt), version.context_length),
         temperature=temperature,
         top_p=top_p,
         seed=request.seed,
-        stop_token_ids=list(model.eos_token_ids),
+        stop_token_ids=sorted({*model.eos_token_ids, *manifest.stop_token_ids}),
         adapter=adapter,
     )
     most = Quantities(input_tokens=len(prompt), output_tokens=generate.max_tokens)

@@ -126,7 +126,7 @@ async def embed(kiln: Kiln, admission: Admission, request: EmbeddingsRequest) ->
     kiln.workers.screen(version.pool, request_id, admission.terms, count)
     ids = await off_loop(
         _chars(request.input, count), tokenize_input, request.input, tokenizer,
-        manifest.context_length,
+        version.context_length,
     )  # fmt: skip
     tokens = sum(map(len, ids))
     most = Quantities(input_tokens=tokens, items=len(ids))

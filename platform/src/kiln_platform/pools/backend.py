@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Protocol
 import aiohttp
 import msgspec
 
+from kiln_platform.registry.engine import EngineSettings
 from kiln_platform.subprocess_env import child_environment
 from kiln_runtimes.protocol import WORKER_SECRET_ENV, WorkerInfo
 
@@ -29,11 +30,13 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True, slots=True)
 class PoolSpec:
-    """What a pool runs: one model version from a built folder."""
+    """What a pool runs: one model version from a built folder, with its engine settings."""
 
     model: str
     version: str
     model_dir: Path
+    engine: EngineSettings = field(default_factory=EngineSettings)
+    """The version's own settings; each unset field is the deployment's ``KILN_WORKER_*``."""
 
     @property
     def key(self) -> str:
@@ -122,19 +125,20 @@ class PoolBackend(Protocol):
 def worker_arguments(
     spec: PoolSpec, settings: Settings, port: int, host: str | None = None
 ) -> list[str]:
-    """The worker's command line after ``python -m kiln_runtimes``, from the settings."""
-    s = settings
+    """The worker's command line after ``python -m kiln_runtimes``: the version's engine
+    settings (``spec.engine``) over the deployment's defaults."""
+    s, e = settings, spec.engine
     cmd = [
         "--model-dir", str(spec.model_dir),
         "--model", spec.model,
         "--version", spec.version,
         "--port", str(port),
-        "--max-batch-size", str(s.worker_max_batch_size),
+        "--max-batch-size", str(e.max_batch_size or s.worker_max_batch_size),
         "--max-wait-ms", str(s.worker_max_wait_ms),
         "--max-queue", str(s.worker_max_queue),
         "--log-level", s.log_level,
-        "--target", s.worker_target,
-        "--precision", s.worker_precision,
+        "--target", e.target or s.worker_target,
+        "--precision", e.precision or s.worker_precision,
     ]  # fmt: skip
     if host is not None:
         cmd += ["--host", host]
@@ -148,8 +152,9 @@ def worker_arguments(
         cmd += ["--cpus", s.worker_cpus]
     if not s.worker_preempt:
         cmd += ["--no-preempt"]
-    if s.worker_adapter_slots:
-        cmd += ["--adapter-slots", str(s.worker_adapter_slots)]
+    slots = s.worker_adapter_slots if e.adapter_slots is None else e.adapter_slots
+    if slots:
+        cmd += ["--adapter-slots", str(slots)]
         cmd += ["--adapter-rank", str(s.worker_adapter_rank)]
     return cmd
 
@@ -171,7 +176,11 @@ def credits(settings: Settings, worker: PoolWorker | None) -> int:
     if settings.worker_slots:
         return settings.worker_slots
     if worker is None or worker.info is None:
-        return settings.worker_max_batch_size
+        return (
+            settings.worker_max_batch_size
+            if worker is None
+            else (worker.spec.engine.max_batch_size or settings.worker_max_batch_size)
+        )
     return worker.info.max_batch_size
 
 

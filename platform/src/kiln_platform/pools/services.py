@@ -98,13 +98,27 @@ class PoolManager:
 
     def _adopt(self, version: ResolvedVersion) -> None:
         """Give a served version its pool, sized by the policy's initial rule."""
-        spec = PoolSpec(version.model, version.version, self._store.path(version.artifact_digest))
+        spec = PoolSpec(
+            version.model, version.version, self._store.path(version.artifact_digest),
+            version.engine,
+        )  # fmt: skip
         if spec.key in self._states:
+            if self.backend.specs.get(spec.key, spec) != spec:
+                self._restart(spec)
             return
         self.backend.ensure(spec)
         self.runners.setdefault(spec.key, self._runner(spec))
         replicas, self._states[spec.key] = autoscale.initial(self._scaling, time.monotonic())
         self._resize(spec.key, replicas)
+
+    def _restart(self, spec: PoolSpec) -> None:
+        """The version's engine settings changed: its workers drain and new ones start with
+        the new settings (as many as before)."""
+        replicas = len(self.backend.pools.get(spec.key, []))
+        log.info("pool restarting with new engine settings", pool=spec.key, replicas=replicas)
+        self.backend.remove(spec.key)
+        self.backend.ensure(spec)
+        self.backend.scale(spec.key, replicas)
 
     def autoscale(self, pool: str | None = None, arriving: int = 0) -> None:
         """Size one pool (or all) by the policy; ``arriving`` requests count as queued."""

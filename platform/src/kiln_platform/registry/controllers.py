@@ -6,18 +6,22 @@ is authorized (``admin.deps.authorize``) before its body is read.
 
 from __future__ import annotations
 
+import asyncio
 import tempfile
 import uuid
 from pathlib import Path
 from typing import Any
 
 import msgspec
-from litestar import Request, get, post, put
+from litestar import Request, Response, get, patch, post, put
+from litestar.openapi.datastructures import ResponseSpec
 
 from kiln_platform.admin.deps import ActorDep, AdminController, KilnDep, transaction
 from kiln_platform.compiler import services as jobs
 from kiln_platform.compiler.schemas import CompileJobView, CompileRequest, UploadView
-from kiln_platform.registry import services
+from kiln_platform.errors import BadRequest
+from kiln_platform.registry import imports, services, versions
+from kiln_platform.registry.engine import EngineSettings, EngineUpdate
 from kiln_platform.registry.schemas import RouteUpdate, RouteView
 from kiln_platform.registry.upload import receive, upload_dir, upload_version
 
@@ -33,32 +37,86 @@ class AdminModelsController(AdminController):
         "/models/{name:str}/versions",
         status_code=201,
         request_max_body_size=None,  # the upload limit is enforced while streaming
+        responses={202: ResponseSpec(CompileJobView, description="A build job was queued.")},
     )
     async def upload(
         self,
+        *,
         request: Request[Any, Any, Any],
         kiln: KilnDep,
         actor: ActorDep,
         name: str,
         version: str | None = None,
-    ) -> UploadView:
-        """Upload an ONNX model (a .onnx file, or a .zip/.tar folder with external data)."""
+        task: str | None = None,
+        precision: str | None = None,
+        target: str | None = None,
+        max_batch_size: int | None = None,
+        max_context: int | None = None,
+        adapter_slots: int | None = None,
+    ) -> Response[UploadView | CompileJobView]:
+        """Upload a model. An ONNX tensor model (.onnx, or a .zip/.tar folder with external
+        data) is registered at once (201). A Hugging Face or GenAI folder (.zip/.tar) or a .gguf
+        file is stored as the version's source and built by a job (202, the job: follow it at
+        ``/compile-jobs/{id}``)."""
         settings = kiln.settings
+        try:
+            engine = msgspec.convert(
+                {"max_batch_size": max_batch_size, "max_context": max_context,
+                 "adapter_slots": adapter_slots}, EngineSettings,
+            )  # fmt: skip
+        except msgspec.ValidationError as exc:
+            raise BadRequest(str(exc)) from None
+        options = imports.ImportOptions(task, precision, target, version, engine)
         with tempfile.TemporaryDirectory(dir=upload_dir(settings), prefix="body-") as tmp:
             path = Path(tmp) / "body"
             await receive(request.stream(), path, settings.max_upload_bytes)
-            done = await upload_version(
-                kiln.db.sessions, kiln.store, settings, name, path, actor=actor, version=version,
-                refresh=kiln.resolver.refresh,
-            )  # fmt: skip
-        return UploadView(
-            model=done.model,
-            version=done.version,
-            artifact_digest=done.artifact_digest,
-            inputs=msgspec.to_builtins(done.manifest.inputs),
-            outputs=msgspec.to_builtins(done.manifest.outputs),
-            batching=done.manifest.batching,
+            staged = await asyncio.to_thread(
+                imports.stage, path, Path(tmp), settings.max_upload_bytes, task
+            )
+            if staged.kind == "build":
+                job_id = await imports.start_import(
+                    kiln.db.sessions, kiln.store, name, staged, options,
+                    actor=actor, env=kiln.compiler.env,
+                )  # fmt: skip
+            else:
+                done = await upload_version(
+                    kiln.db.sessions, kiln.store, settings, name, staged.root,
+                    actor=actor, version=version, refresh=kiln.resolver.refresh,
+                )  # fmt: skip
+        if staged.kind == "build":
+            kiln.compiler.poke()
+            async with kiln.db.sessions() as session:
+                job = await jobs.view(session, actor, job_id)
+            return Response(job, status_code=202)
+        return Response(
+            UploadView(
+                model=done.model,
+                version=done.version,
+                artifact_digest=done.artifact_digest,
+                inputs=msgspec.to_builtins(done.manifest.inputs),
+                outputs=msgspec.to_builtins(done.manifest.outputs),
+                batching=done.manifest.batching,
+            ),
+            status_code=201,
         )
+
+    @get("/models/{name:str}/versions/{version:str}")
+    async def get_version(
+        self, kiln: KilnDep, actor: ActorDep, name: str, version: str
+    ) -> versions.VersionView:
+        """One version: engine settings, the build's accuracy report, manifest."""
+        async with kiln.db.sessions() as session:
+            return await versions.view(session, actor, name, version)
+
+    @patch("/models/{name:str}/versions/{version:str}")
+    async def update_version(
+        self, kiln: KilnDep, actor: ActorDep, name: str, version: str, data: EngineUpdate
+    ) -> versions.VersionView:
+        """Change a version's engine settings; its workers restart with them."""
+        async with kiln.db.sessions.begin() as session:
+            view = await versions.update_engine(session, actor, name, version, data)
+        await kiln.pools.reconcile()
+        return view
 
     @post(
         "/models/{name:str}/versions/{version:str}/compile",

@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import msgspec
@@ -18,6 +18,7 @@ from kiln_platform.audit.services import record
 from kiln_platform.db import after_commit
 from kiln_platform.db.tables import Model, ModelRoute, ModelVersion
 from kiln_platform.errors import BadRequest, ModelNotFound
+from kiln_platform.registry.engine import EngineSettings, decode
 from kiln_platform.registry.routes import Route
 from kiln_platform.registry.schemas import RouteUpdate, RouteView
 from kiln_runtimes.protocol import ModelManifest
@@ -38,6 +39,14 @@ class ResolvedVersion:
     artifact_digest: str
     manifest: ModelManifest
     created_at: datetime
+    engine: EngineSettings = field(default_factory=EngineSettings)
+    """The version's own engine settings (unset fields: the deployment's defaults)."""
+
+    @property
+    def context_length(self) -> int:
+        """Tokens a request may use: the model's context, capped by ``max_context``."""
+        cap = self.engine.max_context
+        return min(self.manifest.context_length, cap) if cap else self.manifest.context_length
 
     @property
     def pool(self) -> str:
@@ -47,13 +56,26 @@ class ResolvedVersion:
 
 def _resolved(model: Model, row: ModelVersion) -> ResolvedVersion:
     manifest = msgspec.convert(row.manifest, ModelManifest)
-    return ResolvedVersion(model.name, row.version, row.artifact_digest, manifest, row.created_at)
+    return ResolvedVersion(
+        model.name, row.version, row.artifact_digest, manifest, row.created_at,
+        decode(row.engine_settings),
+    )  # fmt: skip
 
 
 async def register_version(
-    session: AsyncSession, manifest: ModelManifest, version: str, artifact_digest: str
+    session: AsyncSession,
+    manifest: ModelManifest,
+    version: str,
+    artifact_digest: str,
+    *,
+    engine: EngineSettings | None = None,
+    accuracy: object = None,
+    source_digest: str | None = None,
 ) -> bool:
-    """Register ``manifest.name`` at ``version``; returns False if that version already exists."""
+    """Register ``manifest.name`` at ``version``; returns False if that version already exists.
+
+    Imported versions also carry their engine settings, the build's accuracy report and the
+    source tree they were built from."""
     await session.execute(
         insert(Model).values(name=manifest.name, task=manifest.task).on_conflict_do_nothing()
     )
@@ -65,6 +87,9 @@ async def register_version(
             version=version,
             artifact_digest=artifact_digest,
             manifest=msgspec.to_builtins(manifest),
+            engine_settings=msgspec.to_builtins(engine or EngineSettings()),
+            accuracy=msgspec.to_builtins(accuracy),
+            source_digest=source_digest,
         )
         .on_conflict_do_nothing()
     )
@@ -195,10 +220,10 @@ async def set_route(
     versions = set(
         await session.scalars(select(ModelVersion.version).where(ModelVersion.model_id == model.id))
     )
-    for field, version in (("stable_version", data.stable_version),
+    for param, version in (("stable_version", data.stable_version),
                            ("canary_version", data.canary_version)):  # fmt: skip
         if version is not None and version not in versions:
-            raise BadRequest(f"`{name}` has no version `{version}`.", param=field)
+            raise BadRequest(f"`{name}` has no version `{version}`.", param=param)
     if data.canary_version == data.stable_version:
         raise BadRequest("The canary must be another version than the stable one.",
                          param="canary_version")  # fmt: skip

@@ -33,8 +33,8 @@ if TYPE_CHECKING:
     from kiln_platform.settings import Settings
     from kiln_runtimes.store import ArtifactStore
 
-_NAME = re.compile(r"[a-z0-9][a-z0-9._-]{0,199}")
-_VERSION = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+NAME = re.compile(r"[a-z0-9][a-z0-9._-]{0,199}")
+VERSION = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,9 +89,9 @@ async def upload_version(
     ``refresh``: the gateway's resolver's, run once the version is committed (it serves at
     once through this gateway)."""
     require(actor, "models", write=True)
-    if not _NAME.fullmatch(name):
+    if not NAME.fullmatch(name):
         raise BadRequest(f"invalid model name {name!r}: lowercase letters, digits, . _ -")
-    if version is not None and not _VERSION.fullmatch(version):
+    if version is not None and not VERSION.fullmatch(version):
         raise BadRequest(f"invalid version {version!r}")
     async with sessions() as session:
         version = await _free_version(session, name, version)

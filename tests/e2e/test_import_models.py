@@ -1,0 +1,369 @@
+"""Bring your own model end to end: tiny random-weight folders imported through the admin API
+(and the CLI), built by build jobs, then called with the official ``openai`` SDK.
+
+fp32 generation must reproduce transformers' greedy tokens; embeddings must match
+sentence-transformers; an int4 build reports its agreement; every bad input is a 400 or a
+failed job naming the file and field, with the store's trees and the versions unchanged.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import httpx
+import numpy as np
+import pytest
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Iterator
+
+    from tests.e2e.conftest import KilnProcess
+
+pytestmark = pytest.mark.slow
+MEMORY_LIMIT = 2_000_000
+"""``KILN_WORKER_MAX_MEMORY_BYTES`` of this module's Kiln: the tiny models fit (~0.5 MB at
+fp32), the "large" Llama (~6 MB) does not."""
+GENERATORS = ("llama", "qwen2", "phi3")
+POOLINGS = ("mean", "cls")
+TOKENS = 32
+TEXTS = ["The quick brown fox jumps over the lazy dog.", "a cat sits on the mat", "Kiln"]
+
+
+@pytest.fixture(scope="module")
+def sources(tmp_path_factory: pytest.TempPathFactory, tiny_models: Any) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("sources")
+    made = {kind: tiny_models.causal(root / kind, kind, seed=7) for kind in GENERATORS}
+    for pooling in POOLINGS:
+        made[f"bert-{pooling}"] = tiny_models.sentence(
+            root / f"bert-{pooling}", pooling, normalize=pooling == "mean"
+        )
+    return made
+
+
+def _tar(folder: Path) -> bytes:
+    """The folder as a tar archive of ``<name>/...`` (how a user would pack it)."""
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w") as archive:
+        archive.add(folder, arcname=folder.name)
+    return buffer.getvalue()
+
+
+def _auth(kiln: KilnProcess) -> dict[str, str]:
+    return {"authorization": f"Bearer {kiln.key}"}
+
+
+def _import(kiln: KilnProcess, name: str, body: bytes, **params: str) -> httpx.Response:
+    return httpx.post(
+        f"{kiln.base_url}/admin/v1/models/{name}/versions",
+        content=body, params=params, headers=_auth(kiln), timeout=120,
+    )  # fmt: skip
+
+
+def _job(kiln: KilnProcess, job_id: str) -> dict[str, Any]:
+    r = httpx.get(f"{kiln.base_url}/admin/v1/compile-jobs/{job_id}", headers=_auth(kiln))
+    r.raise_for_status()
+    return dict(r.json())
+
+
+def _wait_job(kiln: KilnProcess, job_id: str, timeout: float = 400) -> dict[str, Any]:
+    """Poll the job until it ends; returns it, with the phases seen on the way."""
+    deadline, seen = time.monotonic() + timeout, []
+    while time.monotonic() < deadline:
+        job = _job(kiln, job_id)
+        if not seen or seen[-1] != (job["phase"], job["percent"]):
+            seen.append((job["phase"], job["percent"]))
+        if job["status"] in ("done", "failed"):
+            job["seen"] = seen
+            return job
+        time.sleep(0.3)
+    raise AssertionError(f"job {job_id} still {job['status']} after {timeout} s")
+
+
+def _state(kiln: KilnProcess) -> tuple[set[str], str]:
+    """The store's trees and every model's newest version."""
+    trees = Path(kiln.env["KILN_DATA_DIR"]) / "store" / "trees"
+    names = {p.name for p in trees.iterdir()} if trees.is_dir() else set()
+    return names, kiln.cli("models", "list")
+
+
+@pytest.fixture(scope="module")
+def kiln(sources: dict[str, Path], start_kiln: Callable[..., KilnProcess]) -> Iterator[KilnProcess]:
+    """``kiln up`` with no model, a platform-admin key that may also infer, and every tiny
+    model imported through the API (the builds queue up behind each other)."""
+    path = Path(tempfile.mkdtemp(prefix="kiln-e2e-"))
+    kiln = start_kiln(path, [], {"KILN_WORKER_MAX_MEMORY_BYTES": str(MEMORY_LIMIT)})
+    try:
+        kiln.wait_ready()
+        kiln.cli("tenants", "create", "acme")
+        out = kiln.cli(
+            "keys", "create", "--tenant", "acme", "--role", "platform-admin",
+            "--scope", "inference", "--scope", "admin:write",
+        )  # fmt: skip
+        kiln.env["TEST_KEY"] = out.strip().splitlines()[-1]
+        jobs = {}
+        for name, folder in sources.items():
+            r = _import(kiln, f"tiny-{name}", _tar(folder), precision="fp32")
+            assert r.status_code == 202, r.text
+            assert r.json()["phase"] == "received"
+            jobs[name] = r.json()["id"]
+        kiln.env["JOBS"] = json.dumps(jobs)
+        yield kiln
+    finally:
+        if kiln.proc.poll() is None:
+            kiln.stop()
+        shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def built(kiln: KilnProcess) -> dict[str, dict[str, Any]]:
+    """Every import's finished job."""
+    return {name: _wait_job(kiln, job) for name, job in json.loads(kiln.env["JOBS"]).items()}
+
+
+def _openai(kiln: KilnProcess) -> Any:
+    from openai import OpenAI
+
+    return OpenAI(base_url=f"{kiln.base_url}/v1", api_key=kiln.key, max_retries=0, timeout=120)
+
+
+def _reference_greedy(folder: Path, messages: list[dict[str, str]]) -> tuple[list[int], str]:
+    """transformers' greedy tokens for the chat prompt (as the gateway renders and tokenizes
+    it), stopping where the served model stops (``eos_token_id``)."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    prompt = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+    if isinstance(prompt, dict) or hasattr(prompt, "input_ids"):
+        prompt = prompt["input_ids"]
+    model = AutoModelForCausalLM.from_pretrained(folder, torch_dtype=torch.float32).eval()
+    with torch.no_grad():
+        out = model.generate(
+            torch.tensor([list(prompt)]), max_new_tokens=TOKENS, do_sample=False,
+            eos_token_id=model.config.eos_token_id, pad_token_id=model.config.eos_token_id,
+        )  # fmt: skip
+    ids = out[0, len(prompt) :].tolist()
+    if ids and ids[-1] == model.config.eos_token_id:
+        ids = ids[:-1]
+    return ids, tokenizer.decode(ids, skip_special_tokens=True)
+
+
+@pytest.mark.parametrize("kind", GENERATORS)
+def test_fp32_chat_equals_transformers_greedy(
+    kind: str, kiln: KilnProcess, built: dict[str, dict[str, Any]], sources: dict[str, Path]
+) -> None:
+    job = built[kind]
+    assert job["status"] == "done", job
+    assert job["version"] == "1"
+    assert [p for p, _ in job["seen"]][-1] == "ready"
+    accuracy = job["report"]["accuracy"]
+    assert accuracy["type"] == "generate"
+    assert accuracy["equal_prefix"] == TOKENS
+    kiln.wait_until_serving(f"tiny-{kind}", path="completions")
+    messages = [{"role": "user", "content": "Once upon a time there was a kiln"}]
+    reference_ids, reference_text = _reference_greedy(sources[kind], messages)
+    chat = _openai(kiln).chat.completions.create(
+        model=f"tiny-{kind}", messages=messages, temperature=0, max_tokens=TOKENS
+    )
+    print(kind, chat.usage, repr(chat.choices[0].message.content), reference_ids)
+    assert len(reference_ids) >= TOKENS, "the tiny model stops early: pick another seed"
+    assert chat.usage.completion_tokens == len(reference_ids)
+    assert chat.choices[0].message.content == reference_text
+    assert chat.choices[0].finish_reason == "length"
+
+
+@pytest.mark.parametrize("pooling", POOLINGS)
+def test_embeddings_match_sentence_transformers(
+    pooling: str, kiln: KilnProcess, built: dict[str, dict[str, Any]], sources: dict[str, Path]
+) -> None:
+    from sentence_transformers import SentenceTransformer
+
+    name = f"bert-{pooling}"
+    assert built[name]["status"] == "done", built[name]
+    kiln.wait_until_serving(f"tiny-{name}")
+    served = _openai(kiln).embeddings.create(model=f"tiny-{name}", input=TEXTS)
+    got = np.array([d.embedding for d in served.data], dtype=np.float64)
+    want = SentenceTransformer(str(sources[name]), device="cpu").encode(TEXTS)
+    cosines = (got * want).sum(1) / np.linalg.norm(got, axis=1) / np.linalg.norm(want, axis=1)
+    print(pooling, cosines)
+    assert cosines.min() >= 0.9999
+    version = httpx.get(
+        f"{kiln.base_url}/admin/v1/models/tiny-{name}/versions/1", headers=_auth(kiln)
+    ).json()
+    assert version["accuracy"]["type"] == "embeddings"
+    assert version["accuracy"]["min_cosine"] >= 0.9999
+    assert version["manifest"]["pooling"] == pooling
+
+
+def test_int4_build_reports_agreement(kiln: KilnProcess, sources: dict[str, Path]) -> None:
+    r = _import(kiln, "tiny-llama", _tar(sources["llama"]), precision="int4", version="q4")
+    assert r.status_code == 202, r.text
+    job = _wait_job(kiln, r.json()["id"])
+    assert job["status"] == "done", job
+    phases = [p for p, _ in job["seen"]]
+    assert "quantizing" in phases
+    assert phases[-1] == "ready"
+    version = httpx.get(
+        f"{kiln.base_url}/admin/v1/models/tiny-llama/versions/q4", headers=_auth(kiln)
+    ).json()
+    agreement = version["accuracy"]["top1_agreement"]
+    print("int4 top-1 agreement", agreement, "equal prefix", version["accuracy"]["equal_prefix"])
+    assert 0.0 <= agreement <= 1.0
+    assert version["engine_settings"] == {"target": "cpu", "precision": "int4"}
+    assert version["manifest"]["precision"] == "int4"
+    assert job["report"]["accuracy"] == version["accuracy"]
+
+
+def test_engine_settings_change_restarts_workers(
+    kiln: KilnProcess, built: dict[str, dict[str, Any]]
+) -> None:
+    assert built["bert-cls"]["status"] == "done"
+    kiln.wait_until_serving("tiny-bert-cls")
+    before = {p.pid for p in kiln.workers() if "tiny-bert-cls" in " ".join(p.cmdline())}
+    url = f"{kiln.base_url}/admin/v1/models/tiny-bert-cls/versions/1"
+    r = httpx.patch(url, json={"max_batch_size": 3, "max_context": 16}, headers=_auth(kiln))
+    assert r.status_code == 200, r.text
+    assert r.json()["engine_settings"]["max_batch_size"] == 3
+    assert httpx.patch(url, json={"precision": "int8"}, headers=_auth(kiln)).status_code == 400
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        now = [p for p in kiln.workers() if "tiny-bert-cls" in " ".join(p.cmdline())]
+        if now and {p.pid for p in now}.isdisjoint(before):
+            assert "--max-batch-size 3" in " ".join(now[0].cmdline())
+            break
+        time.sleep(0.2)
+    else:
+        raise AssertionError("the version's worker did not restart with its new settings")
+    kiln.wait_until_serving("tiny-bert-cls")
+    long_input = " ".join(["cat"] * 40)  # over max_context 16
+    r = httpx.post(
+        f"{kiln.base_url}/v1/embeddings", headers=_auth(kiln),
+        json={"model": "tiny-bert-cls", "input": long_input},
+    )  # fmt: skip
+    assert r.status_code == 400, r.text
+
+
+def test_cli_import_prints_the_version_last(kiln: KilnProcess, sources: dict[str, Path]) -> None:
+    run = subprocess.run(
+        [sys.executable, "-m", "kiln_platform", "models", "import", "cli-bert",
+         str(sources["bert-mean"]), "--version", "7"],
+        env=kiln.env, capture_output=True, text=True, timeout=600, check=True,
+    )  # fmt: skip
+    assert "build job" in run.stderr
+    lines = run.stdout.strip().splitlines()
+    assert lines[-1] == "7"
+    assert lines[-2].startswith("accuracy: min cosine")
+    job_line = kiln.cli("models", "jobs").splitlines()[0]
+    job_id = job_line.split("\t")[0]
+    shown = kiln.cli("models", "jobs", "--id", job_id)
+    assert "\tcli-bert\t7\t" in shown
+    assert "ready 100%" in shown
+
+
+# --- bad input: a 400 or a failed job naming file and field; nothing left behind -------------
+
+
+def _damaged(source: Path, tmp: Path, change: Callable[[Path], None]) -> Path:
+    folder = tmp / source.name
+    shutil.copytree(source, folder)
+    change(folder)
+    return folder
+
+
+def _architecture(name: str) -> Callable[[Path], None]:
+    def change(folder: Path) -> None:
+        config = json.loads((folder / "config.json").read_text())
+        config["architectures"] = [name]
+        (folder / "config.json").write_text(json.dumps(config))
+
+    return change
+
+
+def _truncate(folder: Path) -> None:
+    weights = folder / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
+
+
+def _failed(kiln: KilnProcess, name: str, body: bytes, **params: str) -> dict[str, Any]:
+    """Import ``body``; its job must fail, leaving trees and versions as they were."""
+    before = _state(kiln)
+    r = _import(kiln, name, body, **params)
+    assert r.status_code == 202, r.text
+    job = _wait_job(kiln, r.json()["id"])
+    assert job["status"] == "failed", job
+    print(name, job["reason"], job["error_file"], job["error_field"])
+    assert _state(kiln) == before
+    missing = httpx.get(f"{kiln.base_url}/admin/v1/models/{name}/versions/1", headers=_auth(kiln))
+    assert missing.status_code == 404
+    return job
+
+
+def test_unsupported_architecture_fails_the_job(
+    kiln: KilnProcess, built: dict[str, Any], sources: dict[str, Path], tmp_path: Path
+) -> None:
+    folder = _damaged(sources["llama"], tmp_path, _architecture("GPTNeoXForCausalLM"))
+    job = _failed(kiln, "bad-arch", _tar(folder))
+    assert (job["error_file"], job["error_field"]) == ("config.json", "architectures")
+    assert "GPTNeoXForCausalLM" in job["reason"]
+
+
+def test_missing_tokenizer_fails_the_job(
+    kiln: KilnProcess, built: dict[str, Any], sources: dict[str, Path], tmp_path: Path
+) -> None:
+    folder = _damaged(sources["qwen2"], tmp_path, lambda f: (f / "tokenizer.json").unlink())
+    job = _failed(kiln, "no-tokenizer", _tar(folder))
+    assert job["error_file"] == "tokenizer.json"
+
+
+def test_corrupt_safetensors_fails_the_job(
+    kiln: KilnProcess, built: dict[str, Any], sources: dict[str, Path], tmp_path: Path
+) -> None:
+    folder = _damaged(sources["phi3"], tmp_path, _truncate)
+    job = _failed(kiln, "corrupt", _tar(folder))
+    assert job["error_file"] == "model.safetensors"
+    assert job["error_field"].startswith("model.layers.")
+
+
+def test_gguf_of_unsupported_type_fails_the_job(
+    kiln: KilnProcess, built: dict[str, Any], tiny_models: Any, tmp_path: Path
+) -> None:
+    gguf = tiny_models.gguf_file(tmp_path / "weird.gguf", "Q8_1")
+    job = _failed(kiln, "weird-gguf", gguf.read_bytes())
+    assert (job["error_file"], job["error_field"]) == ("model.gguf", "token_embd.weight")
+    assert "Q8_1" in job["reason"]
+
+
+def test_too_large_for_worker_memory_fails_the_job(
+    kiln: KilnProcess, built: dict[str, Any], tiny_models: Any, tmp_path: Path
+) -> None:
+    big = tiny_models.causal(
+        tmp_path / "big", "llama", hidden_size=256, intermediate_size=512, num_attention_heads=4
+    )
+    job = _failed(kiln, "too-big", _tar(big), precision="fp32")
+    assert job["error_field"] == "max_memory_bytes"
+    assert job["error_file"] == "source"
+    assert f"{MEMORY_LIMIT:,}" in job["reason"]
+
+
+def test_unknown_task_is_a_400_and_stores_nothing(
+    kiln: KilnProcess, built: dict[str, Any], sources: dict[str, Path], tmp_path: Path
+) -> None:
+    folder = _damaged(sources["llama"], tmp_path, _architecture("ViTForImageClassification"))
+    before = _state(kiln)
+    r = _import(kiln, "vision", _tar(folder))
+    assert r.status_code == 400, r.text
+    assert "config.json" in r.json()["detail"]
+    assert r.json()["param"] == "architectures"
+    bad_target = _import(kiln, "vision", _tar(sources["llama"]), target="tensorrt")
+    assert bad_target.status_code == 400
+    assert bad_target.json()["param"] == "target"
+    assert _state(kiln) == before
