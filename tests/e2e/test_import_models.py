@@ -254,7 +254,7 @@ def test_engine_settings_change_restarts_workers(
 
 def test_cli_import_prints_the_version_last(kiln: KilnProcess, sources: dict[str, Path]) -> None:
     run = subprocess.run(
-        [sys.executable, "-m", "kiln_platform", "models", "import", "cli-bert",
+        [sys.executable, "-m", "kiln_console", "models", "import", "cli-bert",
          str(sources["bert-mean"]), "--version", "7"],
         env=kiln.env, capture_output=True, text=True, timeout=600, check=True,
     )  # fmt: skip
