@@ -7,12 +7,14 @@ from __future__ import annotations
 import asyncio
 import io
 import re
+import shutil
 import tarfile
 import time
 import uuid
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
 from kiln_platform.settings import Settings
@@ -34,13 +36,36 @@ def settings(database_uri: str, tmp_path_factory: pytest.TempPathFactory) -> Set
 
 
 @pytest.fixture(scope="module")
-def archive(tmp_path_factory: pytest.TempPathFactory, tiny_models: Any) -> bytes:
-    """A tiny BERT sentence-transformers folder, tarred as a user would."""
+def bert(tmp_path_factory: pytest.TempPathFactory, tiny_models: Any) -> Path:
+    """A tiny BERT sentence-transformers folder."""
     folder = tiny_models.sentence(tmp_path_factory.mktemp("st") / "bert", "mean", normalize=True)
+    return Path(folder)
+
+
+@pytest.fixture(scope="module")
+def archive(bert: Path) -> bytes:
+    return _tar(bert)
+
+
+def _tar(folder: Path) -> bytes:
+    """``folder`` tarred as a user would."""
     buffer = io.BytesIO()
     with tarfile.open(fileobj=buffer, mode="w") as tar:
-        tar.add(Path(folder), arcname="bert")
+        tar.add(folder, arcname="bert")
     return buffer.getvalue()
+
+
+async def _follow(http: httpx.AsyncClient, r: httpx.Response) -> tuple[str, list[str]]:
+    """Poll the job panel as htmx would until it stops polling; its last text and the phases."""
+    phases: list[str] = []
+    deadline = time.monotonic() + 300
+    while (poll := _POLL.search(r.text)) is not None:
+        phases.append(re.search(r'class="phase">([^<]*)<', r.text).group(1))  # type: ignore[union-attr]
+        assert time.monotonic() < deadline, phases
+        await asyncio.sleep(0.5)
+        r = await http.get(poll.group(1), headers=HX)
+        assert r.status_code == 200, r.text
+    return r.text, phases
 
 
 async def test_a_platform_admin_imports_and_follows_the_build(app: App, archive: bytes) -> None:
@@ -54,23 +79,35 @@ async def test_a_platform_admin_imports_and_follows_the_build(app: App, archive:
         headers = {**HX, "x-csrftoken": token}
         r = await http.post("/console/models/import", data=form, files=files, headers=headers)
         assert r.status_code == 202, r.text
-        phases = []
-        deadline = time.monotonic() + 300
-        while (poll := _POLL.search(r.text)) is not None:
-            phases.append(re.search(r'class="phase">([^<]*)<', r.text).group(1))  # type: ignore[union-attr]
-            assert time.monotonic() < deadline, phases
-            await asyncio.sleep(0.5)
-            r = await http.get(poll.group(1), headers=HX)
-            assert r.status_code == 200, r.text
-        assert 'data-status="done"' in r.text, r.text
+        text, phases = await _follow(http, r)
+        print("phases", phases)
+        assert 'data-status="done"' in text, text
         assert phases[0] in ("received", "queued")
-        assert 'class="version">1<' in r.text
-        cosine = float(re.search(r'class="min-cosine">([0-9.]+)<', r.text).group(1))  # type: ignore[union-attr]
+        assert 'class="version">1<' in text
+        cosine = float(re.search(r'class="min-cosine">([0-9.]+)<', text).group(1))  # type: ignore[union-attr]
         assert cosine >= 0.9999
-        assert 'id="models" hx-swap-oob="true"' in r.text  # the table gains the version
+        assert 'id="models" hx-swap-oob="true"' in text  # the table gains the version
         page = await http.get("/console/models")
         row = page.text[page.text.index(f'id="model-{name}"') :]
         assert 'class="min-cosine"' in row[: row.index("</table>")]
+
+
+async def test_a_failed_build_names_the_file(app: App, bert: Path, tmp_path: Path) -> None:
+    broken = tmp_path / "bert"
+    shutil.copytree(bert, broken)
+    weights = broken / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
+    async with app.signed_in(await app.user("platform-admin")) as (http, token):
+        form = {"name": f"broken-{uuid.uuid4().hex[:6]}", "precision": "fp32"}
+        files = {"file": ("bert.tar", _tar(broken), "application/x-tar")}
+        r = await http.post("/console/models/import", data=form, files=files,
+                            headers={**HX, "x-csrftoken": token})  # fmt: skip
+        assert r.status_code == 202, r.text
+        text, _ = await _follow(http, r)
+        print(text)
+        assert 'data-status="failed"' in text, text
+        assert '<code class="error-file">model.safetensors</code>' in text
+        assert 'class="error-field"' in text
 
 
 async def test_a_tenant_admin_sees_no_form_and_is_refused(app: App, archive: bytes) -> None:
