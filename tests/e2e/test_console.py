@@ -7,6 +7,7 @@ from __future__ import annotations
 import csv
 import io
 import re
+import tarfile
 import time
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
@@ -215,3 +216,63 @@ def test_signing_out_ends_the_session(page: Page) -> None:
     expect(page).to_have_url(re.compile(r"/console/login$"))
     page.goto(keys)
     expect(page).to_have_url(re.compile(r"/console/login$"))
+
+
+@pytest.fixture(scope="module")
+def bert_tar(tmp_path_factory: pytest.TempPathFactory, tiny_models: Any) -> Path:
+    """A tiny BERT sentence-transformers folder, tarred as a user would."""
+    root = tmp_path_factory.mktemp("import")
+    folder = tiny_models.sentence(root / "bert", "mean", normalize=True)
+    path = root / "bert.tar"
+    with tarfile.open(path, "w") as archive:
+        archive.add(folder, arcname="bert")
+    return Path(path)
+
+
+_WATCH_PROGRESS = """() => { window.progress = [];
+  document.addEventListener("htmx:xhr:progress",
+    () => window.progress.push(document.getElementById("import-progress").value)); }"""
+
+
+def test_a_platform_admin_imports_a_model_and_reads_its_accuracy(
+    page: Page, bert_tar: Path
+) -> None:
+    sign_in(page, "ops@kiln.test")
+    page.click("header nav >> text=Models")
+    settled(page)
+    form = page.locator("#import-model")
+    form.locator("input[name=name]").fill("tiny-bert")
+    form.locator("input[name=file]").set_input_files(bert_tar)
+    form.locator("select[name=precision]").select_option("fp32")
+    page.evaluate(_WATCH_PROGRESS)
+    form.locator("button[type=submit]").click()
+    panel = page.locator("#import-job")
+    phases: list[str] = []
+    deadline = time.monotonic() + 300
+    while panel.get_attribute("data-status") in (None, "queued", "running"):
+        assert time.monotonic() < deadline, phases
+        phase = panel.locator(".phase")
+        if phase.count() and (text := phase.inner_text()) and (not phases or phases[-1] != text):
+            phases.append(text)
+        page.wait_for_timeout(100)
+    expect(panel).to_have_attribute("data-status", "done")
+    settled(page)
+    progress = page.evaluate("window.progress")
+    assert progress, "no htmx:xhr:progress event"
+    assert max(progress) == 100, progress  # the upload's bar reached 100 %
+    print("upload progress", progress, "build phases", phases)
+    expect(page.locator("#import-progress")).to_be_visible()
+    assert "checking accuracy" in phases or len(phases) > 1, phases  # phases went by live
+    expect(panel.locator(".version")).to_have_text("1")
+    assert float(panel.locator(".min-cosine").inner_text()) >= 0.9999
+    row = page.locator("#model-tiny-bert tr[data-version='1']")  # swapped in out of band
+    expect(row.locator(".min-cosine")).to_have_count(1)
+    page.reload()
+    assert float(row.locator(".min-cosine").inner_text()) >= 0.9999
+
+
+def test_a_tenant_admin_sees_no_import_form(page: Page) -> None:
+    sign_in(page, "admin@acme.test")
+    page.goto("/console/models")
+    expect(page.locator("h1")).to_have_text("Models")
+    expect(page.locator("#import-model")).to_have_count(0)

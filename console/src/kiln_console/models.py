@@ -1,41 +1,55 @@
-"""The models page: each model's versions, its route, and its pools' workers; platform-admins
-change a route here (canary, promotion, rollback) through the same service as the admin API."""
+"""The models page: each model's versions (with their accuracy reports), its route, and its pools'
+workers; platform-admins change a route here (canary, promotion, rollback) and import a model
+(upload, then its build job's phases until ready) through the same services as the admin API."""
 
 from __future__ import annotations
 
-from typing import Any
+import tempfile
+import uuid
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from litestar import Controller, Request, get, post
+from litestar.datastructures import UploadFile
 from litestar.params import SkipValidation
 from litestar.response import Template
 
 from kiln_console import forms
 from kiln_console.auth import Viewer
 from kiln_platform.admin.deps import transaction
+from kiln_platform.compiler import services as jobs
 from kiln_platform.context import Kiln
-from kiln_platform.registry import services
+from kiln_platform.errors import BadRequest
+from kiln_platform.registry import imports, services, versions
 from kiln_platform.registry.schemas import RouteUpdate
 from kiln_platform.registry.services import ModelRoutes
+from kiln_platform.registry.upload import upload_dir
+
+if TYPE_CHECKING:
+    from litestar.datastructures import FormMultiDict
+    from sqlalchemy.ext.asyncio import AsyncSession
 
 KilnDep = SkipValidation[Kiln]
 ViewerDep = SkipValidation[Viewer]
+AnyRequest = Request[Any, Any, Any]
+CHUNK = 1 << 20
 
 
 class Models(Controller):
-    """``/console/models``."""
+    """``/console/models`` and an import's job panel ``/console/compile-jobs/{id}``."""
 
     opt = {"resource": "models"}  # noqa: RUF012 (auth.authorize reads it)
 
     @get("/models")
     async def page(self, kiln: KilnDep, viewer: ViewerDep) -> Template:
-        """Models, versions, routes and pool sizes."""
+        """Models, versions, accuracy reports, routes and pool sizes; the import form."""
         async with transaction(kiln, viewer.actor) as session:
-            rows = await services.list_routes(session, viewer.actor)
-        return Template("models.html.j2", context=_context(kiln, viewer, rows))
+            context = await _context(session, kiln, viewer)
+        return Template("models.html.j2", context=context)
 
     @post("/models/{name:str}/route")
     async def route(
-        self, request: Request[Any, Any, Any], kiln: KilnDep, viewer: ViewerDep, name: str
+        self, request: AnyRequest, kiln: KilnDep, viewer: ViewerDep, name: str
     ) -> Template:
         """Set a route from the form; the table comes back with it applied."""
         form = await request.form()
@@ -49,12 +63,75 @@ class Models(Controller):
             await services.set_route(
                 session, viewer.actor, name, data, reconcile=kiln.pools.reconcile
             )
-            rows = await services.list_routes(session, viewer.actor)
+            context = await _context(session, kiln, viewer)
         # committed, and the pools reconciled: the sizes shown are the new route's
-        return Template(
-            "_models.html.j2", context={**_context(kiln, viewer, rows), "partial": True}
-        )
+        return Template("_models.html.j2", context={**context, "partial": True})
+
+    @post("/models/import", request_max_body_size=None)
+    async def import_model(self, request: AnyRequest, kiln: KilnDep, viewer: ViewerDep) -> Template:
+        """Import an uploaded archive, .gguf or .onnx (``registry.imports.import_file``): a build
+        job's panel (202, it polls until the job ends) or a tensor model's new version (201).
+        The role is checked (``auth.authorize``) before the multipart body is read."""
+        form = await request.form()
+        options = imports.ImportOptions(
+            task=_choice(form, "task"), precision=_choice(form, "precision"),
+            target=_choice(form, "target"), version=_choice(form, "version"),
+        )  # fmt: skip
+        upload = form.get("file")
+        if not isinstance(upload, UploadFile):
+            raise BadRequest("Choose a file.", param="file")
+        with tempfile.TemporaryDirectory(dir=upload_dir(kiln.settings), prefix="body-") as tmp:
+            body = Path(tmp) / "body"
+            await _save(upload, body, kiln.settings.max_upload_bytes)
+            done = await imports.import_file(
+                kiln, viewer.actor, str(form.get("name", "")).strip(), body, options
+            )
+        if isinstance(done, uuid.UUID):
+            return await _job_panel(kiln, viewer, done, status_code=202)
+        async with transaction(kiln, viewer.actor) as session:
+            context = await _context(session, kiln, viewer)
+        uploaded = {"model": done.model, "version": done.version}
+        return Template("_import_job.html.j2", status_code=201,
+                        context={**context, "job": None, "uploaded": uploaded})  # fmt: skip
+
+    @get("/compile-jobs/{job_id:uuid}", opt={"resource": "compile-jobs"})
+    async def job(self, kiln: KilnDep, viewer: ViewerDep, job_id: uuid.UUID) -> Template:
+        """An import's job panel: phase and percent while it runs (it polls itself every second),
+        the version and its accuracy report when done, the file and field at fault if failed."""
+        return await _job_panel(kiln, viewer, job_id)
 
 
-def _context(kiln: Kiln, viewer: Viewer, rows: list[ModelRoutes]) -> dict[str, Any]:
-    return {"viewer": viewer, "models": rows, "sizes": kiln.pools.sizes()}
+async def _job_panel(
+    kiln: Kiln, viewer: Viewer, job_id: uuid.UUID, *, status_code: int = 200
+) -> Template:
+    async with transaction(kiln, viewer.actor) as session:
+        job = await jobs.view(session, viewer.actor, job_id)
+        context: dict[str, Any] = {"viewer": viewer, "job": job, "uploaded": None}
+        if job.status == "done":  # the table gains the version (swapped out of band)
+            context.update(await _context(session, kiln, viewer))
+    return Template("_import_job.html.j2", context=context, status_code=status_code)
+
+
+def _choice(form: FormMultiDict, field: str) -> str | None:
+    """A form field, None when left empty or on "auto"."""
+    value = str(form.get(field) or "").strip()
+    return None if value in ("", "auto") else value
+
+
+async def _save(upload: UploadFile, dest: Path, max_bytes: int) -> None:
+    """Copy an uploaded file to ``dest``; ``BadRequest`` beyond ``max_bytes``."""
+    size = 0
+    with dest.open("wb") as f:
+        while chunk := await upload.read(CHUNK):
+            size += len(chunk)
+            if size > max_bytes:
+                raise BadRequest(f"the upload exceeds the {max_bytes}-byte limit", param="file")
+            f.write(chunk)
+    if size == 0:
+        raise BadRequest("Choose a file.", param="file")
+
+
+async def _context(session: AsyncSession, kiln: Kiln, viewer: Viewer) -> dict[str, Any]:
+    rows: list[ModelRoutes] = await services.list_routes(session, viewer.actor)
+    reports = await versions.accuracy_reports(session, viewer.actor)
+    return {"viewer": viewer, "models": rows, "sizes": kiln.pools.sizes(), "reports": reports}

@@ -118,6 +118,8 @@ CONSOLE: dict[tuple[str, str], str] = {
     ("GET", "/console/costs.csv"): "reports",
     ("GET", "/console/models"): "models",
     ("POST", "/console/models/{name:str}/route"): "models",
+    ("POST", "/console/models/import"): "models",
+    ("GET", "/console/compile-jobs/{job_id:uuid}"): "compile-jobs",
     ("GET", "/console/audit"): "audit",
 }  # fmt: skip
 

@@ -6,7 +6,6 @@ is authorized (``admin.deps.authorize``) before its body is read.
 
 from __future__ import annotations
 
-import asyncio
 import tempfile
 import uuid
 from pathlib import Path
@@ -23,7 +22,7 @@ from kiln_platform.errors import BadRequest
 from kiln_platform.registry import imports, services, versions
 from kiln_platform.registry.engine import EngineSettings, EngineUpdate
 from kiln_platform.registry.schemas import RouteUpdate, RouteView
-from kiln_platform.registry.upload import receive, upload_dir, upload_version
+from kiln_platform.registry.upload import receive, upload_dir
 
 COMPILE_JOBS = {"resource": "compile-jobs"}
 
@@ -70,23 +69,10 @@ class AdminModelsController(AdminController):
         with tempfile.TemporaryDirectory(dir=upload_dir(settings), prefix="body-") as tmp:
             path = Path(tmp) / "body"
             await receive(request.stream(), path, settings.max_upload_bytes)
-            staged = await asyncio.to_thread(
-                imports.stage, path, Path(tmp), settings.max_upload_bytes, task
-            )
-            if staged.kind == "build":
-                job_id = await imports.start_import(
-                    kiln.db.sessions, kiln.store, name, staged, options,
-                    actor=actor, env=kiln.compiler.env,
-                )  # fmt: skip
-            else:
-                done = await upload_version(
-                    kiln.db.sessions, kiln.store, settings, name, staged.root,
-                    actor=actor, version=version, refresh=kiln.resolver.refresh,
-                )  # fmt: skip
-        if staged.kind == "build":
-            kiln.compiler.poke()
+            done = await imports.import_file(kiln, actor, name, path, options)
+        if isinstance(done, uuid.UUID):
             async with kiln.db.sessions() as session:
-                job = await jobs.view(session, actor, job_id)
+                job = await jobs.view(session, actor, done)
             return Response(job, status_code=202)
         return Response(
             UploadView(

@@ -88,3 +88,14 @@ async def update_engine(
                  before={"version": version, **msgspec.to_builtins(before)},
                  after={"version": version, **msgspec.to_builtins(after)})  # fmt: skip
     return _view(model, row)
+
+
+async def accuracy_reports(session: AsyncSession, actor: Actor) -> dict[str, dict[str, Any]]:
+    """Every imported version's accuracy report, keyed ``model@version`` (the console's rows)."""
+    require(actor, "models")
+    rows = await session.execute(
+        select(Model.name, ModelVersion.version, ModelVersion.accuracy)
+        .join(ModelVersion, ModelVersion.model_id == Model.id)
+        .where(ModelVersion.accuracy.is_not(None))
+    )
+    return {f"{name}@{version}": dict(report) for name, version, report in rows.all() if report}
