@@ -6,19 +6,15 @@ from __future__ import annotations
 from typing import Any
 
 from litestar import Controller, Request, get, post
-from litestar.params import SkipValidation
 from litestar.response import Template
 
 from kiln_console import forms
-from kiln_console.auth import Viewer
+from kiln_console.auth import KilnDep, Viewer, ViewerDep
 from kiln_platform.admin.deps import transaction
 from kiln_platform.context import Kiln
 from kiln_platform.registry import services
 from kiln_platform.registry.schemas import RouteUpdate
 from kiln_platform.registry.services import ModelRoutes
-
-KilnDep = SkipValidation[Kiln]
-ViewerDep = SkipValidation[Viewer]
 
 
 class Models(Controller):
