@@ -8,27 +8,21 @@ import uuid
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from litestar import Controller, Request, get, post
+from litestar import Controller, get, post
 from litestar.datastructures import UploadFile
-from litestar.params import SkipValidation
 from litestar.response import Template
 
-from kiln_console.auth import Viewer
+from kiln_console.auth import AnyRequest, KilnDep, Viewer, ViewerDep
 from kiln_platform.adapters import services as adapters
 from kiln_platform.adapters.controllers import MAX_ADAPTER_BYTES
 from kiln_platform.adapters.directory import slot_rank
 from kiln_platform.admin.deps import transaction
-from kiln_platform.context import Kiln
 from kiln_platform.errors import BadRequest
 from kiln_platform.registry.services import model_names
 from kiln_platform.tenants.services import get_tenant
 
 if TYPE_CHECKING:
     from sqlalchemy.ext.asyncio import AsyncSession
-
-KilnDep = SkipValidation[Kiln]
-ViewerDep = SkipValidation[Viewer]
-AnyRequest = Request[Any, Any, Any]
 
 
 class Adapters(Controller):

@@ -6,17 +6,14 @@ from __future__ import annotations
 from typing import Annotated, Any
 
 from litestar import Controller, Request, get
-from litestar.params import Parameter, SkipValidation
+from litestar.params import Parameter
 from litestar.response import Template
 
-from kiln_console.auth import Viewer
+from kiln_console.auth import KilnDep, ViewerDep
 from kiln_console.errors import is_htmx
 from kiln_platform.admin.deps import transaction
 from kiln_platform.audit.services import AuditFilter, list_records
-from kiln_platform.context import Kiln
 
-KilnDep = SkipValidation[Kiln]
-ViewerDep = SkipValidation[Viewer]
 PAGE = 50
 
 

@@ -94,6 +94,10 @@ class Viewer:
         return f"/console/tenants/{self.home_tenant}/keys"
 
 
+ViewerDep = SkipValidation[Viewer]
+"""The signed-in user, the ``viewer`` dependency of every console page."""
+
+
 async def provide_viewer(request: AnyRequest, kiln: KilnDep) -> Viewer:
     """The signed-in user (re-read from the database), or ``LoginRequired``."""
     return await viewer_of(request, kiln)

@@ -8,17 +8,14 @@ from datetime import UTC, date, datetime
 from typing import Annotated, Any, NamedTuple
 
 from litestar import Controller, Request, get
-from litestar.params import Parameter, SkipValidation
+from litestar.params import Parameter
 from litestar.response import Stream, Template
 
-from kiln_console.auth import Viewer
+from kiln_console.auth import KilnDep, ViewerDep
 from kiln_console.errors import is_htmx
 from kiln_platform.admin.deps import transaction
-from kiln_platform.context import Kiln
 from kiln_platform.reports import services as reports
 
-KilnDep = SkipValidation[Kiln]
-ViewerDep = SkipValidation[Viewer]
 From = Annotated[str | None, Parameter(query="from", max_length=40)]
 To = Annotated[str | None, Parameter(query="to", max_length=40)]
 Groups = Annotated[str | None, Parameter(max_length=200)]

@@ -7,14 +7,12 @@ from __future__ import annotations
 import uuid
 from typing import TYPE_CHECKING, Any
 
-from litestar import Controller, Request, get, post
-from litestar.params import SkipValidation
+from litestar import Controller, get, post
 from litestar.response import Template
 
 from kiln_console import forms
-from kiln_console.auth import Viewer
+from kiln_console.auth import AnyRequest, KilnDep, Viewer, ViewerDep
 from kiln_platform.admin.deps import transaction
-from kiln_platform.context import Kiln
 from kiln_platform.errors import NotFound
 from kiln_platform.quotas.services import get_quotas
 from kiln_platform.reports.formats import money
@@ -24,10 +22,6 @@ from kiln_platform.users.schemas import UserCreate, UserUpdate
 
 if TYPE_CHECKING:
     from sqlalchemy.ext.asyncio import AsyncSession
-
-KilnDep = SkipValidation[Kiln]
-ViewerDep = SkipValidation[Viewer]
-AnyRequest = Request[Any, Any, Any]
 
 
 class Members(Controller):

@@ -9,13 +9,12 @@ import uuid
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from litestar import Controller, Request, get, post
+from litestar import Controller, get, post
 from litestar.datastructures import UploadFile
-from litestar.params import SkipValidation
 from litestar.response import Template
 
 from kiln_console import forms
-from kiln_console.auth import Viewer
+from kiln_console.auth import AnyRequest, KilnDep, Viewer, ViewerDep
 from kiln_platform.admin.deps import transaction
 from kiln_platform.compiler import services as jobs
 from kiln_platform.context import Kiln
@@ -29,9 +28,6 @@ if TYPE_CHECKING:
     from litestar.datastructures import FormMultiDict
     from sqlalchemy.ext.asyncio import AsyncSession
 
-KilnDep = SkipValidation[Kiln]
-ViewerDep = SkipValidation[Viewer]
-AnyRequest = Request[Any, Any, Any]
 CHUNK = 1 << 20
 
 

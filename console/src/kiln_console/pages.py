@@ -6,14 +6,12 @@ from __future__ import annotations
 import uuid
 from typing import TYPE_CHECKING, Any
 
-from litestar import Controller, Request, get, post
-from litestar.params import SkipValidation
+from litestar import Controller, get, post
 from litestar.response import Redirect, Template
 
 from kiln_console import forms
-from kiln_console.auth import SIGNED_IN, Viewer
+from kiln_console.auth import SIGNED_IN, AnyRequest, KilnDep, Viewer, ViewerDep
 from kiln_platform.admin.deps import transaction
-from kiln_platform.context import Kiln
 from kiln_platform.errors import BadRequest
 from kiln_platform.keys import services as api_keys
 from kiln_platform.keys.schemas import KeyCreate
@@ -24,10 +22,6 @@ from kiln_platform.tenants import services as tenants
 if TYPE_CHECKING:
     from litestar.datastructures import FormMultiDict
     from sqlalchemy.ext.asyncio import AsyncSession
-
-KilnDep = SkipValidation[Kiln]
-ViewerDep = SkipValidation[Viewer]
-AnyRequest = Request[Any, Any, Any]
 
 
 def _fields(form: FormMultiDict) -> dict[str, Any]:

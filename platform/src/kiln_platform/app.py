@@ -22,13 +22,14 @@ from litestar.params import SkipValidation
 from litestar.plugins.prometheus import PrometheusConfig
 
 from kiln_platform.adapters.controllers import AdaptersController
+from kiln_platform.admin.deps import BAD_TEXT_MESSAGE, bad_text
 from kiln_platform.admission.middleware import admission_middleware
 from kiln_platform.audit.controllers import AuditController
 from kiln_platform.billing.controllers import PriceBooksController
 from kiln_platform.body_limit import BodyLimits, body_limit_middleware
 from kiln_platform.context import Kiln, running
 from kiln_platform.db import migrate
-from kiln_platform.errors import KilnError, QuotaExceeded
+from kiln_platform.errors import BadRequest, KilnError, QuotaExceeded
 from kiln_platform.gateway.controllers import OpenAIController
 from kiln_platform.gateway.oip import OIPController
 from kiln_platform.gateway.schemas import ErrorBody, ErrorResponse
@@ -57,6 +58,8 @@ if TYPE_CHECKING:
 
 def _error_response(request: Request[Any, Any, Any], exc: Exception) -> Response[Any]:
     """Map every error to the body its API expects: OpenAI's for `/v1`, problem details else."""
+    if bad_text(exc):  # raised in a handler that has its session from admin.deps
+        exc = BadRequest(BAD_TEXT_MESSAGE)
     if isinstance(exc, KilnError):
         status, message, param, code, kind = (
             exc.status_code, exc.message, exc.param, exc.code, exc.type,

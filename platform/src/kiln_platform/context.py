@@ -33,6 +33,8 @@ from kiln_runtimes.store import ArtifactStore
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator
 
+    from sqlalchemy.ext.asyncio import AsyncEngine
+
     from kiln_platform.pools.backend import PoolBackend
     from kiln_platform.settings import Settings
 
@@ -74,76 +76,95 @@ def _pool_backend(settings: Settings, http: aiohttp.ClientSession) -> PoolBacken
     return LocalPoolBackend(settings, http)
 
 
+def _worker_http(settings: Settings) -> aiohttp.ClientSession:
+    """The HTTP session to workers (used for nothing else): every call carries the secret."""
+    return aiohttp.ClientSession(
+        connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=60),
+        headers=worker_headers(settings),
+    )
+
+
+def _build(
+    settings: Settings, db: Database, http: aiohttp.ClientSession, ledger_db: AsyncEngine
+) -> Kiln:
+    """Every service, wired to the database, the workers' session and the ledger's engine."""
+    store = ArtifactStore(settings.store_dir)
+    resolver = Resolver(db.sessions)
+    scheduler = SchedulerConfig(policy=PolicyConfig(express=settings.scheduler_express))
+    pools = PoolManager(
+        _pool_backend(settings, http), resolver, store, scheduler, scaling=settings.autoscale()
+    )
+    quotas = QuotaEnforcer(
+        db.sessions, ttl=settings.key_cache_ttl_s, lease_ttl_s=settings.lease_ttl_s,
+        timeout_s=settings.request_timeout_s,
+    )  # fmt: skip
+    books = PriceBooks(db.sessions, settings.key_cache_ttl_s)
+    budgets = Budgets(
+        db.sessions, quotas, books, timeout_s=settings.request_timeout_s,
+        ttl_s=settings.lease_ttl_s,
+    )  # fmt: skip
+    ledger = LedgerWriter(sessionmaker(ledger_db), books, enabled=settings.metering)
+    return Kiln(
+        settings=settings,
+        db=db,
+        store=store,
+        keys=KeyVerifier(db.sessions, settings.hmac_key(), settings.key_cache_ttl_s),
+        resolver=resolver,
+        pools=pools,
+        workers=WorkerClient(pools, http, settings.request_timeout_s),
+        ledger=ledger,
+        compiler=CompileRunner(db, settings),
+        quotas=quotas,
+        books=books,
+        budgets=budgets,
+        admissions=Admissions(quotas, budgets, ledger),
+        tokens=TokenVerifier(
+            db.sessions,
+            Keyring(db.sessions, settings.oauth_token_ttl_s, settings.hmac_key()),
+            issuer=settings.oauth_issuer,
+            audience=settings.oauth_audience,
+            ttl=settings.key_cache_ttl_s,
+        ),
+        adapters=AdapterDirectory(db.sessions, settings.key_cache_ttl_s),
+        idempotency=IdempotencyStore(
+            db.sessions,
+            settings.hmac_key(),
+            ttl_s=settings.idempotency_ttl_s,
+            lock_s=settings.idempotency_lock_s,
+        ),
+    )
+
+
+async def _start(kiln: Kiln) -> None:
+    """Start the background tasks: ledger, quotas, budgets, pools, compiler, idempotency."""
+    await kiln.ledger.start()
+    await kiln.quotas.start()
+    await kiln.budgets.start()
+    await kiln.pools.start()
+    kiln.compiler.start()
+    kiln.idempotency.start()
+
+
+async def _stop(kiln: Kiln, ledger_db: AsyncEngine) -> None:
+    """Stop them in reverse order: the ledger flushes before budgets and quotas let go."""
+    await kiln.idempotency.stop()
+    await kiln.compiler.stop()
+    await kiln.pools.stop()
+    await kiln.ledger.stop()
+    await ledger_db.dispose()
+    await kiln.budgets.stop()
+    await kiln.quotas.stop()
+    await kiln.quotas.drain()
+
+
 @asynccontextmanager
 async def running(settings: Settings) -> AsyncIterator[Kiln]:
     """Start every service for serving; stop them in reverse order."""
-    async with (
-        open_database(settings) as db,
-        aiohttp.ClientSession(  # calls workers only: every call carries the worker secret
-            connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=60),
-            headers=worker_headers(settings),
-        ) as http,
-    ):
-        store = ArtifactStore(settings.store_dir)
-        resolver = Resolver(db.sessions)
-        scheduler = SchedulerConfig(policy=PolicyConfig(express=settings.scheduler_express))
-        pools = PoolManager(
-            _pool_backend(settings, http), resolver, store, scheduler, scaling=settings.autoscale()
-        )
-        quotas = QuotaEnforcer(
-            db.sessions, ttl=settings.key_cache_ttl_s, lease_ttl_s=settings.lease_ttl_s,
-            timeout_s=settings.request_timeout_s,
-        )  # fmt: skip
-        books = PriceBooks(db.sessions, settings.key_cache_ttl_s)
-        budgets = Budgets(
-            db.sessions, quotas, books, timeout_s=settings.request_timeout_s,
-            ttl_s=settings.lease_ttl_s,
-        )  # fmt: skip
+    async with open_database(settings) as db, _worker_http(settings) as http:
         ledger_db = writer_engine(db.engine, db.set_role)
-        ledger = LedgerWriter(sessionmaker(ledger_db), books, enabled=settings.metering)
-        kiln = Kiln(
-            settings=settings,
-            db=db,
-            store=store,
-            keys=KeyVerifier(db.sessions, settings.hmac_key(), settings.key_cache_ttl_s),
-            resolver=resolver,
-            pools=pools,
-            workers=WorkerClient(pools, http, settings.request_timeout_s),
-            ledger=ledger,
-            compiler=CompileRunner(db, settings),
-            quotas=quotas,
-            books=books,
-            budgets=budgets,
-            admissions=Admissions(quotas, budgets, ledger),
-            tokens=TokenVerifier(
-                db.sessions,
-                Keyring(db.sessions, settings.oauth_token_ttl_s, settings.hmac_key()),
-                issuer=settings.oauth_issuer,
-                audience=settings.oauth_audience,
-                ttl=settings.key_cache_ttl_s,
-            ),
-            adapters=AdapterDirectory(db.sessions, settings.key_cache_ttl_s),
-            idempotency=IdempotencyStore(
-                db.sessions,
-                settings.hmac_key(),
-                ttl_s=settings.idempotency_ttl_s,
-                lock_s=settings.idempotency_lock_s,
-            ),
-        )
-        await ledger.start()
-        await quotas.start()
-        await budgets.start()
-        await pools.start()
-        kiln.compiler.start()
-        kiln.idempotency.start()
+        kiln = _build(settings, db, http, ledger_db)
+        await _start(kiln)
         try:
             yield kiln
         finally:
-            await kiln.idempotency.stop()
-            await kiln.compiler.stop()
-            await pools.stop()
-            await ledger.stop()
-            await ledger_db.dispose()
-            await budgets.stop()
-            await quotas.stop()
-            await quotas.drain()
+            await _stop(kiln, ledger_db)

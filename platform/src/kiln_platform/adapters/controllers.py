@@ -16,7 +16,7 @@ from litestar.params import Body
 from kiln_platform.adapters import services
 from kiln_platform.adapters.directory import slot_rank
 from kiln_platform.adapters.schemas import AdapterView
-from kiln_platform.admin.deps import ActorDep, AdminController, KilnDep, transaction
+from kiln_platform.admin.deps import ActorDep, AdminController, KilnDep, SessionDep, transaction
 
 MAX_ADAPTER_BYTES = 256 << 20
 
@@ -38,11 +38,10 @@ class AdaptersController(AdminController):
 
     @get("/tenants/{tenant_id:uuid}/adapters")
     async def list_adapters(
-        self, kiln: KilnDep, actor: ActorDep, tenant_id: uuid.UUID
+        self, session: SessionDep, actor: ActorDep, tenant_id: uuid.UUID
     ) -> list[AdapterView]:
         """The tenant's adapters."""
-        async with transaction(kiln, actor) as session:
-            return await services.list_adapters(session, actor, tenant_id)
+        return await services.list_adapters(session, actor, tenant_id)
 
     @post(
         "/tenants/{tenant_id:uuid}/adapters", status_code=201,
@@ -68,9 +67,13 @@ class AdaptersController(AdminController):
 
     @delete("/tenants/{tenant_id:uuid}/adapters/{adapter_id:uuid}", status_code=204)
     async def delete_adapter(
-        self, kiln: KilnDep, actor: ActorDep, tenant_id: uuid.UUID, adapter_id: uuid.UUID
+        self,
+        kiln: KilnDep,
+        session: SessionDep,
+        actor: ActorDep,
+        tenant_id: uuid.UUID,
+        adapter_id: uuid.UUID,
     ) -> None:
         """Delete an adapter; requests naming it are refused at once through this gateway and
         within the cache TTL (5 s) through others."""
-        async with transaction(kiln, actor) as session:
-            await services.delete_adapter(session, actor, tenant_id, adapter_id, kiln.adapters)
+        await services.delete_adapter(session, actor, tenant_id, adapter_id, kiln.adapters)

@@ -11,6 +11,7 @@ from litestar.di import Provide
 from litestar.params import SkipValidation
 from sqlalchemy import text
 from sqlalchemy.exc import DBAPIError
+from sqlalchemy.ext.asyncio import AsyncSession
 
 from kiln_platform.admin.authz import Actor, Role, actor_tenant, check_tenant, require
 from kiln_platform.admin.problems import DocumentedController
@@ -24,7 +25,6 @@ if TYPE_CHECKING:
 
     from litestar.connection import ASGIConnection
     from litestar.handlers import BaseRouteHandler
-    from sqlalchemy.ext.asyncio import AsyncSession
 
 APP_ROLE = "kiln_tenant"
 TENANT_CONTEXT = text(
@@ -103,6 +103,25 @@ async def authorize(
     require(actor, resource, write=connection.scope.get("method") not in READS)
 
 
+def bad_text(exc: BaseException) -> bool:
+    """Whether ``exc`` is PostgreSQL refusing text it cannot store: the caller's error, 400."""
+    return isinstance(exc, DBAPIError) and getattr(exc.orig, "sqlstate", None) in BAD_TEXT
+
+
+BAD_TEXT_MESSAGE = "Text fields may not contain NUL characters."
+
+
+@asynccontextmanager
+async def _begin(kiln: Kiln, actor: Actor) -> AsyncIterator[AsyncSession]:
+    """The actor's transaction; what the services deferred to the commit runs once committed."""
+    async with kiln.db.sessions.begin() as session:
+        if actor.tenant_id is not None:
+            await session.execute(text(f"SET LOCAL ROLE {APP_ROLE}"))
+            await session.execute(TENANT_CONTEXT, {"t": str(actor.tenant_id)})
+        yield session
+    await after_commit.run(session)  # the services' cache invalidation, now that it is true
+
+
 @asynccontextmanager
 async def transaction(kiln: Kiln, actor: Actor) -> AsyncIterator[AsyncSession]:
     """A transaction for an admin action; what the services deferred to the commit
@@ -115,27 +134,38 @@ async def transaction(kiln: Kiln, actor: Actor) -> AsyncIterator[AsyncSession]:
     character) is the caller's error: 400, not 500.
     """
     try:
-        async with kiln.db.sessions.begin() as session:
-            if actor.tenant_id is not None:
-                await session.execute(text(f"SET LOCAL ROLE {APP_ROLE}"))
-                await session.execute(TENANT_CONTEXT, {"t": str(actor.tenant_id)})
+        async with _begin(kiln, actor) as session:
             yield session
     except DBAPIError as exc:
-        if getattr(exc.orig, "sqlstate", None) not in BAD_TEXT:
+        if not bad_text(exc):
             raise
-        raise BadRequest("Text fields may not contain NUL characters.") from exc
-    await after_commit.run(session)  # the services' cache invalidation, now that it is true
+        raise BadRequest(BAD_TEXT_MESSAGE) from exc
+
+
+async def provide_session(
+    kiln: SkipValidation[Kiln], actor: SkipValidation[Actor]
+) -> AsyncIterator[AsyncSession]:
+    """The ``session`` of a handler that is one service call: its actor's transaction (as
+    ``transaction``), committed after the handler returns and before the response is sent.
+
+    A handler's exception passes through unchanged (Litestar would wrap a new one in an
+    ``ExceptionGroup``), so text PostgreSQL refuses becomes 400 in ``app._error_response``.
+    """
+    async with _begin(kiln, actor) as session:
+        yield session
 
 
 KilnDep = SkipValidation[Kiln]
 ActorDep = SkipValidation[Actor]
+SessionDep = SkipValidation[AsyncSession]
 
 
 class AdminController(DocumentedController):
     """Base of the admin controllers: every handler is authorized by ``authorize`` (its
-    ``opt["resource"]`` read or written, before its body is read) and gets the ``actor``."""
+    ``opt["resource"]`` read or written, before its body is read) and gets the ``actor`` and
+    its ``session`` (``provide_session``)."""
 
     path = "/admin/v1"
     guards = [authorize]  # noqa: RUF012
-    dependencies = {"actor": Provide(provide_actor)}  # noqa: RUF012
+    dependencies = {"actor": Provide(provide_actor), "session": Provide(provide_session)}  # noqa: RUF012
     tags = ["admin"]  # noqa: RUF012

@@ -13,6 +13,7 @@ from sqlalchemy import select
 from kiln_platform.admin.authz import Actor, require
 from kiln_platform.audit.schemas import AuditPage, AuditView
 from kiln_platform.db.tables import AuditRecord
+from kiln_platform.db.views import view_of
 
 if TYPE_CHECKING:
     from sqlalchemy.ext.asyncio import AsyncSession
@@ -97,23 +98,5 @@ async def list_records(
     rows = list((await session.scalars(query)).all())
     page = rows[: min(limit, MAX_PAGE)]
     more = len(rows) > len(page)
-    return AuditPage(
-        data=[_view(r) for r in page], next_cursor=page[-1].id if more and page else None
-    )
-
-
-def _view(r: AuditRecord) -> AuditView:
-    return AuditView(
-        id=r.id,
-        created_at=r.created_at,
-        actor=r.actor,
-        actor_role=r.actor_role,
-        tenant_id=r.tenant_id,
-        action=r.action,
-        target_type=r.target_type,
-        target_id=r.target_id,
-        before=r.before,
-        after=r.after,
-        request_id=r.request_id,
-        source=r.source,
-    )
+    data = [view_of(AuditView, r) for r in page]
+    return AuditPage(data=data, next_cursor=page[-1].id if more and page else None)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from litestar import get, post
 
-from kiln_platform.admin.deps import ActorDep, AdminController, KilnDep, transaction
+from kiln_platform.admin.deps import ActorDep, AdminController, KilnDep, SessionDep
 from kiln_platform.billing import pricebooks
 from kiln_platform.billing.schemas import PriceBookCreate, PriceBookView
 
@@ -32,9 +32,8 @@ class PriceBooksController(AdminController):
 
     @post("/price-books", status_code=201)
     async def create_book(
-        self, kiln: KilnDep, actor: ActorDep, data: PriceBookCreate
+        self, session: SessionDep, actor: ActorDep, data: PriceBookCreate
     ) -> PriceBookView:
         """Publish a new version (platform-admin); gateways price with it within 5 s of its
         ``effective_from``."""
-        async with transaction(kiln, actor) as session:
-            return await pricebooks.create_book(session, actor, data)
+        return await pricebooks.create_book(session, actor, data)

@@ -13,6 +13,7 @@ from kiln_platform.admin.authz import require
 from kiln_platform.audit.services import record
 from kiln_platform.compiler.schemas import CompileJobView
 from kiln_platform.db.tables import CompileJob, Model, ModelVersion
+from kiln_platform.db.views import view_of
 from kiln_platform.errors import BadRequest, NotFound
 from kiln_runtimes.engines import engine_key, validate_target
 
@@ -204,26 +205,12 @@ async def _views(session: AsyncSession, where: object, limit: int = 100) -> list
     if where is not None:
         query = query.where(where)  # type: ignore[arg-type]
     return [
-        CompileJobView(
+        view_of(
+            CompileJobView,
+            job,
             id=str(job.id),
-            kind=job.kind,
             model=name or str(job.model_name),
             version=version or str(job.version_name),
-            task=job.task,
-            phase=job.phase,
-            percent=job.percent,
-            error_file=job.error_file,
-            error_field=job.error_field,
-            target=job.target,
-            precision=job.precision,
-            hardware=job.hardware,
-            status=job.status,
-            reason=job.reason,
-            engine_digest=job.engine_digest,
-            report=job.report,
-            created_at=job.created_at,
-            started_at=job.started_at,
-            finished_at=job.finished_at,
         )
         for job, name, version in (await session.execute(query)).all()
     ]

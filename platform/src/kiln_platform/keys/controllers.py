@@ -6,7 +6,7 @@ import uuid
 
 from litestar import delete, get, post
 
-from kiln_platform.admin.deps import ActorDep, AdminController, KilnDep, transaction
+from kiln_platform.admin.deps import ActorDep, AdminController, KilnDep, SessionDep
 from kiln_platform.keys import services
 from kiln_platform.keys.schemas import KeyCreate, KeyCreated, KeyView
 
@@ -18,28 +18,33 @@ class KeysController(AdminController):
 
     @get("/tenants/{tenant_id:uuid}/keys")
     async def list_keys(
-        self, kiln: KilnDep, actor: ActorDep, tenant_id: uuid.UUID
+        self, session: SessionDep, actor: ActorDep, tenant_id: uuid.UUID
     ) -> list[KeyView]:
         """A tenant's API keys (prefix, label, role, scopes, created, last used, expiry)."""
-        async with transaction(kiln, actor) as session:
-            return await services.list_keys(session, actor, tenant_id)
+        return await services.list_keys(session, actor, tenant_id)
 
     @post("/tenants/{tenant_id:uuid}/keys", status_code=201)
     async def create_key(
-        self, kiln: KilnDep, actor: ActorDep, tenant_id: uuid.UUID, data: KeyCreate
+        self,
+        kiln: KilnDep,
+        session: SessionDep,
+        actor: ActorDep,
+        tenant_id: uuid.UUID,
+        data: KeyCreate,
     ) -> KeyCreated:
         """Create an API key; its secret is in this response only."""
-        async with transaction(kiln, actor) as session:
-            return await services.create_key(
-                session, actor, tenant_id, data, kiln.settings.hmac_key()
-            )
+        return await services.create_key(session, actor, tenant_id, data, kiln.settings.hmac_key())
 
     @delete("/tenants/{tenant_id:uuid}/keys/{key_id:uuid}", status_code=200)
     async def revoke_key(
-        self, kiln: KilnDep, actor: ActorDep, tenant_id: uuid.UUID, key_id: uuid.UUID
+        self,
+        kiln: KilnDep,
+        session: SessionDep,
+        actor: ActorDep,
+        tenant_id: uuid.UUID,
+        key_id: uuid.UUID,
     ) -> KeyView:
         """Revoke an API key (refused by every gateway within the key cache TTL, 5 s)."""
-        async with transaction(kiln, actor) as session:
-            return await services.revoke_key(
-                session, actor, str(key_id), kiln.settings.hmac_key(), tenant_id
-            )
+        return await services.revoke_key(
+            session, actor, str(key_id), kiln.settings.hmac_key(), tenant_id
+        )

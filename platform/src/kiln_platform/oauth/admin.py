@@ -6,7 +6,7 @@ import uuid
 
 from litestar import delete, get, post
 
-from kiln_platform.admin.deps import ActorDep, AdminController, KilnDep, transaction
+from kiln_platform.admin.deps import ActorDep, AdminController, KilnDep, SessionDep
 from kiln_platform.oauth import services
 from kiln_platform.oauth.schemas import ClientCreate, ClientCreated, ClientView
 
@@ -18,26 +18,28 @@ class ClientsController(AdminController):
 
     @get("/tenants/{tenant_id:uuid}/oauth-clients")
     async def list_clients(
-        self, kiln: KilnDep, actor: ActorDep, tenant_id: uuid.UUID
+        self, session: SessionDep, actor: ActorDep, tenant_id: uuid.UUID
     ) -> list[ClientView]:
         """A tenant's OAuth clients (client id, label, scopes, created, revoked); never secrets."""
-        async with transaction(kiln, actor) as session:
-            return await services.list_clients(session, actor, tenant_id)
+        return await services.list_clients(session, actor, tenant_id)
 
     @post("/tenants/{tenant_id:uuid}/oauth-clients", status_code=201)
     async def create_client(
-        self, kiln: KilnDep, actor: ActorDep, tenant_id: uuid.UUID, data: ClientCreate
+        self,
+        kiln: KilnDep,
+        session: SessionDep,
+        actor: ActorDep,
+        tenant_id: uuid.UUID,
+        data: ClientCreate,
     ) -> ClientCreated:
         """Register a client; its secret is in this response only."""
-        async with transaction(kiln, actor) as session:
-            return await services.create_client(
-                session, actor, tenant_id, data, kiln.settings.hmac_key()
-            )
+        return await services.create_client(
+            session, actor, tenant_id, data, kiln.settings.hmac_key()
+        )
 
     @delete("/tenants/{tenant_id:uuid}/oauth-clients/{client_id:uuid}", status_code=200)
     async def revoke_client(
-        self, kiln: KilnDep, actor: ActorDep, tenant_id: uuid.UUID, client_id: uuid.UUID
+        self, session: SessionDep, actor: ActorDep, tenant_id: uuid.UUID, client_id: uuid.UUID
     ) -> ClientView:
         """Revoke a client: no new tokens; its tokens are refused within the cache TTL (5 s)."""
-        async with transaction(kiln, actor) as session:
-            return await services.revoke_client(session, actor, tenant_id, client_id)
+        return await services.revoke_client(session, actor, tenant_id, client_id)

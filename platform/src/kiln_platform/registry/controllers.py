@@ -15,7 +15,7 @@ import msgspec
 from litestar import Request, Response, get, patch, post, put
 from litestar.openapi.datastructures import ResponseSpec
 
-from kiln_platform.admin.deps import ActorDep, AdminController, KilnDep, transaction
+from kiln_platform.admin.deps import ActorDep, AdminController, KilnDep, SessionDep
 from kiln_platform.compiler import services as jobs
 from kiln_platform.compiler.schemas import CompileJobView, CompileRequest, UploadView
 from kiln_platform.errors import BadRequest
@@ -139,18 +139,14 @@ class RoutesController(AdminController):
     opt = {"resource": "models"}  # noqa: RUF012 (admin.deps.authorize reads it)
 
     @get("/models/{name:str}/route")
-    async def get_route(self, kiln: KilnDep, actor: ActorDep, name: str) -> RouteView:
+    async def get_route(self, session: SessionDep, actor: ActorDep, name: str) -> RouteView:
         """A model's route (without one, the newest version serves)."""
-        async with transaction(kiln, actor) as session:
-            return await services.get_route(session, actor, name)
+        return await services.get_route(session, actor, name)
 
     @put("/models/{name:str}/route")
     async def set_route(
-        self, kiln: KilnDep, actor: ActorDep, name: str, data: RouteUpdate
+        self, kiln: KilnDep, session: SessionDep, actor: ActorDep, name: str, data: RouteUpdate
     ) -> RouteView:
         """Set the stable version and an optional canary share (platform-admin); this gateway
         applies it at once, others within their 2 s refresh."""
-        async with transaction(kiln, actor) as session:
-            return await services.set_route(
-                session, actor, name, data, reconcile=kiln.pools.reconcile
-            )
+        return await services.set_route(session, actor, name, data, reconcile=kiln.pools.reconcile)

@@ -10,7 +10,7 @@ from litestar.openapi import ResponseSpec
 from litestar.params import Parameter
 from litestar.response import Stream
 
-from kiln_platform.admin.deps import ActorDep, AdminController, KilnDep, transaction
+from kiln_platform.admin.deps import ActorDep, AdminController, KilnDep, SessionDep, transaction
 from kiln_platform.reports import services, statements
 from kiln_platform.reports.schemas import AdjustmentCreate, AdjustmentView, StatementView
 
@@ -58,34 +58,30 @@ class ReportsController(AdminController):
 
     @get("/tenants/{tenant_id:uuid}/statements", opt=STATEMENTS)
     async def list_statements(
-        self, kiln: KilnDep, actor: ActorDep, tenant_id: uuid.UUID
+        self, session: SessionDep, actor: ActorDep, tenant_id: uuid.UUID
     ) -> list[StatementView]:
         """A tenant's closed monthly statements, newest first."""
-        async with transaction(kiln, actor) as session:
-            return await statements.list_statements(session, actor, tenant_id)
+        return await statements.list_statements(session, actor, tenant_id)
 
     @get("/tenants/{tenant_id:uuid}/statements/{period:str}", opt=STATEMENTS)
     async def get_statement(
-        self, kiln: KilnDep, actor: ActorDep, tenant_id: uuid.UUID, period: Period
+        self, session: SessionDep, actor: ActorDep, tenant_id: uuid.UUID, period: Period
     ) -> StatementView:
         """One closed statement (``YYYY-MM``)."""
-        async with transaction(kiln, actor) as session:
-            return await statements.get_statement(session, actor, tenant_id, period)
+        return await statements.get_statement(session, actor, tenant_id, period)
 
     @post(
         "/tenants/{tenant_id:uuid}/statements/{period:str}/close", status_code=201, opt=STATEMENTS
     )
     async def close_statement(
-        self, kiln: KilnDep, actor: ActorDep, tenant_id: uuid.UUID, period: Period
+        self, session: SessionDep, actor: ActorDep, tenant_id: uuid.UUID, period: Period
     ) -> StatementView:
         """Close a month that is over, in the tenant's time zone (platform-admin; twice: 409)."""
-        async with transaction(kiln, actor) as session:
-            return await statements.close_statement(session, actor, tenant_id, period)
+        return await statements.close_statement(session, actor, tenant_id, period)
 
     @post("/tenants/{tenant_id:uuid}/adjustments", status_code=201, opt=ADJUSTMENTS)
     async def create_adjustment(
-        self, kiln: KilnDep, actor: ActorDep, tenant_id: uuid.UUID, data: AdjustmentCreate
+        self, session: SessionDep, actor: ActorDep, tenant_id: uuid.UUID, data: AdjustmentCreate
     ) -> AdjustmentView:
         """A correction charged now, naming the month it corrects (platform-admin)."""
-        async with transaction(kiln, actor) as session:
-            return await statements.create_adjustment(session, actor, tenant_id, data)
+        return await statements.create_adjustment(session, actor, tenant_id, data)

@@ -6,7 +6,7 @@ import uuid
 
 from litestar import delete, get, patch, post
 
-from kiln_platform.admin.deps import ActorDep, AdminController, KilnDep, transaction
+from kiln_platform.admin.deps import ActorDep, AdminController, SessionDep
 from kiln_platform.tenants import services
 from kiln_platform.tenants.schemas import TenantCreate, TenantUpdate, TenantView
 
@@ -17,33 +17,34 @@ class TenantsController(AdminController):
     opt = {"resource": "tenants"}  # noqa: RUF012 (admin.deps.authorize reads it)
 
     @get("/tenants")
-    async def list_tenants(self, kiln: KilnDep, actor: ActorDep) -> list[TenantView]:
+    async def list_tenants(self, session: SessionDep, actor: ActorDep) -> list[TenantView]:
         """Tenants visible to the caller."""
-        async with transaction(kiln, actor) as session:
-            return await services.list_tenants(session, actor)
+        return await services.list_tenants(session, actor)
 
     @post("/tenants", status_code=201)
-    async def create_tenant(self, kiln: KilnDep, actor: ActorDep, data: TenantCreate) -> TenantView:
+    async def create_tenant(
+        self, session: SessionDep, actor: ActorDep, data: TenantCreate
+    ) -> TenantView:
         """Create a tenant (platform-admin)."""
-        async with transaction(kiln, actor) as session:
-            return await services.create_tenant(session, actor, data)
+        return await services.create_tenant(session, actor, data)
 
     @get("/tenants/{tenant_id:uuid}")
-    async def get_tenant(self, kiln: KilnDep, actor: ActorDep, tenant_id: uuid.UUID) -> TenantView:
+    async def get_tenant(
+        self, session: SessionDep, actor: ActorDep, tenant_id: uuid.UUID
+    ) -> TenantView:
         """One tenant."""
-        async with transaction(kiln, actor) as session:
-            return await services.read_tenant(session, actor, tenant_id)
+        return await services.read_tenant(session, actor, tenant_id)
 
     @patch("/tenants/{tenant_id:uuid}")
     async def update_tenant(
-        self, kiln: KilnDep, actor: ActorDep, tenant_id: uuid.UUID, data: TenantUpdate
+        self, session: SessionDep, actor: ActorDep, tenant_id: uuid.UUID, data: TenantUpdate
     ) -> TenantView:
         """Rename a tenant or change its fair-share weight (platform-admin)."""
-        async with transaction(kiln, actor) as session:
-            return await services.update_tenant(session, actor, tenant_id, data)
+        return await services.update_tenant(session, actor, tenant_id, data)
 
     @delete("/tenants/{tenant_id:uuid}")
-    async def delete_tenant(self, kiln: KilnDep, actor: ActorDep, tenant_id: uuid.UUID) -> None:
+    async def delete_tenant(
+        self, session: SessionDep, actor: ActorDep, tenant_id: uuid.UUID
+    ) -> None:
         """Delete a tenant without metered usage (platform-admin)."""
-        async with transaction(kiln, actor) as session:
-            await services.delete_tenant(session, actor, tenant_id)
+        await services.delete_tenant(session, actor, tenant_id)

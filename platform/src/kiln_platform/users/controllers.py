@@ -6,7 +6,7 @@ import uuid
 
 from litestar import delete, get, patch, post
 
-from kiln_platform.admin.deps import ActorDep, AdminController, KilnDep, transaction
+from kiln_platform.admin.deps import ActorDep, AdminController, SessionDep
 from kiln_platform.users import services
 from kiln_platform.users.schemas import UserCreate, UserUpdate, UserView
 
@@ -18,34 +18,29 @@ class UsersController(AdminController):
 
     @get("/users")
     async def list_users(
-        self, kiln: KilnDep, actor: ActorDep, tenant_id: uuid.UUID | None = None
+        self, session: SessionDep, actor: ActorDep, tenant_id: uuid.UUID | None = None
     ) -> list[UserView]:
         """Users visible to the caller (optionally of one tenant)."""
-        async with transaction(kiln, actor) as session:
-            return await services.list_users(session, actor, tenant_id)
+        return await services.list_users(session, actor, tenant_id)
 
     @post("/users", status_code=201)
-    async def create_user(self, kiln: KilnDep, actor: ActorDep, data: UserCreate) -> UserView:
+    async def create_user(self, session: SessionDep, actor: ActorDep, data: UserCreate) -> UserView:
         """Create a user with a role (tenant-admins grant tenant roles in their tenant only)."""
-        async with transaction(kiln, actor) as session:
-            return await services.create_user(session, actor, data)
+        return await services.create_user(session, actor, data)
 
     @get("/users/{user_id:uuid}")
-    async def get_user(self, kiln: KilnDep, actor: ActorDep, user_id: uuid.UUID) -> UserView:
+    async def get_user(self, session: SessionDep, actor: ActorDep, user_id: uuid.UUID) -> UserView:
         """One user."""
-        async with transaction(kiln, actor) as session:
-            return services.user_view(await services.get_user(session, actor, user_id))
+        return services.user_view(await services.get_user(session, actor, user_id))
 
     @patch("/users/{user_id:uuid}")
     async def change_role(
-        self, kiln: KilnDep, actor: ActorDep, user_id: uuid.UUID, data: UserUpdate
+        self, session: SessionDep, actor: ActorDep, user_id: uuid.UUID, data: UserUpdate
     ) -> UserView:
         """Change a user's role."""
-        async with transaction(kiln, actor) as session:
-            return await services.change_role(session, actor, user_id, data)
+        return await services.change_role(session, actor, user_id, data)
 
     @delete("/users/{user_id:uuid}")
-    async def delete_user(self, kiln: KilnDep, actor: ActorDep, user_id: uuid.UUID) -> None:
+    async def delete_user(self, session: SessionDep, actor: ActorDep, user_id: uuid.UUID) -> None:
         """Delete a user."""
-        async with transaction(kiln, actor) as session:
-            await services.delete_user(session, actor, user_id)
+        await services.delete_user(session, actor, user_id)
