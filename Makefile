@@ -9,7 +9,7 @@ SHELL  := /bin/bash
 QUIET  := 2>&1 | { grep -v "is ignored: it is neither" || true; }
 
 .DEFAULT_GOAL := help
-.PHONY: help setup browser up test test-unit test-integration test-e2e test-deploy lint bench-cold-start bench-embeddings bench-lora bench-tensor bench-tensor-latency bench-loop-stalls
+.PHONY: help setup browser up test test-unit test-integration test-e2e test-deploy lint bench-cold-start bench-embeddings bench-lora bench-import bench-tensor bench-tensor-latency bench-loop-stalls
 
 help: ## List the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-18s %s\n", $$1, $$2}'
@@ -55,6 +55,9 @@ bench-cold-start: setup ## First request to a pool scaled to zero vs a new ONNX 
 
 bench-lora: setup ## Chat with three LoRA adapters and the base model mixed vs the base model alone (docs/benchmarks.md)
 	$(PY) bench/lora_serving.py --rounds 3 --duration 20
+
+bench-import: setup ## Import time of the SmolLM2 GGUF, and serving it imported vs bundled (docs/benchmarks.md)
+	$(PY) bench/import_model.py --rounds 4 --duration 20
 
 bench-embeddings: setup ## Kiln vs in-process ONNX Runtime, all-MiniLM-L6-v2 (see docs/benchmarks.md)
 	$(PY) bench/embeddings.py
