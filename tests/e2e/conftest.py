@@ -94,7 +94,7 @@ class KilnProcess:
         self, model: str, timeout: float = 180, path: str = "embeddings"
     ) -> None:
         """Poll until ``model`` answers a tiny request on ``/v1/<path>``."""
-        body = {"model": model, "input": "warm"}
+        body: dict[str, object] = {"model": model, "input": "warm"}
         if path == "completions":
             body = {"model": model, "prompt": "Hi", "max_tokens": 1}
         deadline = time.monotonic() + timeout

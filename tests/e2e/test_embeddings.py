@@ -42,7 +42,7 @@ def test_matches_sentence_transformers_reference(
     assert resp.model == MODEL
     assert [d.index for d in resp.data] == list(range(len(ref["sentences"])))
     for got, want in zip(resp.data, ref["embeddings"], strict=True):
-        raw = got.embedding
+        raw: object = got.embedding  # typed list[float]; a str when base64 was asked for
         # the SDK decodes base64 only when it chose the format itself; here the test chose it
         vec = (
             np.frombuffer(base64.b64decode(raw), "<f4") if isinstance(raw, str) else np.asarray(raw)

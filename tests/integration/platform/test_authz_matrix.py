@@ -21,6 +21,7 @@ import httpx
 import pytest
 from litestar import Litestar
 from litestar.routes import HTTPRoute
+from pydantic import SecretStr
 from sqlalchemy import select
 
 from kiln_console.compose import create_app
@@ -38,6 +39,7 @@ from kiln_platform.tenants import services as tenant_services
 from kiln_platform.tenants.schemas import TenantCreate
 from kiln_platform.users.schemas import UserCreate
 from kiln_platform.users.services import create_user
+from tests.asgi import asgi
 
 from .conftest import register_tiny_llm, serving
 from .console.conftest import PASSWORD, csrf
@@ -169,7 +171,7 @@ def app_routes(app: Litestar, prefix: str) -> set[tuple[str, str]]:
 def settings(database_uri: str, tmp_path_factory: pytest.TempPathFactory) -> Settings:
     return Settings(
         data_dir=tmp_path_factory.mktemp("data"), database_url=database_uri,
-        secret_key="matrix-test-secret", key_cache_ttl_s=0.0, pool_initial_replicas=0,
+        secret_key=SecretStr("matrix-test-secret"), key_cache_ttl_s=0.0, pool_initial_replicas=0,
     )  # fmt: skip
 
 
@@ -256,7 +258,7 @@ async def world(
     async with serving(app):
         kiln = app.state.kiln
         model = await register_tiny_llm(kiln, tmp_path_factory.mktemp("tiny-llm"))
-        w = World(app, httpx.ASGITransport(app=app, client=("127.0.0.1", 1)), uuid.uuid4(),
+        w = World(app, httpx.ASGITransport(app=asgi(app), client=("127.0.0.1", 1)), uuid.uuid4(),
                   uuid.uuid4(), model)  # fmt: skip
         w.a, w.b = await w.tenant(), await w.tenant()
         w.shared_job = await w.job()

@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 from litestar import Litestar
+from pydantic import SecretStr
 
 from kiln_console.compose import create_app
 from kiln_platform.admin.authz import Actor, Role
@@ -97,7 +98,7 @@ async def server(
 ) -> AsyncIterator[Server]:
     settings = Settings(
         data_dir=tmp_path_factory.mktemp("data"), database_url=database_uri,
-        secret_key="body-limits-secret", key_cache_ttl_s=0.0, pool_initial_replicas=0,
+        secret_key=SecretStr("body-limits-secret"), key_cache_ttl_s=0.0, pool_initial_replicas=0,
         max_json_body_bytes=JSON_LIMIT, max_tensor_body_bytes=TENSOR_LIMIT,
         max_upload_bytes=UPLOAD_LIMIT,
     )  # fmt: skip

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 import httpx
 import pytest
+from pydantic import SecretStr
 
 from kiln_console.compose import create_app
 from kiln_platform.admin.authz import Actor, Role
@@ -20,6 +21,7 @@ from kiln_platform.tenants import services as tenant_services
 from kiln_platform.tenants.schemas import TenantCreate
 from kiln_platform.users.schemas import UserCreate
 from kiln_platform.users.services import create_user
+from tests.asgi import asgi
 
 from ..conftest import serving
 
@@ -73,11 +75,13 @@ def csrf(page: httpx.Response) -> str:
 @pytest.fixture(scope="module")
 def settings(database_uri: str, tmp_path_factory: pytest.TempPathFactory) -> Settings:
     return Settings(data_dir=tmp_path_factory.mktemp("data"), database_url=database_uri,
-                    secret_key="console-test-secret", key_cache_ttl_s=0.0)  # fmt: skip
+                    secret_key=SecretStr("console-test-secret"), key_cache_ttl_s=0.0)  # fmt: skip
 
 
 @pytest.fixture(scope="module")
 async def app(settings: Settings) -> AsyncIterator[App]:
     litestar = create_app(settings)
     async with serving(litestar):
-        yield App(litestar.state.kiln, httpx.ASGITransport(app=litestar, client=("127.0.0.1", 1)))
+        yield App(
+            litestar.state.kiln, httpx.ASGITransport(app=asgi(litestar), client=("127.0.0.1", 1))
+        )

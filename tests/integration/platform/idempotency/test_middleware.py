@@ -11,6 +11,7 @@ from typing import Any
 
 import httpx
 import pytest
+from pydantic import SecretStr
 from sqlalchemy import func, select
 
 from kiln_console.compose import create_app
@@ -24,6 +25,7 @@ from kiln_platform.keys.schemas import KeyCreate
 from kiln_platform.settings import Settings
 from kiln_platform.tenants import services as tenant_services
 from kiln_platform.tenants.schemas import TenantCreate
+from tests.asgi import asgi
 
 from ..conftest import serving
 
@@ -36,10 +38,10 @@ async def app_client(
 ) -> AsyncIterator[tuple[httpx.AsyncClient, Kiln]]:
     settings = Settings(
         data_dir=tmp_path_factory.mktemp("data"), database_url=database_uri,
-        secret_key="idempotency-test-secret", key_cache_ttl_s=0.0,
+        secret_key=SecretStr("idempotency-test-secret"), key_cache_ttl_s=0.0,
     )  # fmt: skip
     app = create_app(settings)
-    transport = httpx.ASGITransport(app=app)
+    transport = httpx.ASGITransport(app=asgi(app))
     async with (
         serving(app),
         httpx.AsyncClient(transport=transport, base_url="http://kiln.test") as client,

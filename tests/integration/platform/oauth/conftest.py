@@ -11,6 +11,7 @@ from typing import Any
 import httpx
 import httpx2
 import pytest
+from pydantic import SecretStr
 
 from kiln_console.compose import create_app
 from kiln_platform.admin.authz import Actor, Role
@@ -20,6 +21,7 @@ from kiln_platform.oauth.schemas import ClientCreate
 from kiln_platform.settings import Settings
 from kiln_platform.tenants import services as tenant_services
 from kiln_platform.tenants.schemas import TenantCreate
+from tests.asgi import asgi
 
 from ..conftest import serving
 
@@ -59,7 +61,7 @@ class App:
 def settings(database_uri: str, tmp_path_factory: pytest.TempPathFactory) -> Settings:
     return Settings(
         data_dir=tmp_path_factory.mktemp("data"), database_url=database_uri,
-        secret_key="oauth-test-secret", key_cache_ttl_s=0.0,
+        secret_key=SecretStr("oauth-test-secret"), key_cache_ttl_s=0.0,
     )  # fmt: skip
 
 
@@ -70,8 +72,8 @@ async def app(settings: Settings) -> AsyncIterator[App]:
         peer = ("127.0.0.1", 1)
         yield App(
             litestar.state.kiln,
-            httpx.ASGITransport(app=litestar, client=peer),
-            httpx2.ASGITransport(app=litestar, client=peer),
+            httpx.ASGITransport(app=asgi(litestar), client=peer),
+            httpx2.ASGITransport(app=asgi(litestar), client=peer),
         )
 
 

@@ -210,6 +210,7 @@ async def test_signing_keys_sealed_at_rest(app: App, bearer: Bearer) -> None:
         pem = seal.open(row["private_sealed"], row["kid"].encode())
         private = RSAKey.import_key(pem)
         d = private.as_dict(private=True)["d"]
+        assert isinstance(d, str)
         assert b"PRIVATE KEY" in pem
         assert b"PRIVATE KEY" not in raw
         assert b"-----BEGIN" not in raw

@@ -10,6 +10,7 @@ from typing import Any
 
 import httpx
 import pytest
+from pydantic import SecretStr
 from sqlalchemy import func, select
 
 from kiln_console.compose import create_app
@@ -21,6 +22,7 @@ from kiln_platform.keys.schemas import KeyCreate
 from kiln_platform.settings import Settings
 from kiln_platform.tenants import services as tenant_services
 from kiln_platform.tenants.schemas import TenantCreate
+from tests.asgi import asgi
 
 from ..conftest import serving
 
@@ -58,14 +60,14 @@ class Admin:
 def settings(database_uri: str, tmp_path_factory: pytest.TempPathFactory) -> Settings:
     return Settings(
         data_dir=tmp_path_factory.mktemp("data"), database_url=database_uri,
-        secret_key="tenancy-test-secret", key_cache_ttl_s=0.0,
+        secret_key=SecretStr("tenancy-test-secret"), key_cache_ttl_s=0.0,
     )  # fmt: skip
 
 
 @pytest.fixture(scope="module")
 async def admin(settings: Settings) -> AsyncIterator[Admin]:
     app = create_app(settings)
-    transport = httpx.ASGITransport(app=app, client=("10.1.2.3", 4321))
+    transport = httpx.ASGITransport(app=asgi(app), client=("10.1.2.3", 4321))
     async with (
         serving(app),
         httpx.AsyncClient(transport=transport, base_url="http://kiln.test") as client,

@@ -41,7 +41,7 @@ class CountingBody:
 async def _state(admin: Admin) -> dict[str, Any]:
     """Everything a model write could change: rows, audit records, stored files."""
     async with admin.kiln.db.sessions() as session:
-        counts = {
+        counts: dict[str, Any] = {
             table.__name__: await session.scalar(select(func.count()).select_from(table))
             for table in (Model, ModelVersion, CompileJob, ModelRoute, AuditRecord)
         }
