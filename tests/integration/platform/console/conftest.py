@@ -14,18 +14,15 @@ import pytest
 from pydantic import SecretStr
 
 from kiln_console.compose import create_app
-from kiln_platform.admin.authz import Actor, Role
 from kiln_platform.context import Kiln
 from kiln_platform.settings import Settings
-from kiln_platform.tenants import services as tenant_services
-from kiln_platform.tenants.schemas import TenantCreate
 from kiln_platform.users.schemas import UserCreate
 from kiln_platform.users.services import create_user
 from tests.asgi import asgi
+from tests.factories import CLI, make_tenant
 
 from ..conftest import serving
 
-CLI = Actor("cli:test", Role.PLATFORM_ADMIN, None)
 PASSWORD = "correct horse battery"
 _CSRF = re.compile(r'name="_csrf_token" value="([^"]+)"')
 
@@ -42,10 +39,7 @@ class App:
 
     async def tenant(self) -> uuid.UUID:
         async with self.kiln.db.sessions.begin() as session:
-            made = await tenant_services.create_tenant(
-                session, CLI, TenantCreate(name=f"t-{uuid.uuid4()}")
-            )
-        return made.id
+            return await make_tenant(session)
 
     async def user(self, role: str, tenant: uuid.UUID | None = None) -> str:
         email = f"{role}-{uuid.uuid4().hex[:8]}@example.com"

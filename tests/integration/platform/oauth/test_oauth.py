@@ -20,8 +20,9 @@ from sqlalchemy import select, text
 
 from kiln_platform.db.tables import AuditRecord
 from kiln_platform.oauth import keys, services
+from tests.factories import CLI
 
-from .conftest import BASE, CLI, App
+from .conftest import BASE, App
 
 Bearer = Callable[[str], dict[str, Any]]
 

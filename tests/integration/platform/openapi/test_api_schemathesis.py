@@ -11,7 +11,6 @@ import asyncio
 import socket
 import threading
 import time
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -35,13 +34,9 @@ from schemathesis.core.result import Ok
 from kiln_console.compose import create_app
 from kiln_platform.admin.authz import Actor, Role
 from kiln_platform.db.database import open_database
-from kiln_platform.keys import services as key_services
-from kiln_platform.keys.schemas import KeyCreate, Scope
 from kiln_platform.settings import Settings
-from kiln_platform.tenants import services as tenant_services
-from kiln_platform.tenants.schemas import TenantCreate
+from tests.factories import make_root_key
 
-SCOPES: list[Scope] = ["inference", "admin:read", "admin:write"]
 CLI = Actor("cli:schemathesis", Role.PLATFORM_ADMIN, None)
 EXAMPLES = 20
 CHECKS = [
@@ -54,14 +49,7 @@ CHECKS = [
 
 async def _root_key(settings: Settings) -> str:
     async with open_database(settings) as db, db.sessions.begin() as session:
-        op = await tenant_services.create_tenant(
-            session, CLI, TenantCreate(name=f"op-{uuid.uuid4()}")
-        )
-        made = await key_services.create_key(
-            session, CLI, op.id,
-            KeyCreate(name="root", scopes=SCOPES, role="platform-admin"),
-            settings.hmac_key(),
-        )  # fmt: skip
+        made = await make_root_key(session, settings.hmac_key(), actor=CLI)
     return made.secret
 
 

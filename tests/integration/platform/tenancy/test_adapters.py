@@ -19,10 +19,11 @@ from kiln_platform.db.tables import Adapter
 from kiln_platform.errors import BadRequest
 from kiln_platform.settings import Settings
 from kiln_runtimes.lora import Dims
+from tests.factories import CLI
 
 from ..conftest import TINY_LLM_DIMS as DIMS
 from ..conftest import register_tiny_llm
-from .conftest import CLI, Admin
+from .conftest import Admin
 
 MODEL = "tiny-llm"
 QV = ("q_proj", "v_proj")

@@ -13,8 +13,9 @@ from sqlalchemy import func, select
 from kiln_platform.db.tables import AuditRecord, CompileJob, Model, ModelRoute, ModelVersion
 from kiln_platform.oauth import services as oauth
 from kiln_platform.oauth.schemas import ClientCreate
+from tests.factories import CLI
 
-from .conftest import CLI, Admin
+from .conftest import Admin
 
 FULL = ["admin:read", "admin:write", "inference"]
 CHUNK = 256 << 10
