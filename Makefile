@@ -45,10 +45,10 @@ test-e2e: setup browser ## Only tests/e2e (real `kiln up`, the SDKs, Chromium)
 test-deploy: setup ## Only tests/deploy (terraform and manifests, offline)
 	PYTHONFAULTHANDLER=1 $(VENV)/bin/pytest -m deploy
 
-lint: setup ## ruff + mypy
+lint: setup ## ruff + mypy (sources and tests)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
-	$(VENV)/bin/mypy platform/src runtimes/src console/src
+	$(VENV)/bin/mypy platform/src runtimes/src console/src tests
 
 bench-cold-start: setup ## First request to a pool scaled to zero vs a new ONNX Runtime session in-process (docs/benchmarks.md)
 	$(PY) bench/cold_start.py --rounds 7

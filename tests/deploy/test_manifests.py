@@ -107,7 +107,7 @@ def test_worker_flags_and_probes_are_the_workers(resources: dict[Any, Any]) -> N
 
 
 def _labels_match(selector: dict[str, Any], labels: dict[str, str]) -> bool:
-    return selector.get("matchLabels", {}).items() <= labels.items()
+    return bool(selector.get("matchLabels", {}).items() <= labels.items())
 
 
 def test_worker_inference_port_admits_only_gateway_pods(resources: dict[Any, Any]) -> None:

@@ -52,7 +52,7 @@ def test_query_selects_the_desired_replicas_the_platform_exports(
     name, labels = _query_of(resources["ScaledObject", POOL])
     size = PoolSize(PoolSpec(labels["model"], labels["version"], Path()), 3, 1, 1)
     pools = SimpleNamespace(runners={}, backend=None, sizes=lambda: {"pool": size})
-    families = {m.name: m for m in SchedulerCollector(pools).collect()}  # type: ignore[arg-type]
+    families = {m.name: m for m in SchedulerCollector(pools).collect()}
     assert name in families, f"the platform exports no {name}: {sorted(families)}"
     samples = families[name].samples
     exported = {frozenset(s.labels) for s in samples}

@@ -90,11 +90,15 @@ class KilnProcess:
         """The API key created for the test tenant."""
         return self.env["TEST_KEY"]
 
+    def new_key(self, tenant: str, *args: str) -> str:
+        """``kiln keys create --tenant <tenant> <args>``; returns the secret."""
+        return self.cli("keys", "create", "--tenant", tenant, *args).strip().splitlines()[-1]
+
     def wait_until_serving(
         self, model: str, timeout: float = 180, path: str = "embeddings"
     ) -> None:
         """Poll until ``model`` answers a tiny request on ``/v1/<path>``."""
-        body = {"model": model, "input": "warm"}
+        body: dict[str, object] = {"model": model, "input": "warm"}
         if path == "completions":
             body = {"model": model, "prompt": "Hi", "max_tokens": 1}
         deadline = time.monotonic() + timeout

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 import httpx
 import openai
 import pytest
+from openai.types.chat import ChatCompletionMessageParam
 from playwright.sync_api import Page, expect
 from sqlalchemy import func, select
 
@@ -26,7 +27,9 @@ if TYPE_CHECKING:
     from contextlib import AbstractContextManager
 
 QV = ("q_proj", "v_proj")
-ASK = [{"role": "user", "content": "Name three colours of the rainbow."}]
+ASK: list[ChatCompletionMessageParam] = [
+    {"role": "user", "content": "Name three colours of the rainbow."}
+]
 
 
 @pytest.fixture(scope="module")
@@ -67,7 +70,7 @@ def _adapters_billed(kiln: KilnProcess) -> dict[str | None, int]:
 
     async def read() -> dict[str | None, int]:
         async with (
-            open_database(Settings(data_dir=kiln.env["KILN_DATA_DIR"])) as db,
+            open_database(Settings(data_dir=Path(kiln.env["KILN_DATA_DIR"]))) as db,
             db.sessions() as session,
         ):
             rows = await session.execute(
@@ -121,7 +124,9 @@ def test_a_tenant_uploads_an_adapter_and_chats_with_it(
     )
     assert _adapters_billed(llm_up) == {None: 1, "zero": 1, "tuned": 2}  # priced as the base
     cards = {m.id: m for m in client.models.list().data}
-    assert cards[f"{SMOLLM2}:tuned"].model_extra["parent"] == SMOLLM2
+    extra = cards[f"{SMOLLM2}:tuned"].model_extra
+    assert extra is not None
+    assert extra["parent"] == SMOLLM2
     with pytest.raises(openai.NotFoundError, match="does not exist"):
         _chat(client, f"{SMOLLM2}:nope")
 

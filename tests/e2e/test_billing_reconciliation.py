@@ -13,11 +13,13 @@ import uuid
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 import httpx
 import openai
 import pytest
+from openai.types.chat import ChatCompletionMessageParam
 from sqlalchemy import func, select
 
 from kiln_platform.billing.tables import UsageCharge
@@ -27,8 +29,10 @@ from kiln_platform.settings import Settings
 
 from .conftest import MINILM, SMOLLM2, KilnProcess
 
-CHAT = [{"role": "user", "content": "Name a colour."}]
-LONG = [{"role": "user", "content": "Tell me a very long story about dragons and castles."}]
+CHAT: list[ChatCompletionMessageParam] = [{"role": "user", "content": "Name a colour."}]
+LONG: list[ChatCompletionMessageParam] = [
+    {"role": "user", "content": "Tell me a very long story about dragons and castles."}
+]
 PRICES = [
     {"model": MINILM, "unit": "input_token", "unit_price_micros": "0.35"},
     {"model": MINILM, "unit": "request", "unit_price_micros": "3"},
@@ -66,7 +70,7 @@ def _ledger(kiln: KilnProcess, tenant: str) -> Ledger:
     """(request id -> (rows, cost, status, output tokens)), summed event cost, summed line cost."""
 
     async def read() -> Ledger:
-        settings = Settings(data_dir=kiln.env["KILN_DATA_DIR"])
+        settings = Settings(data_dir=Path(kiln.env["KILN_DATA_DIR"]))
         async with open_database(settings, upgrade=False) as db, db.sessions() as s:
             tid = uuid.UUID(tenant)
             rows = await s.execute(
@@ -94,11 +98,13 @@ def _workload(client: openai.OpenAI) -> tuple[list[str], list[str], list[str]]:
         raw = client.embeddings.with_raw_response.create(model=MINILM, input=inputs)
         metered.append(raw.headers["x-request-id"])
     for seed in (1, 2):
-        raw = client.chat.completions.with_raw_response.create(
+        chat = client.chat.completions.with_raw_response.create(
             model=SMOLLM2, messages=CHAT, max_tokens=8, seed=seed
         )
-        assert raw.parse().usage.completion_tokens > 0
-        metered.append(raw.headers["x-request-id"])
+        usage = chat.parse().usage
+        assert usage is not None
+        assert usage.completion_tokens > 0
+        metered.append(chat.headers["x-request-id"])
     stream = client.chat.completions.with_raw_response.create(
         model=SMOLLM2, messages=CHAT, max_tokens=12, stream=True,
         stream_options={"include_usage": True},

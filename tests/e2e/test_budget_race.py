@@ -43,7 +43,7 @@ def kiln(both_models: Callable[..., AbstractContextManager[KilnProcess]]) -> Ite
     """Both bundled models, a platform-admin key, and a price book in effect."""
     with both_models({"KILN_KEY_CACHE_TTL_S": "0.5"}) as proc:
         proc.cli("tenants", "create", "ops")
-        proc.env["ADMIN_KEY"] = _key(proc, "ops", "--scope", "admin:write", "--scope",
+        proc.env["ADMIN_KEY"] = proc.new_key("ops", "--scope", "admin:write", "--scope",
                                      "inference", "--role", "platform-admin")  # fmt: skip
         proc.env["TEST_KEY"] = proc.env["ADMIN_KEY"]  # wait_until_serving: no budget
         _admin(proc, "POST", "/admin/v1/price-books",
@@ -51,10 +51,6 @@ def kiln(both_models: Callable[..., AbstractContextManager[KilnProcess]]) -> Ite
         proc.wait_until_serving(MINILM)
         proc.wait_until_serving(SMOLLM2, path="completions")
         yield proc
-
-
-def _key(kiln: KilnProcess, tenant: str, *args: str) -> str:
-    return kiln.cli("keys", "create", "--tenant", tenant, *args).strip().splitlines()[-1]
 
 
 def _admin(kiln: KilnProcess, method: str, path: str, body: Any = None) -> Any:
@@ -68,7 +64,7 @@ def _tenant_with_budget(kiln: KilnProcess, name: str, budget: int) -> tuple[str,
     """A tenant, its inference key, and its budget (in effect once the limit caches expire)."""
     tenant = _admin(kiln, "POST", "/admin/v1/tenants", {"name": name})["id"]
     _admin(kiln, "PUT", f"/admin/v1/quotas/{tenant}", {"monthly_budget_micros": budget})
-    key = _key(kiln, name)
+    key = kiln.new_key(name)
     time.sleep(1.0)  # the price-book and limit caches (KILN_KEY_CACHE_TTL_S=0.5)
     return tenant, key
 

@@ -120,6 +120,7 @@ def test_text_completions(client: openai.OpenAI) -> None:
         model=MODEL, prompt="The capital of France is", max_tokens=6, temperature=0
     )
     assert resp.object == "text_completion"
+    assert resp.usage is not None
     assert resp.usage.completion_tokens <= 6
     assert resp.choices[0].text
     streamed = client.completions.create(

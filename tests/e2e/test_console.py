@@ -42,8 +42,8 @@ def kiln(
     with kiln_data_dir() as path:
         kiln = start_kiln(path, [], sso)
         try:
-            for tenant in ("acme", "globex"):
-                kiln.cli("tenants", "create", tenant)
+            for name in ("acme", "globex"):
+                kiln.cli("tenants", "create", name)
             for email, (role, tenant) in USERS.items():
                 where = ["--tenant", tenant] if tenant else []
                 kiln.cli("users", "create", "--email", email, "--role", role, *where,

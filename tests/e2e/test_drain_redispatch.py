@@ -59,7 +59,7 @@ def test_requests_leased_to_a_draining_worker_run_on_another(kiln: KilnProcess) 
         r = httpx.post(f"{kiln.base_url}/v1/embeddings", json=body, headers=headers, timeout=60)
         return r.status_code
 
-    ports = wait_for(lambda: _ready_ports(kiln))
+    ports: dict[int, str] = wait_for(lambda: _ready_ports(kiln))
     with concurrent.futures.ThreadPoolExecutor(max_workers=16) as pool:
         long = pool.submit(embed, LONG)
 

@@ -42,7 +42,7 @@ def test_matches_sentence_transformers_reference(
     assert resp.model == MODEL
     assert [d.index for d in resp.data] == list(range(len(ref["sentences"])))
     for got, want in zip(resp.data, ref["embeddings"], strict=True):
-        raw = got.embedding
+        raw: object = got.embedding  # typed list[float]; a str when base64 was asked for
         # the SDK decodes base64 only when it chose the format itself; here the test chose it
         vec = (
             np.frombuffer(base64.b64decode(raw), "<f4") if isinstance(raw, str) else np.asarray(raw)
@@ -202,7 +202,7 @@ def test_killed_worker_gives_prompt_503_then_recovers(kiln_up: Any) -> None:
 
 def test_admin_cli_works_while_up(kiln_up: Any) -> None:
     kiln_up.cli("tenants", "create", "beta")
-    key = kiln_up.cli("keys", "create", "--tenant", "beta", "--name", "ci").strip().splitlines()[-1]
+    key = kiln_up.new_key("beta", "--name", "ci")
     assert MODEL in kiln_up.cli("models", "list")
     client = openai.OpenAI(base_url=f"{kiln_up.base_url}/v1", api_key=key, max_retries=0)
     assert len(client.embeddings.create(model=MODEL, input="hi").data[0].embedding) == 384

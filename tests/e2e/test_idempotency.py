@@ -10,6 +10,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -47,7 +48,7 @@ def _events(kiln: KilnProcess, *request_ids: str) -> int:
 
     async def count() -> int:
         async with (
-            open_database(Settings(data_dir=kiln.env["KILN_DATA_DIR"]), upgrade=False) as db,
+            open_database(Settings(data_dir=Path(kiln.env["KILN_DATA_DIR"])), upgrade=False) as db,
             db.sessions() as s,
         ):
             query = select(func.count()).select_from(UsageEvent)

@@ -76,7 +76,7 @@ def _job(kiln: KilnProcess, job_id: str) -> dict[str, Any]:
 
 def _wait_job(kiln: KilnProcess, job_id: str, timeout: float = 400) -> dict[str, Any]:
     """Poll the job until it ends; returns it, with the phases seen on the way."""
-    deadline, seen = time.monotonic() + timeout, []
+    deadline, seen = time.monotonic() + timeout, list[tuple[str, int]]()
     while time.monotonic() < deadline:
         job = _job(kiln, job_id)
         if not seen or seen[-1] != (job["phase"], job["percent"]):
@@ -142,19 +142,22 @@ def _reference_greedy(folder: Path, messages: list[dict[str, str]]) -> tuple[lis
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(folder)
-    prompt = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
-    if isinstance(prompt, dict) or hasattr(prompt, "input_ids"):
-        prompt = prompt["input_ids"]
+    encoded: Any = tokenizer.apply_chat_template(
+        messages, add_generation_prompt=True, tokenize=True
+    )
+    if isinstance(encoded, dict) or hasattr(encoded, "input_ids"):
+        encoded = encoded["input_ids"]
+    prompt: list[int] = list(encoded)
     model = AutoModelForCausalLM.from_pretrained(folder, torch_dtype=torch.float32).eval()
     with torch.no_grad():
         out = model.generate(
             torch.tensor([list(prompt)]), max_new_tokens=TOKENS, do_sample=False,
             eos_token_id=model.config.eos_token_id, pad_token_id=model.config.eos_token_id,
         )  # fmt: skip
-    ids = out[0, len(prompt) :].tolist()
+    ids: list[int] = out[0, len(prompt) :].tolist()
     if ids and ids[-1] == model.config.eos_token_id:
         ids = ids[:-1]
-    return ids, tokenizer.decode(ids, skip_special_tokens=True)
+    return ids, str(tokenizer.decode(ids, skip_special_tokens=True))
 
 
 @pytest.mark.parametrize("kind", GENERATORS)

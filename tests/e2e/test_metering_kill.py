@@ -161,7 +161,7 @@ async def _ledger(data_dir: Path) -> tuple[dict[str, tuple[Any, ...]], list[Any]
     for row in rows:
         assert row[0] not in by_id, f"{row[0]} recorded twice"
         by_id[row[0]] = tuple(row[1:])
-    return by_id, twice, unbalanced
+    return by_id, list(twice), list(unbalanced)
 
 
 def test_sigkill_loses_no_answered_request_and_records_none_twice(

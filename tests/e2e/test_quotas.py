@@ -57,10 +57,6 @@ def gateways() -> Iterator[tuple[KilnProcess, KilnProcess]]:
                     kiln.proc.wait(timeout=60)
 
 
-def _key(kiln: KilnProcess, tenant: str, *args: str) -> str:
-    return kiln.cli("keys", "create", "--tenant", tenant, *args).strip().splitlines()[-1]
-
-
 async def _get(client: httpx.AsyncClient, url: str, key: str) -> httpx.Response:
     return await client.get(url, headers={"authorization": f"Bearer {key}"})
 
@@ -68,7 +64,7 @@ async def _get(client: httpx.AsyncClient, url: str, key: str) -> httpx.Response:
 def test_rate_limit_is_shared_by_two_gateways(gateways: tuple[KilnProcess, KilnProcess]) -> None:
     a, b = gateways
     a.cli("tenants", "create", "limited")
-    key = _key(a, "limited")
+    key = a.new_key("limited")
     out = b.cli("quotas", "set", "--tenant", "limited", "--rpm", "20")
     assert "rpm=20" in out
     if time.time() % 60 > 40:  # keep all 60 requests inside one fixed window
@@ -102,7 +98,7 @@ def test_revocation_reaches_every_gateway_within_5s(
 ) -> None:
     a, b = gateways
     a.cli("tenants", "create", "revokers")
-    key = _key(a, "revokers")
+    key = a.new_key("revokers")
     for kiln in gateways:  # both processes have the key cached as valid
         assert (
             httpx.get(
@@ -129,8 +125,8 @@ def test_expired_key_401_and_inference_key_403_on_admin(
 ) -> None:
     a, _ = gateways
     a.cli("tenants", "create", "expiring")
-    root = _key(a, "expiring", "--scope", "admin:write", "--role", "platform-admin")
-    inference = _key(a, "expiring")
+    root = a.new_key("expiring", "--scope", "admin:write", "--role", "platform-admin")
+    inference = a.new_key("expiring")
     tenants = httpx.get(
         f"{a.base_url}/admin/v1/tenants", headers={"authorization": f"Bearer {root}"}
     ).json()

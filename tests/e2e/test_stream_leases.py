@@ -20,6 +20,7 @@ from typing import Any
 import httpx
 import openai
 import pytest
+from openai.types.chat import ChatCompletionMessageParam
 from sqlalchemy import text
 
 from kiln_platform.db.database import open_database
@@ -37,7 +38,9 @@ PRICES = [
     {"model": SMOLLM2, "unit": "input_token", "unit_price_micros": "1"},
     {"model": SMOLLM2, "unit": "output_token", "unit_price_micros": "1"},
 ]
-STORY = [{"role": "user", "content": "Write a very long, detailed story about a lighthouse."}]
+STORY: list[ChatCompletionMessageParam] = [
+    {"role": "user", "content": "Write a very long, detailed story about a lighthouse."}
+]
 
 
 @pytest.fixture(scope="module")

@@ -15,7 +15,7 @@ async def test_deferred_actions_run_once_in_order() -> None:
     async def reconcile() -> None:
         done.append("reconcile")
 
-    after_commit.defer(session, lambda: done.append("forget") and None)
+    after_commit.defer(session, lambda: done.append("forget"))
     after_commit.defer(session, reconcile)
     assert done == []  # nothing before the owner of the transaction says it committed
     await after_commit.run(session)

@@ -21,28 +21,27 @@ import httpx
 import pytest
 from litestar import Litestar
 from litestar.routes import HTTPRoute
+from pydantic import SecretStr
 from sqlalchemy import select
 
 from kiln_console.compose import create_app
-from kiln_platform.admin.authz import _RULES, Actor, Role
+from kiln_platform.admin.authz import _RULES, Role, RoleName
 from kiln_platform.billing import pricebooks
 from kiln_platform.billing.schemas import PriceBookCreate, PriceIn
 from kiln_platform.db.tables import Adapter, CompileJob, Model, ModelVersion
-from kiln_platform.keys import services as key_services
-from kiln_platform.keys.schemas import KeyCreate
+from kiln_platform.keys.schemas import Scope
 from kiln_platform.oauth import services as oauth_services
 from kiln_platform.oauth.schemas import ClientCreate
 from kiln_platform.reports import statements
 from kiln_platform.settings import Settings
-from kiln_platform.tenants import services as tenant_services
-from kiln_platform.tenants.schemas import TenantCreate
 from kiln_platform.users.schemas import UserCreate
 from kiln_platform.users.services import create_user
+from tests.asgi import asgi
+from tests.factories import CLI, make_key, make_tenant
 
 from .conftest import register_tiny_llm, serving
 from .console.conftest import PASSWORD, csrf
 
-CLI = Actor("cli:test", Role.PLATFORM_ADMIN, None)
 PUBLIC, SIGNED_IN = "public", "signed-in"
 
 # (method, route path as the app declares it) -> the resource it reads (GET) or writes.
@@ -171,7 +170,7 @@ def app_routes(app: Litestar, prefix: str) -> set[tuple[str, str]]:
 def settings(database_uri: str, tmp_path_factory: pytest.TempPathFactory) -> Settings:
     return Settings(
         data_dir=tmp_path_factory.mktemp("data"), database_url=database_uri,
-        secret_key="matrix-test-secret", key_cache_ttl_s=0.0, pool_initial_replicas=0,
+        secret_key=SecretStr("matrix-test-secret"), key_cache_ttl_s=0.0, pool_initial_replicas=0,
     )  # fmt: skip
 
 
@@ -197,19 +196,16 @@ class World:
 
     async def tenant(self) -> uuid.UUID:
         async with self.kiln.db.sessions.begin() as session:
-            made = await tenant_services.create_tenant(
-                session, CLI, TenantCreate(name=f"t-{uuid.uuid4()}")
-            )
-        return made.id
+            return await make_tenant(session)
 
     async def key(
-        self, tenant: uuid.UUID, role: str | None = None, *scopes: str
+        self, tenant: uuid.UUID, role: RoleName | None = None, *scopes: Scope
     ) -> tuple[str, str]:
-        data = KeyCreate(name="k", scopes=list(scopes or ("inference",)), role=role)  # type: ignore[arg-type]
         async with self.kiln.db.sessions.begin() as session:
-            made = await key_services.create_key(
-                session, CLI, tenant, data, self.kiln.settings.hmac_key()
-            )
+            made = await make_key(
+                session, self.kiln.settings.hmac_key(), tenant, scopes or ("inference",),
+                role=role,
+            )  # fmt: skip
         return str(made.key.id), made.secret
 
     async def oauth_client(self, tenant: uuid.UUID, *scopes: str) -> tuple[str, str, str]:
@@ -258,7 +254,7 @@ async def world(
     async with serving(app):
         kiln = app.state.kiln
         model = await register_tiny_llm(kiln, tmp_path_factory.mktemp("tiny-llm"))
-        w = World(app, httpx.ASGITransport(app=app, client=("127.0.0.1", 1)), uuid.uuid4(),
+        w = World(app, httpx.ASGITransport(app=asgi(app), client=("127.0.0.1", 1)), uuid.uuid4(),
                   uuid.uuid4(), model)  # fmt: skip
         w.a, w.b = await w.tenant(), await w.tenant()
         w.shared_job = await w.job()
@@ -300,17 +296,18 @@ async def _first(made: Awaitable[tuple[str, ...]]) -> str:
 
 
 async def _admin_callers(world: World) -> list[Caller]:
-    both = ("admin:read", "admin:write")
+    both: tuple[Scope, ...] = ("admin:read", "admin:write")
     ops = await world.tenant()
     out = [Caller("anonymous", None, frozenset(), None)]
-    for name, tenant, role, scopes in (
+    keys: list[tuple[str, uuid.UUID, RoleName | None, tuple[Scope, ...]]] = [
         ("platform-admin key", ops, "platform-admin", (*both, "inference")),
         ("tenant-admin key", world.a, "tenant-admin", (*both, "inference")),
         ("tenant-admin read-only key", world.a, "tenant-admin", ("admin:read",)),
         ("tenant-member key", world.a, "tenant-member", ("admin:read",)),
         ("finance key", world.a, "finance", both),
         ("inference-only key", world.a, None, ("inference",)),
-    ):
+    ]
+    for name, tenant, role, scopes in keys:
         _, secret = await world.key(tenant, role, *scopes)
         confined = None if role == "platform-admin" else tenant
         out.append(Caller(name, Role(role or "tenant-member"), frozenset(scopes), confined, secret))

@@ -12,21 +12,17 @@ from typing import Any
 
 import pytest
 from litestar import Litestar
+from pydantic import SecretStr
 
 from kiln_console.compose import create_app
-from kiln_platform.admin.authz import Actor, Role
 from kiln_platform.body_limit import SMALL_BODY_BYTES
-from kiln_platform.keys import services as key_services
-from kiln_platform.keys.schemas import KeyCreate
 from kiln_platform.registry.services import register_version
 from kiln_platform.settings import Settings
-from kiln_platform.tenants import services as tenant_services
-from kiln_platform.tenants.schemas import TenantCreate
 from kiln_runtimes.protocol import ModelManifest
+from tests.factories import make_root_key
 
 from .conftest import serving
 
-CLI = Actor("cli:test", Role.PLATFORM_ADMIN, None)
 JSON_LIMIT = 4 << 20
 TENSOR_LIMIT = 8 << 20
 UPLOAD_LIMIT = 6 << 20
@@ -97,7 +93,7 @@ async def server(
 ) -> AsyncIterator[Server]:
     settings = Settings(
         data_dir=tmp_path_factory.mktemp("data"), database_url=database_uri,
-        secret_key="body-limits-secret", key_cache_ttl_s=0.0, pool_initial_replicas=0,
+        secret_key=SecretStr("body-limits-secret"), key_cache_ttl_s=0.0, pool_initial_replicas=0,
         max_json_body_bytes=JSON_LIMIT, max_tensor_body_bytes=TENSOR_LIMIT,
         max_upload_bytes=UPLOAD_LIMIT,
     )  # fmt: skip
@@ -106,13 +102,7 @@ async def server(
         kiln = app.state.kiln
         manifest = ModelManifest(name="limited", task="tensor", engine="onnxruntime")
         async with kiln.db.sessions.begin() as session:
-            op = await tenant_services.create_tenant(session, CLI, TenantCreate(name="operators"))
-            made = await key_services.create_key(
-                session, CLI, op.id,
-                KeyCreate(name="root", scopes=["admin:read", "admin:write", "inference"],
-                          role="platform-admin"),
-                settings.hmac_key(),
-            )  # fmt: skip
+            made = await make_root_key(session, settings.hmac_key(), tenant="operators")
             await register_version(session, manifest, "1", f"sha256:{'e' * 64}")
         await kiln.resolver.refresh()
         yield Server(app, made.secret, "limited")

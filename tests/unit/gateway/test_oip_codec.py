@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 
 import msgspec
 import numpy as np
@@ -13,7 +14,7 @@ from kiln_platform.gateway import oip_codec
 from kiln_runtimes.protocol import InferResult, Tensor
 
 
-def binary_body(header: dict[str, object], *buffers: bytes) -> tuple[bytes, str]:
+def binary_body(header: Mapping[str, object], *buffers: bytes) -> tuple[bytes, str]:
     text = json.dumps(header).encode()
     return text + b"".join(buffers), str(len(text))
 

@@ -86,12 +86,12 @@ def _graph(path: Path, rng: np.random.Generator) -> dict[str, np.ndarray]:
         helper.make_node("MatMul", ["x", "w_qkv"], ["qkv"], name=name.format("qkv_proj")),
         helper.make_node("MatMul", ["h", "w_o"], ["logits"], name=name.format("o_proj")),
     ]
-    floats = [["rows", "positions", 8]]
+    floats: list[str | int | None] = ["rows", "positions", 8]
     graph = helper.make_graph(
         nodes, "one-layer",
-        [helper.make_tensor_value_info(n, TensorProto.FLOAT, *floats) for n in ("x", "h")],
+        [helper.make_tensor_value_info(n, TensorProto.FLOAT, floats) for n in ("x", "h")],
         [helper.make_tensor_value_info("qkv", TensorProto.FLOAT, ["rows", "positions", 16]),
-         helper.make_tensor_value_info("logits", TensorProto.FLOAT, *floats)],
+         helper.make_tensor_value_info("logits", TensorProto.FLOAT, floats)],
         [numpy_helper.from_array(w_qkv, "w_qkv"), numpy_helper.from_array(w_o, "w_o")],
     )  # fmt: skip
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
@@ -120,7 +120,8 @@ def test_each_row_gets_its_own_adapter_in_one_run(peft: Any, tmp_path: Path) -> 
     ) -> np.ndarray:
         key = f"base_model.model.model.layers.0.self_attn.{module}"
         a, b = weights[f"{key}.lora_A.weight"], weights[f"{key}.lora_B.weight"]
-        return inputs @ a.T @ b.T * (alpha / r)
+        out: np.ndarray = inputs @ a.T @ b.T * (alpha / r)
+        return out
 
     expected_qkv = x @ base["qkv"]
     expected_qkv[0, :, 0:8] += delta(first, "q_proj", x[0], 16, 2)

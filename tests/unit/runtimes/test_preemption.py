@@ -149,7 +149,7 @@ class StoppableBackend:
         self.stopped = 0
 
     def stop_handle(self) -> Stop:
-        stop: Stop = SimpleNamespace(terminate=False)  # type: ignore[assignment]
+        stop: Stop = SimpleNamespace(terminate=False)
         return stop
 
     def run(self, inputs: list[list[int]], stop: Stop | None = None) -> Rows:
@@ -166,7 +166,7 @@ class StoppableBackend:
 
 
 async def test_driver_runs_an_express_request_before_the_batch_it_stops() -> None:
-    backend, seen = StoppableBackend(), []
+    backend, seen = StoppableBackend(), list[Outcome]()
     batcher = Batcher(
         backend.run,
         BatchPolicy(max_batch_size=4, max_wait=0.0),

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import itertools
-from collections import Counter
+from collections import defaultdict
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Protocol, TypeAlias
 
 import pytest
 
@@ -13,7 +14,7 @@ from kiln_platform.scheduler.policy import PolicyConfig, PoolQueue
 from kiln_platform.scheduler.schemas import Credit, Dispatch, Priority, Request
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Iterable, Sequence
+    from collections.abc import Iterable, Sequence
 
 
 class MakeRequest(Protocol):
@@ -27,6 +28,11 @@ class MakeRequest(Protocol):
         priority: Priority = ...,
         weight: float = ...,
     ) -> Request: ...
+
+
+MakeWorkers: TypeAlias = "Callable[[dict[str, int]], FakeWorkers]"
+Saturate: TypeAlias = Callable[..., dict[str, float]]
+WriteToml: TypeAlias = Callable[[str], Path]
 
 
 @pytest.fixture
@@ -78,7 +84,7 @@ class FakeWorkers:
 
 
 @pytest.fixture
-def fake_workers() -> Callable[[dict[str, int]], FakeWorkers]:
+def fake_workers() -> MakeWorkers:
     """``fake_workers({"w0": 2, "w1": 4})``: fake workers with those slots."""
     return FakeWorkers
 
@@ -86,7 +92,7 @@ def fake_workers() -> Callable[[dict[str, int]], FakeWorkers]:
 @pytest.fixture
 def saturate(
     make_request: MakeRequest,
-) -> Callable[..., Counter[str]]:
+) -> Saturate:
     """Keep every ``(tenant, weight, cost)`` backlogged; return cost served per tenant.
 
     Dispatches one request at a time through a :class:`PoolQueue` (one worker, one slot), and
@@ -100,12 +106,12 @@ def saturate(
         config: PolicyConfig | None = None,
         priority: Callable[[str], Priority] = lambda _: Priority.INTERACTIVE,
         depth: int = 4,
-    ) -> Counter[str]:
+    ) -> dict[str, float]:
         queue = PoolQueue(config)
         for tenant, weight, cost in tenants:
             for _ in range(depth):
                 queue.push(make_request(tenant, cost, weight=weight, priority=priority(tenant)))
-        served: Counter[str] = Counter()
+        served: dict[str, float] = defaultdict(float)
         for _ in range(dispatches):
             (d,), _ = queue.next_dispatch(0.0, [Credit("w", 1)])
             served[d.request.tenant] += d.request.cost
@@ -117,7 +123,7 @@ def saturate(
 
 
 @pytest.fixture
-def write_toml(tmp_path: Path) -> Callable[[str], Path]:
+def write_toml(tmp_path: Path) -> WriteToml:
     """Write a simulation file into a temporary directory and return its path."""
 
     def write(text: str, name: str = "sim.toml") -> Path:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import pytest
 
 from kiln_platform.scheduler.admission import AdmissionLimits, RejectReason
@@ -9,10 +11,22 @@ from kiln_platform.scheduler.core import PoolScheduler, SchedulerConfig
 from kiln_platform.scheduler.schemas import Credit
 from kiln_platform.scheduler.service import ServiceConfig
 
+if TYPE_CHECKING:
+    from tests.unit.scheduler.conftest import FakeWorkers, MakeRequest, MakeWorkers
 
-def run_saturated(sched, workers, make_request, *, tenants, seconds, service_s, step=0.01):
+
+def run_saturated(
+    sched: PoolScheduler,
+    workers: FakeWorkers,
+    make_request: MakeRequest,
+    *,
+    tenants: dict[str, float],
+    seconds: float,
+    service_s: float,
+    step: float = 0.01,
+) -> float:
     """Every tenant keeps requests queued; workers finish each after ``service_s``."""
-    now, started = 0.0, {}
+    now, started = 0.0, dict[str, float]()
     for _ in range(int(seconds / step)):
         now += step
         for tenant, weight in tenants.items():
@@ -29,7 +43,12 @@ def run_saturated(sched, workers, make_request, *, tenants, seconds, service_s, 
 
 
 @pytest.mark.parametrize(("weights", "share_a"), [((1.0, 1.0), 0.5), ((3.0, 1.0), 0.75)])
-def test_saturating_tenants_share_by_weight(make_request, fake_workers, weights, share_a) -> None:
+def test_saturating_tenants_share_by_weight(
+    make_request: MakeRequest,
+    fake_workers: MakeWorkers,
+    weights: tuple[float, float],
+    share_a: float,
+) -> None:
     sched = PoolScheduler(slots=4)
     workers = fake_workers({"w0": 2, "w1": 2})
     now = run_saturated(
@@ -45,7 +64,7 @@ def test_saturating_tenants_share_by_weight(make_request, fake_workers, weights,
     assert sched.snapshot(now).jain > 0.99
 
 
-def test_it_learns_the_service_rate(make_request, fake_workers) -> None:
+def test_it_learns_the_service_rate(make_request: MakeRequest, fake_workers: MakeWorkers) -> None:
     config = SchedulerConfig(service=ServiceConfig(prior_a=1.0, prior_b=0.0))  # a bad prior
     sched = PoolScheduler(config, slots=4)
     workers = fake_workers({"w0": 4})
@@ -54,7 +73,7 @@ def test_it_learns_the_service_rate(make_request, fake_workers) -> None:
     assert sched.service_time(1.0) == pytest.approx(0.1, rel=0.15)
 
 
-def test_rejections_are_counted_by_reason(make_request) -> None:
+def test_rejections_are_counted_by_reason(make_request: MakeRequest) -> None:
     limits = AdmissionLimits(max_tenant_queue=2)
     sched = PoolScheduler(SchedulerConfig(limits=limits), slots=1)
     decisions = [sched.submit(make_request("a"), 0.0) for _ in range(3)]
@@ -64,7 +83,7 @@ def test_rejections_are_counted_by_reason(make_request) -> None:
     assert (a.admitted, a.rejected) == (2, {"tenant_queue_full": 1})
 
 
-def test_cancel_and_failed_completions(make_request) -> None:
+def test_cancel_and_failed_completions(make_request: MakeRequest) -> None:
     sched = PoolScheduler(slots=1)
     kept, dropped = make_request(), make_request()
     sched.submit(kept, 0.0)
@@ -79,7 +98,7 @@ def test_cancel_and_failed_completions(make_request) -> None:
     assert sched.in_flight == 0
 
 
-def test_actual_cost_is_charged_to_fair_share(make_request) -> None:
+def test_actual_cost_is_charged_to_fair_share(make_request: MakeRequest) -> None:
     sched = PoolScheduler(slots=1)
     first = make_request("llm", 1.0)
     sched.submit(first, 0.0)

@@ -3,13 +3,19 @@
 from __future__ import annotations
 
 import random
+from typing import TYPE_CHECKING
 
 from kiln_platform.scheduler.core import PoolScheduler
 from kiln_platform.scheduler.policy import PoolQueue
 from kiln_platform.scheduler.schemas import Credit
 
+if TYPE_CHECKING:
+    from tests.unit.scheduler.conftest import MakeRequest, MakeWorkers
 
-def test_credits_are_never_exceeded_under_random_load(make_request, fake_workers) -> None:
+
+def test_credits_are_never_exceeded_under_random_load(
+    make_request: MakeRequest, fake_workers: MakeWorkers
+) -> None:
     rng = random.Random(7)
     sched = PoolScheduler(slots=7)
     workers = fake_workers({"w0": 1, "w1": 2, "w2": 4})
@@ -25,7 +31,7 @@ def test_credits_are_never_exceeded_under_random_load(make_request, fake_workers
     assert sched.in_flight == sum(len(run) for run in workers.running.values())
 
 
-def test_nothing_is_dispatched_without_credits(make_request) -> None:
+def test_nothing_is_dispatched_without_credits(make_request: MakeRequest) -> None:
     queue = PoolQueue()
     queue.push(make_request())
     assert queue.next_dispatch(0.0, []) == ([], [])
@@ -33,7 +39,7 @@ def test_nothing_is_dispatched_without_credits(make_request) -> None:
     assert len(queue) == 1
 
 
-def test_exactly_the_free_credits_are_filled(make_request) -> None:
+def test_exactly_the_free_credits_are_filled(make_request: MakeRequest) -> None:
     queue = PoolQueue()
     for _ in range(10):
         queue.push(make_request())
@@ -42,7 +48,7 @@ def test_exactly_the_free_credits_are_filled(make_request) -> None:
     assert len(queue) == 5
 
 
-def test_the_least_loaded_worker_goes_first(make_request) -> None:
+def test_the_least_loaded_worker_goes_first(make_request: MakeRequest) -> None:
     queue = PoolQueue()
     for _ in range(2):
         queue.push(make_request())
@@ -50,7 +56,7 @@ def test_the_least_loaded_worker_goes_first(make_request) -> None:
     assert [d.worker for d in sent] == ["idle", "idle"]
 
 
-def test_completions_return_credits(make_request, fake_workers) -> None:
+def test_completions_return_credits(make_request: MakeRequest, fake_workers: MakeWorkers) -> None:
     sched = PoolScheduler(slots=1)
     workers = fake_workers({"w": 1})
     first, second = make_request(), make_request()

@@ -2,16 +2,23 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from kiln_platform.scheduler.core import PoolScheduler
 from kiln_platform.scheduler.policy import PoolQueue
 from kiln_platform.scheduler.schemas import Credit
 
+if TYPE_CHECKING:
+    from collections.abc import Callable
 
-def fixed(seconds: float):
+    from tests.unit.scheduler.conftest import MakeRequest, MakeWorkers
+
+
+def fixed(seconds: float) -> Callable[[float], float]:
     return lambda cost: seconds
 
 
-def test_expire_returns_requests_that_can_no_longer_finish(make_request) -> None:
+def test_expire_returns_requests_that_can_no_longer_finish(make_request: MakeRequest) -> None:
     queue = PoolQueue()
     doomed = make_request("a", deadline=1.0)
     fine = make_request("a", deadline=5.0)
@@ -25,7 +32,7 @@ def test_expire_returns_requests_that_can_no_longer_finish(make_request) -> None
     assert len(queue) == 1  # no deadline: never expires
 
 
-def test_next_expiry_is_the_latest_start_of_the_most_urgent(make_request) -> None:
+def test_next_expiry_is_the_latest_start_of_the_most_urgent(make_request: MakeRequest) -> None:
     queue = PoolQueue()
     assert queue.next_expiry() is None
     queue.push(make_request(deadline=3.0), fixed(1.0))
@@ -35,7 +42,9 @@ def test_next_expiry_is_the_latest_start_of_the_most_urgent(make_request) -> Non
     assert queue.next_expiry() == 2.0
 
 
-def test_expiry_while_queued_behind_busy_workers(make_request, fake_workers) -> None:
+def test_expiry_while_queued_behind_busy_workers(
+    make_request: MakeRequest, fake_workers: MakeWorkers
+) -> None:
     sched = PoolScheduler(slots=1)
     workers = fake_workers({"w": 1})
     blocker = make_request("a", 1.0, at=0.0)
@@ -53,7 +62,7 @@ def test_expiry_while_queued_behind_busy_workers(make_request, fake_workers) -> 
     assert tenant_b.rejected == {"deadline_expired": 1}
 
 
-def test_dispatch_drops_requests_that_became_hopeless(make_request) -> None:
+def test_dispatch_drops_requests_that_became_hopeless(make_request: MakeRequest) -> None:
     queue = PoolQueue()
     late = make_request("a", deadline=1.0)
     ok = make_request("b", deadline=10.0)
@@ -64,7 +73,7 @@ def test_dispatch_drops_requests_that_became_hopeless(make_request) -> None:
     assert expired == [late]
 
 
-def test_a_faster_service_keeps_a_request_alive(make_request) -> None:
+def test_a_faster_service_keeps_a_request_alive(make_request: MakeRequest) -> None:
     queue = PoolQueue()
     r = make_request(deadline=2.0)
     queue.push(r, fixed(1.5))  # first check due at 0.5
@@ -73,7 +82,7 @@ def test_a_faster_service_keeps_a_request_alive(make_request) -> None:
     assert queue.expire(1.8, fixed(0.2)) == [r]
 
 
-def test_dispatched_and_cancelled_requests_never_expire(make_request) -> None:
+def test_dispatched_and_cancelled_requests_never_expire(make_request: MakeRequest) -> None:
     queue = PoolQueue()
     sent, dropped = make_request(deadline=1.0), make_request(deadline=1.0)
     queue.push(sent, fixed(0.1))

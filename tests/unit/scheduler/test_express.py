@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import pytest
 
@@ -12,13 +13,16 @@ from kiln_platform.scheduler.core import PoolScheduler, SchedulerConfig
 from kiln_platform.scheduler.policy import PolicyConfig, PoolQueue
 from kiln_platform.scheduler.schemas import Credit
 
+if TYPE_CHECKING:
+    from tests.unit.scheduler.conftest import MakeRequest
+
 
 def full(*workers: str) -> list[Credit]:
     """Workers with every normal credit in use and one express credit free."""
     return [Credit(w, 0, express=1) for w in workers]
 
 
-def test_an_idle_tenant_gets_the_express_credit_of_a_full_worker(make_request) -> None:
+def test_an_idle_tenant_gets_the_express_credit_of_a_full_worker(make_request: MakeRequest) -> None:
     queue = PoolQueue()
     for _ in range(3):
         queue.push(make_request("a"))
@@ -29,14 +33,16 @@ def test_an_idle_tenant_gets_the_express_credit_of_a_full_worker(make_request) -
     assert len(queue) == 3
 
 
-def test_a_tenant_with_requests_in_flight_gets_no_express_credit(make_request) -> None:
+def test_a_tenant_with_requests_in_flight_gets_no_express_credit(make_request: MakeRequest) -> None:
     queue = PoolQueue()
     queue.push(make_request("a"))
     assert queue.next_dispatch(0.0, full("w0", "w1"), busy={"a"}) == ([], [])
     assert len(queue) == 1  # the spare credit stays unused
 
 
-def test_a_light_tenant_takes_the_lane_even_with_normal_credits_free(make_request) -> None:
+def test_a_light_tenant_takes_the_lane_even_with_normal_credits_free(
+    make_request: MakeRequest,
+) -> None:
     queue = PoolQueue()
     a, b = make_request("a"), make_request("b")
     queue.push(a)
@@ -45,7 +51,7 @@ def test_a_light_tenant_takes_the_lane_even_with_normal_credits_free(make_reques
     assert [(d.request, d.express) for d in sent] == [(b, True), (a, False)]
 
 
-def test_express_credits_are_counted_per_worker(make_request) -> None:
+def test_express_credits_are_counted_per_worker(make_request: MakeRequest) -> None:
     queue = PoolQueue()
     for tenant in "bcde":
         queue.push(make_request(tenant))
@@ -55,7 +61,7 @@ def test_express_credits_are_counted_per_worker(make_request) -> None:
     assert queue.next_dispatch(0.0, []) == ([], [])  # no express credit left: e waits
 
 
-def test_fair_order_decides_among_eligible_tenants(make_request) -> None:
+def test_fair_order_decides_among_eligible_tenants(make_request: MakeRequest) -> None:
     queue = PoolQueue()
     queue.push(make_request("b"))
     queue.next_dispatch(0.0, [Credit("w", 1)])  # b was served last: c's start tag is smaller
@@ -65,7 +71,7 @@ def test_fair_order_decides_among_eligible_tenants(make_request) -> None:
     assert d.request.tenant == "c"
 
 
-def test_an_express_request_that_cannot_finish_expires(make_request) -> None:
+def test_an_express_request_that_cannot_finish_expires(make_request: MakeRequest) -> None:
     queue = PoolQueue()
     late, ok = make_request("b", deadline=0.5), make_request("c")
     queue.push(late)
@@ -75,13 +81,13 @@ def test_an_express_request_that_cannot_finish_expires(make_request) -> None:
     assert [d.request for d in sent] == [ok]
 
 
-def test_express_off_leaves_the_spare_credit_alone(make_request) -> None:
+def test_express_off_leaves_the_spare_credit_alone(make_request: MakeRequest) -> None:
     queue = PoolQueue(PolicyConfig(express=False))
     queue.push(make_request("b"))
     assert queue.next_dispatch(0.0, full("w")) == ([], [])
 
 
-def test_the_scheduler_knows_which_tenants_hold_normal_credits(make_request) -> None:
+def test_the_scheduler_knows_which_tenants_hold_normal_credits(make_request: MakeRequest) -> None:
     sched = PoolScheduler(slots=1)  # express_depth 3: a light tenant leads by 3 requests at most
     a1, a2, a3, a4 = (make_request("a") for _ in range(4))
     b1, b2, b3, b4, b5, b6 = (make_request("b") for _ in range(6))
@@ -106,7 +112,7 @@ def test_the_scheduler_knows_which_tenants_hold_normal_credits(make_request) -> 
     assert (d.request, d.express) == (b6, True)  # a3 is next at 2: b6 is three ahead again
 
 
-def test_a_tenant_served_ahead_of_its_share_waits_for_its_turn(make_request) -> None:
+def test_a_tenant_served_ahead_of_its_share_waits_for_its_turn(make_request: MakeRequest) -> None:
     queue = PoolQueue()
     for tenant in "aba":
         queue.push(make_request(tenant, 4.0))
@@ -122,7 +128,9 @@ def test_a_tenant_served_ahead_of_its_share_waits_for_its_turn(make_request) -> 
     assert queue.next_dispatch(0.0, full("w"), busy={"a"}) == ([], [])  # a holds credits
 
 
-def test_a_tenant_served_alone_on_the_lane_is_not_held_back_later(make_request) -> None:
+def test_a_tenant_served_alone_on_the_lane_is_not_held_back_later(
+    make_request: MakeRequest,
+) -> None:
     queue = PoolQueue()
     for _ in range(100):  # alone on the pool: every request goes express, in turn
         queue.push(make_request("b"))
@@ -136,7 +144,7 @@ def test_a_tenant_served_alone_on_the_lane_is_not_held_back_later(make_request) 
     assert (d.request.tenant, d.express) == ("b", True)  # v followed b: no debt from its past
 
 
-def test_a_backlogged_tenant_never_takes_the_lane(make_request) -> None:
+def test_a_backlogged_tenant_never_takes_the_lane(make_request: MakeRequest) -> None:
     queue = PoolQueue(PolicyConfig(express_depth=2))  # (3 by default)
     for _ in range(3):
         queue.push(make_request("a"))
@@ -146,7 +154,9 @@ def test_a_backlogged_tenant_never_takes_the_lane(make_request) -> None:
     assert d.request.tenant == "b"
 
 
-def _saturate(make_request, *, express: bool, workers: int, slots: int) -> tuple[list[str], int]:
+def _saturate(
+    make_request: MakeRequest, *, express: bool, workers: int, slots: int
+) -> tuple[list[str], int]:
     """Two backlogged tenants (weights 3 and 1) on ``workers`` x ``slots``; every worker
     advertises two express credits. Returns the order served and the express count."""
     config = SchedulerConfig(policy=PolicyConfig(express=express))
@@ -179,7 +189,9 @@ class _Running:
 
 
 @pytest.mark.parametrize(("workers", "slots"), [(2, 4), (1, 2)])
-def test_two_saturating_tenants_keep_their_shares(make_request, workers, slots) -> None:
+def test_two_saturating_tenants_keep_their_shares(
+    make_request: MakeRequest, workers: int, slots: int
+) -> None:
     with_express, used = _saturate(make_request, express=True, workers=workers, slots=slots)
     without, _ = _saturate(make_request, express=False, workers=workers, slots=slots)
     assert used == 0  # backlogged: neither ever qualifies

@@ -3,14 +3,18 @@
 from __future__ import annotations
 
 import asyncio
+from typing import TYPE_CHECKING
 
 from kiln_platform.scheduler.core import PoolScheduler, SchedulerConfig
 from kiln_platform.scheduler.policy import PolicyConfig, PoolQueue
 from kiln_platform.scheduler.runner import PoolRunner
-from kiln_platform.scheduler.schemas import Credit
+from kiln_platform.scheduler.schemas import Credit, Request
+
+if TYPE_CHECKING:
+    from tests.unit.scheduler.conftest import MakeRequest
 
 
-def test_a_head_that_does_not_fit_waits_and_keeps_its_place(make_request) -> None:
+def test_a_head_that_does_not_fit_waits_and_keeps_its_place(make_request: MakeRequest) -> None:
     queue = PoolQueue()
     big, small = make_request("a", cost=64.0), make_request("b", cost=1.0)
     queue.push(big)
@@ -22,7 +26,7 @@ def test_a_head_that_does_not_fit_waits_and_keeps_its_place(make_request) -> Non
     assert [d1.request, d2.request] == [big, small]
 
 
-def test_dispatch_stops_when_the_room_is_used_up(make_request) -> None:
+def test_dispatch_stops_when_the_room_is_used_up(make_request: MakeRequest) -> None:
     queue = PoolQueue()
     for _ in range(5):
         queue.push(make_request("a", cost=30.0))
@@ -31,7 +35,7 @@ def test_dispatch_stops_when_the_room_is_used_up(make_request) -> None:
     assert len(queue) == 2
 
 
-def test_an_empty_worker_takes_one_request_bigger_than_its_queue(make_request) -> None:
+def test_an_empty_worker_takes_one_request_bigger_than_its_queue(make_request: MakeRequest) -> None:
     queue = PoolQueue()
     huge, small = make_request("a", cost=500.0), make_request("a", cost=1.0)
     queue.push(huge)
@@ -41,7 +45,7 @@ def test_an_empty_worker_takes_one_request_bigger_than_its_queue(make_request) -
     assert len(queue) == 1
 
 
-def test_a_head_goes_to_the_worker_it_fits(make_request) -> None:
+def test_a_head_goes_to_the_worker_it_fits(make_request: MakeRequest) -> None:
     queue = PoolQueue()
     queue.push(make_request("a", cost=50.0))
     (d,), _ = queue.next_dispatch(
@@ -50,7 +54,7 @@ def test_a_head_goes_to_the_worker_it_fits(make_request) -> None:
     assert d.worker == "w1"
 
 
-def test_express_requests_need_room_too(make_request) -> None:
+def test_express_requests_need_room_too(make_request: MakeRequest) -> None:
     queue = PoolQueue(PolicyConfig(express=True))
     queue.push(make_request("light", cost=40.0))
     full, roomy = Credit("w", 0, 1, room=10.0, capacity=50.0), Credit("w", 0, 1, 40.0, 50.0)
@@ -69,7 +73,7 @@ class Items:
         self.peak = 0.0
         self.release = asyncio.Event()
 
-    async def call(self, request, worker: str) -> float:
+    async def call(self, request: Request, worker: str) -> float:
         self.held += request.cost
         self.peak = max(self.peak, self.held)
         try:
@@ -118,7 +122,7 @@ async def test_room_is_given_back_when_a_call_fails() -> None:
     runner = runner_over(items, slots=2)
     items.release.set()
 
-    async def flaky(request, worker: str) -> float:
+    async def flaky(request: Request, worker: str) -> float:
         if request.id == "bad":
             raise RuntimeError("worker failed")
         return await items.call(request, worker)

@@ -13,6 +13,7 @@ from kiln_platform.scheduler.admission import AdmissionLimits, RejectReason
 from kiln_platform.scheduler.core import PoolScheduler, SchedulerConfig
 from kiln_platform.scheduler.policy import PolicyConfig
 from kiln_platform.scheduler.runner import PoolRunner, rejection
+from kiln_platform.scheduler.schemas import Request
 from kiln_platform.scheduler.service import ServiceConfig
 
 
@@ -26,7 +27,7 @@ class FakeWorkers:
         self.release = asyncio.Event()
         self.release.set()
 
-    async def call(self, request, worker: str) -> str:
+    async def call(self, request: Request, worker: str) -> str:
         self.running[worker] += 1
         self.peak[worker] = max(self.peak[worker], self.running[worker])
         try:
@@ -40,7 +41,11 @@ class FakeWorkers:
 
 
 def make_runner(
-    slots: dict[str, int], *, express: bool = False, service_s: float = 0.01, **limits
+    slots: dict[str, int],
+    *,
+    express: bool = False,
+    service_s: float = 0.01,
+    max_tenant_queue: int | None = None,
 ) -> tuple[PoolRunner, FakeWorkers]:
     """A runner over fake workers; the express lane is off unless a test is about it.
 
@@ -48,7 +53,12 @@ def make_runner(
     """
     workers = FakeWorkers(slots)
     policy = PolicyConfig(express=express)
-    config = SchedulerConfig(policy=policy, limits=AdmissionLimits(**limits),
+    limits = (
+        AdmissionLimits()
+        if max_tenant_queue is None
+        else AdmissionLimits(max_tenant_queue=max_tenant_queue)
+    )
+    config = SchedulerConfig(policy=policy, limits=limits,
                              service=ServiceConfig(prior_a=service_s))  # fmt: skip
     return PoolRunner(PoolScheduler(config), lambda: workers.slots), workers
 
@@ -87,7 +97,7 @@ async def test_a_tenant_over_its_queue_bound_gets_429_at_once() -> None:
     assert info.value.retry_after is not None
     assert info.value.retry_after > 0
     workers.release.set()
-    assert await asyncio.gather(busy, queued) == ["1@w", "2@w"]
+    assert list(await asyncio.gather(busy, queued)) == ["1@w", "2@w"]
 
 
 async def test_a_queued_request_expires_before_its_deadline_passes() -> None:
@@ -199,7 +209,7 @@ async def test_screen_rejects_like_slot_without_queueing() -> None:
     assert sum(stats["a"].rejected.values()) == 1
     assert "b" not in stats or stats["b"].admitted == 0
     workers.release.set()
-    assert await asyncio.gather(busy, queued) == ["1@w", "2@w"]
+    assert list(await asyncio.gather(busy, queued)) == ["1@w", "2@w"]
 
 
 async def test_light_tenants_run_on_the_express_credits() -> None:

@@ -3,10 +3,16 @@
 from __future__ import annotations
 
 import json
+from typing import TYPE_CHECKING
 
 import pytest
 
 from kiln_platform.scheduler.simulate import format_report, parse_override, run_simulation
+
+if TYPE_CHECKING:
+    from pathlib import Path
+
+    from tests.unit.scheduler.conftest import WriteToml
 
 NOISY = """
 duration_s = 40
@@ -48,7 +54,7 @@ priority = "{pb}"
 """
 
 
-def test_noisy_neighbour_is_contained(write_toml) -> None:
+def test_noisy_neighbour_is_contained(write_toml: WriteToml) -> None:
     path = write_toml(NOISY)
     report = run_simulation(path)
     alone = run_simulation(path, only={"B"}).tenant("B")  # the very same arrivals of B
@@ -65,14 +71,18 @@ def test_noisy_neighbour_is_contained(write_toml) -> None:
 
 
 @pytest.mark.parametrize(("weight", "share"), [(1, 0.5), (3, 0.75)])
-def test_saturating_tenants_share_the_pool_by_weight(write_toml, weight: int, share: float) -> None:
+def test_saturating_tenants_share_the_pool_by_weight(
+    write_toml: WriteToml, weight: int, share: float
+) -> None:
     text = SATURATED.format(wa=weight, pa="interactive", pb="interactive", lb=2.0, deadline_b="")
     report = run_simulation(write_toml(text))
     assert report.tenant("a").share == pytest.approx(share, abs=0.05)
     assert report.jain > 0.99
 
 
-def test_an_interactive_flood_leaves_batch_its_minimum_share(write_toml) -> None:
+def test_an_interactive_flood_leaves_batch_its_minimum_share(
+    write_toml: WriteToml,
+) -> None:
     text = SATURATED.format(wa=1, pa="interactive", pb="batch", lb=5.0, deadline_b="")
     report = run_simulation(write_toml(text))
     assert report.tenant("b").share == pytest.approx(0.10, abs=0.03)
@@ -80,7 +90,9 @@ def test_an_interactive_flood_leaves_batch_its_minimum_share(write_toml) -> None
     assert report.jain > 0.99
 
 
-def test_a_batch_flood_does_not_delay_interactive_past_its_deadline(write_toml) -> None:
+def test_a_batch_flood_does_not_delay_interactive_past_its_deadline(
+    write_toml: WriteToml,
+) -> None:
     text = SATURATED.format(
         wa=1, pa="batch", pb="interactive", lb=0.5, deadline_b="deadline_s = 0.5"
     )
@@ -91,7 +103,7 @@ def test_a_batch_flood_does_not_delay_interactive_past_its_deadline(write_toml) 
     assert report.tenant("a").share > 0.4  # batch still uses what interactive leaves
 
 
-def test_runs_are_deterministic_per_seed(write_toml) -> None:
+def test_runs_are_deterministic_per_seed(write_toml: WriteToml) -> None:
     path = write_toml(
         SATURATED.format(wa=1, pa="interactive", pb="interactive", lb=0.5, deadline_b="")
     )
@@ -100,7 +112,7 @@ def test_runs_are_deterministic_per_seed(write_toml) -> None:
 
 
 @pytest.mark.parametrize("suffix", ["csv", "jsonl"])
-def test_recorded_traces_replay(write_toml, tmp_path, suffix: str) -> None:
+def test_recorded_traces_replay(write_toml: WriteToml, tmp_path: Path, suffix: str) -> None:
     rows = [
         {"time_s": 0.0, "tenant": "a", "cost": 2},
         {"time_s": 0.1, "tenant": "b", "cost": 1, "deadline_s": 0.05},  # shorter than service
@@ -133,7 +145,7 @@ weight = 2
     assert report.tenant("b").rejected == {"deadline_too_short": 1}
 
 
-def test_the_report_prints_the_table(write_toml) -> None:
+def test_the_report_prints_the_table(write_toml: WriteToml) -> None:
     path = write_toml(SATURATED.format(wa=1, pa="interactive", pb="batch", lb=0.5, deadline_b=""))
     short = {"duration_s": 8.0, "warmup_s": 1.0}
     text = format_report(run_simulation(path, baseline=True, overrides=short))
@@ -142,7 +154,7 @@ def test_the_report_prints_the_table(write_toml) -> None:
     assert "rejections by reason" in text
 
 
-def test_overrides_set_dotted_keys(write_toml) -> None:
+def test_overrides_set_dotted_keys(write_toml: WriteToml) -> None:
     path = write_toml(
         SATURATED.format(wa=1, pa="interactive", pb="interactive", lb=2.0, deadline_b="")
     )
@@ -164,7 +176,7 @@ def test_parse_override_reads_toml_values() -> None:
         parse_override("nonsense")
 
 
-def test_the_documented_example_shows_the_noisy_neighbour(repo_root) -> None:
+def test_the_documented_example_shows_the_noisy_neighbour(repo_root: Path) -> None:
     path = repo_root / "docs" / "examples" / "noisy-neighbour.toml"
     report = run_simulation(path, overrides={"duration_s": 6.0, "warmup_s": 3.0})
     a, b = report.tenant("A"), report.tenant("B")
@@ -174,7 +186,7 @@ def test_the_documented_example_shows_the_noisy_neighbour(repo_root) -> None:
     assert set(a.rejected) == {"tenant_over_share"}
 
 
-def test_the_cpu_example_shows_the_express_lane_and_preemption(repo_root) -> None:
+def test_the_cpu_example_shows_the_express_lane_and_preemption(repo_root: Path) -> None:
     """On a CPU-like worker (no batch gain) the lane takes B's p99 under the flood well down,
     and preemption throws away at most a few percent of the pool's work."""
     path = repo_root / "docs" / "examples" / "noisy-neighbour-cpu.toml"
@@ -201,6 +213,6 @@ def test_the_cpu_example_shows_the_express_lane_and_preemption(repo_root) -> Non
         ("duration_s = [", "Invalid"),
     ],
 )
-def test_malformed_files_raise_value_errors(write_toml, text: str, message: str) -> None:
+def test_malformed_files_raise_value_errors(write_toml: WriteToml, text: str, message: str) -> None:
     with pytest.raises(ValueError, match=message):
         run_simulation(write_toml(text))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
 import pytest
 
@@ -15,6 +16,9 @@ from kiln_platform.scheduler.stats import (
     max_min_fair,
     percentile,
 )
+
+if TYPE_CHECKING:
+    from tests.unit.scheduler.conftest import MakeRequest
 
 
 def test_jain_index_bounds() -> None:
@@ -58,7 +62,7 @@ def test_sliding_sums_forget_old_events() -> None:
     assert sums.totals(100.0) == {}
 
 
-def test_pool_stats_snapshot(make_request) -> None:
+def test_pool_stats_snapshot(make_request: MakeRequest) -> None:
     stats = PoolStats(window_s=60.0, max_samples=100)
     for i in range(10):
         a = make_request("a", 3.0, at=float(i))
@@ -70,23 +74,23 @@ def test_pool_stats_snapshot(make_request) -> None:
     stats.offered(10.0, make_request("a"), "tenant_over_share")
     stats.expired(make_request("b"))
     snap = stats.snapshot(10.0)
-    a, b = snap.tenants
-    assert (a.admitted, a.completed, a.rejected) == (10, 10, {"tenant_over_share": 1})
-    assert b.rejected == {"deadline_expired": 1}
-    assert a.share == pytest.approx(0.75)
-    assert a.wait_p99_s == pytest.approx(0.5)
-    assert a.latency_p50_s == pytest.approx(1.0)
+    sa, sb = snap.tenants
+    assert (sa.admitted, sa.completed, sa.rejected) == (10, 10, {"tenant_over_share": 1})
+    assert sb.rejected == {"deadline_expired": 1}
+    assert sa.share == pytest.approx(0.75)
+    assert sa.wait_p99_s == pytest.approx(0.5)
+    assert sa.latency_p50_s == pytest.approx(1.0)
     assert 0.0 < snap.jain <= 1.0
 
 
-def test_reset_starts_over(make_request) -> None:
+def test_reset_starts_over(make_request: MakeRequest) -> None:
     stats = PoolStats()
     stats.offered(0.0, make_request(), None)
     stats.reset()
     assert stats.snapshot(1.0).tenants == ()
 
 
-def test_fair_shares_follow_priority_classes(make_request) -> None:
+def test_fair_shares_follow_priority_classes(make_request: MakeRequest) -> None:
     stats = PoolStats(class_weights={Priority.INTERACTIVE: 0.9, Priority.BATCH: 0.1})
     for i in range(100):  # both classes offer 10 per round, the pool serves 10
         chat = make_request("chat", 10.0, at=float(i))

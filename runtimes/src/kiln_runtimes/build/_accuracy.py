@@ -70,9 +70,9 @@ def _transformers(hf_dir: Path, prompt: list[int], tokens: int) -> tuple[list[in
     from transformers import AutoModelForCausalLM, GenerationConfig
 
     model = AutoModelForCausalLM.from_pretrained(str(hf_dir), dtype=torch.float32)
-    model.eval()  # type: ignore[no-untyped-call]
+    model.eval()
     model.generation_config.eos_token_id = None  # generate merges it in: never stop early
-    settings = GenerationConfig(  # type: ignore[no-untyped-call]
+    settings = GenerationConfig(
         do_sample=False, max_new_tokens=tokens, eos_token_id=None,
         pad_token_id=0, bos_token_id=None,
     )  # fmt: skip

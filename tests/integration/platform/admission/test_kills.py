@@ -29,6 +29,7 @@ import asyncpg
 import msgspec
 import pytest
 from litestar import Litestar
+from pydantic import SecretStr
 from sqlalchemy import text
 
 from kiln_platform.admin.authz import Actor, Role
@@ -80,7 +81,7 @@ async def served(
 ) -> AsyncIterator[Served]:
     settings = Settings(
         data_dir=tmp_path_factory.mktemp("data"), database_url=database_uri,
-        secret_key="admission-kills", key_cache_ttl_s=0.0, warm_standby=False,
+        secret_key=SecretStr("admission-kills"), key_cache_ttl_s=0.0, warm_standby=False,
         pool_initial_replicas=0, stream_timeout_s=3.0, log_level="warning",
     )  # fmt: skip
     app = create_app(settings)
@@ -201,7 +202,7 @@ async def _rows(served: Served, request_id: str) -> list[tuple[int, int, int]]:
             ),
             {"r": request_id},
         )
-        return [tuple(r) for r in rows]  # type: ignore[misc]
+        return [tuple(r) for r in rows]
 
 
 async def _warm(served: Served, payload: dict[str, Any]) -> None:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from dataclasses import dataclass
 from datetime import UTC, date, datetime, timedelta
 
 import pytest
@@ -21,7 +20,9 @@ from kiln_platform.db.database import Database
 from kiln_platform.errors import Conflict, QuotaExceeded
 from kiln_platform.keys.services import Principal
 from kiln_platform.quotas.enforcer import QuotaEnforcer
+from kiln_platform.registry.services import ResolvedVersion
 from kiln_platform.tenants.services import insert_tenant
+from tests.factories import resolved_version
 
 CLI = Actor("cli:test", Role.PLATFORM_ADMIN, None)
 # emb: 3 per input token + 10 per request; chat: 1 per input token, 2 per output token.
@@ -33,15 +34,7 @@ PRICES = [
 ]
 
 
-@dataclass(frozen=True)
-class Version:
-    """The two fields of a resolved version that pricing reads."""
-
-    model: str
-    version: str = "1"
-
-
-EMB, CHAT = Version("emb"), Version("chat")
+EMB, CHAT = resolved_version("emb"), resolved_version("chat")
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -95,7 +88,7 @@ def _rid() -> str:
 
 
 async def _one_held(
-    db: Database, version: Version, most: Quantities
+    db: Database, version: ResolvedVersion, most: Quantities
 ) -> tuple[Budgets, Principal, str]:
     """A tenant with a budget of 1000 and one request holding ``most``."""
     budgets, principal, rid = _budgets(db), await _tenant(db, budget=1000), _rid()

@@ -21,6 +21,7 @@ from kiln_platform.errors import RateLimited
 from kiln_platform.keys.services import Principal
 from kiln_platform.quotas.enforcer import QuotaEnforcer, QuotaGrant
 from kiln_platform.tenants.services import insert_tenant
+from tests.factories import resolved_version
 
 CLI = Actor("cli:test", Role.PLATFORM_ADMIN, None)
 TTL = 0.3
@@ -30,8 +31,7 @@ PRICES = [
 ]
 
 
-class Version:
-    model, version = "lease-llm", "1"
+VERSION = resolved_version("lease-llm")
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -119,8 +119,8 @@ async def test_a_renewed_hold_outlives_its_ttl_and_the_sweep(db: Database) -> No
     await gateway.start()
     await sweeper.start()
     try:
-        await gateway.reserve(principal, "req_lease_running", Version(), most, run_s=0.0)
-        await killed.reserve(principal, "req_lease_killed", Version(), most, run_s=0.0)
+        await gateway.reserve(principal, "req_lease_running", VERSION, most, run_s=0.0)
+        await killed.reserve(principal, "req_lease_killed", VERSION, most, run_s=0.0)
         await asyncio.sleep(6 * TTL)  # the sweeper has run several times
         async with db.sessions() as session:
             left = set(
@@ -145,10 +145,10 @@ async def test_the_hold_covers_the_servers_bound_not_the_clients_timeout(db: Dat
         db.sessions, quotas, PriceBooks(db.sessions, 60.0), timeout_s=60.0, ttl_s=30.0
     )
     most = Quantities(output_tokens=100)
-    await budgets.reserve(principal, "req_bound_default", Version(), most)
-    await budgets.reserve(principal, "req_bound_stream", Version(), most, run_s=300.0)
+    await budgets.reserve(principal, "req_bound_default", VERSION, most)
+    await budgets.reserve(principal, "req_bound_stream", VERSION, most, run_s=300.0)
     async with db.sessions() as session:
-        rows = dict(
+        rows: dict[str, int] = dict(
             (
                 await session.execute(
                     text(

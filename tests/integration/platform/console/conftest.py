@@ -11,19 +11,18 @@ from dataclasses import dataclass
 
 import httpx
 import pytest
+from pydantic import SecretStr
 
 from kiln_console.compose import create_app
-from kiln_platform.admin.authz import Actor, Role
 from kiln_platform.context import Kiln
 from kiln_platform.settings import Settings
-from kiln_platform.tenants import services as tenant_services
-from kiln_platform.tenants.schemas import TenantCreate
 from kiln_platform.users.schemas import UserCreate
 from kiln_platform.users.services import create_user
+from tests.asgi import asgi
+from tests.factories import CLI, make_tenant
 
 from ..conftest import serving
 
-CLI = Actor("cli:test", Role.PLATFORM_ADMIN, None)
 PASSWORD = "correct horse battery"
 _CSRF = re.compile(r'name="_csrf_token" value="([^"]+)"')
 
@@ -40,10 +39,7 @@ class App:
 
     async def tenant(self) -> uuid.UUID:
         async with self.kiln.db.sessions.begin() as session:
-            made = await tenant_services.create_tenant(
-                session, CLI, TenantCreate(name=f"t-{uuid.uuid4()}")
-            )
-        return made.id
+            return await make_tenant(session)
 
     async def user(self, role: str, tenant: uuid.UUID | None = None) -> str:
         email = f"{role}-{uuid.uuid4().hex[:8]}@example.com"
@@ -73,11 +69,13 @@ def csrf(page: httpx.Response) -> str:
 @pytest.fixture(scope="module")
 def settings(database_uri: str, tmp_path_factory: pytest.TempPathFactory) -> Settings:
     return Settings(data_dir=tmp_path_factory.mktemp("data"), database_url=database_uri,
-                    secret_key="console-test-secret", key_cache_ttl_s=0.0)  # fmt: skip
+                    secret_key=SecretStr("console-test-secret"), key_cache_ttl_s=0.0)  # fmt: skip
 
 
 @pytest.fixture(scope="module")
 async def app(settings: Settings) -> AsyncIterator[App]:
     litestar = create_app(settings)
     async with serving(litestar):
-        yield App(litestar.state.kiln, httpx.ASGITransport(app=litestar, client=("127.0.0.1", 1)))
+        yield App(
+            litestar.state.kiln, httpx.ASGITransport(app=asgi(litestar), client=("127.0.0.1", 1))
+        )

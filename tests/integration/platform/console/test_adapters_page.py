@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from pydantic import SecretStr
 from safetensors.numpy import save_file
 
 from kiln_platform.settings import Settings
@@ -26,7 +27,7 @@ def settings(database_uri: str, tmp_path_factory: pytest.TempPathFactory) -> Set
     """No worker starts (the registered model has no real graph)."""
     return Settings(
         data_dir=tmp_path_factory.mktemp("data"), database_url=database_uri,
-        secret_key="console-test-secret", key_cache_ttl_s=0.0, pool_initial_replicas=0,
+        secret_key=SecretStr("console-test-secret"), key_cache_ttl_s=0.0, pool_initial_replicas=0,
         worker_adapter_slots=2,
     )  # fmt: skip
 

@@ -14,8 +14,9 @@ from sqlalchemy import delete, func, select
 from kiln_platform.db.tables import ApiKey, AuditRecord, OAuthClient, User
 from kiln_platform.reports.schemas import AdjustmentCreate
 from kiln_platform.reports.statements import create_adjustment
+from tests.factories import CLI
 
-from .conftest import CLI, PASSWORD, App, csrf
+from .conftest import PASSWORD, App, csrf
 
 HX = {"hx-request": "true"}
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import uuid
 
 import pytest
+from pydantic import SecretStr
 
 from kiln_platform.registry.services import register_version
 from kiln_platform.settings import Settings
@@ -20,7 +21,7 @@ def settings(database_uri: str, tmp_path_factory: pytest.TempPathFactory) -> Set
     """No worker starts until a request asks (the registered versions have no real files)."""
     return Settings(
         data_dir=tmp_path_factory.mktemp("data"), database_url=database_uri,
-        secret_key="console-test-secret", pool_initial_replicas=0,
+        secret_key=SecretStr("console-test-secret"), pool_initial_replicas=0,
     )  # fmt: skip
 
 

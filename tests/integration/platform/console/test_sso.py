@@ -9,6 +9,7 @@ from typing import Any
 
 import httpx
 import pytest
+from pydantic import SecretStr
 from sqlalchemy import select
 
 from kiln_platform.db.tables import AuditRecord, User
@@ -25,8 +26,8 @@ def settings(
 ) -> Settings:
     return Settings(
         data_dir=tmp_path_factory.mktemp("data"), database_url=database_uri,
-        secret_key="console-test-secret", oidc_issuer=oidc_provider.base_url,
-        oidc_client_id="kiln-console", oidc_client_secret="idp-secret",
+        secret_key=SecretStr("console-test-secret"), oidc_issuer=oidc_provider.base_url,
+        oidc_client_id="kiln-console", oidc_client_secret=SecretStr("idp-secret"),
     )  # fmt: skip
 
 

@@ -11,23 +11,19 @@ from typing import Any
 
 import httpx
 import pytest
+from pydantic import SecretStr
 from sqlalchemy import func, select
 
 from kiln_console.compose import create_app
-from kiln_platform.admin.authz import Actor, Role
 from kiln_platform.billing.tables import IdempotencyKey
 from kiln_platform.context import Kiln
 from kiln_platform.db.tables import AuditRecord, Tenant
 from kiln_platform.idempotency.services import KeyScope
-from kiln_platform.keys import services as key_services
-from kiln_platform.keys.schemas import KeyCreate
 from kiln_platform.settings import Settings
-from kiln_platform.tenants import services as tenant_services
-from kiln_platform.tenants.schemas import TenantCreate
+from tests.asgi import asgi
+from tests.factories import make_root_key
 
 from ..conftest import serving
-
-CLI = Actor("cli:test", Role.PLATFORM_ADMIN, None)
 
 
 @pytest.fixture(scope="module")
@@ -36,10 +32,10 @@ async def app_client(
 ) -> AsyncIterator[tuple[httpx.AsyncClient, Kiln]]:
     settings = Settings(
         data_dir=tmp_path_factory.mktemp("data"), database_url=database_uri,
-        secret_key="idempotency-test-secret", key_cache_ttl_s=0.0,
+        secret_key=SecretStr("idempotency-test-secret"), key_cache_ttl_s=0.0,
     )  # fmt: skip
     app = create_app(settings)
-    transport = httpx.ASGITransport(app=app)
+    transport = httpx.ASGITransport(app=asgi(app))
     async with (
         serving(app),
         httpx.AsyncClient(transport=transport, base_url="http://kiln.test") as client,
@@ -52,13 +48,7 @@ async def root(app_client: tuple[httpx.AsyncClient, Kiln]) -> tuple[str, uuid.UU
     """A platform-admin key and its id."""
     kiln = app_client[1]
     async with kiln.db.sessions.begin() as session:
-        op = await tenant_services.create_tenant(session, CLI, TenantCreate(name="operators"))
-        made = await key_services.create_key(
-            session, CLI, op.id,
-            KeyCreate(name="root", scopes=["admin:read", "admin:write", "inference"],
-                      role="platform-admin"),
-            kiln.settings.hmac_key(),
-        )  # fmt: skip
+        made = await make_root_key(session, kiln.settings.hmac_key(), tenant="operators")
     return made.secret, made.key.id
 
 

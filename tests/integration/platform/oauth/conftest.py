@@ -11,19 +11,18 @@ from typing import Any
 import httpx
 import httpx2
 import pytest
+from pydantic import SecretStr
 
 from kiln_console.compose import create_app
-from kiln_platform.admin.authz import Actor, Role
 from kiln_platform.context import Kiln
 from kiln_platform.oauth import services
 from kiln_platform.oauth.schemas import ClientCreate
 from kiln_platform.settings import Settings
-from kiln_platform.tenants import services as tenant_services
-from kiln_platform.tenants.schemas import TenantCreate
+from tests.asgi import asgi
+from tests.factories import CLI, make_tenant
 
 from ..conftest import serving
 
-CLI = Actor("cli:test", Role.PLATFORM_ADMIN, None)
 BASE = "http://127.0.0.1"  # authlib refuses plain http except on loopback
 
 
@@ -41,10 +40,7 @@ class App:
 
     async def tenant(self) -> uuid.UUID:
         async with self.kiln.db.sessions.begin() as session:
-            made = await tenant_services.create_tenant(
-                session, CLI, TenantCreate(name=f"t-{uuid.uuid4()}")
-            )
-        return made.id
+            return await make_tenant(session)
 
     async def oauth_client(self, tenant: uuid.UUID, *scopes: str) -> tuple[str, str]:
         data = ClientCreate(name="test", scopes=list(scopes or ("inference",)))  # type: ignore[arg-type]
@@ -59,7 +55,7 @@ class App:
 def settings(database_uri: str, tmp_path_factory: pytest.TempPathFactory) -> Settings:
     return Settings(
         data_dir=tmp_path_factory.mktemp("data"), database_url=database_uri,
-        secret_key="oauth-test-secret", key_cache_ttl_s=0.0,
+        secret_key=SecretStr("oauth-test-secret"), key_cache_ttl_s=0.0,
     )  # fmt: skip
 
 
@@ -70,8 +66,8 @@ async def app(settings: Settings) -> AsyncIterator[App]:
         peer = ("127.0.0.1", 1)
         yield App(
             litestar.state.kiln,
-            httpx.ASGITransport(app=litestar, client=peer),
-            httpx2.ASGITransport(app=litestar, client=peer),
+            httpx.ASGITransport(app=asgi(litestar), client=peer),
+            httpx2.ASGITransport(app=asgi(litestar), client=peer),
         )
 
 

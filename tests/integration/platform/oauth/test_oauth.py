@@ -20,8 +20,9 @@ from sqlalchemy import select, text
 
 from kiln_platform.db.tables import AuditRecord
 from kiln_platform.oauth import keys, services
+from tests.factories import CLI
 
-from .conftest import BASE, CLI, App
+from .conftest import BASE, App
 
 Bearer = Callable[[str], dict[str, Any]]
 
@@ -210,6 +211,7 @@ async def test_signing_keys_sealed_at_rest(app: App, bearer: Bearer) -> None:
         pem = seal.open(row["private_sealed"], row["kid"].encode())
         private = RSAKey.import_key(pem)
         d = private.as_dict(private=True)["d"]
+        assert isinstance(d, str)
         assert b"PRIVATE KEY" in pem
         assert b"PRIVATE KEY" not in raw
         assert b"-----BEGIN" not in raw

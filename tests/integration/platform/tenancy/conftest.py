@@ -3,28 +3,24 @@ remembers every successful admin mutation so the audit log can be checked agains
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
 import pytest
+from pydantic import SecretStr
 from sqlalchemy import func, select
 
 from kiln_console.compose import create_app
-from kiln_platform.admin.authz import Actor, Role
 from kiln_platform.context import Kiln
 from kiln_platform.db.tables import AuditRecord
-from kiln_platform.keys import services as key_services
-from kiln_platform.keys.schemas import KeyCreate
 from kiln_platform.settings import Settings
-from kiln_platform.tenants import services as tenant_services
-from kiln_platform.tenants.schemas import TenantCreate
+from tests.asgi import asgi
+from tests.factories import make_root_key
 
 from ..conftest import serving
 
-CLI = Actor("cli:test", Role.PLATFORM_ADMIN, None)
 MUTATIONS = {"POST", "PUT", "PATCH", "DELETE"}
 
 
@@ -58,14 +54,14 @@ class Admin:
 def settings(database_uri: str, tmp_path_factory: pytest.TempPathFactory) -> Settings:
     return Settings(
         data_dir=tmp_path_factory.mktemp("data"), database_url=database_uri,
-        secret_key="tenancy-test-secret", key_cache_ttl_s=0.0,
+        secret_key=SecretStr("tenancy-test-secret"), key_cache_ttl_s=0.0,
     )  # fmt: skip
 
 
 @pytest.fixture(scope="module")
 async def admin(settings: Settings) -> AsyncIterator[Admin]:
     app = create_app(settings)
-    transport = httpx.ASGITransport(app=app, client=("10.1.2.3", 4321))
+    transport = httpx.ASGITransport(app=asgi(app), client=("10.1.2.3", 4321))
     async with (
         serving(app),
         httpx.AsyncClient(transport=transport, base_url="http://kiln.test") as client,
@@ -92,13 +88,5 @@ async def _every_mutation_audited_once(admin: Admin) -> None:
 async def root(admin: Admin) -> str:
     """A platform-admin key, made the way ``kiln`` does (CLI actor)."""
     async with admin.kiln.db.sessions.begin() as session:
-        op = await tenant_services.create_tenant(
-            session, CLI, TenantCreate(name=f"op-{uuid.uuid4()}")
-        )
-        made = await key_services.create_key(
-            session, CLI, op.id,
-            KeyCreate(name="root", scopes=["admin:read", "admin:write", "inference"],
-                      role="platform-admin"),
-            admin.kiln.settings.hmac_key(),
-        )  # fmt: skip
+        made = await make_root_key(session, admin.kiln.settings.hmac_key())
     return made.secret

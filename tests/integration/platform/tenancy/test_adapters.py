@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from pydantic import SecretStr
 from safetensors.numpy import save_file
 from sqlalchemy import func, select
 
@@ -18,10 +19,11 @@ from kiln_platform.db.tables import Adapter
 from kiln_platform.errors import BadRequest
 from kiln_platform.settings import Settings
 from kiln_runtimes.lora import Dims
+from tests.factories import CLI
 
 from ..conftest import TINY_LLM_DIMS as DIMS
 from ..conftest import register_tiny_llm
-from .conftest import CLI, Admin
+from .conftest import Admin
 
 MODEL = "tiny-llm"
 QV = ("q_proj", "v_proj")
@@ -32,7 +34,7 @@ def settings(database_uri: str, tmp_path_factory: pytest.TempPathFactory) -> Set
     """Workers hold adapters; none starts (the registered model has no real graph)."""
     return Settings(
         data_dir=tmp_path_factory.mktemp("data"), database_url=database_uri,
-        secret_key="adapters-test-secret", key_cache_ttl_s=0.0, pool_initial_replicas=0,
+        secret_key=SecretStr("adapters-test-secret"), key_cache_ttl_s=0.0, pool_initial_replicas=0,
         worker_adapter_slots=2, worker_adapter_rank=8,
     )  # fmt: skip
 

@@ -13,8 +13,9 @@ from sqlalchemy import func, select
 from kiln_platform.db.tables import AuditRecord, CompileJob, Model, ModelRoute, ModelVersion
 from kiln_platform.oauth import services as oauth
 from kiln_platform.oauth.schemas import ClientCreate
+from tests.factories import CLI
 
-from .conftest import CLI, Admin
+from .conftest import Admin
 
 FULL = ["admin:read", "admin:write", "inference"]
 CHUNK = 256 << 10
@@ -41,7 +42,7 @@ class CountingBody:
 async def _state(admin: Admin) -> dict[str, Any]:
     """Everything a model write could change: rows, audit records, stored files."""
     async with admin.kiln.db.sessions() as session:
-        counts = {
+        counts: dict[str, Any] = {
             table.__name__: await session.scalar(select(func.count()).select_from(table))
             for table in (Model, ModelVersion, CompileJob, ModelRoute, AuditRecord)
         }

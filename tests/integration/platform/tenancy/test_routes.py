@@ -10,6 +10,7 @@ import uuid
 from typing import Any
 
 import pytest
+from pydantic import SecretStr
 
 from kiln_platform.errors import ModelNotFound
 from kiln_platform.registry.services import MISS_REFRESH_S, Resolver, register_version
@@ -27,7 +28,7 @@ def settings(database_uri: str, tmp_path_factory: pytest.TempPathFactory) -> Set
     """No worker starts until a request asks (the registered versions have no real files)."""
     return Settings(
         data_dir=tmp_path_factory.mktemp("data"), database_url=database_uri,
-        secret_key="routes-test-secret", key_cache_ttl_s=0.0, pool_initial_replicas=0,
+        secret_key=SecretStr("routes-test-secret"), key_cache_ttl_s=0.0, pool_initial_replicas=0,
     )  # fmt: skip
 
 

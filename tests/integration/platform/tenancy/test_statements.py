@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import uuid
 from datetime import UTC, datetime
+from typing import Any
 from zoneinfo import ZoneInfo
 
 import pytest
@@ -101,7 +102,7 @@ async def test_finance_reads_costs_and_statements_and_nothing_else(admin: Admin,
     for path in reads_ok:
         assert (await admin.call("GET", path, fin)).status_code == 200, path
     key_id = member["key"]["id"]
-    refused = [
+    refused: list[tuple[str, str, dict[str, Any] | None]] = [
         ("GET", "/admin/v1/tenants", None),
         ("GET", f"/admin/v1/tenants/{t}", None),
         ("GET", f"/admin/v1/tenants/{t}/keys", None),
