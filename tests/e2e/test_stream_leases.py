@@ -129,5 +129,8 @@ def test_a_stream_keeps_its_lease_and_hold_until_its_deadline(kiln: KilnProcess)
     while _held(kiln) != (0, 0) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert _held(kiln) == (0, 0)
+    deadline = time.monotonic() + 5  # the worker sees the cancel at its next step
+    while _in_flight(kiln) != 0 and time.monotonic() < deadline:
+        time.sleep(0.1)
     assert _in_flight(kiln) == 0  # the worker's sequence was cancelled: its slot is free
     assert _second(kiln) == 200
