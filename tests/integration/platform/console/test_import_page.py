@@ -16,6 +16,7 @@ from typing import Any
 
 import httpx
 import pytest
+from pydantic import SecretStr
 
 from kiln_platform.settings import Settings
 
@@ -31,7 +32,7 @@ def settings(database_uri: str, tmp_path_factory: pytest.TempPathFactory) -> Set
     """No worker starts for the imported version (the test reads the page, not the model)."""
     return Settings(
         data_dir=tmp_path_factory.mktemp("data"), database_url=database_uri,
-        secret_key="console-test-secret", pool_initial_replicas=0,
+        secret_key=SecretStr("console-test-secret"), pool_initial_replicas=0,
     )  # fmt: skip
 
 
