@@ -19,7 +19,7 @@ from kiln_platform.admin.deps import transaction
 from kiln_platform.compiler import services as jobs
 from kiln_platform.context import Kiln
 from kiln_platform.errors import BadRequest
-from kiln_platform.registry import imports, services, versions
+from kiln_platform.registry import imports, intake, services, versions
 from kiln_platform.registry.schemas import RouteUpdate
 from kiln_platform.registry.services import ModelRoutes
 from kiln_platform.registry.upload import upload_dir
@@ -79,7 +79,7 @@ class Models(Controller):
         with tempfile.TemporaryDirectory(dir=upload_dir(kiln.settings), prefix="body-") as tmp:
             body = Path(tmp) / "body"
             await _save(upload, body, kiln.settings.max_upload_bytes)
-            done = await imports.import_file(
+            done = await intake.import_file(
                 kiln, viewer.actor, str(form.get("name", "")).strip(), body, options
             )
         if isinstance(done, uuid.UUID):

@@ -170,6 +170,8 @@ class WorkerClient:
                 timeout=limit,
             ) as resp:
                 yield resp
+        except aiohttp.SocketTimeoutError as exc:  # a slow read: the worker is there, not gone
+            raise DeadlineExceeded("The pool did not answer in time.") from exc
         except (aiohttp.ClientConnectionError, ConnectionError) as exc:
             self._pools.mark_unreachable(worker)
             if connect_retry and isinstance(exc, aiohttp.ClientConnectorError):

@@ -19,7 +19,7 @@ from kiln_platform.admin.deps import ActorDep, AdminController, KilnDep, Session
 from kiln_platform.compiler import services as jobs
 from kiln_platform.compiler.schemas import CompileJobView, CompileRequest, UploadView
 from kiln_platform.errors import BadRequest
-from kiln_platform.registry import imports, services, versions
+from kiln_platform.registry import imports, intake, services, versions
 from kiln_platform.registry.engine import EngineSettings, EngineUpdate
 from kiln_platform.registry.schemas import RouteUpdate, RouteView
 from kiln_platform.registry.upload import receive, upload_dir
@@ -69,7 +69,7 @@ class AdminModelsController(AdminController):
         with tempfile.TemporaryDirectory(dir=upload_dir(settings), prefix="body-") as tmp:
             path = Path(tmp) / "body"
             await receive(request.stream(), path, settings.max_upload_bytes)
-            done = await imports.import_file(kiln, actor, name, path, options)
+            done = await intake.import_file(kiln, actor, name, path, options)
         if isinstance(done, uuid.UUID):
             async with kiln.db.sessions() as session:
                 job = await jobs.view(session, actor, done)

@@ -31,14 +31,13 @@ from kiln_platform.db.tables import CompileJob, Model, ModelVersion
 from kiln_platform.errors import BadRequest, Conflict
 from kiln_platform.registry import validation
 from kiln_platform.registry.engine import EngineSettings
-from kiln_platform.registry.upload import NAME, VERSION, Uploaded, upload_version
+from kiln_platform.registry.upload import NAME, VERSION
 from kiln_runtimes.protocol import BuildFailure
 
 if TYPE_CHECKING:
     from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
     from kiln_platform.admin.authz import Actor
-    from kiln_platform.context import Kiln
     from kiln_runtimes.store import ArtifactStore
 
 GGUF_MAGIC = b"GGUF"
@@ -175,28 +174,6 @@ def check_options(options: ImportOptions) -> None:
         )
     if options.version is not None and not VERSION.fullmatch(options.version):
         raise BadRequest(f"invalid version {options.version!r}", param="version")
-
-
-async def import_file(
-    kiln: Kiln, actor: Actor, name: str, body: Path, options: ImportOptions
-) -> uuid.UUID | Uploaded:
-    """An uploaded file at ``body`` (an archive of a folder, a .gguf or a .onnx, alone in a
-    scratch folder): a build source's job id (the compiler poked), or a tensor model's version,
-    registered at once. The admin API and the console's Models page both import through here."""
-    settings = kiln.settings
-    staged = await asyncio.to_thread(
-        stage, body, body.parent, settings.max_upload_bytes, options.task
-    )
-    if staged.kind == "tensor":
-        return await upload_version(
-            kiln.db.sessions, kiln.store, settings, name, staged.root,
-            actor=actor, version=options.version, refresh=kiln.resolver.refresh,
-        )  # fmt: skip
-    job_id = await start_import(
-        kiln.db.sessions, kiln.store, name, staged, options, actor=actor, env=kiln.compiler.env
-    )
-    kiln.compiler.poke()
-    return job_id
 
 
 async def start_import(
