@@ -283,3 +283,18 @@ def summarize(window: Window, reqs: list[Req]) -> Stats:
         tokens_per_chunk=tokens / chunks if chunks else float("nan"),
         first_error=errors[0].error if errors else None,
     )
+
+
+def measure_round(
+    kiln: Any, client: Any, streams: int, duration: float, encode: Any, *, first: int = 0
+) -> float:
+    """Output tokens/s of one closed-loop round of ``client`` against a quiesced ``kiln``."""
+    from _llm_servers import quiesce
+
+    quiesce(kiln.owned())
+    window, reqs = asyncio.run(closed_loop(client, streams, 3.0, duration, 60.0, first=first))
+    count_tokens(reqs, encode)
+    stats = summarize(window, reqs)
+    if stats.errors:
+        raise RuntimeError(f"{stats.errors} requests failed: {stats.first_error}")
+    return stats.tokens_per_s

@@ -33,8 +33,8 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from _llm_load import SSEClient, closed_loop, count_tokens, summarize
-from _llm_servers import Kiln, quiesce
+from _llm_load import SSEClient, measure_round
+from _llm_servers import Kiln
 from tokenizers import Tokenizer
 
 IMPORTED = "smollm2-imported"
@@ -161,16 +161,8 @@ def compare(kiln: Kiln) -> dict[str, dict[str, Any]]:
 
 def measure(kiln: Kiln, model: str, args: argparse.Namespace, encode: Any, first: int) -> float:
     """Output tokens/s of one closed-loop round on ``model``."""
-    quiesce(kiln.owned())
     client = SSEClient(kiln.base_url, model, kiln.key, max_tokens=args.max_tokens, usage=True)
-    window, reqs = asyncio.run(
-        closed_loop(client, args.streams, 3.0, args.duration, 60.0, first=first)
-    )
-    count_tokens(reqs, encode)
-    stats = summarize(window, reqs)
-    if stats.errors:
-        raise RuntimeError(f"{stats.errors} requests failed: {stats.first_error}")
-    return stats.tokens_per_s
+    return measure_round(kiln, client, args.streams, args.duration, encode, first=first)
 
 
 def main() -> None:

@@ -15,7 +15,6 @@ Prints output tokens/s of each and the ratio mixed ÷ base (docs/benchmarks.md).
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import statistics
 import tempfile
@@ -24,8 +23,8 @@ from typing import Any
 
 import httpx
 import numpy as np
-from _llm_load import SSEClient, closed_loop, count_tokens, summarize
-from _llm_servers import Kiln, quiesce
+from _llm_load import SSEClient, measure_round
+from _llm_servers import Kiln
 from safetensors.numpy import save_file
 from tokenizers import Tokenizer
 
@@ -88,14 +87,8 @@ def upload_adapters(kiln: Kiln, model_dir: Path) -> list[str]:
 
 def measure(kiln: Kiln, models: list[str], args: argparse.Namespace, encode: Any) -> float:
     """Output tokens/s of one closed-loop round."""
-    quiesce(kiln.owned())
     client = MixedClient(models, kiln.base_url, models[0], kiln.key, max_tokens=64, usage=True)
-    window, reqs = asyncio.run(closed_loop(client, args.streams, 3.0, args.duration, 60.0))
-    count_tokens(reqs, encode)
-    stats = summarize(window, reqs)
-    if stats.errors:
-        raise RuntimeError(f"{stats.errors} requests failed: {stats.first_error}")
-    return stats.tokens_per_s
+    return measure_round(kiln, client, args.streams, args.duration, encode)
 
 
 def main() -> None:

@@ -15,6 +15,7 @@ from kiln_platform.compiler.schemas import CompileJobView
 from kiln_platform.db.tables import CompileJob, Model, ModelVersion
 from kiln_platform.db.views import view_of
 from kiln_platform.errors import BadRequest, NotFound
+from kiln_platform.registry.versions import find_version
 from kiln_runtimes.engines import engine_key, validate_target
 
 if TYPE_CHECKING:
@@ -51,26 +52,13 @@ _CLAIM = text(
 )
 
 
-async def _version(session: AsyncSession, model: str, version: str) -> tuple[Model, ModelVersion]:
-    row = (
-        await session.execute(
-            select(Model, ModelVersion)
-            .join(ModelVersion, ModelVersion.model_id == Model.id)
-            .where(Model.name == model, ModelVersion.version == version)
-        )
-    ).first()
-    if row is None:
-        raise NotFound(f"{model} version {version} does not exist")
-    return row[0], row[1]
-
-
 async def enqueue(  # noqa: PLR0917 (who, what, and for which target)
     session: AsyncSession, actor: Actor, model: str, version: str, target: str, precision: str
 ) -> CompileJob:
     """Queue a compile (platform-admin, audited as ``model.compile``); an identical one (same
     cache key) is returned, a failed one requeued."""
     require(actor, "compile-jobs", write=True)
-    found_model, found_version = await _version(session, model, version)
+    found_model, found_version = await find_version(session, model, version)
     if found_model.task != "tensor":
         raise BadRequest(f"{model} is a {found_model.task} model; only tensor models compile")
     try:

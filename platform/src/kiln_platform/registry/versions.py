@@ -37,7 +37,10 @@ class VersionView(msgspec.Struct, kw_only=True):
     created_at: datetime
 
 
-async def _find(session: AsyncSession, name: str, version: str) -> tuple[Model, ModelVersion]:
+async def find_version(
+    session: AsyncSession, name: str, version: str
+) -> tuple[Model, ModelVersion]:
+    """A model and one of its versions, or ``NotFound``."""
     row = (
         await session.execute(
             select(Model, ModelVersion)
@@ -63,7 +66,7 @@ def _view(model: Model, row: ModelVersion) -> VersionView:
 async def view(session: AsyncSession, actor: Actor, name: str, version: str) -> VersionView:
     """One version (platform-admin), or ``NotFound``."""
     require(actor, "models")
-    return _view(*await _find(session, name, version))
+    return _view(*await find_version(session, name, version))
 
 
 async def update_engine(
@@ -72,7 +75,7 @@ async def update_engine(
     """Change a version's engine settings (platform-admin; audited as
     ``model.version.update``). A built model's target and precision are what it was built for."""
     require(actor, "models", write=True)
-    model, row = await _find(session, name, version)
+    model, row = await find_version(session, name, version)
     before = decode(row.engine_settings)
     after = merged(before, change)
     if model.task != "tensor":
