@@ -16,7 +16,7 @@ from litestar.params import Body
 from kiln_platform.adapters import services
 from kiln_platform.adapters.directory import slot_rank
 from kiln_platform.adapters.schemas import AdapterView
-from kiln_platform.admin.deps import ActorDep, AdminController, KilnDep, SessionDep, transaction
+from kiln_platform.admin.deps import AdminController, CallDep, transaction
 
 MAX_ADAPTER_BYTES = 256 << 20
 
@@ -37,18 +37,16 @@ class AdaptersController(AdminController):
     opt = {"resource": "adapters"}  # noqa: RUF012 (admin.deps.authorize reads it)
 
     @get("/tenants/{tenant_id:uuid}/adapters")
-    async def list_adapters(
-        self, session: SessionDep, actor: ActorDep, tenant_id: uuid.UUID
-    ) -> list[AdapterView]:
+    async def list_adapters(self, call: CallDep, tenant_id: uuid.UUID) -> list[AdapterView]:
         """The tenant's adapters."""
-        return await services.list_adapters(session, actor, tenant_id)
+        return await services.list_adapters(await call.session(), call.actor, tenant_id)
 
     @post(
         "/tenants/{tenant_id:uuid}/adapters", status_code=201,
         request_max_body_size=MAX_ADAPTER_BYTES,
     )  # fmt: skip
     async def create_adapter(
-        self, kiln: KilnDep, actor: ActorDep, tenant_id: uuid.UUID,
+        self, call: CallDep, tenant_id: uuid.UUID,
         data: Annotated[AdapterForm, Body(media_type=RequestEncodingType.MULTI_PART)],
     ) -> AdapterView:  # fmt: skip
         """Upload an adapter of a generation model; 400 names the field that does not fit (the
@@ -59,21 +57,21 @@ class AdaptersController(AdminController):
             upload = services.Upload(
                 name=data.name, model=data.model, config=await data.config.read(), weights=weights
             )
-            async with transaction(kiln, actor) as session:
+            async with transaction(call.kiln, call.actor) as session:
                 return await services.create_adapter(
-                    session, actor, tenant_id, upload, store=kiln.store,
-                    max_rank=slot_rank(kiln.settings), directory=kiln.adapters,
+                    session, call.actor, tenant_id, upload, store=call.kiln.store,
+                    max_rank=slot_rank(call.kiln.settings), directory=call.kiln.adapters,
                 )  # fmt: skip
 
     @delete("/tenants/{tenant_id:uuid}/adapters/{adapter_id:uuid}", status_code=204)
     async def delete_adapter(
         self,
-        kiln: KilnDep,
-        session: SessionDep,
-        actor: ActorDep,
+        call: CallDep,
         tenant_id: uuid.UUID,
         adapter_id: uuid.UUID,
     ) -> None:
         """Delete an adapter; requests naming it are refused at once through this gateway and
         within the cache TTL (5 s) through others."""
-        await services.delete_adapter(session, actor, tenant_id, adapter_id, kiln.adapters)
+        await services.delete_adapter(
+            await call.session(), call.actor, tenant_id, adapter_id, call.kiln.adapters
+        )

@@ -3,7 +3,7 @@ authorization guard, the actor-scoped transaction and the controllers' base clas
 
 from __future__ import annotations
 
-from contextlib import asynccontextmanager
+from contextlib import AsyncExitStack, asynccontextmanager
 from typing import TYPE_CHECKING, Any
 
 from litestar import Request
@@ -142,30 +142,51 @@ async def transaction(kiln: Kiln, actor: Actor) -> AsyncIterator[AsyncSession]:
         raise BadRequest(BAD_TEXT_MESSAGE) from exc
 
 
-async def provide_session(
+class AdminCall:
+    """One ``/admin/v1`` request's context: the deployment (``kiln``), the authenticated
+    ``actor`` and, begun on first use, the actor's transaction (``session()``)."""
+
+    def __init__(self, kiln: Kiln, actor: Actor, stack: AsyncExitStack) -> None:
+        self.kiln = kiln
+        self.actor = actor
+        self._stack = stack
+        self._session: AsyncSession | None = None
+
+    @property
+    def hmac_key(self) -> bytes:
+        """The deployment's key for credential digests (``Settings.hmac_key``)."""
+        return self.kiln.settings.hmac_key()
+
+    async def session(self) -> AsyncSession:
+        """The actor's transaction (as ``transaction``), begun on the first call and committed
+        after the handler returns, before the response is sent; a handler that manages its
+        own transactions (an upload, a stream) never calls it and holds no connection."""
+        if self._session is None:
+            self._session = await self._stack.enter_async_context(_begin(self.kiln, self.actor))
+        return self._session
+
+
+async def provide_call(
     kiln: SkipValidation[Kiln], actor: SkipValidation[Actor]
-) -> AsyncIterator[AsyncSession]:
-    """The ``session`` of a handler that is one service call: its actor's transaction (as
-    ``transaction``), committed after the handler returns and before the response is sent.
+) -> AsyncIterator[AdminCall]:
+    """The ``call`` dependency of every ``/admin/v1`` handler (``AdminCall``).
 
     A handler's exception passes through unchanged (Litestar would wrap a new one in an
     ``ExceptionGroup``), so text PostgreSQL refuses becomes 400 in ``app._error_response``.
     """
-    async with _begin(kiln, actor) as session:
-        yield session
+    async with AsyncExitStack() as stack:
+        yield AdminCall(kiln, actor, stack)
 
 
-KilnDep = SkipValidation[Kiln]
-ActorDep = SkipValidation[Actor]
-SessionDep = SkipValidation[AsyncSession]
+CallDep = SkipValidation[AdminCall]
 
 
 class AdminController(DocumentedController):
     """Base of the admin controllers: every handler is authorized by ``authorize`` (its
-    ``opt["resource"]`` read or written, before its body is read) and gets the ``actor`` and
-    its ``session`` (``provide_session``)."""
+    ``opt["resource"]`` read or written, before its body is read) and gets its ``call``
+    (``AdminCall``: the deployment, the actor, the actor's transaction)."""
 
     path = "/admin/v1"
     guards = [authorize]  # noqa: RUF012
-    dependencies = {"actor": Provide(provide_actor), "session": Provide(provide_session)}  # noqa: RUF012
+    dependencies = {"actor": Provide(provide_actor), "call": Provide(provide_call)}  # noqa: RUF012
     tags = ["admin"]  # noqa: RUF012

@@ -9,7 +9,7 @@ from typing import Annotated
 from litestar import get
 from litestar.params import Parameter
 
-from kiln_platform.admin.deps import ActorDep, AdminController, KilnDep, transaction
+from kiln_platform.admin.deps import AdminController, CallDep, transaction
 from kiln_platform.audit import services
 from kiln_platform.audit.schemas import AuditPage
 
@@ -23,8 +23,7 @@ class AuditController(AdminController):
     async def list_audit(
         self,
         *,
-        kiln: KilnDep,
-        actor: ActorDep,
+        call: CallDep,
         tenant_id: uuid.UUID | None = None,
         actor_name: Annotated[str | None, Parameter(query="actor", max_length=200)] = None,
         action: Annotated[str | None, Parameter(max_length=64)] = None,
@@ -41,5 +40,5 @@ class AuditController(AdminController):
             tenant_id=tenant_id, actor=actor_name, action=action, target_type=target_type,
             target_id=target_id, request_id=request_id, since=since, until=until,
         )  # fmt: skip
-        async with transaction(kiln, actor) as session:
-            return await services.list_records(session, actor, where, cursor, limit)
+        async with transaction(call.kiln, call.actor) as session:
+            return await services.list_records(session, call.actor, where, cursor, limit)

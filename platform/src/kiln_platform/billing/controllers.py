@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from litestar import get, post
 
-from kiln_platform.admin.deps import ActorDep, AdminController, KilnDep, SessionDep
+from kiln_platform.admin.deps import AdminController, CallDep
 from kiln_platform.billing import pricebooks
 from kiln_platform.billing.schemas import PriceBookCreate, PriceBookView
 
@@ -19,21 +19,19 @@ class PriceBooksController(AdminController):
     opt = {"resource": "price-books"}  # noqa: RUF012 (admin.deps.authorize reads it)
 
     @get("/price-books")
-    async def list_books(self, kiln: KilnDep, actor: ActorDep) -> list[PriceBookView]:
+    async def list_books(self, call: CallDep) -> list[PriceBookView]:
         """Every version, oldest first."""
-        async with kiln.db.sessions() as session:
-            return await pricebooks.list_books(session, actor)
+        async with call.kiln.db.sessions() as session:
+            return await pricebooks.list_books(session, call.actor)
 
     @get("/price-books/{version:int}")
-    async def get_book(self, kiln: KilnDep, actor: ActorDep, version: int) -> PriceBookView:
+    async def get_book(self, call: CallDep, version: int) -> PriceBookView:
         """One version."""
-        async with kiln.db.sessions() as session:
-            return await pricebooks.get_book(session, actor, version)
+        async with call.kiln.db.sessions() as session:
+            return await pricebooks.get_book(session, call.actor, version)
 
     @post("/price-books", status_code=201)
-    async def create_book(
-        self, session: SessionDep, actor: ActorDep, data: PriceBookCreate
-    ) -> PriceBookView:
+    async def create_book(self, call: CallDep, data: PriceBookCreate) -> PriceBookView:
         """Publish a new version (platform-admin); gateways price with it within 5 s of its
         ``effective_from``."""
-        return await pricebooks.create_book(session, actor, data)
+        return await pricebooks.create_book(await call.session(), call.actor, data)

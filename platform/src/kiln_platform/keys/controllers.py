@@ -6,7 +6,7 @@ import uuid
 
 from litestar import delete, get, post
 
-from kiln_platform.admin.deps import ActorDep, AdminController, KilnDep, SessionDep
+from kiln_platform.admin.deps import AdminController, CallDep
 from kiln_platform.keys import services
 from kiln_platform.keys.schemas import KeyCreate, KeyCreated, KeyView
 
@@ -17,34 +17,18 @@ class KeysController(AdminController):
     opt = {"resource": "keys"}  # noqa: RUF012 (admin.deps.authorize reads it)
 
     @get("/tenants/{tenant_id:uuid}/keys")
-    async def list_keys(
-        self, session: SessionDep, actor: ActorDep, tenant_id: uuid.UUID
-    ) -> list[KeyView]:
+    async def list_keys(self, call: CallDep, tenant_id: uuid.UUID) -> list[KeyView]:
         """A tenant's API keys (prefix, label, role, scopes, created, last used, expiry)."""
-        return await services.list_keys(session, actor, tenant_id)
+        return await services.list_keys(await call.session(), call.actor, tenant_id)
 
     @post("/tenants/{tenant_id:uuid}/keys", status_code=201)
-    async def create_key(
-        self,
-        kiln: KilnDep,
-        session: SessionDep,
-        actor: ActorDep,
-        tenant_id: uuid.UUID,
-        data: KeyCreate,
-    ) -> KeyCreated:
+    async def create_key(self, call: CallDep, tenant_id: uuid.UUID, data: KeyCreate) -> KeyCreated:
         """Create an API key; its secret is in this response only."""
-        return await services.create_key(session, actor, tenant_id, data, kiln.settings.hmac_key())
+        session = await call.session()
+        return await services.create_key(session, call.actor, tenant_id, data, call.hmac_key)
 
     @delete("/tenants/{tenant_id:uuid}/keys/{key_id:uuid}", status_code=200)
-    async def revoke_key(
-        self,
-        kiln: KilnDep,
-        session: SessionDep,
-        actor: ActorDep,
-        tenant_id: uuid.UUID,
-        key_id: uuid.UUID,
-    ) -> KeyView:
+    async def revoke_key(self, call: CallDep, tenant_id: uuid.UUID, key_id: uuid.UUID) -> KeyView:
         """Revoke an API key (refused by every gateway within the key cache TTL, 5 s)."""
-        return await services.revoke_key(
-            session, actor, str(key_id), kiln.settings.hmac_key(), tenant_id
-        )
+        session = await call.session()
+        return await services.revoke_key(session, call.actor, str(key_id), call.hmac_key, tenant_id)

@@ -15,7 +15,7 @@ import msgspec
 from litestar import Request, Response, get, patch, post, put
 from litestar.openapi.datastructures import ResponseSpec
 
-from kiln_platform.admin.deps import ActorDep, AdminController, KilnDep, SessionDep
+from kiln_platform.admin.deps import AdminController, CallDep
 from kiln_platform.compiler import services as jobs
 from kiln_platform.compiler.schemas import CompileJobView, CompileRequest, UploadView
 from kiln_platform.errors import BadRequest
@@ -42,8 +42,7 @@ class AdminModelsController(AdminController):
         self,
         *,
         request: Request[Any, Any, Any],
-        kiln: KilnDep,
-        actor: ActorDep,
+        call: CallDep,
         name: str,
         version: str | None = None,
         task: str | None = None,
@@ -57,7 +56,7 @@ class AdminModelsController(AdminController):
         data) is registered at once (201). A Hugging Face or GenAI folder (.zip/.tar) or a .gguf
         file is stored as the version's source and built by a job (202, the job: follow it at
         ``/compile-jobs/{id}``)."""
-        settings = kiln.settings
+        settings = call.kiln.settings
         try:
             engine = msgspec.convert(
                 {"max_batch_size": max_batch_size, "max_context": max_context,
@@ -69,10 +68,10 @@ class AdminModelsController(AdminController):
         with tempfile.TemporaryDirectory(dir=upload_dir(settings), prefix="body-") as tmp:
             path = Path(tmp) / "body"
             await receive(request.stream(), path, settings.max_upload_bytes)
-            done = await intake.import_file(kiln, actor, name, path, options)
+            done = await intake.import_file(call.kiln, call.actor, name, path, options)
         if isinstance(done, uuid.UUID):
-            async with kiln.db.sessions() as session:
-                job = await jobs.view(session, actor, done)
+            async with call.kiln.db.sessions() as session:
+                job = await jobs.view(session, call.actor, done)
             return Response(job, status_code=202)
         return Response(
             UploadView(
@@ -87,21 +86,19 @@ class AdminModelsController(AdminController):
         )
 
     @get("/models/{name:str}/versions/{version:str}")
-    async def get_version(
-        self, kiln: KilnDep, actor: ActorDep, name: str, version: str
-    ) -> versions.VersionView:
+    async def get_version(self, call: CallDep, name: str, version: str) -> versions.VersionView:
         """One version: engine settings, the build's accuracy report, manifest."""
-        async with kiln.db.sessions() as session:
-            return await versions.view(session, actor, name, version)
+        async with call.kiln.db.sessions() as session:
+            return await versions.view(session, call.actor, name, version)
 
     @patch("/models/{name:str}/versions/{version:str}")
     async def update_version(
-        self, kiln: KilnDep, actor: ActorDep, name: str, version: str, data: EngineUpdate
+        self, call: CallDep, name: str, version: str, data: EngineUpdate
     ) -> versions.VersionView:
         """Change a version's engine settings; its workers restart with them."""
-        async with kiln.db.sessions.begin() as session:
-            view = await versions.update_engine(session, actor, name, version, data)
-        await kiln.pools.reconcile()
+        async with call.kiln.db.sessions.begin() as session:
+            view = await versions.update_engine(session, call.actor, name, version, data)
+        await call.kiln.pools.reconcile()
         return view
 
     @post(
@@ -110,27 +107,29 @@ class AdminModelsController(AdminController):
         status_code=202,
     )
     async def compile(
-        self, kiln: KilnDep, actor: ActorDep, name: str, version: str, data: CompileRequest
+        self, call: CallDep, name: str, version: str, data: CompileRequest
     ) -> CompileJobView:
         """Queue a compile of a version for a target (the same compile is never queued twice)."""
-        async with kiln.db.sessions.begin() as session:
-            job = await jobs.enqueue(session, actor, name, version, data.target, data.precision)
+        async with call.kiln.db.sessions.begin() as session:
+            job = await jobs.enqueue(
+                session, call.actor, name, version, data.target, data.precision
+            )
             job_id = job.id
-        kiln.compiler.poke()
-        async with kiln.db.sessions() as session:
-            return await jobs.view(session, actor, job_id)
+        call.kiln.compiler.poke()
+        async with call.kiln.db.sessions() as session:
+            return await jobs.view(session, call.actor, job_id)
 
     @get("/compile-jobs/{job_id:uuid}", opt=COMPILE_JOBS)
-    async def get_job(self, kiln: KilnDep, actor: ActorDep, job_id: uuid.UUID) -> CompileJobView:
+    async def get_job(self, call: CallDep, job_id: uuid.UUID) -> CompileJobView:
         """One compile job: queued, running, done (with its report) or failed (with the reason)."""
-        async with kiln.db.sessions() as session:
-            return await jobs.view(session, actor, job_id)
+        async with call.kiln.db.sessions() as session:
+            return await jobs.view(session, call.actor, job_id)
 
     @get("/compile-jobs", opt=COMPILE_JOBS)
-    async def list_jobs(self, kiln: KilnDep, actor: ActorDep) -> list[CompileJobView]:
+    async def list_jobs(self, call: CallDep) -> list[CompileJobView]:
         """The newest compile jobs."""
-        async with kiln.db.sessions() as session:
-            return await jobs.list_jobs(session, actor)
+        async with call.kiln.db.sessions() as session:
+            return await jobs.list_jobs(session, call.actor)
 
 
 class RoutesController(AdminController):
@@ -139,14 +138,14 @@ class RoutesController(AdminController):
     opt = {"resource": "models"}  # noqa: RUF012 (admin.deps.authorize reads it)
 
     @get("/models/{name:str}/route")
-    async def get_route(self, session: SessionDep, actor: ActorDep, name: str) -> RouteView:
+    async def get_route(self, call: CallDep, name: str) -> RouteView:
         """A model's route (without one, the newest version serves)."""
-        return await services.get_route(session, actor, name)
+        return await services.get_route(await call.session(), call.actor, name)
 
     @put("/models/{name:str}/route")
-    async def set_route(
-        self, kiln: KilnDep, session: SessionDep, actor: ActorDep, name: str, data: RouteUpdate
-    ) -> RouteView:
+    async def set_route(self, call: CallDep, name: str, data: RouteUpdate) -> RouteView:
         """Set the stable version and an optional canary share (platform-admin); this gateway
         applies it at once, others within their 2 s refresh."""
-        return await services.set_route(session, actor, name, data, reconcile=kiln.pools.reconcile)
+        return await services.set_route(
+            await call.session(), call.actor, name, data, reconcile=call.kiln.pools.reconcile
+        )

@@ -10,7 +10,7 @@ from litestar.openapi import ResponseSpec
 from litestar.params import Parameter
 from litestar.response import Stream
 
-from kiln_platform.admin.deps import ActorDep, AdminController, KilnDep, SessionDep, transaction
+from kiln_platform.admin.deps import AdminController, CallDep, transaction
 from kiln_platform.reports import services, statements
 from kiln_platform.reports.schemas import AdjustmentCreate, AdjustmentView, StatementView
 
@@ -36,8 +36,7 @@ class ReportsController(AdminController):
         self,
         *,
         request: Request[Any, Any, Any],
-        kiln: KilnDep,
-        actor: ActorDep,
+        call: CallDep,
         start: Annotated[str, Parameter(query="from", max_length=40)],
         end: Annotated[str, Parameter(query="to", max_length=40)],
         group_by: Annotated[str | None, Parameter(max_length=200)] = None,
@@ -46,42 +45,40 @@ class ReportsController(AdminController):
     ) -> Stream:
         """Costs in ``[from, to)`` grouped by ``group_by`` (tenant, model, version, key, day,
         request), streamed; ``format=csv`` or ``Accept: text/csv`` for CSV."""
-        query = services.cost_query(actor, start, end, group_by, tenant_id)
+        query = services.cost_query(call.actor, start, end, group_by, tenant_id)
         kind = services.report_format(fmt, request.headers.get("accept"))
         encode = services.stream_csv if kind == "csv" else services.stream_json
         headers = {}
         if kind == "csv":
             name = f"kiln-costs-{query.start:%Y%m%dT%H%M%S}-{query.end:%Y%m%dT%H%M%S}.csv"
             headers["content-disposition"] = f'attachment; filename="{name}"'
-        body = encode(lambda: transaction(kiln, actor), query)
+        body = encode(lambda: transaction(call.kiln, call.actor), query)
         return Stream(body, media_type=MEDIA[kind], headers=headers)
 
     @get("/tenants/{tenant_id:uuid}/statements", opt=STATEMENTS)
-    async def list_statements(
-        self, session: SessionDep, actor: ActorDep, tenant_id: uuid.UUID
-    ) -> list[StatementView]:
+    async def list_statements(self, call: CallDep, tenant_id: uuid.UUID) -> list[StatementView]:
         """A tenant's closed monthly statements, newest first."""
-        return await statements.list_statements(session, actor, tenant_id)
+        return await statements.list_statements(await call.session(), call.actor, tenant_id)
 
     @get("/tenants/{tenant_id:uuid}/statements/{period:str}", opt=STATEMENTS)
     async def get_statement(
-        self, session: SessionDep, actor: ActorDep, tenant_id: uuid.UUID, period: Period
+        self, call: CallDep, tenant_id: uuid.UUID, period: Period
     ) -> StatementView:
         """One closed statement (``YYYY-MM``)."""
-        return await statements.get_statement(session, actor, tenant_id, period)
+        return await statements.get_statement(await call.session(), call.actor, tenant_id, period)
 
     @post(
         "/tenants/{tenant_id:uuid}/statements/{period:str}/close", status_code=201, opt=STATEMENTS
     )
     async def close_statement(
-        self, session: SessionDep, actor: ActorDep, tenant_id: uuid.UUID, period: Period
+        self, call: CallDep, tenant_id: uuid.UUID, period: Period
     ) -> StatementView:
         """Close a month that is over, in the tenant's time zone (platform-admin; twice: 409)."""
-        return await statements.close_statement(session, actor, tenant_id, period)
+        return await statements.close_statement(await call.session(), call.actor, tenant_id, period)
 
     @post("/tenants/{tenant_id:uuid}/adjustments", status_code=201, opt=ADJUSTMENTS)
     async def create_adjustment(
-        self, session: SessionDep, actor: ActorDep, tenant_id: uuid.UUID, data: AdjustmentCreate
+        self, call: CallDep, tenant_id: uuid.UUID, data: AdjustmentCreate
     ) -> AdjustmentView:
         """A correction charged now, naming the month it corrects (platform-admin)."""
-        return await statements.create_adjustment(session, actor, tenant_id, data)
+        return await statements.create_adjustment(await call.session(), call.actor, tenant_id, data)

@@ -6,7 +6,7 @@ import uuid
 
 from litestar import delete, get, patch, post
 
-from kiln_platform.admin.deps import ActorDep, AdminController, SessionDep
+from kiln_platform.admin.deps import AdminController, CallDep
 from kiln_platform.users import services
 from kiln_platform.users.schemas import UserCreate, UserUpdate, UserView
 
@@ -17,30 +17,28 @@ class UsersController(AdminController):
     opt = {"resource": "users"}  # noqa: RUF012 (admin.deps.authorize reads it)
 
     @get("/users")
-    async def list_users(
-        self, session: SessionDep, actor: ActorDep, tenant_id: uuid.UUID | None = None
-    ) -> list[UserView]:
+    async def list_users(self, call: CallDep, tenant_id: uuid.UUID | None = None) -> list[UserView]:
         """Users visible to the caller (optionally of one tenant)."""
-        return await services.list_users(session, actor, tenant_id)
+        return await services.list_users(await call.session(), call.actor, tenant_id)
 
     @post("/users", status_code=201)
-    async def create_user(self, session: SessionDep, actor: ActorDep, data: UserCreate) -> UserView:
+    async def create_user(self, call: CallDep, data: UserCreate) -> UserView:
         """Create a user with a role (tenant-admins grant tenant roles in their tenant only)."""
-        return await services.create_user(session, actor, data)
+        return await services.create_user(await call.session(), call.actor, data)
 
     @get("/users/{user_id:uuid}")
-    async def get_user(self, session: SessionDep, actor: ActorDep, user_id: uuid.UUID) -> UserView:
+    async def get_user(self, call: CallDep, user_id: uuid.UUID) -> UserView:
         """One user."""
-        return services.user_view(await services.get_user(session, actor, user_id))
+        return services.user_view(
+            await services.get_user(await call.session(), call.actor, user_id)
+        )
 
     @patch("/users/{user_id:uuid}")
-    async def change_role(
-        self, session: SessionDep, actor: ActorDep, user_id: uuid.UUID, data: UserUpdate
-    ) -> UserView:
+    async def change_role(self, call: CallDep, user_id: uuid.UUID, data: UserUpdate) -> UserView:
         """Change a user's role."""
-        return await services.change_role(session, actor, user_id, data)
+        return await services.change_role(await call.session(), call.actor, user_id, data)
 
     @delete("/users/{user_id:uuid}")
-    async def delete_user(self, session: SessionDep, actor: ActorDep, user_id: uuid.UUID) -> None:
+    async def delete_user(self, call: CallDep, user_id: uuid.UUID) -> None:
         """Delete a user."""
-        await services.delete_user(session, actor, user_id)
+        await services.delete_user(await call.session(), call.actor, user_id)
