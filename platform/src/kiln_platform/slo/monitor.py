@@ -1,6 +1,7 @@
 """The SLO monitor: every interval each gateway adds its counts to ``slo_counts``; then one
-gateway at a time (an advisory lock) evaluates every SLO's burn-rate alerts, stores their state
-changes with a notification each, and delivers the notifications that are due."""
+gateway at a time (an advisory lock) evaluates every SLO's burn-rate alerts and announces new
+budget thresholds (``slo.budget``), storing each change with a notification, and delivers the
+notifications that are due."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ import structlog
 from sqlalchemy import func, select, text
 from sqlalchemy.dialects.postgresql import insert
 
-from kiln_platform.slo import notify, policy
+from kiln_platform.slo import budget, notify, policy
 from kiln_platform.slo.services import objective, window_counts
 from kiln_platform.slo.sli import SliRecorder, Watched
 from kiln_platform.slo.tables import Alert, AlertNotification, Slo, SloCount
@@ -80,6 +81,7 @@ class SloMonitor:
             if locked:
                 for slo in await session.scalars(select(Slo)):
                     await self._evaluate(session, slo)
+                await budget.announce(session)
         url = self._settings.alert_webhook_url
         if url and self._http is not None:
             async with self._sessions.begin() as session:

