@@ -13,7 +13,7 @@ from kiln_platform.billing.budgets import period_end
 from kiln_platform.billing.tables import BudgetEvent
 from kiln_platform.db.tables import Tenant
 from kiln_platform.slo import notify
-from kiln_platform.slo.tables import Alert, AlertNotification
+from kiln_platform.slo.tables import Alert
 
 if TYPE_CHECKING:
     from sqlalchemy.ext.asyncio import AsyncSession
@@ -49,10 +49,6 @@ async def announce(session: AsyncSession) -> int:
                          "limit_micros": str(event.limit_micros)},
         )  # fmt: skip
         session.add(alert)
-        await session.flush()
-        note = AlertNotification(alert_id=alert.id, payload={})
-        session.add(note)
-        await session.flush()
-        note.payload = notify.payload(alert, str(note.id))
+        await notify.enqueue(session, alert)
         count += 1
     return count

@@ -8,18 +8,18 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING
 
 import aiohttp
 import structlog
-from sqlalchemy import func, select, text
+from sqlalchemy import delete, func, select, text
 from sqlalchemy.dialects.postgresql import insert
 
 from kiln_platform.slo import budget, notify, policy
 from kiln_platform.slo.services import objective, window_counts
 from kiln_platform.slo.sli import SliRecorder, Watched
-from kiln_platform.slo.tables import Alert, AlertNotification, Slo, SloCount
+from kiln_platform.slo.tables import Alert, Slo, SloCount
 
 if TYPE_CHECKING:
     from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
@@ -121,6 +121,10 @@ class SloMonitor:
         spans = policy.windows(goal)
         counts = await window_counts(session, slo.id, spans, self._settings.slo_bucket_s, now)
         states = policy.evaluate(counts, goal, now)
+        stale = now - timedelta(seconds=slo.period_s + 2 * self._settings.slo_bucket_s)
+        await session.execute(
+            delete(SloCount).where(SloCount.slo_id == slo.id, SloCount.bucket < stale)
+        )
         for (sli, severity), firing in policy.alerts(states).items():
             burns = {f"{s.rule.name}": round(s.long_burn, 2) for s in states if s.sli is sli}
             await _transition(session, slo, sli, severity, firing, burns, now)
@@ -153,9 +157,5 @@ async def _transition(  # noqa: PLR0917 (one alert's whole identity)
         session.add(open_)
     else:
         open_.status, open_.ends_at = "resolved", now
-    await session.flush()
-    note = AlertNotification(alert_id=open_.id, payload={})
-    session.add(note)
-    await session.flush()
-    note.payload = notify.payload(open_, str(note.id))
+    await notify.enqueue(session, open_)
     log.info("alert", alert=open_.labels, status=open_.status)

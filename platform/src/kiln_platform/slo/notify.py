@@ -61,6 +61,15 @@ def payload(alert: Alert, notification_id: str) -> dict[str, Any]:
     }
 
 
+async def enqueue(session: AsyncSession, alert: Alert) -> None:
+    """Store the alert's current state and a notification of it (its payload names its id)."""
+    await session.flush()
+    note = AlertNotification(alert_id=alert.id, payload={})
+    session.add(note)
+    await session.flush()
+    note.payload = payload(alert, str(note.id))
+
+
 def sign(key: bytes, body: bytes, at: int) -> str:
     """The signature header's value for ``body`` sent at unix time ``at``."""
     mac = hmac.new(key, f"{at}.".encode() + body, hashlib.sha256).hexdigest()
