@@ -1,5 +1,5 @@
-"""``kiln slo create|list|delete|status|rules`` and ``kiln alerts list``: SLOs and their alerts,
-as a platform-admin CLI actor (audited like ``/admin/v1/slos``)."""
+"""``kiln slo create|list|delete|status|rules|webhook-secret`` and ``kiln alerts list``: SLOs
+and their alerts, as a platform-admin CLI actor (audited like ``/admin/v1/slos``)."""
 
 from __future__ import annotations
 
@@ -115,6 +115,15 @@ def rules(ctx: click.Context) -> None:
         click.echo(generate(named), nl=False)
 
     run_or_fail(ctx, action)
+
+
+@slo.command("webhook-secret")
+@click.pass_context
+def webhook_secret(ctx: click.Context) -> None:
+    """Print the key alert notifications are signed with (for the receiver to verify)."""
+    from kiln_platform.cli._base import settings_of
+
+    click.echo(settings_of(ctx).alert_key().decode())
 
 
 @click.group()

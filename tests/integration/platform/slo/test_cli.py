@@ -14,8 +14,8 @@ from kiln_platform.cli import kiln
 def test_slo_commands(database_uri: str, tmp_path: Path) -> None:
     runner = CliRunner(env={"KILN_DATABASE_URL": database_uri, "KILN_LOG_LEVEL": "warning"})
 
-    def run(*args: str, code: int = 0) -> str:
-        result = runner.invoke(kiln(), ["--data-dir", str(tmp_path), *args])
+    def run(*args: str, code: int = 0, env: dict[str, str] | None = None) -> str:
+        result = runner.invoke(kiln(), ["--data-dir", str(tmp_path), *args], env=env)
         assert result.exit_code == code, result.output
         return result.output
 
@@ -37,5 +37,10 @@ def test_slo_commands(database_uri: str, tmp_path: Path) -> None:
         "slo", "create", "minilm-up", "--model", "m", "--availability", "0.9", code=1
     )
     run("slo", "create", "bad", "--model", "m", "--availability", "1.5", code=2)
+    derived = run("slo", "webhook-secret").strip()
+    assert len(derived) == 64  # HMAC-SHA256 of the server secret, hex
+    assert derived == run("slo", "webhook-secret").strip()
+    chosen = {"KILN_ALERT_WEBHOOK_SECRET": "chosen"}
+    assert run("slo", "webhook-secret", env=chosen) == "chosen\n"
     run("slo", "delete", "minilm-up")
     assert run("slo", "list") == ""
