@@ -84,3 +84,14 @@ def test_recorder_counts_per_slo_and_bucket_ignoring_client_errors() -> None:
         (a, 1000.0): [2, 1, 0], (a, 1010.0): [2, 0, 1], (b, 1010.0): [1, 0, 0]
     }  # fmt: skip
     assert recorder.drain() == {}
+
+
+def test_counts_that_could_not_be_stored_are_put_back() -> None:
+    recorder = SliRecorder(bucket_s=10)
+    slo = uuid.uuid4()
+    recorder.watch([Watched(slo, "m", None, 100.0)])
+    recorder.observe("m", "standard", 500, 0.5, at=1000.0)
+    drained = recorder.drain()
+    recorder.observe("m", "standard", 200, 0.01, at=1001.0)
+    recorder.restore(drained)
+    assert recorder.drain() == {(slo, 1000.0): [2, 1, 1]}

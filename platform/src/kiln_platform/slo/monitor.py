@@ -112,9 +112,13 @@ class SloMonitor:
                 for c in ("total", "errors", "slow")
             },
         )
-        async with self._sessions.begin() as session:
-            await session.execute(text("SET LOCAL lock_timeout = '5s'"))
-            await session.execute(stmt)
+        try:
+            async with self._sessions.begin() as session:
+                await session.execute(text("SET LOCAL lock_timeout = '5s'"))
+                await session.execute(stmt)
+        except Exception:
+            self.slis.restore(counts)
+            raise
 
     async def _evaluate(self, session: AsyncSession, slo: Slo) -> None:
         goal, now = objective(slo), datetime.now(UTC)

@@ -8,6 +8,7 @@ Each notification is POSTed as Alertmanager's webhook JSON (``version`` "4", ``s
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import hmac
 import time
@@ -90,8 +91,8 @@ def verify(key: bytes, body: bytes, header: str, now: float | None = None) -> bo
 async def deliver_due(
     session: AsyncSession, http: aiohttp.ClientSession, url: str, key: bytes, retry_s: float
 ) -> int:
-    """POST every notification that is due (locked: one gateway sends each); reschedule failed
-    ones with exponential backoff. Returns how many were delivered."""
+    """POST every notification that is due, at once (locked: one gateway sends each); reschedule
+    failed ones with exponential backoff. Returns how many were delivered."""
     now = datetime.now(UTC)
     due = await session.scalars(
         select(AlertNotification)
@@ -104,18 +105,21 @@ async def deliver_due(
         .limit(50)
         .with_for_update(skip_locked=True)
     )
-    delivered = 0
-    for note in due:
-        body = msgspec.json.encode(note.payload)
-        error = await _post(http, url, body, sign(key, body, int(time.time())), str(note.id))
+    notes = list(due)
+    bodies = [msgspec.json.encode(note.payload) for note in notes]
+    errors = await asyncio.gather(*(
+        _post(http, url, body, sign(key, body, int(time.time())), str(note.id))
+        for note, body in zip(notes, bodies, strict=True)
+    ))  # fmt: skip
+    for note, error in zip(notes, errors, strict=True):
         note.attempts += 1
         if error is None:
-            note.delivered_at, delivered = datetime.now(UTC), delivered + 1
+            note.delivered_at = datetime.now(UTC)
         else:
             note.last_error = error
             note.next_attempt_at = now + timedelta(seconds=retry_s * 2 ** (note.attempts - 1))
             log.warning("alert delivery failed", notification=str(note.id), error=error)
-    return delivered
+    return errors.count(None)
 
 
 async def _post(

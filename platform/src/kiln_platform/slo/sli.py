@@ -74,6 +74,12 @@ class SliRecorder:
             counts[1] += status >= 500
             counts[2] += latency_s * 1000 > slo.latency_ms
 
+    def restore(self, counts: dict[tuple[uuid.UUID, float], list[int]]) -> None:
+        """Put drained counts back (they could not be stored; the next interval retries)."""
+        for key, (total, errors, slow) in counts.items():
+            mine = self._counts[key]
+            mine[0], mine[1], mine[2] = mine[0] + total, mine[1] + errors, mine[2] + slow
+
     def drain(self) -> dict[tuple[uuid.UUID, float], list[int]]:
         """The counts since the last drain (``(slo, bucket start) -> [total, errors, slow]``)."""
         counts, self._counts = self._counts, defaultdict(lambda: [0, 0, 0])
