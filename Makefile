@@ -9,7 +9,7 @@ SHELL  := /bin/bash
 QUIET  := 2>&1 | { grep -v "is ignored: it is neither" || true; }
 
 .DEFAULT_GOAL := help
-.PHONY: help setup browser up test test-unit test-integration test-e2e test-deploy lint bench-cold-start bench-embeddings bench-lora bench-import bench-tensor bench-tensor-latency bench-loop-stalls
+.PHONY: help setup browser promtool up test test-unit test-integration test-e2e test-deploy lint bench-cold-start bench-embeddings bench-lora bench-import bench-tensor bench-tensor-latency bench-loop-stalls
 
 help: ## List the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-18s %s\n", $$1, $$2}'
@@ -27,16 +27,20 @@ browser: ## Debian's Chromium for the console's browser tests (Playwright drives
 	@command -v chromium >/dev/null || { apt-get update -q && \
 		DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends chromium; }
 
+promtool: ## Debian's Prometheus for promtool (tests check and unit-test the generated SLO rules)
+	@command -v promtool >/dev/null || { apt-get update -q && \
+		DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends prometheus; }
+
 up: setup ## Run Kiln locally on the embedded defaults (imports the bundled models on first run)
 	$(VENV)/bin/kiln up
 
-test: setup browser ## Run the test suite (a crash, even at exit, prints every thread's stack)
+test: setup browser promtool ## Run the test suite (a crash, even at exit, prints every thread's stack)
 	PYTHONFAULTHANDLER=1 $(VENV)/bin/pytest
 
 test-unit: setup ## Only tests/unit (seconds)
 	PYTHONFAULTHANDLER=1 $(VENV)/bin/pytest -m unit
 
-test-integration: setup ## Only tests/integration (real PostgreSQL and workers)
+test-integration: setup promtool ## Only tests/integration (real PostgreSQL and workers)
 	PYTHONFAULTHANDLER=1 $(VENV)/bin/pytest -m integration
 
 test-e2e: setup browser ## Only tests/e2e (real `kiln up`, the SDKs, Chromium)

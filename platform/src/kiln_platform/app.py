@@ -42,6 +42,7 @@ from kiln_platform.quotas.controllers import QuotasController
 from kiln_platform.registry.controllers import AdminModelsController, RoutesController
 from kiln_platform.reports.controllers import ReportsController
 from kiln_platform.scrape import metrics_route
+from kiln_platform.slo.controllers import AlertsController, SlosController
 from kiln_platform.tenants.controllers import TenantsController
 from kiln_platform.users.controllers import UsersController
 
@@ -123,6 +124,14 @@ async def readyz(kiln: SkipValidation[Kiln]) -> Response[dict[str, Any]]:
     return Response({"database": current}, status_code=200 if current else 503)
 
 
+_CONTROLLERS = (
+    OpenAIController, OIPController, AdminModelsController, RoutesController, TenantsController,
+    KeysController, UsersController, ClientsController, AdaptersController, AuditController,
+    QuotasController, PriceBooksController, ReportsController, SlosController, AlertsController,
+    OAuthController,
+)  # fmt: skip
+
+
 def _provide_kiln(state: State) -> Kiln:
     kiln: Kiln = state.kiln
     return kiln
@@ -150,20 +159,7 @@ def create_app(
     prometheus = PrometheusConfig(app_name="kiln", prefix="kiln", group_path=True)
     return Litestar(
         route_handlers=[
-            OpenAIController,
-            OIPController,
-            AdminModelsController,
-            RoutesController,
-            TenantsController,
-            KeysController,
-            UsersController,
-            ClientsController,
-            AdaptersController,
-            AuditController,
-            QuotasController,
-            PriceBooksController,
-            ReportsController,
-            OAuthController,
+            *_CONTROLLERS,
             metrics_route(settings.metrics_token),
             *route_handlers,
             healthz,

@@ -28,6 +28,8 @@ from kiln_platform.quotas.enforcer import QuotaEnforcer
 from kiln_platform.registry.services import Resolver
 from kiln_platform.scheduler.core import SchedulerConfig
 from kiln_platform.scheduler.policy import PolicyConfig
+from kiln_platform.slo.monitor import SloMonitor
+from kiln_platform.slo.sli import SliRecorder
 from kiln_runtimes.store import ArtifactStore
 
 if TYPE_CHECKING:
@@ -65,6 +67,8 @@ class Kiln:
     """Idempotency-Key claims and stored responses (``kiln_platform.idempotency``)."""
     adapters: AdapterDirectory
     """Tenants' LoRA adapters by ``<model>:<adapter>`` name, cached."""
+    slos: SloMonitor
+    """SLO counts, burn-rate alerts and their delivery (``kiln_platform.slo``)."""
 
 
 def _pool_backend(settings: Settings, http: aiohttp.ClientSession) -> PoolBackend:
@@ -104,6 +108,7 @@ def _build(
         ttl_s=settings.lease_ttl_s,
     )  # fmt: skip
     ledger = LedgerWriter(sessionmaker(ledger_db), books, enabled=settings.metering)
+    slis = SliRecorder(settings.slo_bucket_s)
     return Kiln(
         settings=settings,
         db=db,
@@ -117,7 +122,7 @@ def _build(
         quotas=quotas,
         books=books,
         budgets=budgets,
-        admissions=Admissions(quotas, budgets, ledger),
+        admissions=Admissions(quotas, budgets, ledger, slis),
         tokens=TokenVerifier(
             db.sessions,
             Keyring(db.sessions, settings.oauth_token_ttl_s, settings.hmac_key()),
@@ -132,6 +137,7 @@ def _build(
             ttl_s=settings.idempotency_ttl_s,
             lock_s=settings.idempotency_lock_s,
         ),
+        slos=SloMonitor(db.sessions, slis, settings),
     )
 
 
@@ -143,10 +149,12 @@ async def _start(kiln: Kiln) -> None:
     await kiln.pools.start()
     kiln.compiler.start()
     kiln.idempotency.start()
+    await kiln.slos.start()
 
 
 async def _stop(kiln: Kiln, ledger_db: AsyncEngine) -> None:
     """Stop them in reverse order: the ledger flushes before budgets and quotas let go."""
+    await kiln.slos.stop()
     await kiln.idempotency.stop()
     await kiln.compiler.stop()
     await kiln.pools.stop()

@@ -165,6 +165,17 @@ class Settings(BaseSettings):
     """Largest `/v2` inference request body (JSON or binary tensors)."""
     max_upload_bytes: int = Field(default=2 << 30, gt=0)
     """Largest model upload (`/admin/v1/models/{name}/versions`)."""
+    slo_eval_interval_s: float = Field(default=30.0, gt=0)
+    """How often each gateway stores its SLO counts and SLOs' burn-rate alerts are evaluated."""
+    slo_bucket_s: float = Field(default=60.0, gt=0)
+    """Width of the time buckets SLO events are counted in (windows round up to whole ones)."""
+    alert_webhook_url: str | None = None
+    """Where alert notifications are POSTed (Alertmanager-compatible JSON); unset: stored only."""
+    alert_webhook_secret: SecretStr | None = None
+    """Key of the notifications' ``x-kiln-signature`` (HMAC-SHA256); default: derived from the
+    server secret (``kiln slo webhook-secret`` prints it)."""
+    alert_retry_s: float = Field(default=5.0, gt=0)
+    """First retry delay of a failed delivery; doubles each attempt, up to 10 attempts."""
     min_opset: int = 7
     max_opset: int = 23
 
@@ -220,6 +231,13 @@ class Settings(BaseSettings):
         if self.worker_secret is not None:
             return self.worker_secret.get_secret_value()
         return hmac.new(self.hmac_key(), b"kiln-worker-auth", hashlib.sha256).hexdigest()
+
+    def alert_key(self) -> bytes:
+        """The key alert notifications are signed with (``KILN_ALERT_WEBHOOK_SECRET``, else
+        HMAC-SHA256 of the server secret)."""
+        if self.alert_webhook_secret is not None:
+            return self.alert_webhook_secret.get_secret_value().encode()
+        return hmac.new(self.hmac_key(), b"kiln-alert-webhook", hashlib.sha256).hexdigest().encode()
 
 
 def _create_secret(path: Path) -> None:

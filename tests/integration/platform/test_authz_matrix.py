@@ -34,6 +34,8 @@ from kiln_platform.oauth import services as oauth_services
 from kiln_platform.oauth.schemas import ClientCreate
 from kiln_platform.reports import statements
 from kiln_platform.settings import Settings
+from kiln_platform.slo import services as slo_services
+from kiln_platform.slo.schemas import SloCreate
 from kiln_platform.users.schemas import UserCreate
 from kiln_platform.users.services import create_user
 from tests.asgi import asgi
@@ -86,6 +88,11 @@ ADMIN: dict[tuple[str, str], str] = {
     ("GET", "/admin/v1/price-books"): "price-books",
     ("POST", "/admin/v1/price-books"): "price-books",
     ("GET", "/admin/v1/price-books/{version:int}"): "price-books",
+    ("GET", "/admin/v1/slos"): "slos",
+    ("POST", "/admin/v1/slos"): "slos",
+    ("GET", "/admin/v1/slos/{slo:str}/status"): "slos",
+    ("DELETE", "/admin/v1/slos/{slo:str}"): "slos",
+    ("GET", "/admin/v1/alerts"): "alerts",
 }  # fmt: skip
 
 CONSOLE: dict[tuple[str, str], str] = {
@@ -194,6 +201,15 @@ class World:
     def client(self) -> httpx.AsyncClient:
         return httpx.AsyncClient(transport=self.transport, base_url="http://127.0.0.1")
 
+    async def slo(self) -> str:
+        """A new SLO (its name) on the world's model."""
+        name = f"s{uuid.uuid4().hex[:8]}"
+        async with self.kiln.db.sessions.begin() as session:
+            await slo_services.create_slo(
+                session, CLI, SloCreate(name=name, model=self.model, availability=0.99)
+            )
+        return name
+
     async def tenant(self) -> uuid.UUID:
         async with self.kiln.db.sessions.begin() as session:
             return await make_tenant(session)
@@ -275,6 +291,7 @@ async def _fill(world: World, path: str, tenant: uuid.UUID) -> str:
         "client_id": lambda: _first(world.oauth_client(tenant)),
         "user_id": lambda: _first(world.user("tenant-member", tenant)),
         "adapter_id": lambda: world.adapter(tenant),
+        "slo": world.slo,
     }
     fixed = {
         "tenant_id": str(tenant), "name": world.model, "period": "2025-01",

@@ -75,6 +75,8 @@ _RULES: dict[str, tuple[frozenset[Role], frozenset[Role]]] = {
     "statements": (BILLING_READERS, PLATFORM),
     "adjustments": (BILLING_READERS, PLATFORM),
     "price-books": (frozenset(Role), PLATFORM),
+    "slos": (PLATFORM, PLATFORM),  # objectives of shared models, and how every tenant fares
+    "alerts": (PLATFORM, frozenset()),
 }
 
 

@@ -53,6 +53,8 @@ def admission_middleware(app: ASGIApp) -> ASGIApp:
 
 async def _send(admission: Admission, send: Send, message: Message) -> None:
     """Send with the rate-limit headers on the response start, within the deadline's grace."""
+    if message["type"] == "http.response.start":
+        admission.response_status = message["status"]
     if message["type"] == "http.response.start" and admission.grant.headers:
         headers = list(message.get("headers", []))
         headers += [(k.encode(), v.encode()) for k, v in admission.grant.headers.items()]

@@ -10,8 +10,9 @@ A request meets the stages in this order:
    once: ``commit`` (durable before the response's last bytes), an error's status (unbilled),
    or, for a generation, what it consumed by the time it ended;
 5. ``leave``: what was not recorded is, the lease and whatever hold the ledger was not handed
-   are released. ``admission.middleware`` runs it when the response (a stream included) is
-   over: success, error, cancellation, client disconnect, deadline cut.
+   are released, and a request for a model (``serves``) is counted in its SLOs (in memory).
+   ``admission.middleware`` runs it when the response (a stream included) is over: success,
+   error, cancellation, client disconnect, deadline cut.
 
 While the admission is open its lease and hold are renewed by their owners
 (``QuotaEnforcer``, ``Budgets``), so a stream that runs for minutes keeps them.
@@ -22,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Self
 
@@ -39,6 +41,7 @@ if TYPE_CHECKING:
     from kiln_platform.keys.services import Principal
     from kiln_platform.quotas.enforcer import QuotaEnforcer
     from kiln_platform.registry.services import ResolvedVersion
+    from kiln_platform.slo.sli import SliRecorder
 
 STATE_KEY = "kiln_admission"
 
@@ -56,10 +59,18 @@ class QueueTerms:
 class Admissions:
     """The per-process desk: opens one :class:`Admission` per HTTP request."""
 
-    def __init__(self, quotas: QuotaEnforcer, budgets: Budgets, ledger: LedgerWriter) -> None:
+    def __init__(
+        self,
+        quotas: QuotaEnforcer,
+        budgets: Budgets,
+        ledger: LedgerWriter,
+        slis: SliRecorder | None = None,
+    ) -> None:
         self.quotas = quotas
         self.budgets = budgets
         self.ledger = ledger
+        self.slis = slis
+        """Where each recorded request is judged against its model's SLOs (in memory)."""
 
     def open(self, state: dict[str, object]) -> Admission:
         """The request's admission, kept in its ASGI state (``state["request_id"]`` is its id)."""
@@ -83,6 +94,12 @@ class Admission:
         self.closers: list[Callable[[], Awaitable[object]]] = []
         """Run first when leaving (e.g. a stream's generator, to cancel the worker's sequence)."""
         self._usage: Callable[[], Usage] | None = None
+        self._opened = time.perf_counter()
+        self._first_token: float | None = None
+        self._model: str | None = None
+        self._status: int | None = None
+        self.response_status: int | None = None
+        """The status the response started with (``admission.middleware`` sets it)."""
         self._recorded = False
         self._left = False
 
@@ -109,6 +126,15 @@ class Admission:
         """Hold the most the request can cost (``run_s``: the server's bound on its run, else the
         request timeout), or raise ``QuotaExceeded`` (429)."""
         await self._desk.budgets.reserve(self.principal, self.request_id, version, most, run_s)
+
+    def serves(self, model: str) -> None:
+        """The request is for ``model``: however it ends, it counts in the model's SLOs."""
+        self._model = model
+
+    def first_token(self) -> None:
+        """A generation's first token is out: its SLO latency is the time to it."""
+        if self._first_token is None:
+            self._first_token = time.perf_counter()
 
     def meter(self, usage: Callable[[], Usage]) -> None:
         """From now on the request is recorded exactly once: ``usage()`` when it ends, unless it
@@ -145,6 +171,7 @@ class Admission:
         desk.quotas.charge(
             usage.tenant_id, usage.api_key_id, usage.input_tokens + usage.output_tokens
         )
+        self._status = usage.status
         return usage
 
     async def leave(self) -> None:
@@ -165,8 +192,18 @@ class Admission:
             if self.grant.lease is not None:
                 await desk.quotas.release(self.grant.lease)
         finally:
+            self._judge()
             if self.request_id:
                 await desk.budgets.finish(self.request_id)
+
+    def _judge(self) -> None:
+        """Count the request in its model's SLIs (in memory): the status the ledger recorded,
+        else the response's, else 499 (no response: the client went away first)."""
+        if self._desk.slis is None or self._model is None or self._principal is None:
+            return
+        status = self._status or self.response_status or 499
+        latency = (self._first_token or time.perf_counter()) - self._opened
+        self._desk.slis.observe(self._model, self.principal.plan, status, latency, time.time())
 
     async def __aenter__(self) -> Self:
         return self

@@ -17,6 +17,7 @@ from kiln_platform.cli import (
     oauth,
     quotas,
     reports,
+    slo,
     tenants,
     users,
     worker,
@@ -36,7 +37,8 @@ def kiln(*extra: click.Command) -> click.Group:
     )
     commands = [
         db.db, tenants.tenants, keys.keys, users.users, quotas.quotas, models.models,
-        oauth.oauth_clients, oauth.oauth, reports.reports, worker.worker, worker.simulate,
+        oauth.oauth_clients, oauth.oauth, reports.reports, slo.slo, slo.alerts, worker.worker,
+        worker.simulate,
         *extra,
     ]  # fmt: skip
     return click.Group(

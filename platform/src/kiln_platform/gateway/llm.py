@@ -134,6 +134,8 @@ class Generation:
                     else metrics.TIME_TO_FIRST_TOKEN
                 )
                 hist.labels(name).observe(now - (last if self.completion_tokens else start))
+                if not self.completion_tokens:
+                    self.admission.first_token()
                 last = now
                 self.completion_tokens += len(chunk.token_ids)
                 self.compute_ms = max(self.compute_ms, chunk.compute_ms)
@@ -300,6 +302,7 @@ async def prepare(
     manifest = version.manifest
     if manifest.task != "generate":
         raise BadRequest(f"The model `{version.model}` does not generate text.", param="model")
+    admission.serves(version.model)
     adapter = None
     if adapter_name is not None:
         if not slot_rank(kiln.settings, version.engine.adapter_slots):

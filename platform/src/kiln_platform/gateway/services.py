@@ -116,6 +116,7 @@ async def embed(kiln: Kiln, admission: Admission, request: EmbeddingsRequest) ->
     manifest = version.manifest
     if manifest.task != "embeddings":
         raise BadRequest(f"The model `{version.model}` does not produce embeddings.", param="model")
+    admission.serves(version.model)
     if request.dimensions is not None and request.dimensions != manifest.dimensions:
         raise BadRequest(
             f"'dimensions' must be {manifest.dimensions} for `{version.model}`.", param="dimensions"

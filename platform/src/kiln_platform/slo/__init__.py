@@ -1,0 +1,1 @@
+"""SLOs as data, their SLIs, error budgets, burn-rate alerts and their delivery."""
