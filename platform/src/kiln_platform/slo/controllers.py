@@ -6,7 +6,7 @@ from typing import Literal
 
 from litestar import delete, get, post
 
-from kiln_platform.admin.deps import ActorDep, AdminController, KilnDep, SessionDep
+from kiln_platform.admin.deps import AdminController, CallDep
 from kiln_platform.slo import services
 from kiln_platform.slo.schemas import AlertView, SloCreate, SloStatus, SloView
 
@@ -17,26 +17,25 @@ class SlosController(AdminController):
     opt = {"resource": "slos"}  # noqa: RUF012 (admin.deps.authorize reads it)
 
     @post("/slos")
-    async def create_slo(self, session: SessionDep, actor: ActorDep, data: SloCreate) -> SloView:
+    async def create_slo(self, call: CallDep, data: SloCreate) -> SloView:
         """Define an SLO: a model's availability and/or latency objective over a period."""
-        return await services.create_slo(session, actor, data)
+        return await services.create_slo(await call.session(), call.actor, data)
 
     @get("/slos")
-    async def list_slos(self, session: SessionDep, actor: ActorDep) -> list[SloView]:
+    async def list_slos(self, call: CallDep) -> list[SloView]:
         """Every SLO."""
-        return await services.list_slos(session, actor)
+        return await services.list_slos(await call.session(), call.actor)
 
     @get("/slos/{slo:str}/status")
-    async def slo_status(
-        self, session: SessionDep, actor: ActorDep, kiln: KilnDep, slo: str
-    ) -> SloStatus:
+    async def slo_status(self, call: CallDep, slo: str) -> SloStatus:
         """Budget remaining over the period, burn rate per alert window, alerts firing."""
-        return await services.slo_status(session, actor, slo, kiln.settings.slo_bucket_s)
+        bucket_s = call.kiln.settings.slo_bucket_s
+        return await services.slo_status(await call.session(), call.actor, slo, bucket_s)
 
     @delete("/slos/{slo:str}")
-    async def delete_slo(self, session: SessionDep, actor: ActorDep, slo: str) -> None:
+    async def delete_slo(self, call: CallDep, slo: str) -> None:
         """Delete an SLO and its counts (its alerts stay)."""
-        await services.delete_slo(session, actor, slo)
+        await services.delete_slo(await call.session(), call.actor, slo)
 
 
 class AlertsController(AdminController):
@@ -46,10 +45,7 @@ class AlertsController(AdminController):
 
     @get("/alerts")
     async def list_alerts(
-        self,
-        session: SessionDep,
-        actor: ActorDep,
-        status: Literal["firing", "resolved"] | None = None,
+        self, call: CallDep, status: Literal["firing", "resolved"] | None = None
     ) -> list[AlertView]:
         """The latest alerts, newest first (``status``: only firing or only resolved ones)."""
-        return await services.list_alerts(session, actor, status)
+        return await services.list_alerts(await call.session(), call.actor, status)
