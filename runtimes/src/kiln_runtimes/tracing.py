@@ -134,7 +134,8 @@ def continued(
     name: str, traceparent: str | None, attributes: Attributes | None = None
 ) -> contextlib.AbstractContextManager[trace.Span | None]:
     """A server span continuing the trace a request message carries, its trace id bound to the
-    log context (a null context when tracing is off or the message carries none)."""
+    log context of the request's task (a null context when tracing is off or the message
+    carries none)."""
     if _tracer is None or not traceparent:
         return _NULL
     return _continued(_tracer, name, traceparent, attributes)
@@ -145,11 +146,10 @@ def _continued(
     tracer: trace.Tracer, name: str, traceparent: str, attrs: Attributes | None
 ) -> Iterator[trace.Span]:
     with _span(tracer, name, extract(traceparent), True, attrs) as s:
+        # Left bound, like the request id: each request runs in a task of its own, whose context
+        # ends with it, and the handler's last lines (after the span) are about it too.
         structlog.contextvars.bind_contextvars(trace_id=trace_id())
-        try:
-            yield s
-        finally:
-            structlog.contextvars.unbind_contextvars("trace_id")
+        yield s
 
 
 def record(name: str, start_ns: int, end_ns: int, attributes: Attributes | None = None) -> None:

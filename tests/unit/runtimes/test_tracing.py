@@ -60,9 +60,12 @@ def test_off_no_provider_and_no_span_work() -> None:
 def test_worker_continues_the_trace_with_its_id_in_the_logs(
     exporter: InMemorySpanExporter,
 ) -> None:
-    with tracing.continued("worker /embed", PARENT):
+    async def handler() -> None:  # a worker request: a task of its own
+        with tracing.continued("worker /embed", PARENT):
+            tracing.record("worker queue", 1, 2)
         assert structlog.contextvars.get_contextvars()["trace_id"] == PARENT.split("-")[1]
-        tracing.record("worker queue", 1, 2)
+
+    asyncio.run(handler())
     assert "trace_id" not in structlog.contextvars.get_contextvars()
     queue, server = exporter.get_finished_spans()
     assert server.parent is not None
