@@ -63,6 +63,9 @@ bench-lora: setup ## Chat with three LoRA adapters and the base model mixed vs t
 bench-import: setup ## Import time of the SmolLM2 GGUF, and serving it imported vs bundled (docs/benchmarks.md)
 	$(PY) bench/import_model.py --rounds 4 --duration 20
 
+bench-tracing: setup ## Embeddings throughput, tracing off and on at 1%, vs the build before tracing (docs/benchmarks.md)
+	$(PY) bench/tracing.py --rounds 6
+
 bench-embeddings: setup ## Kiln vs in-process ONNX Runtime, all-MiniLM-L6-v2 (see docs/benchmarks.md)
 	$(PY) bench/embeddings.py
 

@@ -7,6 +7,7 @@ The console is not the platform's to import (it imports the platform): its compo
 from __future__ import annotations
 
 import gc
+import os
 import re
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any
@@ -37,7 +38,11 @@ from kiln_platform.idempotency.middleware import idempotency_middleware
 from kiln_platform.keys.controllers import KeysController
 from kiln_platform.oauth.admin import ClientsController
 from kiln_platform.oauth.controllers import OAuthController
-from kiln_platform.observability import configure_logging, request_id_middleware
+from kiln_platform.observability import (
+    configure_logging,
+    request_id_middleware,
+    tracing_middleware,
+)
 from kiln_platform.quotas.controllers import QuotasController
 from kiln_platform.registry.controllers import AdminModelsController, RoutesController
 from kiln_platform.reports.controllers import ReportsController
@@ -45,6 +50,7 @@ from kiln_platform.scrape import metrics_route
 from kiln_platform.slo.controllers import AlertsController, SlosController
 from kiln_platform.tenants.controllers import TenantsController
 from kiln_platform.users.controllers import UsersController
+from kiln_runtimes import tracing
 
 log = structlog.get_logger("kiln.app")
 
@@ -52,7 +58,7 @@ if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Sequence
 
     from litestar.template.config import TemplateConfig
-    from litestar.types import ControllerRouterHandler
+    from litestar.types import ControllerRouterHandler, Middleware
 
     from kiln_platform.settings import Settings
 
@@ -137,6 +143,25 @@ def _provide_kiln(state: State) -> Kiln:
     return kiln
 
 
+def _middleware(
+    settings: Settings, prometheus: PrometheusConfig, *, traced: bool
+) -> list[Middleware]:
+    """The app's middleware, outermost first (the server span only when tracing is on)."""
+    return [
+        prometheus.middleware,
+        DefineMiddleware(request_id_middleware),
+        *([DefineMiddleware(tracing_middleware)] if traced else []),
+        # the first reader of every body: nothing after it reads past the route's limit
+        DefineMiddleware(
+            body_limit_middleware,
+            limits=BodyLimits.from_settings(settings),
+            errors=_error_response,
+        ),
+        DefineMiddleware(idempotency_middleware, errors=_error_response),
+        DefineMiddleware(admission_middleware),
+    ]
+
+
 def create_app(
     settings: Settings,
     *,
@@ -146,6 +171,9 @@ def create_app(
     """Build the app, with more ``route_handlers`` mounted beside the platform's and the
     ``template_config`` they render with; services start in its lifespan."""
     configure_logging(settings.log_level, settings.log_format)
+    # OTEL_* is the standard's own environment, read here once (a tracer already set up, a
+    # test's in-memory one, is kept); off, the server-span middleware is not even installed.
+    traced = tracing.enabled() or tracing.configure(os.environ, "kiln")
 
     @asynccontextmanager
     async def lifespan(app: Litestar) -> AsyncIterator[None]:
@@ -154,7 +182,10 @@ def create_app(
             # Everything built so far lives as long as the process: move it out of the cyclic
             # collector's reach, or each full collection walks it (~80 ms of stalled requests).
             gc.freeze()
-            yield
+            try:
+                yield
+            finally:
+                tracing.flush()
 
     prometheus = PrometheusConfig(app_name="kiln", prefix="kiln", group_path=True)
     return Litestar(
@@ -167,18 +198,7 @@ def create_app(
         ],
         dependencies={"kiln": Provide(_provide_kiln, sync_to_thread=False)},
         lifespan=[lifespan],
-        middleware=[
-            prometheus.middleware,
-            DefineMiddleware(request_id_middleware),
-            # the first reader of every body: nothing after it reads past the route's limit
-            DefineMiddleware(
-                body_limit_middleware,
-                limits=BodyLimits.from_settings(settings),
-                errors=_error_response,
-            ),
-            DefineMiddleware(idempotency_middleware, errors=_error_response),
-            DefineMiddleware(admission_middleware),
-        ],
+        middleware=_middleware(settings, prometheus, traced=traced),
         exception_handlers={Exception: _error_response},
         request_max_body_size=None,  # body_limit_middleware enforces each route's limit
         template_config=template_config,

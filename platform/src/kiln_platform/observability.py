@@ -1,16 +1,20 @@
-"""Structured logs with request ids, the request-id middleware, and ``Server-Timing``."""
+"""Structured logs with request and trace ids, the request-id and tracing middlewares, and
+``Server-Timing``."""
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
 import logging
 import re
 import sys
 import time
 import uuid
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import structlog
+
+from kiln_runtimes import tracing
 
 if TYPE_CHECKING:
     from litestar.types import ASGIApp, Message, Receive, Scope, Send
@@ -18,6 +22,9 @@ if TYPE_CHECKING:
 REQUEST_ID_HEADER = "x-request-id"
 CLIENT_REQUEST_ID_HEADER = "x-client-request-id"
 SERVER_TIMING_HEADER = "server-timing"
+TRACEPARENT_HEADER = "traceparent"
+TRACED_PREFIXES = ("/v1/", "/v2/")
+"""The API routes a server span is made for (not health checks, the console or the admin API)."""
 _VALID_ID = re.compile(r"^[A-Za-z0-9._:-]{1,64}$")
 _timings: contextvars.ContextVar[dict[str, float] | None] = contextvars.ContextVar(
     "kiln_timings", default=None
@@ -112,5 +119,54 @@ def request_id_middleware(app: ASGIApp) -> ASGIApp:
         finally:
             _timings.reset(token)
             structlog.contextvars.unbind_contextvars("request_id", "client_request_id")
+
+    return middleware
+
+
+def _server_span(scope: Scope) -> contextlib.AbstractContextManager[Any]:
+    """The server span of an API request, its parent the client's ``traceparent`` (if any)."""
+    method, path = str(scope.get("method", "")), str(scope.get("path", ""))
+    incoming = next(
+        (v.decode("latin-1") for k, v in scope["headers"] if k == TRACEPARENT_HEADER.encode()),
+        None,
+    )
+    attributes = {
+        "http.request.method": method,
+        "url.path": path,
+        "kiln.request_id": str(scope.get("state", {}).get("request_id", "")),
+    }
+    parent = tracing.extract(incoming)
+    return tracing.span(f"{method} {path}", attributes, parent=parent, server=True)
+
+
+def tracing_middleware(app: ASGIApp) -> ASGIApp:
+    """The server span of an API request (installed only when tracing is on), inside
+    ``request_id_middleware``: a client's ``traceparent`` is its parent, the response echoes the
+    server span's, and its trace id joins the request id in every log line."""
+
+    async def middleware(scope: Scope, receive: Receive, send: Send) -> None:
+        path = str(scope.get("path", ""))
+        if scope["type"] != "http" or not path.startswith(TRACED_PREFIXES):  # type: ignore[comparison-overlap]
+            await app(scope, receive, send)
+            return
+        with _server_span(scope) as span:
+            trace_id, echoed = tracing.trace_id(), tracing.traceparent()
+            if trace_id:
+                structlog.contextvars.bind_contextvars(trace_id=trace_id)
+
+            async def send_traced(message: Message) -> None:
+                if message["type"] == "http.response.start":
+                    if span is not None:
+                        span.set_attribute("http.response.status_code", message["status"])
+                    if echoed:
+                        headers = list(message.get("headers", []))
+                        headers.append((TRACEPARENT_HEADER.encode(), echoed.encode()))
+                        message["headers"] = headers
+                await send(message)
+
+            try:
+                await app(scope, receive, send_traced)
+            finally:
+                structlog.contextvars.unbind_contextvars("trace_id")
 
     return middleware

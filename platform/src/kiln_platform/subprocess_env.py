@@ -16,9 +16,12 @@ NAMES = frozenset({
     "PATH", "HOME", "USER", "LOGNAME", "LANG", "LANGUAGE", "TZ", "TMPDIR", "VIRTUAL_ENV",
     "LD_LIBRARY_PATH", "SSL_CERT_FILE", "SSL_CERT_DIR",
 })  # fmt: skip
-PREFIXES = ("LC_", "PYTHON", "OMP_", "OPENBLAS_", "MKL_", "CUDA_", "NVIDIA_", "ORT_", "COVERAGE_")
+PREFIXES = (
+    "LC_", "PYTHON", "OMP_", "OPENBLAS_", "MKL_", "CUDA_", "NVIDIA_", "ORT_", "COVERAGE_", "OTEL_",
+)  # fmt: skip
 """Locale; the interpreter (``PYTHONPATH`` and friends); thread pools and GPUs of the engines;
-subprocess coverage for the tests."""
+subprocess coverage for the tests; OpenTelemetry's ``OTEL_*`` (a worker traces as its gateway
+does; an OTLP header may hold an exporter's token, meant for the worker's exports too)."""
 
 
 def child_environment(parent: Mapping[str, str], **extra: str) -> dict[str, str]:

@@ -12,7 +12,7 @@ from aiohttp import web
 from aiohttp.typedefs import Middleware
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from kiln_runtimes import _embed, _generate, _tensor
+from kiln_runtimes import _embed, _generate, _tensor, tracing
 from kiln_runtimes._errors import BadRequest, Internal, Unauthorized, WorkerError
 from kiln_runtimes._runtime import Worker
 from kiln_runtimes.protocol import (
@@ -125,7 +125,7 @@ async def _embed_handler(request: web.Request) -> web.Response:
     worker = request.app[WORKER]
     embed_request = _decode(await request.read(), EmbedRequest)
     structlog.contextvars.bind_contextvars(request_id=embed_request.request_id)
-    with worker.admit():
+    with tracing.continued("worker /embed", embed_request.traceparent), worker.admit():
         _embed.validate(embed_request, worker.manifest.context_length, worker.settings.max_queue)
         result = await _embed.embed(worker.batcher, embed_request)
     worker.metrics.queue_wait.observe(result.queue_ms / 1000)
@@ -142,7 +142,7 @@ async def _generate_handler(request: web.Request) -> web.StreamResponse:
     worker = request.app[WORKER]
     generate_request = _decode(await request.read(), GenerateRequest)
     structlog.contextvars.bind_contextvars(request_id=generate_request.request_id)
-    with worker.admit():
+    with tracing.continued("worker /generate", generate_request.traceparent), worker.admit():
         _generate.validate(generate_request, worker.manifest.context_length)
         response, request[OUTCOME] = await _generate.stream(
             request, worker.generator, generate_request, worker.settings.max_queue
@@ -155,7 +155,7 @@ async def _infer_handler(request: web.Request) -> web.Response:
     worker = request.app[WORKER]
     infer_request = _decode(await request.read(), InferRequest)
     structlog.contextvars.bind_contextvars(request_id=infer_request.request_id)
-    with worker.admit():
+    with tracing.continued("worker /infer", infer_request.traceparent), worker.admit():
         result = await _tensor.infer(
             worker.batcher, infer_request, worker.manifest, worker.settings.max_queue
         )

@@ -34,6 +34,8 @@ class Ticket:
     """This request's share of the batches it ran in (``_attribution.shares``)."""
     express: bool = False
     """Queued ahead of normal requests and batched only with other express requests."""
+    batch_size: int = 0
+    """Items in the largest batch it ran in (its ``batch compute`` span's attribute)."""
 
     @property
     def settled(self) -> bool:

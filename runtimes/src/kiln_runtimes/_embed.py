@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from kiln_runtimes._errors import BadRequest
+from kiln_runtimes._spans import ticket_spans
 from kiln_runtimes.protocol import EmbedRequest, EmbedResult
 
 if TYPE_CHECKING:
@@ -39,6 +40,7 @@ async def embed(batcher: Batcher, request: EmbedRequest) -> EmbedResult:
     ticket = await batcher.submit(
         request.request_id, request.input_ids, budget, express=request.express
     )
+    ticket_spans(ticket)
     rows = ticket.embeddings().astype("<f4", copy=False)
     started = ticket.started_at if ticket.started_at is not None else ticket.enqueued_at
     return EmbedResult(

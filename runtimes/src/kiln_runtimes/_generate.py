@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import time
 from typing import TYPE_CHECKING
 
 import structlog
 from aiohttp import web
 
 from kiln_runtimes._errors import BadRequest, Internal, Overloaded
+from kiln_runtimes._spans import stream_spans
 from kiln_runtimes.protocol import CONTENT_TYPE, GenerateChunk, GenerateRequest, frame
 from kiln_runtimes.store import tree_hex
 
@@ -48,6 +50,7 @@ async def stream(
     """
     if backend.health().waiting >= max_waiting:
         raise Overloaded("too many sequences waiting", retry_after_s=1.0)
+    received = time.time_ns()
     try:
         chunks = backend.stream(request)
     except ValueError as exc:
@@ -60,9 +63,11 @@ async def stream(
         except ValueError as exc:  # an adapter this model cannot use
             raise BadRequest(str(exc)) from None
         response = web.StreamResponse(headers={"Content-Type": CONTENT_TYPE})
+        running = backend.health().running
         try:
             await response.prepare(http)
-            outcome = await _relay(response, first, chunks)
+            outcome, last = await _relay(response, first, chunks)
+            stream_spans(received, last, running)
             await response.write_eof()
         except ConnectionResetError:
             log.info("client disconnected; sequence cancelled")
@@ -74,16 +79,17 @@ async def stream(
 
 async def _relay(
     response: web.StreamResponse, chunk: GenerateChunk, chunks: AsyncIterator[GenerateChunk]
-) -> str:
+) -> tuple[str, GenerateChunk]:
+    """Write every chunk; the outcome and the last chunk."""
     outcome = "ok"
     while True:
         await response.write(frame(chunk))
         if chunk.finish_reason is not None:
-            return outcome
+            return outcome, chunk
         try:
             chunk = await anext(chunks)
         except StopAsyncIteration:
-            return outcome
+            return outcome, chunk
         except Exception:
             log.exception("generation failed mid-stream")
             chunk = GenerateChunk(request_id=chunk.request_id, token_ids=[], finish_reason="error")

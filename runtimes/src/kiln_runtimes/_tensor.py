@@ -12,6 +12,7 @@ import numpy as np
 import structlog
 
 from kiln_runtimes._errors import BadRequest
+from kiln_runtimes._spans import ticket_spans
 from kiln_runtimes.compile import compile_engine
 from kiln_runtimes.engines import ENGINE_MODEL
 from kiln_runtimes.protocol import DATATYPES, InferRequest, InferResult, Tensor
@@ -108,6 +109,7 @@ async def infer(
         raise BadRequest(f"unknown outputs {unknown}; the model has {sorted(known)}")
     budget = None if request.timeout_ms is None else request.timeout_ms / 1000
     ticket = await batcher.submit(request.request_id, rows, budget, express=request.express)
+    ticket_spans(ticket)
     outputs = []
     for name in wanted:
         parts = [r[name] for r in ticket.rows]

@@ -212,6 +212,7 @@ class BatchQueue:
                 ticket = item.ticket
                 if not ticket.settled:
                     ticket.compute_s += share
+                    ticket.batch_size = max(ticket.batch_size, len(batch.items))
                     ticket.rows[item.index] = row
                     ticket.pending -= 1
                     if ticket.pending == 0:

@@ -106,6 +106,9 @@ class EmbedRequest(msgspec.Struct, frozen=True, kw_only=True):
     express: bool = False
     """Sent on the gateway's express credit: run ahead of queued requests, in a batch of its own
     (a tenant with nothing else in flight; docs/scheduler.md)."""
+    traceparent: str | None = None
+    """The W3C ``traceparent`` of the gateway's dispatch span, when that trace is sampled: the
+    worker's spans are its children (``kiln_runtimes.tracing``)."""
 
 
 class EmbedResult(msgspec.Struct, frozen=True, kw_only=True):
@@ -135,6 +138,9 @@ class GenerateRequest(msgspec.Struct, frozen=True, kw_only=True):
     adapter: str | None = None
     """A LoRA adapter to generate with: the digest of its folder in the worker's artifact store
     (``adapter_config.json``, ``adapter_model.safetensors``), loaded on first use."""
+    traceparent: str | None = None
+    """The W3C ``traceparent`` of the gateway's dispatch span, when that trace is sampled: the
+    worker's spans are its children (``kiln_runtimes.tracing``)."""
 
 
 class GenerateChunk(msgspec.Struct, frozen=True, kw_only=True):
@@ -171,6 +177,9 @@ class InferRequest(msgspec.Struct, frozen=True, kw_only=True):
     express: bool = False
     """Sent on the gateway's express credit: run ahead of queued requests, in a batch of its own
     (a tenant with nothing else in flight; docs/scheduler.md)."""
+    traceparent: str | None = None
+    """The W3C ``traceparent`` of the gateway's dispatch span, when that trace is sampled: the
+    worker's spans are its children (``kiln_runtimes.tracing``)."""
 
 
 class InferResult(msgspec.Struct, frozen=True, kw_only=True):

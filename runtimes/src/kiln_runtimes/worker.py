@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from kiln_runtimes import _serve, _standby, cpus
+from kiln_runtimes import _serve, _standby, cpus, tracing
 from kiln_runtimes._logging import configure_logging
 from kiln_runtimes._settings import WorkerSettings
 from kiln_runtimes.protocol import MANIFEST_NAME, WORKER_SECRET_ENV
@@ -112,4 +112,9 @@ def main(argv: Sequence[str] | None = None) -> None:
         raise SystemExit(f"kiln-worker: ${WORKER_SECRET_ENV} is not set (the gateway's secret)")
     settings = dataclasses.replace(parse_args(args), secret=secret)
     configure_logging(settings.log_level)
-    raise SystemExit(_serve.run(_serve.serve(settings)))
+    tracing.configure(os.environ, "kiln-worker")  # OTEL_*, passed on by the gateway
+    try:
+        status = _serve.run(_serve.serve(settings))
+    finally:
+        tracing.shutdown()  # exports what is buffered
+    raise SystemExit(status)

@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Self
 from kiln_platform.errors import KilnError
 from kiln_platform.quotas.enforcer import QuotaGrant
 from kiln_platform.scheduler.schemas import Priority
+from kiln_runtimes import tracing
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Awaitable, Callable
@@ -114,7 +115,8 @@ class Admission:
         """Count the request against its quotas, or raise ``RateLimited`` (429)."""
         self._principal = principal
         self.terms = QueueTerms(tenant=str(principal.tenant_id), weight=principal.weight)
-        await self._desk.quotas.admit(principal, self.grant)
+        with tracing.span("admission", {"kiln.tenant": self.terms.tenant}):
+            await self._desk.quotas.admit(principal, self.grant)
 
     def schedule(self, priority: Priority, timeout_s: float) -> None:
         """Set the request's class and deadline in its pool's fair queue."""
@@ -125,7 +127,8 @@ class Admission:
     ) -> None:
         """Hold the most the request can cost (``run_s``: the server's bound on its run, else the
         request timeout), or raise ``QuotaExceeded`` (429)."""
-        await self._desk.budgets.reserve(self.principal, self.request_id, version, most, run_s)
+        with tracing.span("admission.hold", {"kiln.model": version.model}):
+            await self._desk.budgets.reserve(self.principal, self.request_id, version, most, run_s)
 
     def serves(self, model: str) -> None:
         """The request is for ``model``: however it ends, it counts in the model's SLOs."""
@@ -161,7 +164,8 @@ class Admission:
         """Record the request's usage and return once it is durable; 503 if it cannot be."""
         if not self._recorded:
             self._recorded = True
-            await self._desk.ledger.commit(self._metered(usage))
+            with tracing.span("ledger commit"):
+                await self._desk.ledger.commit(self._metered(usage))
 
     def _metered(self, usage: Usage) -> Usage:
         """The usage the ledger settles the hold with; its tokens charged to tokens/min."""

@@ -11,6 +11,7 @@ from kiln_platform.context import Kiln
 from kiln_platform.errors import Forbidden, Unauthorized
 from kiln_platform.keys.services import Principal
 from kiln_platform.oauth.verifier import looks_like_jwt
+from kiln_runtimes import tracing
 
 
 async def _authenticate(request: Request[Any, Any, Any], kiln: Kiln) -> Principal:
@@ -42,7 +43,8 @@ async def provide_principal(
 ) -> Principal:
     """Authenticate ``Authorization: Bearer <key>`` and require the inference scope (quotas are
     the admission's: ``admission.deps``)."""
-    principal = _not_finance(await _authenticate(request, kiln))
+    with tracing.span("auth"):
+        principal = _not_finance(await _authenticate(request, kiln))
     if "inference" not in principal.scopes:
         raise Forbidden("This API key does not have the 'inference' scope.")
     return principal

@@ -19,6 +19,7 @@ from kiln_platform.errors import (
     ServiceUnavailable,
 )
 from kiln_platform.observability import timing
+from kiln_runtimes import tracing
 from kiln_runtimes.protocol import (
     CONTENT_TYPE,
     EmbedRequest,
@@ -133,11 +134,12 @@ class WorkerClient:
         started.
         """
         runner = self._pools.runner(pool)
+        post = self._traced_post if tracing.enabled() else self._post
         for last in (False, True):
             async with runner.slot(_queued(runner, message.request_id, terms, cost)) as lease:
                 worker = self._pools.worker(pool, lease.worker)
                 try:
-                    async with self._post(
+                    async with post(
                         worker, pool, path, _leased(message, lease), limit, connect_retry=not last
                     ) as resp:
                         if last or not await _draining(resp):
@@ -148,6 +150,22 @@ class WorkerClient:
                     pass
                 lease.actual_cost = 0.0
                 log.info("worker refused the request unrun; leasing again", worker=worker.url)
+
+    @contextlib.asynccontextmanager
+    async def _traced_post(
+        self, worker: PoolWorker, pool: str, path: str, message: M,
+        limit: aiohttp.ClientTimeout, *, connect_retry: bool,
+    ) -> AsyncIterator[aiohttp.ClientResponse]:  # fmt: skip
+        """``_post`` in a ``dispatch`` span whose ``traceparent`` the message carries: the
+        worker's spans are its children."""
+        with tracing.span("dispatch", {"kiln.pool": pool, "kiln.worker": worker.url}):
+            parent = tracing.traceparent()
+            if parent is not None:
+                message = msgspec.structs.replace(message, traceparent=parent)
+            async with self._post(
+                worker, pool, path, message, limit, connect_retry=connect_retry
+            ) as resp:
+                yield resp
 
     @contextlib.asynccontextmanager
     async def _post(
@@ -241,6 +259,7 @@ def _leased(message: M, lease: Lease) -> M:
     """``message`` marked to run in the worker's express lane if the lease is an express
     credit; reports the lease's fair-queue wait (and the lane) for ``Server-Timing``."""
     timing("queue", lease.waited_s * 1000)
+    tracing.record_waited("fair queue", lease.waited_s, {"kiln.express": lease.express})
     if not lease.express:
         return message
     timing("express", 0.0)

@@ -24,6 +24,7 @@ from kiln_platform.gateway.llm_schemas import (
     CompletionRequest,
     Message,
 )
+from kiln_runtimes import tracing
 from kiln_runtimes.protocol import GenerateRequest
 
 if TYPE_CHECKING:
@@ -124,6 +125,18 @@ class Generation:
         start = last = time.perf_counter()
         metrics.ACTIVE_STREAMS.labels(name).inc()
         metrics.PROMPT_TOKENS.labels(name).inc(self.prompt_tokens)
+        with tracing.span("detokenize") as span:
+            async with contextlib.aclosing(self._relay(text, start, last)) as pieces:
+                async for piece in pieces:
+                    yield piece
+            if span is not None:
+                span.set_attribute("kiln.completion_tokens", self.completion_tokens)
+
+    async def _relay(
+        self, text: TextStream, start: float, last: float
+    ) -> AsyncGenerator[Piece, None]:
+        """Detokenize the worker's chunks into pieces (with their TTFT and inter-token times)."""
+        name = self.version.model
         try:
             pool = self.version.pool
             async for chunk in self.kiln.workers.generate(pool, self.request, self.admission.terms):
@@ -313,12 +326,13 @@ async def prepare(
     model = load_text_model(
         kiln.store.path(version.artifact_digest), manifest.tokenizer_file or "tokenizer.json"
     )
-    if isinstance(request, ChatCompletionRequest):
-        prompt = await off_loop(_chat_chars(request), chat_prompt, request, model)
-        endpoint = "chat.completions"
-    else:
-        prompt = await off_loop(_prompt_chars(request), completion_prompt, request, model)
-        endpoint = "completions"
+    with tracing.span("tokenize"):
+        if isinstance(request, ChatCompletionRequest):
+            prompt = await off_loop(_chat_chars(request), chat_prompt, request, model)
+            endpoint = "chat.completions"
+        else:
+            prompt = await off_loop(_prompt_chars(request), completion_prompt, request, model)
+            endpoint = "completions"
     stop = _stop(request.stop)
     temperature, top_p = _sampling(request)
     generate = GenerateRequest(

@@ -22,6 +22,7 @@ from kiln_platform.gateway.schemas import (
     EmbeddingsUsage,
     ModelCard,
 )
+from kiln_runtimes import tracing
 from kiln_runtimes.protocol import EmbedRequest
 
 if TYPE_CHECKING:
@@ -125,10 +126,11 @@ async def embed(kiln: Kiln, admission: Admission, request: EmbeddingsRequest) ->
     tokenizer = load_tokenizer(model_dir / (manifest.tokenizer_file or "tokenizer.json"))
     count = count_items(request.input, _max_inputs(kiln.settings))
     kiln.workers.screen(version.pool, request_id, admission.terms, count)
-    ids = await off_loop(
-        _chars(request.input, count), tokenize_input, request.input, tokenizer,
-        version.context_length,
-    )  # fmt: skip
+    with tracing.span("tokenize", {"kiln.inputs": count}):
+        ids = await off_loop(
+            _chars(request.input, count), tokenize_input, request.input, tokenizer,
+            version.context_length,
+        )  # fmt: skip
     tokens = sum(map(len, ids))
     most = Quantities(input_tokens=tokens, items=len(ids))
     await admission.hold(version, most)

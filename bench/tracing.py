@@ -1,0 +1,195 @@
+"""What tracing costs: embeddings throughput with tracing off, and on at 1% sampling, against a
+build without tracing (see docs/benchmarks.md).
+
+Starts three ``kiln up`` on all-MiniLM-L6-v2 side by side (each its own data directory,
+PostgreSQL and worker):
+
+- ``baseline``: the commit before tracing was added, from a ``git worktree`` of it put first on
+  ``PYTHONPATH`` (``platform/src``, ``runtimes/src``, ``console/src``; checked: the packages
+  import from there, and workers inherit ``PYTHONPATH``);
+- ``off``: this tree, no ``OTEL_*`` (tracing off, its default);
+- ``on``: this tree exporting OTLP/HTTP to a sink on loopback (a thread of this process that
+  answers 200), sampling 1% (``parentbased_traceidratio``, ``0.01``).
+
+Each round measures the three at one concurrency (one sentence per request, a closed loop of
+aiohttp senders: ``bench/embeddings.py``'s load), rotating their order, so drifts of a shared
+machine fall on all three. Prints medians over rounds and the ratios off/baseline (goal >= 0.99)
+and on/baseline (goal >= 0.97).
+
+    python bench/tracing.py            # 6 rounds of 10 s per system, ~5 minutes
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _corpus import sentences
+from _kiln import Kiln
+from embeddings import Result, _asdict, _model_dir, measure_kiln
+
+REPO = Path(__file__).resolve().parents[1]
+SYSTEMS = ("baseline", "off", "on")
+GOALS = {"off": 0.99, "on": 0.97}
+TRACING_MODULE = "runtimes/src/kiln_runtimes/tracing.py"
+
+
+class _Sink(BaseHTTPRequestHandler):
+    """An OTLP/HTTP endpoint that takes every export and counts the bytes."""
+
+    received = 0
+
+    def do_POST(self) -> None:
+        _Sink.received += len(self.rfile.read(int(self.headers["content-length"])))
+        self.send_response(200)
+        self.send_header("content-length", "0")
+        self.end_headers()
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+
+def _before_tracing() -> str:
+    """The commit before the one that added ``kiln_runtimes/tracing.py``."""
+    command = ["git", "log", "--diff-filter=A", "--format=%H", "--", TRACING_MODULE]
+    added = subprocess.run(command, cwd=REPO, capture_output=True, text=True, check=True)
+    added_in = added.stdout.split()
+    if not added_in:
+        raise SystemExit("no commit adds kiln_runtimes/tracing.py: nothing to compare with")
+    return f"{added_in[-1]}^"
+
+
+def _baseline_path(tree: Path) -> str:
+    """``PYTHONPATH`` that imports Kiln from ``tree``, checked in a fresh interpreter."""
+    path = os.pathsep.join(str(tree / p / "src") for p in ("platform", "runtimes", "console"))
+    code = "import kiln_platform, kiln_runtimes, kiln_console as c; print(kiln_platform.__file__, kiln_runtimes.__file__, c.__file__)"  # noqa: E501
+    env = {**os.environ, "PYTHONPATH": path}
+    files = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
+    ).stdout.split()
+    if not all(f.startswith(str(tree)) for f in files):
+        raise SystemExit(f"the baseline does not import from {tree}: {files}")
+    print(f"baseline imports from {tree}")
+    return path
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The command line."""
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--rounds", type=int, default=6, help="rounds; medians are reported")
+    p.add_argument("--duration", type=float, default=10.0, help="measured seconds per system")
+    p.add_argument("--warmup", type=float, default=2.0, help="unmeasured seconds per system")
+    p.add_argument("--concurrency", type=int, default=8, help="closed-loop senders")
+    p.add_argument("--sample", type=float, default=0.01, help="sampling ratio when on")
+    p.add_argument("--baseline", default=None, help="git revision without tracing (default: "
+                   "the parent of the commit that added it)")  # fmt: skip
+    p.add_argument("--model-dir", type=Path, default=None, help="a built all-MiniLM-L6-v2")
+    p.add_argument("--corpus", type=int, default=2000, help="distinct sentences")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--json", type=Path, default=None, help="write every measurement here")
+    return p.parse_args(argv)
+
+
+def _start_all(model_dir: Path, baseline_path: str, sink: str, sample: float) -> dict[str, Kiln]:
+    envs = {
+        "baseline": {"PYTHONPATH": baseline_path},
+        "off": {},
+        "on": {
+            "OTEL_EXPORTER_OTLP_ENDPOINT": sink,
+            "OTEL_TRACES_SAMPLER": "parentbased_traceidratio",
+            "OTEL_TRACES_SAMPLER_ARG": str(sample),
+        },
+    }
+    started: dict[str, Kiln] = {}
+    try:
+        for name in SYSTEMS:
+            print(f"starting kiln up ({name}) ...", flush=True)
+            started[name] = Kiln.start(model_dir, envs[name])
+    except BaseException:
+        for kiln in started.values():
+            kiln.stop()
+        raise
+    return started
+
+
+def _measure(args: argparse.Namespace, kilns: dict[str, Kiln]) -> list[dict[str, Result]]:
+    corpus = sentences(args.corpus, seed=args.seed)
+    model = kilns["off"].model
+    bodies = [
+        json.dumps({"model": model, "input": s, "encoding_format": "base64"}).encode()
+        for s in corpus
+    ]
+    rounds = []
+    for n in range(args.rounds):
+        order = SYSTEMS[n % 3 :] + SYSTEMS[: n % 3]
+        results = {}
+        for name in order:
+            r = measure_kiln(bodies, args.concurrency, warmup=args.warmup,
+                             duration=args.duration, kiln=kilns[name])  # fmt: skip
+            results[name] = r
+            print(f"  round {n + 1} {name:<9} {r.per_s:7.1f} sentences/s  p50 {r.p50_ms:6.1f} ms"
+                  f"  p99 {r.p99_ms:6.1f} ms  (others: {r.foreign_cores:.2f} cores)",
+                  flush=True)  # fmt: skip
+        rounds.append(results)
+    return rounds
+
+
+def report(rounds: list[dict[str, Result]]) -> dict[str, float]:
+    """Print the medians and the ratios; returns the ratios."""
+    median = {name: statistics.median(r[name].per_s for r in rounds) for name in SYSTEMS}
+    for name in SYSTEMS:
+        p99 = statistics.median(r[name].p99_ms for r in rounds)
+        print(f"{name:<9} median {median[name]:7.1f} sentences/s  p99 {p99:6.1f} ms")
+    ratios = {}
+    for name, goal in GOALS.items():
+        ratios[name] = median[name] / median["baseline"]
+        per_round = [r[name].per_s / r["baseline"].per_s for r in rounds]
+        spread = f"rounds {min(per_round):.3f}-{max(per_round):.3f}"
+        verdict = "met" if ratios[name] >= goal else "NOT met"
+        print(f"ratio {name}/baseline: {ratios[name]:.3f} ({spread}; goal >= {goal}: {verdict})")
+    return ratios
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Run the benchmark; everything started is stopped, also on error."""
+    args = parse_args(argv)
+    model_dir = _model_dir(args.model_dir)
+    tree = Path(tempfile.mkdtemp(prefix="kiln-baseline-"))
+    rev = args.baseline or _before_tracing()
+    subprocess.run(["git", "worktree", "add", "--detach", str(tree), rev], cwd=REPO, check=True,
+                   capture_output=True)  # fmt: skip
+    sink = ThreadingHTTPServer(("127.0.0.1", 0), _Sink)
+    threading.Thread(target=sink.serve_forever, daemon=True).start()
+    kilns: dict[str, Kiln] = {}
+    try:
+        baseline_path = _baseline_path(tree)
+        endpoint = f"http://127.0.0.1:{sink.server_address[1]}"
+        kilns = _start_all(model_dir, baseline_path, endpoint, args.sample)
+        rounds = _measure(args, kilns)
+        report(rounds)
+        print(f"load average after: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+        if args.json:
+            dump = [{name: _asdict(r) for name, r in results.items()} for results in rounds]
+            args.json.write_text(json.dumps(dump, indent=1))
+    finally:
+        for kiln in kilns.values():
+            kiln.stop()  # the gateway and the workers export what they buffered
+        sink.shutdown()
+        print(f"OTLP bytes the sink received ({args.sample:.0%} sampled): {_Sink.received}")
+        subprocess.run(["git", "worktree", "remove", "--force", str(tree)], cwd=REPO, check=False)
+        shutil.rmtree(tree, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
