@@ -23,6 +23,15 @@ _timings: contextvars.ContextVar[dict[str, float] | None] = contextvars.ContextV
     "kiln_timings", default=None
 )
 
+_started: contextvars.ContextVar[float | None] = contextvars.ContextVar(
+    "kiln_request_started", default=None
+)
+
+
+def request_started() -> float | None:
+    """When the current request reached the gateway (``time.monotonic``), if in one."""
+    return _started.get()
+
 
 def timing(name: str, ms: float) -> None:
     """Report where the current request's time went, in its ``Server-Timing`` header
@@ -86,7 +95,7 @@ def request_id_middleware(app: ASGIApp) -> ASGIApp:
         )
         client_id = incoming if _VALID_ID.match(incoming) else None
         request_id, started, timings = new_request_id(), time.perf_counter(), dict[str, float]()
-        token = _timings.set(timings)
+        token, started_token = _timings.set(timings), _started.set(time.monotonic())
         scope.setdefault("state", {})["request_id"] = request_id
         structlog.contextvars.bind_contextvars(request_id=request_id)
         if client_id:
@@ -111,6 +120,7 @@ def request_id_middleware(app: ASGIApp) -> ASGIApp:
             await app(scope, receive, send_with_id)
         finally:
             _timings.reset(token)
+            _started.reset(started_token)
             structlog.contextvars.unbind_contextvars("request_id", "client_request_id")
 
     return middleware

@@ -64,18 +64,26 @@ class SchedulerCollector:
             "Jain's index of served vs weighted max-min fair share over the window.",
             labels=pool,
         )
+        queued = GaugeMetricFamily(
+            "kiln_scheduler_queued", "Requests waiting in the pool's fair queue.", labels=pool
+        )
+        in_flight = GaugeMetricFamily(
+            "kiln_scheduler_in_flight", "Requests dispatched to the pool's workers.", labels=pool
+        )
         now = time.monotonic()  # the event loop's clock, which the schedulers run on
         for key, runner in self._pools.runners.items():
             spec = self._pools.backend.specs[key]
             labels = [spec.model, spec.version]
             snapshot = runner.scheduler.snapshot(now)
             jain.add_metric(labels, snapshot.jain)
+            queued.add_metric(labels, len(runner.scheduler.queue))
+            in_flight.add_metric(labels, runner.scheduler.in_flight)
             for t in snapshot.tenants:
                 admitted.add_metric([*labels, t.tenant], t.admitted)
                 share.add_metric([*labels, t.tenant], t.share)
                 for reason, count in t.rejected.items():
                     rejected.add_metric([*labels, t.tenant, reason], count)
-        yield from (admitted, rejected, share, jain, self._replicas())
+        yield from (admitted, rejected, share, jain, queued, in_flight, self._replicas())
 
     def _replicas(self) -> GaugeMetricFamily:
         """Each pool's size (``PoolSize``)."""
