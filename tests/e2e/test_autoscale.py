@@ -77,7 +77,7 @@ def test_a_request_to_a_pool_at_zero_waits_for_its_worker(kiln: KilnProcess) -> 
 def _phase_totals(kiln: KilnProcess) -> dict[tuple[str, str], float]:
     """(phase, count|sum) of ``kiln_cold_start_phase_seconds`` for MiniLM."""
     text = httpx.get(f"{kiln.base_url}/metrics").text
-    pattern = r'kiln_cold_start_phase_seconds_(count|sum)\{([^}]*)\} (\S+)'
+    pattern = r"kiln_cold_start_phase_seconds_(count|sum)\{([^}]*)\} (\S+)"
     out = {}
     for kind, labels, value in re.findall(pattern, text):
         phase = re.search(r'phase="(\w+)"', labels)
