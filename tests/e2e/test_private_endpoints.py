@@ -47,6 +47,13 @@ def test_only_the_token_scrape_names_the_tenant(kiln: KilnProcess) -> None:
     assert f'tenant="{tenant}"' in scraped
     admitted = [x for x in scraped.splitlines() if x.startswith("kiln_scheduler_admitted_total")]
     assert any(tenant in x and float(x.split()[-1]) >= 3 for x in admitted), admitted
+    latency = [
+        x for x in scraped.splitlines() if x.startswith("kiln_model_request_duration_seconds_count")
+    ]
+    mine = [x for x in latency if f'tenant="{tenant}"' in x and f'model="{MINILM}"' in x]
+    assert mine, latency
+    assert 'endpoint="embeddings"' in mine[0]
+    assert float(mine[0].split()[-1]) >= 3
 
 
 def test_a_worker_refuses_calls_without_the_secret(kiln: KilnProcess) -> None:

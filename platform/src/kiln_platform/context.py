@@ -17,6 +17,7 @@ from kiln_platform.compiler.runner import CompileRunner
 from kiln_platform.db.database import Database, open_database
 from kiln_platform.db.engine import sessionmaker, writer_engine
 from kiln_platform.gateway.dispatch import WorkerClient
+from kiln_platform.gateway.metrics import RequestMetrics
 from kiln_platform.idempotency.services import IdempotencyStore
 from kiln_platform.keys.services import KeyVerifier
 from kiln_platform.oauth.keys import Keyring
@@ -65,6 +66,8 @@ class Kiln:
     """Idempotency-Key claims and stored responses (``kiln_platform.idempotency``)."""
     adapters: AdapterDirectory
     """Tenants' LoRA adapters by ``<model>:<adapter>`` name, cached."""
+    metrics: RequestMetrics
+    """Per-request series by model, version (and tenant: ``KILN_METRICS_TENANT_LABELS``)."""
 
 
 def _pool_backend(settings: Settings, http: aiohttp.ClientSession) -> PoolBackend:
@@ -104,6 +107,7 @@ def _build(
         ttl_s=settings.lease_ttl_s,
     )  # fmt: skip
     ledger = LedgerWriter(sessionmaker(ledger_db), books, enabled=settings.metering)
+    metrics = RequestMetrics(settings.metrics_tenant_labels)
     return Kiln(
         settings=settings,
         db=db,
@@ -117,7 +121,7 @@ def _build(
         quotas=quotas,
         books=books,
         budgets=budgets,
-        admissions=Admissions(quotas, budgets, ledger),
+        admissions=Admissions(quotas, budgets, ledger, metrics),
         tokens=TokenVerifier(
             db.sessions,
             Keyring(db.sessions, settings.oauth_token_ttl_s, settings.hmac_key()),
@@ -132,6 +136,7 @@ def _build(
             ttl_s=settings.idempotency_ttl_s,
             lock_s=settings.idempotency_lock_s,
         ),
+        metrics=metrics,
     )
 
 
@@ -155,6 +160,7 @@ async def _stop(kiln: Kiln, ledger_db: AsyncEngine) -> None:
     await kiln.budgets.stop()
     await kiln.quotas.stop()
     await kiln.quotas.drain()
+    kiln.metrics.close()
 
 
 @asynccontextmanager

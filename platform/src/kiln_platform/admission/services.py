@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Self
 
@@ -36,6 +37,7 @@ if TYPE_CHECKING:
     from kiln_platform.billing.ledger import LedgerWriter, Usage
     from kiln_platform.billing.pricing import Quantities
     from kiln_platform.billing.reservations import Budgets
+    from kiln_platform.gateway.metrics import RequestMetrics
     from kiln_platform.keys.services import Principal
     from kiln_platform.quotas.enforcer import QuotaEnforcer
     from kiln_platform.registry.services import ResolvedVersion
@@ -56,10 +58,17 @@ class QueueTerms:
 class Admissions:
     """The per-process desk: opens one :class:`Admission` per HTTP request."""
 
-    def __init__(self, quotas: QuotaEnforcer, budgets: Budgets, ledger: LedgerWriter) -> None:
+    def __init__(
+        self,
+        quotas: QuotaEnforcer,
+        budgets: Budgets,
+        ledger: LedgerWriter,
+        metrics: RequestMetrics | None = None,
+    ) -> None:
         self.quotas = quotas
         self.budgets = budgets
         self.ledger = ledger
+        self.metrics = metrics
 
     def open(self, state: dict[str, object]) -> Admission:
         """The request's admission, kept in its ASGI state (``state["request_id"]`` is its id)."""
@@ -83,6 +92,10 @@ class Admission:
         self.closers: list[Callable[[], Awaitable[object]]] = []
         """Run first when leaving (e.g. a stream's generator, to cancel the worker's sequence)."""
         self._usage: Callable[[], Usage] | None = None
+        self._outcome: Usage | None = None
+        """The usage recorded (model, version, tenant, status): the request's metrics."""
+        self._error: str | None = None
+        self._opened = time.monotonic()
         self._recorded = False
         self._left = False
 
@@ -122,6 +135,7 @@ class Admission:
         try:
             yield
         except KilnError as exc:
+            self._error = exc.code
             self.record(dataclasses.replace(usage, status=exc.status_code))
             raise
 
@@ -139,7 +153,7 @@ class Admission:
 
     def _metered(self, usage: Usage) -> Usage:
         """The usage the ledger settles the hold with; its tokens charged to tokens/min."""
-        desk = self._desk
+        desk, self._outcome = self._desk, usage
         if desk.ledger.enabled:  # the ledger's write settles the hold: leaving does not
             usage = dataclasses.replace(usage, held=desk.budgets.handed(usage.request_id))
         desk.quotas.charge(
@@ -164,9 +178,19 @@ class Admission:
                 self.record(self._usage())
             if self.grant.lease is not None:
                 await desk.quotas.release(self.grant.lease)
+            self._observe()
         finally:
             if self.request_id:
                 await desk.budgets.finish(self.request_id)
+
+    def _observe(self) -> None:
+        """The request's latency (and error) by model, version and tenant, once it is over."""
+        usage, metrics = self._outcome, self._desk.metrics
+        if usage is None or metrics is None:
+            return
+        who = metrics.labels(usage.model, usage.version, str(usage.tenant_id))
+        seconds = time.monotonic() - self._opened
+        metrics.finished(who, usage.endpoint, seconds, usage.status, self._error)
 
     async def __aenter__(self) -> Self:
         return self

@@ -122,18 +122,21 @@ class Generation:
         name = self.version.model
         text = TextStream(self.model.tokenizer, self.stop)
         start = last = time.perf_counter()
+        who = self.kiln.metrics.labels(
+            name, self.version.version, str(self.admission.principal.tenant_id)
+        )
+        ttft, inter_token = (
+            self.kiln.metrics.ttft.labels(*who),
+            self.kiln.metrics.inter_token.labels(*who),
+        )
         metrics.ACTIVE_STREAMS.labels(name).inc()
         metrics.PROMPT_TOKENS.labels(name).inc(self.prompt_tokens)
         try:
             pool = self.version.pool
             async for chunk in self.kiln.workers.generate(pool, self.request, self.admission.terms):
                 now = time.perf_counter()
-                hist = (
-                    metrics.INTER_TOKEN_LATENCY
-                    if self.completion_tokens
-                    else metrics.TIME_TO_FIRST_TOKEN
-                )
-                hist.labels(name).observe(now - (last if self.completion_tokens else start))
+                hist = inter_token if self.completion_tokens else ttft
+                hist.observe(now - (last if self.completion_tokens else start))
                 last = now
                 self.completion_tokens += len(chunk.token_ids)
                 self.compute_ms = max(self.compute_ms, chunk.compute_ms)
