@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import aiohttp
+from prometheus_client import REGISTRY
 
 from kiln_platform.adapters.directory import AdapterDirectory
 from kiln_platform.admission.services import Admissions
@@ -23,6 +24,7 @@ from kiln_platform.keys.services import KeyVerifier
 from kiln_platform.oauth.keys import Keyring
 from kiln_platform.oauth.verifier import TokenVerifier
 from kiln_platform.pools.backend import worker_headers
+from kiln_platform.pools.engine_metrics import EngineMetrics
 from kiln_platform.pools.local import LocalPoolBackend
 from kiln_platform.pools.services import PoolManager
 from kiln_platform.quotas.enforcer import QuotaEnforcer
@@ -68,6 +70,8 @@ class Kiln:
     """Tenants' LoRA adapters by ``<model>:<adapter>`` name, cached."""
     metrics: RequestMetrics
     """Per-request series by model, version (and tenant: ``KILN_METRICS_TENANT_LABELS``)."""
+    engine_metrics: EngineMetrics
+    """The workers' key series, summed per pool on the gateway's ``/metrics``."""
 
 
 def _pool_backend(settings: Settings, http: aiohttp.ClientSession) -> PoolBackend:
@@ -137,6 +141,7 @@ def _build(
             lock_s=settings.idempotency_lock_s,
         ),
         metrics=metrics,
+        engine_metrics=EngineMetrics(pools.backend, http),
     )
 
 
@@ -146,6 +151,7 @@ async def _start(kiln: Kiln) -> None:
     await kiln.quotas.start()
     await kiln.budgets.start()
     await kiln.pools.start()
+    REGISTRY.register(kiln.engine_metrics)
     kiln.compiler.start()
     kiln.idempotency.start()
 
@@ -154,6 +160,8 @@ async def _stop(kiln: Kiln, ledger_db: AsyncEngine) -> None:
     """Stop them in reverse order: the ledger flushes before budgets and quotas let go."""
     await kiln.idempotency.stop()
     await kiln.compiler.stop()
+    REGISTRY.unregister(kiln.engine_metrics)
+    await kiln.engine_metrics.close()
     await kiln.pools.stop()
     await kiln.ledger.stop()
     await ledger_db.dispose()
