@@ -93,7 +93,10 @@ def test_a_cold_start_is_observed_once_per_phase_and_they_add_up(kiln: KilnProce
     started = time.perf_counter()
     assert _embed(kiln, "cold phases") == 16
     waited = time.perf_counter() - started
-    after = _phase_totals(kiln)
+    done = before.get(("first_response", "count"), 0.0) + 1  # observed once the response is sent
+    after = wait_for(
+        lambda: (t := _phase_totals(kiln)).get(("first_response", "count")) == done and t, 10
+    )
     delta = {k: after[k] - before.get(k, 0.0) for k in after}
     assert {p: delta[p, "count"] for p in phases} == dict.fromkeys(phases, 1.0)
     assert all(delta[p, "sum"] > 0 for p in ("process_start", "model_load", "first_response"))

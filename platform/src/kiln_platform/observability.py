@@ -13,6 +13,8 @@ from typing import TYPE_CHECKING
 import structlog
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from litestar.types import ASGIApp, Message, Receive, Scope, Send
 
 REQUEST_ID_HEADER = "x-request-id"
@@ -26,6 +28,20 @@ _timings: contextvars.ContextVar[dict[str, float] | None] = contextvars.ContextV
 _started: contextvars.ContextVar[float | None] = contextvars.ContextVar(
     "kiln_request_started", default=None
 )
+
+
+_after: contextvars.ContextVar[list[Callable[[], None]] | None] = contextvars.ContextVar(
+    "kiln_after_response", default=None
+)
+
+
+def after_response(callback: Callable[[], None]) -> None:
+    """Call ``callback`` once the current request's response is sent (now, outside one)."""
+    callbacks = _after.get()
+    if callbacks is None:
+        callback()
+    else:
+        callbacks.append(callback)
 
 
 def request_started() -> float | None:
@@ -96,6 +112,8 @@ def request_id_middleware(app: ASGIApp) -> ASGIApp:
         client_id = incoming if _VALID_ID.match(incoming) else None
         request_id, started, timings = new_request_id(), time.perf_counter(), dict[str, float]()
         token, started_token = _timings.set(timings), _started.set(time.monotonic())
+        after: list[Callable[[], None]] = []
+        after_token = _after.set(after)
         scope.setdefault("state", {})["request_id"] = request_id
         structlog.contextvars.bind_contextvars(request_id=request_id)
         if client_id:
@@ -121,6 +139,9 @@ def request_id_middleware(app: ASGIApp) -> ASGIApp:
         finally:
             _timings.reset(token)
             _started.reset(started_token)
+            _after.reset(after_token)
+            for callback in after:
+                callback()
             structlog.contextvars.unbind_contextvars("request_id", "client_request_id")
 
     return middleware

@@ -10,8 +10,8 @@ response of that pool's new worker. Its five phases add up to the wait the reque
   own load and warm-up are taken out;
 - ``model_load`` and ``warmup``: as the worker measured them (``WorkerInfo.load_s``,
   ``warmup_s``);
-- ``first_response``: ready -> the first request on the pool completes (in the fair queue, then
-  on the worker).
+- ``first_response``: ready -> the response of the first request the pool completes is sent
+  (its wait in the fair queue, the worker's run, the gateway's encoding).
 
 Each phase is observed once per cold start, when it ends; a pool that was started without a
 request waiting (a new version, a restart after a crash) is not a cold start.
@@ -24,6 +24,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from prometheus_client import Counter, Histogram
+
+from kiln_platform.observability import after_response
 
 if TYPE_CHECKING:
     from kiln_platform.pools.backend import PoolWorker
@@ -91,5 +93,10 @@ class ColdStarts:
         if start is None or start.ready is None:
             return
         del self._starts[pool]
-        PHASE_SECONDS.labels(model, version, "first_response").observe(self._now() - start.ready)
-        COLD_STARTS.labels(model, version).inc()
+        ready = start.ready
+
+        def sent() -> None:
+            PHASE_SECONDS.labels(model, version, "first_response").observe(self._now() - ready)
+            COLD_STARTS.labels(model, version).inc()
+
+        after_response(sent)
