@@ -98,9 +98,11 @@ def _build(
     store = ArtifactStore(settings.store_dir)
     resolver = Resolver(db.sessions)
     scheduler = SchedulerConfig(policy=PolicyConfig(express=settings.scheduler_express))
+    metrics = RequestMetrics(settings.metrics_tenant_labels)
     pools = PoolManager(
-        _pool_backend(settings, http), resolver, store, scheduler, scaling=settings.autoscale()
-    )
+        _pool_backend(settings, http), resolver, store, scheduler, scaling=settings.autoscale(),
+        observe_wait=metrics.observe_wait,
+    )  # fmt: skip
     quotas = QuotaEnforcer(
         db.sessions, ttl=settings.key_cache_ttl_s, lease_ttl_s=settings.lease_ttl_s,
         timeout_s=settings.request_timeout_s,
@@ -111,7 +113,6 @@ def _build(
         ttl_s=settings.lease_ttl_s,
     )  # fmt: skip
     ledger = LedgerWriter(sessionmaker(ledger_db), books, enabled=settings.metering)
-    metrics = RequestMetrics(settings.metrics_tenant_labels)
     return Kiln(
         settings=settings,
         db=db,

@@ -23,6 +23,7 @@ def _metrics(tenant_labels: bool) -> tuple[RequestMetrics, CollectorRegistry]:
     metrics.finished(who, "embeddings", 0.5, 429, "rate_limit_exceeded")
     metrics.finished(who, "chat.completions", 3.0, 499, None)
     metrics.ttft.labels(*who).observe(0.08)
+    metrics.observe_wait("minilm", "v2", TENANT, 0.004)
     return metrics, registry
 
 
@@ -47,6 +48,8 @@ def test_without_tenant_labels_the_series_are_per_model_for_anyone() -> None:
     assert (
         'kiln_llm_time_to_first_token_seconds_count{model="minilm",version="v2"} 1.0' in anonymous
     )
+    wait = 'kiln_scheduler_queue_wait_seconds_count{model="minilm",version="v2"} 1.0'
+    assert wait in anonymous  # queue wait per pool, for anyone
     errors = [x for x in anonymous.splitlines() if x.startswith("kiln_model_request_errors_total")]
     assert len(errors) == 2  # 429 and 499; the 200 is no error
     metrics.close()

@@ -12,6 +12,7 @@ from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histo
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
 _REQUEST_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
 """Whole requests: embeddings in milliseconds, a cold start in seconds, a long stream minutes."""
+_QUEUE_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
 _TOKEN_GAP_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28)
 
 PROMPT_TOKENS = Counter("kiln_llm_prompt_tokens", "Prompt tokens admitted.", ["model"])
@@ -44,6 +45,10 @@ class RequestMetrics:
             "kiln_llm_time_to_first_token_seconds", "Generation start to first token.", who,
             buckets=_LATENCY_BUCKETS, registry=registry,
         )  # fmt: skip
+        self.queue_wait = Histogram(
+            "kiln_scheduler_queue_wait_seconds", "Arrival in a pool's fair queue to dispatch.",
+            who, buckets=_QUEUE_BUCKETS, registry=registry,
+        )  # fmt: skip
         self.inter_token = Histogram(
             "kiln_llm_inter_token_latency_seconds", "Gap between streamed token chunks.", who,
             buckets=_TOKEN_GAP_BUCKETS, registry=registry,
@@ -52,6 +57,10 @@ class RequestMetrics:
     def labels(self, model: str, version: str, tenant: str) -> tuple[str, ...]:
         """The ``who`` label values (the tenant dropped when tenant labels are off)."""
         return (model, version, tenant) if self.tenant_labels else (model, version)
+
+    def observe_wait(self, model: str, version: str, tenant: str, seconds: float) -> None:
+        """One request's wait in its pool's fair queue."""
+        self.queue_wait.labels(*self.labels(model, version, tenant)).observe(seconds)
 
     def finished(
         self, who: tuple[str, ...], endpoint: str, seconds: float, status: int, error: str | None
@@ -64,5 +73,5 @@ class RequestMetrics:
 
     def close(self) -> None:
         """Stop exporting (so a test process can build another app)."""
-        for metric in (self.duration, self.errors, self.ttft, self.inter_token):
+        for metric in (self.duration, self.errors, self.ttft, self.inter_token, self.queue_wait):
             self._registry.unregister(metric)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, Protocol
 
-from prometheus_client import REGISTRY, Histogram
+from prometheus_client import REGISTRY
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 if TYPE_CHECKING:
@@ -15,19 +15,6 @@ if TYPE_CHECKING:
 
     from kiln_platform.pools.backend import PoolBackend, PoolSize
     from kiln_platform.scheduler.runner import PoolRunner
-    from kiln_platform.scheduler.schemas import Request
-
-QUEUE_WAIT = Histogram(
-    "kiln_scheduler_queue_wait_seconds",
-    "Time from arrival to dispatch, per pool and tenant.",
-    ["model", "version", "tenant"],
-    buckets=(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
-)
-
-
-def observe_wait(model: str, version: str, request: Request, seconds: float) -> None:
-    """Record one request's queue wait."""
-    QUEUE_WAIT.labels(model, version, request.tenant).observe(seconds)
 
 
 class Pools(Protocol):

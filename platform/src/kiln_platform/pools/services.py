@@ -27,6 +27,8 @@ from kiln_platform.scheduler.core import PoolScheduler, SchedulerConfig
 from kiln_platform.scheduler.runner import PoolRunner
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from kiln_platform.pools.backend import PoolBackend
     from kiln_platform.registry.services import ResolvedVersion, Resolver
     from kiln_runtimes.store import ArtifactStore
@@ -48,6 +50,7 @@ class PoolManager:
         *,
         scaling: AutoscaleConfig | None = None,
         tick: float = 0.5,
+        observe_wait: Callable[[str, str, str, float], None] | None = None,
     ) -> None:
         self.backend = backend
         self.runners: dict[str, PoolRunner] = {}
@@ -61,6 +64,8 @@ class PoolManager:
         self._last_request: dict[str, float] = {}
         self._interval = interval
         self._tick = tick
+        self._observe_wait = observe_wait
+        """Called with (model, version, tenant, seconds) of each request's queue wait."""
         self._task: asyncio.Task[None] | None = None
         self._sizer: asyncio.Task[None] | None = None
         self.cold_starts = ColdStarts()
@@ -209,7 +214,9 @@ class PoolManager:
             partial(self._capacity, key),
             planned=lambda: self.desired.get(key, 0) * self._per_replica(key),
         )
-        runner.on_wait = partial(metrics.observe_wait, spec.model, spec.version)
+        if self._observe_wait is not None:
+            on_wait = partial(self._observe_wait, spec.model, spec.version)
+            runner.on_wait = lambda request, seconds: on_wait(request.tenant, seconds)
         runner.on_done = partial(self.cold_starts.responded, spec.model, spec.version, key)
         return runner
 
