@@ -47,3 +47,23 @@ def test_each_phase_is_observed_once_per_cold_start() -> None:
     starts.responded("cold-unit", "v1", SPEC.key)
     starts.responded("cold-unit", "v1", SPEC.key)  # a later response: the start is over
     assert {p: _count(p) - before[p] for p in PHASES} == dict.fromkeys(PHASES, 1.0)
+
+
+def test_a_start_interrupted_before_ready_is_timed_from_its_first_arrival() -> None:
+    starts = ColdStarts()
+    starts._now = lambda: 101.0  # the clock
+    starts.arrived(SPEC.key, since=100.0)
+    starts.arrived(SPEC.key, since=100.5)  # its worker was taken away; the start goes on
+    before = (
+        REGISTRY.get_sample_value(
+            "kiln_cold_start_phase_seconds_sum",
+            {"model": "cold-unit", "version": "v1", "phase": "scheduling"},
+        )
+        or 0.0
+    )
+    starts.ready(_ready_worker(started_at=100.75))
+    after = REGISTRY.get_sample_value(
+        "kiln_cold_start_phase_seconds_sum",
+        {"model": "cold-unit", "version": "v1", "phase": "scheduling"},
+    )
+    assert after == pytest.approx(before + 0.75)

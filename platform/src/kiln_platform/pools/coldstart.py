@@ -30,6 +30,9 @@ from kiln_platform.observability import after_response
 if TYPE_CHECKING:
     from kiln_platform.pools.backend import PoolWorker
 
+ABANDONED_S = 120.0
+"""A start from zero unfinished for this long (``KILN_WORKER_START_TIMEOUT_S``'s default) is
+over: a new arrival begins another."""
 PHASES = ("scheduling", "process_start", "model_load", "warmup", "first_response")
 
 PHASE_SECONDS = Histogram(
@@ -70,9 +73,15 @@ class ColdStarts:
         self._now = time.monotonic
 
     def arrived(self, pool: str, since: float | None = None) -> None:
-        """A request (that reached the gateway at ``since``) arrived at ``pool`` with no worker;
-        an earlier unfinished start is over."""
-        self._starts[pool] = _Start(self._now() if since is None else since)
+        """A request (that reached the gateway at ``since``) arrived at ``pool`` with no worker.
+
+        A start still unfinished (its worker taken away before it was ready) goes on: requests
+        have waited since it began. One older than ``ABANDONED_S`` was given up and is replaced.
+        """
+        now = self._now()
+        start = self._starts.get(pool)
+        if start is None or start.ready is not None or now - start.arrived > ABANDONED_S:
+            self._starts[pool] = _Start(now if since is None else since)
 
     def ready(self, worker: PoolWorker) -> None:
         """A worker became ready: if its pool is starting from zero, the start phases end."""
