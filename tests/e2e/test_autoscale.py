@@ -72,3 +72,37 @@ def test_a_request_to_a_pool_at_zero_waits_for_its_worker(kiln: KilnProcess) -> 
     warm_started = time.monotonic()
     assert _embed(kiln, "warm") == 16
     assert time.monotonic() - warm_started < cold  # the next one pays no start
+
+
+def _phase_totals(kiln: KilnProcess) -> dict[tuple[str, str], float]:
+    """(phase, count|sum) of ``kiln_cold_start_phase_seconds`` for MiniLM."""
+    text = httpx.get(f"{kiln.base_url}/metrics").text
+    pattern = r"kiln_cold_start_phase_seconds_(count|sum)\{([^}]*)\} (\S+)"
+    out = {}
+    for kind, labels, value in re.findall(pattern, text):
+        phase = re.search(r'phase="(\w+)"', labels)
+        if f'model="{MINILM}"' in labels and phase is not None:
+            out[phase.group(1), kind] = float(value)
+    return out
+
+
+def test_a_cold_start_is_observed_once_per_phase_and_they_add_up(kiln: KilnProcess) -> None:
+    phases = ("scheduling", "process_start", "model_load", "warmup", "first_response")
+    sdk = openai.OpenAI(base_url=f"{kiln.base_url}/v1", api_key=kiln.key, max_retries=0)
+    # the client's own first-call costs (its connection, importing numpy to decode base64) are
+    # paid now, while the pool is warm: the timed wait is the server's
+    assert len(sdk.embeddings.create(model=MINILM, input="warm client").data) == 1
+    wait_for(lambda: _replicas(kiln).get("running") == 0.0, 30)
+    before = _phase_totals(kiln)
+    started = time.perf_counter()  # the request alone: not the client's construction
+    assert len(sdk.embeddings.create(model=MINILM, input="cold phases").data) == 1
+    waited = time.perf_counter() - started
+    done = before.get(("first_response", "count"), 0.0) + 1  # observed once the response is sent
+    after = wait_for(
+        lambda: (t := _phase_totals(kiln)).get(("first_response", "count")) == done and t, 10
+    )
+    delta = {k: after[k] - before.get(k, 0.0) for k in after}
+    assert {p: delta[p, "count"] for p in phases} == dict.fromkeys(phases, 1.0)
+    assert all(delta[p, "sum"] > 0 for p in ("process_start", "model_load", "first_response"))
+    total = sum(delta[p, "sum"] for p in phases)
+    assert abs(total - waited) <= 0.05 * waited, (total, waited, delta)

@@ -14,7 +14,7 @@ import pytest
 
 from kiln_runtimes.protocol import CONTENT_TYPE, EmbedRequest, EmbedResult, WorkerInfo
 
-from .conftest import MINILM, KilnProcess, minilm_up
+from .conftest import MINILM, KilnProcess, minilm_up, wait_for
 
 TOKEN = "e2e-metrics-token-4f1c"
 
@@ -47,6 +47,24 @@ def test_only_the_token_scrape_names_the_tenant(kiln: KilnProcess) -> None:
     assert f'tenant="{tenant}"' in scraped
     admitted = [x for x in scraped.splitlines() if x.startswith("kiln_scheduler_admitted_total")]
     assert any(tenant in x and float(x.split()[-1]) >= 3 for x in admitted), admitted
+    latency = [
+        x for x in scraped.splitlines() if x.startswith("kiln_model_request_duration_seconds_count")
+    ]
+    mine = [x for x in latency if f'tenant="{tenant}"' in x and f'model="{MINILM}"' in x]
+    assert mine, latency
+    assert 'endpoint="embeddings"' in mine[0]
+    assert float(mine[0].split()[-1]) >= 3
+
+
+def test_the_gateway_sums_its_workers_engine_series(kiln: KilnProcess) -> None:
+    _traffic(kiln)
+    wanted = f'kiln_pool_engine_batch_size_count{{model="{MINILM}"'
+
+    def batches() -> float:
+        lines = [x for x in kiln.metrics(TOKEN).splitlines() if x.startswith(wanted)]
+        return float(lines[0].split()[-1]) if lines else 0.0
+
+    assert wait_for(lambda: batches() >= 3, 20)  # a scrape refreshes the next one's snapshot
 
 
 def test_a_worker_refuses_calls_without_the_secret(kiln: KilnProcess) -> None:

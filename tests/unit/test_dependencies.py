@@ -17,6 +17,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 PACKAGES = {"kiln_runtimes": "runtimes", "kiln_platform": "platform", "kiln_console": "console"}
 NOT_DECLARED = {"torch": "installed by pip as a CPU build (README); uv would fetch a CUDA one"}
+IMPORTED_AS = {"pynvml": "nvidia-ml-py"}
+"""Import names of distributions that may not be installed here (a GPU extra's)."""
 USED_NOT_IMPORTED = {
     "asyncpg": "SQLAlchemy's driver (postgresql+asyncpg)",
     "jinja2": "the console's templates, through litestar[jinja]",
@@ -61,7 +63,7 @@ def test_pyprojects_declare_what_they_import() -> None:
         required, extras = _declared(folder)
         used = set()
         for top, where in sorted(_imported(package, folder).items()):
-            candidates = {_name(d) for d in dists.get(top, [top])}
+            candidates = {_name(d) for d in dists.get(top, [IMPORTED_AS.get(top, top)])}
             if not candidates & (required | extras | set(NOT_DECLARED)):
                 problems.append(f"{folder}: imports {top} ({', '.join(sorted(where))}) undeclared")
             used |= candidates

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import aiohttp
+from prometheus_client import REGISTRY
 
 from kiln_platform.adapters.directory import AdapterDirectory
 from kiln_platform.admission.services import Admissions
@@ -17,11 +18,13 @@ from kiln_platform.compiler.runner import CompileRunner
 from kiln_platform.db.database import Database, open_database
 from kiln_platform.db.engine import sessionmaker, writer_engine
 from kiln_platform.gateway.dispatch import WorkerClient
+from kiln_platform.gateway.metrics import RequestMetrics
 from kiln_platform.idempotency.services import IdempotencyStore
 from kiln_platform.keys.services import KeyVerifier
 from kiln_platform.oauth.keys import Keyring
 from kiln_platform.oauth.verifier import TokenVerifier
 from kiln_platform.pools.backend import worker_headers
+from kiln_platform.pools.engine_metrics import EngineMetrics
 from kiln_platform.pools.local import LocalPoolBackend
 from kiln_platform.pools.services import PoolManager
 from kiln_platform.quotas.enforcer import QuotaEnforcer
@@ -69,6 +72,10 @@ class Kiln:
     """Tenants' LoRA adapters by ``<model>:<adapter>`` name, cached."""
     slos: SloMonitor
     """SLO counts, burn-rate alerts and their delivery (``kiln_platform.slo``)."""
+    metrics: RequestMetrics
+    """Per-request series by model, version (and tenant: ``KILN_METRICS_TENANT_LABELS``)."""
+    engine_metrics: EngineMetrics
+    """The workers' key series, summed per pool on the gateway's ``/metrics``."""
 
 
 def _pool_backend(settings: Settings, http: aiohttp.ClientSession) -> PoolBackend:
@@ -95,9 +102,11 @@ def _build(
     store = ArtifactStore(settings.store_dir)
     resolver = Resolver(db.sessions)
     scheduler = SchedulerConfig(policy=PolicyConfig(express=settings.scheduler_express))
+    metrics = RequestMetrics(settings.metrics_tenant_labels)
     pools = PoolManager(
-        _pool_backend(settings, http), resolver, store, scheduler, scaling=settings.autoscale()
-    )
+        _pool_backend(settings, http), resolver, store, scheduler, scaling=settings.autoscale(),
+        observe_wait=metrics.observe_wait,
+    )  # fmt: skip
     quotas = QuotaEnforcer(
         db.sessions, ttl=settings.key_cache_ttl_s, lease_ttl_s=settings.lease_ttl_s,
         timeout_s=settings.request_timeout_s,
@@ -122,7 +131,7 @@ def _build(
         quotas=quotas,
         books=books,
         budgets=budgets,
-        admissions=Admissions(quotas, budgets, ledger, slis),
+        admissions=Admissions(quotas, budgets, ledger, slis, metrics),
         tokens=TokenVerifier(
             db.sessions,
             Keyring(db.sessions, settings.oauth_token_ttl_s, settings.hmac_key()),
@@ -138,6 +147,8 @@ def _build(
             lock_s=settings.idempotency_lock_s,
         ),
         slos=SloMonitor(db.sessions, slis, settings),
+        metrics=metrics,
+        engine_metrics=EngineMetrics(pools.backend, http),
     )
 
 
@@ -147,6 +158,7 @@ async def _start(kiln: Kiln) -> None:
     await kiln.quotas.start()
     await kiln.budgets.start()
     await kiln.pools.start()
+    REGISTRY.register(kiln.engine_metrics)
     kiln.compiler.start()
     kiln.idempotency.start()
     await kiln.slos.start()
@@ -157,12 +169,15 @@ async def _stop(kiln: Kiln, ledger_db: AsyncEngine) -> None:
     await kiln.slos.stop()
     await kiln.idempotency.stop()
     await kiln.compiler.stop()
+    REGISTRY.unregister(kiln.engine_metrics)
+    await kiln.engine_metrics.close()
     await kiln.pools.stop()
     await kiln.ledger.stop()
     await ledger_db.dispose()
     await kiln.budgets.stop()
     await kiln.quotas.stop()
     await kiln.quotas.drain()
+    kiln.metrics.close()
 
 
 @asynccontextmanager

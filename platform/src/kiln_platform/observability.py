@@ -17,6 +17,8 @@ import structlog
 from kiln_runtimes import tracing
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from litestar.types import ASGIApp, Message, Receive, Scope, Send
 
 REQUEST_ID_HEADER = "x-request-id"
@@ -29,6 +31,29 @@ _VALID_ID = re.compile(r"^[A-Za-z0-9._:-]{1,64}$")
 _timings: contextvars.ContextVar[dict[str, float] | None] = contextvars.ContextVar(
     "kiln_timings", default=None
 )
+
+_started: contextvars.ContextVar[float | None] = contextvars.ContextVar(
+    "kiln_request_started", default=None
+)
+
+
+_after: contextvars.ContextVar[list[Callable[[], None]] | None] = contextvars.ContextVar(
+    "kiln_after_response", default=None
+)
+
+
+def after_response(callback: Callable[[], None]) -> None:
+    """Call ``callback`` once the current request's response is sent (now, outside one)."""
+    callbacks = _after.get()
+    if callbacks is None:
+        callback()
+    else:
+        callbacks.append(callback)
+
+
+def request_started() -> float | None:
+    """When the current request reached the gateway (``time.monotonic``), if in one."""
+    return _started.get()
 
 
 def timing(name: str, ms: float) -> None:
@@ -93,7 +118,9 @@ def request_id_middleware(app: ASGIApp) -> ASGIApp:
         )
         client_id = incoming if _VALID_ID.match(incoming) else None
         request_id, started, timings = new_request_id(), time.perf_counter(), dict[str, float]()
-        token = _timings.set(timings)
+        token, started_token = _timings.set(timings), _started.set(time.monotonic())
+        after: list[Callable[[], None]] = []
+        after_token = _after.set(after)
         scope.setdefault("state", {})["request_id"] = request_id
         structlog.contextvars.bind_contextvars(request_id=request_id)
         if client_id:
@@ -118,6 +145,10 @@ def request_id_middleware(app: ASGIApp) -> ASGIApp:
             await app(scope, receive, send_with_id)
         finally:
             _timings.reset(token)
+            _started.reset(started_token)
+            _after.reset(after_token)
+            for callback in after:
+                callback()
             structlog.contextvars.unbind_contextvars("request_id", "client_request_id")
 
     return middleware

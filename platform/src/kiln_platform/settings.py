@@ -112,6 +112,9 @@ class Settings(BaseSettings):
     metrics_token: SecretStr | None = None
     """Bearer token of the Prometheus scraper: with it, ``/metrics`` serves every series and
     answers 401 without it; unset, ``/metrics`` serves only series without a tenant label."""
+    metrics_tenant_labels: bool = True
+    """Whether per-request series (latency, errors, TTFT, inter-token latency) carry a
+    ``tenant`` label: one series per tenant and model; off, they are per model and version."""
     key_cache_ttl_s: float = 5.0
     """How long keys, quota limits and the JWT denylist are cached (the revocation bound)."""
     oauth_issuer: str = "urn:kiln"

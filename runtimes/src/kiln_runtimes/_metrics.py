@@ -7,6 +7,7 @@ from collections.abc import Callable
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 from kiln_runtimes._batch_types import Outcome
+from kiln_runtimes._nvml import gpu_collector
 
 _SECONDS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 
@@ -14,9 +15,12 @@ _SECONDS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5
 class WorkerMetrics:
     """Requests by outcome, batch shape and timings, and gauges read at scrape time."""
 
-    def __init__(self) -> None:
+    def __init__(self, nvml: object = None) -> None:
         self.registry = CollectorRegistry()
         registry = self.registry
+        gpus = gpu_collector(nvml)
+        if gpus is not None:  # a GPU and NVML: its utilization and memory
+            registry.register(gpus)
         self.requests = Counter(
             "kiln_worker_requests",
             "Requests by endpoint and outcome.",

@@ -34,6 +34,8 @@ class Worker:
         self.metrics = WorkerMetrics()
         self.phase: Phase = "loading"
         self.in_flight = 0
+        self.load_s = self.warmup_s = 0.0
+        """How long the model's load (a tensor model's compile included) and warm-up took."""
         self._idle = asyncio.Event()
         self._idle.set()
         self._engine: EngineBackend | None = None
@@ -70,7 +72,7 @@ class Worker:
                 settings, manifest, self.metrics
             )
         engine = create_backend(manifest, settings.engine_options(optimized))
-        await backends.start(engine, model_dir, served, settings.cpus)
+        self.warmup_s = await backends.start(engine, model_dir, served, settings.cpus)
         self._engine = engine
         if isinstance(engine, StreamBackend):
             self._streams = engine
@@ -85,7 +87,9 @@ class Worker:
                 cpus=settings.cpus,
             )
             self._batcher.start()
-        self.metrics.load_seconds.set(time.perf_counter() - start)
+        total = time.perf_counter() - start
+        self.load_s = total - self.warmup_s
+        self.metrics.load_seconds.set(total)
         if self.phase == "loading":
             self.phase = "ready"
         log.info("model loaded", model=manifest.name, task=manifest.task, phase=self.phase)
@@ -157,4 +161,6 @@ class Worker:
             free_slots=max(free, 0),
             max_batch_size=settings.max_batch_size,
             max_queue=0 if self._streams is not None else settings.max_queue,
+            load_s=self.load_s,
+            warmup_s=self.warmup_s,
         )

@@ -95,6 +95,10 @@ class WorkerInfo(msgspec.Struct, frozen=True, kw_only=True):
     max_queue: int = 0
     """Items the batch queue holds, the most one request may have; 0 for a generation worker,
     whose bound is its sequences."""
+    load_s: float = 0.0
+    """Seconds the model's load took (a tensor model's compile included); 0 until ready."""
+    warmup_s: float = 0.0
+    """Seconds its warm-up took (the gateway's cold-start phases, ``pools.coldstart``)."""
 
 
 class EmbedRequest(msgspec.Struct, frozen=True, kw_only=True):

@@ -39,6 +39,7 @@ if TYPE_CHECKING:
     from kiln_platform.billing.ledger import LedgerWriter, Usage
     from kiln_platform.billing.pricing import Quantities
     from kiln_platform.billing.reservations import Budgets
+    from kiln_platform.gateway.metrics import RequestMetrics
     from kiln_platform.keys.services import Principal
     from kiln_platform.quotas.enforcer import QuotaEnforcer
     from kiln_platform.registry.services import ResolvedVersion
@@ -66,12 +67,15 @@ class Admissions:
         budgets: Budgets,
         ledger: LedgerWriter,
         slis: SliRecorder | None = None,
+        metrics: RequestMetrics | None = None,
     ) -> None:
         self.quotas = quotas
         self.budgets = budgets
         self.ledger = ledger
         self.slis = slis
         """Where each recorded request is judged against its model's SLOs (in memory)."""
+        self.metrics = metrics
+        """The per-request series by model, version and tenant."""
 
     def open(self, state: dict[str, object]) -> Admission:
         """The request's admission, kept in its ASGI state (``state["request_id"]`` is its id)."""
@@ -95,10 +99,12 @@ class Admission:
         self.closers: list[Callable[[], Awaitable[object]]] = []
         """Run first when leaving (e.g. a stream's generator, to cancel the worker's sequence)."""
         self._usage: Callable[[], Usage] | None = None
-        self._opened = time.perf_counter()
+        self._opened = time.monotonic()
         self._first_token: float | None = None
         self._model: str | None = None
-        self._status: int | None = None
+        self._outcome: Usage | None = None
+        """The usage recorded (model, version, tenant, status): the request's metrics."""
+        self._error: str | None = None
         self.response_status: int | None = None
         """The status the response started with (``admission.middleware`` sets it)."""
         self._recorded = False
@@ -137,7 +143,7 @@ class Admission:
     def first_token(self) -> None:
         """A generation's first token is out: its SLO latency is the time to it."""
         if self._first_token is None:
-            self._first_token = time.perf_counter()
+            self._first_token = time.monotonic()
 
     def meter(self, usage: Callable[[], Usage]) -> None:
         """From now on the request is recorded exactly once: ``usage()`` when it ends, unless it
@@ -151,6 +157,7 @@ class Admission:
         try:
             yield
         except KilnError as exc:
+            self._error = exc.code
             self.record(dataclasses.replace(usage, status=exc.status_code))
             raise
 
@@ -169,13 +176,12 @@ class Admission:
 
     def _metered(self, usage: Usage) -> Usage:
         """The usage the ledger settles the hold with; its tokens charged to tokens/min."""
-        desk = self._desk
+        desk, self._outcome = self._desk, usage
         if desk.ledger.enabled:  # the ledger's write settles the hold: leaving does not
             usage = dataclasses.replace(usage, held=desk.budgets.handed(usage.request_id))
         desk.quotas.charge(
             usage.tenant_id, usage.api_key_id, usage.input_tokens + usage.output_tokens
         )
-        self._status = usage.status
         return usage
 
     async def leave(self) -> None:
@@ -195,6 +201,7 @@ class Admission:
                 self.record(self._usage())
             if self.grant.lease is not None:
                 await desk.quotas.release(self.grant.lease)
+            self._observe()
         finally:
             self._judge()
             if self.request_id:
@@ -205,9 +212,19 @@ class Admission:
         else the response's, else 499 (no response: the client went away first)."""
         if self._desk.slis is None or self._model is None or self._principal is None:
             return
-        status = self._status or self.response_status or 499
-        latency = (self._first_token or time.perf_counter()) - self._opened
+        recorded = self._outcome.status if self._outcome is not None else None
+        status = recorded or self.response_status or 499
+        latency = (self._first_token or time.monotonic()) - self._opened
         self._desk.slis.observe(self._model, self.principal.plan, status, latency, time.time())
+
+    def _observe(self) -> None:
+        """The request's latency (and error) by model, version and tenant, once it is over."""
+        usage, metrics = self._outcome, self._desk.metrics
+        if usage is None or metrics is None:
+            return
+        who = metrics.labels(usage.model, usage.version, str(usage.tenant_id))
+        seconds = time.monotonic() - self._opened
+        metrics.finished(who, usage.endpoint, seconds, usage.status, self._error)
 
     async def __aenter__(self) -> Self:
         return self

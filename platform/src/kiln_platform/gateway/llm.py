@@ -137,16 +137,19 @@ class Generation:
     ) -> AsyncGenerator[Piece, None]:
         """Detokenize the worker's chunks into pieces (with their TTFT and inter-token times)."""
         name = self.version.model
+        who = self.kiln.metrics.labels(
+            name, self.version.version, str(self.admission.principal.tenant_id)
+        )
+        ttft, inter_token = (
+            self.kiln.metrics.ttft.labels(*who),
+            self.kiln.metrics.inter_token.labels(*who),
+        )
         try:
             pool = self.version.pool
             async for chunk in self.kiln.workers.generate(pool, self.request, self.admission.terms):
                 now = time.perf_counter()
-                hist = (
-                    metrics.INTER_TOKEN_LATENCY
-                    if self.completion_tokens
-                    else metrics.TIME_TO_FIRST_TOKEN
-                )
-                hist.labels(name).observe(now - (last if self.completion_tokens else start))
+                hist = inter_token if self.completion_tokens else ttft
+                hist.observe(now - (last if self.completion_tokens else start))
                 if not self.completion_tokens:
                     self.admission.first_token()
                 last = now

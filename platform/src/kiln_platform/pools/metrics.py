@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, Protocol
 
-from prometheus_client import REGISTRY, Histogram
+from prometheus_client import REGISTRY
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 if TYPE_CHECKING:
@@ -15,19 +15,6 @@ if TYPE_CHECKING:
 
     from kiln_platform.pools.backend import PoolBackend, PoolSize
     from kiln_platform.scheduler.runner import PoolRunner
-    from kiln_platform.scheduler.schemas import Request
-
-QUEUE_WAIT = Histogram(
-    "kiln_scheduler_queue_wait_seconds",
-    "Time from arrival to dispatch, per pool and tenant.",
-    ["model", "version", "tenant"],
-    buckets=(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
-)
-
-
-def observe_wait(model: str, version: str, request: Request, seconds: float) -> None:
-    """Record one request's queue wait."""
-    QUEUE_WAIT.labels(model, version, request.tenant).observe(seconds)
 
 
 class Pools(Protocol):
@@ -64,18 +51,26 @@ class SchedulerCollector:
             "Jain's index of served vs weighted max-min fair share over the window.",
             labels=pool,
         )
+        queued = GaugeMetricFamily(
+            "kiln_scheduler_queued", "Requests waiting in the pool's fair queue.", labels=pool
+        )
+        in_flight = GaugeMetricFamily(
+            "kiln_scheduler_in_flight", "Requests dispatched to the pool's workers.", labels=pool
+        )
         now = time.monotonic()  # the event loop's clock, which the schedulers run on
         for key, runner in self._pools.runners.items():
             spec = self._pools.backend.specs[key]
             labels = [spec.model, spec.version]
             snapshot = runner.scheduler.snapshot(now)
             jain.add_metric(labels, snapshot.jain)
+            queued.add_metric(labels, len(runner.scheduler.queue))
+            in_flight.add_metric(labels, runner.scheduler.in_flight)
             for t in snapshot.tenants:
                 admitted.add_metric([*labels, t.tenant], t.admitted)
                 share.add_metric([*labels, t.tenant], t.share)
                 for reason, count in t.rejected.items():
                     rejected.add_metric([*labels, t.tenant, reason], count)
-        yield from (admitted, rejected, share, jain, self._replicas())
+        yield from (admitted, rejected, share, jain, queued, in_flight, self._replicas())
 
     def _replicas(self) -> GaugeMetricFamily:
         """Each pool's size (``PoolSize``)."""

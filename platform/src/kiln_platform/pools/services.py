@@ -18,13 +18,17 @@ from typing import TYPE_CHECKING
 import structlog
 
 from kiln_platform.errors import ServiceUnavailable
+from kiln_platform.observability import request_started
 from kiln_platform.pools import autoscale, metrics
 from kiln_platform.pools.autoscale import AutoscaleConfig, AutoscaleState, PoolLoad
 from kiln_platform.pools.backend import PoolSize, PoolSpec, PoolWorker
+from kiln_platform.pools.coldstart import ColdStarts
 from kiln_platform.scheduler.core import PoolScheduler, SchedulerConfig
 from kiln_platform.scheduler.runner import PoolRunner
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from kiln_platform.pools.backend import PoolBackend
     from kiln_platform.registry.services import ResolvedVersion, Resolver
     from kiln_runtimes.store import ArtifactStore
@@ -46,6 +50,7 @@ class PoolManager:
         *,
         scaling: AutoscaleConfig | None = None,
         tick: float = 0.5,
+        observe_wait: Callable[[str, str, str, float], None] | None = None,
     ) -> None:
         self.backend = backend
         self.runners: dict[str, PoolRunner] = {}
@@ -59,8 +64,11 @@ class PoolManager:
         self._last_request: dict[str, float] = {}
         self._interval = interval
         self._tick = tick
+        self._observe_wait = observe_wait
+        """Called with (model, version, tenant, seconds) of each request's queue wait."""
         self._task: asyncio.Task[None] | None = None
         self._sizer: asyncio.Task[None] | None = None
+        self.cold_starts = ColdStarts()
         backend.on_change = self._worker_changed
 
     async def start(self) -> None:
@@ -158,6 +166,7 @@ class PoolManager:
                 retry_after=self.backend.retry_after(self.backend.pools[pool][0]),
             )
         if not self.backend.pools.get(pool):
+            self.cold_starts.arrived(pool, request_started())
             self.autoscale(pool, arriving=1)
         return runner
 
@@ -205,7 +214,10 @@ class PoolManager:
             partial(self._capacity, key),
             planned=lambda: self.desired.get(key, 0) * self._per_replica(key),
         )
-        runner.on_wait = partial(metrics.observe_wait, spec.model, spec.version)
+        if self._observe_wait is not None:
+            on_wait = partial(self._observe_wait, spec.model, spec.version)
+            runner.on_wait = lambda request, seconds: on_wait(request.tenant, seconds)
+        runner.on_done = partial(self.cold_starts.responded, spec.model, spec.version, key)
         return runner
 
     def _credits(self, pool: str) -> dict[str, int]:
@@ -220,6 +232,8 @@ class PoolManager:
         }
 
     def _worker_changed(self, worker: PoolWorker) -> None:
+        if worker.ready:
+            self.cold_starts.ready(worker)
         runner = self.runners.get(worker.spec.key)
         if runner is not None:
             runner.poke()

@@ -98,6 +98,8 @@ class PoolRunner:
         self._timer: asyncio.TimerHandle | None = None
         self.on_wait: Callable[[Request, float], None] = lambda request, seconds: None
         """Called with each request's queue wait when it is dispatched (for metrics)."""
+        self.on_done: Callable[[], None] = lambda: None
+        """Called when a dispatched request's slot is given back (a pool's cold start ends)."""
 
     @staticmethod
     def now() -> float:
@@ -160,6 +162,7 @@ class PoolRunner:
             ok = True
         finally:
             self._finish(sent, lease.actual_cost, ok=ok)
+            self.on_done()
 
     async def run(
         self,

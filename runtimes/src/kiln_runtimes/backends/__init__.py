@@ -4,6 +4,7 @@ onnxruntime_genai, tensorrt) are imported only inside their backend's module."""
 from __future__ import annotations
 
 import importlib
+import time
 from typing import TYPE_CHECKING
 
 from kiln_runtimes import cpus
@@ -40,8 +41,10 @@ def create_backend(manifest: ModelManifest, options: EngineOptions) -> BatchBack
 
 async def start(
     backend: EngineBackend, model_dir: Path, manifest: ModelManifest, on: frozenset[int] | None
-) -> None:
+) -> float:
     """Load and warm up ``backend`` off the event loop, on the cores ``on`` (``None``: any): an
-    engine's thread pool created there inherits them."""
+    engine's thread pool created there inherits them. Returns the warm-up's seconds."""
     await cpus.run_on(on, backend.load, model_dir, manifest)
+    started = time.perf_counter()
     await cpus.run_on(on, backend.warmup)
+    return time.perf_counter() - started
