@@ -62,6 +62,13 @@ def test_an_idle_pool_keeps_one_replica_until_its_idle_ttl_then_zero() -> None:
     assert run(steps) == [1, 1, 1, 0]
 
 
+def test_idle_time_starts_when_the_work_ends_not_when_it_came() -> None:
+    # one request at 5 s runs (a cold start, a long stream) until 400 s: not idle meanwhile
+    steps = [(5.0, load(1, last=5.0)), (399.0, load(1, last=5.0)), (401.0, load(last=5.0)),
+             (698.0, load(last=5.0)), (699.0, load(last=5.0))]  # fmt: skip
+    assert run(steps) == [1, 1, 1, 1, 0]
+
+
 def test_a_request_to_a_pool_at_zero_starts_it() -> None:
     steps = [(400.0, load(last=None)), (401.0, load(queued=1, last=401.0))]
     assert run(steps) == [0, 1]

@@ -49,6 +49,9 @@ class AutoscaleState:
     created_at: float
     recent: tuple[tuple[float, int], ...] = field(default=())
     """(time, recommendation) over the scale-down window, oldest first."""
+    busy_at: float | None = None
+    """The last decision that saw work in the pool: idle time counts from the later of it and
+    the last request (a request that ran longer than the idle TTL is not idle time)."""
 
 
 def initial(config: AutoscaleConfig, now: float) -> tuple[int, AutoscaleState]:
@@ -71,14 +74,15 @@ def decide(
 ) -> tuple[int, AutoscaleState]:
     """Desired replicas now, and the new state."""
     work = load.in_flight + load.queued
-    last_used = max(load.last_request_at or state.created_at, state.created_at)
+    busy_at = now if work else state.busy_at
+    last_used = max(load.last_request_at or state.created_at, busy_at or 0.0, state.created_at)
     idle = work == 0 and now - last_used >= config.idle_to_zero_s
     in_use = max(demand(load, config), 1) + config.warm_replicas
     wanted = _clip(config.min_replicas if idle else in_use, config)
     window = now - config.scale_down_delay_s
     recent = (*(r for r in state.recent if r[0] > window), (now, wanted))
     replicas = wanted if idle else max(n for _, n in recent)
-    return replicas, AutoscaleState(state.created_at, recent)
+    return replicas, AutoscaleState(state.created_at, recent, busy_at)
 
 
 def _clip(replicas: int, config: AutoscaleConfig) -> int:
