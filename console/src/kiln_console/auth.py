@@ -90,7 +90,7 @@ class Viewer:
         if self.role is Role.PLATFORM_ADMIN:
             return "/console/tenants"
         if self.role is Role.FINANCE or self.home_tenant is None:
-            return "/console/costs"
+            return "/console/finance"
         return f"/console/tenants/{self.home_tenant}/keys"
 
 

@@ -1,47 +1,89 @@
-"""The costs page: the admin API's cost report (same checks, same rows) as a table, and its CSV
-download. Finance sees every tenant; a tenant-admin sees its own tenant only."""
+"""The costs page: the admin API's cost report (same checks, same rows) as a table with totals
+and subtotals, its CSV download (the same filters and grouping), and the months' statements.
+Finance sees every tenant; a tenant-admin sees its own tenant only."""
 
 from __future__ import annotations
 
+import uuid
 from contextlib import aclosing
-from datetime import UTC, date, datetime
-from typing import Annotated, Any, NamedTuple
+from datetime import UTC, date, datetime, timedelta
+from typing import TYPE_CHECKING, Annotated, Any
 
 from litestar import Controller, Request, get
 from litestar.params import Parameter
 from litestar.response import Stream, Template
 
-from kiln_console.auth import KilnDep, ViewerDep
+from kiln_console.auth import KilnDep, Viewer, ViewerDep
 from kiln_console.errors import is_htmx
+from kiln_console.reportform import Form, Totals, form, totals_for
 from kiln_platform.admin.deps import transaction
+from kiln_platform.errors import BadRequest
 from kiln_platform.reports import services as reports
+from kiln_platform.reports import statements
+from kiln_platform.reports.formats import money
+
+if TYPE_CHECKING:
+    from kiln_platform.reports._query import CostQuery
 
 From = Annotated[str | None, Parameter(query="from", max_length=40)]
 To = Annotated[str | None, Parameter(query="to", max_length=40)]
-Groups = Annotated[str | None, Parameter(max_length=200)]
+Period = Annotated[str | None, Parameter(max_length=20)]
+Groups = Annotated[list[str] | None, Parameter(query="group")]
+TenantId = Annotated[str | None, Parameter(query="tenant", max_length=40)]
 SHOWN = 500
-"""Rows the page shows; the CSV has them all."""
+"""Rows the page shows; the CSV has them all, and the totals count them all."""
 
 
-def _month(today: date) -> tuple[str, str]:
-    """This calendar month (UTC) as ``from``/``to`` dates."""
-    first = today.replace(day=1)
-    after = first.replace(year=first.year + first.month // 12, month=first.month % 12 + 1)
-    return first.isoformat(), after.isoformat()
+def _form(period: str | None, start: str | None, end: str | None, groups: list[str] | None,
+          tenant: str | None) -> Form:  # fmt: skip
+    return form(datetime.now(UTC).date(), period, start, end, groups, tenant=tenant)
 
 
-class Report(NamedTuple):
-    """The report's parameters as the form shows them."""
+def _query(viewer: Viewer, f: Form) -> CostQuery:
+    try:
+        tenant = uuid.UUID(f.tenant) if f.tenant else None
+    except ValueError:
+        raise BadRequest("'tenant' is not a tenant id.", param="tenant") from None
+    return reports.cost_query(viewer.actor, f.start, f.end, f.group_by, tenant)
 
-    start: str
-    end: str
-    group_by: str
+
+async def report(kiln: Any, viewer: Viewer, q: CostQuery, totals: Totals) -> list[dict[str, Any]]:
+    """The first ``SHOWN`` rows of a report; ``totals`` adds up every row."""
+    shown: list[dict[str, Any]] = []
+    scope = lambda: transaction(kiln, viewer.actor)  # noqa: E731
+    async with aclosing(reports.rows(scope, q)) as rows:
+        async for row in rows:
+            totals.add(row)
+            if len(shown) < SHOWN:
+                shown.append(row)
+    return shown
 
 
-def _form(start: str | None, end: str | None, group_by: str | None) -> Report:
-    """The report's parameters, defaults filled in: this month, by tenant and model."""
-    first, after = _month(datetime.now(UTC).date())
-    return Report(start or first, end or after, group_by or "tenant,model")
+def month_label(row: dict[str, Any]) -> str:
+    """``YYYY-MM`` of a row's billing period (the tenant's month, whatever its UTC offset)."""
+    start = datetime.fromisoformat(row["BillingPeriodStart"].replace("Z", "+00:00"))
+    return f"{start + timedelta(days=15):%Y-%m}"
+
+
+async def months(kiln: Any, viewer: Viewer, f: Form) -> list[dict[str, Any]]:
+    """Each tenant's months in the range: billed so far, and the statement if it is closed."""
+    q = reports.cost_query(viewer.actor, f.start, f.end, "tenant", None)
+    sums: dict[tuple[str, str, str, str], int] = {}
+    async with aclosing(reports.rows(lambda: transaction(kiln, viewer.actor), q)) as rows:
+        async for r in rows:
+            key = (r["BillingAccountName"], r["BillingAccountId"], month_label(r),
+                   r["BillingCurrency"])  # fmt: skip
+            sums[key] = sums.get(key, 0) + r["x_BilledCostMicros"]
+    first = date.fromisoformat(f.start[:8] + "01") - timedelta(days=31)
+    async with transaction(kiln, viewer.actor) as session:
+        closed = await statements.statements_in(session, viewer.actor, first,
+                                                date.fromisoformat(f.end[:10]), None)  # fmt: skip
+    by_key = {(str(s.tenant_id), s.period): s for s in closed}
+    return [
+        {"name": name, "id": tid, "month": month, "billed": money(micros), "currency": currency,
+         "statement": by_key.get((tid, month))}
+        for (name, tid, month, currency), micros in sorted(sums.items())
+    ]  # fmt: skip
 
 
 class Costs(Controller):
@@ -52,29 +94,28 @@ class Costs(Controller):
     @get("/costs")
     async def page(
         self, request: Request[Any, Any, Any], kiln: KilnDep, viewer: ViewerDep, *,
-        start: From = None, end: To = None, group_by: Groups = None,
+        period: Period = None, start: From = None, end: To = None, group: Groups = None,
+        tenant: TenantId = None,
     ) -> Template:  # fmt: skip
-        """The report for ``[from, to)`` (this month by default), grouped by ``group_by``."""
-        form = _form(start, end, group_by)
-        query = reports.cost_query(viewer.actor, *form, None)
-        shown: list[dict[str, Any]] = []
-        scope = lambda: transaction(kiln, viewer.actor)  # noqa: E731
-        async with aclosing(reports.rows(scope, query)) as rows:
-            async for row in rows:
-                shown.append(row)
-                if len(shown) > SHOWN:
-                    break
-        context = {"viewer": viewer, "rows": shown[:SHOWN], "more": len(shown) > SHOWN}
+        """The report for a period (this month by default), grouped as the checkboxes say."""
+        f = _form(period, start, end, group, tenant)
+        totals = totals_for(f.groups)
+        rows = await report(kiln, viewer, _query(viewer, f), totals)
+        tenants = await months(kiln, viewer, f)
+        context = {"viewer": viewer, "rows": rows, "more": totals.rows > SHOWN, "f": f,
+                   "totals": totals, "months": tenants,
+                   "tenants": sorted({(r["name"], r["id"]) for r in tenants})}  # fmt: skip
         name = "_report.html.j2" if is_htmx(request) else "costs.html.j2"
-        return Template(name, context={**context, **form._asdict()})
+        return Template(name, context=context)
 
     @get("/costs.csv")
     async def csv(
         self, kiln: KilnDep, viewer: ViewerDep, *,
-        start: From = None, end: To = None, group_by: Groups = None,
+        period: Period = None, start: From = None, end: To = None, group: Groups = None,
+        tenant: TenantId = None,
     ) -> Stream:  # fmt: skip
-        """The same report as CSV, streamed."""
-        query = reports.cost_query(viewer.actor, *_form(start, end, group_by), None)
+        """The same report as CSV, streamed: the rows the table shows, all of them."""
+        query = _query(viewer, _form(period, start, end, group, tenant))
         name = f"kiln-costs-{query.start:%Y%m%d}-{query.end:%Y%m%d}.csv"
         body = reports.stream_csv(lambda: transaction(kiln, viewer.actor), query)
         headers = {"content-disposition": f'attachment; filename="{name}"'}

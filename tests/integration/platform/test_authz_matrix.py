@@ -122,6 +122,7 @@ CONSOLE: dict[tuple[str, str], str] = {
     ("POST", "/console/tenants/{tenant_id:uuid}/adapters/{adapter_id:uuid}/delete"): "adapters",
     ("GET", "/console/costs"): "reports",
     ("GET", "/console/costs.csv"): "reports",
+    ("GET", "/console/finance"): "reports",
     ("GET", "/console/models"): "models",
     ("POST", "/console/models/{name:str}/route"): "models",
     ("POST", "/console/models/import"): "models",

@@ -43,10 +43,19 @@ def test_plan_discount_applies_per_line() -> None:
     assert cost(lines) == (150 + 100, 120 + 80)
 
 
-def test_unpriced_and_zero_units_are_not_billed() -> None:
+def test_unpriced_units_are_zero_priced_lines_and_zero_units_no_lines() -> None:
     lines = charges(BOOK, "emb", "1", "standard", Quantities(input_tokens=7, items=2))
-    assert [c.unit for c in lines] == ["request"]
-    assert charges(None, "chat", "1", "standard", Quantities()) == []
+    assert [(c.unit, int(c.quantity), c.cost_micros) for c in lines] == [
+        ("input_token", 7, 0),
+        ("request", 1, lines[1].cost_micros),
+        ("item", 2, 0),
+    ]
+    assert lines[1].cost_micros > 0
+    bare = charges(None, "chat", "1", "standard", Quantities(output_tokens=3))
+    assert [(c.unit, int(c.quantity), int(c.unit_price_micros), c.cost_micros) for c in bare] == [
+        ("output_token", 3, 0, 0),
+        ("request", 1, 0, 0),
+    ]
 
 
 def test_compute_seconds_are_exact_to_the_microsecond() -> None:

@@ -18,6 +18,7 @@ Unit = Literal["input_token", "output_token", "request", "item", "compute_second
 UNITS: tuple[Unit, ...] = ("input_token", "output_token", "request", "item", "compute_second")
 ANY = "*"
 _ONE = Decimal(1)
+_ZERO = Decimal(0)
 _BPS = Decimal(10_000)
 
 
@@ -79,15 +80,15 @@ def micros(amount: Decimal) -> int:
 def charges(
     book: PriceList | None, model: str, version: str, plan: str, used: Quantities
 ) -> list[Charge]:
-    """The charge lines of a request (units without a price or quantity are not billed)."""
-    if book is None:
-        return []
-    keep = (_BPS - book.discounts_bps.get(plan, 0)) / _BPS
+    """The charge lines of a request: one per unit it consumed. A unit without a price (or
+    without any price book) is a line at price zero, so usage is reported before it is priced."""
+    keep = _ONE if book is None else (_BPS - book.discounts_bps.get(plan, 0)) / _BPS
     lines = []
     for unit, quantity in used.by_unit().items():
-        price = book.unit_price(model, version, unit)
-        if price is None or quantity == 0:
+        if quantity == 0:
             continue
+        price = None if book is None else book.unit_price(model, version, unit)
+        price = _ZERO if price is None else price
         amount = quantity * price
         lines.append(Charge(unit, quantity, price, micros(amount), micros(amount * keep)))
     return lines

@@ -93,6 +93,20 @@ async def list_statements(
     return [statement_view(s) for s in rows]
 
 
+async def statements_in(
+    session: AsyncSession, actor: Actor, first: date, last: date, tenant_id: uuid.UUID | None
+) -> list[StatementView]:
+    """Closed statements of months ``first`` to ``last`` (inclusive), of every tenant the actor
+    may see (or ``tenant_id``'s), oldest month first: the months missing are still open."""
+    require(actor, "statements")
+    query = select(Statement).where(Statement.period >= first, Statement.period <= last)
+    tenant = actor.tenant_id or tenant_id
+    if tenant is not None:
+        query = query.where(Statement.tenant_id == tenant)
+    rows = await session.scalars(query.order_by(Statement.period, Statement.tenant_id).limit(1000))
+    return [statement_view(s) for s in rows]
+
+
 async def get_statement(
     session: AsyncSession, actor: Actor, tenant_id: uuid.UUID, period_text: str
 ) -> StatementView:

@@ -27,7 +27,7 @@ async def test_sign_in_lands_on_the_roles_home_and_is_audited(app: App) -> None:
         "tenant-admin": f"/console/tenants/{tenant}/keys",
         "tenant-member": f"/console/tenants/{tenant}/keys",
         "platform-admin": "/console/tenants",
-        "finance": "/console/costs",
+        "finance": "/console/finance",
     }
     for role, home in cases.items():
         email = await app.user(role, tenant if role.startswith("tenant") else None)

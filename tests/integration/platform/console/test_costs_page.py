@@ -1,0 +1,74 @@
+"""The costs page and the finance overview over HTTP: usage lines priced or not, totals and
+subtotals that equal the CSV's sums, the tenant filter, period presets and statement states."""
+
+from __future__ import annotations
+
+import csv
+import io
+import re
+from datetime import UTC, datetime
+from decimal import Decimal
+
+from sqlalchemy import text
+
+from kiln_console.reportform import month_of
+from kiln_platform.reports.statements import close_statement
+from tests.factories import CLI
+
+from .conftest import App
+
+LINE = """
+INSERT INTO usage_charges (kind, request_id, tenant_id, model, version, unit, quantity,
+    unit_price_micros, list_cost_micros, cost_micros, currency, charged_at)
+VALUES ('usage', :rid, :tenant, :model, '1', :unit, :qty, 0, :cost, :cost, 'USD', :at)
+"""
+
+
+async def _seed(app: App) -> tuple[str, str, str]:
+    """Two tenants' lines last month (one of them unpriced), and a closed statement."""
+    a, b = await app.tenant(), await app.tenant()
+    last = month_of(datetime.now(UTC).date(), 1)[0]
+    at = datetime(last.year, last.month, 3, 12, tzinfo=UTC)
+    lines = [(a, "emb", "input_token", 70, 1_250_000), (a, "chat", "output_token", 5, 0),
+             (b, "emb", "input_token", 9, 2_000_001), (b, "emb", "request", 3, 0)]  # fmt: skip
+    async with app.kiln.db.sessions.begin() as session:
+        for i, (tenant, model, unit, qty, cost) in enumerate(lines):
+            await session.execute(text(LINE), {"rid": f"r{i}-{tenant}", "tenant": tenant,
+                                               "model": model, "unit": unit, "qty": qty,
+                                               "cost": cost, "at": at})  # fmt: skip
+        await close_statement(session, CLI, a, f"{last:%Y-%m}")
+    return str(a), str(b), f"{last:%Y-%m}"
+
+
+def _total(page: str) -> Decimal:
+    found = re.search(r'<td class="num" data-currency="USD">([0-9.]+)</td>', page)
+    assert found, page
+    return Decimal(found[1])
+
+
+async def test_totals_equal_the_csv_and_unpriced_usage_is_listed(app: App) -> None:
+    a, _, month = await _seed(app)
+    async with app.signed_in(await app.user("finance")) as (http, _):
+        query = f"period=last-month&group=tenant&group=model&tenant={a}"
+        page = (await http.get(f"/console/costs?{query}")).text
+        assert _total(page) == Decimal("1.250000")  # tenant filter: only a's lines
+        assert "chat:*:output_token" in page  # a zero-cost line is a line
+        rows = list(
+            csv.DictReader(io.StringIO((await http.get(f"/console/costs.csv?{query}")).text))
+        )
+        assert {r["BillingAccountId"] for r in rows} == {a}
+        assert sum(Decimal(r["BilledCost"]) for r in rows) == _total(page)
+        assert ("5", "0.000000") in {(r["ConsumedQuantity"], r["BilledCost"]) for r in rows}
+
+        page = (await http.get("/console/costs?period=last-month&group=tenant&group=model")).text
+        assert _total(page) >= Decimal("3.250001")
+        assert page.count('class="subtotal"') >= 2  # one per tenant
+        assert re.search(rf'data-month="{month}">\s*<td>[^<]*</td><td>{month}</td>.*?Closed',
+                         page, re.S)  # a's month is closed  # fmt: skip
+        assert 'class="open">Open' in page  # b's is still open
+
+        overview = await http.get("/console/finance?period=last-month")
+        assert overview.status_code == 200
+        assert overview.text.count('<g class="bar"><title>') >= 3  # 2 tenants, 1 day
+        assert ": 1.250000 USD</title>" in overview.text  # a's bar, its exact amount as tooltip
+        assert ": 2.000001 USD</title>" in overview.text
