@@ -127,6 +127,10 @@ CONSOLE: dict[tuple[str, str], str] = {
     ("POST", "/console/models/import"): "models",
     ("GET", "/console/compile-jobs/{job_id:uuid}"): "compile-jobs",
     ("GET", "/console/audit"): "audit",
+    ("GET", "/console/slos"): "slos",
+    ("POST", "/console/slos"): "slos",
+    ("POST", "/console/slos/{slo:str}/delete"): "slos",
+    ("GET", "/console/alerts"): "alerts",
 }  # fmt: skip
 
 ADMIN_SCOPES = frozenset({"admin:read", "admin:write"})
