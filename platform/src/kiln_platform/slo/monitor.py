@@ -16,7 +16,8 @@ import structlog
 from sqlalchemy import delete, func, select, text
 from sqlalchemy.dialects.postgresql import insert
 
-from kiln_platform.slo import budget, crashloop, notify, policy
+from kiln_platform.slo import budget, crashloop, fanout, notify, policy
+from kiln_platform.slo.receivers import receiver_seal
 from kiln_platform.slo.services import objective, window_counts
 from kiln_platform.slo.sli import SliRecorder, Watched
 from kiln_platform.slo.tables import Alert, Slo, SloCount
@@ -47,6 +48,7 @@ class SloMonitor:
     ) -> None:  # fmt: skip
         self._sessions = sessions
         self._pools = pools
+        self._seal = receiver_seal(settings.hmac_key())
         """This gateway's pools as the crash-loop policy sees them (``crashloop.health``)."""
         self.slis = slis
         self._settings = settings
@@ -96,6 +98,10 @@ class SloMonitor:
                     session, self._http, url, self._settings.alert_key(),
                     self._settings.alert_retry_s,
                 )  # fmt: skip
+        if self._http is not None:
+            async with self._sessions.begin() as session:
+                await fanout.deliver_due(session, self._http, self._seal,
+                                         self._settings.alert_retry_s)  # fmt: skip
 
     async def check_pools(self) -> None:
         """Raise or resolve this gateway's pools' crash-loop alerts (gateways take turns)."""

@@ -26,6 +26,7 @@ from tests.factories import CLI
 
 from ..admission.test_kills import _built
 from ..conftest import serving
+from .hooks import loopback
 
 SECRET = b"crash-loop-secret"
 LABELS = {"alertname": "KilnPoolCrashLoop", "model": "all-minilm-l6-v2", "version": "broken",
@@ -44,15 +45,8 @@ async def receiver() -> AsyncIterator[tuple[list[dict[str, Any]], str]]:
         got.append(msgspec.json.decode(body))
         return web.Response(status=204)
 
-    app = web.Application()
-    app.router.add_post("/hook", handle)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-    yield got, f"http://127.0.0.1:{port}/hook"
-    await runner.cleanup()
+    async with loopback(handle) as url:
+        yield got, url
 
 
 async def _until(check: Callable[[], Awaitable[bool]], limit_s: float) -> float:
