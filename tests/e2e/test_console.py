@@ -276,3 +276,32 @@ def test_a_tenant_admin_sees_no_import_form(page: Page) -> None:
     page.goto("/console/models")
     expect(page.locator("h1")).to_have_text("Models")
     expect(page.locator("#import-model")).to_have_count(0)
+
+
+def test_a_platform_admin_defines_an_slo_and_reads_alerts(page: Page) -> None:
+    sign_in(page, "ops@kiln.test")
+    page.click("header nav >> text=SLOs")
+    form = page.locator("#new-slo")
+    form.locator("input[name=name]").fill("chat-up")
+    form.locator("input[name=model]").fill("support-llm")
+    form.locator("input[name=availability]").fill("120")
+    form.locator("button[type=submit]").click()
+    expect(page.locator("#flash")).to_contain_text("'availability' must be a percentage")
+    form.locator("input[name=availability]").fill("99.9")
+    form.locator("input[name=latency]").fill("99")
+    form.locator("input[name=latency_ms]").fill("250")
+    form.locator("button[type=submit]").click()
+    rows = page.locator("#slos tr[data-slo='chat-up']")
+    expect(rows).to_have_count(2)  # one row per SLI
+    expect(rows.locator(".budget")).to_have_text(["100.0 %", "100.0 %"])  # no events yet
+    expect(rows.nth(1)).to_contain_text("< 250 ms")
+    page.reload()  # stored, not only swapped in
+    expect(rows).to_have_count(2)
+    page.click("header nav >> text=Alerts")
+    expect(page.locator("#firing")).to_contain_text("Nothing is firing.")
+    expect(page.locator("#alerts")).to_have_attribute("hx-trigger", "every 5s")
+    page.go_back()
+    settled(page)
+    page.once("dialog", lambda dialog: dialog.accept())
+    rows.first.get_by_role("button", name="Delete").click()
+    expect(rows).to_have_count(0)

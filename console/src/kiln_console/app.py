@@ -24,7 +24,18 @@ from litestar.middleware.session.client_side import ClientSideSessionBackend, Co
 from litestar.static_files import create_static_files_router
 from litestar.template.config import TemplateConfig
 
-from kiln_console import adapters, audit, auth, costs, errors, finance, members, models, pages
+from kiln_console import (
+    adapters,
+    audit,
+    auth,
+    costs,
+    errors,
+    finance,
+    members,
+    models,
+    pages,
+    slos,
+)
 from kiln_console.csrf import SessionCSRFMiddleware
 from kiln_console.sso import OpenIDProvider
 from kiln_platform.users.throttle import SignInThrottle
@@ -114,6 +125,7 @@ def console(settings: Settings) -> Console:
             finance.Finance,
             models.Models,
             audit.Audit,
+            slos.Slos,
             static,
         ],
         dependencies={

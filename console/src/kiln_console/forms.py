@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any, TypeVar
 
 import msgspec
@@ -44,3 +45,24 @@ def percent(value: str, param: str) -> int:
     if not text.isdigit() or int(text) > 100:
         raise BadRequest(f"'{param}' must be a whole number from 0 to 100.", param=param)
     return int(text)
+
+
+def fraction(value: str, param: str) -> float | None:
+    """A percentage above 0 and below 100 (e.g. "99.9") as a fraction (blank: None)."""
+    if not value.strip():
+        return None
+    share = number(value, param) / 100
+    if not 0 < share < 1:
+        raise BadRequest(f"'{param}' must be a percentage above 0 and below 100.", param=param)
+    return share
+
+
+def number(value: str, param: str) -> float:
+    """A finite decimal number."""
+    try:
+        out = float(value)
+    except ValueError:
+        out = math.nan
+    if not math.isfinite(out):
+        raise BadRequest(f"'{param}' must be a number.", param=param)
+    return out

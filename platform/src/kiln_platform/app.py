@@ -47,7 +47,11 @@ from kiln_platform.quotas.controllers import QuotasController
 from kiln_platform.registry.controllers import AdminModelsController, RoutesController
 from kiln_platform.reports.controllers import ReportsController
 from kiln_platform.scrape import metrics_route
-from kiln_platform.slo.controllers import AlertsController, SlosController
+from kiln_platform.slo.controllers import (
+    AlertReceiversController,
+    AlertsController,
+    SlosController,
+)
 from kiln_platform.tenants.controllers import TenantsController
 from kiln_platform.users.controllers import UsersController
 from kiln_runtimes import tracing
@@ -134,6 +138,7 @@ _CONTROLLERS = (
     OpenAIController, OIPController, AdminModelsController, RoutesController, TenantsController,
     KeysController, UsersController, ClientsController, AdaptersController, AuditController,
     QuotasController, PriceBooksController, ReportsController, SlosController, AlertsController,
+    AlertReceiversController,
     OAuthController,
 )  # fmt: skip
 

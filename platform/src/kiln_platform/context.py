@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
+from functools import partial
 from typing import TYPE_CHECKING
 
 import aiohttp
@@ -31,6 +32,7 @@ from kiln_platform.quotas.enforcer import QuotaEnforcer
 from kiln_platform.registry.services import Resolver
 from kiln_platform.scheduler.core import SchedulerConfig
 from kiln_platform.scheduler.policy import PolicyConfig
+from kiln_platform.slo import crashloop
 from kiln_platform.slo.monitor import SloMonitor
 from kiln_platform.slo.sli import SliRecorder
 from kiln_runtimes.store import ArtifactStore
@@ -146,7 +148,7 @@ def _build(
             ttl_s=settings.idempotency_ttl_s,
             lock_s=settings.idempotency_lock_s,
         ),
-        slos=SloMonitor(db.sessions, slis, settings),
+        slos=SloMonitor(db.sessions, slis, settings, partial(crashloop.health, pools.backend)),
         metrics=metrics,
         engine_metrics=EngineMetrics(pools.backend, http),
     )

@@ -172,6 +172,9 @@ class Settings(BaseSettings):
     """How often each gateway stores its SLO counts and SLOs' burn-rate alerts are evaluated."""
     slo_bucket_s: float = Field(default=60.0, gt=0)
     """Width of the time buckets SLO events are counted in (windows round up to whole ones)."""
+    crash_loop_restarts: int = Field(default=3, ge=1)
+    """Worker restarts (summed over a pool) after which a pool whose every worker is down after
+    a crash raises ``KilnPoolCrashLoop``."""
     alert_webhook_url: str | None = None
     """Where alert notifications are POSTed (Alertmanager-compatible JSON); unset: stored only."""
     alert_webhook_secret: SecretStr | None = None

@@ -34,8 +34,9 @@ from kiln_platform.oauth import services as oauth_services
 from kiln_platform.oauth.schemas import ClientCreate
 from kiln_platform.reports import statements
 from kiln_platform.settings import Settings
+from kiln_platform.slo import receivers
 from kiln_platform.slo import services as slo_services
-from kiln_platform.slo.schemas import SloCreate
+from kiln_platform.slo.schemas import ReceiverCreate, SloCreate
 from kiln_platform.users.schemas import UserCreate
 from kiln_platform.users.services import create_user
 from tests.asgi import asgi
@@ -93,6 +94,9 @@ ADMIN: dict[tuple[str, str], str] = {
     ("GET", "/admin/v1/slos/{slo:str}/status"): "slos",
     ("DELETE", "/admin/v1/slos/{slo:str}"): "slos",
     ("GET", "/admin/v1/alerts"): "alerts",
+    ("GET", "/admin/v1/alert-receivers"): "alert-receivers",
+    ("POST", "/admin/v1/alert-receivers"): "alert-receivers",
+    ("DELETE", "/admin/v1/alert-receivers/{receiver_id:uuid}"): "alert-receivers",
 }  # fmt: skip
 
 CONSOLE: dict[tuple[str, str], str] = {
@@ -128,6 +132,10 @@ CONSOLE: dict[tuple[str, str], str] = {
     ("POST", "/console/models/import"): "models",
     ("GET", "/console/compile-jobs/{job_id:uuid}"): "compile-jobs",
     ("GET", "/console/audit"): "audit",
+    ("GET", "/console/slos"): "slos",
+    ("POST", "/console/slos"): "slos",
+    ("POST", "/console/slos/{slo:str}/delete"): "slos",
+    ("GET", "/console/alerts"): "alerts",
 }  # fmt: skip
 
 ADMIN_SCOPES = frozenset({"admin:read", "admin:write"})
@@ -211,6 +219,15 @@ class World:
             )
         return name
 
+    async def receiver(self) -> str:
+        """A new alert receiver (its id)."""
+        data = ReceiverCreate(name=f"r{uuid.uuid4().hex[:8]}", url="http://127.0.0.1:9/hook")
+        async with self.kiln.db.sessions.begin() as session:
+            made = await receivers.create_receiver(
+                session, CLI, data, receivers.receiver_seal(b"k")
+            )
+        return str(made.receiver.id)
+
     async def tenant(self) -> uuid.UUID:
         async with self.kiln.db.sessions.begin() as session:
             return await make_tenant(session)
@@ -293,6 +310,7 @@ async def _fill(world: World, path: str, tenant: uuid.UUID) -> str:
         "user_id": lambda: _first(world.user("tenant-member", tenant)),
         "adapter_id": lambda: world.adapter(tenant),
         "slo": world.slo,
+        "receiver_id": world.receiver,
     }
     fixed = {
         "tenant_id": str(tenant), "name": world.model, "period": "2025-01",

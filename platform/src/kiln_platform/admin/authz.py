@@ -77,6 +77,7 @@ _RULES: dict[str, tuple[frozenset[Role], frozenset[Role]]] = {
     "price-books": (frozenset(Role), PLATFORM),
     "slos": (PLATFORM, PLATFORM),  # objectives of shared models, and how every tenant fares
     "alerts": (PLATFORM, frozenset()),
+    "alert-receivers": (PLATFORM, PLATFORM),  # webhooks; their signing keys sealed at rest
 }
 
 

@@ -1,14 +1,24 @@
-"""`/admin/v1/slos` and `/admin/v1/alerts`: thin handlers, behaviour in ``slo.services``."""
+"""`/admin/v1/slos`, `/admin/v1/alerts` and `/admin/v1/alert-receivers`: thin handlers,
+behaviour in ``slo.services`` and ``slo.receivers``."""
 
 from __future__ import annotations
 
+import uuid
 from typing import Literal
 
 from litestar import delete, get, post
 
 from kiln_platform.admin.deps import AdminController, CallDep
-from kiln_platform.slo import services
-from kiln_platform.slo.schemas import AlertView, SloCreate, SloStatus, SloView
+from kiln_platform.slo import receivers, services
+from kiln_platform.slo.schemas import (
+    AlertView,
+    ReceiverCreate,
+    ReceiverCreated,
+    ReceiverView,
+    SloCreate,
+    SloStatus,
+    SloView,
+)
 
 
 class SlosController(AdminController):
@@ -49,3 +59,25 @@ class AlertsController(AdminController):
     ) -> list[AlertView]:
         """The latest alerts, newest first (``status``: only firing or only resolved ones)."""
         return await services.list_alerts(await call.session(), call.actor, status)
+
+
+class AlertReceiversController(AdminController):
+    """Webhooks every alert notification is delivered to (platform-admin, audited)."""
+
+    opt = {"resource": "alert-receivers"}  # noqa: RUF012 (admin.deps.authorize reads it)
+
+    @post("/alert-receivers")
+    async def create_receiver(self, call: CallDep, data: ReceiverCreate) -> ReceiverCreated:
+        """Add a receiver; its signing key is returned once and stored sealed."""
+        seal = receivers.receiver_seal(call.hmac_key)
+        return await receivers.create_receiver(await call.session(), call.actor, data, seal)
+
+    @get("/alert-receivers")
+    async def list_receivers(self, call: CallDep) -> list[ReceiverView]:
+        """Every receiver (never its key)."""
+        return await receivers.list_receivers(await call.session(), call.actor)
+
+    @delete("/alert-receivers/{receiver_id:uuid}")
+    async def delete_receiver(self, call: CallDep, receiver_id: uuid.UUID) -> None:
+        """Delete a receiver; its pending deliveries go with it."""
+        await receivers.delete_receiver(await call.session(), call.actor, receiver_id)

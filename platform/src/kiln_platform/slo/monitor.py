@@ -16,17 +16,21 @@ import structlog
 from sqlalchemy import delete, func, select, text
 from sqlalchemy.dialects.postgresql import insert
 
-from kiln_platform.slo import budget, notify, policy
+from kiln_platform.slo import budget, crashloop, fanout, notify, policy
+from kiln_platform.slo.receivers import receiver_seal
 from kiln_platform.slo.services import objective, window_counts
 from kiln_platform.slo.sli import SliRecorder, Watched
 from kiln_platform.slo.tables import Alert, Slo, SloCount
 
 if TYPE_CHECKING:
+    from collections.abc import Callable, Mapping
+
     from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
     from kiln_platform.settings import Settings
 
 EVALUATOR_LOCK = 0x6B696C6E_736C6F  # pg_try_advisory_xact_lock key: "kiln" "slo"
+POOLS_LOCK = 0x6B696C6E_706F6F6C  # pg_advisory_xact_lock key: "kiln" "pool"
 log = structlog.get_logger("kiln.slo")
 
 
@@ -39,9 +43,13 @@ class SloMonitor:
     """Flushes the recorder, evaluates the SLOs and delivers their alerts in the background."""
 
     def __init__(
-        self, sessions: async_sessionmaker[AsyncSession], slis: SliRecorder, settings: Settings
-    ) -> None:
+        self, sessions: async_sessionmaker[AsyncSession], slis: SliRecorder, settings: Settings,
+        pools: Callable[[], Mapping[str, crashloop.PoolHealth]] = dict,
+    ) -> None:  # fmt: skip
         self._sessions = sessions
+        self._pools = pools
+        self._seal = receiver_seal(settings.hmac_key())
+        """This gateway's pools as the crash-loop policy sees them (``crashloop.health``)."""
         self.slis = slis
         self._settings = settings
         self._task: asyncio.Task[None] | None = None
@@ -82,6 +90,7 @@ class SloMonitor:
                 for slo in await session.scalars(select(Slo)):
                     await self._evaluate(session, slo)
                 await budget.announce(session)
+        await self.check_pools()
         url = self._settings.alert_webhook_url
         if url and self._http is not None:
             async with self._sessions.begin() as session:
@@ -89,6 +98,28 @@ class SloMonitor:
                     session, self._http, url, self._settings.alert_key(),
                     self._settings.alert_retry_s,
                 )  # fmt: skip
+        if self._http is not None:
+            async with self._sessions.begin() as session:
+                await fanout.deliver_due(session, self._http, self._seal,
+                                         self._settings.alert_retry_s)  # fmt: skip
+
+    async def check_pools(self) -> None:
+        """Raise or resolve this gateway's pools' crash-loop alerts (gateways take turns)."""
+        pools, now = self._pools(), datetime.now(UTC)
+        async with self._sessions.begin() as session:
+            await session.execute(select(func.pg_advisory_xact_lock(POOLS_LOCK)))
+            open_ = await session.scalars(
+                select(Alert).where(Alert.status == "firing", Alert.name == crashloop.ALERTNAME)
+            )
+            firing = {f"{a.labels['model']}@{a.labels['version']}": a for a in open_}
+            limit = self._settings.crash_loop_restarts
+            for key, fires in crashloop.changes(pools, firing, limit).items():
+                if fires:
+                    await _raise_crash_loop(session, pools[key], now)
+                else:
+                    firing[key].status, firing[key].ends_at = "resolved", now
+                    await notify.enqueue(session, firing[key])
+                    log.info("alert", alert=firing[key].labels, status="resolved")
 
     async def _load(self) -> None:
         async with self._sessions() as session:
@@ -163,3 +194,22 @@ async def _transition(  # noqa: PLR0917 (one alert's whole identity)
         open_.status, open_.ends_at = "resolved", now
     await notify.enqueue(session, open_)
     log.info("alert", alert=open_.labels, status=open_.status)
+
+
+async def _raise_crash_loop(
+    session: AsyncSession, pool: crashloop.PoolHealth, now: datetime
+) -> None:
+    """Store a firing ``KilnPoolCrashLoop`` for ``pool`` and a notification of it."""
+    labels = {"alertname": crashloop.ALERTNAME, "model": pool.model, "version": pool.version,
+              "severity": "page"}  # fmt: skip
+    key = hashlib.sha256(f"{crashloop.ALERTNAME}:{pool.model}@{pool.version}".encode())
+    alert = Alert(
+        fingerprint=key.hexdigest()[:16], name=crashloop.ALERTNAME, status="firing",
+        starts_at=now, labels=labels,
+        annotations={"summary": f"Every worker of {pool.model}@{pool.version} is down after "
+                                f"{pool.restarts} restarts; requests get 503",
+                     "restarts": str(pool.restarts)},
+    )  # fmt: skip
+    session.add(alert)
+    await notify.enqueue(session, alert)
+    log.info("alert", alert=labels, status="firing")

@@ -18,9 +18,9 @@ from typing import TYPE_CHECKING, Any
 import aiohttp
 import msgspec
 import structlog
-from sqlalchemy import select
+from sqlalchemy import Uuid, insert, literal, select
 
-from kiln_platform.slo.tables import Alert, AlertNotification
+from kiln_platform.slo.tables import Alert, AlertDelivery, AlertNotification, AlertReceiver
 
 if TYPE_CHECKING:
     from sqlalchemy.ext.asyncio import AsyncSession
@@ -63,12 +63,17 @@ def payload(alert: Alert, notification_id: str) -> dict[str, Any]:
 
 
 async def enqueue(session: AsyncSession, alert: Alert) -> None:
-    """Store the alert's current state and a notification of it (its payload names its id)."""
+    """Store the alert's current state and a notification of it (its payload names its id),
+    with a delivery to each stored receiver."""
     await session.flush()
     note = AlertNotification(alert_id=alert.id, payload={})
     session.add(note)
     await session.flush()
     note.payload = payload(alert, str(note.id))
+    receivers = select(literal(note.id, Uuid), AlertReceiver.id)
+    await session.execute(
+        insert(AlertDelivery).from_select(["notification_id", "receiver_id"], receivers)
+    )
 
 
 def sign(key: bytes, body: bytes, at: int) -> str:
@@ -108,7 +113,7 @@ async def deliver_due(
     notes = list(due)
     bodies = [msgspec.json.encode(note.payload) for note in notes]
     errors = await asyncio.gather(*(
-        _post(http, url, body, sign(key, body, int(time.time())), str(note.id))
+        post(http, url, body, sign(key, body, int(time.time())), str(note.id))
         for note, body in zip(notes, bodies, strict=True)
     ))  # fmt: skip
     for note, error in zip(notes, errors, strict=True):
@@ -117,12 +122,17 @@ async def deliver_due(
             note.delivered_at = datetime.now(UTC)
         else:
             note.last_error = error
-            note.next_attempt_at = now + timedelta(seconds=retry_s * 2 ** (note.attempts - 1))
+            note.next_attempt_at = retry_at(now, retry_s, note.attempts)
             log.warning("alert delivery failed", notification=str(note.id), error=error)
     return errors.count(None)
 
 
-async def _post(
+def retry_at(now: datetime, retry_s: float, attempts: int) -> datetime:
+    """When a delivery that failed ``attempts`` times is tried again (exponential backoff)."""
+    return now + timedelta(seconds=retry_s * 2 ** (attempts - 1))
+
+
+async def post(
     http: aiohttp.ClientSession, url: str, body: bytes, signature: str, note_id: str
 ) -> str | None:
     """One delivery attempt: None on a 2xx, else what went wrong."""

@@ -74,3 +74,28 @@ class AlertView(msgspec.Struct):
     annotations: dict[str, Any]
     starts_at: datetime
     ends_at: datetime | None
+
+
+class ReceiverCreate(msgspec.Struct, forbid_unknown_fields=True):
+    """A webhook to deliver every alert notification to, signed with its own key."""
+
+    name: Name
+    url: Annotated[str, msgspec.Meta(max_length=2000, pattern=r"^https?://[^\s]+$")]
+    secret: Annotated[str, msgspec.Meta(min_length=16, max_length=200)] | None = None
+    """The signing key the receiver verifies with (default: a new random one, shown once)."""
+
+
+class ReceiverView(msgspec.Struct):
+    """A receiver as listed: never its key."""
+
+    id: uuid.UUID
+    name: str
+    url: str
+    created_at: datetime
+
+
+class ReceiverCreated(msgspec.Struct):
+    """A created receiver: ``secret`` is shown here once (stored sealed)."""
+
+    receiver: ReceiverView
+    secret: str

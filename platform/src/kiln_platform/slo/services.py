@@ -109,7 +109,15 @@ async def window_counts(
 async def slo_status(session: AsyncSession, actor: Actor, name: str, bucket_s: float) -> SloStatus:
     """An SLO's budget left over its period and its burn rate in every alert window."""
     require(actor, "slos")
-    slo = await _find(session, name)
+    return await _status(session, await _find(session, name), bucket_s)
+
+
+async def slo_statuses(session: AsyncSession, actor: Actor, bucket_s: float) -> list[SloStatus]:
+    """Every SLO's status (``slo_status``), by name."""
+    return [await _status(session, slo, bucket_s) for slo in await stored_slos(session, actor)]
+
+
+async def _status(session: AsyncSession, slo: Slo, bucket_s: float) -> SloStatus:
     goal, now = objective(slo), datetime.now(UTC)
     spans = policy.windows(goal)
     counts = await window_counts(session, slo.id, spans, bucket_s, now)
@@ -127,7 +135,7 @@ async def slo_status(session: AsyncSession, actor: Actor, name: str, bucket_s: f
             )
         )  # fmt: skip
     firing = await session.scalars(
-        select(Alert.name).where(Alert.status == "firing", Alert.labels["slo"].astext == name)
+        select(Alert.name).where(Alert.status == "firing", Alert.labels["slo"].astext == slo.name)
     )
     return SloStatus(slo=view(slo), slis=slis, firing=list(firing))
 

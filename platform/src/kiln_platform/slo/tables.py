@@ -6,7 +6,18 @@ import uuid
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import BigInteger, DateTime, ForeignKey, Index, Integer, String, Text, func, text
+from sqlalchemy import (
+    BigInteger,
+    DateTime,
+    ForeignKey,
+    Index,
+    Integer,
+    LargeBinary,
+    String,
+    Text,
+    func,
+    text,
+)
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.orm import Mapped, mapped_column
 
@@ -80,3 +91,31 @@ class AlertNotification(Base):
     delivered_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     last_error: Mapped[str | None] = mapped_column(Text)
     created_at: Mapped[datetime] = _now()
+
+
+class AlertReceiver(Base):
+    """A webhook every notification is delivered to (besides ``KILN_ALERT_WEBHOOK_URL``)."""
+
+    __tablename__ = "alert_receivers"
+    id: Mapped[uuid.UUID] = mapped_column(primary_key=True, default=uuid.uuid4)
+    name: Mapped[str] = mapped_column(String(100), unique=True)
+    url: Mapped[str] = mapped_column(Text)
+    secret_sealed: Mapped[bytes] = mapped_column(LargeBinary)
+    """The signing key, sealed (``kiln_platform.sealing``, the receiver's id as identity)."""
+    created_at: Mapped[datetime] = _now()
+
+
+class AlertDelivery(Base):
+    """One notification's delivery to one stored receiver (made when the notification is)."""
+
+    __tablename__ = "alert_deliveries"
+    notification_id: Mapped[uuid.UUID] = mapped_column(
+        ForeignKey("alert_notifications.id", ondelete="CASCADE"), primary_key=True
+    )
+    receiver_id: Mapped[uuid.UUID] = mapped_column(
+        ForeignKey("alert_receivers.id", ondelete="CASCADE"), primary_key=True
+    )
+    attempts: Mapped[int] = mapped_column(Integer, server_default="0")
+    next_attempt_at: Mapped[datetime] = _now()
+    delivered_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    last_error: Mapped[str | None] = mapped_column(Text)

@@ -43,6 +43,7 @@ from tests.factories import CLI
 
 from ..admission.test_kills import _built
 from ..conftest import serving
+from .hooks import loopback
 
 MINILM = "all-minilm-l6-v2"
 SECRET = b"receiver-shared-secret"
@@ -99,15 +100,8 @@ class Receiver:
 @pytest.fixture
 async def receiver() -> AsyncIterator[tuple[Receiver, str]]:
     hook = Receiver()
-    app = web.Application()
-    app.router.add_post("/hook", hook.handle)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-    yield hook, f"http://127.0.0.1:{port}/hook"
-    await runner.cleanup()
+    async with loopback(hook.handle) as url:
+        yield hook, url
 
 
 async def _setup(app: Any, model_cache: Path) -> tuple[str, str]:
