@@ -24,7 +24,7 @@ from litestar.middleware.session.client_side import ClientSideSessionBackend, Co
 from litestar.static_files import create_static_files_router
 from litestar.template.config import TemplateConfig
 
-from kiln_console import adapters, audit, auth, costs, errors, members, models, pages
+from kiln_console import adapters, audit, auth, costs, errors, members, models, overview, pages
 from kiln_console.csrf import SessionCSRFMiddleware
 from kiln_console.sso import OpenIDProvider
 from kiln_platform.users.throttle import SignInThrottle
@@ -108,6 +108,7 @@ def console(settings: Settings) -> Console:
         route_handlers=[
             auth.SignIn,
             pages.Pages,
+            overview.Overview,
             members.Members,
             adapters.Adapters,
             costs.Costs,

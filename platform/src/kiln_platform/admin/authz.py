@@ -77,6 +77,8 @@ _RULES: dict[str, tuple[frozenset[Role], frozenset[Role]]] = {
     "price-books": (frozenset(Role), PLATFORM),
     "slos": (PLATFORM, PLATFORM),  # objectives of shared models, and how every tenant fares
     "alerts": (PLATFORM, frozenset()),
+    # The console's landing page: a tenant's usage and limits, or (platform-admin) the fleet.
+    "overview": (NOT_FINANCE, frozenset()),
 }
 
 

@@ -12,6 +12,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+from collections import Counter
+from dataclasses import dataclass
 from functools import partial
 from typing import TYPE_CHECKING
 
@@ -30,6 +32,20 @@ if TYPE_CHECKING:
     from kiln_runtimes.store import ArtifactStore
 
 log = structlog.get_logger("kiln.pools")
+
+
+@dataclass(frozen=True, slots=True)
+class PoolLive:
+    """A pool's replicas by state, its queue and its cold starts since the gateway started."""
+
+    model: str
+    version: str
+    desired: int
+    starting: int
+    ready: int
+    draining: int
+    queued: int
+    cold_starts: int
 
 
 class PoolManager:
@@ -57,6 +73,8 @@ class PoolManager:
         self._scaling = scaling or AutoscaleConfig()
         self._states: dict[str, AutoscaleState] = {}
         self._last_request: dict[str, float] = {}
+        self.cold_starts: Counter[str] = Counter()
+        """Requests that found their pool at zero and started its first worker, per pool."""
         self._interval = interval
         self._tick = tick
         self._task: asyncio.Task[None] | None = None
@@ -158,6 +176,7 @@ class PoolManager:
                 retry_after=self.backend.retry_after(self.backend.pools[pool][0]),
             )
         if not self.backend.pools.get(pool):
+            self.cold_starts[pool] += 1
             self.autoscale(pool, arriving=1)
         return runner
 
@@ -168,6 +187,17 @@ class PoolManager:
                           len(self.backend.ready(key)))
             for key, desired in self.desired.items()
         }  # fmt: skip
+
+    def live(self) -> list[PoolLive]:
+        """Every pool as the console's fleet view shows it, read now (no database)."""
+        draining: Counter[str] = getattr(self.backend, "draining", None) or Counter()
+        return [
+            PoolLive(size.spec.model, size.spec.version, size.desired,
+                     size.running - size.ready, size.ready, max(draining[key], 0),
+                     len(self.runners[key].scheduler.queue) if key in self.runners else 0,
+                     self.cold_starts[key])
+            for key, size in sorted(self.sizes().items())
+        ]  # fmt: skip
 
     def is_ready(self, pool: str) -> bool:
         """A worker of the pool takes requests now (no side effect: not a request)."""
