@@ -35,8 +35,8 @@ def _bars_total(page: Page) -> int:
 
 
 def test_a_tenant_admin_sees_a_new_request_in_the_overview(
-    page: Page, kiln: KilnProcess, tmp_path: Path
-) -> None:
+    kiln: KilnProcess, page: Page, tmp_path: Path
+) -> None:  # kiln first: it registers the model with asyncio.run, before Playwright's loop
     sign_in(page, "admin@acme.test")
     expect(page).to_have_url(re.compile(r"/console/overview$"))
     expect(page.locator("h1")).to_contain_text("acme")
