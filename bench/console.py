@@ -56,7 +56,8 @@ SEED = [
            currency, list_cost_micros, cost_micros)
        SELECT 'req_' || i, k.tenant_id, k.id, m.model, 'v1', m.endpoint,
               CASE WHEN i % 50 = 0 THEN 500 ELSE 200 END, i % 700 + 1, m.out * (i % 300), 0,
-              0.4, 2 + (i * 7919) % 600, now() - (i - 1) * (interval '30 days' / :events),
+              0.4, 2 + (i::bigint * 7919) % 600,
+              now() - (i - 1) * (interval '30 days' / :events),
               'USD', (i % 700 + 1) * 2, (i % 700 + 1) * 2
        FROM generate_series(1, :events) AS i
        JOIN bench_keys k ON k.n = i % (SELECT count(*) FROM bench_keys)
@@ -151,12 +152,15 @@ def serve_and_measure(uri: str, work: Path, loads: int) -> None:
                     break
             time.sleep(0.3)
         for email, paths in PAGES.items():
-            with signed_in(base, email) as http:
+            http = signed_in(base, email)
+            try:
                 for path in paths:
                     p50, p95 = measure(http, path, loads)
                     ok = "ok" if p95 < 300 else "OVER"
                     print(f"{email:18} {path:32} p50 {p50:6.1f} ms  p95 {p95:6.1f} ms  "
                           f"(goal < 300 ms: {ok})")  # fmt: skip
+            finally:
+                http.close()
     finally:
         proc.terminate()
         proc.wait(timeout=60)
