@@ -3,8 +3,8 @@
 
 Starts a fresh embedded PostgreSQL (pgserver, as the tests do), migrates it, and inserts
 ``--tenants`` tenants (two keys each) and ``--events`` usage events spread over the last 30 days
-with ``INSERT … SELECT generate_series``, then rolls them up into ``usage_hourly`` with the
-statement migration 0013 uses for existing usage (the seed bypasses the ledger writer, which
+with ``INSERT … SELECT generate_series``, then rolls them up with the statements migration 0013
+uses for existing usage (the seed bypasses the ledger writer, which
 keeps the rollup for live traffic). Then it starts ``kiln up`` on that database, creates a
 tenant-admin (of the first tenant) and a platform-admin with the CLI, signs in as each, and
 loads each of their pages ``--loads`` times (after 3 warm-ups), one at a time, printing p50/p95.
@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import importlib.util
 import os
 import re
 import shutil
@@ -28,11 +29,11 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import httpx
 from sqlalchemy import text
 
-from kiln_platform.billing.rollup import EDGES_MS
 from kiln_platform.db import migrate
 from kiln_platform.db.engine import asyncpg_url, create_engine, embedded_server
 
@@ -64,14 +65,18 @@ SEED = [
        JOIN (VALUES (0, 'all-minilm-l6-v2', 'embeddings', 0),
                     (1, 'smollm2-135m-instruct', 'chat', 1)) AS m(n, model, endpoint, out)
          ON m.n = i % 2""",
-    """INSERT INTO usage_hourly
-       SELECT tenant_id, date_trunc('hour', created_at), model,
-              (SELECT count(*) FROM unnest(CAST(:edges AS float8[])) e
-               WHERE e < queue_ms + compute_ms),
-              count(*), count(*) FILTER (WHERE status >= 400),
-              sum(input_tokens), sum(output_tokens), sum(cost_micros)
-       FROM usage_events GROUP BY 1, 2, 3, 4""",
 ]
+
+
+def _migration_0013() -> Any:
+    """Migration 0013, whose statements roll up existing usage."""
+    path = Path(__file__).resolve().parents[1] / "migrations" / "versions" / "0013_overview.py"
+    spec = importlib.util.spec_from_file_location("migration_0013", path)
+    assert spec is not None
+    assert spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 async def seed(uri: str, tenants: int, events: int) -> int:
@@ -83,8 +88,9 @@ async def seed(uri: str, tenants: int, events: int) -> int:
             await conn.execute(text("SET LOCAL synchronous_commit = off"))
             await conn.execute(text("SET LOCAL kiln.scope = 'platform'"))
             for sql in SEED:
-                params = {"tenants": tenants, "events": events, "edges": list(EDGES_MS)}
-                await conn.execute(text(sql), params)
+                await conn.execute(text(sql), {"tenants": tenants, "events": events})
+            for sql in _migration_0013().ROLLUP_SQL.values():  # as the ledger would have
+                await conn.execute(text(sql))
         async with engine.connect() as conn:
             await conn.execute(text("ANALYZE"))
             await conn.execute(text("SET kiln.scope = 'platform'"))

@@ -1,4 +1,4 @@
-"""The console overview's numbers, read from the hourly rollup (``billing.rollup``), never from
+"""The console overview's numbers, read from the rollups (``billing.rollup``), never from
 ``usage_events``: a tenant's usage, latency, spend and limits, and the platform's fleet view.
 
 A range is today (hourly points, UTC), or the last 7 or 30 days (daily points, today included).
@@ -155,12 +155,12 @@ _FLEET = text(
     " sum(requests)::bigint AS requests, sum(errors)::bigint AS errors,"
     " sum(input_tokens)::bigint AS input_tokens, sum(output_tokens)::bigint AS output_tokens,"
     " sum(cost_micros)::bigint AS cost_micros"
-    " FROM usage_hourly WHERE hour >= :start GROUP BY 1, 2, 3"
+    " FROM usage_fleet_hourly WHERE hour >= :start GROUP BY 1, 2, 3"
 )
 _TOP = text(
     "SELECT u.tenant_id, t.name, u.requests, u.errors, u.cost_micros FROM"
     " (SELECT tenant_id, sum(requests)::bigint AS requests, sum(errors)::bigint AS errors,"
-    "  sum(cost_micros)::bigint AS cost_micros FROM usage_hourly WHERE hour >= :start"
+    "  sum(cost_micros)::bigint AS cost_micros FROM usage_tenant_daily WHERE day >= :day"
     "  GROUP BY tenant_id ORDER BY 2 DESC LIMIT :n) u"
     " JOIN tenants t ON t.id = u.tenant_id ORDER BY u.requests DESC"
 )
@@ -227,7 +227,7 @@ async def fleet_overview(session: AsyncSession, actor: Actor, range_: str | None
     models: dict[str, Totals] = defaultdict(Totals)
     for row in rows:
         models[row.model].add(row)
-    top = (await session.execute(_TOP, {"start": start, "n": TOP})).all()
+    top = (await session.execute(_TOP, {"day": start.date(), "n": TOP})).all()
     return FleetOverview(
         name, step, dict(sorted(models.items())), series(rows, start, step, points),
         [TenantUse(*r) for r in top],
