@@ -71,6 +71,8 @@ def test_a_tenant_admin_creates_uses_and_revokes_a_key(page: Page, kiln: KilnPro
     sign_in(page, "admin@acme.test", "not the password")
     expect(page.locator("#login-error")).to_have_text("Incorrect email or password.")
     sign_in(page, "admin@acme.test")
+    expect(page).to_have_url(re.compile(r"/console/overview$"))
+    page.click("header nav >> text=API keys")
     expect(page).to_have_url(re.compile(r"/console/tenants/[0-9a-f-]{36}/keys$"))
     expect(page.locator("h1")).to_contain_text("acme")
 
@@ -118,6 +120,7 @@ def test_an_oauth_client_made_in_the_console_gets_tokens(page: Page, kiln: KilnP
 
 def test_bad_input_shows_the_field_and_keeps_the_form(page: Page) -> None:
     sign_in(page, "admin@acme.test")
+    page.click("header nav >> text=API keys")
     page.fill("#new-key input[name=name]", "no scopes")
     page.uncheck("#new-key input[value=inference]")
     page.click("#new-key button[type=submit]")
@@ -133,6 +136,7 @@ def test_bad_input_shows_the_field_and_keeps_the_form(page: Page) -> None:
 
 def test_a_member_reads_keys_but_gets_no_buttons(page: Page) -> None:
     sign_in(page, "dev@acme.test")
+    page.click("header nav >> text=API keys")
     expect(page.locator("#keys")).to_be_visible()
     expect(page.locator("#new-key")).to_have_count(0)
     expect(page.get_by_role("button", name="Revoke")).to_have_count(0)
@@ -141,6 +145,8 @@ def test_a_member_reads_keys_but_gets_no_buttons(page: Page) -> None:
 
 def test_a_platform_admin_browses_every_tenant(page: Page) -> None:
     sign_in(page, "ops@kiln.test")
+    expect(page).to_have_url(re.compile(r"/console/overview$"))
+    page.click("header nav >> text=Tenants")
     expect(page).to_have_url(re.compile(r"/console/tenants$"))
     expect(page.locator("#tenants tbody tr")).to_have_count(2)
     globex = page.locator("#tenants tbody tr", has_text="globex")

@@ -108,6 +108,7 @@ CONSOLE: dict[tuple[str, str], str] = {
     ("GET", "/console/static/{file_path:path}"): PUBLIC,
     ("HEAD", "/console/static/{file_path:path}"): PUBLIC,
     ("GET", "/console"): SIGNED_IN,
+    ("GET", "/console/overview"): "overview",
     ("GET", "/console/tenants"): "tenants",
     ("GET", "/console/tenants/{tenant_id:uuid}/keys"): "keys",
     ("POST", "/console/tenants/{tenant_id:uuid}/keys"): "keys",

@@ -12,6 +12,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+from collections import Counter
+from dataclasses import dataclass
 from functools import partial
 from typing import TYPE_CHECKING
 
@@ -34,6 +36,20 @@ if TYPE_CHECKING:
     from kiln_runtimes.store import ArtifactStore
 
 log = structlog.get_logger("kiln.pools")
+
+
+@dataclass(frozen=True, slots=True)
+class PoolLive:
+    """A pool's replicas by state, its queue and its cold starts since the gateway started."""
+
+    model: str
+    version: str
+    desired: int
+    starting: int
+    ready: int
+    draining: int
+    queued: int
+    cold_starts: int
 
 
 class PoolManager:
@@ -177,6 +193,17 @@ class PoolManager:
                           len(self.backend.ready(key)))
             for key, desired in self.desired.items()
         }  # fmt: skip
+
+    def live(self) -> list[PoolLive]:
+        """Every pool as the console's fleet view shows it, read now (no database)."""
+        draining: Counter[str] = getattr(self.backend, "draining", None) or Counter()
+        return [
+            PoolLive(size.spec.model, size.spec.version, size.desired,
+                     size.running - size.ready, size.ready, max(draining[key], 0),
+                     len(self.runners[key].scheduler.queue) if key in self.runners else 0,
+                     self.cold_starts.begun[key])
+            for key, size in sorted(self.sizes().items())
+        ]  # fmt: skip
 
     def is_ready(self, pool: str) -> bool:
         """A worker of the pool takes requests now (no side effect: not a request)."""
