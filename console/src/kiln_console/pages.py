@@ -86,6 +86,7 @@ class Pages(Controller):
                 session, viewer.actor, str(key_id), kiln.settings.hmac_key(), tenant_id
             )
             context = {**await _keys(session, viewer, tenant_id), "partial": True}
+        kiln.keys.forget(key_id)
         return Template("_keys.html.j2", context=context)
 
     @post("/tenants/{tenant_id:uuid}/keys/{key_id:uuid}/rotate", opt=KEYS)
@@ -107,6 +108,7 @@ class Pages(Controller):
                 hmac_key=kiln.settings.hmac_key(),
             )
             context = {**await _keys(session, viewer, tenant_id), "created": made}
+        kiln.keys.forget(key_id)  # committed: this gateway applies the new expiry now
         return Template("_key_created.html.j2", context=context, status_code=201)
 
     @get("/tenants/{tenant_id:uuid}/clients", opt=CLIENTS)

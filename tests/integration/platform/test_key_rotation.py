@@ -47,11 +47,17 @@ async def test_rotation_replaces_a_key_and_schedules_the_old_one(db: Database) -
         actions = [tuple(r) for r in rows]
     assert sorted(actions) == [("key.create", str(made.key.id)), ("key.rotate", str(old.id))]
 
+    cached = KeyVerifier(db.sessions, HMAC_KEY, ttl=60.0)
+    await cached.verify(made.secret)
     async with db.sessions.begin() as session:  # overlap 0: the new key's twin, refused now
         again = await rotate_key(session, admin, tenant.id, made.key.id, overlap_s=0,
                                  hmac_key=HMAC_KEY)  # fmt: skip
     with pytest.raises(Unauthorized):
         await verifier.verify(made.secret)
+    await cached.verify(made.secret)  # a cached principal lives until the TTL...
+    cached.forget(made.key.id)
+    with pytest.raises(Unauthorized):  # ...unless the process that changed the key forgets it
+        await cached.verify(made.secret)
     await verifier.verify(again.secret)
     await verifier.verify(old_secret)  # its own overlap still runs
 

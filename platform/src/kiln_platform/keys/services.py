@@ -228,6 +228,11 @@ class KeyVerifier:
             raise Unauthorized("Incorrect API key provided.")
         return principal
 
+    def forget(self, key_id: uuid.UUID) -> None:
+        """Drop a key's cached principal after its change committed: this process sees a
+        revocation or expiry at once (other processes within the TTL)."""
+        self._cache.forget_where(lambda p: p is not None and p.key_id == key_id)
+
     async def _lookup(self, secret: str, digest: bytes) -> Principal | None:
         prefix = split_prefix(secret)
         if prefix is None:
