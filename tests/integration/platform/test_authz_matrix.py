@@ -57,6 +57,7 @@ ADMIN: dict[tuple[str, str], str] = {
     ("GET", "/admin/v1/tenants/{tenant_id:uuid}/keys"): "keys",
     ("POST", "/admin/v1/tenants/{tenant_id:uuid}/keys"): "keys",
     ("DELETE", "/admin/v1/tenants/{tenant_id:uuid}/keys/{key_id:uuid}"): "keys",
+    ("POST", "/admin/v1/tenants/{tenant_id:uuid}/keys/{key_id:uuid}/rotate"): "keys",
     ("GET", "/admin/v1/tenants/{tenant_id:uuid}/oauth-clients"): "oauth-clients",
     ("POST", "/admin/v1/tenants/{tenant_id:uuid}/oauth-clients"): "oauth-clients",
     ("DELETE", "/admin/v1/tenants/{tenant_id:uuid}/oauth-clients/{client_id:uuid}"):
@@ -113,6 +114,7 @@ CONSOLE: dict[tuple[str, str], str] = {
     ("GET", "/console/tenants/{tenant_id:uuid}/keys"): "keys",
     ("POST", "/console/tenants/{tenant_id:uuid}/keys"): "keys",
     ("POST", "/console/tenants/{tenant_id:uuid}/keys/{key_id:uuid}/revoke"): "keys",
+    ("POST", "/console/tenants/{tenant_id:uuid}/keys/{key_id:uuid}/rotate"): "keys",
     ("GET", "/console/tenants/{tenant_id:uuid}/clients"): "oauth-clients",
     ("POST", "/console/tenants/{tenant_id:uuid}/clients"): "oauth-clients",
     ("POST", "/console/tenants/{tenant_id:uuid}/clients/{client_id:uuid}/revoke"):

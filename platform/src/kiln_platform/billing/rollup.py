@@ -20,7 +20,7 @@ if TYPE_CHECKING:
 
 EDGES_MS = (5.0, 10.0, 25.0, 50.0, 100.0, 250.0, 500.0, 1000.0, 2500.0, 5000.0, 10000.0, 30000.0)
 """Upper edges of the latency buckets (ms); bucket ``len(EDGES_MS)`` is everything slower.
-Migration 0014 repeats them for its backfill."""
+Migration 0015 repeats them for its backfill."""
 TABLE = UsageHourly.metadata.tables["usage_hourly"]
 FLEET = UsageHourly.metadata.tables["usage_fleet_hourly"]
 DAILY = UsageHourly.metadata.tables["usage_tenant_daily"]

@@ -5,8 +5,8 @@ tenant and day (the busiest tenants).
 The ledger writer adds to them in the transaction that inserts the usage rows, so the overview
 never scans ``usage_events``. Existing usage is rolled up here once.
 
-Revision ID: 0014
-Revises: 0013
+Revision ID: 0015
+Revises: 0014
 Create Date: 2026-12-01
 """
 
@@ -15,8 +15,8 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import op
 
-revision = "0014"
-down_revision = "0013"
+revision = "0015"
+down_revision = "0014"
 branch_labels = None
 depends_on = None
 
