@@ -87,7 +87,8 @@ class Models(Controller):
         await kiln.pools.reconcile()  # committed: this gateway's pool takes the new bounds now
         async with transaction(kiln, viewer.actor) as session:
             context = await _context(session, kiln, viewer)
-        return Template("_models.html.j2", context={**context, "partial": True})
+        opened = f"{name}@{version}"  # the saved version's fold stays open
+        return Template("_models.html.j2", context={**context, "partial": True, "opened": opened})
 
     @post("/models/import", request_max_body_size=None)
     async def import_model(self, request: AnyRequest, kiln: KilnDep, viewer: ViewerDep) -> Template:
