@@ -132,6 +132,8 @@ CONSOLE: dict[tuple[str, str], str] = {
     ("GET", "/console/finance"): "reports",
     ("GET", "/console/models"): "models",
     ("POST", "/console/models/{name:str}/route"): "models",
+    ("GET", "/console/models/{name:str}/pools"): "models",
+    ("POST", "/console/models/{name:str}/versions/{version:str}/engine"): "models",
     ("POST", "/console/models/import"): "models",
     ("GET", "/console/compile-jobs/{job_id:uuid}"): "compile-jobs",
     ("GET", "/console/audit"): "audit",
