@@ -19,7 +19,6 @@ import os
 import socket
 import sys
 import time
-from collections import Counter
 from typing import TYPE_CHECKING, Any
 
 import structlog
@@ -59,8 +58,6 @@ class LocalPoolBackend:
         self._rechecks: set[asyncio.Task[None]] = set()
         self._retiring: set[asyncio.Task[None]] = set()
         """Supervisors of workers taken out of their pool, still draining (``stop`` waits)."""
-        self.draining: Counter[str] = Counter()
-        """Workers of each pool out of rotation and still draining (the console shows them)."""
         self.on_change: Callable[[PoolWorker], None] = lambda worker: None
         """Called when a worker becomes ready or stops being ready."""
         self._standby: asyncio.subprocess.Process | None = None
@@ -115,9 +112,6 @@ class LocalPoolBackend:
             worker.task.cancel()
             self._retiring.add(worker.task)
             worker.task.add_done_callback(self._retiring.discard)
-            key = worker.spec.key
-            self.draining[key] += 1
-            worker.task.add_done_callback(lambda _: self.draining.subtract((key,)))
 
     def credits(self, worker: PoolWorker | None) -> int:
         """Requests the scheduler may keep in flight on ``worker`` (``backend.credits``)."""

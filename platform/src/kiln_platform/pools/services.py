@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections import Counter
 from dataclasses import dataclass
 from functools import partial
 from typing import TYPE_CHECKING
@@ -203,10 +202,9 @@ class PoolManager:
 
     def live(self) -> list[PoolLive]:
         """Every pool as the console's fleet view shows it, read now (no database)."""
-        draining: Counter[str] = getattr(self.backend, "draining", None) or Counter()
         return [
             PoolLive(size.spec.model, size.spec.version, size.desired,
-                     size.running - size.ready, size.ready, max(draining[key], 0),
+                     size.running - size.ready, size.ready, size.draining,
                      len(self.runners[key].scheduler.queue) if key in self.runners else 0,
                      self.cold_starts.begun[key])
             for key, size in sorted(self.sizes().items())
