@@ -21,6 +21,8 @@ from kiln_platform.billing.tables import (
     IdempotencyKey,
     Statement,
     UsageCharge,
+    UsageHourly,
+    UsageTenantDaily,
 )
 from kiln_platform.db.database import open_database
 from kiln_platform.db.engine import (
@@ -86,6 +88,11 @@ def _rows(tenant: uuid.UUID, model: uuid.UUID) -> list[Base]:
                        expires_at=NOW + timedelta(hours=1)),
         Statement(tenant_id=tenant, period=date(2026, 11, 1), currency="USD", list_cost_micros=1,
                   cost_micros=1, lines=1, closed_by="t"),
+        UsageHourly(tenant_id=tenant, hour=NOW.replace(minute=0, second=0, microsecond=0),
+                    model="m", latency_bucket=0, requests=1, errors=0, input_tokens=1,
+                    output_tokens=0, cost_micros=1),
+        UsageTenantDaily(day=date(2026, 12, 1), tenant_id=tenant, requests=1, errors=0,
+                         cost_micros=1),
     ]
     # fmt: on
 
