@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import os
 import secrets
@@ -44,6 +43,21 @@ def stop_tree(proc: subprocess.Popen[bytes] | None, owned: list[psutil.Process])
             p.kill()
 
 
+def _register_as(env: dict[str, str], data_dir: Path, model_dir: Path) -> str:
+    """``register_model`` in a child with ``env``: the code that will serve (a ``PYTHONPATH``
+    baseline included) migrates the database, so its ``kiln up`` finds a schema it knows."""
+    code = ("import asyncio, sys; from pathlib import Path; sys.path.insert(0, sys.argv[1]);"
+            " from _kiln import register_model; a, b = Path(sys.argv[2]), Path(sys.argv[3]);"
+            " print(asyncio.run(register_model(a, b)))")  # fmt: skip
+    here = str(Path(__file__).resolve().parent)
+    out = subprocess.run([sys.executable, "-c", code, here, str(data_dir), str(model_dir)],
+                         env=env, capture_output=True, text=True, timeout=300,
+                         check=False)  # fmt: skip
+    if out.returncode:
+        raise RuntimeError(f"registering {model_dir} failed:\n{out.stderr}")
+    return out.stdout.strip().splitlines()[-1]
+
+
 async def register_model(data_dir: Path, model_dir: Path) -> str:
     """Register a built model folder in a data directory's database; returns its name."""
     from kiln_platform.db.database import open_database
@@ -82,7 +96,7 @@ class Kiln:
         env.update(extra_env or {})
         kiln = cls(data_dir, env)
         try:
-            kiln.model = asyncio.run(register_model(data_dir, model_dir))
+            kiln.model = _register_as(env, data_dir, model_dir)
             kiln.cli("tenants", "create", "bench")
             kiln.key = kiln.cli("keys", "create", "--tenant", "bench").strip().splitlines()[-1]
             port = free_port()
