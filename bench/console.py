@@ -3,7 +3,7 @@
 
 Starts a fresh embedded PostgreSQL (pgserver, as the tests do), migrates it, and inserts
 ``--tenants`` tenants (two keys each) and ``--events`` usage events spread over the last 30 days
-with ``INSERT … SELECT generate_series``, then rolls them up with the statements migration 0013
+with ``INSERT … SELECT generate_series``, then rolls them up with the statements migration 0015
 uses for existing usage (the seed bypasses the ledger writer, which
 keeps the rollup for live traffic). Then it starts ``kiln up`` on that database, creates a
 tenant-admin (of the first tenant) and a platform-admin with the CLI, signs in as each, and
@@ -68,10 +68,10 @@ SEED = [
 ]
 
 
-def _migration_0013() -> Any:
-    """Migration 0013, whose statements roll up existing usage."""
-    path = Path(__file__).resolve().parents[1] / "migrations" / "versions" / "0013_overview.py"
-    spec = importlib.util.spec_from_file_location("migration_0013", path)
+def _migration_0015() -> Any:
+    """Migration 0015, whose statements roll up existing usage."""
+    path = Path(__file__).resolve().parents[1] / "migrations" / "versions" / "0015_overview.py"
+    spec = importlib.util.spec_from_file_location("migration_0015", path)
     assert spec is not None
     assert spec.loader is not None
     module = importlib.util.module_from_spec(spec)
@@ -89,7 +89,7 @@ async def seed(uri: str, tenants: int, events: int) -> int:
             await conn.execute(text("SET LOCAL kiln.scope = 'platform'"))
             for sql in SEED:
                 await conn.execute(text(sql), {"tenants": tenants, "events": events})
-            for sql in _migration_0013().ROLLUP_SQL.values():  # as the ledger would have
+            for sql in _migration_0015().ROLLUP_SQL.values():  # as the ledger would have
                 await conn.execute(text(sql))
         async with engine.connect() as conn:
             await conn.execute(text("ANALYZE"))

@@ -15,6 +15,7 @@ from kiln_platform.admission.services import Admissions
 from kiln_platform.billing.ledger import LedgerWriter
 from kiln_platform.billing.pricebooks import PriceBooks
 from kiln_platform.billing.reservations import Budgets
+from kiln_platform.billing.rollup import Rollups
 from kiln_platform.compiler.runner import CompileRunner
 from kiln_platform.db.database import Database, open_database
 from kiln_platform.db.engine import sessionmaker, writer_engine
@@ -118,7 +119,8 @@ def _build(
         db.sessions, quotas, books, timeout_s=settings.request_timeout_s,
         ttl_s=settings.lease_ttl_s,
     )  # fmt: skip
-    ledger = LedgerWriter(sessionmaker(ledger_db), books, enabled=settings.metering)
+    ledger = LedgerWriter(sessionmaker(ledger_db), books, enabled=settings.metering,
+                          rollups=Rollups(db.sessions))  # fmt: skip
     slis = SliRecorder(settings.slo_bucket_s)
     return Kiln(
         settings=settings,

@@ -8,8 +8,9 @@ awaits it before its final chunk; a client that went away (499) is recorded with
 One transaction per batch inserts the ``usage_events`` rows (``ON CONFLICT (request_id) DO
 NOTHING RETURNING request_id``: exactly once, even if a batch is retried), the charge lines of the
 rows actually inserted, priced with the price-book version in effect when the request was
-recorded, adds them to the hourly rollup the console overview reads (``rollup``), and settles
-those rows' budget reservations.
+recorded, and settles those rows' budget reservations. Once it has committed, the rows it
+inserted are counted in the usage rollups the console overview reads (``rollup.Rollups``,
+added to their tables every few seconds, outside this transaction).
 
 If the write fails, every request waiting on the batch fails with 503 instead of answering
 unbilled: the client learns it should retry, and the row is kept and written (with status 503,
@@ -31,7 +32,6 @@ from sqlalchemy import insert
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.exc import DataError, IntegrityError
 
-from kiln_platform.billing import rollup
 from kiln_platform.billing.budgets import Settled, settle
 from kiln_platform.billing.pricing import PriceList, Quantities, book_at, charges, cost
 from kiln_platform.billing.tables import UsageCharge
@@ -44,6 +44,7 @@ if TYPE_CHECKING:
     from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
     from kiln_platform.billing.pricebooks import PriceBooks
+    from kiln_platform.billing.rollup import Rollups
     from kiln_platform.keys.services import Principal
     from kiln_platform.registry.services import ResolvedVersion
 
@@ -157,8 +158,10 @@ def _chunks(rows: list[dict[str, Any]]) -> Iterable[list[dict[str, Any]]]:
         yield rows[i : i + CHUNK]
 
 
-async def write(session: AsyncSession, usages: list[Usage], books: list[PriceList]) -> list[Usage]:
-    """Insert a batch in the caller's transaction; returns the usages actually inserted."""
+async def write(
+    session: AsyncSession, usages: list[Usage], books: list[PriceList]
+) -> list[dict[str, Any]]:
+    """Insert a batch in the caller's transaction; returns the usage rows actually inserted."""
     unique: dict[str, Usage] = {}
     for u in usages:
         unique.setdefault(u.request_id, u)
@@ -175,14 +178,13 @@ async def write(session: AsyncSession, usages: list[Usage], books: list[PriceLis
     for chunk in _chunks(lines):
         await session.execute(insert(CHARGES), chunk)
     done = [u for rid, u in unique.items() if rid in inserted]
-    await rollup.add(session, [priced_rows[u.request_id][0] for u in done])
     settled = [
         Settled(u.request_id, u.tenant_id, u.timezone, priced_rows[u.request_id][0]["cost_micros"],
                 u.at, u.held)
         for u in done
     ]  # fmt: skip
     await settle(session, settled)
-    return done
+    return [priced_rows[u.request_id][0] for u in done]
 
 
 class LedgerWriter:
@@ -190,9 +192,11 @@ class LedgerWriter:
 
     def __init__(
         self, sessions: async_sessionmaker[AsyncSession], books: PriceBooks | None = None, *,
-        enabled: bool = True, retry_s: float = 0.5,
+        enabled: bool = True, retry_s: float = 0.5, rollups: Rollups | None = None,
     ) -> None:  # fmt: skip
         self._sessions = sessions
+        self.rollups = rollups
+        """Where the committed rows are counted for the overview (None: nowhere)."""
         self._books = books
         self.enabled = enabled
         self._retry_s = retry_s
@@ -226,8 +230,10 @@ class LedgerWriter:
             ) from None
 
     async def start(self) -> None:
-        """Start the flusher."""
+        """Start the flusher (and the rollups' task)."""
         self._task = asyncio.create_task(self._loop(), name="ledger-writer")
+        if self.rollups is not None:
+            await self.rollups.start()
 
     async def stop(self, grace_s: float = 10.0) -> None:
         """Write what is pending (for up to ``grace_s`` seconds), then stop the flusher."""
@@ -240,6 +246,8 @@ class LedgerWriter:
                 log.error("ledger stopped with unwritten usage", rows=len(self._pending))
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
+        if self.rollups is not None:  # after the last rows: they are counted too
+            await self.rollups.stop()
 
     async def _loop(self) -> None:
         while self._pending or not self._stopping:
@@ -274,7 +282,9 @@ class LedgerWriter:
     async def _write(self, rows: list[Usage]) -> None:
         books = await self._books.all() if self._books is not None else []
         async with self._sessions.begin() as session:
-            await write(session, rows, books)
+            inserted = await write(session, rows, books)
+        if self.rollups is not None:
+            self.rollups.add(inserted)
         for row in rows:
             done = self._waiters.pop(row.request_id, None)
             if done is not None and not done.done():
