@@ -4,6 +4,7 @@ this month to date against last month, from the same cost report as the costs pa
 from __future__ import annotations
 
 from collections import defaultdict
+from contextlib import aclosing
 from datetime import UTC, date, datetime
 from typing import Any
 
@@ -11,20 +12,22 @@ from litestar import Controller, get
 from litestar.response import Template
 
 from kiln_console.auth import KilnDep, Viewer, ViewerDep
-from kiln_console.costs import From, Period, To, report
-from kiln_console.reportform import Totals, form, month_of
+from kiln_console.costs import From, Period, To
+from kiln_console.reportform import form, month_of
+from kiln_platform.admin.deps import transaction
 from kiln_platform.reports import services as reports
 from kiln_platform.reports.formats import money
 
 
 async def spend(kiln: Any, viewer: Viewer, start: str, end: str, by: str) -> dict[str, int]:
-    """Billed micro-units in ``[start, end)`` by tenant name or by day (``by``)."""
+    """Billed micro-units in ``[start, end)`` by tenant name or by day (``by``): every row of
+    the report (the costs table shows the first ``SHOWN``; a sum must not stop there)."""
     sums: dict[str, int] = defaultdict(int)
-    totals = Totals(None)
     q = reports.cost_query(viewer.actor, start, end, by, None)
-    for row in await report(kiln, viewer, q, totals):
-        label = row["BillingAccountName"] if by == "tenant" else row["ChargePeriodStart"][:10]
-        sums[label] += row["x_BilledCostMicros"]
+    async with aclosing(reports.rows(lambda: transaction(kiln, viewer.actor), q)) as rows:
+        async for row in rows:
+            label = row["BillingAccountName"] if by == "tenant" else row["ChargePeriodStart"][:10]
+            sums[label] += row["x_BilledCostMicros"]
     return dict(sums)
 
 
@@ -34,18 +37,18 @@ def points(sums: dict[str, int]) -> list[tuple[str, float, str]]:
 
 
 async def month_to_date(kiln: Any, viewer: Viewer, today: date) -> dict[str, str]:
-    """This month so far, last month to the same day, and last month whole."""
+    """This month so far, last month to the same day, and last month whole: one report by day
+    from the first of last month to today."""
     this, last = month_of(today), month_of(today, 1)
     same_day = last[0].replace(day=min(today.day, (last[1] - last[0]).days))
-    spans = {"this_month": (this[0], today.toordinal() + 1),
-             "last_month_to_date": (last[0], same_day.toordinal() + 1),
-             "last_month": (last[0], last[1].toordinal())}  # fmt: skip
-    out = {}
-    for name, (start, end) in spans.items():
-        stop = date.fromordinal(end).isoformat()
-        out[name] = money(sum((await spend(kiln, viewer, start.isoformat(), stop, "tenant"))
-                              .values()))  # fmt: skip
-    return out
+    stop = date.fromordinal(today.toordinal() + 1).isoformat()
+    days = await spend(kiln, viewer, last[0].isoformat(), stop, "day")
+    since = {"this_month": (this[0], today), "last_month_to_date": (last[0], same_day),
+             "last_month": (last[0], date.fromordinal(this[0].toordinal() - 1))}  # fmt: skip
+    return {
+        name: money(sum(v for d, v in days.items() if first.isoformat() <= d <= end.isoformat()))
+        for name, (first, end) in since.items()
+    }
 
 
 class Finance(Controller):
