@@ -83,10 +83,14 @@ class Pages(Controller):
         """Revoke a key; gateways refuse it within the key cache TTL."""
         async with transaction(kiln, viewer.actor) as session:
             await api_keys.revoke_key(
-                session, viewer.actor, str(key_id), kiln.settings.hmac_key(), tenant_id
+                session,
+                viewer.actor,
+                str(key_id),
+                kiln.settings.hmac_key(),
+                tenant_id,
+                verifier=kiln.keys,
             )
             context = {**await _keys(session, viewer, tenant_id), "partial": True}
-        kiln.keys.forget(key_id)
         return Template("_keys.html.j2", context=context)
 
     @post("/tenants/{tenant_id:uuid}/keys/{key_id:uuid}/rotate", opt=KEYS)
@@ -106,9 +110,9 @@ class Pages(Controller):
                 key_id,
                 overlap_s=data.overlap_s,
                 hmac_key=kiln.settings.hmac_key(),
+                verifier=kiln.keys,
             )
             context = {**await _keys(session, viewer, tenant_id), "created": made}
-        kiln.keys.forget(key_id)  # committed: this gateway applies the new expiry now
         return Template("_key_created.html.j2", context=context, status_code=201)
 
     @get("/tenants/{tenant_id:uuid}/clients", opt=CLIENTS)

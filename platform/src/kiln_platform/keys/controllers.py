@@ -29,9 +29,12 @@ class KeysController(AdminController):
 
     @delete("/tenants/{tenant_id:uuid}/keys/{key_id:uuid}", status_code=200)
     async def revoke_key(self, call: CallDep, tenant_id: uuid.UUID, key_id: uuid.UUID) -> KeyView:
-        """Revoke an API key (refused by every gateway within the key cache TTL, 5 s)."""
+        """Revoke an API key (refused by this gateway at once, by every other within the key
+        cache TTL, 5 s)."""
         session = await call.session()
-        return await services.revoke_key(session, call.actor, str(key_id), call.hmac_key, tenant_id)
+        return await services.revoke_key(
+            session, call.actor, str(key_id), call.hmac_key, tenant_id, verifier=call.kiln.keys
+        )
 
     @post("/tenants/{tenant_id:uuid}/keys/{key_id:uuid}/rotate", status_code=201)
     async def rotate_key(
@@ -40,5 +43,6 @@ class KeysController(AdminController):
         """Replace a key: a new key now, the old one expiring after ``overlap_s`` (default 24 h)."""
         session = await call.session()
         return await services.rotate_key(
-            session, call.actor, tenant_id, key_id, overlap_s=data.overlap_s, hmac_key=call.hmac_key
-        )
+            session, call.actor, tenant_id, key_id, overlap_s=data.overlap_s,
+            hmac_key=call.hmac_key, verifier=call.kiln.keys,
+        )  # fmt: skip

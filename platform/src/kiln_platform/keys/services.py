@@ -20,6 +20,7 @@ from sqlalchemy import select, update
 from kiln_platform._ttlcache import TTLCache
 from kiln_platform.admin.authz import Actor, Role, check_tenant, grantable, require
 from kiln_platform.audit.services import record, snapshot
+from kiln_platform.db import after_commit
 from kiln_platform.db.tables import ApiKey, Tenant
 from kiln_platform.errors import Conflict, NotFound, Unauthorized
 from kiln_platform.keys.schemas import KeyCreate, KeyCreated, KeyRotated, KeyView
@@ -149,10 +150,11 @@ async def find_key(session: AsyncSession, actor: Actor, ref: str, hmac_key: byte
 
 
 async def revoke_key(
-    session: AsyncSession, actor: Actor, ref: str, hmac_key: bytes, tenant_id: uuid.UUID | None
-) -> KeyView:
-    """Revoke a key (idempotent; one audit record per call that revokes). Gateways refuse it
-    within their key cache TTL (``KeyVerifier``)."""
+    session: AsyncSession, actor: Actor, ref: str, hmac_key: bytes, tenant_id: uuid.UUID | None,
+    *, verifier: KeyVerifier | None = None,
+) -> KeyView:  # fmt: skip
+    """Revoke a key (idempotent; one audit record per call that revokes). ``verifier`` (this
+    process's) refuses it once committed; other gateways within their key cache TTL."""
     key = await find_key(session, actor, ref, hmac_key)
     if tenant_id is not None and key.tenant_id != tenant_id:
         raise NotFound("No such API key.")
@@ -163,12 +165,13 @@ async def revoke_key(
         await session.flush()
         await record(session, actor, "key.revoke", "api_key", key.id, key.tenant_id,
                      before=before, after=snapshot(key, *FIELDS))  # fmt: skip
+    _forget(session, verifier, key.id)
     return key_view(key)
 
 
 async def rotate_key(
     session: AsyncSession, actor: Actor, tenant_id: uuid.UUID, key_id: uuid.UUID, *,
-    overlap_s: int, hmac_key: bytes,
+    overlap_s: int, hmac_key: bytes, verifier: KeyVerifier | None = None,
 ) -> KeyRotated:  # fmt: skip
     """Replace a key in one step: a new key with the old one's label, scopes, role and expiry,
     and the old key expiring ``overlap_s`` seconds from now (0: now), unless it expires sooner.
@@ -193,7 +196,14 @@ async def rotate_key(
     after = {**snapshot(old, *FIELDS), "replaced_by": str(key.id)}
     await record(session, actor, "key.rotate", "api_key", old.id, tenant_id,
                  before=before, after=after)  # fmt: skip
+    _forget(session, verifier, old.id)
     return KeyRotated(key=key_view(key), secret=secret, replaces=key_view(old))
+
+
+def _forget(session: AsyncSession, verifier: KeyVerifier | None, key_id: uuid.UUID) -> None:
+    """Have ``verifier`` drop the key's cached principal once the change is committed."""
+    if verifier is not None:
+        after_commit.defer(session, lambda: verifier.forget(key_id))
 
 
 def key_view(k: ApiKey) -> KeyView:
