@@ -201,30 +201,25 @@ class Admission:
                 self.record(self._usage())
             if self.grant.lease is not None:
                 await desk.quotas.release(self.grant.lease)
-            self._observe()
         finally:
-            self._judge()
+            self._finished()
             if self.request_id:
                 await desk.budgets.finish(self.request_id)
 
-    def _judge(self) -> None:
-        """Count the request in its model's SLIs (in memory): the status the ledger recorded,
-        else the response's, else 499 (no response: the client went away first)."""
-        if self._desk.slis is None or self._model is None or self._principal is None:
+    def _finished(self) -> None:
+        """Count the request once, in its model's series and SLIs (in memory), with one status:
+        the one the ledger recorded, else the response's, else 499 (the client went away)."""
+        usage, desk = self._outcome, self._desk
+        if self._principal is None or (usage is None and self._model is None):
             return
-        recorded = self._outcome.status if self._outcome is not None else None
-        status = recorded or self.response_status or 499
-        latency = (self._first_token or time.monotonic()) - self._opened
-        self._desk.slis.observe(self._model, self.principal.plan, status, latency, time.time())
-
-    def _observe(self) -> None:
-        """The request's latency (and error) by model, version and tenant, once it is over."""
-        usage, metrics = self._outcome, self._desk.metrics
-        if usage is None or metrics is None:
-            return
-        who = metrics.labels(usage.model, usage.version, str(usage.tenant_id))
-        seconds = time.monotonic() - self._opened
-        metrics.finished(who, usage.endpoint, seconds, usage.status, self._error)
+        status = (usage.status if usage is not None else 0) or self.response_status or 499
+        now = time.monotonic()
+        if desk.metrics is not None and usage is not None:
+            who = desk.metrics.labels(usage.model, usage.version, str(usage.tenant_id))
+            desk.metrics.finished(who, usage.endpoint, now - self._opened, status, self._error)
+        if desk.slis is not None and self._model is not None:
+            latency = (self._first_token or now) - self._opened
+            desk.slis.observe(self._model, self.principal.plan, status, latency, time.time())
 
     async def __aenter__(self) -> Self:
         return self

@@ -72,8 +72,9 @@ class ColdStarts:
     def __init__(self) -> None:
         self._starts: dict[str, _Start] = {}
         self._now = time.monotonic
-        self.begun: collections.Counter[str] = collections.Counter()
-        """Cold starts begun per pool since the gateway started (the console's fleet view)."""
+        self.done: collections.Counter[str] = collections.Counter()
+        """Cold starts completed per pool since the gateway started (the console's fleet view;
+        ``kiln_cold_starts`` counts the same ones)."""
 
     def arrived(self, pool: str, since: float | None = None) -> None:
         """A request (that reached the gateway at ``since``) arrived at ``pool`` with no worker.
@@ -85,7 +86,6 @@ class ColdStarts:
         start = self._starts.get(pool)
         if start is None or start.ready is not None or now - start.arrived > ABANDONED_S:
             self._starts[pool] = _Start(now if since is None else since)
-            self.begun[pool] += 1
 
     def ready(self, worker: PoolWorker) -> None:
         """A worker became ready: if its pool is starting from zero, the start phases end."""
@@ -106,6 +106,7 @@ class ColdStarts:
         if start is None or start.ready is None:
             return
         del self._starts[pool]
+        self.done[pool] += 1
         ready = start.ready
 
         def sent() -> None:

@@ -206,7 +206,7 @@ class PoolManager:
             PoolLive(size.spec.model, size.spec.version, size.desired,
                      size.running - size.ready, size.ready, size.draining,
                      len(self.runners[key].scheduler.queue) if key in self.runners else 0,
-                     self.cold_starts.begun[key])
+                     self.cold_starts.done[key])
             for key, size in sorted(self.sizes().items())
         ]  # fmt: skip
 
