@@ -63,7 +63,7 @@ async def test_usage_rows_roll_up_and_the_overview_reads_them(db: Database) -> N
     assert [(g.name, g.limit) for g in mine.gauges] == [("Requests this minute", 60)]
     async with db.sessions.begin() as session:
         fleet = await fleet_overview(session, ADMIN, "7d", now)
-        daily = dict((await session.execute(
+        daily: dict[uuid.UUID, int] = dict((await session.execute(
             text("SELECT tenant_id, requests FROM usage_tenant_daily WHERE tenant_id IN (:a, :b)"),
             {"a": tenant, "b": other},
         )).all())  # fmt: skip
