@@ -110,8 +110,11 @@ def tokenize_input(raw: str | list[Any], tokenizer: Tokenizer, context: int) -> 
     return ids
 
 
-async def embed(kiln: Kiln, admission: Admission, request: EmbeddingsRequest) -> EmbeddingsResponse:
-    """Serve ``POST /v1/embeddings``; its admission records the usage."""
+async def embed(
+    kiln: Kiln, admission: Admission, request: EmbeddingsRequest
+) -> tuple[EmbeddingsResponse, ResolvedVersion]:
+    """Serve ``POST /v1/embeddings`` (and say which version did); its admission records the
+    usage."""
     principal, request_id = admission.principal, admission.request_id
     version = await kiln.resolver.resolve(request.model, str(principal.tenant_id))
     manifest = version.manifest
@@ -152,11 +155,12 @@ async def embed(kiln: Kiln, admission: Admission, request: EmbeddingsRequest) ->
     await admission.commit(
         dataclasses.replace(usage, queue_ms=result.queue_ms, compute_ms=result.compute_ms)
     )
-    return EmbeddingsResponse(
+    response = EmbeddingsResponse(
         data=data,
-        model=version.model,
+        model=request.model,
         usage=EmbeddingsUsage(prompt_tokens=tokens, total_tokens=tokens),
     )
+    return response, version
 
 
 def model_card(version: ResolvedVersion) -> ModelCard:

@@ -26,3 +26,20 @@ class RouteView(msgspec.Struct, kw_only=True):
     canary_percent: int = 0
     routed: bool = True
     """False: no route is set, so the newest version serves."""
+
+
+AliasName = Annotated[str, msgspec.Meta(pattern=r"^[A-Za-z][A-Za-z0-9_.-]{0,63}$")]
+
+
+class AliasUpdate(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    """``PUT /admin/v1/models/{name}/aliases/{alias}``: the version the alias names."""
+
+    version: Version
+
+
+class AliasView(msgspec.Struct, kw_only=True):
+    """One alias: ``model@alias`` answers from ``version``."""
+
+    model: str
+    alias: str
+    version: str

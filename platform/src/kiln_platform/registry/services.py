@@ -10,15 +10,21 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import msgspec
-from sqlalchemy import or_, select
+from sqlalchemy import select
 from sqlalchemy.dialects.postgresql import distinct_on, insert
 
 from kiln_platform.admin.authz import Actor, require
 from kiln_platform.audit.services import record
 from kiln_platform.db import after_commit
-from kiln_platform.db.tables import Model, ModelRoute, ModelVersion
+from kiln_platform.db.tables import Model, ModelAlias, ModelRoute, ModelVersion
 from kiln_platform.errors import BadRequest, ModelNotFound
 from kiln_platform.registry.engine import EngineSettings, decode
+from kiln_platform.registry.lifecycle import (
+    DEFAULT_SERVING,
+    address,
+    check_target,
+    refuse_retired,
+)
 from kiln_platform.registry.routes import Route
 from kiln_platform.registry.schemas import RouteUpdate, RouteView
 from kiln_runtimes.protocol import ModelManifest
@@ -41,6 +47,11 @@ class ResolvedVersion:
     created_at: datetime
     engine: EngineSettings = field(default_factory=EngineSettings)
     """The version's own engine settings (unset fields: the deployment's defaults)."""
+    state: str = "active"
+    """``registry.lifecycle.State``."""
+    deprecated_at: datetime | None = None
+    sunset: datetime | None = None
+    successor: str | None = None
 
     @property
     def context_length(self) -> int:
@@ -58,7 +69,7 @@ def _resolved(model: Model, row: ModelVersion) -> ResolvedVersion:
     manifest = msgspec.convert(row.manifest, ModelManifest)
     return ResolvedVersion(
         model.name, row.version, row.artifact_digest, manifest, row.created_at,
-        decode(row.engine_settings),
+        decode(row.engine_settings), row.state, row.deprecated_at, row.sunset, row.successor,
     )  # fmt: skip
 
 
@@ -107,25 +118,64 @@ async def latest_versions(session: AsyncSession) -> list[ResolvedVersion]:
     return [_resolved(model, version) for model, version in rows.all()]
 
 
-async def routed_versions(session: AsyncSession) -> tuple[dict[str, Route], list[ResolvedVersion]]:
-    """Every model's route, and the versions routes name."""
+Catalog = dict[str, dict[str, ResolvedVersion]]
+"""Every model's versions, by version."""
+
+
+async def load_catalog(
+    session: AsyncSession,
+) -> tuple[Catalog, dict[str, Route], dict[str, dict[str, str]]]:
+    """Every version, every route and every alias (three queries)."""
+    catalog: Catalog = {}
     rows = await session.execute(
-        select(Model, ModelVersion, ModelRoute)
-        .join(ModelRoute, ModelRoute.model_id == Model.id)
-        .join(ModelVersion, ModelVersion.model_id == Model.id)
-        .where(
-            or_(
-                ModelVersion.version == ModelRoute.stable_version,
-                ModelVersion.version == ModelRoute.canary_version,
+        select(Model, ModelVersion).join(ModelVersion, ModelVersion.model_id == Model.id)
+    )
+    for model, version in rows.all():
+        catalog.setdefault(model.name, {})[version.version] = _resolved(model, version)
+    routes = {
+        name: Route(row.stable_version, row.canary_version, row.canary_percent)
+        for name, row in (
+            await session.execute(
+                select(Model.name, ModelRoute).join(ModelRoute, ModelRoute.model_id == Model.id)
+            )
+        ).all()
+    }
+    aliases: dict[str, dict[str, str]] = {}
+    for name, alias, target in (
+        await session.execute(
+            select(Model.name, ModelAlias.alias, ModelAlias.version).join(
+                ModelAlias, ModelAlias.model_id == Model.id
             )
         )
-    )
-    routes, versions = {}, []
-    for model, version, route in rows.all():
-        routes[model.name] = Route(route.stable_version, route.canary_version, route.canary_percent)
-        versions.append(_resolved(model, version))
-    return routes, versions
+    ).all():
+        aliases.setdefault(name, {})[alias] = target
+    return catalog, routes, aliases
 
+
+def _default(versions: dict[str, ResolvedVersion]) -> ResolvedVersion | None:
+    """A model's newest active or deprecated version (what it serves without a route)."""
+    live = [v for v in versions.values() if v.state in DEFAULT_SERVING]
+    return max(live, key=lambda v: v.created_at) if live else None
+
+
+def _choose(  # noqa: PLR0917
+    name: str, route: Route | None, versions: dict[str, ResolvedVersion], aliases: dict[str, str],
+    suffix: str | None, sticky: str,
+) -> str | None:  # fmt: skip
+    """The version an address's suffix names (``None``: the route's choice, else the default)."""
+    if route is not None and suffix in {None, "stable", "canary"}:
+        return route.choose(name, sticky) if suffix is None else (
+            route.stable if suffix == "stable" else route.canary)  # fmt: skip
+    if suffix in {None, "stable"}:
+        return getattr(_default(versions), "version", None)
+    if suffix == "canary":
+        return None
+    return aliases.get(suffix, suffix)
+
+
+DEMAND_IDLE_S = 30.0
+"""A version asked for by number (``model@3``) that no route or alias serves keeps its pool
+while it was asked for within this long; then its pool is retired like any unrouted one."""
 
 MISS_REFRESH_S = 0.25
 """A name the cache does not know reloads the catalog, but at most this often (a miss soon after
@@ -134,19 +184,28 @@ model names costs the database one reload per 250 ms, not one per request."""
 
 
 class Resolver:
-    """Model name -> the version that serves a request, cached in memory and refreshed from the
-    database: the route's stable version or its canary (sticky per tenant), else the newest."""
+    """Model address -> the version that serves a request, from an in-memory copy of the
+    catalog refreshed from the database (no round trip per request).
+
+    ``model``: the route's stable version or its canary (sticky per tenant), else the newest
+    active one; ``model@stable`` / ``model@canary``: the route's; ``model@prod``: an alias;
+    ``model@3``: that version. Served versions (one pool each) are the routed or default ones,
+    alias targets, and versions requested by number since this process started."""
 
     def __init__(self, sessions: async_sessionmaker[AsyncSession]) -> None:
         self._sessions = sessions
+        self.catalog: Catalog = {}
         self.routes: dict[str, Route] = {}
-        self.served: dict[str, dict[str, ResolvedVersion]] = {}
+        self.aliases: dict[str, dict[str, str]] = {}
+        self.served: Catalog = {}
         """Each model's served versions, by version."""
+        self._demanded: dict[tuple[str, str], float] = {}
+        """Versions asked for by number that nothing else serves, and when they last were."""
         self._refreshed_at = -math.inf
         self._reload: asyncio.Future[list[ResolvedVersion]] | None = None
 
     async def refresh(self) -> list[ResolvedVersion]:
-        """Reload routes and served versions; returns every served version (one pool each)."""
+        """Reload the catalog; returns every served version (one pool each)."""
         if self._reload is None:  # concurrent callers share the reload in flight
             self._reload = asyncio.ensure_future(self._load())
             self._reload.add_done_callback(self._reloaded)
@@ -158,43 +217,62 @@ class Resolver:
     async def _load(self) -> list[ResolvedVersion]:
         started = time.monotonic()
         async with self._sessions() as session:
-            routes, routed = await routed_versions(session)
-            newest = [v for v in await latest_versions(session) if v.model not in routes]
-        served: dict[str, dict[str, ResolvedVersion]] = {}
-        for v in [*newest, *routed]:
-            served.setdefault(v.model, {})[v.version] = v
-        self.routes = {m: r for m, r in routes.items() if set(r.versions) <= set(served[m])}
-        self.served = served
+            catalog, routes, aliases = await load_catalog(session)
+        routes = {m: r for m, r in routes.items() if set(r.versions) <= set(catalog.get(m, {}))}
+        idle = started - DEMAND_IDLE_S
+        self._demanded = {k: t for k, t in self._demanded.items() if t > idle}
+        wanted = set(self._demanded)
+        for name, versions in catalog.items():
+            route, default = routes.get(name), _default(versions)
+            if route is not None:
+                wanted.update((name, v) for v in route.versions)
+            elif default is not None:
+                wanted.add((name, default.version))
+            wanted.update((name, v) for v in aliases.get(name, {}).values())
+        served: Catalog = {}
+        for name, version in wanted:
+            found = catalog.get(name, {}).get(version)
+            if found is not None and found.state != "retired":
+                served.setdefault(name, {})[version] = found
+        self.catalog, self.routes, self.aliases, self.served = catalog, routes, aliases, served
         self._refreshed_at = started
-        return [*newest, *routed]
+        return [v for versions in served.values() for v in versions.values()]
 
-    async def resolve(self, name: str, sticky: str = "") -> ResolvedVersion:
-        """The version of ``name`` that serves ``sticky`` (a tenant id), refreshing on a miss."""
-        versions = self.served.get(name)
+    async def resolve(self, model: str, sticky: str = "") -> ResolvedVersion:
+        """The version ``model`` (an address) names for ``sticky`` (a tenant id)."""
+        name, suffix = address(model)
+        versions = self.catalog.get(name)
         if versions is None:  # new since the last reload, or made up: reload, at most so often
             await asyncio.sleep(self._refreshed_at + MISS_REFRESH_S - time.monotonic())
             await self.refresh()
-            versions = self.served.get(name)
+            versions = self.catalog.get(name)
         if versions is None:
             raise ModelNotFound(f"The model `{name}` does not exist.", param="model")
-        route = self.routes.get(name)
-        if route is None:
-            return max(versions.values(), key=lambda v: v.created_at)
-        return versions[route.choose(name, sticky)]
+        chosen = _choose(
+            name, self.routes.get(name), versions, self.aliases.get(name, {}), suffix, sticky
+        )
+        found = versions.get(chosen) if chosen is not None else None
+        if found is None:
+            raise ModelNotFound(f"The model `{model}` does not exist.", param="model")
+        return self._serve(refuse_retired(found))
+
+    def _serve(self, version: ResolvedVersion) -> ResolvedVersion:
+        """Make sure ``version`` has a pool (the pool manager adopts it on first use)."""
+        served, key = self.served.setdefault(version.model, {}), (version.model, version.version)
+        if version.version not in served or key in self._demanded:
+            self._demanded[key] = time.monotonic()
+            served[version.version] = version
+        return version
 
     async def pinned(self, name: str, version: str) -> ResolvedVersion:
-        """``version`` of ``name`` if it is served (the stable or the canary of its route)."""
-        await self.resolve(name)
-        found = self.served[name].get(version)
-        if found is None:
-            raise ModelNotFound(f"The model `{name}` version `{version}` is not being served.")
-        return found
+        """``version`` of ``name`` (OIP's versions path): any version but a retired one."""
+        return await self.resolve(f"{name}@{version}")
 
 
 async def get_route(session: AsyncSession, actor: Actor, name: str) -> RouteView:
     """A model's route; a model without one serves its newest version."""
     require(actor, "models")
-    model = await _model(session, name)
+    model = await find_model(session, name)
     row = await session.get(ModelRoute, model.id)
     if row is not None:
         return _view(name, row)
@@ -216,14 +294,11 @@ async def set_route(
     ``reconcile``: the pool manager's, run once the route is committed (pools for the new
     route at once on this gateway; others within their 2 s refresh)."""
     require(actor, "models", write=True)  # the catalog is not a tenant's: no existence to hide
-    model = await _model(session, name)
-    versions = set(
-        await session.scalars(select(ModelVersion.version).where(ModelVersion.model_id == model.id))
-    )
+    model = await find_model(session, name)
     for param, version in (("stable_version", data.stable_version),
                            ("canary_version", data.canary_version)):  # fmt: skip
-        if version is not None and version not in versions:
-            raise BadRequest(f"`{name}` has no version `{version}`.", param=param)
+        if version is not None:
+            await version_state(session, model, version, param)
     if data.canary_version == data.stable_version:
         raise BadRequest("The canary must be another version than the stable one.",
                          param="canary_version")  # fmt: skip
@@ -242,11 +317,25 @@ async def set_route(
     return _view(name, data)
 
 
-async def _model(session: AsyncSession, name: str) -> Model:
+async def find_model(session: AsyncSession, name: str) -> Model:
     model = await session.scalar(select(Model).where(Model.name == name))
     if model is None:
         raise ModelNotFound(f"The model `{name}` does not exist.", param="name")
     return model
+
+
+async def version_state(session: AsyncSession, model: Model, version: str, param: str) -> str:
+    """The state of a version a route, alias or pin is to name: 400 naming ``param`` if it does
+    not exist or is retired."""
+    state = await session.scalar(
+        select(ModelVersion.state).where(
+            ModelVersion.model_id == model.id, ModelVersion.version == version
+        )
+    )
+    if state is None:
+        raise BadRequest(f"`{model.name}` has no version `{version}`.", param=param)
+    check_target(state, version, param)
+    return state
 
 
 def _view(name: str, route: ModelRoute | RouteUpdate) -> RouteView:
