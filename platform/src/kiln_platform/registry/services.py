@@ -241,20 +241,22 @@ class Resolver:
     async def resolve(self, model: str, sticky: str = "") -> ResolvedVersion:
         """The version ``model`` (an address) names for ``sticky`` (a tenant id)."""
         name, suffix = address(model)
-        versions = self.catalog.get(name)
-        if versions is None:  # new since the last reload, or made up: reload, at most so often
+        found = self._lookup(name, suffix, sticky)
+        if found is None:  # new since the last reload, or made up: reload, at most so often
             await asyncio.sleep(self._refreshed_at + MISS_REFRESH_S - time.monotonic())
             await self.refresh()
-            versions = self.catalog.get(name)
-        if versions is None:
-            raise ModelNotFound(f"The model `{name}` does not exist.", param="model")
-        chosen = _choose(
-            name, self.routes.get(name), versions, self.aliases.get(name, {}), suffix, sticky
-        )
-        found = versions.get(chosen) if chosen is not None else None
+            found = self._lookup(name, suffix, sticky)
         if found is None:
             raise ModelNotFound(f"The model `{model}` does not exist.", param="model")
         return self._serve(refuse_retired(found))
+
+    def _lookup(self, name: str, suffix: str | None, sticky: str) -> ResolvedVersion | None:
+        versions = self.catalog.get(name)
+        if versions is None:
+            return None
+        aliases = self.aliases.get(name, {})
+        chosen = _choose(name, self.routes.get(name), versions, aliases, suffix, sticky)
+        return None if chosen is None else versions.get(chosen)
 
     def _serve(self, version: ResolvedVersion) -> ResolvedVersion:
         """Make sure ``version`` has a pool (the pool manager adopts it on first use)."""
