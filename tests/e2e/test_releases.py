@@ -11,7 +11,6 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractContextManager
 from pathlib import Path
 
-import httpx
 import msgspec
 import openai
 import pytest
@@ -22,7 +21,7 @@ from kiln_platform.settings import Settings
 from kiln_runtimes.protocol import ModelManifest
 from kiln_runtimes.store import ArtifactStore
 
-from .conftest import KilnProcess
+from .conftest import KilnProcess, admin_call, use_platform_admin_key
 
 VERSION = "x-kiln-model-version"
 
@@ -47,10 +46,7 @@ def kiln(
         asyncio.run(_register_twice(Settings(data_dir=path), minilm_dir))
         kiln = start_kiln(path, [])
         try:
-            kiln.cli("tenants", "create", "ops")
-            out = kiln.cli("keys", "create", "--tenant", "ops", "--role", "platform-admin",
-                           "--scope", "admin:write", "--scope", "inference")  # fmt: skip
-            kiln.env["TEST_KEY"] = out.strip().splitlines()[-1]
+            use_platform_admin_key(kiln)
             kiln.wait_until_serving("m@1")
             kiln.wait_until_serving("m@2")
             yield kiln
@@ -62,12 +58,6 @@ def kiln(
 @pytest.fixture(scope="module")
 def client(kiln: KilnProcess) -> openai.OpenAI:
     return openai.OpenAI(base_url=f"{kiln.base_url}/v1", api_key=kiln.key, max_retries=0)
-
-
-def _admin(kiln: KilnProcess, method: str, path: str, **kw: object) -> httpx.Response:
-    auth = {"authorization": f"Bearer {kiln.key}"}
-    return httpx.request(method, f"{kiln.base_url}/admin/v1{path}", headers=auth, timeout=60,
-                         **kw)  # type: ignore[arg-type]  # fmt: skip
 
 
 def _ask(client: openai.OpenAI, model: str) -> tuple[str, str]:
@@ -98,7 +88,7 @@ def test_an_alias_moves_atomically_under_traffic(kiln: KilnProcess, client: open
     with ThreadPoolExecutor(4) as pool:
         senders = [pool.submit(send) for _ in range(4)]
         for i in range(8):
-            r = _admin(kiln, "PUT", "/models/m/aliases/prod", json={"version": "21"[i % 2]})
+            r = admin_call(kiln, "PUT", "/models/m/aliases/prod", json={"version": "21"[i % 2]})
             assert r.status_code == 200, r.text
             stop.wait(0.3)
         stop.set()
@@ -107,13 +97,13 @@ def test_an_alias_moves_atomically_under_traffic(kiln: KilnProcess, client: open
     assert set(seen) == {"1", "2"}, set(seen)
     assert len(seen) > 20
     assert _ask(client, "m@prod")[0] == "1"  # the last move: to 1
-    listed = _admin(kiln, "GET", "/models/m/aliases").json()
+    listed = admin_call(kiln, "GET", "/models/m/aliases").json()
     assert listed == [{"model": "m", "alias": "prod", "version": "1"}]
 
 
 def test_deprecated_then_retired(kiln: KilnProcess, client: openai.OpenAI) -> None:
     change = {"state": "deprecated", "sunset": "2027-01-01T00:00:00Z", "successor": "2"}
-    r = _admin(kiln, "PATCH", "/models/m/versions/1", json=change)
+    r = admin_call(kiln, "PATCH", "/models/m/versions/1", json=change)
     assert r.status_code == 200, r.text
     assert r.json()["state"] == "deprecated"
     raw = client.embeddings.with_raw_response.create(model="m@1", input="hello")
@@ -122,21 +112,21 @@ def test_deprecated_then_retired(kiln: KilnProcess, client: openai.OpenAI) -> No
     assert raw.headers["deprecation"].startswith("@")
     assert "m@2" in raw.headers["link"]
 
-    r = _admin(kiln, "PATCH", "/models/m/versions/1", json={"state": "retired"})
+    r = admin_call(kiln, "PATCH", "/models/m/versions/1", json={"state": "retired"})
     assert r.status_code == 400, r.text  # the alias prod still names it
     assert '"state"' in r.text, r.text
-    assert _admin(kiln, "DELETE", "/models/m/aliases/prod").status_code == 204
-    r = _admin(kiln, "PATCH", "/models/m/versions/1", json={"state": "retired"})
+    assert admin_call(kiln, "DELETE", "/models/m/aliases/prod").status_code == 204
+    r = admin_call(kiln, "PATCH", "/models/m/versions/1", json={"state": "retired"})
     assert r.status_code == 200, r.text
     with pytest.raises(openai.APIStatusError) as gone:
         client.embeddings.create(model="m@1", input="hello")
     assert gone.value.status_code == 410
     assert "m@2" in gone.value.message
 
-    r = _admin(kiln, "PUT", "/models/m/route", json={"stable_version": "1"})
+    r = admin_call(kiln, "PUT", "/models/m/route", json={"stable_version": "1"})
     assert r.status_code == 400, r.text
     assert '"stable_version"' in r.text, r.text
-    r = _admin(kiln, "PUT", "/models/m/aliases/prod", json={"version": "1"})
+    r = admin_call(kiln, "PUT", "/models/m/aliases/prod", json={"version": "1"})
     assert r.status_code == 400, r.text
     assert '"version"' in r.text, r.text
     version = msgspec.json.decode(kiln.cli("models", "version", "m", "1"))

@@ -82,11 +82,12 @@ async def register_version(
     engine: EngineSettings | None = None,
     accuracy: object = None,
     source_digest: str | None = None,
+    imported_by: str | None = None,
 ) -> bool:
     """Register ``manifest.name`` at ``version``; returns False if that version already exists.
 
     Imported versions also carry their engine settings, the build's accuracy report and the
-    source tree they were built from."""
+    source tree they were built from; ``imported_by`` is the actor that uploaded it."""
     await session.execute(
         insert(Model).values(name=manifest.name, task=manifest.task).on_conflict_do_nothing()
     )
@@ -101,6 +102,7 @@ async def register_version(
             engine_settings=msgspec.to_builtins(engine or EngineSettings()),
             accuracy=msgspec.to_builtins(accuracy),
             source_digest=source_digest,
+            imported_by=imported_by,
         )
         .on_conflict_do_nothing()
     )
