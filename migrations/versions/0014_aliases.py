@@ -1,4 +1,4 @@
-"""Safe releases: per-model aliases, tenant pins, version lifecycle and lineage.
+"""Safe releases: per-model aliases, operators' tenant pins, version lifecycle and lineage.
 
 Revision ID: 0014
 Revises: 0013
@@ -31,6 +31,19 @@ def upgrade() -> None:
         sa.Column("version", sa.String(64), nullable=False),
         sa.Column("updated_at", _TZ, server_default=sa.func.now(), nullable=False),
     )  # fmt: skip
+    op.create_table(
+        "model_pins",
+        sa.Column(
+            "model_id", sa.Uuid(), sa.ForeignKey("models.id", ondelete="CASCADE"),
+            primary_key=True,
+        ),
+        sa.Column(
+            "tenant_id", sa.Uuid(), sa.ForeignKey("tenants.id", ondelete="CASCADE"),
+            primary_key=True,
+        ),
+        sa.Column("target", sa.String(64), nullable=False),
+        sa.Column("updated_at", _TZ, server_default=sa.func.now(), nullable=False),
+    )  # fmt: skip
     op.add_column(
         "model_versions",
         sa.Column("state", sa.String(16), server_default="active", nullable=False),
@@ -50,4 +63,5 @@ def upgrade() -> None:
 def downgrade() -> None:
     for name in ("metadata", *_LINEAGE, "successor", "sunset", "deprecated_at", "state"):
         op.drop_column("model_versions", name)
+    op.drop_table("model_pins")
     op.drop_table("model_aliases")

@@ -101,6 +101,17 @@ def test_an_alias_moves_atomically_under_traffic(kiln: KilnProcess, client: open
     assert listed == [{"model": "m", "alias": "prod", "version": "1"}]
 
 
+def test_an_operator_pins_a_tenant(kiln: KilnProcess, client: openai.OpenAI) -> None:
+    tenants = admin_call(kiln, "GET", "/tenants").json()
+    ops = next(t["id"] for t in tenants if t["name"] == "ops")
+    r = admin_call(kiln, "PUT", f"/models/m/pins/{ops}", json={"target": "prod"})  # prod -> 1
+    assert r.status_code == 200, r.text
+    assert _ask(client, "m")[0] == "1"  # pinned, though the newest is 2
+    assert _ask(client, "m@2")[0] == "2"  # an explicit address still wins
+    assert admin_call(kiln, "DELETE", f"/models/m/pins/{ops}").status_code == 204
+    assert _ask(client, "m")[0] == "2"
+
+
 def test_deprecated_then_retired(kiln: KilnProcess, client: openai.OpenAI) -> None:
     change = {"state": "deprecated", "sunset": "2027-01-01T00:00:00Z", "successor": "2"}
     r = admin_call(kiln, "PATCH", "/models/m/versions/1", json=change)

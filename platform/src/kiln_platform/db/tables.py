@@ -145,6 +145,21 @@ class ModelAlias(Base):
     updated_at: Mapped[datetime] = _created()
 
 
+class ModelPin(Base):
+    """An operator's pin of one tenant to a version or alias of a model (``0014``)."""
+
+    __tablename__ = "model_pins"
+    model_id: Mapped[uuid.UUID] = mapped_column(
+        ForeignKey("models.id", ondelete="CASCADE"), primary_key=True
+    )
+    tenant_id: Mapped[uuid.UUID] = mapped_column(
+        ForeignKey("tenants.id", ondelete="CASCADE"), primary_key=True
+    )
+    target: Mapped[str] = mapped_column(String(64))
+    """A version, an alias, ``stable`` or ``canary``."""
+    updated_at: Mapped[datetime] = _created()
+
+
 class Adapter(Base):
     """A tenant's LoRA adapter of a generation model: PEFT files, a tree in the artifact store."""
 

@@ -19,12 +19,20 @@ from kiln_platform.admin.deps import AdminController, CallDep
 from kiln_platform.compiler import services as jobs
 from kiln_platform.compiler.schemas import CompileJobView, CompileRequest, UploadView
 from kiln_platform.errors import BadRequest
-from kiln_platform.registry import aliases, imports, intake, services, versions
+from kiln_platform.registry import aliases, imports, intake, pins, services, versions
 from kiln_platform.registry.engine import EngineSettings
-from kiln_platform.registry.schemas import AliasUpdate, AliasView, RouteUpdate, RouteView
+from kiln_platform.registry.schemas import (
+    AliasUpdate,
+    AliasView,
+    PinUpdate,
+    PinView,
+    RouteUpdate,
+    RouteView,
+)
 from kiln_platform.registry.upload import receive, upload_dir
 
 COMPILE_JOBS = {"resource": "compile-jobs"}
+MODEL_PINS = {"resource": "model-pins"}
 
 
 class AdminModelsController(AdminController):
@@ -169,4 +177,26 @@ class RoutesController(AdminController):
         """Remove an alias."""
         await aliases.delete_alias(
             await call.session(), call.actor, name, alias, reconcile=call.kiln.pools.reconcile
+        )
+
+    @get("/models/{name:str}/pins", opt=MODEL_PINS)
+    async def list_pins(self, call: CallDep, name: str) -> list[PinView]:
+        """The tenants an operator pinned to a version or alias of the model."""
+        return await pins.list_pins(await call.session(), call.actor, name)
+
+    @put("/models/{name:str}/pins/{tenant_id:uuid}", opt=MODEL_PINS)
+    async def set_pin(
+        self, call: CallDep, name: str, tenant_id: uuid.UUID, data: PinUpdate
+    ) -> PinView:
+        """Pin a tenant's plain ``model`` to a version or alias (audited)."""
+        return await pins.set_pin(
+            await call.session(), call.actor, name, tenant_id, data.target,
+            reconcile=call.kiln.pools.reconcile,
+        )  # fmt: skip
+
+    @delete("/models/{name:str}/pins/{tenant_id:uuid}", opt=MODEL_PINS, status_code=204)
+    async def delete_pin(self, call: CallDep, name: str, tenant_id: uuid.UUID) -> None:
+        """Unpin a tenant: it follows the route again."""
+        await pins.delete_pin(
+            await call.session(), call.actor, name, tenant_id, reconcile=call.kiln.pools.reconcile
         )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import uuid
 from typing import Annotated
 
 import msgspec
@@ -43,3 +44,18 @@ class AliasView(msgspec.Struct, kw_only=True):
     model: str
     alias: str
     version: str
+
+
+class PinUpdate(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    """``PUT /admin/v1/models/{name}/pins/{tenant_id}``: what the tenant's plain ``model`` gets."""
+
+    target: Version
+    """A version, an alias, ``stable`` or ``canary``."""
+
+
+class PinView(msgspec.Struct, kw_only=True):
+    """One tenant's pin: its requests for ``model`` answer from ``target``."""
+
+    model: str
+    tenant_id: uuid.UUID
+    target: str

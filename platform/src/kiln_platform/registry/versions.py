@@ -11,7 +11,7 @@ from sqlalchemy import select
 
 from kiln_platform.admin.authz import require
 from kiln_platform.audit.services import record
-from kiln_platform.db.tables import Model, ModelAlias, ModelRoute, ModelVersion
+from kiln_platform.db.tables import Model, ModelAlias, ModelPin, ModelRoute, ModelVersion
 from kiln_platform.errors import BadRequest, NotFound
 from kiln_platform.registry.engine import EngineSettings, EngineUpdate, decode, merged
 from kiln_platform.registry.lifecycle import STATES, State
@@ -188,6 +188,9 @@ async def _refuse_if_routed(session: AsyncSession, model: Model, version: str) -
             ModelAlias.model_id == model.id, ModelAlias.version == version
         )
     )
-    if (route and version in (route.stable_version, route.canary_version)) or aliased:
-        raise BadRequest(f"{model.name} {version} is still routed to: move its route and aliases "
-                         "first", param="state")  # fmt: skip
+    pinned = await session.scalar(
+        select(ModelPin.tenant_id).where(ModelPin.model_id == model.id, ModelPin.target == version)
+    )
+    if (route and version in (route.stable_version, route.canary_version)) or aliased or pinned:
+        raise BadRequest(f"{model.name} {version} is still routed to: move its route, aliases "
+                         "and pins first", param="state")  # fmt: skip

@@ -13,7 +13,8 @@ import pytest
 from pydantic import SecretStr
 
 from kiln_platform.errors import ModelNotFound
-from kiln_platform.registry.services import MISS_REFRESH_S, Resolver, register_version
+from kiln_platform.registry.resolver import MISS_REFRESH_S, Resolver
+from kiln_platform.registry.services import register_version
 from kiln_platform.settings import Settings
 from kiln_runtimes.protocol import ModelManifest
 
