@@ -115,7 +115,7 @@ def test_an_operator_routes_a_canary_in_the_console(kiln: KilnProcess, page: Pag
     expect(card.locator("tr[data-version='2'] .serves")).to_have_text("canary (25 %)")
     route = admin_call(kiln, "GET", "/models/mlp/route").json()
     assert (route["canary_version"], route["canary_percent"]) == ("2", 25)
-    workers = card.locator("tr[data-version='2'] td").nth(2)
+    workers = card.locator("tr[data-version='2'] td").nth(4)
 
     def canary_worker_ready() -> bool:
         page.reload()

@@ -1,6 +1,7 @@
-"""The models page: each model's versions (with their accuracy reports), its route, and its pools'
-workers; platform-admins change a route here (canary, promotion, rollback) and import a model
-(upload, then its build job's phases until ready) through the same services as the admin API."""
+"""The models page: each model's versions (with their lifecycle state, aliases and accuracy
+reports), its route, and its pools' workers; platform-admins change a route here (canary,
+promotion, rollback) and import a model (upload, then its build job's phases until ready)
+through the same services as the admin API."""
 
 from __future__ import annotations
 
@@ -130,4 +131,6 @@ async def _save(upload: UploadFile, dest: Path, max_bytes: int) -> None:
 async def _context(session: AsyncSession, kiln: Kiln, viewer: Viewer) -> dict[str, Any]:
     rows: list[ModelRoutes] = await services.list_routes(session, viewer.actor)
     reports = await versions.accuracy_reports(session, viewer.actor)
-    return {"viewer": viewer, "models": rows, "sizes": kiln.pools.sizes(), "reports": reports}
+    releases = await versions.releases(session, viewer.actor)
+    return {"viewer": viewer, "models": rows, "sizes": kiln.pools.sizes(), "reports": reports,
+            "releases": releases}  # fmt: skip

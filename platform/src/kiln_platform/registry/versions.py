@@ -194,3 +194,36 @@ async def _refuse_if_routed(session: AsyncSession, model: Model, version: str) -
     if (route and version in (route.stable_version, route.canary_version)) or aliased or pinned:
         raise BadRequest(f"{model.name} {version} is still routed to: move its route, aliases "
                          "and pins first", param="state")  # fmt: skip
+
+
+class ReleaseRow(msgspec.Struct, kw_only=True):
+    """A version's lifecycle and the aliases naming it (the console's models table)."""
+
+    state: str
+    sunset: datetime | None
+    successor: str | None
+    aliases: list[str]
+
+
+async def releases(session: AsyncSession, actor: Actor) -> dict[str, ReleaseRow]:
+    """Every version's lifecycle and aliases, keyed ``model@version``."""
+    require(actor, "models")
+    named: dict[str, list[str]] = {}
+    for name, alias, target in await session.execute(
+        select(Model.name, ModelAlias.alias, ModelAlias.version)
+        .join(ModelAlias, ModelAlias.model_id == Model.id)
+        .order_by(ModelAlias.alias)
+    ):
+        named.setdefault(f"{name}@{target}", []).append(alias)
+    rows = await session.execute(
+        select(Model.name, ModelVersion).join(ModelVersion, ModelVersion.model_id == Model.id)
+    )
+    return {
+        f"{name}@{v.version}": ReleaseRow(
+            state=v.state,
+            sunset=v.sunset,
+            successor=v.successor,
+            aliases=named.get(f"{name}@{v.version}", []),
+        )
+        for name, v in rows.all()
+    }

@@ -7,6 +7,8 @@ import uuid
 import pytest
 from pydantic import SecretStr
 
+from kiln_platform.admin.authz import Actor, Role
+from kiln_platform.registry import aliases, versions
 from kiln_platform.registry.services import register_version
 from kiln_platform.settings import Settings
 from kiln_runtimes.protocol import ModelManifest
@@ -56,6 +58,20 @@ async def test_a_platform_admin_routes_a_canary_from_the_page(app: App, model: s
         assert r.status_code == 400
         assert 'data-field="canary_version"' in r.text
         assert app.kiln.resolver.routes[model].canary_percent == 30  # unchanged
+
+
+async def test_the_page_shows_states_and_aliases(app: App, model: str) -> None:
+    cli = Actor("cli:test", Role.PLATFORM_ADMIN, None)
+    async with app.kiln.db.sessions.begin() as session:
+        await aliases.set_alias(session, cli, model, "prod", "1")
+        change = versions.VersionUpdate(state="deprecated", successor="2")
+        await versions.update_version(session, cli, model, "1", change)
+    tenant = await app.tenant()
+    async with app.signed_in(await app.user("tenant-admin", tenant)) as (http, _):
+        page = await http.get("/console/models")
+    row = page.text.split(f'id="model-{model}"')[1].split('data-version="2"')[0]
+    assert '<td class="state">deprecated → 2</td>' in row
+    assert '<td class="aliases">prod</td>' in row
 
 
 async def test_other_roles_read_or_are_refused(app: App, model: str) -> None:
