@@ -73,6 +73,7 @@ def test_pinned_versions_answer_and_say_which(client: openai.OpenAI) -> None:
     assert _ask(client, "m@stable")[0] == "2"
     with pytest.raises(openai.NotFoundError):
         client.embeddings.create(model="m@7", input="hello")
+    assert [card.id for card in client.models.list()] == ["m"]  # one model, two versions
 
 
 def test_an_alias_moves_atomically_under_traffic(kiln: KilnProcess, client: openai.OpenAI) -> None:

@@ -172,8 +172,7 @@ async def model_cards(kiln: Kiln, tenant_id: uuid.UUID) -> list[ModelCard]:
     """Served models, then the tenant's adapters (``<model>:<adapter>``, with their parent)."""
     await kiln.resolver.refresh()
     tenant = str(tenant_id)
-    models = [await kiln.resolver.resolve(m, tenant) for m in sorted(kiln.resolver.served)]
-    cards = [model_card(v) for v in models]
+    cards = [model_card(v) for v in kiln.resolver.listed(tenant)]
     for base, adapter, created in await kiln.adapters.names(tenant_id):
         model = f"{base}{SEPARATOR}{adapter}"
         cards.append(ModelCard(id=model, created=created, owned_by=tenant, parent=base))

@@ -161,6 +161,12 @@ class Resolver:
             raise ModelNotFound(f"The model `{model}` does not exist.", param="model")
         return self._serve(refuse_retired(found))
 
+    def listed(self, sticky: str) -> list[ResolvedVersion]:
+        """What each model's plain name gives ``sticky`` now (``/v1/models``), without reloads;
+        models with nothing to give (only staging or retired versions) are left out."""
+        found = (self._lookup(name, None, sticky) for name in sorted(self.catalog))
+        return [v for v in found if v is not None and v.state != "retired"]
+
     def _lookup(self, name: str, suffix: str | None, sticky: str) -> ResolvedVersion | None:
         versions = self.catalog.get(name)
         if versions is None:
