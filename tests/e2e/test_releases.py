@@ -74,6 +74,7 @@ def test_pinned_versions_answer_and_say_which(client: openai.OpenAI) -> None:
     with pytest.raises(openai.NotFoundError):
         client.embeddings.create(model="m@7", input="hello")
     assert [card.id for card in client.models.list()] == ["m"]  # one model, two versions
+    assert client.models.with_raw_response.retrieve("m@1").headers[VERSION] == "1"
 
 
 def test_an_alias_moves_atomically_under_traffic(kiln: KilnProcess, client: openai.OpenAI) -> None:

@@ -51,9 +51,12 @@ class OpenAIController(DocumentedController):
         return ModelList(data=await services.model_cards(kiln, admission.principal.tenant_id))
 
     @get("/models/{model_id:str}")
-    async def get_model(self, kiln: KilnDep, admission: AdmissionDep, model_id: str) -> ModelCard:
+    async def get_model(
+        self, kiln: KilnDep, admission: AdmissionDep, model_id: str
+    ) -> Response[ModelCard]:
         """Describe one model (or one of the tenant's adapters, ``<model>:<adapter>``)."""
-        return await services.describe(kiln, admission.principal.tenant_id, model_id)
+        card, version = await services.describe(kiln, admission.principal.tenant_id, model_id)
+        return Response(card, headers=lifecycle.headers(version))
 
     @post("/embeddings", status_code=200, dependencies=SCHEDULED)
     async def embeddings(

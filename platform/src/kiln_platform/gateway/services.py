@@ -179,12 +179,16 @@ async def model_cards(kiln: Kiln, tenant_id: uuid.UUID) -> list[ModelCard]:
     return cards
 
 
-async def describe(kiln: Kiln, tenant_id: uuid.UUID, model: str) -> ModelCard:
-    """One model's card, or one of the tenant's adapters'."""
+async def describe(
+    kiln: Kiln, tenant_id: uuid.UUID, model: str
+) -> tuple[ModelCard, ResolvedVersion]:
+    """One model's card, or one of the tenant's adapters', and the version the name gives."""
     base, adapter = split(model)
-    card = model_card(await kiln.resolver.resolve(base, str(tenant_id)))
+    version = await kiln.resolver.resolve(base, str(tenant_id))
+    card = model_card(version)
     if adapter is None:
-        return card
-    if await kiln.adapters.digest(tenant_id, base, adapter) is None:
+        return card, version
+    if await kiln.adapters.digest(tenant_id, version.model, adapter) is None:
         raise ModelNotFound(f"The model `{model}` does not exist.", param="model")
-    return ModelCard(id=model, created=card.created, owned_by=str(tenant_id), parent=base)
+    adapted = ModelCard(id=model, created=card.created, owned_by=str(tenant_id), parent=base)
+    return adapted, version
