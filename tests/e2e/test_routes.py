@@ -57,14 +57,14 @@ def keys(kiln: KilnProcess) -> list[str]:
     return out
 
 
-def _version(kiln: KilnProcess, key: str, pinned: str = "") -> str:
+def _version(kiln: KilnProcess, key: str, pinned: str = "", name: str = "mlp") -> str:
     client = triton.InferenceServerClient(kiln.base_url.removeprefix("http://"))
     x = triton.InferInput("x", [1, 16], "FP32")
     x.set_data_from_numpy(np.ones((1, 16), np.float32))
     scale = triton.InferInput("scale", [1, 1], "FP32")
     scale.set_data_from_numpy(np.ones((1, 1), np.float32))
     headers = {"authorization": f"Bearer {key}"}
-    result = client.infer("mlp", [x, scale], model_version=pinned, headers=headers)
+    result = client.infer(name, [x, scale], model_version=pinned, headers=headers)
     return str(result.get_response()["model_version"])
 
 
@@ -91,6 +91,10 @@ def test_a_canary_serves_its_share_each_tenant_sticking_to_one_version(
     assert _version(kiln, keys[0], pinned="1") == "1"
     with pytest.raises(InferenceServerException, match="does not exist"):
         _version(kiln, keys[0], pinned="7")
+    assert admin_call(kiln, "PUT", "/models/mlp/aliases/prod", json={"version": "2"}).is_success
+    assert _version(kiln, keys[0], name="mlp@prod") == "2"  # an alias in the OIP name
+    assert _version(kiln, keys[0], name="mlp@canary") == "2"
+    assert admin_call(kiln, "DELETE", "/models/mlp/aliases/prod").status_code == 204
 
 
 def test_rollback_sends_everyone_to_stable_and_retires_the_canary(
