@@ -9,7 +9,7 @@ SHELL  := /bin/bash
 QUIET  := 2>&1 | { grep -v "is ignored: it is neither" || true; }
 
 .DEFAULT_GOAL := help
-.PHONY: help setup browser promtool up test test-unit test-integration test-e2e test-deploy lint bench-cold-start bench-embeddings bench-lora bench-import bench-tensor bench-tensor-latency bench-loop-stalls
+.PHONY: help setup browser promtool up test test-unit test-integration test-e2e test-deploy lint bench-cold-start bench-embeddings bench-lora bench-import bench-tensor bench-tensor-latency bench-loop-stalls bench-console
 
 help: ## List the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-18s %s\n", $$1, $$2}'
@@ -53,6 +53,9 @@ lint: setup ## ruff + mypy (sources and tests)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy platform/src runtimes/src console/src tests
+
+bench-console: setup ## Console pages' p95 with 1M usage rows and 1,000 tenants (docs/benchmarks.md)
+	$(PY) bench/console.py --loads 50
 
 bench-cold-start: setup ## First request to a pool scaled to zero vs a new ONNX Runtime session in-process (docs/benchmarks.md)
 	$(PY) bench/cold_start.py --rounds 7

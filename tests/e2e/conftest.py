@@ -10,6 +10,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tarfile
 import tempfile
 import time
 from contextlib import contextmanager
@@ -332,6 +333,17 @@ def page(browser: Browser, kiln: KilnProcess) -> Iterator[Page]:
     context.add_init_script(SLOW_SETTLE)
     yield context.new_page()
     context.close()
+
+
+@pytest.fixture(scope="session")
+def bert_tar(tmp_path_factory: pytest.TempPathFactory, tiny_models: Any) -> Path:
+    """A tiny BERT sentence-transformers folder, tarred as a user would."""
+    root = tmp_path_factory.mktemp("import")
+    folder = tiny_models.sentence(root / "bert", "mean", normalize=True)
+    path = root / "bert.tar"
+    with tarfile.open(path, "w") as archive:
+        archive.add(folder, arcname="bert")
+    return Path(path)
 
 
 def sign_in(page: Page, email: str, password: str = PASSWORD) -> None:

@@ -57,7 +57,8 @@ def test_load_scales_the_pool_up_then_idle_scales_it_to_zero(kiln: KilnProcess) 
     assert peak == 2
     assert len(kiln.workers()) == 2
     # no requests: down to one after the window, then to zero after the idle TTL
-    wait_for(lambda: _replicas(kiln) == {"desired": 0.0, "running": 0.0, "ready": 0.0}, 30)
+    idle = {"desired": 0.0, "running": 0.0, "ready": 0.0, "draining": 0.0}
+    wait_for(lambda: _replicas(kiln) == idle, 30)
     wait_for(lambda: not kiln.workers(), 30)  # the processes exit (SIGTERM, drained)
 
 

@@ -119,10 +119,13 @@ def test_an_operator_routes_a_canary_in_the_console(kiln: KilnProcess, page: Pag
     expect(card.locator("tr[data-version='2'] .serves")).to_have_text("canary (25 %)")
     route = admin_call(kiln, "GET", "/models/mlp/route").json()
     assert (route["canary_version"], route["canary_percent"]) == ("2", 25)
-    workers = card.locator("tr[data-version='2'] td").nth(4)
+    row = card.locator("tr[data-version='2']")
 
     def canary_worker_ready() -> bool:
         page.reload()
-        return workers.inner_text() == "1 / 1"  # ready / wanted
+        return (row.locator(".ready").inner_text(), row.locator(".desired").inner_text()) == (
+            "1",
+            "1",
+        )
 
     wait_for(canary_worker_ready, 60)

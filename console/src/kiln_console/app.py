@@ -33,6 +33,7 @@ from kiln_console import (
     finance,
     members,
     models,
+    overview,
     pages,
     slos,
 )
@@ -119,6 +120,7 @@ def console(settings: Settings) -> Console:
         route_handlers=[
             auth.SignIn,
             pages.Pages,
+            overview.Overview,
             members.Members,
             adapters.Adapters,
             costs.Costs,

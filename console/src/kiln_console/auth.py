@@ -87,11 +87,9 @@ class Viewer:
 
     def home(self) -> str:
         """Where signing in lands."""
-        if self.role is Role.PLATFORM_ADMIN:
-            return "/console/tenants"
-        if self.role is Role.FINANCE or self.home_tenant is None:
+        if self.role is Role.FINANCE or (self.home_tenant is None and not self.actor.is_global):
             return "/console/finance"
-        return f"/console/tenants/{self.home_tenant}/keys"
+        return "/console/overview"
 
 
 ViewerDep = SkipValidation[Viewer]

@@ -1,7 +1,8 @@
-"""The models page: each model's versions (with their lifecycle state, aliases and accuracy
-reports), its route, and its pools' workers; platform-admins change a route here (canary,
-promotion, rollback) and import a model (upload, then its build job's phases until ready)
-through the same services as the admin API."""
+"""The models page: each model's versions (state, lifecycle, aliases, engine settings, accuracy
+report, pool replicas and latency, the live part polled), its route, and its imports;
+platform-admins change a route (canary, promotion, rollback), a version's engine settings and
+pool bounds, and import a model (upload, then its build job's phases until ready) through the
+same services as the admin API."""
 
 from __future__ import annotations
 
@@ -14,13 +15,15 @@ from litestar import Controller, get, post
 from litestar.datastructures import UploadFile
 from litestar.response import Template
 
-from kiln_console import forms
+from kiln_console import forms, model_rows
 from kiln_console.auth import AnyRequest, KilnDep, Viewer, ViewerDep
 from kiln_platform.admin.deps import transaction
 from kiln_platform.compiler import services as jobs
 from kiln_platform.context import Kiln
-from kiln_platform.errors import BadRequest
+from kiln_platform.errors import BadRequest, NotFound
+from kiln_platform.gateway import latency
 from kiln_platform.registry import imports, intake, services, versions
+from kiln_platform.registry.engine import EngineUpdate
 from kiln_platform.registry.schemas import RouteUpdate
 from kiln_platform.registry.services import ModelRoutes
 from kiln_platform.registry.upload import upload_dir
@@ -63,6 +66,30 @@ class Models(Controller):
             context = await _context(session, kiln, viewer)
         # committed, and the pools reconciled: the sizes shown are the new route's
         return Template("_models.html.j2", context={**context, "partial": True})
+
+    @get("/models/{name:str}/pools")
+    async def pools(self, kiln: KilnDep, viewer: ViewerDep, name: str) -> Template:
+        """One model's live table (the page polls it): states, replicas, latency."""
+        async with transaction(kiln, viewer.actor) as session:
+            context = await _context(session, kiln, viewer, only=name)
+        return Template("_pools.html.j2", context={**context, "card": context["cards"][0]})
+
+    @post("/models/{name:str}/versions/{version:str}/engine")
+    async def engine(
+        self, request: AnyRequest, kiln: KilnDep, viewer: ViewerDep, name: str, version: str
+    ) -> Template:
+        """Set a version's engine settings and pool bounds (blank: the deployment's default);
+        the pool resizes, or its workers restart for a worker setting."""
+        form = await request.form()
+        fields = {f: _whole(str(form.get(f, "")), f) for f in ENGINE_FIELDS if f in form}
+        data = forms.convert(fields, EngineUpdate)
+        async with transaction(kiln, viewer.actor) as session:
+            await versions.update_engine(session, viewer.actor, name, version, data)
+        await kiln.pools.reconcile()  # committed: this gateway's pool takes the new bounds now
+        async with transaction(kiln, viewer.actor) as session:
+            context = await _context(session, kiln, viewer)
+        opened = f"{name}@{version}"  # the saved version's fold stays open
+        return Template("_models.html.j2", context={**context, "partial": True, "opened": opened})
 
     @post("/models/import", request_max_body_size=None)
     async def import_model(self, request: AnyRequest, kiln: KilnDep, viewer: ViewerDep) -> Template:
@@ -109,6 +136,20 @@ async def _job_panel(
     return Template("_import_job.html.j2", context=context, status_code=status_code)
 
 
+ENGINE_FIELDS = ("min_replicas", "max_replicas", "max_batch_size", "max_context", "adapter_slots")
+
+
+def _whole(value: str, param: str) -> int | None:
+    """A whole number from a form field (blank: None, the deployment's default)."""
+    text = value.strip()
+    if not text:
+        return None
+    if not text.isdigit():
+        raise BadRequest(f"'{param}' must be a whole number (or blank for the default).",
+                         param=param)  # fmt: skip
+    return int(text)
+
+
 def _choice(form: FormMultiDict, field: str) -> str | None:
     """A form field, None when left empty or on "auto"."""
     value = str(form.get(field) or "").strip()
@@ -128,9 +169,29 @@ async def _save(upload: UploadFile, dest: Path, max_bytes: int) -> None:
         raise BadRequest("Choose a file.", param="file")
 
 
-async def _context(session: AsyncSession, kiln: Kiln, viewer: Viewer) -> dict[str, Any]:
-    rows: list[ModelRoutes] = await services.list_routes(session, viewer.actor)
-    reports = await versions.accuracy_reports(session, viewer.actor)
-    releases = await versions.releases(session, viewer.actor)
-    return {"viewer": viewer, "models": rows, "sizes": kiln.pools.sizes(), "reports": reports,
-            "releases": releases}  # fmt: skip
+async def _context(
+    session: AsyncSession, kiln: Kiln, viewer: Viewer, only: str | None = None
+) -> dict[str, Any]:
+    """Each model's card: route, versions, rows; the accuracy reports and engine settings
+    (not for ``only``, the polled table, which needs neither)."""
+    routes: list[ModelRoutes] = await services.list_routes(session, viewer.actor)
+    if only is not None:
+        routes = [r for r in routes if r[0].model == only] or _missing(only)
+    builds = (
+        await jobs.list_jobs(session, viewer.actor) if viewer.may_change("compile-jobs") else []
+    )
+    sizes, seen = kiln.pools.sizes(), latency.by_version(kiln.metrics.duration)
+    cards = [
+        (route, names, model_rows.rows(route, names, builds, sizes, seen))
+        for route, names in routes
+    ]
+    context: dict[str, Any] = {"viewer": viewer, "models": routes, "cards": cards}
+    if only is None:
+        context["reports"] = await versions.accuracy_reports(session, viewer.actor)
+        context["engines"] = await versions.engine_settings(session, viewer.actor)
+        context["releases"] = await versions.releases(session, viewer.actor)
+    return context
+
+
+def _missing(name: str) -> list[ModelRoutes]:
+    raise NotFound(f"No model `{name}`.")

@@ -4,6 +4,7 @@ the role and the tenant exactly as they do for ``/admin/v1`` (another tenant's p
 from __future__ import annotations
 
 import uuid
+from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from litestar import Controller, get, post
@@ -14,7 +15,8 @@ from kiln_console.auth import SIGNED_IN, AnyRequest, KilnDep, Viewer, ViewerDep
 from kiln_platform.admin.deps import transaction
 from kiln_platform.errors import BadRequest
 from kiln_platform.keys import services as api_keys
-from kiln_platform.keys.schemas import KeyCreate
+from kiln_platform.keys import usage
+from kiln_platform.keys.schemas import KeyCreate, KeyRotate
 from kiln_platform.oauth import services as oauth
 from kiln_platform.oauth.schemas import ClientCreate
 from kiln_platform.tenants import services as tenants
@@ -84,7 +86,30 @@ class Pages(Controller):
                 session, viewer.actor, str(key_id), kiln.settings.hmac_key(), tenant_id
             )
             context = {**await _keys(session, viewer, tenant_id), "partial": True}
+        kiln.keys.forget(key_id)
         return Template("_keys.html.j2", context=context)
+
+    @post("/tenants/{tenant_id:uuid}/keys/{key_id:uuid}/rotate", opt=KEYS)
+    async def rotate_key(
+        self, request: AnyRequest, kiln: KilnDep, viewer: ViewerDep, tenant_id: uuid.UUID,
+        key_id: uuid.UUID,
+    ) -> Template:  # fmt: skip
+        """Rotate a key: the new secret is shown once; the old key works for the chosen overlap."""
+        form = await request.form()
+        overlap = int(forms.number(str(form.get("overlap_s", "")), "overlap_s"))
+        data = forms.convert({"overlap_s": overlap}, KeyRotate)
+        async with transaction(kiln, viewer.actor) as session:
+            made = await api_keys.rotate_key(
+                session,
+                viewer.actor,
+                tenant_id,
+                key_id,
+                overlap_s=data.overlap_s,
+                hmac_key=kiln.settings.hmac_key(),
+            )
+            context = {**await _keys(session, viewer, tenant_id), "created": made}
+        kiln.keys.forget(key_id)  # committed: this gateway applies the new expiry now
+        return Template("_key_created.html.j2", context=context, status_code=201)
 
     @get("/tenants/{tenant_id:uuid}/clients", opt=CLIENTS)
     async def clients(self, kiln: KilnDep, viewer: ViewerDep, tenant_id: uuid.UUID) -> Template:
@@ -121,11 +146,17 @@ async def _keys(session: AsyncSession, viewer: Viewer, tenant_id: uuid.UUID) -> 
     """The keys page's context, read in the caller's transaction (after its change, if any)."""
     tenant = await tenants.get_tenant(session, viewer.actor, tenant_id)
     rows = await api_keys.list_keys(session, viewer.actor, tenant_id)
-    return {"viewer": viewer, "tenant": tenant, "keys": rows}
+    daily = await usage.daily_requests(session, [k.id for k in rows])
+    now = datetime.now(UTC)
+    return {"viewer": viewer, "tenant": tenant, "keys": rows, "usage": daily, "now": now,
+            "soon": now + timedelta(days=7)}  # fmt: skip
 
 
 async def _clients(session: AsyncSession, viewer: Viewer, tenant_id: uuid.UUID) -> dict[str, Any]:
     """The OAuth clients page's context, read in the caller's transaction."""
     tenant = await tenants.get_tenant(session, viewer.actor, tenant_id)
     clients = await oauth.list_clients(session, viewer.actor, tenant_id)
-    return {"viewer": viewer, "tenant": tenant, "clients": clients}
+    ids = [c.id for c in clients]
+    daily = await usage.daily_requests(session, ids, client=True)
+    return {"viewer": viewer, "tenant": tenant, "clients": clients, "usage": daily,
+            "last_used": await usage.last_used(session, ids)}  # fmt: skip

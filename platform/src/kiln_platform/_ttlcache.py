@@ -39,6 +39,11 @@ class TTLCache(Generic[K, V]):
         """Drop ``key``'s value: the next ``get`` loads it again."""
         self._values.pop(key, None)
 
+    def forget_where(self, stale: Callable[[V], bool]) -> None:
+        """Drop every value ``stale`` picks (a scan: for rare changes, not the request path)."""
+        for key in [k for k, (_, v) in self._values.items() if stale(v)]:
+            self._values.pop(key, None)
+
     def peek(self, key: K) -> V | None:
         """The value held for ``key``, fresh or not, without loading."""
         hit = self._values.get(key)

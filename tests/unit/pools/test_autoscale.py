@@ -8,6 +8,7 @@ from kiln_platform.pools.autoscale import (
     AutoscaleConfig,
     AutoscaleState,
     PoolLoad,
+    bounded,
     decide,
     demand,
     initial,
@@ -90,3 +91,14 @@ def test_the_window_forgets_old_recommendations() -> None:
     replicas, after = decide(load(1, last=200.0), config, state, 200.0)
     assert replicas == 1
     assert after.recent == ((200.0, 1),)
+
+
+def test_a_versions_bounds_replace_the_deployments_and_keep_min_within_max() -> None:
+    assert bounded(CONFIG, None, None) == CONFIG
+    two = bounded(CONFIG, 2, None)
+    assert (two.min_replicas, two.max_replicas) == (2, 4)
+    high = bounded(AutoscaleConfig(), 3, None)  # above the default max of 1: max follows
+    assert (high.min_replicas, high.max_replicas) == (3, 3)
+    idle = load(last=0.0)
+    replicas, _ = decide(idle, two, initial(two, 0.0)[1], 1000.0)
+    assert replicas == 2  # idle past the TTL, but the version keeps its minimum

@@ -79,6 +79,8 @@ _RULES: dict[str, tuple[frozenset[Role], frozenset[Role]]] = {
     "slos": (PLATFORM, PLATFORM),  # objectives of shared models, and how every tenant fares
     "alerts": (PLATFORM, frozenset()),
     "alert-receivers": (PLATFORM, PLATFORM),  # webhooks; their signing keys sealed at rest
+    # The console's landing page: a tenant's usage and limits, or (platform-admin) the fleet.
+    "overview": (NOT_FINANCE, frozenset()),
 }
 
 

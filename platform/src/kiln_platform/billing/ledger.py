@@ -8,7 +8,8 @@ awaits it before its final chunk; a client that went away (499) is recorded with
 One transaction per batch inserts the ``usage_events`` rows (``ON CONFLICT (request_id) DO
 NOTHING RETURNING request_id``: exactly once, even if a batch is retried), the charge lines of the
 rows actually inserted, priced with the price-book version in effect when the request was
-recorded, and settles those rows' budget reservations.
+recorded, adds them to the hourly rollup the console overview reads (``rollup``), and settles
+those rows' budget reservations.
 
 If the write fails, every request waiting on the batch fails with 503 instead of answering
 unbilled: the client learns it should retry, and the row is kept and written (with status 503,
@@ -30,6 +31,7 @@ from sqlalchemy import insert
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.exc import DataError, IntegrityError
 
+from kiln_platform.billing import rollup
 from kiln_platform.billing.budgets import Settled, settle
 from kiln_platform.billing.pricing import PriceList, Quantities, book_at, charges, cost
 from kiln_platform.billing.tables import UsageCharge
@@ -173,6 +175,7 @@ async def write(session: AsyncSession, usages: list[Usage], books: list[PriceLis
     for chunk in _chunks(lines):
         await session.execute(insert(CHARGES), chunk)
     done = [u for rid, u in unique.items() if rid in inserted]
+    await rollup.add(session, [priced_rows[u.request_id][0] for u in done])
     settled = [
         Settled(u.request_id, u.tenant_id, u.timezone, priced_rows[u.request_id][0]["cost_micros"],
                 u.at, u.held)

@@ -13,9 +13,11 @@ from sqlalchemy import (
     DateTime,
     ForeignKey,
     Identity,
+    Index,
     Integer,
     LargeBinary,
     Numeric,
+    SmallInteger,
     String,
     Text,
     func,
@@ -167,3 +169,49 @@ class Statement(Base):
     lines: Mapped[int] = mapped_column(Integer)
     closed_at: Mapped[datetime] = _ts(server_default=func.now())
     closed_by: Mapped[str] = mapped_column(String(200))
+
+
+class UsageHourly(Base):
+    """Usage of one tenant and model in one hour whose latency fell in one bucket
+    (``billing.rollup``): what the console overview reads instead of ``usage_events``."""
+
+    __tablename__ = "usage_hourly"
+    __table_args__ = (Index("ix_usage_hourly_hour", "hour"),)
+    tenant_id: Mapped[uuid.UUID] = mapped_column(
+        ForeignKey("tenants.id", ondelete="CASCADE"), primary_key=True
+    )
+    hour: Mapped[datetime] = mapped_column(DateTime(timezone=True), primary_key=True)
+    model: Mapped[str] = mapped_column(String(200), primary_key=True)
+    latency_bucket: Mapped[int] = mapped_column(SmallInteger, primary_key=True)
+    requests: Mapped[int] = mapped_column(BigInteger)
+    errors: Mapped[int] = mapped_column(BigInteger)
+    input_tokens: Mapped[int] = mapped_column(BigInteger)
+    output_tokens: Mapped[int] = mapped_column(BigInteger)
+    cost_micros: Mapped[int] = mapped_column(BigInteger)
+
+
+class UsageFleetHourly(Base):
+    """Every tenant's usage of one model in one hour, per latency bucket: the fleet view's."""
+
+    __tablename__ = "usage_fleet_hourly"
+    hour: Mapped[datetime] = mapped_column(DateTime(timezone=True), primary_key=True)
+    model: Mapped[str] = mapped_column(String(200), primary_key=True)
+    latency_bucket: Mapped[int] = mapped_column(SmallInteger, primary_key=True)
+    requests: Mapped[int] = mapped_column(BigInteger)
+    errors: Mapped[int] = mapped_column(BigInteger)
+    input_tokens: Mapped[int] = mapped_column(BigInteger)
+    output_tokens: Mapped[int] = mapped_column(BigInteger)
+    cost_micros: Mapped[int] = mapped_column(BigInteger)
+
+
+class UsageTenantDaily(Base):
+    """A tenant's requests, errors and cost on one UTC day: the busiest tenants, read fast."""
+
+    __tablename__ = "usage_tenant_daily"
+    day: Mapped[date] = mapped_column(Date, primary_key=True)
+    tenant_id: Mapped[uuid.UUID] = mapped_column(
+        ForeignKey("tenants.id", ondelete="CASCADE"), primary_key=True
+    )
+    requests: Mapped[int] = mapped_column(BigInteger)
+    errors: Mapped[int] = mapped_column(BigInteger)
+    cost_micros: Mapped[int] = mapped_column(BigInteger)

@@ -146,7 +146,7 @@ class ModelAlias(Base):
 
 
 class ModelPin(Base):
-    """An operator's pin of one tenant to a version or alias of a model (``0014``)."""
+    """An operator's pin of one tenant to a version or alias of a model (``0016``)."""
 
     __tablename__ = "model_pins"
     model_id: Mapped[uuid.UUID] = mapped_column(
@@ -234,7 +234,11 @@ class UsageEvent(Base):
     """One immutable record per API request, whatever its outcome."""
 
     __tablename__ = "usage_events"
-    __table_args__ = (Index("ix_usage_events_tenant_created", "tenant_id", "created_at"),)
+    __table_args__ = (
+        Index("ix_usage_events_tenant_created", "tenant_id", "created_at"),
+        Index("ix_usage_events_key_created", "api_key_id", "created_at"),  # keys page, 0014
+        Index("ix_usage_events_client_created", "oauth_client_id", "created_at"),
+    )
     id: Mapped[int] = mapped_column(BigInteger, primary_key=True, autoincrement=True)
     request_id: Mapped[str] = mapped_column(String(64), unique=True)
     tenant_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("tenants.id"))

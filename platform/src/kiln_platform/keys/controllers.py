@@ -8,7 +8,7 @@ from litestar import delete, get, post
 
 from kiln_platform.admin.deps import AdminController, CallDep
 from kiln_platform.keys import services
-from kiln_platform.keys.schemas import KeyCreate, KeyCreated, KeyView
+from kiln_platform.keys.schemas import KeyCreate, KeyCreated, KeyRotate, KeyRotated, KeyView
 
 
 class KeysController(AdminController):
@@ -32,3 +32,13 @@ class KeysController(AdminController):
         """Revoke an API key (refused by every gateway within the key cache TTL, 5 s)."""
         session = await call.session()
         return await services.revoke_key(session, call.actor, str(key_id), call.hmac_key, tenant_id)
+
+    @post("/tenants/{tenant_id:uuid}/keys/{key_id:uuid}/rotate", status_code=201)
+    async def rotate_key(
+        self, call: CallDep, tenant_id: uuid.UUID, key_id: uuid.UUID, data: KeyRotate
+    ) -> KeyRotated:
+        """Replace a key: a new key now, the old one expiring after ``overlap_s`` (default 24 h)."""
+        session = await call.session()
+        return await services.rotate_key(
+            session, call.actor, tenant_id, key_id, overlap_s=data.overlap_s, hmac_key=call.hmac_key
+        )

@@ -45,3 +45,20 @@ class KeyCreated(msgspec.Struct):
 
     key: KeyView
     secret: str
+
+
+DAY_S = 86400
+
+
+class KeyRotate(msgspec.Struct, forbid_unknown_fields=True):
+    """Rotate a key: the old one keeps working ``overlap_s`` seconds more (0: refused now)."""
+
+    overlap_s: Annotated[int, msgspec.Meta(ge=0, le=30 * DAY_S)] = DAY_S
+
+
+class KeyRotated(msgspec.Struct):
+    """A rotation: the new key (its ``secret`` shown here once) and the key it replaces."""
+
+    key: KeyView
+    secret: str
+    replaces: KeyView

@@ -21,8 +21,8 @@ from kiln_platform._ttlcache import TTLCache
 from kiln_platform.admin.authz import Actor, Role, check_tenant, grantable, require
 from kiln_platform.audit.services import record, snapshot
 from kiln_platform.db.tables import ApiKey, Tenant
-from kiln_platform.errors import NotFound, Unauthorized
-from kiln_platform.keys.schemas import KeyCreate, KeyCreated, KeyView
+from kiln_platform.errors import Conflict, NotFound, Unauthorized
+from kiln_platform.keys.schemas import KeyCreate, KeyCreated, KeyRotated, KeyView
 from kiln_platform.tenants.services import get_tenant
 
 if TYPE_CHECKING:
@@ -52,6 +52,8 @@ class Principal:
     """The tenant's time zone (its budget months)."""
     oauth_client_id: uuid.UUID | None = None
     """For an OAuth access token: ``oauth_clients.id`` of its client."""
+    expires_at: datetime | None = None
+    """The key's expiry, checked on every call (a cached principal stops at it too)."""
 
 
 def key_digest(hmac_key: bytes, secret: str) -> bytes:
@@ -164,6 +166,36 @@ async def revoke_key(
     return key_view(key)
 
 
+async def rotate_key(
+    session: AsyncSession, actor: Actor, tenant_id: uuid.UUID, key_id: uuid.UUID, *,
+    overlap_s: int, hmac_key: bytes,
+) -> KeyRotated:  # fmt: skip
+    """Replace a key in one step: a new key with the old one's label, scopes, role and expiry,
+    and the old key expiring ``overlap_s`` seconds from now (0: now), unless it expires sooner.
+    One audit record each: ``key.create`` for the new key, ``key.rotate`` for the old."""
+    old = await find_key(session, actor, str(key_id), hmac_key)
+    if old.tenant_id != tenant_id:
+        raise NotFound("No such API key.")
+    require(actor, "keys", write=True)
+    now = datetime.now(UTC)
+    if old.revoked_at is not None or (old.expires_at is not None and old.expires_at <= now):
+        raise Conflict("This key is revoked or expired: create a new key instead.")
+    key, secret = await insert_key(
+        session, hmac_key, tenant_id, name=old.name, scopes=frozenset(old.scopes),
+        expires_at=old.expires_at, role=old.role,
+    )  # fmt: skip
+    await record(session, actor, "key.create", "api_key", key.id, tenant_id,
+                 after=snapshot(key, *FIELDS))  # fmt: skip
+    before = snapshot(old, *FIELDS)
+    ends = now + timedelta(seconds=overlap_s)
+    old.expires_at = ends if old.expires_at is None else min(old.expires_at, ends)
+    await session.flush()
+    after = {**snapshot(old, *FIELDS), "replaced_by": str(key.id)}
+    await record(session, actor, "key.rotate", "api_key", old.id, tenant_id,
+                 before=before, after=after)  # fmt: skip
+    return KeyRotated(key=key_view(key), secret=secret, replaces=key_view(old))
+
+
 def key_view(k: ApiKey) -> KeyView:
     """Wire form of a key."""
     return KeyView(
@@ -187,9 +219,19 @@ class KeyVerifier:
         """Return the principal for a key, or raise ``Unauthorized``."""
         digest = key_digest(self._hmac_key, secret)
         principal = await self._cache.get(digest, lambda: self._lookup(secret, digest))
-        if principal is None:
+        expired = (
+            principal is not None
+            and principal.expires_at is not None
+            and (principal.expires_at <= datetime.now(UTC))
+        )
+        if principal is None or expired:
             raise Unauthorized("Incorrect API key provided.")
         return principal
+
+    def forget(self, key_id: uuid.UUID) -> None:
+        """Drop a key's cached principal after its change committed: this process sees a
+        revocation or expiry at once (other processes within the TTL)."""
+        self._cache.forget_where(lambda p: p is not None and p.key_id == key_id)
 
     async def _lookup(self, secret: str, digest: bytes) -> Principal | None:
         prefix = split_prefix(secret)
@@ -216,5 +258,5 @@ class KeyVerifier:
             await session.commit()
         return Principal(
             key.tenant_id, key.id, frozenset(key.scopes), weight, key.role, prefix,
-            plan=plan, timezone=timezone,
+            plan=plan, timezone=timezone, expires_at=key.expires_at,
         )  # fmt: skip

@@ -12,7 +12,7 @@ request starts it again (the pool manager holds that request while the worker st
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,6 +52,16 @@ class AutoscaleState:
     busy_at: float | None = None
     """The last decision that saw work in the pool: idle time counts from the later of it and
     the last request (a request that ran longer than the idle TTL is not idle time)."""
+
+
+def bounded(
+    config: AutoscaleConfig, min_replicas: int | None, max_replicas: int | None
+) -> AutoscaleConfig:
+    """``config`` with a version's own bounds (its engine settings; None: the deployment's).
+    A minimum above the deployment's maximum raises the maximum with it."""
+    low = config.min_replicas if min_replicas is None else min_replicas
+    high = config.max_replicas if max_replicas is None else max_replicas
+    return replace(config, min_replicas=low, max_replicas=max(low, high))
 
 
 def initial(config: AutoscaleConfig, now: float) -> tuple[int, AutoscaleState]:

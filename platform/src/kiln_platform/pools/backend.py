@@ -47,12 +47,13 @@ class PoolSpec:
 @dataclass(frozen=True, slots=True)
 class PoolSize:
     """A pool's version and workers: as the policy decided (what KEDA would scale to), running
-    (started, ready or not), ready."""
+    (started, ready or not), ready, and draining (out of the pool, finishing their work)."""
 
     spec: PoolSpec
     desired: int
     running: int
     ready: int
+    draining: int = 0
 
 
 @dataclass(slots=True)
@@ -102,6 +103,10 @@ class PoolBackend(Protocol):
 
     def find(self, key: str, url: str) -> PoolWorker | None:
         """The pool's worker at ``url``, if it is still there."""
+
+    def draining(self, key: str) -> int:
+        """Workers taken out of the pool that have not exited yet."""
+        ...
 
     def crashed(self, key: str) -> bool:
         """Every worker of a non-empty pool is down after a crash."""

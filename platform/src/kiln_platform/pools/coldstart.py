@@ -19,6 +19,7 @@ request waiting (a new version, a restart after a crash) is not a cold start.
 
 from __future__ import annotations
 
+import collections
 import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -71,6 +72,8 @@ class ColdStarts:
     def __init__(self) -> None:
         self._starts: dict[str, _Start] = {}
         self._now = time.monotonic
+        self.begun: collections.Counter[str] = collections.Counter()
+        """Cold starts begun per pool since the gateway started (the console's fleet view)."""
 
     def arrived(self, pool: str, since: float | None = None) -> None:
         """A request (that reached the gateway at ``since``) arrived at ``pool`` with no worker.
@@ -82,6 +85,7 @@ class ColdStarts:
         start = self._starts.get(pool)
         if start is None or start.ready is not None or now - start.arrived > ABANDONED_S:
             self._starts[pool] = _Start(now if since is None else since)
+            self.begun[pool] += 1
 
     def ready(self, worker: PoolWorker) -> None:
         """A worker became ready: if its pool is starting from zero, the start phases end."""

@@ -123,6 +123,10 @@ class KubernetesPoolBackend:
         """The pool's worker at ``url``, if it is still there."""
         return next((w for w in self.pools.get(key, []) if w.name and w.url == url), None)
 
+    def draining(self, key: str) -> int:
+        """Always 0: a terminating pod drains under Kubernetes, outside the pool's list."""
+        return 0
+
     def crashed(self, key: str) -> bool:
         """The pool has all its pods, every one crash-looping or failed, none ready (a pod
         not made yet may still start)."""

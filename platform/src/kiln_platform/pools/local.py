@@ -96,6 +96,10 @@ class LocalPoolBackend:
         """The pool's worker at ``url``, if it is still there."""
         return next((w for w in self.pools.get(key, []) if w.url == url), None)
 
+    def draining(self, key: str) -> int:
+        """Workers taken out of the pool that have not exited yet."""
+        return sum(1 for task in self._retiring if task.get_name() == f"pool:{key}")
+
     def crashed(self, key: str) -> bool:
         """Every worker of a non-empty pool is down after a crash (so: answer 503 at once)."""
         workers = self.pools.get(key, [])

@@ -80,7 +80,7 @@ class SchedulerCollector:
         )  # fmt: skip
         for size in self._pools.sizes().values():
             labels = [size.spec.model, size.spec.version]
-            for state in ("desired", "running", "ready"):
+            for state in ("desired", "running", "ready", "draining"):
                 replicas.add_metric([*labels, state], getattr(size, state))
         return replicas
 

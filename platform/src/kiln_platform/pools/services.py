@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+from dataclasses import dataclass
 from functools import partial
 from typing import TYPE_CHECKING
 
@@ -23,6 +24,7 @@ from kiln_platform.pools import autoscale, metrics
 from kiln_platform.pools.autoscale import AutoscaleConfig, AutoscaleState, PoolLoad
 from kiln_platform.pools.backend import PoolSize, PoolSpec, PoolWorker
 from kiln_platform.pools.coldstart import ColdStarts
+from kiln_platform.registry.engine import worker_settings
 from kiln_platform.scheduler.core import PoolScheduler, SchedulerConfig
 from kiln_platform.scheduler.runner import PoolRunner
 
@@ -35,6 +37,20 @@ if TYPE_CHECKING:
     from kiln_runtimes.store import ArtifactStore
 
 log = structlog.get_logger("kiln.pools")
+
+
+@dataclass(frozen=True, slots=True)
+class PoolLive:
+    """A pool's replicas by state, its queue and its cold starts since the gateway started."""
+
+    model: str
+    version: str
+    desired: int
+    starting: int
+    ready: int
+    draining: int
+    queued: int
+    cold_starts: int
 
 
 class PoolManager:
@@ -62,6 +78,8 @@ class PoolManager:
         self._scheduler = scheduler or SchedulerConfig()
         self._scaling = scaling or AutoscaleConfig()
         self._states: dict[str, AutoscaleState] = {}
+        self._configs: dict[str, AutoscaleConfig] = {}
+        """Each pool's policy knobs: the deployment's, within its version's own bounds."""
         self._last_request: dict[str, float] = {}
         self._interval = interval
         self._tick = tick
@@ -100,24 +118,29 @@ class PoolManager:
                 continue  # no new request routes here: retire it once its work is done
             log.info("pool retired", pool=key)
             del self._states[key]
+            self._configs.pop(key, None)
             self.desired.pop(key, None)
             self._last_request.pop(key, None)
             del self.runners[key]
             self.backend.remove(key)
 
     def _adopt(self, version: ResolvedVersion) -> None:
-        """Give a served version its pool, sized by the policy's initial rule."""
+        """Give a served version its pool, sized by the policy's initial rule; its bounds
+        (``min_replicas``/``max_replicas``) change the pool's size, not its workers."""
         spec = PoolSpec(
             version.model, version.version, self._store.path(version.artifact_digest),
-            version.engine,
+            worker_settings(version.engine),
         )  # fmt: skip
+        engine = version.engine
+        config = autoscale.bounded(self._scaling, engine.min_replicas, engine.max_replicas)
+        self._configs[spec.key] = config
         if spec.key in self._states:
             if self.backend.specs.get(spec.key, spec) != spec:
                 self._restart(spec)
             return
         self.backend.ensure(spec)
         self.runners.setdefault(spec.key, self._runner(spec))
-        replicas, self._states[spec.key] = autoscale.initial(self._scaling, time.monotonic())
+        replicas, self._states[spec.key] = autoscale.initial(config, time.monotonic())
         self._resize(spec.key, replicas)
 
     def _restart(self, spec: PoolSpec) -> None:
@@ -140,9 +163,8 @@ class PoolManager:
                 slots_per_replica=self._per_replica(name),
                 last_request_at=self._last_request.get(name),
             )
-            replicas, self._states[name] = autoscale.decide(
-                load, self._scaling, self._states[name], now
-            )
+            config = self._configs.get(name, self._scaling)
+            replicas, self._states[name] = autoscale.decide(load, config, self._states[name], now)
             self._resize(name, replicas)
 
     def runner(self, pool: str) -> PoolRunner:
@@ -172,12 +194,22 @@ class PoolManager:
         return runner
 
     def sizes(self) -> dict[str, PoolSize]:
-        """Every pool's workers: as decided, running, ready."""
+        """Every pool's workers: as decided, running, ready, draining."""
         return {
             key: PoolSize(self.backend.specs[key], desired, len(self.backend.pools.get(key, [])),
-                          len(self.backend.ready(key)))
+                          len(self.backend.ready(key)), self.backend.draining(key))
             for key, desired in self.desired.items()
         }  # fmt: skip
+
+    def live(self) -> list[PoolLive]:
+        """Every pool as the console's fleet view shows it, read now (no database)."""
+        return [
+            PoolLive(size.spec.model, size.spec.version, size.desired,
+                     size.running - size.ready, size.ready, size.draining,
+                     len(self.runners[key].scheduler.queue) if key in self.runners else 0,
+                     self.cold_starts.begun[key])
+            for key, size in sorted(self.sizes().items())
+        ]  # fmt: skip
 
     def is_ready(self, pool: str) -> bool:
         """A worker of the pool takes requests now (no side effect: not a request)."""

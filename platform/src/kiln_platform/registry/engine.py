@@ -12,6 +12,8 @@ import msgspec
 
 Positive = Annotated[int, msgspec.Meta(ge=1, le=1 << 20)]
 Slots = Annotated[int, msgspec.Meta(ge=0, le=64)]
+MinReplicas = Annotated[int, msgspec.Meta(ge=0, le=64)]
+MaxReplicas = Annotated[int, msgspec.Meta(ge=1, le=64)]
 Target = Literal["cpu", "cuda", "tensorrt"]
 Precision = Literal["int4", "int8", "fp16", "fp32"]
 
@@ -30,6 +32,10 @@ class EngineSettings(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=Tr
     """Tokens a request may use, prompt and output together; at most the model's own context."""
     adapter_slots: Slots | None = None
     """LoRA adapters a generation worker holds at once (0: none)."""
+    min_replicas: MinReplicas | None = None
+    """Workers the version's pool keeps even when idle (else ``KILN_POOL_MIN_REPLICAS``)."""
+    max_replicas: MaxReplicas | None = None
+    """Workers the autoscaler may run for it (else ``KILN_POOL_MAX_REPLICAS``)."""
 
 
 class EngineUpdate(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -42,6 +48,8 @@ class EngineUpdate(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     adapter_slots: Slots | msgspec.UnsetType | None = msgspec.UNSET
     target: Target | msgspec.UnsetType | None = msgspec.UNSET
     precision: Precision | msgspec.UnsetType | None = msgspec.UNSET
+    min_replicas: MinReplicas | msgspec.UnsetType | None = msgspec.UNSET
+    max_replicas: MaxReplicas | msgspec.UnsetType | None = msgspec.UNSET
 
 
 def merged(current: EngineSettings, update: EngineUpdate) -> EngineSettings:
@@ -52,6 +60,23 @@ def merged(current: EngineSettings, update: EngineUpdate) -> EngineSettings:
         if getattr(update, f) is not msgspec.UNSET
     }
     return msgspec.structs.replace(current, **changes)
+
+
+SCALING = ("min_replicas", "max_replicas")
+"""The fields the pool manager reads (``pools.autoscale.bounded``): changing them resizes a
+pool; every other field restarts its workers."""
+
+
+def worker_settings(settings: EngineSettings) -> EngineSettings:
+    """``settings`` without the pool bounds: what a version's workers are started with."""
+    return msgspec.structs.replace(settings, min_replicas=None, max_replicas=None)
+
+
+def check_bounds(settings: EngineSettings) -> None:
+    """``ValueError`` naming ``min_replicas`` when it exceeds ``max_replicas``."""
+    low, high = settings.min_replicas, settings.max_replicas
+    if low is not None and high is not None and low > high:
+        raise ValueError(f"min_replicas ({low}) exceeds max_replicas ({high})")
 
 
 def decode(value: object) -> EngineSettings:

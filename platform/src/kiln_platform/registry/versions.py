@@ -13,7 +13,13 @@ from kiln_platform.admin.authz import require
 from kiln_platform.audit.services import record
 from kiln_platform.db.tables import Model, ModelAlias, ModelPin, ModelRoute, ModelVersion
 from kiln_platform.errors import BadRequest, NotFound
-from kiln_platform.registry.engine import EngineSettings, EngineUpdate, decode, merged
+from kiln_platform.registry.engine import (
+    EngineSettings,
+    EngineUpdate,
+    check_bounds,
+    decode,
+    merged,
+)
 from kiln_platform.registry.lifecycle import STATES, State
 
 if TYPE_CHECKING:
@@ -111,6 +117,10 @@ async def update_engine(
                     f"{key} is what {name} {version} was built for: import it again to change it",
                     param=key,
                 )
+    try:
+        check_bounds(after)
+    except ValueError as error:
+        raise BadRequest(str(error), param="min_replicas") from None
     row.engine_settings = msgspec.to_builtins(after)
     await session.flush()
     await record(session, actor, "model.version.update", "model", model.id, None,
@@ -128,6 +138,17 @@ async def accuracy_reports(session: AsyncSession, actor: Actor) -> dict[str, dic
         .where(ModelVersion.accuracy.is_not(None))
     )
     return {f"{name}@{version}": dict(report) for name, version, report in rows.all() if report}
+
+
+async def engine_settings(session: AsyncSession, actor: Actor) -> dict[str, EngineSettings]:
+    """Every version's engine settings, keyed ``model@version`` (the console's forms)."""
+    require(actor, "models")
+    rows = await session.execute(
+        select(Model.name, ModelVersion.version, ModelVersion.engine_settings).join(
+            ModelVersion, ModelVersion.model_id == Model.id
+        )
+    )
+    return {f"{name}@{version}": decode(value) for name, version, value in rows.all()}
 
 
 _LIFECYCLE = ("state", "sunset", "successor", "parent_version", "metadata")

@@ -24,9 +24,9 @@ HX = {"hx-request": "true"}
 async def test_sign_in_lands_on_the_roles_home_and_is_audited(app: App) -> None:
     tenant = await app.tenant()
     cases = {
-        "tenant-admin": f"/console/tenants/{tenant}/keys",
-        "tenant-member": f"/console/tenants/{tenant}/keys",
-        "platform-admin": "/console/tenants",
+        "tenant-admin": "/console/overview",
+        "tenant-member": "/console/overview",
+        "platform-admin": "/console/overview",
         "finance": "/console/finance",
     }
     for role, home in cases.items():

@@ -90,7 +90,7 @@ async def test_a_platform_admin_imports_and_follows_the_build(app: App, archive:
         assert 'id="models" hx-swap-oob="true"' in text  # the table gains the version
         page = await http.get("/console/models")
         row = page.text[page.text.index(f'id="model-{name}"') :]
-        assert 'class="min-cosine"' in row[: row.index("</table>")]
+        assert 'class="min-cosine"' in row[: row.index("</details>")]
 
 
 async def test_a_failed_build_names_the_file(app: App, bert: Path, tmp_path: Path) -> None:

@@ -85,3 +85,30 @@ async def test_other_roles_read_or_are_refused(app: App, model: str) -> None:
         assert r.status_code == 403
     async with app.signed_in(await app.user("finance")) as (http, _):
         assert (await http.get("/console/models")).status_code == 403
+
+
+async def test_a_platform_admin_sets_pool_bounds_and_reads_the_live_table(
+    app: App, model: str
+) -> None:
+    async with app.signed_in(await app.user("platform-admin")) as (http, token):
+        headers = {**HX, "x-csrftoken": token}
+        url = f"/console/models/{model}/versions/2/engine"
+        for form, field in (({"min_replicas": "3", "max_replicas": "2"}, "min_replicas"),
+                            ({"max_replicas": "0"}, "max_replicas"),
+                            ({"max_batch_size": "many"}, "max_batch_size")):  # fmt: skip
+            r = await http.post(url, data=form, headers=headers)
+            assert r.status_code == 400, form
+            assert f'data-field="{field}"' in r.text
+        r = await http.post(url, data={"min_replicas": "0", "max_replicas": "2"}, headers=headers)
+        assert r.status_code == 200, r.text
+        assert (
+            'name="max_replicas" size="5" inputmode="numeric" placeholder="default" value="2"'
+            in r.text
+        )
+        async with app.kiln.db.sessions.begin() as session:
+            _, row = await versions.find_version(session, model, "2")
+        assert row.engine_settings == {"min_replicas": 0, "max_replicas": 2}
+        live = await http.get(f"/console/models/{model}/pools", headers=HX)
+        assert live.status_code == 200
+        assert 'data-version="2" data-state="' in live.text
+        assert (await http.get("/console/models/nope/pools")).status_code == 404
