@@ -106,7 +106,7 @@ class ModelVersion(Base):
     source_digest: Mapped[str | None] = mapped_column(String(71))
     """The source tree an imported version was built from (``0011``)."""
     state: Mapped[str] = mapped_column(String(16), server_default="active")
-    """``registry.lifecycle``: staging, active, deprecated or retired (``0014``)."""
+    """``registry.lifecycle``: staging, active, deprecated or retired (``0016``)."""
     deprecated_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     sunset: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     successor: Mapped[str | None] = mapped_column(String(64))
@@ -134,7 +134,7 @@ class ModelRoute(Base):
 
 
 class ModelAlias(Base):
-    """A model's named pointer to one of its versions (``model@prod``; ``0014``)."""
+    """A model's named pointer to one of its versions (``model@prod``; ``0016``)."""
 
     __tablename__ = "model_aliases"
     model_id: Mapped[uuid.UUID] = mapped_column(
