@@ -69,9 +69,10 @@ async def test_the_page_shows_states_and_aliases(app: App, model: str) -> None:
     tenant = await app.tenant()
     async with app.signed_in(await app.user("tenant-admin", tenant)) as (http, _):
         page = await http.get("/console/models")
-    row = page.text.split(f'id="model-{model}"')[1].split('data-version="2"')[0]
-    assert '<td class="state">deprecated → 2</td>' in row
-    assert '<td class="aliases">prod</td>' in row
+    card = page.text.split(f'id="model-{model}"')[1]
+    fold = card.split('<details class="version" data-version="1"')[1].split("</details>")[0]
+    assert '<span class="lifecycle">deprecated</span> → 2' in fold
+    assert '<span class="aliases">prod</span>' in fold
 
 
 async def test_other_roles_read_or_are_refused(app: App, model: str) -> None:
