@@ -193,6 +193,21 @@ def _start_kiln(
     return KilnProcess(proc, f"http://127.0.0.1:{port}", env)
 
 
+def use_platform_admin_key(kiln: KilnProcess) -> None:
+    """Make ``kiln.key`` a platform-admin key (tenant ``ops``) that may also run inference."""
+    kiln.cli("tenants", "create", "ops")
+    out = kiln.cli("keys", "create", "--tenant", "ops", "--role", "platform-admin",
+                   "--scope", "admin:write", "--scope", "inference")  # fmt: skip
+    kiln.env["TEST_KEY"] = out.strip().splitlines()[-1]
+
+
+def admin_call(kiln: KilnProcess, method: str, path: str, **kw: object) -> httpx.Response:
+    """One ``/admin/v1`` request with ``kiln.key``."""
+    auth = {"authorization": f"Bearer {kiln.key}"}
+    return httpx.request(method, f"{kiln.base_url}/admin/v1{path}", headers=auth, timeout=60,
+                         **kw)  # type: ignore[arg-type]  # fmt: skip
+
+
 @pytest.fixture(scope="session")
 def start_kiln() -> Callable[..., KilnProcess]:
     """Register models in a fresh data directory and start ``kiln up`` on it."""

@@ -13,6 +13,7 @@ import httpx
 import jinja2
 import openai
 import pytest
+from openai.types.chat import ChatCompletionChunk, ChatCompletionMessageParam
 from sqlalchemy import select
 from tokenizers import Tokenizer
 
@@ -22,6 +23,9 @@ from kiln_platform.settings import Settings
 
 MODEL = "smollm2-135m-instruct"
 PARIS = [{"role": "user", "content": "What is the capital of France?"}]
+PARIS_TYPED: list[ChatCompletionMessageParam] = [
+    {"role": "user", "content": "What is the capital of France?"}
+]
 
 
 @pytest.fixture(scope="module")
@@ -88,6 +92,23 @@ def test_raw_sse_has_data_lines_and_done(llm_up: Any) -> None:
     assert all(line.startswith("data: ") for line in lines)
     assert lines[-1] == "data: [DONE]"
     assert json.loads(lines[0][6:])["object"] == "chat.completion.chunk"
+
+
+def test_answers_say_which_version_served_them(client: openai.OpenAI) -> None:
+    """``model`` is what was asked; the header and ``system_fingerprint`` name the version."""
+    raw = client.chat.completions.with_raw_response.create(
+        model=f"{MODEL}@test", messages=PARIS_TYPED, max_tokens=2
+    )
+    done = raw.parse()
+    assert raw.headers["x-kiln-model-version"] == "test"
+    assert done.model == f"{MODEL}@test"
+    assert re.fullmatch(r"kiln-test-[0-9a-f]{12}", done.system_fingerprint or "")
+    with client.chat.completions.with_streaming_response.create(
+        model=MODEL, messages=PARIS_TYPED, max_tokens=2, stream=True
+    ) as streamed:
+        assert streamed.headers["x-kiln-model-version"] == "test"
+        chunks: list[ChatCompletionChunk] = list(streamed.parse())
+    assert {c.system_fingerprint for c in chunks} == {done.system_fingerprint}
 
 
 def test_max_tokens_gives_length(client: openai.OpenAI) -> None:

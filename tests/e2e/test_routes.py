@@ -9,14 +9,13 @@ from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
 from pathlib import Path
 
-import httpx
 import numpy as np
 import pytest
 import tritonclient.http as triton
 from playwright.sync_api import Page, expect
 from tritonclient.utils import InferenceServerException
 
-from .conftest import PASSWORD, KilnProcess, sign_in, wait_for
+from .conftest import PASSWORD, KilnProcess, admin_call, sign_in, use_platform_admin_key, wait_for
 
 TENANTS = 20
 
@@ -31,16 +30,13 @@ def kiln(
     with kiln_data_dir() as path:
         kiln = start_kiln(path, [])
         try:
-            kiln.cli("tenants", "create", "ops")
-            out = kiln.cli("keys", "create", "--tenant", "ops", "--role", "platform-admin",
-                           "--scope", "admin:write", "--scope", "inference")  # fmt: skip
-            kiln.env["TEST_KEY"] = out.strip().splitlines()[-1]
+            use_platform_admin_key(kiln)
             kiln.cli("users", "create", "--email", "ops@kiln.test", "--role", "platform-admin",
                      "--password", PASSWORD)  # fmt: skip
             kiln.wait_ready()
             body = tensor_models["mlp"].read_bytes()
             for version in ("1", "2"):
-                r = _admin(kiln, "POST", "/models/mlp/versions", content=body,
+                r = admin_call(kiln, "POST", "/models/mlp/versions", content=body,
                            params={"version": version})  # fmt: skip
                 assert r.status_code == 201, r.text
             yield kiln
@@ -49,32 +45,26 @@ def kiln(
                 kiln.stop()
 
 
-def _admin(kiln: KilnProcess, method: str, path: str, **kw: object) -> httpx.Response:
-    auth = {"authorization": f"Bearer {kiln.key}"}
-    return httpx.request(method, f"{kiln.base_url}/admin/v1{path}", headers=auth, timeout=60,
-                         **kw)  # type: ignore[arg-type]  # fmt: skip
-
-
 @pytest.fixture(scope="module")
 def keys(kiln: KilnProcess) -> list[str]:
     """One inference key in each of ``TENANTS`` tenants, made through the admin API."""
     out = []
     for _ in range(TENANTS):
-        r = _admin(kiln, "POST", "/tenants", json={"name": f"t-{uuid.uuid4().hex[:8]}"})
+        r = admin_call(kiln, "POST", "/tenants", json={"name": f"t-{uuid.uuid4().hex[:8]}"})
         tenant = r.json()["id"]
-        r = _admin(kiln, "POST", f"/tenants/{tenant}/keys", json={"scopes": ["inference"]})
+        r = admin_call(kiln, "POST", f"/tenants/{tenant}/keys", json={"scopes": ["inference"]})
         out.append(r.json()["secret"])
     return out
 
 
-def _version(kiln: KilnProcess, key: str, pinned: str = "") -> str:
+def _version(kiln: KilnProcess, key: str, pinned: str = "", name: str = "mlp") -> str:
     client = triton.InferenceServerClient(kiln.base_url.removeprefix("http://"))
     x = triton.InferInput("x", [1, 16], "FP32")
     x.set_data_from_numpy(np.ones((1, 16), np.float32))
     scale = triton.InferInput("scale", [1, 1], "FP32")
     scale.set_data_from_numpy(np.ones((1, 1), np.float32))
     headers = {"authorization": f"Bearer {key}"}
-    result = client.infer("mlp", [x, scale], model_version=pinned, headers=headers)
+    result = client.infer(name, [x, scale], model_version=pinned, headers=headers)
     return str(result.get_response()["model_version"])
 
 
@@ -84,21 +74,27 @@ def _mlp_workers(kiln: KilnProcess) -> list[str]:
 
 def test_without_a_route_the_newest_version_serves(kiln: KilnProcess, keys: list[str]) -> None:
     assert {_version(kiln, key) for key in keys[:3]} == {"2"}
+    lineage = admin_call(kiln, "GET", "/models/mlp/versions/1").json()
+    assert (lineage["state"], lineage["imported_by"][:4]) == ("active", "key:")
 
 
 def test_a_canary_serves_its_share_each_tenant_sticking_to_one_version(
     kiln: KilnProcess, keys: list[str]
 ) -> None:
     route = {"stable_version": "1", "canary_version": "2", "canary_percent": 50}
-    r = _admin(kiln, "PUT", "/models/mlp/route", json=route)
+    r = admin_call(kiln, "PUT", "/models/mlp/route", json=route)
     assert r.status_code == 200, r.text
     seen = [{_version(kiln, key) for _ in range(2)} for key in keys]
     assert all(len(versions) == 1 for versions in seen)  # sticky per tenant
     assert set().union(*seen) == {"1", "2"}  # both versions serve
     assert _version(kiln, keys[0], pinned="2") == "2"
     assert _version(kiln, keys[0], pinned="1") == "1"
-    with pytest.raises(InferenceServerException, match="not being served"):
+    with pytest.raises(InferenceServerException, match="does not exist"):
         _version(kiln, keys[0], pinned="7")
+    assert admin_call(kiln, "PUT", "/models/mlp/aliases/prod", json={"version": "2"}).is_success
+    assert _version(kiln, keys[0], name="mlp@prod") == "2"  # an alias in the OIP name
+    assert _version(kiln, keys[0], name="mlp@canary") == "2"
+    assert admin_call(kiln, "DELETE", "/models/mlp/aliases/prod").status_code == 204
 
 
 def test_rollback_sends_everyone_to_stable_and_retires_the_canary(
@@ -121,7 +117,7 @@ def test_an_operator_routes_a_canary_in_the_console(kiln: KilnProcess, page: Pag
     card.get_by_role("button", name="Route").click()
     card = page.locator("#model-mlp")  # the section was swapped
     expect(card.locator("tr[data-version='2'] .serves")).to_have_text("canary (25 %)")
-    route = _admin(kiln, "GET", "/models/mlp/route").json()
+    route = admin_call(kiln, "GET", "/models/mlp/route").json()
     assert (route["canary_version"], route["canary_percent"]) == ("2", 25)
     row = card.locator("tr[data-version='2']")
 

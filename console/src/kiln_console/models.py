@@ -1,7 +1,8 @@
-"""The models page: each model's versions (state, engine settings, accuracy report, pool replicas
-and latency, the live part polled), its route, and its imports; platform-admins change a route
-(canary, promotion, rollback), a version's engine settings and pool bounds, and import a model
-(upload, then its build job's phases until ready) through the same services as the admin API."""
+"""The models page: each model's versions (state, lifecycle, aliases, engine settings, accuracy
+report, pool replicas and latency, the live part polled), its route, and its imports;
+platform-admins change a route (canary, promotion, rollback), a version's engine settings and
+pool bounds, and import a model (upload, then its build job's phases until ready) through the
+same services as the admin API."""
 
 from __future__ import annotations
 
@@ -188,6 +189,7 @@ async def _context(
     if only is None:
         context["reports"] = await versions.accuracy_reports(session, viewer.actor)
         context["engines"] = await versions.engine_settings(session, viewer.actor)
+        context["releases"] = await versions.releases(session, viewer.actor)
     return context
 
 

@@ -30,7 +30,7 @@ from kiln_platform.pools.engine_metrics import EngineMetrics
 from kiln_platform.pools.local import LocalPoolBackend
 from kiln_platform.pools.services import PoolManager
 from kiln_platform.quotas.enforcer import QuotaEnforcer
-from kiln_platform.registry.services import Resolver
+from kiln_platform.registry.resolver import Resolver
 from kiln_platform.scheduler.core import SchedulerConfig
 from kiln_platform.scheduler.policy import PolicyConfig
 from kiln_platform.slo import crashloop

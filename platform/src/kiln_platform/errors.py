@@ -65,6 +65,14 @@ class ModelNotFound(NotFound):
     code = "model_not_found"
 
 
+class Gone(KilnError):
+    """The object existed and was retired on purpose (a retired model version)."""
+
+    status_code = 410
+    code = "model_retired"
+    type = "invalid_request_error"
+
+
 class Conflict(KilnError):
     """The object already exists or is being changed concurrently."""
 

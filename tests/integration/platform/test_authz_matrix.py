@@ -75,6 +75,12 @@ ADMIN: dict[tuple[str, str], str] = {
     ("PUT", "/admin/v1/quotas/{tenant_id:uuid}/keys/{key_id:uuid}"): "quotas",
     ("GET", "/admin/v1/models/{name:str}/route"): "models",
     ("PUT", "/admin/v1/models/{name:str}/route"): "models",
+    ("GET", "/admin/v1/models/{name:str}/aliases"): "models",
+    ("PUT", "/admin/v1/models/{name:str}/aliases/{alias:str}"): "models",
+    ("DELETE", "/admin/v1/models/{name:str}/aliases/{alias:str}"): "models",
+    ("GET", "/admin/v1/models/{name:str}/pins"): "model-pins",
+    ("PUT", "/admin/v1/models/{name:str}/pins/{tenant_id:uuid}"): "model-pins",
+    ("DELETE", "/admin/v1/models/{name:str}/pins/{tenant_id:uuid}"): "model-pins",
     ("POST", "/admin/v1/models/{name:str}/versions"): "models",
     ("GET", "/admin/v1/models/{name:str}/versions/{version:str}"): "models",
     ("PATCH", "/admin/v1/models/{name:str}/versions/{version:str}"): "models",
@@ -320,7 +326,7 @@ async def _fill(world: World, path: str, tenant: uuid.UUID) -> str:
     fixed = {
         "tenant_id": str(tenant), "name": world.model, "period": "2025-01",
         "version": str(world.price_book) if "/price-books/" in path else "1",
-        "job_id": world.shared_job, "file_path": "htmx-2.0.11.min.js",
+        "job_id": world.shared_job, "file_path": "htmx-2.0.11.min.js", "alias": "prod",
     }  # fmt: skip
 
     async def value(name: str) -> str:

@@ -11,7 +11,8 @@ from kiln_platform.db.database import Database
 from kiln_platform.db.tables import ApiKey
 from kiln_platform.errors import Conflict, Unauthorized
 from kiln_platform.keys.services import KeyVerifier, insert_key
-from kiln_platform.registry.services import Resolver, register_version
+from kiln_platform.registry.resolver import Resolver
+from kiln_platform.registry.services import register_version
 from kiln_platform.tenants.services import insert_tenant
 from kiln_runtimes.protocol import ModelManifest
 

@@ -1,5 +1,6 @@
-"""``kiln models list | import-bundled | upload | compile | jobs | route``: models, their
-compiled engines, and which versions serve (``kiln models import`` is ``cli.imports``)."""
+"""``kiln models list | import-bundled | upload | compile | jobs | route | alias | version``:
+models, their compiled engines, which versions serve and their aliases (``kiln models import``
+is ``cli.imports``)."""
 
 from __future__ import annotations
 
@@ -226,3 +227,13 @@ async def _wait(db: Database, settings: Settings, job_id: uuid.UUID) -> None:
             if (await services.view(session, cli_actor(), job_id)).status in ("done", "failed"):
                 return
         await asyncio.sleep(0.5)
+
+
+def _register_release_commands() -> None:
+    from kiln_platform.cli.releases import alias, version
+
+    models.add_command(alias)
+    models.add_command(version)
+
+
+_register_release_commands()

@@ -105,6 +105,15 @@ class ModelVersion(Base):
     """The build's ``AccuracyReport`` (imported versions; ``0011``)."""
     source_digest: Mapped[str | None] = mapped_column(String(71))
     """The source tree an imported version was built from (``0011``)."""
+    state: Mapped[str] = mapped_column(String(16), server_default="active")
+    """``registry.lifecycle``: staging, active, deprecated or retired (``0016``)."""
+    deprecated_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    sunset: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    successor: Mapped[str | None] = mapped_column(String(64))
+    parent_version: Mapped[str | None] = mapped_column(String(200))
+    imported_by: Mapped[str | None] = mapped_column(String(200))
+    extra: Mapped[dict[str, object]] = mapped_column("metadata", JSONB, server_default="{}")
+    """Free-form lineage (training data, eval results)."""
     created_at: Mapped[datetime] = _created()
 
 
@@ -121,6 +130,33 @@ class ModelRoute(Base):
     stable_version: Mapped[str] = mapped_column(String(64))
     canary_version: Mapped[str | None] = mapped_column(String(64))
     canary_percent: Mapped[int] = mapped_column(SmallInteger, server_default="0")
+    updated_at: Mapped[datetime] = _created()
+
+
+class ModelAlias(Base):
+    """A model's named pointer to one of its versions (``model@prod``; ``0016``)."""
+
+    __tablename__ = "model_aliases"
+    model_id: Mapped[uuid.UUID] = mapped_column(
+        ForeignKey("models.id", ondelete="CASCADE"), primary_key=True
+    )
+    alias: Mapped[str] = mapped_column(String(64), primary_key=True)
+    version: Mapped[str] = mapped_column(String(64))
+    updated_at: Mapped[datetime] = _created()
+
+
+class ModelPin(Base):
+    """An operator's pin of one tenant to a version or alias of a model (``0016``)."""
+
+    __tablename__ = "model_pins"
+    model_id: Mapped[uuid.UUID] = mapped_column(
+        ForeignKey("models.id", ondelete="CASCADE"), primary_key=True
+    )
+    tenant_id: Mapped[uuid.UUID] = mapped_column(
+        ForeignKey("tenants.id", ondelete="CASCADE"), primary_key=True
+    )
+    target: Mapped[str] = mapped_column(String(64))
+    """A version, an alias, ``stable`` or ``canary``."""
     updated_at: Mapped[datetime] = _created()
 
 

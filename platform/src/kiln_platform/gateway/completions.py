@@ -21,6 +21,8 @@ from kiln_platform.gateway.llm_schemas import (
     Usage,
 )
 from kiln_platform.gateway.schemas import ErrorBody, ErrorResponse
+from kiln_platform.registry import lifecycle
+from kiln_platform.registry.lifecycle import fingerprint
 
 if TYPE_CHECKING:
     from collections.abc import AsyncGenerator
@@ -34,7 +36,7 @@ def streamed(gen: Generation, events: AsyncGenerator[bytes, None]) -> Stream:
     admission is left however the response ends (a send cut at the deadline leaves it
     suspended: closing it cancels the worker's sequence)."""
     gen.admission.closers.append(events.aclose)
-    return Stream(events, media_type=SSE)
+    return Stream(events, media_type=SSE, headers=lifecycle.headers(gen.version))
 
 
 def _usage(gen: Generation) -> Usage:
@@ -61,6 +63,7 @@ async def complete_chat(gen: Generation) -> ChatCompletion:
         id=_id("chatcmpl", gen),
         created=int(time.time()),
         model=gen.name,
+        system_fingerprint=fingerprint(gen.version),
         choices=[ChatChoice(message=AssistantMessage(content=text), finish_reason=finish)],
         usage=_usage(gen),
     )
@@ -73,6 +76,7 @@ async def complete_text(gen: Generation) -> TextCompletion:
         id=_id("cmpl", gen),
         created=int(time.time()),
         model=gen.name,
+        system_fingerprint=fingerprint(gen.version),
         choices=[TextChoice(text=text, finish_reason=finish)],
         usage=_usage(gen),
     )
@@ -89,10 +93,12 @@ def _error_event(exc: KilnError) -> bytes:
 async def stream_chat(gen: Generation, include_usage: bool) -> AsyncGenerator[bytes, None]:
     """``chat.completion.chunk`` events, then usage (if asked) and ``[DONE]``."""
     cid, created, model = _id("chatcmpl", gen), int(time.time()), gen.name
+    mark = fingerprint(gen.version)
 
     def chunk(delta: Delta, finish: str | None = None) -> bytes:
         choice = ChunkChoice(delta=delta, finish_reason=finish)
-        return sse(ChatCompletionChunk(id=cid, created=created, model=model, choices=[choice]))
+        return sse(ChatCompletionChunk(id=cid, created=created, model=model, choices=[choice],
+                                       system_fingerprint=mark))  # fmt: skip
 
     yield chunk(Delta(role="assistant", content=""))
     try:

@@ -25,6 +25,7 @@ from kiln_platform.gateway.schemas import (
     ModelList,
 )
 from kiln_platform.openapi import OPENAI_ERRORS, DocumentedController
+from kiln_platform.registry import lifecycle
 
 SSE = "text/event-stream"
 # Already-built objects: skip Litestar's per-request validation of their fields.
@@ -50,16 +51,20 @@ class OpenAIController(DocumentedController):
         return ModelList(data=await services.model_cards(kiln, admission.principal.tenant_id))
 
     @get("/models/{model_id:str}")
-    async def get_model(self, kiln: KilnDep, admission: AdmissionDep, model_id: str) -> ModelCard:
+    async def get_model(
+        self, kiln: KilnDep, admission: AdmissionDep, model_id: str
+    ) -> Response[ModelCard]:
         """Describe one model (or one of the tenant's adapters, ``<model>:<adapter>``)."""
-        return await services.describe(kiln, admission.principal.tenant_id, model_id)
+        card, version = await services.describe(kiln, admission.principal.tenant_id, model_id)
+        return Response(card, headers=lifecycle.headers(version))
 
     @post("/embeddings", status_code=200, dependencies=SCHEDULED)
     async def embeddings(
         self, kiln: KilnDep, admission: AdmissionDep, data: EmbeddingsRequest
-    ) -> EmbeddingsResponse:
+    ) -> Response[EmbeddingsResponse]:
         """Create embeddings."""
-        return await services.embed(kiln, admission, data)
+        result, version = await services.embed(kiln, admission, data)
+        return Response(result, headers=lifecycle.headers(version))
 
     # Litestar's Stream takes the handler's media type over its own, hence media_type=SSE here
     # and an explicit JSON Response for the non-streamed case.
@@ -72,7 +77,8 @@ class OpenAIController(DocumentedController):
         if data.stream:
             include_usage = bool(data.stream_options and data.stream_options.include_usage)
             return completions.streamed(gen, completions.stream_chat(gen, include_usage))
-        return Response(await completions.complete_chat(gen), media_type=MediaType.JSON)
+        body = await completions.complete_chat(gen)
+        return Response(body, media_type=MediaType.JSON, headers=lifecycle.headers(gen.version))
 
     @post("/completions", status_code=200, media_type=SSE, dependencies=SCHEDULED)
     async def text_completions(
@@ -83,4 +89,5 @@ class OpenAIController(DocumentedController):
         if data.stream:
             include_usage = bool(data.stream_options and data.stream_options.include_usage)
             return completions.streamed(gen, completions.stream_text(gen, include_usage))
-        return Response(await completions.complete_text(gen), media_type=MediaType.JSON)
+        body = await completions.complete_text(gen)
+        return Response(body, media_type=MediaType.JSON, headers=lifecycle.headers(gen.version))

@@ -143,6 +143,8 @@ class ChatCompletion(msgspec.Struct, kw_only=True):
     model: str
     choices: list[ChatChoice]
     usage: Usage
+    system_fingerprint: str | None = None
+    """``kiln-<version>-<build digest>``: which version answered."""
     object: str = "chat.completion"
 
 
@@ -170,6 +172,8 @@ class ChatCompletionChunk(msgspec.Struct, kw_only=True, omit_defaults=False):
     model: str
     choices: list[ChunkChoice]
     usage: Usage | None = None
+    system_fingerprint: str | None = None
+    """``kiln-<version>-<build digest>``: which version answered."""
     object: str = "chat.completion.chunk"
 
 
@@ -190,4 +194,6 @@ class TextCompletion(msgspec.Struct, kw_only=True, omit_defaults=False):
     model: str
     choices: list[TextChoice]
     usage: Usage | None = None
+    system_fingerprint: str | None = None
+    """``kiln-<version>-<build digest>``: which version answered."""
     object: Literal["text_completion"] = "text_completion"

@@ -16,6 +16,7 @@ from kiln_platform.gateway.auth import provide_principal
 from kiln_platform.gateway.oip_codec import HEADER_LENGTH
 from kiln_platform.gateway.oip_schemas import ModelMetadata, ServerMetadata
 from kiln_platform.openapi import OIP_ERRORS, DocumentedController
+from kiln_platform.registry import lifecycle
 
 KilnDep = SkipValidation[Kiln]
 AdmissionDep = SkipValidation[Admission]
@@ -54,9 +55,10 @@ class OIPController(DocumentedController):
     @get(["/models/{name:str}", "/models/{name:str}/versions/{version:str}"], dependencies=AUTH)
     async def model_metadata(
         self, kiln: KilnDep, admission: AdmissionDep, name: str, version: str | None = None
-    ) -> ModelMetadata:
+    ) -> Response[ModelMetadata]:
         """A model's inputs and outputs (``-1`` marks a dynamic dimension)."""
-        return oip.model_metadata(await oip.resolve(kiln, name, version))
+        resolved = await oip.resolve(kiln, name, version, str(admission.principal.tenant_id))
+        return Response(oip.model_metadata(resolved), headers=lifecycle.headers(resolved))
 
     @get(
         ["/models/{name:str}/ready", "/models/{name:str}/versions/{version:str}/ready"],
@@ -91,4 +93,5 @@ class OIPController(DocumentedController):
             header_length=request.headers.get(HEADER_LENGTH),
         )  # fmt: skip
         media_type = headers.pop("content-type")
+        headers.update(lifecycle.headers(resolved))
         return Response(body, status_code=200, headers=headers, media_type=media_type)

@@ -110,8 +110,11 @@ def tokenize_input(raw: str | list[Any], tokenizer: Tokenizer, context: int) -> 
     return ids
 
 
-async def embed(kiln: Kiln, admission: Admission, request: EmbeddingsRequest) -> EmbeddingsResponse:
-    """Serve ``POST /v1/embeddings``; its admission records the usage."""
+async def embed(
+    kiln: Kiln, admission: Admission, request: EmbeddingsRequest
+) -> tuple[EmbeddingsResponse, ResolvedVersion]:
+    """Serve ``POST /v1/embeddings`` (and say which version did); its admission records the
+    usage."""
     principal, request_id = admission.principal, admission.request_id
     version = await kiln.resolver.resolve(request.model, str(principal.tenant_id))
     manifest = version.manifest
@@ -152,11 +155,12 @@ async def embed(kiln: Kiln, admission: Admission, request: EmbeddingsRequest) ->
     await admission.commit(
         dataclasses.replace(usage, queue_ms=result.queue_ms, compute_ms=result.compute_ms)
     )
-    return EmbeddingsResponse(
+    response = EmbeddingsResponse(
         data=data,
-        model=version.model,
+        model=request.model,
         usage=EmbeddingsUsage(prompt_tokens=tokens, total_tokens=tokens),
     )
+    return response, version
 
 
 def model_card(version: ResolvedVersion) -> ModelCard:
@@ -168,20 +172,23 @@ async def model_cards(kiln: Kiln, tenant_id: uuid.UUID) -> list[ModelCard]:
     """Served models, then the tenant's adapters (``<model>:<adapter>``, with their parent)."""
     await kiln.resolver.refresh()
     tenant = str(tenant_id)
-    models = [await kiln.resolver.resolve(m, tenant) for m in sorted(kiln.resolver.served)]
-    cards = [model_card(v) for v in models]
+    cards = [model_card(v) for v in kiln.resolver.listed(tenant)]
     for base, adapter, created in await kiln.adapters.names(tenant_id):
         model = f"{base}{SEPARATOR}{adapter}"
         cards.append(ModelCard(id=model, created=created, owned_by=tenant, parent=base))
     return cards
 
 
-async def describe(kiln: Kiln, tenant_id: uuid.UUID, model: str) -> ModelCard:
-    """One model's card, or one of the tenant's adapters'."""
+async def describe(
+    kiln: Kiln, tenant_id: uuid.UUID, model: str
+) -> tuple[ModelCard, ResolvedVersion]:
+    """One model's card, or one of the tenant's adapters', and the version the name gives."""
     base, adapter = split(model)
-    card = model_card(await kiln.resolver.resolve(base, str(tenant_id)))
+    version = await kiln.resolver.resolve(base, str(tenant_id))
+    card = model_card(version)
     if adapter is None:
-        return card
-    if await kiln.adapters.digest(tenant_id, base, adapter) is None:
+        return card, version
+    if await kiln.adapters.digest(tenant_id, version.model, adapter) is None:
         raise ModelNotFound(f"The model `{model}` does not exist.", param="model")
-    return ModelCard(id=model, created=card.created, owned_by=str(tenant_id), parent=base)
+    adapted = ModelCard(id=model, created=card.created, owned_by=str(tenant_id), parent=base)
+    return adapted, version

@@ -32,7 +32,8 @@ if TYPE_CHECKING:
     from collections.abc import Callable
 
     from kiln_platform.pools.backend import PoolBackend
-    from kiln_platform.registry.services import ResolvedVersion, Resolver
+    from kiln_platform.registry.resolver import Resolver
+    from kiln_platform.registry.services import ResolvedVersion
     from kiln_runtimes.store import ArtifactStore
 
 log = structlog.get_logger("kiln.pools")

@@ -12,19 +12,27 @@ from pathlib import Path
 from typing import Any
 
 import msgspec
-from litestar import Request, Response, get, patch, post, put
+from litestar import Request, Response, delete, get, patch, post, put
 from litestar.openapi.datastructures import ResponseSpec
 
 from kiln_platform.admin.deps import AdminController, CallDep
 from kiln_platform.compiler import services as jobs
 from kiln_platform.compiler.schemas import CompileJobView, CompileRequest, UploadView
 from kiln_platform.errors import BadRequest
-from kiln_platform.registry import imports, intake, services, versions
-from kiln_platform.registry.engine import EngineSettings, EngineUpdate
-from kiln_platform.registry.schemas import RouteUpdate, RouteView
+from kiln_platform.registry import aliases, imports, intake, pins, services, versions
+from kiln_platform.registry.engine import EngineSettings
+from kiln_platform.registry.schemas import (
+    AliasUpdate,
+    AliasView,
+    PinUpdate,
+    PinView,
+    RouteUpdate,
+    RouteView,
+)
 from kiln_platform.registry.upload import receive, upload_dir
 
 COMPILE_JOBS = {"resource": "compile-jobs"}
+MODEL_PINS = {"resource": "model-pins"}
 
 
 class AdminModelsController(AdminController):
@@ -93,11 +101,12 @@ class AdminModelsController(AdminController):
 
     @patch("/models/{name:str}/versions/{version:str}")
     async def update_version(
-        self, call: CallDep, name: str, version: str, data: EngineUpdate
+        self, call: CallDep, name: str, version: str, data: versions.VersionUpdate
     ) -> versions.VersionView:
-        """Change a version's engine settings; its workers restart with them."""
+        """Change a version's engine settings (its workers restart with them), its lifecycle
+        state (``sunset``, ``successor``) or its lineage."""
         async with call.kiln.db.sessions.begin() as session:
-            view = await versions.update_engine(session, call.actor, name, version, data)
+            view = await versions.update_version(session, call.actor, name, version, data)
         await call.kiln.pools.reconcile()
         return view
 
@@ -148,4 +157,46 @@ class RoutesController(AdminController):
         applies it at once, others within their 2 s refresh."""
         return await services.set_route(
             await call.session(), call.actor, name, data, reconcile=call.kiln.pools.reconcile
+        )
+
+    @get("/models/{name:str}/aliases")
+    async def list_aliases(self, call: CallDep, name: str) -> list[AliasView]:
+        """A model's aliases (``model@alias`` on /v1 and /v2)."""
+        return await aliases.list_aliases(await call.session(), call.actor, name)
+
+    @put("/models/{name:str}/aliases/{alias:str}")
+    async def set_alias(self, call: CallDep, name: str, alias: str, data: AliasUpdate) -> AliasView:
+        """Point an alias at a version, created or moved atomically (audited)."""
+        return await aliases.set_alias(
+            await call.session(), call.actor, name, alias, data.version,
+            reconcile=call.kiln.pools.reconcile,
+        )  # fmt: skip
+
+    @delete("/models/{name:str}/aliases/{alias:str}", status_code=204)
+    async def delete_alias(self, call: CallDep, name: str, alias: str) -> None:
+        """Remove an alias."""
+        await aliases.delete_alias(
+            await call.session(), call.actor, name, alias, reconcile=call.kiln.pools.reconcile
+        )
+
+    @get("/models/{name:str}/pins", opt=MODEL_PINS)
+    async def list_pins(self, call: CallDep, name: str) -> list[PinView]:
+        """The tenants an operator pinned to a version or alias of the model."""
+        return await pins.list_pins(await call.session(), call.actor, name)
+
+    @put("/models/{name:str}/pins/{tenant_id:uuid}", opt=MODEL_PINS)
+    async def set_pin(
+        self, call: CallDep, name: str, tenant_id: uuid.UUID, data: PinUpdate
+    ) -> PinView:
+        """Pin a tenant's plain ``model`` to a version or alias (audited)."""
+        return await pins.set_pin(
+            await call.session(), call.actor, name, tenant_id, data.target,
+            reconcile=call.kiln.pools.reconcile,
+        )  # fmt: skip
+
+    @delete("/models/{name:str}/pins/{tenant_id:uuid}", opt=MODEL_PINS, status_code=204)
+    async def delete_pin(self, call: CallDep, name: str, tenant_id: uuid.UUID) -> None:
+        """Unpin a tenant: it follows the route again."""
+        await pins.delete_pin(
+            await call.session(), call.actor, name, tenant_id, reconcile=call.kiln.pools.reconcile
         )

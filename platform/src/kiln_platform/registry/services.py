@@ -3,14 +3,11 @@ request's model to the version that serves it."""
 
 from __future__ import annotations
 
-import asyncio
-import math
-import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import msgspec
-from sqlalchemy import or_, select
+from sqlalchemy import select
 from sqlalchemy.dialects.postgresql import distinct_on, insert
 
 from kiln_platform.admin.authz import Actor, require
@@ -19,7 +16,9 @@ from kiln_platform.db import after_commit
 from kiln_platform.db.tables import Model, ModelRoute, ModelVersion
 from kiln_platform.errors import BadRequest, ModelNotFound
 from kiln_platform.registry.engine import EngineSettings, decode
-from kiln_platform.registry.routes import Route
+from kiln_platform.registry.lifecycle import (
+    check_target,
+)
 from kiln_platform.registry.schemas import RouteUpdate, RouteView
 from kiln_runtimes.protocol import ModelManifest
 
@@ -27,7 +26,7 @@ if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
     from datetime import datetime
 
-    from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+    from sqlalchemy.ext.asyncio import AsyncSession
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,6 +40,11 @@ class ResolvedVersion:
     created_at: datetime
     engine: EngineSettings = field(default_factory=EngineSettings)
     """The version's own engine settings (unset fields: the deployment's defaults)."""
+    state: str = "active"
+    """``registry.lifecycle.State``."""
+    deprecated_at: datetime | None = None
+    sunset: datetime | None = None
+    successor: str | None = None
 
     @property
     def context_length(self) -> int:
@@ -54,11 +58,11 @@ class ResolvedVersion:
         return f"{self.model}@{self.version}"
 
 
-def _resolved(model: Model, row: ModelVersion) -> ResolvedVersion:
+def resolved(model: Model, row: ModelVersion) -> ResolvedVersion:
     manifest = msgspec.convert(row.manifest, ModelManifest)
     return ResolvedVersion(
         model.name, row.version, row.artifact_digest, manifest, row.created_at,
-        decode(row.engine_settings),
+        decode(row.engine_settings), row.state, row.deprecated_at, row.sunset, row.successor,
     )  # fmt: skip
 
 
@@ -71,11 +75,12 @@ async def register_version(
     engine: EngineSettings | None = None,
     accuracy: object = None,
     source_digest: str | None = None,
+    imported_by: str | None = None,
 ) -> bool:
     """Register ``manifest.name`` at ``version``; returns False if that version already exists.
 
     Imported versions also carry their engine settings, the build's accuracy report and the
-    source tree they were built from."""
+    source tree they were built from; ``imported_by`` is the actor that uploaded it."""
     await session.execute(
         insert(Model).values(name=manifest.name, task=manifest.task).on_conflict_do_nothing()
     )
@@ -90,6 +95,7 @@ async def register_version(
             engine_settings=msgspec.to_builtins(engine or EngineSettings()),
             accuracy=msgspec.to_builtins(accuracy),
             source_digest=source_digest,
+            imported_by=imported_by,
         )
         .on_conflict_do_nothing()
     )
@@ -104,97 +110,13 @@ async def latest_versions(session: AsyncSession) -> list[ResolvedVersion]:
         .ext(distinct_on(Model.name))
         .order_by(Model.name, ModelVersion.created_at.desc())
     )
-    return [_resolved(model, version) for model, version in rows.all()]
-
-
-async def routed_versions(session: AsyncSession) -> tuple[dict[str, Route], list[ResolvedVersion]]:
-    """Every model's route, and the versions routes name."""
-    rows = await session.execute(
-        select(Model, ModelVersion, ModelRoute)
-        .join(ModelRoute, ModelRoute.model_id == Model.id)
-        .join(ModelVersion, ModelVersion.model_id == Model.id)
-        .where(
-            or_(
-                ModelVersion.version == ModelRoute.stable_version,
-                ModelVersion.version == ModelRoute.canary_version,
-            )
-        )
-    )
-    routes, versions = {}, []
-    for model, version, route in rows.all():
-        routes[model.name] = Route(route.stable_version, route.canary_version, route.canary_percent)
-        versions.append(_resolved(model, version))
-    return routes, versions
-
-
-MISS_REFRESH_S = 0.25
-"""A name the cache does not know reloads the catalog, but at most this often (a miss soon after
-a reload waits for the next one) and concurrent misses share one reload: a flood of made-up
-model names costs the database one reload per 250 ms, not one per request."""
-
-
-class Resolver:
-    """Model name -> the version that serves a request, cached in memory and refreshed from the
-    database: the route's stable version or its canary (sticky per tenant), else the newest."""
-
-    def __init__(self, sessions: async_sessionmaker[AsyncSession]) -> None:
-        self._sessions = sessions
-        self.routes: dict[str, Route] = {}
-        self.served: dict[str, dict[str, ResolvedVersion]] = {}
-        """Each model's served versions, by version."""
-        self._refreshed_at = -math.inf
-        self._reload: asyncio.Future[list[ResolvedVersion]] | None = None
-
-    async def refresh(self) -> list[ResolvedVersion]:
-        """Reload routes and served versions; returns every served version (one pool each)."""
-        if self._reload is None:  # concurrent callers share the reload in flight
-            self._reload = asyncio.ensure_future(self._load())
-            self._reload.add_done_callback(self._reloaded)
-        return await asyncio.shield(self._reload)
-
-    def _reloaded(self, _: asyncio.Future[list[ResolvedVersion]]) -> None:
-        self._reload = None
-
-    async def _load(self) -> list[ResolvedVersion]:
-        started = time.monotonic()
-        async with self._sessions() as session:
-            routes, routed = await routed_versions(session)
-            newest = [v for v in await latest_versions(session) if v.model not in routes]
-        served: dict[str, dict[str, ResolvedVersion]] = {}
-        for v in [*newest, *routed]:
-            served.setdefault(v.model, {})[v.version] = v
-        self.routes = {m: r for m, r in routes.items() if set(r.versions) <= set(served[m])}
-        self.served = served
-        self._refreshed_at = started
-        return [*newest, *routed]
-
-    async def resolve(self, name: str, sticky: str = "") -> ResolvedVersion:
-        """The version of ``name`` that serves ``sticky`` (a tenant id), refreshing on a miss."""
-        versions = self.served.get(name)
-        if versions is None:  # new since the last reload, or made up: reload, at most so often
-            await asyncio.sleep(self._refreshed_at + MISS_REFRESH_S - time.monotonic())
-            await self.refresh()
-            versions = self.served.get(name)
-        if versions is None:
-            raise ModelNotFound(f"The model `{name}` does not exist.", param="model")
-        route = self.routes.get(name)
-        if route is None:
-            return max(versions.values(), key=lambda v: v.created_at)
-        return versions[route.choose(name, sticky)]
-
-    async def pinned(self, name: str, version: str) -> ResolvedVersion:
-        """``version`` of ``name`` if it is served (the stable or the canary of its route)."""
-        await self.resolve(name)
-        found = self.served[name].get(version)
-        if found is None:
-            raise ModelNotFound(f"The model `{name}` version `{version}` is not being served.")
-        return found
+    return [resolved(model, version) for model, version in rows.all()]
 
 
 async def get_route(session: AsyncSession, actor: Actor, name: str) -> RouteView:
     """A model's route; a model without one serves its newest version."""
     require(actor, "models")
-    model = await _model(session, name)
+    model = await find_model(session, name)
     row = await session.get(ModelRoute, model.id)
     if row is not None:
         return _view(name, row)
@@ -216,14 +138,11 @@ async def set_route(
     ``reconcile``: the pool manager's, run once the route is committed (pools for the new
     route at once on this gateway; others within their 2 s refresh)."""
     require(actor, "models", write=True)  # the catalog is not a tenant's: no existence to hide
-    model = await _model(session, name)
-    versions = set(
-        await session.scalars(select(ModelVersion.version).where(ModelVersion.model_id == model.id))
-    )
+    model = await find_model(session, name)
     for param, version in (("stable_version", data.stable_version),
                            ("canary_version", data.canary_version)):  # fmt: skip
-        if version is not None and version not in versions:
-            raise BadRequest(f"`{name}` has no version `{version}`.", param=param)
+        if version is not None:
+            await version_state(session, model, version, param)
     if data.canary_version == data.stable_version:
         raise BadRequest("The canary must be another version than the stable one.",
                          param="canary_version")  # fmt: skip
@@ -242,11 +161,25 @@ async def set_route(
     return _view(name, data)
 
 
-async def _model(session: AsyncSession, name: str) -> Model:
+async def find_model(session: AsyncSession, name: str) -> Model:
     model = await session.scalar(select(Model).where(Model.name == name))
     if model is None:
         raise ModelNotFound(f"The model `{name}` does not exist.", param="name")
     return model
+
+
+async def version_state(session: AsyncSession, model: Model, version: str, param: str) -> str:
+    """The state of a version a route, alias or pin is to name: 400 naming ``param`` if it does
+    not exist or is retired."""
+    state = await session.scalar(
+        select(ModelVersion.state).where(
+            ModelVersion.model_id == model.id, ModelVersion.version == version
+        )
+    )
+    if state is None:
+        raise BadRequest(f"`{model.name}` has no version `{version}`.", param=param)
+    check_target(state, version, param)
+    return state
 
 
 def _view(name: str, route: ModelRoute | RouteUpdate) -> RouteView:

@@ -100,7 +100,7 @@ async def upload_version(
         manifest = await asyncio.to_thread(_prepare, name, source, folder, settings)
         digest = await asyncio.to_thread(store.put_dir, folder)
     async with sessions.begin() as session:
-        if not await register_version(session, manifest, version, digest):
+        if not await register_version(session, manifest, version, digest, imported_by=actor.name):
             raise Conflict(f"{name} version {version} already exists")
         model_id = await session.scalar(select(Model.id).where(Model.name == name))
         await record(session, actor, "model.version.create", "model", model_id, None,

@@ -7,7 +7,8 @@ import uuid
 import pytest
 from pydantic import SecretStr
 
-from kiln_platform.registry import versions
+from kiln_platform.admin.authz import Actor, Role
+from kiln_platform.registry import aliases, versions
 from kiln_platform.registry.services import register_version
 from kiln_platform.settings import Settings
 from kiln_runtimes.protocol import ModelManifest
@@ -57,6 +58,21 @@ async def test_a_platform_admin_routes_a_canary_from_the_page(app: App, model: s
         assert r.status_code == 400
         assert 'data-field="canary_version"' in r.text
         assert app.kiln.resolver.routes[model].canary_percent == 30  # unchanged
+
+
+async def test_the_page_shows_states_and_aliases(app: App, model: str) -> None:
+    cli = Actor("cli:test", Role.PLATFORM_ADMIN, None)
+    async with app.kiln.db.sessions.begin() as session:
+        await aliases.set_alias(session, cli, model, "prod", "1")
+        change = versions.VersionUpdate(state="deprecated", successor="2")
+        await versions.update_version(session, cli, model, "1", change)
+    tenant = await app.tenant()
+    async with app.signed_in(await app.user("tenant-admin", tenant)) as (http, _):
+        page = await http.get("/console/models")
+    card = page.text.split(f'id="model-{model}"')[1]
+    fold = card.split('<details class="version" data-version="1"')[1].split("</details>")[0]
+    assert '<span class="lifecycle">deprecated</span> → 2' in fold
+    assert '<span class="aliases">prod</span>' in fold
 
 
 async def test_other_roles_read_or_are_refused(app: App, model: str) -> None:

@@ -13,7 +13,8 @@ import pytest
 from pydantic import SecretStr
 
 from kiln_platform.errors import ModelNotFound
-from kiln_platform.registry.services import MISS_REFRESH_S, Resolver, register_version
+from kiln_platform.registry.resolver import MISS_REFRESH_S, Resolver
+from kiln_platform.registry.services import register_version
 from kiln_platform.settings import Settings
 from kiln_runtimes.protocol import ModelManifest
 
@@ -109,12 +110,14 @@ async def test_a_canary_takes_its_share_sticky_and_rollback_retires_it(
     assert {k for k in pools.desired if k.startswith(MODEL)} == {f"{MODEL}@1", f"{MODEL}@2"}
     assert (await resolver.pinned(MODEL, "2")).version == "2"
     with pytest.raises(ModelNotFound):
-        await resolver.pinned(MODEL, "3")  # registered, but no route serves it
+        await resolver.pinned(MODEL, "9")  # never registered
 
     r = await admin.call("PUT", path, root, json={"stable_version": "1"})  # roll back
     assert r.status_code == 200
     assert {(await resolver.resolve(MODEL, t)).version for t in TENANTS} == {"1"}
     assert {k for k in pools.desired if k.startswith(MODEL)} == {f"{MODEL}@1"}
+    assert (await resolver.resolve(f"{MODEL}@3")).version == "3"  # by number: served on demand
+    assert f"{MODEL}@3" in {v.pool for v in await resolver.refresh()}
 
 
 async def test_unknown_names_share_one_catalog_reload_per_quarter_second(admin: Admin) -> None:

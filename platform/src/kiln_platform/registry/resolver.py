@@ -1,0 +1,190 @@
+"""The Resolver: a model address -> the version that serves a request, from an in-memory copy
+of the catalog (versions, routes, aliases, tenant pins) reloaded from the database."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import time
+from typing import TYPE_CHECKING, Any
+
+from sqlalchemy import select
+
+from kiln_platform.db.tables import Model, ModelAlias, ModelPin, ModelRoute, ModelVersion
+from kiln_platform.errors import ModelNotFound
+from kiln_platform.registry.lifecycle import DEFAULT_SERVING, address, refuse_retired
+from kiln_platform.registry.routes import Route
+from kiln_platform.registry.services import ResolvedVersion, resolved
+
+if TYPE_CHECKING:
+    from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+
+
+Catalog = dict[str, dict[str, ResolvedVersion]]
+"""Every model's versions, by version."""
+Named = dict[str, dict[str, str]]
+"""Per model: alias -> version, or tenant id -> pinned target."""
+
+
+async def load_catalog(
+    session: AsyncSession,
+) -> tuple[Catalog, dict[str, Route], Named, Named]:
+    """Every version, route, alias and tenant pin (four queries)."""
+    catalog: Catalog = {}
+    rows = await session.execute(
+        select(Model, ModelVersion).join(ModelVersion, ModelVersion.model_id == Model.id)
+    )
+    for model, version in rows.all():
+        catalog.setdefault(model.name, {})[version.version] = resolved(model, version)
+    routes = {
+        name: Route(row.stable_version, row.canary_version, row.canary_percent)
+        for name, row in (
+            await session.execute(
+                select(Model.name, ModelRoute).join(ModelRoute, ModelRoute.model_id == Model.id)
+            )
+        ).all()
+    }
+    aliases = await _named(session, ModelAlias.alias, ModelAlias.version)
+    pins = await _named(session, ModelPin.tenant_id, ModelPin.target)
+    return catalog, routes, aliases, pins
+
+
+async def _named(session: AsyncSession, key: Any, value: Any) -> dict[str, dict[str, str]]:
+    """Rows of a per-model table as model name -> str(key) -> value (aliases, pins)."""
+    found: dict[str, dict[str, str]] = {}
+    query = select(Model.name, key, value).join(Model, Model.id == key.class_.model_id)
+    for name, k, v in (await session.execute(query)).all():
+        found.setdefault(name, {})[str(k)] = v
+    return found
+
+
+def _default(versions: dict[str, ResolvedVersion]) -> ResolvedVersion | None:
+    """A model's newest active or deprecated version (what it serves without a route)."""
+    live = [v for v in versions.values() if v.state in DEFAULT_SERVING]
+    return max(live, key=lambda v: v.created_at) if live else None
+
+
+def _choose(  # noqa: PLR0917
+    name: str, route: Route | None, versions: dict[str, ResolvedVersion], aliases: dict[str, str],
+    suffix: str | None, sticky: str,
+) -> str | None:  # fmt: skip
+    """The version an address's suffix names (``None``: the route's choice, else the default)."""
+    if route is not None and suffix in {None, "stable", "canary"}:
+        return route.choose(name, sticky) if suffix is None else (
+            route.stable if suffix == "stable" else route.canary)  # fmt: skip
+    if suffix in {None, "stable"}:
+        return getattr(_default(versions), "version", None)
+    if suffix == "canary":
+        return None
+    return aliases.get(suffix, suffix)
+
+
+DEMAND_IDLE_S = 30.0
+"""A version asked for by number (``model@3``) that no route or alias serves keeps its pool
+while it was asked for within this long; then its pool is retired like any unrouted one."""
+
+MISS_REFRESH_S = 0.25
+"""A name the cache does not know reloads the catalog, but at most this often (a miss soon after
+a reload waits for the next one) and concurrent misses share one reload: a flood of made-up
+model names costs the database one reload per 250 ms, not one per request."""
+
+
+class Resolver:
+    """Model address -> the version that serves a request, from an in-memory copy of the
+    catalog refreshed from the database (no round trip per request).
+
+    ``model``: the route's stable version or its canary (sticky per tenant), else the newest
+    active one; ``model@stable`` / ``model@canary``: the route's; ``model@prod``: an alias;
+    ``model@3``: that version. Served versions (one pool each) are the routed or default ones,
+    alias targets, and versions requested by number since this process started."""
+
+    def __init__(self, sessions: async_sessionmaker[AsyncSession]) -> None:
+        self._sessions = sessions
+        self.catalog: Catalog = {}
+        self.routes: dict[str, Route] = {}
+        self.aliases: Named = {}
+        self.pins: Named = {}
+        """Per model: tenant id -> the version or alias an operator pinned it to."""
+        self.served: Catalog = {}
+        """Each model's served versions, by version."""
+        self._demanded: dict[tuple[str, str], float] = {}
+        """Versions asked for by number that nothing else serves, and when they last were."""
+        self._refreshed_at = -math.inf
+        self._reload: asyncio.Future[list[ResolvedVersion]] | None = None
+
+    async def refresh(self) -> list[ResolvedVersion]:
+        """Reload the catalog; returns every served version (one pool each)."""
+        if self._reload is None:  # concurrent callers share the reload in flight
+            self._reload = asyncio.ensure_future(self._load())
+            self._reload.add_done_callback(self._reloaded)
+        return await asyncio.shield(self._reload)
+
+    def _reloaded(self, _: asyncio.Future[list[ResolvedVersion]]) -> None:
+        self._reload = None
+
+    async def _load(self) -> list[ResolvedVersion]:
+        started = time.monotonic()
+        async with self._sessions() as session:
+            catalog, routes, aliases, pins = await load_catalog(session)
+        routes = {m: r for m, r in routes.items() if set(r.versions) <= set(catalog.get(m, {}))}
+        idle = started - DEMAND_IDLE_S
+        self._demanded = {k: t for k, t in self._demanded.items() if t > idle}
+        wanted = set(self._demanded)
+        for name, versions in catalog.items():
+            route, default = routes.get(name), _default(versions)
+            if route is not None:
+                wanted.update((name, v) for v in route.versions)
+            elif default is not None:
+                wanted.add((name, default.version))
+            named = aliases.get(name, {})
+            wanted.update((name, v) for v in named.values())
+            wanted.update((name, named.get(t, t)) for t in pins.get(name, {}).values())
+        served: Catalog = {}
+        for name, version in wanted:
+            found = catalog.get(name, {}).get(version)
+            if found is not None and found.state != "retired":
+                served.setdefault(name, {})[version] = found
+        self.catalog, self.routes, self.served = catalog, routes, served
+        self.aliases, self.pins = aliases, pins
+        self._refreshed_at = started
+        return [v for versions in served.values() for v in versions.values()]
+
+    async def resolve(self, model: str, sticky: str = "") -> ResolvedVersion:
+        """The version ``model`` (an address) names for ``sticky`` (a tenant id)."""
+        name, suffix = address(model)
+        found = self._lookup(name, suffix, sticky)
+        if found is None:  # new since the last reload, or made up: reload, at most so often
+            await asyncio.sleep(self._refreshed_at + MISS_REFRESH_S - time.monotonic())
+            await self.refresh()
+            found = self._lookup(name, suffix, sticky)
+        if found is None:
+            raise ModelNotFound(f"The model `{model}` does not exist.", param="model")
+        return self._serve(refuse_retired(found))
+
+    def listed(self, sticky: str) -> list[ResolvedVersion]:
+        """What each model's plain name gives ``sticky`` now (``/v1/models``), without reloads;
+        models with nothing to give (only staging or retired versions) are left out."""
+        found = (self._lookup(name, None, sticky) for name in sorted(self.catalog))
+        return [v for v in found if v is not None and v.state != "retired"]
+
+    def _lookup(self, name: str, suffix: str | None, sticky: str) -> ResolvedVersion | None:
+        versions = self.catalog.get(name)
+        if versions is None:
+            return None
+        if suffix is None:  # an operator may have pinned the tenant
+            suffix = self.pins.get(name, {}).get(sticky)
+        aliases = self.aliases.get(name, {})
+        chosen = _choose(name, self.routes.get(name), versions, aliases, suffix, sticky)
+        return None if chosen is None else versions.get(chosen)
+
+    def _serve(self, version: ResolvedVersion) -> ResolvedVersion:
+        """Make sure ``version`` has a pool (the pool manager adopts it on first use)."""
+        served, key = self.served.setdefault(version.model, {}), (version.model, version.version)
+        if version.version not in served or key in self._demanded:
+            self._demanded[key] = time.monotonic()
+            served[version.version] = version
+        return version
+
+    async def pinned(self, name: str, version: str) -> ResolvedVersion:
+        """``version`` of ``name`` (OIP's versions path): any version but a retired one."""
+        return await self.resolve(f"{name}@{version}")
