@@ -4,9 +4,12 @@ build without tracing (see docs/benchmarks.md).
 Starts three ``kiln up`` on all-MiniLM-L6-v2 side by side (each its own data directory,
 PostgreSQL and worker):
 
-- ``baseline``: the commit before tracing was added, from a ``git worktree`` of it put first on
-  ``PYTHONPATH`` (``platform/src``, ``runtimes/src``, ``console/src``; checked: the packages
-  import from there, and workers inherit ``PYTHONPATH``);
+- ``baseline``: a build without tracing, from a ``git worktree`` whose ``platform/src``,
+  ``runtimes/src`` and ``console/src`` are put first on ``PYTHONPATH`` (checked: the packages
+  import from there, and workers inherit ``PYTHONPATH``). By default the worktree is ``HEAD``
+  (commit first) with ``kiln_runtimes/tracing.py`` replaced by ``bench/_no_tracing.py``: the
+  same names doing nothing and no OpenTelemetry import, tracing compiled out. ``--baseline``
+  takes any revision instead (``added``: the parent of the commit that added tracing);
 - ``off``: this tree, no ``OTEL_*`` (tracing off, its default);
 - ``on``: this tree exporting OTLP/HTTP to a sink on loopback (a thread of this process that
   answers 200), sampling 1% (``parentbased_traceidratio``, ``0.01``).
@@ -92,8 +95,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--warmup", type=float, default=2.0, help="unmeasured seconds per system")
     p.add_argument("--concurrency", type=int, default=8, help="closed-loop senders")
     p.add_argument("--sample", type=float, default=0.01, help="sampling ratio when on")
-    p.add_argument("--baseline", default=None, help="git revision without tracing (default: "
-                   "the parent of the commit that added it)")  # fmt: skip
+    p.add_argument("--baseline", default="stripped", help="'stripped' (default): this commit "
+                   "with tracing compiled out (bench/_no_tracing.py over the module); or a "
+                   "revision ('added': the parent of the commit that added tracing)")  # fmt: skip
     p.add_argument("--model-dir", type=Path, default=None, help="a built all-MiniLM-L6-v2")
     p.add_argument("--corpus", type=int, default=2000, help="distinct sentences")
     p.add_argument("--seed", type=int, default=0)
@@ -166,9 +170,12 @@ def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     model_dir = _model_dir(args.model_dir)
     tree = Path(tempfile.mkdtemp(prefix="kiln-baseline-"))
-    rev = args.baseline or _before_tracing()
+    stripped = args.baseline == "stripped"
+    rev = {"stripped": "HEAD", "added": _before_tracing()}.get(args.baseline, args.baseline)
     subprocess.run(["git", "worktree", "add", "--detach", str(tree), rev], cwd=REPO, check=True,
                    capture_output=True)  # fmt: skip
+    if stripped:
+        shutil.copy(REPO / "bench" / "_no_tracing.py", tree / TRACING_MODULE)
     sink = ThreadingHTTPServer(("127.0.0.1", 0), _Sink)
     threading.Thread(target=sink.serve_forever, daemon=True).start()
     kilns: dict[str, Kiln] = {}
