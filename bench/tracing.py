@@ -16,8 +16,11 @@ PostgreSQL and worker):
 
 Each round measures the three at one concurrency (one sentence per request, a closed loop of
 aiohttp senders: ``bench/embeddings.py``'s load), rotating their order, so drifts of a shared
-machine fall on all three. Prints medians over rounds and the ratios off/baseline (goal >= 0.99)
-and on/baseline (goal >= 0.97).
+machine fall on all three. Prints medians over rounds, and the medians of the rounds' ratios
+off/baseline (goal >= 0.99) and on/baseline (goal >= 0.97), in throughput and in the CPU Kiln's
+processes spent per sentence. On a shared 2-core machine one 10 s sample moves by +-15% between
+identical systems (``--baseline HEAD``): use many rounds, and see docs/benchmarks.md for a
+profile that puts a figure on tracing's own share of the CPU.
 
     python bench/tracing.py            # 6 rounds of 10 s per system, ~5 minutes
 """
@@ -35,17 +38,24 @@ import tempfile
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _corpus import sentences
-from _kiln import Kiln
-from embeddings import Result, _asdict, _model_dir, measure_kiln
+from _kiln import Kiln, cpu_seconds
+from embeddings import Result, _asdict, _load, _model_dir, _run, measure_kiln
 
 REPO = Path(__file__).resolve().parents[1]
 SYSTEMS = ("baseline", "off", "on")
 GOALS = {"off": 0.99, "on": 0.97}
 TRACING_MODULE = "runtimes/src/kiln_runtimes/tracing.py"
+
+
+class Sample(NamedTuple):
+    """One system in one round: the load's result, and Kiln's CPU milliseconds per sentence."""
+
+    result: Result
+    cpu_ms: float
 
 
 class _Sink(BaseHTTPRequestHandler):
@@ -102,6 +112,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--corpus", type=int, default=2000, help="distinct sentences")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", type=Path, default=None, help="write every measurement here")
+    p.add_argument("--py-spy", type=Path, default=None, help="profile 'on' in the last round "
+                   "(py-spy on PATH) into this folder; print tracing's share")  # fmt: skip
     return p.parse_args(argv)
 
 
@@ -127,7 +139,53 @@ def _start_all(model_dir: Path, baseline_path: str, sink: str, sample: float) ->
     return started
 
 
-def _measure(args: argparse.Namespace, kilns: dict[str, Kiln]) -> list[dict[str, Result]]:
+def _cpu_ms(kiln: Kiln, bodies: list[bytes], args: argparse.Namespace) -> tuple[Result, float]:
+    """One measurement, and the CPU milliseconds Kiln's processes (gateway, workers, PostgreSQL)
+    spent per sentence in its window (the warm-up is run first, outside it)."""
+    url = f"{kiln.base_url}/v1/embeddings"
+    _run(_load(url, kiln.key, bodies, args.concurrency, warmup=args.warmup, duration=0.0))
+    procs = kiln.processes()
+    before = cpu_seconds(procs)
+    r = measure_kiln(bodies, args.concurrency, warmup=0.0, duration=args.duration, kiln=kiln)
+    return r, (cpu_seconds(procs) - before) * 1000 / max(1.0, r.per_s * args.duration)
+
+
+def _py_spy(kiln: Kiln, args: argparse.Namespace) -> list[subprocess.Popen[bytes]]:
+    """``py-spy record`` (on PATH) of the gateway and each worker over one measurement."""
+    args.py_spy.mkdir(parents=True, exist_ok=True)
+    seconds = str(int(args.warmup + args.duration))
+    spies = []
+    for role, pid in kiln.pids().items():
+        out = args.py_spy / f"{role.split()[0]}-{pid}.txt"
+        cmd = ["py-spy", "record", "--nonblocking", "--rate", "200", "--format", "raw",
+               "-d", seconds, "-o", str(out), "-p", str(pid)]  # fmt: skip
+        spies.append(subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+    return spies
+
+
+_TRACING = (
+    "kiln_runtimes/tracing.py",
+    "kiln_runtimes/_spans.py",
+    "tracing_middleware",
+    "_server_span",
+)
+
+
+def _tracing_share(path: Path) -> tuple[int, int]:
+    """Samples of a raw py-spy profile, and those spent in tracing: in OpenTelemetry, or where
+    the innermost of Kiln's frames is tracing code (the server-span middleware's own lines, not
+    the request it wraps, which runs in Kiln frames below it)."""
+    total = traced = 0
+    for line in path.read_text().splitlines():
+        stack, _, count = line.rpartition(" ")
+        kiln = [f for f in stack.split(";") if "kiln_" in f]
+        total += int(count)
+        if "opentelemetry" in stack or (kiln and any(t in kiln[-1] for t in _TRACING)):
+            traced += int(count)
+    return total, traced
+
+
+def _measure(args: argparse.Namespace, kilns: dict[str, Kiln]) -> list[dict[str, Sample]]:
     corpus = sentences(args.corpus, seed=args.seed)
     model = kilns["off"].model
     bodies = [
@@ -139,29 +197,40 @@ def _measure(args: argparse.Namespace, kilns: dict[str, Kiln]) -> list[dict[str,
         order = SYSTEMS[n % 3 :] + SYSTEMS[: n % 3]
         results = {}
         for name in order:
-            r = measure_kiln(bodies, args.concurrency, warmup=args.warmup,
-                             duration=args.duration, kiln=kilns[name])  # fmt: skip
-            results[name] = r
+            profiled = args.py_spy is not None and name == "on" and n == args.rounds - 1
+            spies = _py_spy(kilns[name], args) if profiled else []
+            r, cpu_ms = _cpu_ms(kilns[name], bodies, args)
+            for spy in spies:
+                spy.wait()
+            results[name] = Sample(r, cpu_ms)
             print(f"  round {n + 1} {name:<9} {r.per_s:7.1f} sentences/s  p50 {r.p50_ms:6.1f} ms"
-                  f"  p99 {r.p99_ms:6.1f} ms  (others: {r.foreign_cores:.2f} cores)",
-                  flush=True)  # fmt: skip
+                  f"  p99 {r.p99_ms:6.1f} ms  {cpu_ms:5.2f} CPU ms/sentence"
+                  f"  (others: {r.foreign_cores:.2f} cores)", flush=True)  # fmt: skip
         rounds.append(results)
     return rounds
 
 
-def report(rounds: list[dict[str, Result]]) -> dict[str, float]:
-    """Print the medians and the ratios; returns the ratios."""
-    median = {name: statistics.median(r[name].per_s for r in rounds) for name in SYSTEMS}
+def report(rounds: list[dict[str, Sample]]) -> dict[str, float]:
+    """Print the medians, and the medians of each round's ratios (the systems of a round ran
+    back to back, so a round's ratio cancels the machine's slower drifts): throughput, and CPU
+    per sentence (the baseline's over the system's: both read "higher is better"). Returns the
+    throughput ratios."""
     for name in SYSTEMS:
-        p99 = statistics.median(r[name].p99_ms for r in rounds)
-        print(f"{name:<9} median {median[name]:7.1f} sentences/s  p99 {p99:6.1f} ms")
+        per_s = statistics.median(r[name].result.per_s for r in rounds)
+        p99 = statistics.median(r[name].result.p99_ms for r in rounds)
+        cpu = statistics.median(r[name].cpu_ms for r in rounds)
+        print(f"{name:<9} median {per_s:7.1f} sentences/s  p99 {p99:6.1f} ms"
+              f"  {cpu:5.2f} CPU ms/sentence")  # fmt: skip
     ratios = {}
     for name, goal in GOALS.items():
-        ratios[name] = median[name] / median["baseline"]
-        per_round = [r[name].per_s / r["baseline"].per_s for r in rounds]
-        spread = f"rounds {min(per_round):.3f}-{max(per_round):.3f}"
+        per_round = [r[name].result.per_s / r["baseline"].result.per_s for r in rounds]
+        ratios[name] = statistics.median(per_round)
         verdict = "met" if ratios[name] >= goal else "NOT met"
-        print(f"ratio {name}/baseline: {ratios[name]:.3f} ({spread}; goal >= {goal}: {verdict})")
+        print(f"ratio {name}/baseline: {ratios[name]:.3f} (rounds {min(per_round):.3f}-"
+              f"{max(per_round):.3f}; goal >= {goal}: {verdict})")  # fmt: skip
+        cpu_ratios = [r["baseline"].cpu_ms / r[name].cpu_ms for r in rounds]
+        print(f"  CPU per sentence, baseline/{name}: {statistics.median(cpu_ratios):.3f}"
+              f" (rounds {min(cpu_ratios):.3f}-{max(cpu_ratios):.3f})")  # fmt: skip
     return ratios
 
 
@@ -185,9 +254,16 @@ def main(argv: list[str] | None = None) -> None:
         kilns = _start_all(model_dir, baseline_path, endpoint, args.sample)
         rounds = _measure(args, kilns)
         report(rounds)
+        for profile in sorted(args.py_spy.glob("*.txt")) if args.py_spy else ():
+            total, traced = _tracing_share(profile)
+            print(f"py-spy {profile.stem}: {traced} of {total} samples in tracing "
+                  f"({traced / max(total, 1):.2%})")  # fmt: skip
         print(f"load average after: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
         if args.json:
-            dump = [{name: _asdict(r) for name, r in results.items()} for results in rounds]
+            dump = [
+                {name: {**_asdict(x.result), "cpu_ms": x.cpu_ms} for name, x in results.items()}
+                for results in rounds
+            ]
             args.json.write_text(json.dumps(dump, indent=1))
     finally:
         for kiln in kilns.values():
