@@ -35,7 +35,7 @@ up: setup ## Run Kiln locally on the embedded defaults (imports the bundled mode
 	$(VENV)/bin/kiln up
 
 test: setup browser promtool ## Run the test suite (a crash, even at exit, prints every thread's stack)
-	PYTHONFAULTHANDLER=1 $(VENV)/bin/pytest
+	PYTHONFAULTHANDLER=1 $(VENV)/bin/pytest --durations=25
 
 test-unit: setup ## Only tests/unit (seconds)
 	PYTHONFAULTHANDLER=1 $(VENV)/bin/pytest -m unit
