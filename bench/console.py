@@ -12,7 +12,7 @@ as each, and loads each of their pages ``--loads`` times (after 3 warm-ups), one
 printing p50/p95.
 Goal: < 300 ms p95 per page.
 
-    python bench/console.py                     # ~3 minutes on 2 cores
+    python bench/console.py                     # ~5 minutes on 2 cores
     python bench/console.py --events 100000 --tenants 100 --loads 20
 """
 
@@ -101,6 +101,7 @@ async def seed(uri: str, tenants: int, events: int) -> tuple[int, str]:
                 await conn.execute(text(sql))
         async with engine.connect() as conn:
             await conn.execute(text("ANALYZE"))
+            await conn.commit()  # statistics are transactional: rolled back, they were lost
             await conn.execute(text("SET kiln.scope = 'platform'"))
             rollup = int(await conn.scalar(text("SELECT count(*) FROM usage_hourly")) or 0)
             first = await conn.scalar(text("SELECT id FROM tenants WHERE name = 'bench-1'"))
