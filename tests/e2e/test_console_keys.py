@@ -1,6 +1,6 @@
 """Keys in a real browser against a real ``kiln up`` serving all-MiniLM-L6-v2: usage per key as
 a sparkline, rotation with an overlap (the old key answers the ``openai`` SDK until it ends; with
-0 it is refused), keyboard-only key creation, and axe-core over every page two roles can open."""
+0 it is refused), keyboard-only key creation, and axe-core over every page each role can open."""
 
 from __future__ import annotations
 
@@ -18,6 +18,13 @@ from .conftest import MINILM, PASSWORD, KilnProcess, minilm_up, settled, sign_in
 
 AXE = Path(__file__).parent / "vendor" / "axe-core" / "axe.min.js"
 ADMIN, OPS = "admin@acme.test", "ops@kiln.test"
+MEMBER, FINANCE = "dev@acme.test", "money@kiln.test"
+USERS = {
+    ADMIN: ("tenant-admin", ["--tenant", "acme"]),
+    MEMBER: ("tenant-member", ["--tenant", "acme"]),
+    OPS: ("platform-admin", []),
+    FINANCE: ("finance", []),
+}
 _VIOLATIONS = """async () => (await axe.run(document, {resultTypes: ["violations"]})).violations
   .map(v => ({id: v.id, impact: v.impact, help: v.help,
               nodes: v.nodes.slice(0, 3).map(n => n.target.join(" "))}))"""
@@ -27,10 +34,10 @@ _LINKS = """() => [...document.querySelectorAll("a[href^='/console/']")]
 
 @pytest.fixture(scope="module")
 def kiln(minilm_dir: Path) -> Iterator[KilnProcess]:
-    """``kiln up`` serving all-MiniLM-L6-v2, tenant ``acme``, its admin and a platform-admin."""
+    """``kiln up`` serving all-MiniLM-L6-v2, tenant ``acme`` with an admin and a member, a
+    platform-admin and a finance user."""
     for kiln in minilm_up(minilm_dir, {}):
-        for email, role, where in ((ADMIN, "tenant-admin", ["--tenant", "acme"]),
-                                   (OPS, "platform-admin", [])):  # fmt: skip
+        for email, (role, where) in USERS.items():
             kiln.cli("users", "create", "--email", email, "--role", role, *where,
                      "--password", PASSWORD)  # fmt: skip
         yield kiln
@@ -127,7 +134,7 @@ def _pages(page: Page) -> list[str]:
     return seen
 
 
-@pytest.mark.parametrize("email", [OPS, ADMIN])
+@pytest.mark.parametrize("email", list(USERS))
 def test_every_page_passes_axe(kiln: KilnProcess, page: Page, email: str) -> None:
     page.goto("/console/login")
     pages = {"/console/login": _axe(page)}

@@ -47,13 +47,29 @@ def _query(viewer: Viewer, f: Form) -> CostQuery:
     return reports.cost_query(viewer.actor, f.start, f.end, f.group_by, tenant)
 
 
-async def report(kiln: Any, viewer: Viewer, q: CostQuery, totals: Totals) -> list[dict[str, Any]]:
-    """The first ``SHOWN`` rows of a report; ``totals`` adds up every row."""
+MonthKey = tuple[str, str, str, str]
+"""A tenant's month: (name, id, ``YYYY-MM``, currency)."""
+
+
+def add_month(sums: dict[MonthKey, int], row: dict[str, Any]) -> None:
+    """Add a report row grouped by tenant to its tenant's month."""
+    key = (row["BillingAccountName"], row["BillingAccountId"], month_label(row),
+           row["BillingCurrency"])  # fmt: skip
+    sums[key] = sums.get(key, 0) + row["x_BilledCostMicros"]
+
+
+async def report(
+    kiln: Any, viewer: Viewer, q: CostQuery, totals: Totals, months: dict[MonthKey, int] | None
+) -> list[dict[str, Any]]:
+    """The first ``SHOWN`` rows of a report; ``totals`` adds up every row, and so does
+    ``months`` (if given: the report is grouped by tenant)."""
     shown: list[dict[str, Any]] = []
     scope = lambda: transaction(kiln, viewer.actor)  # noqa: E731
     async with aclosing(reports.rows(scope, q)) as rows:
         async for row in rows:
             totals.add(row)
+            if months is not None:
+                add_month(months, row)
             if len(shown) < SHOWN:
                 shown.append(row)
     return shown
@@ -65,15 +81,21 @@ def month_label(row: dict[str, Any]) -> str:
     return f"{start + timedelta(days=15):%Y-%m}"
 
 
-async def months(kiln: Any, viewer: Viewer, f: Form) -> list[dict[str, Any]]:
-    """Each tenant's months in the range: billed so far, and the statement if it is closed."""
+async def month_sums(kiln: Any, viewer: Viewer, f: Form) -> dict[MonthKey, int]:
+    """Each tenant's months in the range, from a report by tenant (when the page's own report
+    is not grouped by tenant, or is filtered to one, so could not add them all up)."""
     q = reports.cost_query(viewer.actor, f.start, f.end, "tenant", None)
-    sums: dict[tuple[str, str, str, str], int] = {}
+    sums: dict[MonthKey, int] = {}
     async with aclosing(reports.rows(lambda: transaction(kiln, viewer.actor), q)) as rows:
         async for r in rows:
-            key = (r["BillingAccountName"], r["BillingAccountId"], month_label(r),
-                   r["BillingCurrency"])  # fmt: skip
-            sums[key] = sums.get(key, 0) + r["x_BilledCostMicros"]
+            add_month(sums, r)
+    return sums
+
+
+async def months(
+    kiln: Any, viewer: Viewer, f: Form, sums: dict[MonthKey, int]
+) -> list[dict[str, Any]]:
+    """Each tenant's months in the range: billed so far, and the statement if it is closed."""
     first = date.fromisoformat(f.start[:8] + "01") - timedelta(days=31)
     async with transaction(kiln, viewer.actor) as session:
         closed = await statements.statements_in(session, viewer.actor, first,
@@ -99,9 +121,13 @@ class Costs(Controller):
     ) -> Template:  # fmt: skip
         """The report for a period (this month by default), grouped as the checkboxes say."""
         f = _form(period, start, end, group, tenant)
-        totals = totals_for(f.groups)
-        rows = await report(kiln, viewer, _query(viewer, f), totals)
-        tenants = await months(kiln, viewer, f)
+        totals, sums = totals_for(f.groups), dict[MonthKey, int]()
+        # grouped by tenant and not filtered to one, one pass adds up every tenant's months too
+        by_tenant = "tenant" in f.groups and not f.tenant
+        rows = await report(kiln, viewer, _query(viewer, f), totals, sums if by_tenant else None)
+        if not by_tenant:
+            sums = await month_sums(kiln, viewer, f)
+        tenants = await months(kiln, viewer, f, sums)
         context = {"viewer": viewer, "rows": rows, "more": totals.rows > SHOWN, "f": f,
                    "totals": totals, "months": tenants,
                    "tenants": sorted({(r["name"], r["id"]) for r in tenants})}  # fmt: skip

@@ -1,5 +1,6 @@
 """The finance overview (finance's landing page): spend by tenant and by day for a period, and
-this month to date against last month, from the same cost report as the costs page."""
+this month to date against last month, from the same cost report as the costs page. Amounts in
+different currencies are never added: each currency has its own figures and charts."""
 
 from __future__ import annotations
 
@@ -18,17 +19,29 @@ from kiln_platform.admin.deps import transaction
 from kiln_platform.reports import services as reports
 from kiln_platform.reports.formats import money
 
+DEFAULT_CURRENCY = "USD"
+"""The currency an empty period's charts are labelled in (the price book's default)."""
+Spend = dict[str, dict[str, int]]
+"""Billed micro-units by currency, then by label (a tenant's name or a day)."""
 
-async def spend(kiln: Any, viewer: Viewer, start: str, end: str, by: str) -> dict[str, int]:
-    """Billed micro-units in ``[start, end)`` by tenant name or by day (``by``): every row of
-    the report (the costs table shows the first ``SHOWN``; a sum must not stop there)."""
-    sums: dict[str, int] = defaultdict(int)
-    q = reports.cost_query(viewer.actor, start, end, by, None)
+
+async def spend(kiln: Any, viewer: Viewer, start: str, end: str) -> tuple[Spend, Spend]:
+    """Billed micro-units in ``[start, end)`` per currency, by tenant name and by day, from one
+    report by tenant and day: every row of it (the costs table shows the first ``SHOWN``; a sum
+    must not stop there)."""
+    by_tenant: Spend = defaultdict(lambda: defaultdict(int))
+    by_day: Spend = defaultdict(lambda: defaultdict(int))
+    q = reports.cost_query(viewer.actor, start, end, "tenant,day", None)
     async with aclosing(reports.rows(lambda: transaction(kiln, viewer.actor), q)) as rows:
         async for row in rows:
-            label = row["BillingAccountName"] if by == "tenant" else row["ChargePeriodStart"][:10]
-            sums[label] += row["x_BilledCostMicros"]
-    return dict(sums)
+            currency, micros = row["BillingCurrency"], row["x_BilledCostMicros"]
+            by_tenant[currency][row["BillingAccountName"]] += micros
+            by_day[currency][row["ChargePeriodStart"][:10]] += micros
+    return _plain(by_tenant), _plain(by_day)
+
+
+def _plain(sums: Spend) -> Spend:
+    return {currency: dict(by_label) for currency, by_label in sums.items()}
 
 
 def points(sums: dict[str, int]) -> list[tuple[str, float, str]]:
@@ -36,19 +49,33 @@ def points(sums: dict[str, int]) -> list[tuple[str, float, str]]:
     return [(k, v / 1_000_000, money(v)) for k, v in sorted(sums.items())]
 
 
-async def month_to_date(kiln: Any, viewer: Viewer, today: date) -> dict[str, str]:
-    """This month so far, last month to the same day, and last month whole: one report by day
-    from the first of last month to today."""
+def charts(by_tenant: Spend, by_day: Spend) -> list[dict[str, Any]]:
+    """One pair of charts per currency (in order; one empty pair when nothing was billed)."""
+    currencies = sorted(by_tenant.keys() | by_day.keys()) or [DEFAULT_CURRENCY]
+    return [
+        {"currency": c, "by_tenant": points(by_tenant.get(c, {})),
+         "by_day": points(by_day.get(c, {}))}
+        for c in currencies
+    ]  # fmt: skip
+
+
+async def month_to_date(kiln: Any, viewer: Viewer, today: date) -> list[dict[str, str]]:
+    """Per currency: this month so far, last month to the same day, and last month whole; from
+    one report by day from the first of last month to today."""
     this, last = month_of(today), month_of(today, 1)
     same_day = last[0].replace(day=min(today.day, (last[1] - last[0]).days))
     stop = date.fromordinal(today.toordinal() + 1).isoformat()
-    days = await spend(kiln, viewer, last[0].isoformat(), stop, "day")
+    by_currency = (await spend(kiln, viewer, last[0].isoformat(), stop))[1]
     since = {"this_month": (this[0], today), "last_month_to_date": (last[0], same_day),
              "last_month": (last[0], date.fromordinal(this[0].toordinal() - 1))}  # fmt: skip
-    return {
-        name: money(sum(v for d, v in days.items() if first.isoformat() <= d <= end.isoformat()))
-        for name, (first, end) in since.items()
-    }
+    return [
+        {"currency": currency} | {
+            name: money(sum(v for d, v in days.items()
+                            if first.isoformat() <= d <= end.isoformat()))
+            for name, (first, end) in since.items()
+        }
+        for currency, days in sorted((by_currency or {DEFAULT_CURRENCY: {}}).items())
+    ]  # fmt: skip
 
 
 class Finance(Controller):
@@ -64,9 +91,7 @@ class Finance(Controller):
         """Spend by tenant and by day for a period (this month by default)."""
         today = datetime.now(UTC).date()
         f = form(today, period, start, end, None, tenant=None)
-        context = {
-            "viewer": viewer, "f": f, "mtd": await month_to_date(kiln, viewer, today),
-            "by_tenant": points(await spend(kiln, viewer, f.start, f.end, "tenant")),
-            "by_day": points(await spend(kiln, viewer, f.start, f.end, "day")),
-        }  # fmt: skip
+        by_tenant, by_day = await spend(kiln, viewer, f.start, f.end)
+        context = {"viewer": viewer, "f": f, "mtd": await month_to_date(kiln, viewer, today),
+                   "charts": charts(by_tenant, by_day)}  # fmt: skip
         return Template("finance.html.j2", context=context)

@@ -13,6 +13,7 @@ from datetime import UTC, date, datetime, time
 from typing import TYPE_CHECKING, Any, Literal
 
 import msgspec
+from sqlalchemy import text
 
 from kiln_platform.admin.authz import Actor, check_tenant, require
 from kiln_platform.errors import BadRequest
@@ -72,9 +73,16 @@ def report_format(fmt: str | None, accept: str | None) -> Format:
     return fmt  # type: ignore[return-value]
 
 
+CUSTOM_PLANS = text("SET LOCAL plan_cache_mode = force_custom_plan")
+"""asyncpg prepares each statement once per connection; from its sixth run PostgreSQL may plan
+it for any range (a generic plan), which for a month of 1,000,000 charge lines took over 12 s
+instead of 2 s (bench/console.py, docs/benchmarks.md). A report is planned for its own range."""
+
+
 async def rows(scope: Scope, q: CostQuery) -> AsyncGenerator[dict[str, Any], None]:
     """The report's rows (``COLUMNS``), as PostgreSQL's cursor yields them."""
     async with scope() as session:
+        await session.execute(CUSTOM_PLANS)
         result = await session.stream(cost_select(q).execution_options(yield_per=YIELD_PER))
         async for row in result:
             yield columns(row, q.start, q.end)

@@ -20,7 +20,7 @@ from .conftest import App
 LINE = """
 INSERT INTO usage_charges (kind, request_id, tenant_id, model, version, unit, quantity,
     unit_price_micros, list_cost_micros, cost_micros, currency, charged_at)
-VALUES ('usage', :rid, :tenant, :model, '1', :unit, :qty, 0, :cost, :cost, 'USD', :at)
+VALUES ('usage', :rid, :tenant, :model, '1', :unit, :qty, 0, :cost, :cost, :currency, :at)
 """
 
 
@@ -35,7 +35,8 @@ async def _seed(app: App) -> tuple[str, str, str]:
         for i, (tenant, model, unit, qty, cost) in enumerate(lines):
             await session.execute(text(LINE), {"rid": f"r{i}-{tenant}", "tenant": tenant,
                                                "model": model, "unit": unit, "qty": qty,
-                                               "cost": cost, "at": at})  # fmt: skip
+                                               "cost": cost, "at": at,
+                                               "currency": "USD"})  # fmt: skip
         await close_statement(session, CLI, a, f"{last:%Y-%m}")
     return str(a), str(b), f"{last:%Y-%m}"
 
@@ -47,7 +48,7 @@ def _total(page: str) -> Decimal:
 
 
 async def test_totals_equal_the_csv_and_unpriced_usage_is_listed(app: App) -> None:
-    a, _, month = await _seed(app)
+    a, b, month = await _seed(app)
     async with app.signed_in(await app.user("finance")) as (http, _):
         query = f"period=last-month&group=tenant&group=model&tenant={a}"
         page = (await http.get(f"/console/costs?{query}")).text
@@ -57,6 +58,7 @@ async def test_totals_equal_the_csv_and_unpriced_usage_is_listed(app: App) -> No
             csv.DictReader(io.StringIO((await http.get(f"/console/costs.csv?{query}")).text))
         )
         assert {r["BillingAccountId"] for r in rows} == {a}
+        assert f'<option value="{b}"' in page  # the filter still offers every tenant
         assert sum(Decimal(r["BilledCost"]) for r in rows) == _total(page)
         assert ("5", "0.000000") in {(r["ConsumedQuantity"], r["BilledCost"]) for r in rows}
 
@@ -72,3 +74,24 @@ async def test_totals_equal_the_csv_and_unpriced_usage_is_listed(app: App) -> No
         assert len(re.findall(r'<rect class="bar"[^>]*><title>', overview.text)) >= 3  # 2+1 bars
         assert ": 1.250000 USD</title>" in overview.text  # a's bar, its exact amount as tooltip
         assert ": 2.000001 USD</title>" in overview.text
+
+
+async def test_the_finance_overview_never_adds_two_currencies(app: App) -> None:
+    tenant = await app.tenant()
+    last = month_of(datetime.now(UTC).date(), 1)[0]
+    at = datetime(last.year, last.month, 4, 12, tzinfo=UTC)
+    async with app.kiln.db.sessions.begin() as session:
+        for currency, cost in (("USD", 300_003), ("EUR", 700_007)):
+            line = dict(rid=f"fx-{currency}-{tenant}", tenant=tenant, model="emb", unit="request",
+                        qty=1, cost=cost, currency=currency, at=at)  # fmt: skip
+            await session.execute(text(LINE), line)
+    async with app.signed_in(await app.user("finance")) as (http, _):
+        page = (await http.get("/console/finance?period=last-month")).text
+    assert ": 0.300003 USD</title>" in page  # the tenant's bar in the dollar chart
+    assert ": 0.700007 EUR</title>" in page  # and in the euro chart
+    assert "1.000010" not in page  # never their sum
+    assert 'id="spend-by-tenant-eur"' in page
+    assert 'id="spend-by-day-eur"' in page
+    euros = re.search(r'id="mtd-eur".*?class="mtd-last">([0-9.]+)<', page, re.S)
+    assert euros, page
+    assert Decimal(euros[1]) >= Decimal("0.700007")
