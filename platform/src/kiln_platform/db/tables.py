@@ -146,7 +146,7 @@ class ModelAlias(Base):
 
 
 class ModelPin(Base):
-    """An operator's pin of one tenant to a version or alias of a model (``0016``)."""
+    """An operator's pin of one tenant to a version or alias of a model (``0016``, RLS ``0017``)."""
 
     __tablename__ = "model_pins"
     model_id: Mapped[uuid.UUID] = mapped_column(

@@ -39,6 +39,7 @@ from kiln_platform.db.tables import (
     AuditRecord,
     Base,
     Model,
+    ModelPin,
     OAuthClient,
     Quota,
     Tenant,
@@ -93,6 +94,7 @@ def _rows(tenant: uuid.UUID, model: uuid.UUID) -> list[Base]:
                     output_tokens=0, cost_micros=1),
         UsageTenantDaily(day=date(2026, 12, 1), tenant_id=tenant, requests=1, errors=0,
                          cost_micros=1),
+        ModelPin(model_id=model, tenant_id=tenant, target="1"),
     ]
     # fmt: on
 
