@@ -215,6 +215,15 @@ class PoolManager:
         """A worker of the pool takes requests now (no side effect: not a request)."""
         return bool(self.backend.ready(pool))
 
+    def load(self, pool: str) -> tuple[int, int, int]:
+        """(credits of its ready workers, requests in flight, queued) of a pool, read now with no
+        side effect (neither a request nor a start): shadow copies use idle capacity only."""
+        runner = self.runners.get(pool)
+        if runner is None or not self.backend.ready(pool):
+            return 0, 0, 0
+        busy = runner.scheduler
+        return sum(self._credits(pool).values()), busy.in_flight, len(busy.queue)
+
     def worker(self, pool: str, url: str) -> PoolWorker:
         """The worker a dispatch named (it may have gone away since)."""
         worker = self.backend.find(pool, url)
