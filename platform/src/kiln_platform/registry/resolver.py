@@ -117,6 +117,8 @@ class Resolver:
         """Per model: tenant id -> the version or alias an operator pinned it to."""
         self.shadows: dict[str, Shadow] = {}
         """Per model: the candidate a share of its requests is copied to (``shadow``)."""
+        self.candidates: set[tuple[str, str]] = set()
+        """(model, version) of pools that serve only as a shadow's candidate."""
         self.served: Catalog = {}
         """Each model's served versions, by version."""
         self._demanded: dict[tuple[str, str], float] = {}
@@ -142,7 +144,7 @@ class Resolver:
         routes = {m: r for m, r in routes.items() if set(r.versions) <= set(catalog.get(m, {}))}
         idle = started - DEMAND_IDLE_S
         self._demanded = {k: t for k, t in self._demanded.items() if t > idle}
-        wanted = set(self._demanded)
+        wanted: set[tuple[str, str]] = set()
         for name, versions in catalog.items():
             route, default = routes.get(name), _default(versions)
             if route is not None:
@@ -152,8 +154,8 @@ class Resolver:
             named = aliases.get(name, {})
             wanted.update((name, v) for v in named.values())
             wanted.update((name, named.get(t, t)) for t in pins.get(name, {}).values())
-            if name in shadows:  # a shadow candidate runs its own pool, like a canary
-                wanted.add((name, shadows[name].version))
+        candidates = {(n, s.version) for n, s in shadows.items()} - wanted
+        wanted |= candidates | set(self._demanded)  # a candidate has a pool, like a canary
         served: Catalog = {}
         for name, version in wanted:
             found = catalog.get(name, {}).get(version)
@@ -161,6 +163,7 @@ class Resolver:
                 served.setdefault(name, {})[version] = found
         self.catalog, self.routes, self.served = catalog, routes, served
         self.aliases, self.pins, self.shadows = aliases, pins, shadows
+        self.candidates = candidates
         self._refreshed_at = started
         return [v for versions in served.values() for v in versions.values()]
 
