@@ -8,7 +8,9 @@ shadow stays configured throughout, so the candidate's worker runs in both setti
 ``--percent 0`` (nothing copied), ``on`` is ``--percent 20``. Each round measures both at one
 concurrency (one sentence per request, a closed loop of aiohttp senders: ``bench/embeddings.py``'s
 load), rotating their order, so drifts of a shared machine fall on both. Prints medians over
-rounds, the ratio on/off of the p99 (goal <= 1.05) and the gateway's shadow report.
+rounds, the ratio on/off of the p99 (goal <= 1.05), the share of requests actually copied in each
+``on`` setting (copies are dropped while the primary or the candidate is busy) and the gateway's
+shadow report.
 
     python bench/shadow.py            # 6 rounds of 10 s per setting, ~3 minutes
 """
@@ -22,6 +24,8 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+
+import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _corpus import sentences
@@ -94,6 +98,18 @@ def _report(kiln: Kiln) -> dict[str, object]:
     return reports[0] if reports else {}
 
 
+def _copies(kiln: Kiln) -> tuple[float, float]:
+    """(copies sent, copies dropped) so far, from the gateway's counters."""
+    text = httpx.get(f"{kiln.base_url}/metrics", headers=kiln.metrics_headers(), timeout=5).text
+    sent = dropped = 0.0
+    for line in text.splitlines():
+        if line.startswith("kiln_shadow_mirrored_total{"):
+            sent += float(line.rsplit(" ", 1)[1])
+        elif line.startswith("kiln_shadow_dropped_total{"):
+            dropped += float(line.rsplit(" ", 1)[1])
+    return sent, dropped
+
+
 def _measure(args: argparse.Namespace, kiln: Kiln) -> list[dict[str, Result]]:
     corpus = sentences(args.corpus, seed=args.seed)
     bodies = [
@@ -102,19 +118,34 @@ def _measure(args: argparse.Namespace, kiln: Kiln) -> list[dict[str, Result]]:
     ]
     names = list(SETTINGS)
     rounds = []
+    copies: list[tuple[float, float]] = []
     for n in range(args.rounds):
         order = names[n % 2 :] + names[: n % 2]
         results = {}
         for name in order:
             _set(kiln, args.percent if name == "on" else 0)
+            sent0, dropped0 = _copies(kiln)
             r = measure_kiln(bodies, args.concurrency, warmup=args.warmup,
                              duration=args.duration, kiln=kiln)  # fmt: skip
+            sent, dropped = (a - b for a, b in zip(_copies(kiln), (sent0, dropped0), strict=True))
             results[name] = r
             print(f"  round {n + 1} {name:<4} {r.per_s:7.1f} sentences/s  p50 {r.p50_ms:6.1f} ms"
-                  f"  p99 {r.p99_ms:6.1f} ms  (others: {r.foreign_cores:.2f} cores)",
+                  f"  p99 {r.p99_ms:6.1f} ms  (others: {r.foreign_cores:.2f} cores)"
+                  + (f"  copied {_share(sent, dropped, args.percent)}" if name == "on" else ""),
                   flush=True)  # fmt: skip
+            if name == "on":
+                copies.append((sent, dropped))
         rounds.append(results)
+    sent, dropped = (sum(c) for c in zip(*copies, strict=True))
+    print(f"copied over every on setting: {_share(sent, dropped, args.percent)}")
     return rounds
+
+
+def _share(sent: float, dropped: float, percent: int) -> str:
+    """Copies sent of those sampled, and so the share of requests mirrored (warm-up included)."""
+    chosen = sent + dropped
+    kept = sent / chosen if chosen else 0.0
+    return f"{sent:.0f} of {chosen:.0f} sampled ({kept:.0%}: {kept * percent:.1f}% of requests)"
 
 
 def report(rounds: list[dict[str, Result]]) -> float:

@@ -177,7 +177,9 @@ def test_copies_are_dropped_and_counted_under_load(kiln: KilnProcess) -> None:
     sent = after["mirrored"] - before["mirrored"]
     dropped = sum(after["dropped"].values()) - sum(before["dropped"].values())
     assert sent + dropped == 32
-    assert after["dropped"].get("busy", 0) > before["dropped"].get("busy", 0), after
+    grew = {r: n - before["dropped"].get(r, 0) for r, n in after["dropped"].items()}
+    # 8 senders keep the primary busy: copies go only in its idle moments
+    assert grew.get("primary_busy", 0) + grew.get("primary_queued", 0) > 0, after
     assert admin_call(kiln, "DELETE", "/models/m/shadow").status_code == 204
     view = admin_call(kiln, "GET", "/models/m/shadow").json()
     assert view["version"] is None

@@ -15,6 +15,7 @@ from kiln_platform.shadow.policy import (
     compare_tokens,
     drop_reason,
     sampled,
+    smoothed,
 )
 from kiln_platform.shadow.stats import ShadowStats
 
@@ -47,10 +48,49 @@ def test_a_copy_is_dropped_unless_the_candidate_is_idle_enough(
     assert drop_reason(load) is reason
 
 
+@pytest.mark.parametrize(
+    ("primary_busy", "primary_queued", "reason"),
+    [
+        (0.0, 0, None),  # light load: one client
+        (0.5, 0, None),  # two clients: the other's request in flight half the time
+        (1.0, 0, None),
+        (1.5, 0, Drop.PRIMARY_BUSY),  # four clients
+        (0.0, 1, Drop.PRIMARY_QUEUED),
+        (3.0, 2, Drop.PRIMARY_QUEUED),
+    ],
+)
+def test_a_copy_is_dropped_unless_the_primary_has_spare_capacity(
+    primary_busy: float, primary_queued: int, reason: Drop | None
+) -> None:
+    idle_candidate = CandidateLoad(2, 0, 0, 0, primary_busy, primary_queued)
+    assert drop_reason(idle_candidate) is reason
+
+
+def test_the_primary_rule_comes_before_the_candidates() -> None:
+    both_busy = CandidateLoad(2, 2, 1, 0, primary_busy=5.0, primary_queued=0)
+    assert drop_reason(both_busy) is Drop.PRIMARY_BUSY
+    assert drop_reason(CandidateLoad(0, 0, 0, 0, 5, 5)) is Drop.NOT_READY
+
+
 def test_the_limits_are_knobs() -> None:
     queued = CandidateLoad(slots=2, in_flight=0, queued=2, copies=6)
     assert drop_reason(queued, DropLimits(max_copies=8, max_queued=2)) is None
     assert drop_reason(queued, DropLimits(max_copies=6, max_queued=2)) is Drop.BOUND
+    busy_primary = CandidateLoad(slots=2, in_flight=0, queued=0, copies=0, primary_busy=4.0)
+    assert drop_reason(busy_primary, DropLimits(max_primary_busy=4.0)) is None
+
+
+def test_the_primarys_load_is_averaged_over_its_answers() -> None:
+    assert smoothed(None, 3.0) == 3.0
+    # a batch of four answered: the readings 3, 2, 1, 0 average to 1.5, over the bound
+    busy = None
+    for _ in range(50):
+        for now in (3.0, 2.0, 1.0, 0.0):
+            busy = smoothed(busy, now)
+    assert busy is not None
+    assert 1.1 < busy < 1.9
+    # one empty reading between batches does not make it idle
+    assert smoothed(busy, 0.0) > 1.0
 
 
 def test_embeddings_agree_by_cosine() -> None:

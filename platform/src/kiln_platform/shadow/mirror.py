@@ -2,10 +2,10 @@
 version once the primary has answered, compared, and never billed.
 
 A copy skips the tenant's admission altogether (no quota, budget or ledger row): it is queued
-in the candidate's pool as the ``shadow`` tenant at batch priority, and only when the candidate
-is idle enough (``policy.drop_reason``); otherwise it is dropped and counted. It starts after
-the primary's answer is in hand, as a task of its own, so the response, its headers and its
-latency do not wait for it.
+in the candidate's pool as the ``shadow`` tenant at batch priority, and only when both the
+primary's pool and the candidate's are idle enough (``policy.drop_reason``); otherwise it is
+dropped and counted. It starts after the primary's answer is in hand, as a task of its own, so
+the response, its headers and its latency do not wait for it.
 """
 
 from __future__ import annotations
@@ -47,7 +47,7 @@ log = structlog.get_logger("kiln.shadow")
 _WHO = ["model", "candidate"]
 MIRRORED = Counter("kiln_shadow_mirrored", "Copies sent to a shadow candidate.", _WHO)
 DROPPED = Counter(
-    "kiln_shadow_dropped", "Copies not sent (candidate busy or not ready).", [*_WHO, "reason"]
+    "kiln_shadow_dropped", "Copies not sent (primary or candidate busy).", [*_WHO, "reason"]
 )
 FAILED = Counter("kiln_shadow_failed", "Copies the candidate answered with an error.", _WHO)
 COMPARED = Counter(
@@ -68,6 +68,8 @@ class Plan:
 
     candidate: ResolvedVersion
     stats: ShadowStats
+    primary: str
+    """The pool of the version that answered: its spare capacity decides too."""
 
 
 class Mirror:
@@ -82,6 +84,8 @@ class Mirror:
         self._limits = limits or DropLimits()
         self.gateway = gateway_name()
         self.stats: dict[tuple[str, str], ShadowStats] = {}
+        self._busy: dict[str, float] = {}
+        """Each primary pool's load, averaged over its answers (``policy.smoothed``)."""
         self._tasks: set[asyncio.Task[None]] = set()
         self._saver: asyncio.Task[None] | None = None
         self._sessions: async_sessionmaker[AsyncSession] | None = None
@@ -92,6 +96,8 @@ class Mirror:
         shadow = self._resolver.shadows.get(version.model)
         if shadow is None or shadow.version == version.version:
             return None
+        _, in_flight, queued = self._pools.load(version.pool)  # every answer: the average
+        self._busy[version.pool] = policy.smoothed(self._busy.get(version.pool), in_flight + queued)
         if not policy.sampled(request_id, shadow.percent):
             return None
         candidate = self._resolver.served.get(version.model, {}).get(shadow.version)
@@ -99,7 +105,7 @@ class Mirror:
             return None
         key = (version.model, shadow.version)
         stats = self.stats.get(key) or self.stats.setdefault(key, ShadowStats(*key))
-        return Plan(candidate, stats)
+        return Plan(candidate, stats, version.pool)
 
     def embed(self, plan: Plan, ids: list[list[int]], primary: np.ndarray, took_s: float) -> None:
         """Copy an embeddings request; cosine of each row with the primary's."""
@@ -145,7 +151,9 @@ class Mirror:
     def _send(self, plan: Plan, run: Callable[[], Awaitable[Agreement]], took_s: float) -> None:
         stats, pool = plan.stats, plan.candidate.pool
         slots, in_flight, queued = self._pools.load(pool)
-        load = CandidateLoad(slots, in_flight, queued, copies=len(self._tasks))
+        _, _, primary_queued = self._pools.load(plan.primary)
+        load = CandidateLoad(slots, in_flight, queued, len(self._tasks),
+                             self._busy.get(plan.primary, 0.0), primary_queued)  # fmt: skip
         reason = policy.drop_reason(load, self._limits)
         if reason is not None:
             stats.drop(reason)

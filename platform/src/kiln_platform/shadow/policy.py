@@ -49,6 +49,10 @@ class Drop(StrEnum):
     """Every worker credit of the candidate is in use."""
     BOUND = "bound"
     """This gateway already has its most copies in flight."""
+    PRIMARY_QUEUED = "primary_queued"
+    """Requests wait in the primary's queue: the served version has no spare capacity."""
+    PRIMARY_BUSY = "primary_busy"
+    """The primary's average load is over its spare-capacity bound."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,6 +65,11 @@ class CandidateLoad:
     queued: int
     copies: int
     """Copies this gateway has sent and not yet seen answered (every candidate)."""
+    primary_busy: float = 0.0
+    """Requests in flight or queued in the pool of the version that answered, averaged over its
+    recent answers (``smoothed``): one moment's count, read when a batch's answers come back,
+    would see the pool empty between two batches."""
+    primary_queued: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,19 +78,34 @@ class DropLimits:
 
     max_copies: int = 4
     max_queued: int = 0
+    max_primary_busy: float = 1.0
+    """The primary's spare capacity: a copy goes only while its average load (``primary_busy``)
+    is at most this. On CPU the copies' compute shares the cores with the answering worker:
+    ``bench/shadow.py`` shows it in the client's p99 at 4 clients, not at 1 or 2; a
+    deployment whose candidate has hardware of its own raises it."""
 
 
 def drop_reason(load: CandidateLoad, limits: DropLimits = DropLimits()) -> Drop | None:
-    """``None`` to send the copy, else why it is dropped: copies only use idle capacity."""
-    if load.slots <= 0:
-        return Drop.NOT_READY
-    if load.copies >= limits.max_copies:
-        return Drop.BOUND
-    if load.queued > limits.max_queued:
-        return Drop.QUEUED
-    if load.in_flight >= load.slots:
-        return Drop.BUSY
-    return None
+    """``None`` to send the copy, else why it is dropped: copies only use idle capacity, the
+    primary's (nothing queued, few in flight) and the candidate's."""
+    checks = (
+        (load.slots <= 0, Drop.NOT_READY),
+        (load.copies >= limits.max_copies, Drop.BOUND),
+        (load.primary_queued > 0, Drop.PRIMARY_QUEUED),
+        (load.primary_busy > limits.max_primary_busy, Drop.PRIMARY_BUSY),
+        (load.queued > limits.max_queued, Drop.QUEUED),
+        (load.in_flight >= load.slots, Drop.BUSY),
+    )
+    return next((reason for dropped, reason in checks if dropped), None)
+
+
+SMOOTHING = 0.1
+"""The weight of the newest reading in ``smoothed`` (about the last ten answers count)."""
+
+
+def smoothed(previous: float | None, now: float, weight: float = SMOOTHING) -> float:
+    """An exponentially weighted average of a pool's load (the first reading starts it)."""
+    return now if previous is None else previous + weight * (now - previous)
 
 
 @dataclass(frozen=True, slots=True)
