@@ -9,7 +9,7 @@ SHELL  := /bin/bash
 QUIET  := 2>&1 | { grep -v "is ignored: it is neither" || true; }
 
 .DEFAULT_GOAL := help
-.PHONY: help setup browser promtool up test test-unit test-integration test-e2e test-deploy lint bench-cold-start bench-embeddings bench-lora bench-import bench-tensor bench-tensor-latency bench-loop-stalls bench-console
+.PHONY: help setup browser promtool up test test-unit test-integration test-e2e test-deploy lint bench-cold-start bench-embeddings bench-lora bench-import bench-tensor bench-tensor-latency bench-loop-stalls bench-console bench-shadow
 
 help: ## List the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-18s %s\n", $$1, $$2}'
@@ -68,6 +68,9 @@ bench-import: setup ## Import time of the SmolLM2 GGUF, and serving it imported 
 
 bench-tracing: setup ## Embeddings throughput, tracing off and on at 1%, vs the build before tracing (docs/benchmarks.md)
 	$(PY) bench/tracing.py --rounds 6
+
+bench-shadow: setup ## Client latency p99 with shadow traffic at 20% on vs off, same run (docs/benchmarks.md)
+	$(PY) bench/shadow.py --rounds 6
 
 bench-embeddings: setup ## Kiln vs in-process ONNX Runtime, all-MiniLM-L6-v2 (see docs/benchmarks.md)
 	$(PY) bench/embeddings.py

@@ -1,5 +1,6 @@
 """The models page: each model's versions (state, lifecycle, aliases, engine settings, accuracy
-report, pool replicas and latency, the live part polled), its route, and its imports;
+report, pool replicas and latency, the live part polled), its route, its shadow's comparison
+(platform-admins), and its imports;
 platform-admins change a route (canary, promotion, rollback), a version's engine settings and
 pool bounds, and import a model (upload, then its build job's phases until ready) through the
 same services as the admin API."""
@@ -27,6 +28,7 @@ from kiln_platform.registry.engine import EngineUpdate
 from kiln_platform.registry.schemas import RouteUpdate
 from kiln_platform.registry.services import ModelRoutes
 from kiln_platform.registry.upload import upload_dir
+from kiln_platform.shadow import services as shadows
 
 if TYPE_CHECKING:
     from litestar.datastructures import FormMultiDict
@@ -190,6 +192,9 @@ async def _context(
         context["reports"] = await versions.accuracy_reports(session, viewer.actor)
         context["engines"] = await versions.engine_settings(session, viewer.actor)
         context["releases"] = await versions.releases(session, viewer.actor)
+        if viewer.may_change(shadows.RESOURCE):  # a report spans every tenant's requests
+            live = [s.report(kiln.shadows.gateway) for s in kiln.shadows.stats.values()]
+            context["shadows"] = await shadows.views(session, viewer.actor, live)
     return context
 
 

@@ -47,6 +47,7 @@ from kiln_platform.quotas.controllers import QuotasController
 from kiln_platform.registry.controllers import AdminModelsController, RoutesController
 from kiln_platform.reports.controllers import ReportsController
 from kiln_platform.scrape import metrics_route
+from kiln_platform.shadow.controllers import ShadowController
 from kiln_platform.slo.controllers import (
     AlertReceiversController,
     AlertsController,
@@ -138,7 +139,7 @@ _CONTROLLERS = (
     OpenAIController, OIPController, AdminModelsController, RoutesController, TenantsController,
     KeysController, UsersController, ClientsController, AdaptersController, AuditController,
     QuotasController, PriceBooksController, ReportsController, SlosController, AlertsController,
-    AlertReceiversController,
+    AlertReceiversController, ShadowController,
     OAuthController,
 )  # fmt: skip
 

@@ -33,6 +33,7 @@ from kiln_platform.quotas.enforcer import QuotaEnforcer
 from kiln_platform.registry.resolver import Resolver
 from kiln_platform.scheduler.core import SchedulerConfig
 from kiln_platform.scheduler.policy import PolicyConfig
+from kiln_platform.shadow.mirror import Mirror
 from kiln_platform.slo import crashloop
 from kiln_platform.slo.monitor import SloMonitor
 from kiln_platform.slo.sli import SliRecorder
@@ -79,6 +80,8 @@ class Kiln:
     """Per-request series by model, version (and tenant: ``KILN_METRICS_TENANT_LABELS``)."""
     engine_metrics: EngineMetrics
     """The workers' key series, summed per pool on the gateway's ``/metrics``."""
+    shadows: Mirror
+    """Shadow traffic: copies of a share of requests to a candidate version, compared."""
 
 
 def _pool_backend(settings: Settings, http: aiohttp.ClientSession) -> PoolBackend:
@@ -122,6 +125,7 @@ def _build(
     ledger = LedgerWriter(sessionmaker(ledger_db), books, enabled=settings.metering,
                           rollups=Rollups(db.sessions))  # fmt: skip
     slis = SliRecorder(settings.slo_bucket_s)
+    workers = WorkerClient(pools, http, settings.request_timeout_s)
     return Kiln(
         settings=settings,
         db=db,
@@ -129,7 +133,7 @@ def _build(
         keys=KeyVerifier(db.sessions, settings.hmac_key(), settings.key_cache_ttl_s),
         resolver=resolver,
         pools=pools,
-        workers=WorkerClient(pools, http, settings.request_timeout_s),
+        workers=workers,
         ledger=ledger,
         compiler=CompileRunner(db, settings),
         quotas=quotas,
@@ -153,6 +157,7 @@ def _build(
         slos=SloMonitor(db.sessions, slis, settings, partial(crashloop.health, pools.backend)),
         metrics=metrics,
         engine_metrics=EngineMetrics(pools.backend, http),
+        shadows=Mirror(resolver, pools, workers, settings.request_timeout_s),
     )
 
 
@@ -166,10 +171,12 @@ async def _start(kiln: Kiln) -> None:
     kiln.compiler.start()
     kiln.idempotency.start()
     await kiln.slos.start()
+    kiln.shadows.start(kiln.db.sessions)
 
 
 async def _stop(kiln: Kiln, ledger_db: AsyncEngine) -> None:
     """Stop them in reverse order: the ledger flushes before budgets and quotas let go."""
+    await kiln.shadows.stop()
     await kiln.slos.stop()
     await kiln.idempotency.stop()
     await kiln.compiler.stop()

@@ -5,7 +5,7 @@ client (the key's ``role`` column, bounded by its scopes), or the CLI (platform-
 
 | role | tenants it sees | may change |
 |---|---|---|
-| platform-admin | all | everything (alone: models, versions, routes, aliases, pins, compile jobs) |
+| platform-admin | all | everything (alone: the model catalog, shadows, compile jobs) |
 | tenant-admin | its own | its tenant's keys, OAuth clients, adapters, users (tenant roles) |
 | tenant-member | its own | nothing (reads its tenant, keys, quotas) |
 | finance | all (or its own, if it has a tenant) | nothing (reads costs, statements, prices) |
@@ -68,6 +68,7 @@ _RULES: dict[str, tuple[frozenset[Role], frozenset[Role]]] = {
     # The catalog serves every tenant: only a platform-admin changes it (versions, routes).
     "models": (NOT_FINANCE, PLATFORM),
     "compile-jobs": (PLATFORM, PLATFORM),
+    "model-shadows": (PLATFORM, PLATFORM),  # a shadow's report spans every tenant's requests
     "model-pins": (PLATFORM, PLATFORM),  # which tenants an operator pinned: not one tenant's
     "signing-keys": (PLATFORM, PLATFORM),  # OAuth token signing keys (``kiln oauth rotate-keys``)
     "audit": (frozenset({Role.PLATFORM_ADMIN, Role.TENANT_ADMIN}), frozenset()),

@@ -33,6 +33,7 @@ if TYPE_CHECKING:
     from kiln_platform.admission.services import Admission
     from kiln_platform.context import Kiln
     from kiln_platform.registry.services import ResolvedVersion
+    from kiln_platform.shadow.mirror import Plan
 
 ROLES = {"system", "developer", "user", "assistant"}
 MAX_STOP = 4
@@ -66,6 +67,10 @@ class Generation:
     """The outcome so far: 499 (client went away) until generation finishes or fails."""
     compute_ms: float = 0.0
     queue_ms: float = 0.0
+    shadow: Plan | None = None
+    """The copy to make once the generation is recorded (``kiln_platform.shadow``)."""
+    tokens: list[int] | None = None
+    """The tokens generated, kept only for a shadow's comparison."""
 
     @property
     def prompt_tokens(self) -> int:
@@ -82,6 +87,7 @@ class Generation:
         ``max_tokens`` were reached (``"length"``), billed for what was produced.
         """
         self.admission.meter(self.usage)
+        started = time.perf_counter()
         try:
             final = None
             async with contextlib.aclosing(self._generate()) as pieces:
@@ -94,6 +100,9 @@ class Generation:
             if final is None:  # the worker's stream always ends with a finish reason
                 raise KilnError("The model stopped without finishing; please retry.")
             await self.admission.commit(self.usage())  # the worker's slot is free meanwhile
+            if self.shadow is not None and self.tokens is not None:
+                took_s = time.perf_counter() - started
+                self.kiln.shadows.generate(self.shadow, self.request, self.tokens, took_s)
             yield final
         except KilnError as exc:
             self.status = exc.status_code
@@ -154,6 +163,8 @@ class Generation:
                     self.admission.first_token()
                 last = now
                 self.completion_tokens += len(chunk.token_ids)
+                if self.tokens is not None:
+                    self.tokens.extend(chunk.token_ids)
                 self.compute_ms = max(self.compute_ms, chunk.compute_ms)
                 self.queue_ms = max(self.queue_ms, chunk.queue_ms)
                 piece = text.push(chunk.token_ids)
@@ -353,8 +364,12 @@ async def prepare(
     deadline = asyncio.get_running_loop().time() + run_s
     await admission.hold(version, most, run_s)
     admission.deadline = deadline
-    name = request.model
-    return Generation(kiln, admission, version, name, model, generate, stop, endpoint, deadline)
+    gen = Generation(kiln, admission, version, request.model, model, generate, stop, endpoint,
+                     deadline)  # fmt: skip
+    if adapter is None:  # a tenant's adapter is served by the primary's pool alone
+        gen.shadow = kiln.shadows.plan(version, request_id)
+        gen.tokens = None if gen.shadow is None else []
+    return gen
 
 
 def sse(payload: Any) -> bytes:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import time
 from importlib import metadata
 from typing import TYPE_CHECKING
 
@@ -96,9 +97,14 @@ async def infer(
         timeout_ms=timeout_ms,
     )
     usage = usage_of(admission.principal, version, request_id, "infer", items=rows)
+    started = time.perf_counter()
     async with admission.dispatched(usage):
         result = await kiln.workers.infer(version.pool, message, terms, max(rows, 1))
+    took_s = time.perf_counter() - started
     await admission.commit(
         dataclasses.replace(usage, queue_ms=result.queue_ms, compute_ms=result.compute_ms)
     )
+    shadow = kiln.shadows.plan(version, request_id)
+    if shadow is not None:  # a copy to the candidate, after the answer is in hand
+        kiln.shadows.infer(shadow, message, result, max(rows, 1), took_s)
     return oip_codec.encode(request, result, version.model, version.version)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import dataclasses
+import time
 from functools import lru_cache
 from typing import TYPE_CHECKING, Any
 
@@ -140,10 +141,12 @@ async def embed(
     usage = usage_of(
         principal, version, request_id, "embeddings", input_tokens=tokens, items=len(ids)
     )
+    started = time.perf_counter()
     async with admission.dispatched(usage):
         result = await kiln.workers.embed(
             version.pool, EmbedRequest(request_id=request_id, input_ids=ids), admission.terms
         )
+    took_s = time.perf_counter() - started
     vectors = np.frombuffer(result.data, dtype="<f4").reshape(len(ids), result.dimensions)
     if request.encoding_format == "base64":
         data = [
@@ -155,6 +158,9 @@ async def embed(
     await admission.commit(
         dataclasses.replace(usage, queue_ms=result.queue_ms, compute_ms=result.compute_ms)
     )
+    shadow = kiln.shadows.plan(version, request_id)
+    if shadow is not None:  # a copy to the candidate, after the answer is in hand
+        kiln.shadows.embed(shadow, ids, vectors, took_s)
     response = EmbeddingsResponse(
         data=data,
         model=request.model,

@@ -37,6 +37,8 @@ class PoolSpec:
     model_dir: Path
     engine: EngineSettings = field(default_factory=EngineSettings)
     """The version's own settings; each unset field is the deployment's ``KILN_WORKER_*``."""
+    nice: int = 0
+    """Lower CPU priority of its workers (local backend): a shadow candidate's."""
 
     @property
     def key(self) -> str:
@@ -147,6 +149,8 @@ def worker_arguments(
     ]  # fmt: skip
     if host is not None:
         cmd += ["--host", host]
+    if spec.nice:
+        cmd += ["--nice", str(spec.nice)]
     if s.worker_threads:
         cmd += ["--threads", str(s.worker_threads)]
     if s.worker_concurrency != 1:

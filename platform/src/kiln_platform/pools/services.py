@@ -27,6 +27,7 @@ from kiln_platform.pools.coldstart import ColdStarts
 from kiln_platform.registry.engine import worker_settings
 from kiln_platform.scheduler.core import PoolScheduler, SchedulerConfig
 from kiln_platform.scheduler.runner import PoolRunner
+from kiln_platform.shadow.policy import CANDIDATE_NICE
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -127,9 +128,10 @@ class PoolManager:
     def _adopt(self, version: ResolvedVersion) -> None:
         """Give a served version its pool, sized by the policy's initial rule; its bounds
         (``min_replicas``/``max_replicas``) change the pool's size, not its workers."""
+        only_shadow = (version.model, version.version) in self._resolver.candidates
         spec = PoolSpec(
             version.model, version.version, self._store.path(version.artifact_digest),
-            worker_settings(version.engine),
+            worker_settings(version.engine), nice=CANDIDATE_NICE if only_shadow else 0,
         )  # fmt: skip
         engine = version.engine
         config = autoscale.bounded(self._scaling, engine.min_replicas, engine.max_replicas)
@@ -214,6 +216,15 @@ class PoolManager:
     def is_ready(self, pool: str) -> bool:
         """A worker of the pool takes requests now (no side effect: not a request)."""
         return bool(self.backend.ready(pool))
+
+    def load(self, pool: str) -> tuple[int, int, int]:
+        """(credits of its ready workers, requests in flight, queued) of a pool, read now with no
+        side effect (neither a request nor a start): shadow copies use idle capacity only."""
+        runner = self.runners.get(pool)
+        if runner is None or not self.backend.ready(pool):
+            return 0, 0, 0
+        busy = runner.scheduler
+        return sum(self._credits(pool).values()), busy.in_flight, len(busy.queue)
 
     def worker(self, pool: str, url: str) -> PoolWorker:
         """The worker a dispatch named (it may have gone away since)."""

@@ -15,6 +15,8 @@ from kiln_platform.errors import ModelNotFound
 from kiln_platform.registry.lifecycle import DEFAULT_SERVING, address, refuse_retired
 from kiln_platform.registry.routes import Route
 from kiln_platform.registry.services import ResolvedVersion, resolved
+from kiln_platform.shadow.policy import Shadow
+from kiln_platform.shadow.tables import ModelShadow
 
 if TYPE_CHECKING:
     from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
@@ -47,6 +49,14 @@ async def load_catalog(
     aliases = await _named(session, ModelAlias.alias, ModelAlias.version)
     pins = await _named(session, ModelPin.tenant_id, ModelPin.target)
     return catalog, routes, aliases, pins
+
+
+async def load_shadows(session: AsyncSession) -> dict[str, Shadow]:
+    """Every model's shadow candidate and share (``shadow``)."""
+    rows = await session.execute(
+        select(Model.name, ModelShadow).join(ModelShadow, ModelShadow.model_id == Model.id)
+    )
+    return {name: Shadow(row.version, row.percent) for name, row in rows.all()}
 
 
 async def _named(session: AsyncSession, key: Any, value: Any) -> dict[str, dict[str, str]]:
@@ -105,6 +115,10 @@ class Resolver:
         self.aliases: Named = {}
         self.pins: Named = {}
         """Per model: tenant id -> the version or alias an operator pinned it to."""
+        self.shadows: dict[str, Shadow] = {}
+        """Per model: the candidate a share of its requests is copied to (``shadow``)."""
+        self.candidates: set[tuple[str, str]] = set()
+        """(model, version) of pools that serve only as a shadow's candidate."""
         self.served: Catalog = {}
         """Each model's served versions, by version."""
         self._demanded: dict[tuple[str, str], float] = {}
@@ -126,10 +140,11 @@ class Resolver:
         started = time.monotonic()
         async with self._sessions() as session:
             catalog, routes, aliases, pins = await load_catalog(session)
+            shadows = await load_shadows(session)
         routes = {m: r for m, r in routes.items() if set(r.versions) <= set(catalog.get(m, {}))}
         idle = started - DEMAND_IDLE_S
         self._demanded = {k: t for k, t in self._demanded.items() if t > idle}
-        wanted = set(self._demanded)
+        wanted: set[tuple[str, str]] = set()
         for name, versions in catalog.items():
             route, default = routes.get(name), _default(versions)
             if route is not None:
@@ -139,13 +154,16 @@ class Resolver:
             named = aliases.get(name, {})
             wanted.update((name, v) for v in named.values())
             wanted.update((name, named.get(t, t)) for t in pins.get(name, {}).values())
+        candidates = {(n, s.version) for n, s in shadows.items()} - wanted
+        wanted |= candidates | set(self._demanded)  # a candidate has a pool, like a canary
         served: Catalog = {}
         for name, version in wanted:
             found = catalog.get(name, {}).get(version)
             if found is not None and found.state != "retired":
                 served.setdefault(name, {})[version] = found
         self.catalog, self.routes, self.served = catalog, routes, served
-        self.aliases, self.pins = aliases, pins
+        self.aliases, self.pins, self.shadows = aliases, pins, shadows
+        self.candidates = candidates
         self._refreshed_at = started
         return [v for versions in served.values() for v in versions.values()]
 

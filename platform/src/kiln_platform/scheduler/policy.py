@@ -257,7 +257,11 @@ class PoolQueue:
             priority = self._classes.pick(p for p, flows in self._flows.items() if flows)
             tenants: Iterable[str] = () if priority is None else self._flows[priority]
         else:
-            eligible = {p: self._express(p, busy) for p in self._flows}
+            # interactive only: batch work (async jobs, shadow copies) never jumps the worker's
+            # queue nor stops its batches
+            eligible: dict[Priority, list[str]] = {
+                p: self._express(p, busy) for p in self._flows if p is Priority.INTERACTIVE
+            }
             priority = self._classes.pick(p for p, ts in eligible.items() if ts)
             tenants = () if priority is None else eligible[priority]
         if priority is None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import uuid
 
+import msgspec
 import pytest
 from pydantic import SecretStr
 
@@ -11,6 +12,8 @@ from kiln_platform.admin.authz import Actor, Role
 from kiln_platform.registry import aliases, versions
 from kiln_platform.registry.services import register_version
 from kiln_platform.settings import Settings
+from kiln_platform.shadow import services as shadows
+from kiln_platform.shadow.schemas import ShadowReport, ShadowUpdate
 from kiln_runtimes.protocol import ModelManifest
 
 from .conftest import App
@@ -113,3 +116,27 @@ async def test_a_platform_admin_sets_pool_bounds_and_reads_the_live_table(
         assert live.status_code == 200
         assert 'data-version="2" data-state="' in live.text
         assert (await http.get("/console/models/nope/pools")).status_code == 404
+
+
+async def test_platform_admins_see_the_shadow_comparison(app: App, model: str) -> None:
+    cli = Actor("cli:test", Role.PLATFORM_ADMIN, None)
+    report = ShadowReport(model=model, candidate="2", gateway="gw-a", mirrored=40,
+                          dropped={"busy": 3}, compared=40, agreement=0.975,
+                          cosine_mean=0.99991, cosine_min=0.98, primary_p99_ms=21.0)  # fmt: skip
+    async with app.kiln.db.sessions.begin() as session:
+        await shadows.set_shadow(session, cli, model, ShadowUpdate(version="2", percent=20))
+        await shadows.persist(session, [report])
+        await shadows.persist(session, [msgspec.structs.replace(report, mirrored=41)])  # upsert
+    async with app.kiln.db.sessions() as session:
+        view = await shadows.view(session, cli, model)
+    assert (view.version, view.percent, [r.mirrored for r in view.reports]) == ("2", 20, [41])
+    async with app.signed_in(await app.user("platform-admin")) as (http, _):
+        page = (await http.get("/console/models")).text
+    assert f'<table class="shadow" data-model="{model}">' in page
+    assert "20 % of requests copied to version" in page
+    assert '<td class="agreement">97.5 %</td>' in page
+    assert '<td class="mirrored">41</td>' in page
+    tenant = await app.tenant()
+    async with app.signed_in(await app.user("tenant-admin", tenant)) as (http, _):
+        page = (await http.get("/console/models")).text
+    assert 'class="shadow"' not in page  # a report spans every tenant's requests

@@ -1,0 +1,135 @@
+"""A model's shadow config (set, removed, read with the comparison reports) and the reports'
+persistence.
+
+Platform-admin only (resource ``model-shadows``) and audited (``model.shadow``). Gateways read
+the config from the Resolver's in-memory catalog: this one at once after the commit, others
+within their 2 s refresh. Each gateway writes its own report every few seconds.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import msgspec
+from sqlalchemy import delete, func, select
+from sqlalchemy.dialects.postgresql import insert
+
+from kiln_platform.admin.authz import require
+from kiln_platform.audit.services import record
+from kiln_platform.db import after_commit
+from kiln_platform.db.tables import Model
+from kiln_platform.registry.services import find_model, version_state
+from kiln_platform.shadow.schemas import ShadowReport, ShadowUpdate, ShadowView
+from kiln_platform.shadow.tables import ModelShadow
+from kiln_platform.shadow.tables import ShadowReport as ReportRow
+
+if TYPE_CHECKING:
+    from collections.abc import Awaitable, Callable, Sequence
+
+    from sqlalchemy.ext.asyncio import AsyncSession
+
+    from kiln_platform.admin.authz import Actor
+
+RESOURCE = "model-shadows"
+
+
+async def view(
+    session: AsyncSession, actor: Actor, name: str, live: Sequence[ShadowReport] = ()
+) -> ShadowView:
+    """A model's shadow and every gateway's report (``live``: this gateway's, fresher than its
+    persisted row)."""
+    require(actor, RESOURCE)
+    model = await find_model(session, name)
+    row = await session.get(ModelShadow, model.id)
+    mine: dict[tuple[str, str], ShadowReport | None] = {
+        (r.candidate, r.gateway): r for r in live if r.model == name
+    }
+    stored = await session.scalars(
+        select(ReportRow).where(ReportRow.model_id == model.id).order_by(ReportRow.candidate)
+    )
+    reports = [
+        mine.pop((r.candidate, r.gateway), None) or msgspec.convert(r.report, ShadowReport)
+        for r in stored
+    ]
+    reports.extend(r for r in mine.values() if r is not None)
+    if row is None:
+        return ShadowView(model=name, reports=reports)
+    return ShadowView(model=name, version=row.version, percent=row.percent, reports=reports)
+
+
+async def views(
+    session: AsyncSession, actor: Actor, live: Sequence[ShadowReport] = ()
+) -> dict[str, ShadowView]:
+    """Every model with a shadow or a report, by name (two queries; the console's Models
+    page)."""
+    require(actor, RESOURCE)
+    found: dict[str, ShadowView] = {}
+    for name, config in await session.execute(
+        select(Model.name, ModelShadow).join(ModelShadow, ModelShadow.model_id == Model.id)
+    ):
+        found[name] = ShadowView(model=name, version=config.version, percent=config.percent)
+    mine: dict[tuple[str, str, str], ShadowReport | None] = {
+        (r.model, r.candidate, r.gateway): r for r in live
+    }
+    for name, stored in await session.execute(
+        select(Model.name, ReportRow).join(ReportRow, ReportRow.model_id == Model.id)
+        .order_by(Model.name, ReportRow.candidate)
+    ):  # fmt: skip
+        report = mine.pop((name, stored.candidate, stored.gateway), None)
+        view = found.setdefault(name, ShadowView(model=name))
+        view.reports.append(report or msgspec.convert(stored.report, ShadowReport))
+    for left in mine.values():
+        if left is not None:
+            found.setdefault(left.model, ShadowView(model=left.model)).reports.append(left)
+    return found
+
+
+async def set_shadow(
+    session: AsyncSession, actor: Actor, name: str, data: ShadowUpdate,
+    *, reconcile: Callable[[], Awaitable[object]] | None = None,
+) -> ShadowView:  # fmt: skip
+    """Copy ``data.percent`` of ``name``'s requests to ``data.version`` (its pool is started)."""
+    require(actor, RESOURCE, write=True)
+    model = await find_model(session, name)
+    await version_state(session, model, data.version, "version")
+    before = await session.get(ModelShadow, model.id)
+    was = None if before is None else {"version": before.version, "percent": before.percent}
+    after = {"version": data.version, "percent": data.percent}
+    await session.execute(
+        insert(ModelShadow).values(model_id=model.id, **after)
+        .on_conflict_do_update(index_elements=["model_id"], set_=after)
+    )  # fmt: skip
+    await record(session, actor, "model.shadow", "model", model.id, None, before=was, after=after)
+    if reconcile is not None:
+        after_commit.defer(session, reconcile)
+    return ShadowView(model=name, version=data.version, percent=data.percent)
+
+
+async def delete_shadow(
+    session: AsyncSession, actor: Actor, name: str,
+    *, reconcile: Callable[[], Awaitable[object]] | None = None,
+) -> None:  # fmt: skip
+    """Stop copying ``name``'s requests (the reports stay until the model is deleted)."""
+    require(actor, RESOURCE, write=True)
+    model = await find_model(session, name)
+    row = await session.get(ModelShadow, model.id)
+    if row is None:
+        return
+    was = {"version": row.version, "percent": row.percent}
+    await session.execute(delete(ModelShadow).where(ModelShadow.model_id == model.id))
+    await record(session, actor, "model.shadow.delete", "model", model.id, None, before=was)
+    if reconcile is not None:
+        after_commit.defer(session, reconcile)
+
+
+async def persist(session: AsyncSession, reports: Sequence[ShadowReport]) -> None:
+    """Write a gateway's reports (one row per model, candidate and gateway)."""
+    for r in reports:
+        model_id = select(Model.id).where(Model.name == r.model).scalar_subquery()
+        body = msgspec.json.decode(msgspec.json.encode(r))  # an infinite diff becomes null
+        await session.execute(
+            insert(ReportRow).values(model_id=model_id, candidate=r.candidate, gateway=r.gateway,
+                                     report=body)
+            .on_conflict_do_update(index_elements=["model_id", "candidate", "gateway"],
+                                   set_={"report": body, "updated_at": func.now()})
+        )  # fmt: skip
