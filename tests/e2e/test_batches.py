@@ -139,7 +139,7 @@ def test_chat_and_embeddings_batches_equal_the_same_requests_online(
     online = client.embeddings.create(model=MINILM, input=texts, encoding_format="float")
     for i in range(3):
         vector = out[f"r{i}"]["response"]["body"]["data"][0]["embedding"]
-        assert vector == pytest.approx(online.data[i].embedding, abs=1e-6)
+        assert vector == pytest.approx(online.data[i].embedding, abs=1e-5)
     assert len(_ledger(kiln, embed_batch.id)) == 3
 
     listed = client.batches.list(limit=1)

@@ -78,13 +78,16 @@ async def upload(
     return file_object(row)
 
 
-async def find(kiln: Kiln, tenant_id: uuid.UUID, file_id: str) -> StoredFile:
-    """The tenant's file (another tenant's is as missing as one that never was)."""
-    id_ = parse_id("file-", file_id, "file", "file_id")
+async def find(
+    kiln: Kiln, tenant_id: uuid.UUID, file_id: str, param: str = "file_id"
+) -> StoredFile:
+    """The tenant's file (another tenant's is as missing as one that never was); ``param``:
+    the field that named it."""
+    id_ = parse_id("file-", file_id, "file", param)
     async with tenant_tx(kiln, tenant_id) as session:
         row = await session.get(StoredFile, id_)
     if row is None or row.tenant_id != tenant_id:
-        raise NotFound(f"No such file: '{file_id}'.", param="file_id")
+        raise NotFound(f"No such file: '{file_id}'.", param=param)
     return row
 
 

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import msgspec
+import structlog
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 
 from kiln_platform.admission.services import Admissions
@@ -31,6 +32,7 @@ if TYPE_CHECKING:
     from kiln_platform.context import Kiln
     from kiln_platform.keys.services import Principal
 
+log = structlog.get_logger("kiln.batches")
 TRANSIENT = (Overloaded, ServiceUnavailable, DeadlineExceeded, Conflict)
 """Errors after which a line is tried again later (a full queue, a pool starting, a hold a
 killed gateway left behind); ``Overloaded`` includes rate limits, not the monthly budget."""
@@ -114,7 +116,10 @@ async def run(kiln: Kiln, principal: Principal, line: Line, timeout_s: float) ->
     except TRANSIENT:
         await kiln.budgets.release(rid)  # its retry holds again, under the same request id
         raise
-    except KilnError as exc:
+    except Exception as exc:  # what the online API would answer: an error object
+        if not isinstance(exc, KilnError):
+            log.exception("batch line failed", request_id=rid)
+            exc = KilnError("Internal server error.")
         status = exc.status_code
         error = {"message": exc.message, "type": exc.type, "param": exc.param, "code": exc.code}
         payload = {"error": error}

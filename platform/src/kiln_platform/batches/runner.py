@@ -111,8 +111,10 @@ class BatchRunner:
         try:
             if claim.status == "validating":
                 await self._validate(claim)
-            if claim.status in ("in_progress", "cancelling") and not claim.lost:
-                await self._run(claim)
+            running = claim.status in ("in_progress", "cancelling") and not claim.lost
+            if running and not await self._run(claim):
+                await self._move(claim, claim.status, (claim.status,), lease_until=None)
+                return  # a line could not be recorded: claimed again at the next poll
             if not claim.lost and claim.status in ("in_progress", "cancelling", "finalizing"):
                 await self._finalize(claim)
         finally:
@@ -185,18 +187,20 @@ class BatchRunner:
         path = None if digest is None else self._kiln.store.blob(digest)
         return path if path is not None and path.is_file() else None
 
-    async def _run(self, claim: Claim) -> None:
-        """Start each line not recorded yet, ``concurrency`` at a time, until done or stopped."""
+    async def _run(self, claim: Claim) -> bool:
+        """Start each line not recorded yet, ``concurrency`` at a time, until done or stopped;
+        whether every line started was recorded."""
         job = claim.job
         path = await self._input_path(job)
         if path is None:
-            return
+            return True
         async with self._kiln.db.sessions() as session:
             done = set(await session.scalars(
                 select(BatchLine.custom_id).where(BatchLine.batch_id == job.id)
             ))  # fmt: skip
         principal = msgspec.convert(job.principal, Principal)
         free = asyncio.Semaphore(self._concurrency)
+        started: list[asyncio.Task[bool]] = []
         async with asyncio.TaskGroup() as group:
             for n, raw in read_lines(path):
                 item = check_line(n, raw)
@@ -207,11 +211,13 @@ class BatchRunner:
                     free.release()
                     break
                 line = lines.Line(job.id, job.tenant_id, job.endpoint, n, item.custom_id, item.body)
-                group.create_task(self._line(claim, principal, line, free))
+                started.append(group.create_task(self._line(claim, principal, line, free)))
+        return all(t.result() for t in started)
 
     async def _line(
         self, claim: Claim, principal: Principal, line: lines.Line, free: asyncio.Semaphore
-    ) -> None:
+    ) -> bool:
+        """Run and record one line; False if it could not be (it runs again later)."""
         job, kiln, n = claim.job, self._kiln, line.n
         try:
             for attempt in range(RETRIES):
@@ -222,14 +228,16 @@ class BatchRunner:
                 except lines.TRANSIENT as exc:
                     if claim.lost or attempt == RETRIES - 1:
                         log.warning("batch line not run", batch=str(job.id), line=n, error=exc.code)
-                        return
+                        return False
                     await asyncio.sleep(min(30.0, exc.retry_after or 2.0**attempt))
             if not claim.lost:
                 await lines.record(kiln, line, outcome)
         except Exception:
-            log.exception("batch line failed", batch=str(job.id), line=n)
+            log.exception("batch line not recorded", batch=str(job.id), line=n)
+            return False
         finally:
             free.release()
+        return True
 
     async def _finalize(self, claim: Claim) -> None:
         """Write the output and error files and end the batch (completed, cancelled, expired)."""

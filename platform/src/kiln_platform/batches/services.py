@@ -103,7 +103,7 @@ def _runs_as(principal: Principal) -> dict[str, Any]:
 async def create(kiln: Kiln, principal: Principal, data: BatchCreate) -> BatchObject:
     """A new batch, ``validating`` until a runner checks its lines."""
     _checked(data)
-    source = await find(kiln, principal.tenant_id, data.input_file_id)
+    source = await find(kiln, principal.tenant_id, data.input_file_id, "input_file_id")
     if source.purpose != "batch":
         raise BadRequest("'input_file_id' must name a file of purpose 'batch'.",
                          param="input_file_id")  # fmt: skip
