@@ -7,6 +7,7 @@ import asyncio
 from alembic import context
 from sqlalchemy.engine import Connection
 
+from kiln_platform.batches import tables as _batch_tables  # noqa: F401  (registers them)
 from kiln_platform.billing import tables as _billing_tables  # noqa: F401  (registers them)
 from kiln_platform.db.tables import Base
 from kiln_platform.shadow import tables as _shadow_tables  # noqa: F401  (registers them)

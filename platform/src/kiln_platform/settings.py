@@ -168,6 +168,18 @@ class Settings(BaseSettings):
     """Largest `/v2` inference request body (JSON or binary tensors)."""
     max_upload_bytes: int = Field(default=2 << 30, gt=0)
     """Largest model upload (`/admin/v1/models/{name}/versions`)."""
+    max_batch_file_bytes: int = Field(default=200 << 20, gt=0)
+    """Largest file `POST /v1/files` stores (OpenAI's batch input limit, 200 MB)."""
+    max_batch_lines: int = Field(default=50_000, gt=0)
+    """Most lines (requests) in one batch input file (OpenAI's limit)."""
+    batch_concurrency: int = Field(default=8, ge=0)
+    """Lines of a batch each gateway keeps in its pools' fair queues at once (class ``batch``,
+    behind interactive work); 0: this gateway runs no batches."""
+    batch_lease_s: float = Field(default=30.0, gt=0)
+    """A gateway's claim on a running batch; renewed every third of it, so a killed gateway's
+    batch is taken over by another after it lapses."""
+    batch_poll_s: float = Field(default=1.0, gt=0)
+    """How often an idle gateway looks for a batch to run (and a running one for a cancel)."""
     slo_eval_interval_s: float = Field(default=30.0, gt=0)
     """How often each gateway stores its SLO counts and SLOs' burn-rate alerts are evaluated."""
     slo_bucket_s: float = Field(default=60.0, gt=0)

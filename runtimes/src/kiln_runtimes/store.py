@@ -117,6 +117,19 @@ class ArtifactStore:
                 if st.st_ino in inodes and st.st_nlink == 1:
                     blob.unlink()
 
+    def blob(self, hexdigest: str) -> Path:
+        """Where a blob stored by ``put_file`` is (``ValueError`` unless 64 lowercase hex)."""
+        if not _HEX64.fullmatch(hexdigest):
+            raise ValueError(f"not a sha256 hex digest: {hexdigest[:80]!r}")
+        return self._blobs / hexdigest
+
+    def remove_blob(self, hexdigest: str) -> None:
+        """Remove a blob no tree links to (a deleted file's bytes); one a tree holds stays."""
+        with contextlib.suppress(FileNotFoundError):
+            blob = self.blob(hexdigest)
+            if blob.stat().st_nlink == 1:
+                blob.unlink()
+
     def path(self, digest: str) -> Path:
         """The materialized folder of a tree (``ValueError`` unless ``digest`` is one)."""
         return self._trees / tree_hex(digest)

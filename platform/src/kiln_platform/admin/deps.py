@@ -17,6 +17,7 @@ from kiln_platform.admin.authz import Actor, Role, actor_tenant, check_tenant, r
 from kiln_platform.admin.problems import DocumentedController
 from kiln_platform.context import Kiln
 from kiln_platform.db import after_commit
+from kiln_platform.db.engine import TENANT_CONTEXT, TENANT_ROLE
 from kiln_platform.errors import BadRequest, Forbidden, Unauthorized
 from kiln_platform.gateway.auth import verify_bearer
 
@@ -26,11 +27,7 @@ if TYPE_CHECKING:
     from litestar.connection import ASGIConnection
     from litestar.handlers import BaseRouteHandler
 
-APP_ROLE = "kiln_tenant"
-TENANT_CONTEXT = text(
-    "SELECT set_config('kiln.tenant_id', :t, true), set_config('kiln.scope', '', true)"
-)
-"""One tenant's context, the platform scope the session factory declared withdrawn."""
+APP_ROLE = TENANT_ROLE
 BAD_TEXT = frozenset({"22P05", "22021"})
 """SQLSTATEs of text PostgreSQL cannot store (untranslatable character, e.g. NUL; bad UTF-8)."""
 

@@ -25,7 +25,7 @@ import contextlib
 import dataclasses
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Self
+from typing import TYPE_CHECKING, Protocol, Self
 
 from kiln_platform.errors import KilnError
 from kiln_platform.quotas.enforcer import QuotaGrant
@@ -36,7 +36,7 @@ if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Awaitable, Callable
     from types import TracebackType
 
-    from kiln_platform.billing.ledger import LedgerWriter, Usage
+    from kiln_platform.billing.ledger import Usage
     from kiln_platform.billing.pricing import Quantities
     from kiln_platform.billing.reservations import Budgets
     from kiln_platform.gateway.metrics import RequestMetrics
@@ -46,6 +46,24 @@ if TYPE_CHECKING:
     from kiln_platform.slo.sli import SliRecorder
 
 STATE_KEY = "kiln_admission"
+
+
+class UsageSink(Protocol):
+    """Where an admission records its request's usage: the ledger (``LedgerWriter``), or a
+    batch line's own transaction (``batches.lines``)."""
+
+    @property
+    def enabled(self) -> bool:
+        """Whether usage is recorded at all (``KILN_METERING``)."""
+        ...
+
+    def record(self, usage: Usage) -> None:
+        """Queue the usage without waiting."""
+        ...
+
+    async def commit(self, usage: Usage) -> None:
+        """Return once the usage is durable (or handed to what makes it so)."""
+        ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,7 +83,7 @@ class Admissions:
         self,
         quotas: QuotaEnforcer,
         budgets: Budgets,
-        ledger: LedgerWriter,
+        ledger: UsageSink,
         slis: SliRecorder | None = None,
         metrics: RequestMetrics | None = None,
     ) -> None:
@@ -123,6 +141,13 @@ class Admission:
         self.terms = QueueTerms(tenant=str(principal.tenant_id), weight=principal.weight)
         with tracing.span("admission", {"kiln.tenant": self.terms.tenant}):
             await self._desk.quotas.admit(principal, self.grant)
+
+    def run_for(self, principal: Principal, timeout_s: float) -> None:
+        """Enter work Kiln runs on the tenant's behalf (a batch line) in the ``batch`` class: its
+        budget hold and usage as any request's; no per-minute quotas (they pace clients)."""
+        self._principal = principal
+        self.terms = QueueTerms(str(principal.tenant_id), principal.weight, Priority.BATCH,
+                                timeout_s)  # fmt: skip
 
     def schedule(self, priority: Priority, timeout_s: float) -> None:
         """Set the request's class and deadline in its pool's fair queue."""

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
-from sqlalchemy import event
+from sqlalchemy import event, text
 from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncEngine, async_sessionmaker, create_async_engine
 from sqlalchemy.orm import Session
@@ -35,6 +35,12 @@ if TYPE_CHECKING:
 APP_ROLE = "kiln_app"
 """The role the app works as: no ownership, no DDL, no ``BYPASSRLS`` (migration ``0010``)."""
 PLATFORM_SCOPE = "SELECT set_config('kiln.scope', 'platform', true)"
+TENANT_ROLE = "kiln_tenant"
+"""The role of tenant-confined transactions (``SET LOCAL ROLE``): no platform-scope policy."""
+TENANT_CONTEXT = text(
+    "SELECT set_config('kiln.tenant_id', :t, true), set_config('kiln.scope', '', true)"
+)
+"""One tenant's context, the platform scope the session factory declared withdrawn."""
 
 
 @contextmanager

@@ -14,6 +14,7 @@ import pytest
 from sqlalchemy import make_url, text
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from kiln_platform.batches.tables import BatchJob, BatchLine, StoredFile
 from kiln_platform.billing.tables import (
     BudgetEvent,
     BudgetPeriod,
@@ -62,6 +63,11 @@ def _rows(tenant: uuid.UUID, model: uuid.UUID) -> list[Base]:
     n = uuid.uuid4().hex[:8]
     key = ApiKey(id=uuid.uuid4(), tenant_id=tenant, prefix=f"kiln_{n}", digest=b"\0" * 32,
                  scopes=["inference"])  # fmt: skip
+    file = StoredFile(id=uuid.uuid4(), tenant_id=tenant, filename="in.jsonl", purpose="batch",
+                      bytes=1, lines=1, digest="0" * 64)  # fmt: skip
+    batch = BatchJob(id=uuid.uuid4(), tenant_id=tenant, endpoint="/v1/embeddings",
+                     input_file_id=file.id, completion_window="24h", status="validating",
+                     principal={}, expires_at=NOW + timedelta(hours=24))  # fmt: skip
     # fmt: off
     return [
         Tenant(id=tenant, name=f"rls-{n}"),
@@ -95,6 +101,9 @@ def _rows(tenant: uuid.UUID, model: uuid.UUID) -> list[Base]:
         UsageTenantDaily(day=date(2026, 12, 1), tenant_id=tenant, requests=1, errors=0,
                          cost_micros=1),
         ModelPin(model_id=model, tenant_id=tenant, target="1"),
+        file,
+        batch,
+        BatchLine(batch_id=batch.id, custom_id="c", tenant_id=tenant, line=1, ok=True, output="{}"),
     ]
     # fmt: on
 

@@ -1,0 +1,28 @@
+"""A transaction confined to one tenant (row-level security's second wall)."""
+
+from __future__ import annotations
+
+from contextlib import asynccontextmanager
+from typing import TYPE_CHECKING
+
+from sqlalchemy import text
+
+from kiln_platform.db.engine import TENANT_CONTEXT, TENANT_ROLE
+
+if TYPE_CHECKING:
+    import uuid
+    from collections.abc import AsyncIterator
+
+    from sqlalchemy.ext.asyncio import AsyncSession
+
+    from kiln_platform.context import Kiln
+
+
+@asynccontextmanager
+async def tenant_tx(kiln: Kiln, tenant_id: uuid.UUID) -> AsyncIterator[AsyncSession]:
+    """A transaction as ``kiln_tenant`` with ``kiln.tenant_id`` set: it sees and writes only the
+    tenant's rows, even from a query that forgot its filter."""
+    async with kiln.db.sessions.begin() as session:
+        await session.execute(text(f"SET LOCAL ROLE {TENANT_ROLE}"))
+        await session.execute(TENANT_CONTEXT, {"t": str(tenant_id)})
+        yield session

@@ -1,0 +1,110 @@
+"""`/v1/files` and `/v1/batches`: thin, the behaviour lives in ``files`` and ``services``."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from litestar import Request, delete, get, post
+from litestar.di import Provide
+from litestar.params import Parameter, SkipValidation
+from litestar.response import File
+
+from kiln_platform.batches import files, services
+from kiln_platform.batches.schemas import (
+    BatchCreate,
+    BatchList,
+    BatchObject,
+    FileDeleted,
+    FileList,
+    FileObject,
+)
+from kiln_platform.context import Kiln
+from kiln_platform.errors import BadRequest
+from kiln_platform.gateway.auth import provide_principal
+from kiln_platform.keys.services import Principal
+from kiln_platform.openapi import OPENAI_ERRORS, DocumentedController
+
+KilnDep = SkipValidation[Kiln]
+PrincipalDep = SkipValidation[Principal]
+Limit = Annotated[int, Parameter(ge=1, le=10_000)]
+
+
+class FilesController(DocumentedController):
+    """OpenAI's Files API (``purpose=batch`` uploads; batch output files)."""
+
+    errors = OPENAI_ERRORS
+    path = "/v1/files"
+    dependencies = {"principal": Provide(provide_principal)}  # noqa: RUF012
+
+    @post("/", status_code=200, request_max_body_size=None)
+    async def create_file(
+        self, kiln: KilnDep, principal: PrincipalDep, request: Request[Any, Any, Any]
+    ) -> FileObject:
+        """Upload a JSONL file (``multipart/form-data``: ``file``, ``purpose=batch``)."""
+        kind, options = request.content_type
+        if kind != "multipart/form-data" or not options.get("boundary"):
+            raise BadRequest("Send the file as multipart/form-data.", param="file")
+        boundary = options["boundary"].encode()
+        return await files.upload(kiln, principal.tenant_id, request.stream(), boundary)
+
+    @get("/")
+    async def list_files(
+        self, kiln: KilnDep, principal: PrincipalDep, purpose: str | None = None,
+        after: str | None = None, limit: Limit = 10_000,
+    ) -> FileList:  # fmt: skip
+        """The tenant's files, newest first."""
+        return await files.listed(kiln, principal.tenant_id, purpose, after, limit)
+
+    @get("/{file_id:str}")
+    async def get_file(self, kiln: KilnDep, principal: PrincipalDep, file_id: str) -> FileObject:
+        """One file."""
+        return files.file_object(await files.find(kiln, principal.tenant_id, file_id))
+
+    @get("/{file_id:str}/content", media_type="application/octet-stream")
+    async def file_content(self, kiln: KilnDep, principal: PrincipalDep, file_id: str) -> File:
+        """The file's bytes."""
+        row = await files.find(kiln, principal.tenant_id, file_id)
+        return File(path=files.content_path(kiln, row), filename=row.filename,
+                    media_type="application/jsonl")  # fmt: skip
+
+    @delete("/{file_id:str}", status_code=200)
+    async def delete_file(
+        self, kiln: KilnDep, principal: PrincipalDep, file_id: str
+    ) -> FileDeleted:
+        """Delete a file (and its bytes, unless another file has the same)."""
+        return await files.remove(kiln, principal.tenant_id, file_id)
+
+
+class BatchesController(DocumentedController):
+    """OpenAI's Batch API, run on Kiln's own pools in the ``batch`` class."""
+
+    errors = OPENAI_ERRORS
+    path = "/v1/batches"
+    dependencies = {"principal": Provide(provide_principal)}  # noqa: RUF012
+
+    @post("/", status_code=200)
+    async def create_batch(
+        self, kiln: KilnDep, principal: PrincipalDep, data: BatchCreate
+    ) -> BatchObject:
+        """Create a batch from an uploaded ``purpose=batch`` file."""
+        return await services.create(kiln, principal, data)
+
+    @get("/")
+    async def list_batches(
+        self, kiln: KilnDep, principal: PrincipalDep, after: str | None = None,
+        limit: Annotated[int, Parameter(ge=1, le=100)] = 20,
+    ) -> BatchList:  # fmt: skip
+        """The tenant's batches, newest first."""
+        return await services.listed(kiln, principal.tenant_id, after, limit)
+
+    @get("/{batch_id:str}")
+    async def get_batch(self, kiln: KilnDep, principal: PrincipalDep, batch_id: str) -> BatchObject:
+        """One batch, with its request counts."""
+        return await services.retrieve(kiln, principal.tenant_id, batch_id)
+
+    @post("/{batch_id:str}/cancel", status_code=200)
+    async def cancel_batch(
+        self, kiln: KilnDep, principal: PrincipalDep, batch_id: str
+    ) -> BatchObject:
+        """Cancel: no new line starts; ``cancelling`` until the running ones are done."""
+        return await services.cancel(kiln, principal.tenant_id, batch_id)

@@ -1,0 +1,146 @@
+"""One batch line: run through the same admission, scheduler and handlers as an online request
+(class ``batch``), then recorded with its ledger row in one transaction keyed by
+(batch, ``custom_id``): a line is billed once and written once, whoever runs it how often."""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import msgspec
+import structlog
+from sqlalchemy.dialects.postgresql import insert as pg_insert
+
+from kiln_platform.admission.services import Admissions
+from kiln_platform.batches.tables import BatchLine
+from kiln_platform.billing import ledger
+from kiln_platform.errors import (
+    BadRequest,
+    Conflict,
+    DeadlineExceeded,
+    KilnError,
+    Overloaded,
+    ServiceUnavailable,
+)
+from kiln_platform.gateway import completions, llm, services
+from kiln_platform.gateway.llm_schemas import ChatCompletionRequest, CompletionRequest
+from kiln_platform.gateway.schemas import EmbeddingsRequest
+
+if TYPE_CHECKING:
+    from kiln_platform.billing.ledger import Usage
+    from kiln_platform.context import Kiln
+    from kiln_platform.keys.services import Principal
+
+log = structlog.get_logger("kiln.batches")
+TRANSIENT = (Overloaded, ServiceUnavailable, DeadlineExceeded, Conflict)
+"""Errors after which a line is tried again later (a full queue, a pool starting, a hold a
+killed gateway left behind); ``Overloaded`` includes rate limits, not the monthly budget."""
+
+
+class LineLedger:
+    """The usage sink of a line's admission: it keeps the usage for the line's transaction."""
+
+    def __init__(self, enabled: bool) -> None:
+        self.enabled = enabled
+        self.usage: Usage | None = None
+
+    def record(self, usage: Usage) -> None:
+        """Keep the line's usage (the first one: an admission records once)."""
+        if self.enabled and self.usage is None:
+            self.usage = usage
+
+    async def commit(self, usage: Usage) -> None:
+        """Keep it; the runner makes it durable with the line's result."""
+        self.record(usage)
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    """A line's output line (``ok``) or error line, and what the ledger records for it."""
+
+    ok: bool
+    output: str
+    usage: Usage | None
+
+
+@dataclass(frozen=True, slots=True)
+class Line:
+    """A line to run: its batch, number (1-based), ``custom_id`` and request body."""
+
+    batch_id: uuid.UUID
+    tenant_id: uuid.UUID
+    endpoint: str
+    n: int
+    custom_id: str
+    body: dict[str, Any]
+
+    @property
+    def request_id(self) -> str:
+        """The same on every run of the line, so its ledger row is written once."""
+        return f"batch_{self.batch_id.hex}_{self.n}"
+
+
+async def _call(kiln: Kiln, admission: Any, endpoint: str, body: dict[str, Any]) -> Any:
+    """The online handler's response to ``body``."""
+    request: ChatCompletionRequest | CompletionRequest
+    try:
+        if endpoint == "/v1/embeddings":
+            embed = msgspec.convert(body, EmbeddingsRequest)
+            return (await services.embed(kiln, admission, embed))[0]
+        if endpoint == "/v1/chat/completions":
+            request = msgspec.convert(body, ChatCompletionRequest)
+        else:
+            request = msgspec.convert(body, CompletionRequest)
+    except msgspec.ValidationError as exc:
+        raise BadRequest(f"{exc} (in 'body').", param="body") from None
+    if request.stream:
+        raise BadRequest("'stream' is not supported in a batch.", param="body.stream")
+    gen = await llm.prepare(kiln, admission, request)
+    if isinstance(request, ChatCompletionRequest):
+        return await completions.complete_chat(gen)
+    return await completions.complete_text(gen)
+
+
+async def run(kiln: Kiln, principal: Principal, line: Line, timeout_s: float) -> Outcome:
+    """Run one line; a transient error propagates (try again later), any other is its result."""
+    rid = line.request_id
+    sink = LineLedger(kiln.ledger.enabled)
+    desk = Admissions(kiln.quotas, kiln.budgets, sink)
+    admission = desk.open({"request_id": rid})
+    admission.run_for(principal, timeout_s)
+    try:
+        async with admission:
+            payload = msgspec.to_builtins(await _call(kiln, admission, line.endpoint, line.body))
+        status = 200
+    except TRANSIENT:
+        await kiln.budgets.release(rid)  # its retry holds again, under the same request id
+        raise
+    except Exception as exc:  # what the online API would answer: an error object
+        if not isinstance(exc, KilnError):
+            log.exception("batch line failed", request_id=rid)
+            exc = KilnError("Internal server error.")
+        status = exc.status_code
+        error = {"message": exc.message, "type": exc.type, "param": exc.param, "code": exc.code}
+        payload = {"error": error}
+    response = {"status_code": status, "request_id": rid, "body": payload}
+    output = {"id": f"batch_req_{uuid.uuid4().hex}", "custom_id": line.custom_id,
+              "response": response, "error": None}  # fmt: skip
+    return Outcome(status == 200, msgspec.json.encode(output).decode(), sink.usage)
+
+
+async def record(kiln: Kiln, line: Line, outcome: Outcome) -> bool:
+    """Write the line's result and its ledger row in one transaction; False if the line was
+    recorded before (its ledger row too: this run's usage is dropped)."""
+    row = {"batch_id": line.batch_id, "custom_id": line.custom_id, "tenant_id": line.tenant_id,
+           "line": line.n, "ok": outcome.ok, "output": outcome.output}  # fmt: skip
+    inserted: list[dict[str, Any]] = []
+    async with kiln.db.sessions.begin() as session:
+        stmt = pg_insert(BatchLine).values(row).on_conflict_do_nothing().returning(BatchLine.line)
+        if await session.scalar(stmt) is None:
+            return False
+        if outcome.usage is not None:
+            inserted = await ledger.write(session, [outcome.usage], await kiln.books.all())
+    if inserted and kiln.ledger.rollups is not None:
+        kiln.ledger.rollups.add(inserted)
+    return True

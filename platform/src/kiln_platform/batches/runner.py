@@ -1,0 +1,284 @@
+"""The gateway's batch runner: claims a batch from PostgreSQL, runs its lines, finalizes it.
+
+Claims are leases (``batches.lease_owner``/``lease_until``, taken with ``FOR UPDATE SKIP
+LOCKED``), so several gateways share the batches and a killed gateway's batch is taken over
+once its lease lapses. A line is skipped if it is recorded already (``batch_lines``), and
+recording is keyed by (batch, ``custom_id``) with the line's ledger row in the same
+transaction, so whatever crashes a line appears once and is billed once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import socket
+import uuid
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import TYPE_CHECKING
+
+import msgspec
+import structlog
+from sqlalchemy import func, select, update
+
+from kiln_platform.batches import lines
+from kiln_platform.batches.files import public_id, store_output
+from kiln_platform.batches.jsonl import check_line
+from kiln_platform.batches.schemas import OPEN
+from kiln_platform.batches.tables import BatchJob, BatchLine, StoredFile
+from kiln_platform.batches.validation import check_batch, read_lines
+from kiln_platform.keys.services import Principal
+
+if TYPE_CHECKING:
+    from pathlib import Path
+
+    from kiln_platform.context import Kiln
+
+log = structlog.get_logger("kiln.batches")
+RETRIES = 8
+"""Tries of a line that meets a transient error (full queue, pool starting) before it fails."""
+
+
+@dataclass(slots=True)
+class Claim:
+    """A batch this gateway holds: what the lease renewal last saw of it."""
+
+    job: BatchJob
+    status: str
+    lost: bool = False
+
+    def stopping(self) -> bool:
+        """No new line may start: cancelled, expired, or the lease was lost."""
+        expired = datetime.now(UTC) >= self.job.expires_at
+        return self.lost or self.status != "in_progress" or expired
+
+
+class BatchRunner:
+    """Runs batches in this gateway, ``concurrency`` lines at a time (class ``batch``)."""
+
+    def __init__(self, kiln: Kiln) -> None:
+        self._kiln = kiln
+        settings = kiln.settings
+        self._concurrency = settings.batch_concurrency
+        self._lease = timedelta(seconds=settings.batch_lease_s)
+        self._poll_s = min(settings.batch_poll_s, settings.batch_lease_s / 3)
+        self.owner = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"[:64]
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        """Start claiming batches (none with ``KILN_BATCH_CONCURRENCY=0``)."""
+        if self._concurrency > 0:
+            self._task = asyncio.create_task(self._loop(), name="batch-runner")
+
+    async def stop(self) -> None:
+        """Stop: lines in flight are dropped unrecorded (another run does them again)."""
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+
+    async def _loop(self) -> None:
+        while True:
+            try:
+                job = await self.claim()
+                if job is not None:
+                    await self.process(job)
+                    continue
+            except Exception:
+                log.exception("batch runner failed; will retry")
+            await asyncio.sleep(self._poll_s)
+
+    async def claim(self) -> BatchJob | None:
+        """Take the oldest open batch nobody holds (or whose holder's lease lapsed)."""
+        async with self._kiln.db.sessions.begin() as session:
+            job = await session.scalar(
+                select(BatchJob)
+                .where(BatchJob.status.in_(OPEN))
+                .where((BatchJob.lease_until.is_(None)) | (BatchJob.lease_until < func.now()))
+                .order_by(BatchJob.created_at)
+                .limit(1)
+                .with_for_update(skip_locked=True)
+            )
+            if job is not None:
+                job.lease_owner, job.lease_until = self.owner, datetime.now(UTC) + self._lease
+        return job
+
+    async def process(self, job: BatchJob) -> None:
+        """Take the batch as far as it goes: validate, run, finalize."""
+        claim = Claim(job, job.status)
+        keeper = asyncio.create_task(self._keep(claim), name="batch-lease")
+        try:
+            if claim.status == "validating":
+                await self._validate(claim)
+            running = claim.status in ("in_progress", "cancelling") and not claim.lost
+            if running and not await self._run(claim):
+                await self._move(claim, claim.status, (claim.status,), lease_until=None)
+                return  # a line could not be recorded: claimed again at the next poll
+            if not claim.lost and claim.status in ("in_progress", "cancelling", "finalizing"):
+                await self._finalize(claim)
+        finally:
+            keeper.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await keeper
+
+    async def _keep(self, claim: Claim) -> None:
+        """Renew the lease and read the batch's status (a cancel) every poll."""
+        while True:
+            await asyncio.sleep(self._poll_s)
+            try:
+                async with self._kiln.db.sessions.begin() as session:
+                    status = await session.scalar(
+                        update(BatchJob)
+                        .where(BatchJob.id == claim.job.id, BatchJob.lease_owner == self.owner)
+                        .values(lease_until=func.now() + self._lease)
+                        .returning(BatchJob.status)
+                    )
+            except Exception:  # the database is away: keep going while the lease lasts
+                log.exception("renewing a batch lease failed; will retry")
+                continue
+            if status is None:
+                claim.lost = True
+                log.warning("batch lease lost", batch=str(claim.job.id))
+                return
+            claim.status = status
+
+    async def _move(
+        self, claim: Claim, status: str, frm: tuple[str, ...], **values: object
+    ) -> None:
+        """Move the batch to ``status`` if it is in one of ``frm`` (a cancel may have won)."""
+        async with self._kiln.db.sessions.begin() as session:
+            moved = await session.scalar(
+                update(BatchJob)
+                .where(BatchJob.id == claim.job.id, BatchJob.status.in_(frm))
+                .where(BatchJob.lease_owner == self.owner)
+                .values(status=status, **values)
+                .returning(BatchJob.status)
+            )
+            if moved is None:
+                now = await session.scalar(
+                    select(BatchJob.status).where(BatchJob.id == claim.job.id)
+                )
+                claim.status = now or claim.status
+                return
+        claim.status = status
+
+    async def _validate(self, claim: Claim) -> None:
+        job = claim.job
+        path = await self._input_path(job)
+        errors = await check_batch(self._kiln, job.tenant_id, job.endpoint, path) if path else []
+        if path is None or errors:
+            found = [msgspec.to_builtins(e) for e in errors] or [
+                {"code": "file_not_found", "message": "The input file was deleted.",
+                 "param": "input_file_id", "line": None}
+            ]  # fmt: skip
+            await self._move(claim, "failed", ("validating",), errors=found, failed_at=func.now(),
+                             lease_until=None)  # fmt: skip
+            return
+        await self._move(claim, "in_progress", ("validating",), in_progress_at=func.now())
+
+    async def _input_path(self, job: BatchJob) -> Path | None:
+        if job.input_file_id is None:
+            return None
+        async with self._kiln.db.sessions() as session:
+            digest = await session.scalar(
+                select(StoredFile.digest).where(StoredFile.id == job.input_file_id)
+            )
+        path = None if digest is None else self._kiln.store.blob(digest)
+        return path if path is not None and path.is_file() else None
+
+    async def _run(self, claim: Claim) -> bool:
+        """Start each line not recorded yet, ``concurrency`` at a time, until done or stopped;
+        whether every line started was recorded."""
+        job = claim.job
+        path = await self._input_path(job)
+        if path is None:
+            return True
+        async with self._kiln.db.sessions() as session:
+            done = set(await session.scalars(
+                select(BatchLine.custom_id).where(BatchLine.batch_id == job.id)
+            ))  # fmt: skip
+        principal = msgspec.convert(job.principal, Principal)
+        free = asyncio.Semaphore(self._concurrency)
+        started: list[asyncio.Task[bool]] = []
+        async with asyncio.TaskGroup() as group:
+            for n, raw in read_lines(path):
+                item = check_line(n, raw)
+                if item.custom_id in done:
+                    continue
+                await free.acquire()
+                if claim.stopping():
+                    free.release()
+                    break
+                line = lines.Line(job.id, job.tenant_id, job.endpoint, n, item.custom_id, item.body)
+                started.append(group.create_task(self._line(claim, principal, line, free)))
+        return all(t.result() for t in started)
+
+    async def _line(
+        self, claim: Claim, principal: Principal, line: lines.Line, free: asyncio.Semaphore
+    ) -> bool:
+        """Run and record one line; False if it could not be (it runs again later)."""
+        job, kiln, n = claim.job, self._kiln, line.n
+        try:
+            for attempt in range(RETRIES):
+                timeout_s = max(1.0, (job.expires_at - datetime.now(UTC)).total_seconds())
+                try:
+                    outcome = await lines.run(kiln, principal, line, timeout_s)
+                    break
+                except lines.TRANSIENT as exc:
+                    if claim.lost or attempt == RETRIES - 1:
+                        log.warning("batch line not run", batch=str(job.id), line=n, error=exc.code)
+                        return False
+                    await asyncio.sleep(min(30.0, exc.retry_after or 2.0**attempt))
+            if not claim.lost:
+                await lines.record(kiln, line, outcome)
+        except Exception:
+            log.exception("batch line not recorded", batch=str(job.id), line=n)
+            return False
+        finally:
+            free.release()
+        return True
+
+    async def _finalize(self, claim: Claim) -> None:
+        """Write the output and error files and end the batch (completed, cancelled, expired)."""
+        job = claim.job
+        if claim.status == "in_progress":
+            await self._move(claim, "finalizing", ("in_progress",), finalizing_at=func.now())
+        final = {"cancelling": "cancelled", "finalizing": "completed"}.get(claim.status)
+        if final is None:
+            return
+        if final == "completed" and datetime.now(UTC) >= job.expires_at:
+            final = "expired"
+        async with self._kiln.db.sessions() as session:
+            rows = (await session.execute(
+                select(BatchLine.ok, BatchLine.output).where(BatchLine.batch_id == job.id)
+                .order_by(BatchLine.line)
+            )).all()  # fmt: skip
+        name = public_id("batch_", job.id)
+        output = await store_output(self._kiln, job.tenant_id, f"{name}_output.jsonl",
+                                    [o for ok, o in rows if ok])  # fmt: skip
+        errors = await store_output(self._kiln, job.tenant_id, f"{name}_error.jsonl",
+                                    [o for ok, o in rows if not ok])  # fmt: skip
+        try:
+            async with self._kiln.db.sessions.begin() as session:
+                session.add_all([f for f in (output, errors) if f is not None])
+                await session.flush()
+                moved = await session.scalar(
+                    update(BatchJob)
+                    .where(BatchJob.id == job.id, BatchJob.lease_owner == self.owner)
+                    .where(BatchJob.status.in_(("finalizing", "cancelling")))
+                    .values(status=final, lease_until=None, **{f"{final}_at": func.now()},
+                            output_file_id=output.id if output else None,
+                            error_file_id=errors.id if errors else None)
+                    .returning(BatchJob.id)
+                )  # fmt: skip
+                if moved is None:
+                    raise _Lost
+        except _Lost:
+            log.warning("batch changed hands while finalizing", batch=str(job.id))
+            return
+        claim.status = final
+
+
+class _Lost(Exception):
+    """The batch is no longer this runner's to finalize (its files are not kept)."""

@@ -1,0 +1,220 @@
+"""Files and Batches through the official openai SDK against a real ``kiln up``: a chat and
+an embeddings batch equal the same requests made online, a cancel mid-run, bad input refused
+with the line or field named and nothing billed."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import json
+import time
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager
+from pathlib import Path
+from typing import Any
+
+import openai
+import pytest
+from sqlalchemy import select
+
+from kiln_platform.db.database import open_database
+from kiln_platform.db.tables import UsageEvent
+from kiln_platform.settings import Settings
+
+from .conftest import MINILM, SMOLLM2, KilnProcess
+
+CHAT: Any = "/v1/chat/completions"
+EMBED: Any = "/v1/embeddings"
+FINAL = {"completed", "failed", "expired", "cancelled"}
+QUESTIONS = ["What is the capital of France?", "Name a colour.", "Say hello."]
+
+
+@pytest.fixture(scope="module")
+def kiln(both_models: Callable[..., AbstractContextManager[KilnProcess]]) -> Iterator[KilnProcess]:
+    env = {"KILN_BATCH_POLL_S": "0.2", "KILN_BATCH_CONCURRENCY": "2"}
+    with both_models(env) as kiln:
+        kiln.env["TEST_TENANT_ID"] = kiln.cli("tenants", "create", "acme").strip()
+        kiln.env["TEST_KEY"] = kiln.new_key("acme")
+        kiln.cli("tenants", "create", "other")
+        kiln.env["OTHER_KEY"] = kiln.new_key("other")
+        kiln.wait_until_serving(MINILM)
+        kiln.wait_until_serving(SMOLLM2, path="completions")
+        yield kiln
+
+
+@pytest.fixture(scope="module")
+def client(kiln: KilnProcess) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{kiln.base_url}/v1", api_key=kiln.key, max_retries=0)
+
+
+def _lines(requests: list[tuple[str, dict[str, Any]]]) -> bytes:
+    lines = [{"custom_id": f"r{i}", "method": "POST", "url": url, "body": body}
+             for i, (url, body) in enumerate(requests)]  # fmt: skip
+    return "".join(json.dumps(line) + "\n" for line in lines).encode()
+
+
+def _jsonl(url: str, bodies: list[dict[str, Any]]) -> bytes:
+    return _lines([(url, body) for body in bodies])
+
+
+def _chat(question: str, max_tokens: int = 12) -> dict[str, Any]:
+    return {"model": SMOLLM2, "temperature": 0, "max_tokens": max_tokens,
+            "messages": [{"role": "user", "content": question}]}  # fmt: skip
+
+
+def _submit(client: openai.OpenAI, data: bytes, endpoint: str) -> Any:
+    uploaded = client.files.create(file=("in.jsonl", io.BytesIO(data)), purpose="batch")
+    return client.batches.create(
+        input_file_id=uploaded.id, endpoint=endpoint,  # type: ignore[arg-type]
+        completion_window="24h", metadata={"job": "test"},
+    )  # fmt: skip
+
+
+def _finished(client: openai.OpenAI, batch_id: str, timeout: float = 90) -> Any:
+    deadline = time.monotonic() + timeout
+    while (batch := client.batches.retrieve(batch_id)).status not in FINAL:
+        assert time.monotonic() < deadline, f"batch still {batch.status}"
+        time.sleep(0.2)
+    return batch
+
+
+def _counts(batch: Any) -> Any:
+    assert batch.request_counts is not None
+    return batch.request_counts
+
+
+def _output(client: openai.OpenAI, file_id: str | None) -> dict[str, Any]:
+    assert file_id is not None
+    text = client.files.content(file_id).text
+    return {o["custom_id"]: o for o in map(json.loads, text.splitlines())}
+
+
+def _ledger(kiln: KilnProcess, batch_id: str) -> list[tuple[str, int, int]]:
+    """(request id, status, cost) of the batch's usage rows."""
+
+    async def read() -> list[tuple[str, int, int]]:
+        settings = Settings(data_dir=Path(kiln.env["KILN_DATA_DIR"]))
+        async with open_database(settings, upgrade=False) as db, db.sessions() as s:
+            prefix = batch_id + "_%"  # the lines' request ids: batch_<hex>_<line>
+            rows = await s.execute(
+                select(UsageEvent.request_id, UsageEvent.status, UsageEvent.cost_micros)
+                .where(UsageEvent.request_id.like(prefix))
+            )  # fmt: skip
+            return [tuple(r) for r in rows]  # type: ignore[misc]
+
+    return asyncio.run(read())
+
+
+def test_chat_and_embeddings_batches_equal_the_same_requests_online(
+    client: openai.OpenAI, kiln: KilnProcess
+) -> None:
+    chats = [_chat(q) for q in QUESTIONS]
+    texts = ["the first", "a second text", "and a third one"]
+    embeds = [{"model": MINILM, "input": t} for t in texts]
+    chat_data, embed_data = _jsonl(CHAT, chats), _jsonl(EMBED, embeds)
+    chat_batch, embed_batch = _submit(client, chat_data, CHAT), _submit(client, embed_data, EMBED)
+    assert chat_batch.status == "validating"
+    assert chat_batch.request_counts.total == 3
+    assert client.files.content(chat_batch.input_file_id).content == chat_data
+
+    done = _finished(client, chat_batch.id)
+    assert (done.status, done.error_file_id, done.metadata) == ("completed", None, {"job": "test"})
+    assert (done.request_counts.completed, done.request_counts.failed) == (3, 0)
+    assert None not in (done.in_progress_at, done.finalizing_at, done.completed_at)
+    out = _output(client, done.output_file_id)
+    for i, body in enumerate(chats):
+        online = client.chat.completions.create(**body)
+        response = out[f"r{i}"]["response"]
+        assert response["status_code"] == 200
+        got = response["body"]
+        assert got["choices"][0]["message"]["content"] == online.choices[0].message.content
+        assert got["usage"]["completion_tokens"] == online.usage.completion_tokens
+    ledger = _ledger(kiln, chat_batch.id)
+    assert sorted(r for r, _, _ in ledger) == sorted(f"{chat_batch.id}_{n}" for n in (1, 2, 3))
+    assert {status for _, status, _ in ledger} == {200}
+
+    done = _finished(client, embed_batch.id)
+    assert done.status == "completed"
+    out = _output(client, done.output_file_id)
+    online = client.embeddings.create(model=MINILM, input=texts, encoding_format="float")
+    for i in range(3):
+        vector = out[f"r{i}"]["response"]["body"]["data"][0]["embedding"]
+        assert vector == pytest.approx(online.data[i].embedding, abs=1e-5)
+    assert len(_ledger(kiln, embed_batch.id)) == 3
+
+    listed = client.batches.list(limit=1)
+    assert [b.id for b in listed.data] == [embed_batch.id]
+    assert listed.has_more
+
+
+def test_cancel_mid_run_stops_new_lines_and_keeps_finished_ones(
+    client: openai.OpenAI, kiln: KilnProcess
+) -> None:
+    bodies = [_chat(f"Count to {n}.", max_tokens=24) for n in range(40)]
+    batch = _submit(client, _jsonl(CHAT, bodies), CHAT)
+    deadline = time.monotonic() + 60
+    while _counts(client.batches.retrieve(batch.id)).completed < 2:
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
+    cancelling = client.batches.cancel(batch.id)
+    assert cancelling.status == "cancelling"
+    assert cancelling.cancelling_at is not None
+    done = _finished(client, batch.id)
+    counts = _counts(done)
+    assert (done.status, counts.total, counts.failed) == ("cancelled", 40, 0)
+    assert 2 <= counts.completed < 40
+    assert done.cancelled_at is not None
+    out = _output(client, done.output_file_id)
+    assert len(out) == counts.completed
+    assert len(_ledger(kiln, batch.id)) == counts.completed  # one row per finished line
+    time.sleep(1)  # nothing starts after the cancel: no row appears later
+    assert len(_ledger(kiln, batch.id)) == counts.completed
+
+
+def test_a_malformed_line_is_refused_on_upload_and_nothing_is_stored(
+    client: openai.OpenAI,
+) -> None:
+    before = [f.id for f in client.files.list().data]
+    data = _jsonl(EMBED, [{"model": MINILM, "input": "x"}]) + b'{"custom_id": oops}\n'
+    with pytest.raises(openai.BadRequestError) as refused:
+        client.files.create(file=("bad.jsonl", io.BytesIO(data)), purpose="batch")
+    assert "Line 2: not a valid JSON object." in refused.value.message
+    assert [f.id for f in client.files.list().data] == before
+
+
+def test_bad_batches_name_the_field_or_line_and_bill_nothing(
+    client: openai.OpenAI, kiln: KilnProcess
+) -> None:
+    good = client.files.create(file=("ok.jsonl", io.BytesIO(_jsonl(EMBED, [{"model": MINILM,
+                               "input": "x"}]))), purpose="batch")  # fmt: skip
+    unknown: Any = "/v1/images"
+    with pytest.raises(openai.BadRequestError) as refused:
+        client.batches.create(input_file_id=good.id, endpoint=unknown, completion_window="24h")
+    assert refused.value.body["param"] == "endpoint"  # type: ignore[index]
+    other = openai.OpenAI(base_url=f"{kiln.base_url}/v1", api_key=kiln.env["OTHER_KEY"],
+                          max_retries=0)  # fmt: skip
+    with pytest.raises(openai.NotFoundError) as missing:
+        other.batches.create(input_file_id=good.id, endpoint=EMBED, completion_window="24h")
+    assert missing.value.body["param"] == "input_file_id"  # type: ignore[index]
+    with pytest.raises(openai.NotFoundError):
+        other.files.retrieve(good.id)
+
+    embed = {"model": MINILM, "input": "a"}
+    cases = [  # (batch endpoint, lines, the line at fault, its field, the message says)
+        (EMBED, [(EMBED, embed), (CHAT, _chat("hi"))], 2, "url", "'url' is '/v1/chat/comp"),
+        (EMBED, [(EMBED, embed), (EMBED, {**embed, "model": "no-such"})], 2, "body.model",
+         "every line of a batch names the same model"),
+        (CHAT, [(CHAT, {**_chat("hi"), "model": "no-such"})], 1, "body.model",
+         "`no-such` does not exist"),
+        (CHAT, [(CHAT, {**_chat("hi"), "model": MINILM})], 1, "body.model",
+         "does not serve /v1/chat/completions"),
+    ]  # fmt: skip
+    for endpoint, lines, line, param, words in cases:
+        batch = _finished(client, _submit(client, _lines(lines), endpoint).id)
+        assert batch.status == "failed", words
+        error = batch.errors.data[0]
+        assert (error.line, error.param) == (line, param)
+        assert words in error.message
+        assert batch.output_file_id is None
+        assert batch.failed_at is not None
+        assert _ledger(kiln, batch.id) == []
