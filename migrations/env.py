@@ -9,6 +9,7 @@ from sqlalchemy.engine import Connection
 
 from kiln_platform.billing import tables as _billing_tables  # noqa: F401  (registers them)
 from kiln_platform.db.tables import Base
+from kiln_platform.registry import tables as _registry_tables  # noqa: F401  (registers them)
 from kiln_platform.slo import tables as _slo_tables  # noqa: F401  (registers them)
 
 target_metadata = Base.metadata

@@ -1,6 +1,6 @@
-"""``kiln models list | import-bundled | upload | compile | jobs | route | alias | version``:
-models, their compiled engines, which versions serve and their aliases (``kiln models import``
-is ``cli.imports``)."""
+"""``kiln models list | import-bundled | upload | compile | jobs | route | alias | version |
+rollout``: models, their compiled engines, which versions serve, their aliases and rollouts
+(``kiln models import`` is ``cli.imports``)."""
 
 from __future__ import annotations
 
@@ -231,9 +231,11 @@ async def _wait(db: Database, settings: Settings, job_id: uuid.UUID) -> None:
 
 def _register_release_commands() -> None:
     from kiln_platform.cli.releases import alias, version
+    from kiln_platform.cli.rollouts import rollout
 
     models.add_command(alias)
     models.add_command(version)
+    models.add_command(rollout)
 
 
 _register_release_commands()
