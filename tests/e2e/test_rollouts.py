@@ -204,6 +204,7 @@ def test_a_healthy_canary_is_promoted_through_every_step(kiln: KilnProcess) -> N
     for h in rollout["history"][1:]:
         assert h["figures"]["canary"]["requests"] >= 60
         assert h["figures"]["canary"]["errors"] == 0
+    assert json.loads(kiln.cli("models", "rollout", MODEL))["history"] == rollout["history"]
     route = admin_call(kiln, "GET", f"/models/{MODEL}/route").json()
     assert (route["stable_version"], route["canary_version"]) == ("3", None)
     assert {_infer(kiln, MODEL, 0.5)[1] for _ in range(10)} == {"3"}

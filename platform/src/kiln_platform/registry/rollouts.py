@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 from sqlalchemy import select
-from sqlalchemy.dialects.postgresql import insert
+from sqlalchemy.dialects.postgresql import distinct_on, insert
 
 from kiln_platform.admin.authz import Actor, Role, require
 from kiln_platform.audit.services import record
@@ -96,6 +96,17 @@ async def get_rollout(session: AsyncSession, actor: Actor, name: str) -> Rollout
     if rollout is None:
         raise NotFound(f"`{name}` has no rollout.", param="name")
     return view(name, rollout)
+
+
+async def latest_rollouts(session: AsyncSession, actor: Actor) -> dict[str, RolloutView]:
+    """Each model's newest rollout, by model name (the console's models page)."""
+    require(actor, RESOURCE)
+    rows = await session.execute(
+        select(Model.name, ModelRollout).join(Model, Model.id == ModelRollout.model_id)
+        .order_by(Model.name, ModelRollout.created_at.desc())
+        .ext(distinct_on(Model.name))
+    )  # fmt: skip
+    return {name: view(name, rollout) for name, rollout in rows.all()}
 
 
 async def abort_rollout(

@@ -8,13 +8,14 @@ from __future__ import annotations
 import pytest
 from pydantic import SecretStr
 
-from kiln_console.compose import create_app
+from kiln_platform.registry.outcomes import RolloutOutcomes
+from kiln_platform.registry.resolver import Resolver
+from kiln_platform.registry.rollout_monitor import RolloutMonitor
 from kiln_platform.registry.routes import Route
 from kiln_platform.registry.services import register_version
 from kiln_platform.settings import Settings
 from kiln_runtimes.protocol import ModelManifest
 
-from ..conftest import serving
 from .conftest import Admin
 
 MODEL = "rolled-emb"
@@ -70,7 +71,7 @@ async def test_only_platform_admins_roll_out(admin: Admin, root: str, versions: 
 
 
 async def test_a_rollout_owns_the_route_survives_a_restart_and_aborts(
-    admin: Admin, root: str, versions: None, settings: Settings
+    admin: Admin, root: str, versions: None
 ) -> None:
     plan = {"steps": [10, 50, 100], "split": "request", "min_seconds": 3600}
     r = await admin.call("PUT", PATH, root, json={"canary_version": "2", "plan": plan})
@@ -85,10 +86,15 @@ async def test_a_rollout_owns_the_route_survives_a_restart_and_aborts(
     r = await admin.call("PUT", PATH, root, json={"canary_version": "2"})
     assert r.status_code == 409  # one at a time
 
-    restarted = create_app(settings)  # another gateway on the same database
-    async with serving(restarted):
-        await restarted.state.kiln.rollouts.tick()
-        assert restarted.state.kiln.resolver.routes[MODEL] == Route("1", "2", 10, True)
+    # a fresh gateway's resolver and monitor resume it from the database alone
+    resolver, outcomes = Resolver(admin.kiln.db.sessions), RolloutOutcomes()
+    monitor = RolloutMonitor(admin.kiln.db.sessions, outcomes, 1.0, resolver.refresh, _nothing)
+    await monitor.reload()
+    assert resolver.routes[MODEL] == Route("1", "2", 10, by_request=True)
+    outcomes.observe(MODEL, "2", 500, 0.01, degenerate=False)
+    assert [(step, arm, a.errors) for (_, step, arm), a in outcomes.snapshot().items()] == [
+        (0, "canary", 1)
+    ]
 
     r = await admin.call("DELETE", PATH, root)
     assert r.status_code == 200, r.text
@@ -99,3 +105,7 @@ async def test_a_rollout_owns_the_route_survives_a_restart_and_aborts(
     assert [h["action"] for h in history] == ["start", "abort"]
     r = await admin.call("GET", "/admin/v1/audit", root, params={"action": "model.rollout"})
     assert [a["after"].get("state", "running") for a in r.json()["data"]] == ["aborted", "running"]
+
+
+async def _nothing() -> None:
+    """No alert delivery here."""
