@@ -28,7 +28,9 @@ from onnx import TensorProto, helper, numpy_helper
 
 from .conftest import KilnProcess, admin_call, use_platform_admin_key, wait_for
 
-MODEL, THRESHOLD, CONCURRENCY = "cm", 0.9, 4
+MODEL, THRESHOLD, CROSS, CONCURRENCY = "cm", 10.0, 20.0, 4
+"""Version 2 fails for a first input value over 10 (the workers' warmup feeds standard normal
+values: never that high); the clients send 20 for 5 % of requests."""
 
 
 def _graph(threshold: float) -> bytes:
@@ -93,7 +95,7 @@ def kiln(
         try:
             use_platform_admin_key(kiln)
             kiln.wait_ready()
-            for version, threshold in (("1", 2.0), ("2", THRESHOLD), ("3", 2.0)):
+            for version, threshold in (("1", 1e9), ("2", THRESHOLD), ("3", 1e9)):
                 r = admin_call(kiln, "POST", f"/models/{MODEL}/versions",
                                content=_graph(threshold), params={"version": version})  # fmt: skip
                 assert r.status_code == 201, r.text
@@ -135,7 +137,7 @@ def _drive(kiln: KilnProcess, until: Callable[[], bool], most: int) -> Counter[t
             with lock:
                 if sum(seen.values()) >= most:
                     return
-                first = 0.95 if rng.random() < 0.05 else rng.random() * 0.8
+                first = CROSS if rng.random() < 0.05 else rng.random()
             outcome = _infer(kiln, MODEL, first)
             with lock:
                 seen[outcome] += 1
@@ -181,7 +183,7 @@ def test_a_canary_failing_5_percent_is_rolled_back_within_its_bound(kiln: KilnPr
     assert figures["stable"]["errors"] == 0
     assert figures["llr"] >= figures["threshold"]
     assert _decisions(kiln)[0]["figures"] == figures  # the audit log has the same figures
-    assert {_infer(kiln, MODEL, 0.95)[1] for _ in range(10)} == {"1"}  # all on stable again
+    assert {_infer(kiln, MODEL, CROSS)[1] for _ in range(10)} == {"1"}  # all on stable again
     wait_for(lambda: _events("KilnCanaryRolledBack"), 30)
     time.sleep(1.0)
     (event,) = _events("KilnCanaryRolledBack")  # once
