@@ -125,8 +125,7 @@ def _build(
     )  # fmt: skip
     ledger = LedgerWriter(sessionmaker(ledger_db), books, enabled=settings.metering,
                           rollups=Rollups(db.sessions))  # fmt: skip
-    slis = SliRecorder(settings.slo_bucket_s)
-    outcomes = RolloutOutcomes()
+    slis, outcomes = SliRecorder(settings.slo_bucket_s), RolloutOutcomes()
     slos = SloMonitor(db.sessions, slis, settings, partial(crashloop.health, pools.backend))
     return Kiln(
         settings=settings,
