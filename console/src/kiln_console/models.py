@@ -1,6 +1,6 @@
 """The models page: each model's versions (state, lifecycle, aliases, engine settings, accuracy
-report, pool replicas and latency, the live part polled), its route, its shadow's comparison
-(platform-admins), and its imports;
+report, pool replicas and latency, the live part polled), its route, its canary rollout (step
+and decision history) and its shadow's comparison (both platform-admins only), and its imports;
 platform-admins change a route (canary, promotion, rollback), a version's engine settings and
 pool bounds, and import a model (upload, then its build job's phases until ready) through the
 same services as the admin API."""
@@ -23,7 +23,7 @@ from kiln_platform.compiler import services as jobs
 from kiln_platform.context import Kiln
 from kiln_platform.errors import BadRequest, NotFound
 from kiln_platform.gateway import latency
-from kiln_platform.registry import imports, intake, services, versions
+from kiln_platform.registry import imports, intake, rollouts, services, versions
 from kiln_platform.registry.engine import EngineUpdate
 from kiln_platform.registry.schemas import RouteUpdate
 from kiln_platform.registry.services import ModelRoutes
@@ -188,6 +188,8 @@ async def _context(
         for route, names in routes
     ]
     context: dict[str, Any] = {"viewer": viewer, "models": routes, "cards": cards}
+    if viewer.may_change("model-rollouts"):  # platform-admins alone read and start them
+        context["rollouts"] = await rollouts.latest_rollouts(session, viewer.actor)
     if only is None:
         context["reports"] = await versions.accuracy_reports(session, viewer.actor)
         context["engines"] = await versions.engine_settings(session, viewer.actor)

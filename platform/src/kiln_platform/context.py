@@ -30,7 +30,9 @@ from kiln_platform.pools.engine_metrics import EngineMetrics
 from kiln_platform.pools.local import LocalPoolBackend
 from kiln_platform.pools.services import PoolManager
 from kiln_platform.quotas.enforcer import QuotaEnforcer
+from kiln_platform.registry.outcomes import RolloutOutcomes
 from kiln_platform.registry.resolver import Resolver
+from kiln_platform.registry.rollout_monitor import RolloutMonitor
 from kiln_platform.scheduler.core import SchedulerConfig
 from kiln_platform.scheduler.policy import PolicyConfig
 from kiln_platform.shadow.mirror import Mirror
@@ -76,6 +78,8 @@ class Kiln:
     """Tenants' LoRA adapters by ``<model>:<adapter>`` name, cached."""
     slos: SloMonitor
     """SLO counts, burn-rate alerts and their delivery (``kiln_platform.slo``)."""
+    rollouts: RolloutMonitor
+    """Canary rollouts: counts per step, decisions, their alert events (``registry``)."""
     metrics: RequestMetrics
     """Per-request series by model, version (and tenant: ``KILN_METRICS_TENANT_LABELS``)."""
     engine_metrics: EngineMetrics
@@ -124,7 +128,8 @@ def _build(
     )  # fmt: skip
     ledger = LedgerWriter(sessionmaker(ledger_db), books, enabled=settings.metering,
                           rollups=Rollups(db.sessions))  # fmt: skip
-    slis = SliRecorder(settings.slo_bucket_s)
+    slis, outcomes = SliRecorder(settings.slo_bucket_s), RolloutOutcomes()
+    slos = SloMonitor(db.sessions, slis, settings, partial(crashloop.health, pools.backend))
     workers = WorkerClient(pools, http, settings.request_timeout_s)
     return Kiln(
         settings=settings,
@@ -139,7 +144,7 @@ def _build(
         quotas=quotas,
         books=books,
         budgets=budgets,
-        admissions=Admissions(quotas, budgets, ledger, slis, metrics),
+        admissions=Admissions(quotas, budgets, ledger, slis, metrics, outcomes=outcomes),
         tokens=TokenVerifier(
             db.sessions,
             Keyring(db.sessions, settings.oauth_token_ttl_s, settings.hmac_key()),
@@ -154,7 +159,10 @@ def _build(
             ttl_s=settings.idempotency_ttl_s,
             lock_s=settings.idempotency_lock_s,
         ),
-        slos=SloMonitor(db.sessions, slis, settings, partial(crashloop.health, pools.backend)),
+        slos=slos,
+        rollouts=RolloutMonitor(
+            db.sessions, outcomes, settings.rollout_interval_s, pools.reconcile, slos.deliver
+        ),
         metrics=metrics,
         engine_metrics=EngineMetrics(pools.backend, http),
         shadows=Mirror(resolver, pools, workers, settings.request_timeout_s),
@@ -171,12 +179,14 @@ async def _start(kiln: Kiln) -> None:
     kiln.compiler.start()
     kiln.idempotency.start()
     await kiln.slos.start()
+    await kiln.rollouts.start()
     kiln.shadows.start(kiln.db.sessions)
 
 
 async def _stop(kiln: Kiln, ledger_db: AsyncEngine) -> None:
     """Stop them in reverse order: the ledger flushes before budgets and quotas let go."""
     await kiln.shadows.stop()
+    await kiln.rollouts.stop()
     await kiln.slos.stop()
     await kiln.idempotency.stop()
     await kiln.compiler.stop()

@@ -184,6 +184,9 @@ class Settings(BaseSettings):
     """How often each gateway stores its SLO counts and SLOs' burn-rate alerts are evaluated."""
     slo_bucket_s: float = Field(default=60.0, gt=0)
     """Width of the time buckets SLO events are counted in (windows round up to whole ones)."""
+    rollout_interval_s: float = Field(default=1.0, gt=0)
+    """How often each gateway stores its counts of running rollouts and rollouts are decided
+    (also at once after a canary's server error)."""
     crash_loop_restarts: int = Field(default=3, ge=1)
     """Worker restarts (summed over a pool) after which a pool whose every worker is down after
     a crash raises ``KilnPoolCrashLoop``."""

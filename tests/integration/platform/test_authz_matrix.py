@@ -32,6 +32,7 @@ from kiln_platform.db.tables import Adapter, CompileJob, Model, ModelVersion
 from kiln_platform.keys.schemas import Scope
 from kiln_platform.oauth import services as oauth_services
 from kiln_platform.oauth.schemas import ClientCreate
+from kiln_platform.registry.tables import ModelRollout
 from kiln_platform.reports import statements
 from kiln_platform.settings import Settings
 from kiln_platform.slo import receivers
@@ -84,6 +85,9 @@ ADMIN: dict[tuple[str, str], str] = {
     ("GET", "/admin/v1/models/{name:str}/pins"): "model-pins",
     ("PUT", "/admin/v1/models/{name:str}/pins/{tenant_id:uuid}"): "model-pins",
     ("DELETE", "/admin/v1/models/{name:str}/pins/{tenant_id:uuid}"): "model-pins",
+    ("GET", "/admin/v1/models/{name:str}/rollout"): "model-rollouts",
+    ("PUT", "/admin/v1/models/{name:str}/rollout"): "model-rollouts",
+    ("DELETE", "/admin/v1/models/{name:str}/rollout"): "model-rollouts",
     ("POST", "/admin/v1/models/{name:str}/versions"): "models",
     ("GET", "/admin/v1/models/{name:str}/versions/{version:str}"): "models",
     ("PATCH", "/admin/v1/models/{name:str}/versions/{version:str}"): "models",
@@ -312,6 +316,11 @@ async def world(
             w.price_book = (await pricebooks.create_book(session, CLI, book)).version
             for tenant in (w.a, w.b):
                 await statements.close_statement(session, CLI, tenant, "2025-01")
+            session.add(ModelRollout(  # a finished rollout: GET shows it, DELETE is a 409
+                model_id=await session.scalar(select(Model.id).where(Model.name == model)),
+                stable_version="1", canary_version="2", plan={"steps": [50, 100]},
+                state="completed", step_started_at=datetime.now(UTC), created_by=CLI.name,
+            ))  # fmt: skip
         yield w
 
 

@@ -70,6 +70,7 @@ _RULES: dict[str, tuple[frozenset[Role], frozenset[Role]]] = {
     "compile-jobs": (PLATFORM, PLATFORM),
     "model-shadows": (PLATFORM, PLATFORM),  # a shadow's report spans every tenant's requests
     "model-pins": (PLATFORM, PLATFORM),  # which tenants an operator pinned: not one tenant's
+    "model-rollouts": (PLATFORM, PLATFORM),  # canary rollouts: their figures span every tenant
     "signing-keys": (PLATFORM, PLATFORM),  # OAuth token signing keys (``kiln oauth rotate-keys``)
     "audit": (frozenset({Role.PLATFORM_ADMIN, Role.TENANT_ADMIN}), frozenset()),
     # What finance may read, and all it may read: costs, statements, adjustments, prices.

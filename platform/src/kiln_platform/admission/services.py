@@ -42,6 +42,7 @@ if TYPE_CHECKING:
     from kiln_platform.gateway.metrics import RequestMetrics
     from kiln_platform.keys.services import Principal
     from kiln_platform.quotas.enforcer import QuotaEnforcer
+    from kiln_platform.registry.outcomes import RolloutOutcomes
     from kiln_platform.registry.services import ResolvedVersion
     from kiln_platform.slo.sli import SliRecorder
 
@@ -86,6 +87,8 @@ class Admissions:
         ledger: UsageSink,
         slis: SliRecorder | None = None,
         metrics: RequestMetrics | None = None,
+        *,
+        outcomes: RolloutOutcomes | None = None,
     ) -> None:
         self.quotas = quotas
         self.budgets = budgets
@@ -94,6 +97,8 @@ class Admissions:
         """Where each recorded request is judged against its model's SLOs (in memory)."""
         self.metrics = metrics
         """The per-request series by model, version and tenant."""
+        self.outcomes = outcomes
+        """Each request's outcome, counted for its model's running rollout (in memory)."""
 
     def open(self, state: dict[str, object]) -> Admission:
         """The request's admission, kept in its ASGI state (``state["request_id"]`` is its id)."""
@@ -123,6 +128,8 @@ class Admission:
         self._outcome: Usage | None = None
         """The usage recorded (model, version, tenant, status): the request's metrics."""
         self._error: str | None = None
+        self.degenerate = False
+        """A generation that came back empty or cut at its length limit (for rollouts)."""
         self.response_status: int | None = None
         """The status the response started with (``admission.middleware`` sets it)."""
         self._recorded = False
@@ -242,9 +249,11 @@ class Admission:
         if desk.metrics is not None and usage is not None:
             who = desk.metrics.labels(usage.model, usage.version, str(usage.tenant_id))
             desk.metrics.finished(who, usage.endpoint, now - self._opened, status, self._error)
+        latency = (self._first_token or now) - self._opened
         if desk.slis is not None and self._model is not None:
-            latency = (self._first_token or now) - self._opened
             desk.slis.observe(self._model, self.principal.plan, status, latency, time.time())
+        if desk.outcomes is not None and usage is not None:
+            desk.outcomes.observe(usage.model, usage.version, status, latency, self.degenerate)
 
     async def __aenter__(self) -> Self:
         return self

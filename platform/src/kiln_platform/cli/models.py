@@ -1,6 +1,6 @@
 """``kiln models list | import-bundled | upload | compile | jobs | route | alias | version |
-shadow``: models, their compiled engines, which versions serve and their aliases (``kiln models
-import`` is ``cli.imports``)."""
+rollout | shadow``: models, their compiled engines, which versions serve, their aliases, rollouts
+and shadows (``kiln models import`` is ``cli.imports``)."""
 
 from __future__ import annotations
 
@@ -231,9 +231,11 @@ async def _wait(db: Database, settings: Settings, job_id: uuid.UUID) -> None:
 
 def _register_release_commands() -> None:
     from kiln_platform.cli.releases import alias, shadow, version
+    from kiln_platform.cli.rollouts import rollout
 
     models.add_command(alias)
     models.add_command(version)
+    models.add_command(rollout)
     models.add_command(shadow)
 
 

@@ -130,6 +130,8 @@ class ModelRoute(Base):
     stable_version: Mapped[str] = mapped_column(String(64))
     canary_version: Mapped[str | None] = mapped_column(String(64))
     canary_percent: Mapped[int] = mapped_column(SmallInteger, server_default="0")
+    canary_split: Mapped[str] = mapped_column(String(8), server_default="tenant")
+    """``tenant`` (sticky) or ``request`` (a rollout's split)."""
     updated_at: Mapped[datetime] = _created()
 
 

@@ -99,6 +99,8 @@ class Generation:
                     yield piece
             if final is None:  # the worker's stream always ends with a finish reason
                 raise KilnError("The model stopped without finishing; please retry.")
+            empty, cut = not self.completion_tokens, final.finish_reason == "length"
+            self.admission.degenerate = empty or cut  # counted for a rollout's analysis
             await self.admission.commit(self.usage())  # the worker's slot is free meanwhile
             if self.shadow is not None and self.tokens is not None:
                 took_s = time.perf_counter() - started

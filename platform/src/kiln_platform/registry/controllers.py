@@ -19,13 +19,15 @@ from kiln_platform.admin.deps import AdminController, CallDep
 from kiln_platform.compiler import services as jobs
 from kiln_platform.compiler.schemas import CompileJobView, CompileRequest, UploadView
 from kiln_platform.errors import BadRequest
-from kiln_platform.registry import aliases, imports, intake, pins, services, versions
+from kiln_platform.registry import aliases, imports, intake, pins, rollouts, services, versions
 from kiln_platform.registry.engine import EngineSettings
 from kiln_platform.registry.schemas import (
     AliasUpdate,
     AliasView,
     PinUpdate,
     PinView,
+    RolloutStart,
+    RolloutView,
     RouteUpdate,
     RouteView,
 )
@@ -33,6 +35,7 @@ from kiln_platform.registry.upload import receive, upload_dir
 
 COMPILE_JOBS = {"resource": "compile-jobs"}
 MODEL_PINS = {"resource": "model-pins"}
+MODEL_ROLLOUTS = {"resource": "model-rollouts"}
 
 
 class AdminModelsController(AdminController):
@@ -199,4 +202,23 @@ class RoutesController(AdminController):
         """Unpin a tenant: it follows the route again."""
         await pins.delete_pin(
             await call.session(), call.actor, name, tenant_id, reconcile=call.kiln.pools.reconcile
+        )
+
+    @get("/models/{name:str}/rollout", opt=MODEL_ROLLOUTS)
+    async def get_rollout(self, call: CallDep, name: str) -> RolloutView:
+        """The model's newest rollout: state, current step, plan, decision history."""
+        return await rollouts.get_rollout(await call.session(), call.actor, name)
+
+    @put("/models/{name:str}/rollout", opt=MODEL_ROLLOUTS)
+    async def start_rollout(self, call: CallDep, name: str, data: RolloutStart) -> RolloutView:
+        """Roll a canary out step by step, promoted or rolled back on the analysis (audited)."""
+        return await rollouts.start_rollout(
+            await call.session(), call.actor, name, data, reconcile=call.kiln.rollouts.reload
+        )
+
+    @delete("/models/{name:str}/rollout", opt=MODEL_ROLLOUTS, status_code=200)
+    async def abort_rollout(self, call: CallDep, name: str) -> RolloutView:
+        """Abort the running rollout: everyone back on the stable version (audited)."""
+        return await rollouts.abort_rollout(
+            await call.session(), call.actor, name, reconcile=call.kiln.rollouts.reload
         )

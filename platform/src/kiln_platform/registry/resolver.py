@@ -39,7 +39,12 @@ async def load_catalog(
     for model, version in rows.all():
         catalog.setdefault(model.name, {})[version.version] = resolved(model, version)
     routes = {
-        name: Route(row.stable_version, row.canary_version, row.canary_percent)
+        name: Route(
+            row.stable_version,
+            row.canary_version,
+            row.canary_percent,
+            row.canary_split == "request",
+        )
         for name, row in (
             await session.execute(
                 select(Model.name, ModelRoute).join(ModelRoute, ModelRoute.model_id == Model.id)

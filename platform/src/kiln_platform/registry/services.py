@@ -14,12 +14,13 @@ from kiln_platform.admin.authz import Actor, require
 from kiln_platform.audit.services import record
 from kiln_platform.db import after_commit
 from kiln_platform.db.tables import Model, ModelRoute, ModelVersion
-from kiln_platform.errors import BadRequest, ModelNotFound
+from kiln_platform.errors import BadRequest, Conflict, ModelNotFound
 from kiln_platform.registry.engine import EngineSettings, decode
 from kiln_platform.registry.lifecycle import (
     check_target,
 )
 from kiln_platform.registry.schemas import RouteUpdate, RouteView
+from kiln_platform.registry.tables import ModelRollout
 from kiln_runtimes.protocol import ModelManifest
 
 if TYPE_CHECKING:
@@ -148,6 +149,9 @@ async def set_route(
                          param="canary_version")  # fmt: skip
     if data.canary_percent and data.canary_version is None:
         raise BadRequest("A canary share needs a canary_version.", param="canary_percent")
+    if await session.scalar(select(ModelRollout.id).where(
+            ModelRollout.model_id == model.id, ModelRollout.state == "running")):  # fmt: skip
+        raise Conflict(f"A rollout of `{name}` owns its route; DELETE the rollout first.")
     before = await session.get(ModelRoute, model.id)
     values = _values(data)
     await session.execute(
@@ -192,7 +196,8 @@ def _view(name: str, route: ModelRoute | RouteUpdate) -> RouteView:
 def _values(route: ModelRoute | RouteUpdate) -> dict[str, object]:
     """A route's columns (and its audit snapshot)."""
     return {"stable_version": route.stable_version, "canary_version": route.canary_version,
-            "canary_percent": route.canary_percent}  # fmt: skip
+            "canary_percent": route.canary_percent,
+            "canary_split": getattr(route, "canary_split", "tenant")}  # fmt: skip
 
 
 ModelRoutes = tuple[RouteView, list[str]]

@@ -91,6 +91,10 @@ class SloMonitor:
                     await self._evaluate(session, slo)
                 await budget.announce(session)
         await self.check_pools()
+        await self.deliver()
+
+    async def deliver(self) -> None:
+        """Deliver the due notifications: to ``KILN_ALERT_WEBHOOK_URL`` and the receivers."""
         url = self._settings.alert_webhook_url
         if url and self._http is not None:
             async with self._sessions.begin() as session:

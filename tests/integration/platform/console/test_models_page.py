@@ -3,14 +3,19 @@
 from __future__ import annotations
 
 import uuid
+from datetime import UTC, datetime
 
 import msgspec
 import pytest
 from pydantic import SecretStr
 
 from kiln_platform.admin.authz import Actor, Role
-from kiln_platform.registry import aliases, versions
+from kiln_platform.registry import aliases, rollouts, versions
+from kiln_platform.registry.rollout_monitor import apply
+from kiln_platform.registry.rollout_policy import Action, Arm, decide
+from kiln_platform.registry.schemas import RolloutPlan, RolloutStart
 from kiln_platform.registry.services import register_version
+from kiln_platform.registry.tables import ModelRollout
 from kiln_platform.settings import Settings
 from kiln_platform.shadow import services as shadows
 from kiln_platform.shadow.schemas import ShadowReport, ShadowUpdate
@@ -140,3 +145,39 @@ async def test_platform_admins_see_the_shadow_comparison(app: App, model: str) -
     async with app.signed_in(await app.user("tenant-admin", tenant)) as (http, _):
         page = (await http.get("/console/models")).text
     assert 'class="shadow"' not in page  # a report spans every tenant's requests
+
+
+async def test_a_rollouts_step_and_decisions_on_the_models_fold(app: App) -> None:
+    name = f"r-{uuid.uuid4().hex[:6]}"
+    manifest = ModelManifest(name=name, task="embeddings", engine="onnxruntime", dimensions=4)
+    cli, plan = Actor("cli:test", Role.PLATFORM_ADMIN, None), RolloutPlan(steps=[10, 50, 100])
+    for v in ("1", "2"):
+        async with app.kiln.db.sessions.begin() as session:
+            await register_version(session, manifest, v, f"sha256:{v * 64}")
+    async with app.kiln.db.sessions.begin() as session:
+        started = await rollouts.start_rollout(
+            session, cli, name, RolloutStart(canary_version="2", plan=plan)
+        )
+    async with app.kiln.db.sessions.begin() as session:  # the monitor's promotion, applied
+        rollout = await session.get_one(ModelRollout, started.id)
+        canary, stable = Arm(250, latency=[250] + [0] * 127), Arm(2250, latency=[2250] + [0] * 127)
+        decision = decide(plan, 0, canary, stable, elapsed_s=61)
+        assert decision.action is Action.PROMOTE
+        await apply(session, rollout, name, plan, decision, datetime.now(UTC))
+    async with app.signed_in(await app.user("platform-admin")) as (http, _):
+        page = await http.get("/console/models")
+    card = page.text.split(f'id="model-{name}"')[1]
+    fold = card.split('<details class="rollout" data-state="running" open>')[1].split("</details>")[
+        0
+    ]
+    assert '<span class="rollout-step">50 %</span> of 10 → 50 → 100 %' in fold
+    promoted = fold.split('<tr data-action="promote">')[1].split("</tr>")[0]
+    assert "<td>10 %</td>" in promoted
+    assert "250 / 0" in promoted
+    assert "2250 / 0" in promoted
+    assert 'data-action="start"' in fold
+    tenant = await app.tenant()
+    async with app.signed_in(await app.user("tenant-admin", tenant)) as (http, _):
+        page = await http.get("/console/models")
+    assert f'id="model-{name}"' in page.text
+    assert 'class="rollout"' not in page.text  # platform-admins alone see rollouts

@@ -1,0 +1,111 @@
+"""Rollouts through ``/admin/v1/models/{name}/rollout``: validation naming the field,
+platform-admins only, audited; the rollout owns the route while it runs; a restarted gateway
+resumes it from PostgreSQL; aborting sends everyone back to stable. (The analysis against real
+workers is ``tests/e2e/test_rollouts.py``.)"""
+
+from __future__ import annotations
+
+import pytest
+from pydantic import SecretStr
+
+from kiln_platform.registry.outcomes import RolloutOutcomes
+from kiln_platform.registry.resolver import Resolver
+from kiln_platform.registry.rollout_monitor import RolloutMonitor
+from kiln_platform.registry.routes import Route
+from kiln_platform.registry.services import register_version
+from kiln_platform.settings import Settings
+from kiln_runtimes.protocol import ModelManifest
+
+from .conftest import Admin
+
+MODEL = "rolled-emb"
+PATH = f"/admin/v1/models/{MODEL}/rollout"
+
+
+@pytest.fixture(scope="module")
+def settings(database_uri: str, tmp_path_factory: pytest.TempPathFactory) -> Settings:
+    """No worker starts (the registered versions have no real files)."""
+    return Settings(
+        data_dir=tmp_path_factory.mktemp("data"), database_url=database_uri,
+        secret_key=SecretStr("rollouts-test-secret"), key_cache_ttl_s=0.0,
+        pool_initial_replicas=0,
+    )  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+async def versions(admin: Admin, root: str) -> None:
+    """Versions 1 and 2, routed to 1."""
+    manifest = ModelManifest(name=MODEL, task="embeddings", engine="onnxruntime", dimensions=4)
+    for v in ("1", "2"):
+        async with admin.kiln.db.sessions.begin() as session:
+            await register_version(session, manifest, v, f"sha256:{v * 64}")
+    r = await admin.call("PUT", f"/admin/v1/models/{MODEL}/route", root,
+                         json={"stable_version": "1"})  # fmt: skip
+    assert r.status_code == 200, r.text
+
+
+@pytest.mark.parametrize(
+    ("body", "field"),
+    [
+        ({"canary_version": "9"}, "canary_version"),
+        ({"canary_version": "1"}, "canary_version"),  # the stable one
+        ({"canary_version": "2", "plan": {"steps": [50, 20, 100]}}, "plan.steps"),
+        ({"canary_version": "2", "plan": {"steps": [20, 50]}}, "plan.steps"),
+    ],
+)
+async def test_a_bad_rollout_names_its_field(
+    admin: Admin, root: str, versions: None, body: dict[str, object], field: str
+) -> None:
+    r = await admin.call("PUT", PATH, root, json=body)
+    assert r.status_code == 400, r.text
+    assert r.json()["param"] == field
+
+
+async def test_only_platform_admins_roll_out(admin: Admin, root: str, versions: None) -> None:
+    tenant = await admin.tenant(root, "rollout-tenant")
+    key = await admin.key(root, tenant, role="tenant-admin", scopes=["admin:write"])
+    for method in ("GET", "PUT", "DELETE"):
+        r = await admin.call(method, PATH, key, json={"canary_version": "2"})
+        assert r.status_code == 403, (method, r.text)
+    assert (await admin.call("GET", PATH, root)).status_code == 404  # none yet
+
+
+async def test_a_rollout_owns_the_route_survives_a_restart_and_aborts(
+    admin: Admin, root: str, versions: None
+) -> None:
+    plan = {"steps": [10, 50, 100], "split": "request", "min_seconds": 3600}
+    r = await admin.call("PUT", PATH, root, json={"canary_version": "2", "plan": plan})
+    assert r.status_code == 200, r.text
+    started = r.json()
+    assert (started["state"], started["percent"], started["stable_version"]) == ("running", 10, "1")
+    assert started["failure_bound"] == 6 + 11 - 1  # 10 %: 6 failures, 50 %: 11
+    assert admin.kiln.resolver.routes[MODEL] == Route("1", "2", 10, by_request=True)
+    r = await admin.call("PUT", f"/admin/v1/models/{MODEL}/route", root,
+                         json={"stable_version": "2"})  # fmt: skip
+    assert r.status_code == 409  # the rollout owns the route
+    r = await admin.call("PUT", PATH, root, json={"canary_version": "2"})
+    assert r.status_code == 409  # one at a time
+
+    # a fresh gateway's resolver and monitor resume it from the database alone
+    resolver, outcomes = Resolver(admin.kiln.db.sessions), RolloutOutcomes()
+    monitor = RolloutMonitor(admin.kiln.db.sessions, outcomes, 1.0, resolver.refresh, _nothing)
+    await monitor.reload()
+    assert resolver.routes[MODEL] == Route("1", "2", 10, by_request=True)
+    outcomes.observe(MODEL, "2", 500, 0.01, degenerate=False)
+    assert [(step, arm, a.errors) for (_, step, arm), a in outcomes.snapshot().items()] == [
+        (0, "canary", 1)
+    ]
+
+    r = await admin.call("DELETE", PATH, root)
+    assert r.status_code == 200, r.text
+    assert (r.json()["state"], r.json()["percent"]) == ("aborted", 0)
+    assert admin.kiln.resolver.routes[MODEL] == Route("1")
+    assert (await admin.call("DELETE", PATH, root)).status_code == 409
+    history = (await admin.call("GET", PATH, root)).json()["history"]
+    assert [h["action"] for h in history] == ["start", "abort"]
+    r = await admin.call("GET", "/admin/v1/audit", root, params={"action": "model.rollout"})
+    assert [a["after"].get("state", "running") for a in r.json()["data"]] == ["aborted", "running"]
+
+
+async def _nothing() -> None:
+    """No alert delivery here."""
