@@ -145,13 +145,7 @@ def _build(
         books=books,
         budgets=budgets,
         admissions=Admissions(quotas, budgets, ledger, slis, metrics, outcomes=outcomes),
-        tokens=TokenVerifier(
-            db.sessions,
-            Keyring(db.sessions, settings.oauth_token_ttl_s, settings.hmac_key()),
-            issuer=settings.oauth_issuer,
-            audience=settings.oauth_audience,
-            ttl=settings.key_cache_ttl_s,
-        ),
+        tokens=_tokens(settings, db),
         adapters=AdapterDirectory(db.sessions, settings.key_cache_ttl_s),
         idempotency=IdempotencyStore(
             db.sessions,
@@ -166,6 +160,17 @@ def _build(
         metrics=metrics,
         engine_metrics=EngineMetrics(pools.backend, http),
         shadows=Mirror(resolver, pools, workers, settings.request_timeout_s),
+    )
+
+
+def _tokens(settings: Settings, db: Database) -> TokenVerifier:
+    """The OAuth access-token verifier, with the keyring that signs and rotates its keys."""
+    return TokenVerifier(
+        db.sessions,
+        Keyring(db.sessions, settings.oauth_token_ttl_s, settings.hmac_key()),
+        issuer=settings.oauth_issuer,
+        audience=settings.oauth_audience,
+        ttl=settings.key_cache_ttl_s,
     )
 
 
