@@ -18,9 +18,8 @@ from sqlalchemy.dialects.postgresql import distinct_on, insert
 from kiln_platform.admin.authz import Actor, Role, require
 from kiln_platform.audit.services import record
 from kiln_platform.db import after_commit
-from kiln_platform.db.tables import Model, ModelRoute, ModelVersion
+from kiln_platform.db.tables import Model, ModelRoute
 from kiln_platform.errors import BadRequest, Conflict, NotFound
-from kiln_platform.registry.lifecycle import DEFAULT_SERVING
 from kiln_platform.registry.rollout_policy import failure_bound
 from kiln_platform.registry.schemas import (
     RolloutDecision,
@@ -28,7 +27,7 @@ from kiln_platform.registry.schemas import (
     RolloutStart,
     RolloutView,
 )
-from kiln_platform.registry.services import find_model, version_state
+from kiln_platform.registry.services import default_version, find_model, version_state
 from kiln_platform.registry.tables import ModelRollout
 
 if TYPE_CHECKING:
@@ -189,17 +188,12 @@ def view(name: str, rollout: ModelRollout) -> RolloutView:
 
 
 async def _stable(session: AsyncSession, model: Model, canary: str) -> str:
-    """The version the rollout starts from: the route's stable, else the newest active or
-    deprecated version but the canary (a model without a route serves its newest)."""
+    """The version the rollout starts from: the route's stable, else the default one
+    (``services.default_version``) but the canary."""
     route = await session.get(ModelRoute, model.id)
     if route is not None:
         return route.stable_version
-    newest = await session.scalar(
-        select(ModelVersion.version)
-        .where(ModelVersion.model_id == model.id, ModelVersion.state.in_(DEFAULT_SERVING),
-               ModelVersion.version != canary)
-        .order_by(ModelVersion.created_at.desc()).limit(1)
-    )  # fmt: skip
-    if newest is None:
+    default = await default_version(session, model.id, but=canary)
+    if default is None:
         raise BadRequest(f"`{model.name}` has no active version to roll out against.")
-    return newest
+    return default

@@ -11,10 +11,13 @@ from typing import Any
 
 import pytest
 from pydantic import SecretStr
+from sqlalchemy import select, update
 
+from kiln_platform.admin.authz import Actor, Role
+from kiln_platform.db.tables import Model, ModelVersion
 from kiln_platform.errors import ModelNotFound
 from kiln_platform.registry.resolver import MISS_REFRESH_S, Resolver
-from kiln_platform.registry.services import register_version
+from kiln_platform.registry.services import list_routes, register_version
 from kiln_platform.settings import Settings
 from kiln_runtimes.protocol import ModelManifest
 
@@ -50,6 +53,23 @@ async def test_without_a_route_the_newest_serves(
                         "canary_percent": 0, "routed": False}  # fmt: skip
     await admin.kiln.pools.reconcile()
     assert (await admin.kiln.resolver.resolve(MODEL, TENANTS[0])).version == "3"
+
+
+async def test_a_newest_staging_version_is_not_reported_as_serving(admin: Admin, root: str) -> None:
+    name = "staged-emb"
+    manifest = ModelManifest(name=name, task="embeddings", engine="onnxruntime", dimensions=4)
+    for v in ("1", "2"):  # one transaction each: now() orders them
+        async with admin.kiln.db.sessions.begin() as session:
+            await register_version(session, manifest, v, f"sha256:{v * 64}")
+    async with admin.kiln.db.sessions.begin() as session:
+        model_id = select(Model.id).where(Model.name == name).scalar_subquery()
+        await session.execute(update(ModelVersion).values(state="staging").where(
+            ModelVersion.model_id == model_id, ModelVersion.version == "2"))  # fmt: skip
+    r = await admin.call("GET", f"/admin/v1/models/{name}/route", root)
+    assert (r.json()["stable_version"], r.json()["routed"]) == ("1", False)
+    async with admin.kiln.db.sessions() as session:
+        routes = await list_routes(session, Actor("test", Role.PLATFORM_ADMIN, None))
+    assert {view.model: view.stable_version for view, _ in routes}[name] == "1"
 
 
 @pytest.mark.parametrize(
