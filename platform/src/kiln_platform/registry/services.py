@@ -4,6 +4,7 @@ request's model to the version that serves it."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
 import msgspec
@@ -24,7 +25,6 @@ from kiln_runtimes.protocol import ModelManifest
 if TYPE_CHECKING:
     import uuid
     from collections.abc import Awaitable, Callable
-    from datetime import datetime
 
     from sqlalchemy.ext.asyncio import AsyncSession
 
@@ -156,20 +156,40 @@ async def set_route(
                          param="canary_version")  # fmt: skip
     if data.canary_percent and data.canary_version is None:
         raise BadRequest("A canary share needs a canary_version.", param="canary_percent")
-    if await session.scalar(select(ModelRollout.id).where(
-            ModelRollout.model_id == model.id, ModelRollout.state == "running")):  # fmt: skip
+    if await running(session, model.id) is not None:
         raise Conflict(f"A rollout of `{name}` owns its route; DELETE the rollout first.")
     before = await session.get(ModelRoute, model.id)
     values = _values(data)
-    await session.execute(
-        insert(ModelRoute).values(model_id=model.id, **values)
-        .on_conflict_do_update(index_elements=["model_id"], set_=values)
-    )  # fmt: skip
+    await write_route(session, model.id, data.stable_version, data.canary_version,
+                      data.canary_percent, "tenant")  # fmt: skip
     await record(session, actor, "model.route", "model", model.id, None,
                  before=None if before is None else _values(before), after=values)  # fmt: skip
     if reconcile is not None:
         after_commit.defer(session, reconcile)
     return _view(name, data)
+
+
+async def running(
+    session: AsyncSession, model_id: uuid.UUID, *, lock: bool = False
+) -> ModelRollout | None:
+    """The model's running rollout, if any (``lock``: for update)."""
+    query = select(ModelRollout).where(
+        ModelRollout.model_id == model_id, ModelRollout.state == "running"
+    )
+    return await session.scalar(query.with_for_update() if lock else query)
+
+
+async def write_route(  # noqa: PLR0917 (a route's whole content)
+    session: AsyncSession, model_id: uuid.UUID, stable: str, canary: str | None, share: int,
+    split: str,
+) -> None:  # fmt: skip
+    """Write the model's route (set by hand, or moved by a rollout's steps)."""
+    values = {"stable_version": stable, "canary_version": canary, "canary_percent": share,
+              "canary_split": split, "updated_at": datetime.now(UTC)}  # fmt: skip
+    await session.execute(
+        insert(ModelRoute).values(model_id=model_id, **values)
+        .on_conflict_do_update(index_elements=["model_id"], set_=values)
+    )  # fmt: skip
 
 
 async def find_model(session: AsyncSession, name: str) -> Model:
