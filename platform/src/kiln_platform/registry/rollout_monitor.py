@@ -83,8 +83,18 @@ class RolloutMonitor:
                 log.exception("rollout evaluation failed")
 
     async def tick(self) -> None:
-        """Store this gateway's counts, decide (unless another gateway is), apply, re-watch."""
+        """Store this gateway's counts, decide (unless another gateway is), apply, re-watch.
+
+        While the last look found no rollout running, no lock is taken and nothing decided:
+        the re-watch finds a rollout another gateway started, and the next tick decides it."""
         await self._flush()
+        decided = bool(self._watched) and await self._decide()
+        await self._load(force=decided)  # the route first: the alert may take a while
+        if decided:
+            await self._deliver()
+
+    async def _decide(self) -> bool:
+        """Under the advisory lock, decide and apply every running rollout; whether any moved."""
         decided = False
         async with self._sessions.begin() as session:
             if await session.scalar(select(func.pg_try_advisory_xact_lock(ROLLOUT_LOCK))):
@@ -94,9 +104,7 @@ class RolloutMonitor:
                 )  # fmt: skip
                 for rollout, name in rows.all():
                     decided |= await _evaluate(session, rollout, name)
-        await self._load(force=decided)  # the route first: the alert may take a while
-        if decided:
-            await self._deliver()
+        return decided
 
     async def reload(self) -> None:
         """Watch the running rollouts, then route by the stored routes (a rollout started or
