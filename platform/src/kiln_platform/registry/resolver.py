@@ -213,7 +213,3 @@ class Resolver:
             self._demanded[key] = time.monotonic()
             served[version.version] = version
         return version
-
-    async def pinned(self, name: str, version: str) -> ResolvedVersion:
-        """``version`` of ``name`` (OIP's versions path): any version but a retired one."""
-        return await self.resolve(f"{name}@{version}")

@@ -128,9 +128,9 @@ async def test_a_canary_takes_its_share_sticky_and_rollback_retires_it(
     assert abs(chosen.count("2") / len(TENANTS) - 0.30) < 0.05
     assert [(await resolver.resolve(MODEL, t)).version for t in TENANTS] == chosen  # sticky
     assert {k for k in pools.desired if k.startswith(MODEL)} == {f"{MODEL}@1", f"{MODEL}@2"}
-    assert (await resolver.pinned(MODEL, "2")).version == "2"
+    assert (await resolver.resolve(f"{MODEL}@2")).version == "2"
     with pytest.raises(ModelNotFound):
-        await resolver.pinned(MODEL, "9")  # never registered
+        await resolver.resolve(f"{MODEL}@9")  # never registered
 
     r = await admin.call("PUT", path, root, json={"stable_version": "1"})  # roll back
     assert r.status_code == 200
@@ -160,3 +160,24 @@ async def test_unknown_names_share_one_catalog_reload_per_quarter_second(admin: 
     async with admin.kiln.db.sessions.begin() as session:
         await register_version(session, manifest, "1", f"sha256:{'f' * 64}")
     assert (await resolver.resolve("fresh")).version == "1"  # new since the last reload: found
+
+
+async def test_oip_readiness_follows_the_tenants_pin_and_names_the_version(
+    admin: Admin, root: str
+) -> None:
+    name = "pinned-tensor"
+    manifest = ModelManifest(name=name, task="tensor", engine="onnxruntime")
+    for v in ("1", "2"):  # one transaction each: now() orders them
+        async with admin.kiln.db.sessions.begin() as session:
+            await register_version(session, manifest, v, f"sha256:{v * 64}")
+    tenant = await admin.tenant(root, "oip-pinned-tenant")
+    key = await admin.key(root, tenant)
+    r = await admin.call("PUT", f"/admin/v1/models/{name}/pins/{tenant}", root,
+                         json={"target": "1"})  # fmt: skip
+    assert r.status_code == 200, r.text
+    await admin.kiln.resolver.refresh()
+    r = await admin.call("GET", f"/v2/models/{name}/ready", key)
+    assert r.status_code in {200, 503}, r.text
+    assert r.headers["x-kiln-model-version"] == "1"  # the pin's, not the newest
+    r = await admin.call("GET", f"/v2/models/{name}/versions/2/ready", key)
+    assert r.headers["x-kiln-model-version"] == "2"
