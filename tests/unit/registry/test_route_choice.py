@@ -6,7 +6,8 @@ import uuid
 
 import pytest
 
-from kiln_platform.registry.routes import Route
+from kiln_platform.registry.routes import Route, bucket_of, in_share
+from kiln_platform.shadow.policy import sampled
 
 TENANTS = [str(uuid.UUID(int=i)) for i in range(4000)]
 
@@ -40,3 +41,11 @@ def test_models_hash_independently() -> None:
     a = [Route("1", "2", 50).choose("a", t) for t in TENANTS]
     b = [Route("1", "2", 50).choose("b", t) for t in TENANTS]
     assert a != b  # not the same half of the tenants on every model
+
+
+def test_one_share_rule_for_routes_and_shadows() -> None:
+    assert (in_share(99, 1), in_share(100, 1), in_share(0, 0), in_share(9999, 100)) == (
+        True, False, False, True)  # fmt: skip
+    assert all(sampled(t, 30) == in_share(bucket_of(t), 30) for t in TENANTS)
+    assert all((Route("1", "2", 30).choose("m", t) == "2") == in_share(bucket_of(f"m\0{t}"), 30)
+               for t in TENANTS)  # fmt: skip

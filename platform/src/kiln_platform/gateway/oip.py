@@ -24,10 +24,11 @@ AUTH = {"principal": Provide(provide_principal), "admission": Provide(provide_ad
 SCHEDULED = {**AUTH, "admission": Provide(provide_scheduled)}
 
 
-def _status(ok: bool, what: str) -> Response[Any]:
+def _status(ok: bool, what: str, headers: dict[str, str] | None = None) -> Response[Any]:
     if ok:
-        return Response(b"", status_code=200, media_type=MediaType.TEXT)
-    return Response({"error": f"{what} is not ready"}, status_code=503, media_type=MediaType.JSON)
+        return Response(b"", status_code=200, media_type=MediaType.TEXT, headers=headers)
+    return Response({"error": f"{what} is not ready"}, status_code=503, media_type=MediaType.JSON,
+                    headers=headers)  # fmt: skip
 
 
 class OIPController(DocumentedController):
@@ -68,9 +69,10 @@ class OIPController(DocumentedController):
     async def model_ready(
         self, kiln: KilnDep, admission: AdmissionDep, name: str, version: str | None = None
     ) -> Response[Any]:
-        """200 when a worker of the model is ready."""
-        resolved = await oip.resolve(kiln, name, version)
-        return _status(oip.model_ready(kiln, resolved), f"the model `{name}`")
+        """200 when a worker of the version that serves this tenant is ready."""
+        resolved = await oip.resolve(kiln, name, version, str(admission.principal.tenant_id))
+        ready = oip.model_ready(kiln, resolved)
+        return _status(ready, f"the model `{name}`", lifecycle.headers(resolved))
 
     @post(
         ["/models/{name:str}/infer", "/models/{name:str}/versions/{version:str}/infer"],

@@ -39,12 +39,11 @@ async def server_ready(kiln: Kiln) -> bool:
 
 
 async def resolve(kiln: Kiln, name: str, version: str | None, sticky: str = "") -> ResolvedVersion:
-    """The version of a tensor model that serves: the one named (if it is served: its route's
-    stable or canary), else the route's choice for ``sticky`` (a tenant id)."""
-    if version is None:
-        resolved = await kiln.resolver.resolve(name, sticky)
-    else:
-        resolved = await kiln.resolver.pinned(name, version)
+    """The version of a tensor model that serves: the one the path names (a version, an alias,
+    ``stable`` or ``canary``; any but a retired one), else what the plain name gives ``sticky``
+    (a tenant id: its operator pin, the route's sticky choice, or the default version)."""
+    address = name if version is None else f"{name}@{version}"
+    resolved = await kiln.resolver.resolve(address, sticky)
     if resolved.manifest.task != "tensor":
         raise BadRequest(f"The model `{name}` is not a tensor model; use /v1.")
     return resolved

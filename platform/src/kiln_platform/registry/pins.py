@@ -2,7 +2,8 @@
 customer held back on a known-good version while the others move on).
 
 Platform-admin only (resource ``model-pins``: the list spans tenants), audited as
-``model.pin``; gateways read pins from the Resolver's in-memory catalog."""
+``model.pin``; gateways read pins from the Resolver's in-memory catalog, and a pin whose target
+resolves to nothing (no canary, a deleted alias) gives the tenant the route's choice."""
 
 from __future__ import annotations
 

@@ -191,13 +191,19 @@ class Resolver:
         return [v for v in found if v is not None and v.state != "retired"]
 
     def _lookup(self, name: str, suffix: str | None, sticky: str) -> ResolvedVersion | None:
+        """What ``name@suffix`` gives ``sticky``; a plain name honours the tenant's pin while
+        its target resolves (a pin to an absent canary, a routeless ``stable`` or a deleted
+        alias falls back to the unpinned choice, not to a 404 and a reload per request)."""
         versions = self.catalog.get(name)
         if versions is None:
             return None
-        if suffix is None:  # an operator may have pinned the tenant
-            suffix = self.pins.get(name, {}).get(sticky)
-        aliases = self.aliases.get(name, {})
-        chosen = _choose(name, self.routes.get(name), versions, aliases, suffix, sticky)
+        route, aliases = self.routes.get(name), self.aliases.get(name, {})
+        pin = self.pins.get(name, {}).get(sticky) if suffix is None else None
+        if pin is not None:
+            found = versions.get(_choose(name, route, versions, aliases, pin, sticky) or "")
+            if found is not None:
+                return found
+        chosen = _choose(name, route, versions, aliases, suffix, sticky)
         return None if chosen is None else versions.get(chosen)
 
     def _serve(self, version: ResolvedVersion) -> ResolvedVersion:
@@ -207,7 +213,3 @@ class Resolver:
             self._demanded[key] = time.monotonic()
             served[version.version] = version
         return version
-
-    async def pinned(self, name: str, version: str) -> ResolvedVersion:
-        """``version`` of ``name`` (OIP's versions path): any version but a retired one."""
-        return await self.resolve(f"{name}@{version}")

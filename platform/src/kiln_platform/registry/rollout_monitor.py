@@ -21,7 +21,7 @@ from sqlalchemy.dialects.postgresql import insert
 
 from kiln_platform.audit.services import record
 from kiln_platform.db.tables import Model
-from kiln_platform.registry import rollouts
+from kiln_platform.registry import rollouts, services
 from kiln_platform.registry.outcomes import RolloutOutcomes, Watched
 from kiln_platform.registry.rollout_policy import Action, Arm, Decision, decide
 from kiln_platform.registry.schemas import RolloutPlan
@@ -83,8 +83,18 @@ class RolloutMonitor:
                 log.exception("rollout evaluation failed")
 
     async def tick(self) -> None:
-        """Store this gateway's counts, decide (unless another gateway is), apply, re-watch."""
+        """Store this gateway's counts, decide (unless another gateway is), apply, re-watch.
+
+        While the last look found no rollout running, no lock is taken and nothing decided:
+        the re-watch finds a rollout another gateway started, and the next tick decides it."""
         await self._flush()
+        decided = bool(self._watched) and await self._decide()
+        await self._load(force=decided)  # the route first: the alert may take a while
+        if decided:
+            await self._deliver()
+
+    async def _decide(self) -> bool:
+        """Under the advisory lock, decide and apply every running rollout; whether any moved."""
         decided = False
         async with self._sessions.begin() as session:
             if await session.scalar(select(func.pg_try_advisory_xact_lock(ROLLOUT_LOCK))):
@@ -94,9 +104,7 @@ class RolloutMonitor:
                 )  # fmt: skip
                 for rollout, name in rows.all():
                     decided |= await _evaluate(session, rollout, name)
-        await self._load(force=decided)  # the route first: the alert may take a while
-        if decided:
-            await self._deliver()
+        return decided
 
     async def reload(self) -> None:
         """Watch the running rollouts, then route by the stored routes (a rollout started or
@@ -178,7 +186,7 @@ async def apply(  # noqa: PLR0917 (a decision and what it is about)
     if decision.action is Action.PROMOTE:
         rollout.step, rollout.step_started_at = rollout.step + 1, now
         rollout.history = [*rollout.history, item]
-        await rollouts.set_route(
+        await services.write_route(
             session, rollout.model_id, rollout.stable_version, rollout.canary_version,
             plan.steps[rollout.step], plan.split,
         )  # fmt: skip
@@ -186,7 +194,7 @@ async def apply(  # noqa: PLR0917 (a decision and what it is about)
         done = decision.action is Action.COMPLETE
         rollouts.finish(rollout, "completed" if done else "rolled_back", now, item)
         stable = rollout.canary_version if done else rollout.stable_version
-        await rollouts.set_route(session, rollout.model_id, stable, None, 0, "tenant")
+        await services.write_route(session, rollout.model_id, stable, None, 0, "tenant")
     await record(session, rollouts.SYSTEM, "model.rollout.decision", "model", rollout.model_id,
                  None, after={"rollout": str(rollout.id), "model": name, **item})  # fmt: skip
     await _alert(session, rollout, name, item, now)

@@ -13,14 +13,13 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 from sqlalchemy import select
-from sqlalchemy.dialects.postgresql import distinct_on, insert
+from sqlalchemy.dialects.postgresql import distinct_on
 
 from kiln_platform.admin.authz import Actor, Role, require
 from kiln_platform.audit.services import record
 from kiln_platform.db import after_commit
-from kiln_platform.db.tables import Model, ModelRoute, ModelVersion
+from kiln_platform.db.tables import Model, ModelRoute
 from kiln_platform.errors import BadRequest, Conflict, NotFound
-from kiln_platform.registry.lifecycle import DEFAULT_SERVING
 from kiln_platform.registry.rollout_policy import failure_bound
 from kiln_platform.registry.schemas import (
     RolloutDecision,
@@ -28,11 +27,16 @@ from kiln_platform.registry.schemas import (
     RolloutStart,
     RolloutView,
 )
-from kiln_platform.registry.services import find_model, version_state
+from kiln_platform.registry.services import (
+    default_version,
+    find_model,
+    running,
+    version_state,
+    write_route,
+)
 from kiln_platform.registry.tables import ModelRollout
 
 if TYPE_CHECKING:
-    import uuid
     from collections.abc import Awaitable, Callable
 
     from sqlalchemy.ext.asyncio import AsyncSession
@@ -74,7 +78,7 @@ async def start_rollout(
     )  # fmt: skip
     session.add(rollout)
     await session.flush()
-    await set_route(session, model.id, stable, data.canary_version, data.plan.steps[0],
+    await write_route(session, model.id, stable, data.canary_version, data.plan.steps[0],
                     data.plan.split)  # fmt: skip
     await record(session, actor, "model.rollout", "model", model.id, None,
                  after={"rollout": str(rollout.id), "stable_version": stable,
@@ -124,36 +128,13 @@ async def abort_rollout(
     now = datetime.now(UTC)
     finish(rollout, "aborted", now, entry(now, "abort", percent(rollout),
                                           f"aborted by {actor.name}", {}))  # fmt: skip
-    await set_route(session, model.id, rollout.stable_version, None, 0, "tenant")
+    await write_route(session, model.id, rollout.stable_version, None, 0, "tenant")
     await record(session, actor, "model.rollout", "model", model.id, None,
                  before={"rollout": str(rollout.id), "state": "running"},
                  after={"rollout": str(rollout.id), "state": "aborted"})  # fmt: skip
     if reconcile is not None:
         after_commit.defer(session, reconcile)
     return view(name, rollout)
-
-
-async def running(
-    session: AsyncSession, model_id: uuid.UUID, *, lock: bool = False
-) -> ModelRollout | None:
-    """The model's running rollout, if any (``lock``: for update)."""
-    query = select(ModelRollout).where(
-        ModelRollout.model_id == model_id, ModelRollout.state == "running"
-    )
-    return await session.scalar(query.with_for_update() if lock else query)
-
-
-async def set_route(  # noqa: PLR0917 (a route's whole content)
-    session: AsyncSession, model_id: uuid.UUID, stable: str, canary: str | None, share: int,
-    split: str,
-) -> None:  # fmt: skip
-    """Write the model's route (the rollout's steps move it)."""
-    values = {"stable_version": stable, "canary_version": canary, "canary_percent": share,
-              "canary_split": split, "updated_at": datetime.now(UTC)}  # fmt: skip
-    await session.execute(
-        insert(ModelRoute).values(model_id=model_id, **values)
-        .on_conflict_do_update(index_elements=["model_id"], set_=values)
-    )  # fmt: skip
 
 
 def entry(
@@ -189,17 +170,12 @@ def view(name: str, rollout: ModelRollout) -> RolloutView:
 
 
 async def _stable(session: AsyncSession, model: Model, canary: str) -> str:
-    """The version the rollout starts from: the route's stable, else the newest active or
-    deprecated version but the canary (a model without a route serves its newest)."""
+    """The version the rollout starts from: the route's stable, else the default one
+    (``services.default_version``) but the canary."""
     route = await session.get(ModelRoute, model.id)
     if route is not None:
         return route.stable_version
-    newest = await session.scalar(
-        select(ModelVersion.version)
-        .where(ModelVersion.model_id == model.id, ModelVersion.state.in_(DEFAULT_SERVING),
-               ModelVersion.version != canary)
-        .order_by(ModelVersion.created_at.desc()).limit(1)
-    )  # fmt: skip
-    if newest is None:
+    default = await default_version(session, model.id, but=canary)
+    if default is None:
         raise BadRequest(f"`{model.name}` has no active version to roll out against.")
-    return newest
+    return default

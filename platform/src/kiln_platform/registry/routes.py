@@ -35,9 +35,15 @@ class Route:
         """The version for ``sticky`` (a tenant id): the same one every time for a given route."""
         if self.canary is None or self.canary_percent <= 0:
             return self.stable
-        if self.by_request:
-            bucket = random.randrange(_BUCKETS)
-            return self.canary if bucket < self.canary_percent * _BUCKETS // 100 else self.stable
-        digest = hashlib.sha256(f"{model}\0{sticky}".encode()).digest()
-        bucket = int.from_bytes(digest[:8], "big") % _BUCKETS
-        return self.canary if bucket < self.canary_percent * _BUCKETS // 100 else self.stable
+        bucket = random.randrange(_BUCKETS) if self.by_request else bucket_of(f"{model}\0{sticky}")
+        return self.canary if in_share(bucket, self.canary_percent) else self.stable
+
+
+def bucket_of(key: str) -> int:
+    """``key``'s bucket of 10 000, by hash: the same key lands in the same one every time."""
+    return int.from_bytes(hashlib.sha256(key.encode()).digest()[:8], "big") % _BUCKETS
+
+
+def in_share(bucket: int, percent: int) -> bool:
+    """Whether ``bucket`` is among the first ``percent`` % (a wider share only adds buckets)."""
+    return bucket < percent * _BUCKETS // 100

@@ -26,7 +26,8 @@ class RouteView(msgspec.Struct, kw_only=True):
     canary_version: str | None = None
     canary_percent: int = 0
     routed: bool = True
-    """False: no route is set, so the newest version serves."""
+    """False: no route is set, so ``stable_version`` is the default one that serves, the newest
+    active or deprecated version (empty when the model has none)."""
 
 
 AliasName = Annotated[str, msgspec.Meta(pattern=r"^[A-Za-z][A-Za-z0-9_.-]{0,63}$")]

@@ -4,6 +4,7 @@ request's model to the version that serves it."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
 import msgspec
@@ -16,16 +17,14 @@ from kiln_platform.db import after_commit
 from kiln_platform.db.tables import Model, ModelRoute, ModelVersion
 from kiln_platform.errors import BadRequest, Conflict, ModelNotFound
 from kiln_platform.registry.engine import EngineSettings, decode
-from kiln_platform.registry.lifecycle import (
-    check_target,
-)
+from kiln_platform.registry.lifecycle import DEFAULT_SERVING, check_target
 from kiln_platform.registry.schemas import RouteUpdate, RouteView
 from kiln_platform.registry.tables import ModelRollout
 from kiln_runtimes.protocol import ModelManifest
 
 if TYPE_CHECKING:
+    import uuid
     from collections.abc import Awaitable, Callable
-    from datetime import datetime
 
     from sqlalchemy.ext.asyncio import AsyncSession
 
@@ -114,20 +113,28 @@ async def latest_versions(session: AsyncSession) -> list[ResolvedVersion]:
     return [resolved(model, version) for model, version in rows.all()]
 
 
+async def default_version(
+    session: AsyncSession, model_id: uuid.UUID, but: str | None = None
+) -> str | None:
+    """What a model without a route serves: its newest active or deprecated version (``but``:
+    leaving that one out), or None."""
+    query = select(ModelVersion.version).where(
+        ModelVersion.model_id == model_id, ModelVersion.state.in_(DEFAULT_SERVING)
+    )
+    if but is not None:
+        query = query.where(ModelVersion.version != but)
+    return await session.scalar(query.order_by(ModelVersion.created_at.desc()).limit(1))
+
+
 async def get_route(session: AsyncSession, actor: Actor, name: str) -> RouteView:
-    """A model's route; a model without one serves its newest version."""
+    """A model's route; a model without one serves its newest active or deprecated version."""
     require(actor, "models")
     model = await find_model(session, name)
     row = await session.get(ModelRoute, model.id)
     if row is not None:
         return _view(name, row)
-    newest = await session.scalar(
-        select(ModelVersion.version)
-        .where(ModelVersion.model_id == model.id)
-        .order_by(ModelVersion.created_at.desc())
-        .limit(1)
-    )
-    return RouteView(model=name, stable_version=str(newest), routed=False)
+    default = await default_version(session, model.id)
+    return RouteView(model=name, stable_version=default or "", routed=False)
 
 
 async def set_route(
@@ -149,20 +156,40 @@ async def set_route(
                          param="canary_version")  # fmt: skip
     if data.canary_percent and data.canary_version is None:
         raise BadRequest("A canary share needs a canary_version.", param="canary_percent")
-    if await session.scalar(select(ModelRollout.id).where(
-            ModelRollout.model_id == model.id, ModelRollout.state == "running")):  # fmt: skip
+    if await running(session, model.id) is not None:
         raise Conflict(f"A rollout of `{name}` owns its route; DELETE the rollout first.")
     before = await session.get(ModelRoute, model.id)
     values = _values(data)
-    await session.execute(
-        insert(ModelRoute).values(model_id=model.id, **values)
-        .on_conflict_do_update(index_elements=["model_id"], set_=values)
-    )  # fmt: skip
+    await write_route(session, model.id, data.stable_version, data.canary_version,
+                      data.canary_percent, "tenant")  # fmt: skip
     await record(session, actor, "model.route", "model", model.id, None,
                  before=None if before is None else _values(before), after=values)  # fmt: skip
     if reconcile is not None:
         after_commit.defer(session, reconcile)
     return _view(name, data)
+
+
+async def running(
+    session: AsyncSession, model_id: uuid.UUID, *, lock: bool = False
+) -> ModelRollout | None:
+    """The model's running rollout, if any (``lock``: for update)."""
+    query = select(ModelRollout).where(
+        ModelRollout.model_id == model_id, ModelRollout.state == "running"
+    )
+    return await session.scalar(query.with_for_update() if lock else query)
+
+
+async def write_route(  # noqa: PLR0917 (a route's whole content)
+    session: AsyncSession, model_id: uuid.UUID, stable: str, canary: str | None, share: int,
+    split: str,
+) -> None:  # fmt: skip
+    """Write the model's route (set by hand, or moved by a rollout's steps)."""
+    values = {"stable_version": stable, "canary_version": canary, "canary_percent": share,
+              "canary_split": split, "updated_at": datetime.now(UTC)}  # fmt: skip
+    await session.execute(
+        insert(ModelRoute).values(model_id=model_id, **values)
+        .on_conflict_do_update(index_elements=["model_id"], set_=values)
+    )  # fmt: skip
 
 
 async def find_model(session: AsyncSession, name: str) -> Model:
@@ -208,17 +235,20 @@ async def list_routes(session: AsyncSession, actor: Actor) -> list[ModelRoutes]:
     """Every model's route and versions, by model name (one query)."""
     require(actor, "models")
     rows = await session.execute(
-        select(Model.name, ModelVersion.version, ModelRoute)
+        select(Model.name, ModelVersion.version, ModelVersion.state, ModelRoute)
         .join(ModelVersion, ModelVersion.model_id == Model.id)
         .outerjoin(ModelRoute, ModelRoute.model_id == Model.id)
         .order_by(Model.name, ModelVersion.created_at)
     )
     found: dict[str, tuple[ModelRoute | None, list[str]]] = {}
-    for name, version, route in rows.all():
+    defaults: dict[str, str] = {}  # oldest first: the last one kept is the newest
+    for name, version, state, route in rows.all():
         found.setdefault(name, (route, []))[1].append(version)
+        if state in DEFAULT_SERVING:
+            defaults[name] = version
     return [
-        (_view(name, route) if route else RouteView(model=name, stable_version=versions[-1],
-                                                     routed=False), versions)
+        (_view(name, route) if route else RouteView(
+            model=name, stable_version=defaults.get(name, ""), routed=False), versions)
         for name, (route, versions) in found.items()
     ]  # fmt: skip
 

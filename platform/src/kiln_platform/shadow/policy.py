@@ -3,13 +3,12 @@ a candidate's answer compares with the primary's."""
 
 from __future__ import annotations
 
-import hashlib
 from dataclasses import dataclass
 from enum import StrEnum
 
 import numpy as np
 
-_BUCKETS = 10_000
+from kiln_platform.registry.routes import bucket_of, in_share
 
 COSINE_AGREES = 0.9999
 """An embedding agrees when every row's cosine with the primary's is at least this."""
@@ -32,10 +31,7 @@ class Shadow:
 
 def sampled(request_id: str, percent: int) -> bool:
     """Whether the request is copied (a hash of its id: the same answer on every call)."""
-    if percent <= 0:
-        return False
-    digest = hashlib.sha256(request_id.encode()).digest()
-    return int.from_bytes(digest[:8], "big") % _BUCKETS < percent * _BUCKETS // 100
+    return percent > 0 and in_share(bucket_of(request_id), percent)
 
 
 class Drop(StrEnum):

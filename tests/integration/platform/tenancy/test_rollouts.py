@@ -5,6 +5,8 @@ workers is ``tests/e2e/test_rollouts.py``.)"""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any, cast
+
 import pytest
 from pydantic import SecretStr
 
@@ -17,6 +19,9 @@ from kiln_platform.settings import Settings
 from kiln_runtimes.protocol import ModelManifest
 
 from .conftest import Admin
+
+if TYPE_CHECKING:
+    from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 MODEL = "rolled-emb"
 PATH = f"/admin/v1/models/{MODEL}/rollout"
@@ -105,6 +110,29 @@ async def test_a_rollout_owns_the_route_survives_a_restart_and_aborts(
     assert [h["action"] for h in history] == ["start", "abort"]
     r = await admin.call("GET", "/admin/v1/audit", root, params={"action": "model.rollout"})
     assert [a["after"].get("state", "running") for a in r.json()["data"]] == ["aborted", "running"]
+
+
+class _CountedSessions:
+    """The real session factory, counting the transactions begun through it."""
+
+    def __init__(self, sessions: async_sessionmaker[AsyncSession]) -> None:
+        self._sessions, self.begun = sessions, 0
+
+    def __call__(self) -> AsyncSession:
+        return self._sessions()
+
+    def begin(self) -> Any:
+        self.begun += 1
+        return self._sessions.begin()
+
+
+async def test_an_idle_monitor_takes_no_lock(admin: Admin) -> None:
+    sessions = _CountedSessions(admin.kiln.db.sessions)
+    monitor = RolloutMonitor(cast("Any", sessions), RolloutOutcomes(), 1.0, _nothing, _nothing)
+    await monitor.reload()  # no rollout runs (the one above was aborted)
+    await monitor.tick()
+    await monitor.tick()
+    assert sessions.begun == 0  # no advisory-lock transaction, no second select
 
 
 async def _nothing() -> None:

@@ -11,10 +11,13 @@ from typing import Any
 
 import pytest
 from pydantic import SecretStr
+from sqlalchemy import select, update
 
+from kiln_platform.admin.authz import Actor, Role
+from kiln_platform.db.tables import Model, ModelVersion
 from kiln_platform.errors import ModelNotFound
 from kiln_platform.registry.resolver import MISS_REFRESH_S, Resolver
-from kiln_platform.registry.services import register_version
+from kiln_platform.registry.services import list_routes, register_version
 from kiln_platform.settings import Settings
 from kiln_runtimes.protocol import ModelManifest
 
@@ -50,6 +53,23 @@ async def test_without_a_route_the_newest_serves(
                         "canary_percent": 0, "routed": False}  # fmt: skip
     await admin.kiln.pools.reconcile()
     assert (await admin.kiln.resolver.resolve(MODEL, TENANTS[0])).version == "3"
+
+
+async def test_a_newest_staging_version_is_not_reported_as_serving(admin: Admin, root: str) -> None:
+    name = "staged-emb"
+    manifest = ModelManifest(name=name, task="embeddings", engine="onnxruntime", dimensions=4)
+    for v in ("1", "2"):  # one transaction each: now() orders them
+        async with admin.kiln.db.sessions.begin() as session:
+            await register_version(session, manifest, v, f"sha256:{v * 64}")
+    async with admin.kiln.db.sessions.begin() as session:
+        model_id = select(Model.id).where(Model.name == name).scalar_subquery()
+        await session.execute(update(ModelVersion).values(state="staging").where(
+            ModelVersion.model_id == model_id, ModelVersion.version == "2"))  # fmt: skip
+    r = await admin.call("GET", f"/admin/v1/models/{name}/route", root)
+    assert (r.json()["stable_version"], r.json()["routed"]) == ("1", False)
+    async with admin.kiln.db.sessions() as session:
+        routes = await list_routes(session, Actor("test", Role.PLATFORM_ADMIN, None))
+    assert {view.model: view.stable_version for view, _ in routes}[name] == "1"
 
 
 @pytest.mark.parametrize(
@@ -108,9 +128,9 @@ async def test_a_canary_takes_its_share_sticky_and_rollback_retires_it(
     assert abs(chosen.count("2") / len(TENANTS) - 0.30) < 0.05
     assert [(await resolver.resolve(MODEL, t)).version for t in TENANTS] == chosen  # sticky
     assert {k for k in pools.desired if k.startswith(MODEL)} == {f"{MODEL}@1", f"{MODEL}@2"}
-    assert (await resolver.pinned(MODEL, "2")).version == "2"
+    assert (await resolver.resolve(f"{MODEL}@2")).version == "2"
     with pytest.raises(ModelNotFound):
-        await resolver.pinned(MODEL, "9")  # never registered
+        await resolver.resolve(f"{MODEL}@9")  # never registered
 
     r = await admin.call("PUT", path, root, json={"stable_version": "1"})  # roll back
     assert r.status_code == 200
@@ -140,3 +160,24 @@ async def test_unknown_names_share_one_catalog_reload_per_quarter_second(admin: 
     async with admin.kiln.db.sessions.begin() as session:
         await register_version(session, manifest, "1", f"sha256:{'f' * 64}")
     assert (await resolver.resolve("fresh")).version == "1"  # new since the last reload: found
+
+
+async def test_oip_readiness_follows_the_tenants_pin_and_names_the_version(
+    admin: Admin, root: str
+) -> None:
+    name = "pinned-tensor"
+    manifest = ModelManifest(name=name, task="tensor", engine="onnxruntime")
+    for v in ("1", "2"):  # one transaction each: now() orders them
+        async with admin.kiln.db.sessions.begin() as session:
+            await register_version(session, manifest, v, f"sha256:{v * 64}")
+    tenant = await admin.tenant(root, "oip-pinned-tenant")
+    key = await admin.key(root, tenant)
+    r = await admin.call("PUT", f"/admin/v1/models/{name}/pins/{tenant}", root,
+                         json={"target": "1"})  # fmt: skip
+    assert r.status_code == 200, r.text
+    await admin.kiln.resolver.refresh()
+    r = await admin.call("GET", f"/v2/models/{name}/ready", key)
+    assert r.status_code in {200, 503}, r.text
+    assert r.headers["x-kiln-model-version"] == "1"  # the pin's, not the newest
+    r = await admin.call("GET", f"/v2/models/{name}/versions/2/ready", key)
+    assert r.headers["x-kiln-model-version"] == "2"

@@ -1,0 +1,59 @@
+"""A tenant's pin: honoured while its target resolves, else the route's choice (no 404)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from datetime import UTC, datetime
+
+import pytest
+
+from kiln_platform.registry.resolver import Resolver
+from kiln_platform.registry.routes import Route
+from kiln_platform.registry.services import ResolvedVersion
+from kiln_runtimes.protocol import ModelManifest
+
+pytestmark = pytest.mark.unit
+
+V1 = ResolvedVersion(
+    "m", "1", "sha256:" + "ab12" * 16, ModelManifest(name="m", task="embeddings",
+    engine="onnxruntime", dimensions=4), datetime(2026, 1, 1, tzinfo=UTC),
+)  # fmt: skip
+V2 = replace(V1, version="2", created_at=datetime(2026, 2, 1, tzinfo=UTC))
+
+
+def _resolver(pin: str, route: Route | None, aliases: dict[str, str] | None = None) -> Resolver:
+    resolver = Resolver(None)  # type: ignore[arg-type]  # lookups never open a session
+    resolver.catalog = {"m": {"1": V1, "2": V2}}
+    resolver.routes = {} if route is None else {"m": route}
+    resolver.aliases = {"m": aliases or {}}
+    resolver.pins = {"m": {"t": pin}}
+    return resolver
+
+
+@pytest.mark.parametrize(
+    ("pin", "route", "aliases"),
+    [
+        ("canary", Route("1"), None),  # no canary on the route
+        ("canary", None, None),  # no route at all
+        ("stable", None, None),  # no route: falls to the default (newest)
+        ("gone", Route("1"), None),  # an alias deleted since
+    ],
+)
+def test_a_pin_that_names_nothing_falls_back_to_the_route(
+    pin: str, route: Route | None, aliases: dict[str, str] | None
+) -> None:
+    resolver = _resolver(pin, route, aliases)
+    unpinned = resolver._lookup("m", None, "other")
+    assert unpinned is not None
+    assert resolver._lookup("m", None, "t") == unpinned
+
+
+def test_a_pin_that_resolves_is_honoured() -> None:
+    assert _resolver("1", None)._lookup("m", None, "t") == V1
+    assert _resolver("prod", Route("2"), {"prod": "1"})._lookup("m", None, "t") == V1
+    assert _resolver("canary", Route("2", "1", 0))._lookup("m", None, "t") == V1
+
+
+def test_an_explicit_address_ignores_the_pin() -> None:
+    assert _resolver("1", Route("2"))._lookup("m", "2", "t") == V2
+    assert _resolver("1", Route("2"))._lookup("m", "canary", "t") is None
