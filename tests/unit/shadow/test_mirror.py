@@ -4,8 +4,9 @@ and reports kept for the next save when one fails."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from types import SimpleNamespace
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 import pytest
@@ -15,6 +16,9 @@ from kiln_platform import observability
 from kiln_platform.shadow.mirror import Mirror, Plan
 from kiln_platform.shadow.stats import ShadowStats
 from kiln_runtimes.protocol import EmbedRequest, EmbedResult
+
+if TYPE_CHECKING:
+    from collections.abc import AsyncIterator
 
 pytestmark = pytest.mark.unit
 
@@ -59,3 +63,27 @@ async def test_a_copy_runs_outside_the_primary_requests_context() -> None:
         structlog.contextvars.unbind_contextvars("request_id")
     assert timings == {"compute": 5.0}
     assert str(workers.seen["request_id"]).startswith("shadow_")
+
+
+class _FailingSessions:
+    """A session maker whose transaction fails to commit."""
+
+    @contextlib.asynccontextmanager
+    async def begin(self) -> AsyncIterator[object]:
+        yield SimpleNamespace()
+        raise ConnectionError("the database went away")
+
+
+async def test_a_failed_save_keeps_the_reports_for_the_next_round(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    async def persist(session: object, reports: object) -> None:
+        return None
+
+    monkeypatch.setattr("kiln_platform.shadow.mirror.persist", persist)
+    mirror = _mirror(_Workers())
+    stats = mirror.stats.setdefault(("m", "v2"), ShadowStats("m", "v2"))
+    stats.sent()
+    with pytest.raises(ConnectionError):
+        await mirror.save(cast(Any, _FailingSessions()))
+    assert stats.changed

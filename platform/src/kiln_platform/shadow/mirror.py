@@ -205,10 +205,15 @@ class Mirror:
         changed = [s for s in self.stats.values() if s.changed]
         if not changed:
             return
-        for s in changed:
+        for s in changed:  # before the write: a copy recorded meanwhile marks it again
             s.changed = False
-        async with sessions.begin() as session:
-            await persist(session, [s.report(self.gateway) for s in changed])
+        try:
+            async with sessions.begin() as session:
+                await persist(session, [s.report(self.gateway) for s in changed])
+        except BaseException:  # not written: the next round writes them
+            for s in changed:
+                s.changed = True
+            raise
 
     async def stop(self) -> None:
         """Stop saving (a last save first) and cancel the copies in flight (at shutdown)."""
