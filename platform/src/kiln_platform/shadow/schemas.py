@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Annotated
 
 import msgspec
@@ -42,6 +43,8 @@ class ShadowReport(msgspec.Struct, kw_only=True):
     shadow_p99_ms: float | None = None
     shadow_error_rate: float | None = None
     """``failed / mirrored``; the primary answers compared are successful ones."""
+    updated_at: datetime | None = None
+    """When its gateway last wrote it (None: the live report of the gateway answering)."""
 
 
 class ShadowView(msgspec.Struct, kw_only=True):

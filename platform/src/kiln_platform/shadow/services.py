@@ -3,11 +3,14 @@ persistence.
 
 Platform-admin only (resource ``model-shadows``) and audited (``model.shadow``). Gateways read
 the config from the Resolver's in-memory catalog: this one at once after the commit, others
-within their 2 s refresh. Each gateway writes its own report every few seconds.
+within their 2 s refresh. Each gateway writes its own report every few seconds; a report not
+written for ``STALE_AFTER`` is a gone gateway's (its key is host and process: each restart adds
+one), ignored when read and deleted by the next save.
 """
 
 from __future__ import annotations
 
+from datetime import timedelta
 from typing import TYPE_CHECKING
 
 import msgspec
@@ -26,11 +29,14 @@ from kiln_platform.shadow.tables import ShadowReport as ReportRow
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable, Sequence
 
+    from sqlalchemy import ColumnElement
     from sqlalchemy.ext.asyncio import AsyncSession
 
     from kiln_platform.admin.authz import Actor
 
 RESOURCE = "model-shadows"
+STALE_AFTER = timedelta(hours=1)
+"""A report not written for this long is a gone gateway's (a live one writes every few s)."""
 
 
 async def view(
@@ -45,12 +51,10 @@ async def view(
         (r.candidate, r.gateway): r for r in live if r.model == name
     }
     stored = await session.scalars(
-        select(ReportRow).where(ReportRow.model_id == model.id).order_by(ReportRow.candidate)
-    )
-    reports = [
-        mine.pop((r.candidate, r.gateway), None) or msgspec.convert(r.report, ShadowReport)
-        for r in stored
-    ]
+        select(ReportRow).where(ReportRow.model_id == model.id, _fresh())
+        .order_by(ReportRow.candidate)
+    )  # fmt: skip
+    reports = [mine.pop((r.candidate, r.gateway), None) or _stored(r) for r in stored]
     reports.extend(r for r in mine.values() if r is not None)
     if row is None:
         return ShadowView(model=name, reports=reports)
@@ -73,11 +77,11 @@ async def views(
     }
     for name, stored in await session.execute(
         select(Model.name, ReportRow).join(ReportRow, ReportRow.model_id == Model.id)
-        .order_by(Model.name, ReportRow.candidate)
+        .where(_fresh()).order_by(Model.name, ReportRow.candidate)
     ):  # fmt: skip
         report = mine.pop((name, stored.candidate, stored.gateway), None)
         view = found.setdefault(name, ShadowView(model=name))
-        view.reports.append(report or msgspec.convert(stored.report, ShadowReport))
+        view.reports.append(report or _stored(stored))
     for left in mine.values():
         if left is not None:
             found.setdefault(left.model, ShadowView(model=left.model)).reports.append(left)
@@ -123,7 +127,9 @@ async def delete_shadow(
 
 
 async def persist(session: AsyncSession, reports: Sequence[ShadowReport]) -> None:
-    """Write a gateway's reports (one row per model, candidate and gateway)."""
+    """Write a gateway's reports (one row per model, candidate and gateway); delete the stale
+    ones (gone gateways')."""
+    await session.execute(delete(ReportRow).where(~_fresh()))
     for r in reports:
         model_id = select(Model.id).where(Model.name == r.model).scalar_subquery()
         body = msgspec.json.decode(msgspec.json.encode(r))  # an infinite diff becomes null
@@ -133,3 +139,13 @@ async def persist(session: AsyncSession, reports: Sequence[ShadowReport]) -> Non
             .on_conflict_do_update(index_elements=["model_id", "candidate", "gateway"],
                                    set_={"report": body, "updated_at": func.now()})
         )  # fmt: skip
+
+
+def _fresh() -> ColumnElement[bool]:
+    return ReportRow.updated_at > func.now() - STALE_AFTER
+
+
+def _stored(row: ReportRow) -> ShadowReport:
+    return msgspec.structs.replace(
+        msgspec.convert(row.report, ShadowReport), updated_at=row.updated_at
+    )
