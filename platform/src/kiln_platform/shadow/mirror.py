@@ -43,6 +43,7 @@ if TYPE_CHECKING:
     from kiln_platform.pools.services import PoolManager
     from kiln_platform.registry.resolver import Resolver
     from kiln_platform.registry.services import ResolvedVersion
+    from kiln_platform.shadow.schemas import ShadowReport
     from kiln_runtimes.protocol import InferResult, Tensor
 
 log = structlog.get_logger("kiln.shadow")
@@ -200,8 +201,13 @@ class Mirror:
             except Exception:  # the next round tries again
                 log.exception("saving shadow reports failed")
 
+    def reports(self) -> list[ShadowReport]:
+        """This gateway's live reports, one per (model, candidate)."""
+        return [s.report(self.gateway) for s in self.stats.values()]
+
     async def save(self, sessions: async_sessionmaker[AsyncSession]) -> None:
-        """Persist the reports with news since the last save."""
+        """Persist this gateway's reports if any has news since the last save (all of them: an
+        idle pair's row stays fresh while its gateway lives, ``services.STALE_AFTER``)."""
         changed = [s for s in self.stats.values() if s.changed]
         if not changed:
             return
@@ -209,7 +215,7 @@ class Mirror:
             s.changed = False
         try:
             async with sessions.begin() as session:
-                await persist(session, [s.report(self.gateway) for s in changed])
+                await persist(session, self.reports())
         except BaseException:  # not written: the next round writes them
             for s in changed:
                 s.changed = True

@@ -165,6 +165,10 @@ async def test_a_gone_gateways_report_is_not_listed_and_is_deleted(app: App, mod
     assert "gw-gone:1" not in {r.gateway for r in view.reports}
     assert "gw-gone:1" not in {r.gateway for r in listed[model].reports}
     (up,) = [r for r in view.reports if r.gateway == "gw-up:2"]
+    live = [msgspec.structs.replace(gone, gateway="gw-up:2", mirrored=99)]
+    async with app.kiln.db.sessions() as session:  # this gateway's live report replaces its row
+        merged = await shadows.views(session, cli, live)
+    assert [r.mirrored for r in merged[model].reports if r.gateway == "gw-up:2"] == [99]
     assert up.updated_at is not None
     assert up.updated_at > datetime.now(UTC) - timedelta(minutes=5)
     async with app.kiln.db.sessions.begin() as session:
