@@ -140,9 +140,7 @@ class Mirror:
         if request.temperature != 0 or not tokens:
             plan.stats.skip()
             return
-        copy = msgspec.structs.replace(
-            request, request_id=_copy_id(plan), max_tokens=len(tokens), express=False
-        )
+        copy = msgspec.structs.replace(request, request_id=_copy_id(plan), max_tokens=len(tokens))
 
         async def run() -> Agreement:
             made: list[int] = []
