@@ -9,7 +9,7 @@ SHELL  := /bin/bash
 QUIET  := 2>&1 | { grep -v "is ignored: it is neither" || true; }
 
 .DEFAULT_GOAL := help
-.PHONY: help setup browser promtool up test test-unit test-integration test-e2e test-deploy lint bench-cold-start bench-embeddings bench-lora bench-import bench-tensor bench-tensor-latency bench-loop-stalls bench-console bench-shadow
+.PHONY: help setup browser promtool up test test-unit test-integration test-e2e test-deploy lint bench-cold-start bench-embeddings bench-lora bench-import bench-tensor bench-tensor-latency bench-loop-stalls bench-console bench-shadow bench-tracing
 
 help: ## List the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-18s %s\n", $$1, $$2}'
@@ -66,7 +66,7 @@ bench-lora: setup ## Chat with three LoRA adapters and the base model mixed vs t
 bench-import: setup ## Import time of the SmolLM2 GGUF, and serving it imported vs bundled (docs/benchmarks.md)
 	$(PY) bench/import_model.py --rounds 4 --duration 20
 
-bench-tracing: setup ## Embeddings throughput, tracing off and on at 1%, vs the build before tracing (docs/benchmarks.md)
+bench-tracing: setup ## Embeddings throughput, tracing off and on at 1%, vs HEAD with tracing compiled out (docs/benchmarks.md)
 	$(PY) bench/tracing.py --rounds 6
 
 bench-shadow: setup ## Client latency p99 with shadow traffic at 20% on vs off, same run (docs/benchmarks.md)

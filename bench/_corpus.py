@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import random
 
 # Common function words weighted in by repetition, plus content words of every length and a few
@@ -68,3 +69,11 @@ def sentences(count: int, seed: int = 1234, min_words: int = 8, max_words: int =
         words[0] = words[0][:1].upper() + words[0][1:]
         out.append(" ".join(words) + rng.choice(_ENDINGS))
     return out
+
+
+def embedding_bodies(model: str, texts: list[str]) -> list[bytes]:
+    """One ``/v1/embeddings`` request body per text (base64 vectors, the benches' format)."""
+    return [
+        json.dumps({"model": model, "input": t, "encoding_format": "base64"}).encode()
+        for t in texts
+    ]

@@ -43,23 +43,25 @@ def stop_tree(proc: subprocess.Popen[bytes] | None, owned: list[psutil.Process])
             p.kill()
 
 
-def _register_as(env: dict[str, str], data_dir: Path, model_dir: Path) -> str:
+def register_as(env: dict[str, str], data_dir: Path, model_dir: Path,
+                version: str = "bench") -> str:  # fmt: skip
     """``register_model`` in a child with ``env``: the code that will serve (a ``PYTHONPATH``
     baseline included) migrates the database, so its ``kiln up`` finds a schema it knows."""
     code = ("import asyncio, sys; from pathlib import Path; sys.path.insert(0, sys.argv[1]);"
             " from _kiln import register_model; a, b = Path(sys.argv[2]), Path(sys.argv[3]);"
-            " print(asyncio.run(register_model(a, b)))")  # fmt: skip
+            " print(asyncio.run(register_model(a, b, sys.argv[4])))")  # fmt: skip
     here = str(Path(__file__).resolve().parent)
-    out = subprocess.run([sys.executable, "-c", code, here, str(data_dir), str(model_dir)],
-                         env=env, capture_output=True, text=True, timeout=300,
+    out = subprocess.run([sys.executable, "-c", code, here, str(data_dir), str(model_dir),
+                          version], env=env, capture_output=True, text=True, timeout=300,
                          check=False)  # fmt: skip
     if out.returncode:
         raise RuntimeError(f"registering {model_dir} failed:\n{out.stderr}")
     return out.stdout.strip().splitlines()[-1]
 
 
-async def register_model(data_dir: Path, model_dir: Path) -> str:
-    """Register a built model folder in a data directory's database; returns its name."""
+async def register_model(data_dir: Path, model_dir: Path, version: str = "bench") -> str:
+    """Register a built model folder in a data directory's database as ``version``; returns
+    its name."""
     from kiln_platform.db.database import open_database
     from kiln_platform.registry.services import register_version
     from kiln_platform.settings import Settings
@@ -70,7 +72,7 @@ async def register_model(data_dir: Path, model_dir: Path) -> str:
     manifest = msgspec.json.decode((model_dir / "kiln.json").read_bytes(), type=ModelManifest)
     digest = ArtifactStore(settings.store_dir).put_dir(model_dir)
     async with open_database(settings) as db, db.sessions.begin() as session:
-        await register_version(session, manifest, "bench", digest)
+        await register_version(session, manifest, version, digest)
     return manifest.name
 
 
@@ -96,7 +98,7 @@ class Kiln:
         env.update(extra_env or {})
         kiln = cls(data_dir, env)
         try:
-            kiln.model = _register_as(env, data_dir, model_dir)
+            kiln.model = register_as(env, data_dir, model_dir)
             kiln.cli("tenants", "create", "bench")
             kiln.key = kiln.cli("keys", "create", "--tenant", "bench").strip().splitlines()[-1]
             port = free_port()

@@ -9,14 +9,13 @@ with ``KILN_METERING=0``, at the same concurrency, alternating between the two o
 from __future__ import annotations
 
 import asyncio
-import json
 import statistics
 import sys
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _corpus import sentences
+from _corpus import embedding_bodies, sentences
 from _kiln import Kiln
 from embeddings import measure_kiln
 
@@ -52,11 +51,7 @@ def metering_ratio(
         for r in range(rounds):
             for name in ("on", "off") if r % 2 == 0 else ("off", "on"):
                 kiln = kilns[name]
-                bodies = [
-                    json.dumps({"model": kiln.model, "input": s, "encoding_format": "base64"})
-                    .encode()
-                    for s in corpus
-                ]  # fmt: skip
+                bodies = embedding_bodies(kiln.model, corpus)
                 result = measure_kiln(bodies, concurrency, warmup=2.0, duration=seconds, kiln=kiln)
                 rates[name].append(result.per_s)
                 print(f"  metering {name:>3}, round {r + 1}: {result.per_s:.1f} req/s "

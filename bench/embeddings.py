@@ -43,7 +43,7 @@ from tokenizers import Tokenizer
 from kiln_runtimes.backends._padding import partition
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _corpus import sentences
+from _corpus import embedding_bodies, sentences
 from _kiln import CpuMeter, Kiln
 
 if TYPE_CHECKING:
@@ -377,10 +377,7 @@ def main(argv: list[str] | None = None) -> None:
     try:
         print(f"kiln serving at {kiln.base_url}; pids {kiln.pids()}", flush=True)
         check_same_vectors(kiln, direct, corpus)
-        bodies = [
-            json.dumps({"model": kiln.model, "input": s, "encoding_format": "base64"}).encode()
-            for s in corpus
-        ]
+        bodies = embedding_bodies(kiln.model, corpus)
         measurements: dict[str, list[Callable[..., Result]]] = {"direct": [], "kiln": []}
         for b in args.batch_sizes:
             measurements["direct"].append(partial(direct.measure, corpus, b, partitioned=False))

@@ -8,9 +8,9 @@ shadow stays configured throughout, so the candidate's worker runs in both setti
 ``--percent 0`` (nothing copied), ``on`` is ``--percent 20``. Each round measures both at one
 concurrency (one sentence per request, a closed loop of aiohttp senders: ``bench/embeddings.py``'s
 load), rotating their order, so drifts of a shared machine fall on both. Prints medians over
-rounds, the ratio on/off of the p99 (goal <= 1.05), the share of requests actually copied in each
-``on`` setting (copies are dropped while the primary or the candidate is busy) and the gateway's
-shadow report.
+rounds, the median of the rounds' paired p99 ratios on/off (goal <= 1.05;
+``_ratios.verdict``), the share of requests actually copied in each ``on`` setting (copies are
+dropped while the primary or the candidate is busy) and the gateway's shadow report.
 
     python bench/shadow.py            # 6 rounds of 10 s per setting, ~3 minutes
 """
@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -28,32 +27,14 @@ from pathlib import Path
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _corpus import sentences
-from _kiln import Kiln
+from _corpus import embedding_bodies, sentences
+from _kiln import Kiln, register_as
+from _ratios import verdict
 from embeddings import Result, _asdict, _model_dir, measure_kiln
 
 SETTINGS = {"off": 0, "on": 20}
 GOAL = 1.05
 CANDIDATE = "candidate"
-_REGISTER = """
-import asyncio, sys
-from pathlib import Path
-import msgspec
-from kiln_platform.db.database import open_database
-from kiln_platform.registry.services import register_version
-from kiln_platform.settings import Settings
-from kiln_runtimes.protocol import ModelManifest
-from kiln_runtimes.store import ArtifactStore
-
-async def main(data_dir, model_dir, version):
-    settings = Settings(data_dir=data_dir)
-    manifest = msgspec.json.decode((model_dir / "kiln.json").read_bytes(), type=ModelManifest)
-    digest = ArtifactStore(settings.store_dir).put_dir(model_dir)
-    async with open_database(settings) as db, db.sessions.begin() as session:
-        await register_version(session, manifest, version, digest)
-
-asyncio.run(main(Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3]))
-"""
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -74,8 +55,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def _with_candidate(kiln: Kiln, model_dir: Path) -> None:
     """Register the candidate, keep ``bench`` answering (a route), start the candidate's
     worker (the shadow, copying nothing yet) and wait until it serves."""
-    subprocess.run([sys.executable, "-c", _REGISTER, str(kiln.data_dir), str(model_dir),
-                    CANDIDATE], env=kiln.env, check=True, timeout=300)  # fmt: skip
+    register_as(kiln.env, kiln.data_dir, model_dir, CANDIDATE)
     kiln.cli("models", "route", kiln.model, "--stable", "bench")
     _set(kiln, 0)
     model = kiln.model
@@ -111,11 +91,7 @@ def _copies(kiln: Kiln) -> tuple[float, float]:
 
 
 def _measure(args: argparse.Namespace, kiln: Kiln) -> list[dict[str, Result]]:
-    corpus = sentences(args.corpus, seed=args.seed)
-    bodies = [
-        json.dumps({"model": kiln.model, "input": s, "encoding_format": "base64"}).encode()
-        for s in corpus
-    ]
+    bodies = embedding_bodies(kiln.model, sentences(args.corpus, seed=args.seed))
     names = list(SETTINGS)
     rounds = []
     copies: list[tuple[float, float]] = []
@@ -149,19 +125,15 @@ def _share(sent: float, dropped: float, percent: int) -> str:
 
 
 def report(rounds: list[dict[str, Result]]) -> float:
-    """Print the medians and the p99 ratio on/off; returns the ratio."""
-    p99 = {name: statistics.median(r[name].p99_ms for r in rounds) for name in SETTINGS}
+    """Print the medians and the median of the rounds' p99 ratios on/off; returns it."""
     for name in SETTINGS:
         rate = statistics.median(r[name].per_s for r in rounds)
         p50 = statistics.median(r[name].p50_ms for r in rounds)
+        p99 = statistics.median(r[name].p99_ms for r in rounds)
         print(f"{name:<4} median {rate:7.1f} sentences/s  p50 {p50:6.1f} ms"
-              f"  p99 {p99[name]:6.1f} ms")  # fmt: skip
-    ratio = p99["on"] / p99["off"]
+              f"  p99 {p99:6.1f} ms")  # fmt: skip
     per_round = [r["on"].p99_ms / r["off"].p99_ms for r in rounds]
-    verdict = "met" if ratio <= GOAL else "NOT met"
-    print(f"p99 ratio on/off: {ratio:.3f} (rounds {min(per_round):.3f}-{max(per_round):.3f};"
-          f" goal <= {GOAL}: {verdict})")  # fmt: skip
-    return ratio
+    return verdict("p99 ratio on/off", per_round, GOAL, higher_is_better=False)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import itertools
-import json
 import re
 import statistics
 import sys
@@ -28,7 +27,7 @@ from pathlib import Path
 import aiohttp
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _corpus import sentences
+from _corpus import embedding_bodies, sentences
 from _kiln import CpuMeter, Kiln
 from embeddings import _load, _model_dir, _ms
 
@@ -96,8 +95,7 @@ def main() -> None:
     try:
         kiln.cli("users", "create", "--email", EMAIL, "--role", "platform-admin",
                  "--password", PASSWORD)  # fmt: skip
-        bodies = [json.dumps({"model": kiln.model, "input": s, "encoding_format": "base64"})
-                  .encode() for s in sentences(200)]  # fmt: skip
+        bodies = embedding_bodies(kiln.model, sentences(200))
         p99: dict[bool, list[float]] = {False: [], True: []}
         p50: dict[bool, list[float]] = {False: [], True: []}
         waits: list[float] = []  # the real user's sign-ins during the floods

@@ -41,8 +41,9 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _corpus import sentences
+from _corpus import embedding_bodies, sentences
 from _kiln import Kiln, cpu_seconds
+from _ratios import verdict
 from embeddings import Result, _asdict, _load, _model_dir, _run, measure_kiln
 
 REPO = Path(__file__).resolve().parents[1]
@@ -187,11 +188,7 @@ def _tracing_share(path: Path) -> tuple[int, int]:
 
 def _measure(args: argparse.Namespace, kilns: dict[str, Kiln]) -> list[dict[str, Sample]]:
     corpus = sentences(args.corpus, seed=args.seed)
-    model = kilns["off"].model
-    bodies = [
-        json.dumps({"model": model, "input": s, "encoding_format": "base64"}).encode()
-        for s in corpus
-    ]
+    bodies = embedding_bodies(kilns["off"].model, corpus)
     rounds = []
     for n in range(args.rounds):
         order = SYSTEMS[n % 3 :] + SYSTEMS[: n % 3]
@@ -224,10 +221,7 @@ def report(rounds: list[dict[str, Sample]]) -> dict[str, float]:
     ratios = {}
     for name, goal in GOALS.items():
         per_round = [r[name].result.per_s / r["baseline"].result.per_s for r in rounds]
-        ratios[name] = statistics.median(per_round)
-        verdict = "met" if ratios[name] >= goal else "NOT met"
-        print(f"ratio {name}/baseline: {ratios[name]:.3f} (rounds {min(per_round):.3f}-"
-              f"{max(per_round):.3f}; goal >= {goal}: {verdict})")  # fmt: skip
+        ratios[name] = verdict(f"ratio {name}/baseline", per_round, goal, higher_is_better=True)
         cpu_ratios = [r["baseline"].cpu_ms / r[name].cpu_ms for r in rounds]
         print(f"  CPU per sentence, baseline/{name}: {statistics.median(cpu_ratios):.3f}"
               f" (rounds {min(cpu_ratios):.3f}-{max(cpu_ratios):.3f})")  # fmt: skip

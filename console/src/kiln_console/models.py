@@ -195,8 +195,7 @@ async def _context(
         context["engines"] = await versions.engine_settings(session, viewer.actor)
         context["releases"] = await versions.releases(session, viewer.actor)
         if viewer.may_change(shadows.RESOURCE):  # a report spans every tenant's requests
-            live = [s.report(kiln.shadows.gateway) for s in kiln.shadows.stats.values()]
-            context["shadows"] = await shadows.views(session, viewer.actor, live)
+            context["shadows"] = await shadows.views(session, viewer.actor, kiln.shadows.reports())
     return context
 
 

@@ -11,7 +11,7 @@ import pytest
 
 from kiln_platform.scheduler.core import PoolScheduler, SchedulerConfig
 from kiln_platform.scheduler.policy import PolicyConfig, PoolQueue
-from kiln_platform.scheduler.schemas import Credit
+from kiln_platform.scheduler.schemas import Credit, Priority
 
 if TYPE_CHECKING:
     from tests.unit.scheduler.conftest import MakeRequest
@@ -197,3 +197,13 @@ def test_two_saturating_tenants_keep_their_shares(
     assert used == 0  # backlogged: neither ever qualifies
     assert with_express == without
     assert Counter(with_express)["a"] / len(with_express) == pytest.approx(0.75, abs=0.01)
+
+
+def test_a_batch_priority_tenant_is_never_sent_express(make_request: MakeRequest) -> None:
+    queue = PoolQueue()
+    job = make_request("jobs", priority=Priority.BATCH)
+    queue.push(job)
+    assert queue.next_dispatch(0.0, full("w"), busy=set()) == ([], [])
+    assert len(queue) == 1  # the spare credit is for interactive work alone
+    sent, _ = queue.next_dispatch(0.0, [Credit("w", 1, express=1)], busy=set())
+    assert [(d.request, d.express) for d in sent] == [(job, False)]

@@ -259,11 +259,8 @@ class PoolQueue:
         else:
             # interactive only: batch work (async jobs, shadow copies) never jumps the worker's
             # queue nor stops its batches
-            eligible: dict[Priority, list[str]] = {
-                p: self._express(p, busy) for p in self._flows if p is Priority.INTERACTIVE
-            }
-            priority = self._classes.pick(p for p, ts in eligible.items() if ts)
-            tenants = () if priority is None else eligible[priority]
+            tenants = self._express(Priority.INTERACTIVE, busy)
+            priority = Priority.INTERACTIVE if tenants else None
         if priority is None:
             return None
         flows = self._flows[priority]

@@ -17,7 +17,7 @@ class ShadowController(AdminController):
     @get("/models/{name:str}/shadow")
     async def get_shadow(self, call: CallDep, name: str) -> ShadowView:
         """The candidate, its share, and every gateway's comparison (this one's live)."""
-        live = [s.report(call.kiln.shadows.gateway) for s in call.kiln.shadows.stats.values()]
+        live = call.kiln.shadows.reports()
         return await services.view(await call.session(), call.actor, name, live)
 
     @put("/models/{name:str}/shadow")

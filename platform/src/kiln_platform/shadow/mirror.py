@@ -5,13 +5,16 @@ A copy skips the tenant's admission altogether (no quota, budget or ledger row):
 in the candidate's pool as the ``shadow`` tenant at batch priority, and only when both the
 primary's pool and the candidate's are idle enough (``policy.drop_reason``); otherwise it is
 dropped and counted. It starts after the primary's answer is in hand, as a task of its own, so
-the response, its headers and its latency do not wait for it.
+the response, its headers and its latency do not wait for it. The task runs in a context of its
+own, not the primary request's: its dispatch must not write the primary's ``Server-Timing``,
+join its trace or log under its request id (its logs carry the copy's id instead).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import os
 import socket
 import time
@@ -40,6 +43,7 @@ if TYPE_CHECKING:
     from kiln_platform.pools.services import PoolManager
     from kiln_platform.registry.resolver import Resolver
     from kiln_platform.registry.services import ResolvedVersion
+    from kiln_platform.shadow.schemas import ShadowReport
     from kiln_runtimes.protocol import InferResult, Tensor
 
 log = structlog.get_logger("kiln.shadow")
@@ -116,7 +120,7 @@ class Mirror:
             vectors = np.frombuffer(result.data, "<f4").reshape(len(ids), result.dimensions)
             return policy.compare_embeddings(primary, vectors)
 
-        self._send(plan, run, took_s)
+        self._send(plan, request.request_id, run, took_s)
 
     def infer(self, plan: Plan, message: InferRequest, primary: InferResult, rows: int,
               took_s: float) -> None:  # fmt: skip
@@ -127,7 +131,7 @@ class Mirror:
             result = await self._workers.infer(plan.candidate.pool, request, self._terms, rows)
             return policy.compare_tensors(_arrays(primary.outputs), _arrays(result.outputs))
 
-        self._send(plan, run, took_s)
+        self._send(plan, request.request_id, run, took_s)
 
     def generate(self, plan: Plan, request: GenerateRequest, tokens: list[int],
                  took_s: float) -> None:  # fmt: skip
@@ -136,9 +140,7 @@ class Mirror:
         if request.temperature != 0 or not tokens:
             plan.stats.skip()
             return
-        copy = msgspec.structs.replace(
-            request, request_id=_copy_id(plan), max_tokens=len(tokens), express=False
-        )
+        copy = msgspec.structs.replace(request, request_id=_copy_id(plan), max_tokens=len(tokens))
 
         async def run() -> Agreement:
             made: list[int] = []
@@ -146,9 +148,10 @@ class Mirror:
                 made.extend(chunk.token_ids)
             return policy.compare_tokens(tokens, made)
 
-        self._send(plan, run, took_s)
+        self._send(plan, copy.request_id, run, took_s)
 
-    def _send(self, plan: Plan, run: Callable[[], Awaitable[Agreement]], took_s: float) -> None:
+    def _send(self, plan: Plan, copy_id: str, run: Callable[[], Awaitable[Agreement]],
+              took_s: float) -> None:  # fmt: skip
         stats, pool = plan.stats, plan.candidate.pool
         slots, in_flight, queued = self._pools.load(pool)
         _, _, primary_queued = self._pools.load(plan.primary)
@@ -161,13 +164,15 @@ class Mirror:
             return
         stats.sent()
         MIRRORED.labels(stats.model, stats.candidate).inc()
-        task = asyncio.get_running_loop().create_task(self._copy(stats, run, took_s))
+        task = asyncio.get_running_loop().create_task(
+            self._copy(stats, copy_id, run, took_s), context=contextvars.Context()
+        )
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    async def _copy(
-        self, stats: ShadowStats, run: Callable[[], Awaitable[Agreement]], took_s: float
-    ) -> None:
+    async def _copy(self, stats: ShadowStats, copy_id: str,
+                    run: Callable[[], Awaitable[Agreement]], took_s: float) -> None:  # fmt: skip
+        structlog.contextvars.bind_contextvars(request_id=copy_id)  # this task's context only
         started = time.perf_counter()
         try:
             found = await run()
@@ -194,15 +199,25 @@ class Mirror:
             except Exception:  # the next round tries again
                 log.exception("saving shadow reports failed")
 
+    def reports(self) -> list[ShadowReport]:
+        """This gateway's live reports, one per (model, candidate)."""
+        return [s.report(self.gateway) for s in self.stats.values()]
+
     async def save(self, sessions: async_sessionmaker[AsyncSession]) -> None:
-        """Persist the reports with news since the last save."""
+        """Persist this gateway's reports if any has news since the last save (all of them: an
+        idle pair's row stays fresh while its gateway lives, ``services.STALE_AFTER``)."""
         changed = [s for s in self.stats.values() if s.changed]
         if not changed:
             return
-        for s in changed:
+        for s in changed:  # before the write: a copy recorded meanwhile marks it again
             s.changed = False
-        async with sessions.begin() as session:
-            await persist(session, [s.report(self.gateway) for s in changed])
+        try:
+            async with sessions.begin() as session:
+                await persist(session, self.reports())
+        except BaseException:  # not written: the next round writes them
+            for s in changed:
+                s.changed = True
+            raise
 
     async def stop(self) -> None:
         """Stop saving (a last save first) and cancel the copies in flight (at shutdown)."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Annotated
 
 import msgspec
@@ -25,7 +26,8 @@ class ShadowReport(msgspec.Struct, kw_only=True):
     mirrored: int = 0
     """Copies sent to the candidate."""
     dropped: dict[str, int] = {}
-    """Copies not sent, by reason (``not_ready``, ``queued``, ``busy``, ``bound``)."""
+    """Copies not sent, by reason (``not_ready``, ``queued``, ``busy``, ``bound``,
+    ``primary_queued``, ``primary_busy``: ``policy.Drop``)."""
     failed: int = 0
     """Copies the candidate answered with an error (or not in time)."""
     not_comparable: int = 0
@@ -37,11 +39,15 @@ class ShadowReport(msgspec.Struct, kw_only=True):
     cosine_min: float | None = None
     max_abs_diff: float | None = None
     primary_p50_ms: float | None = None
+    """The primary's time: its worker call; for a generation, from its start to its commit,
+    the client's reading of the stream included (not comparable with the copy's)."""
     primary_p99_ms: float | None = None
     shadow_p50_ms: float | None = None
     shadow_p99_ms: float | None = None
     shadow_error_rate: float | None = None
     """``failed / mirrored``; the primary answers compared are successful ones."""
+    updated_at: datetime | None = None
+    """When its gateway last wrote it (None: the live report of the gateway answering)."""
 
 
 class ShadowView(msgspec.Struct, kw_only=True):

@@ -3,11 +3,14 @@ persistence.
 
 Platform-admin only (resource ``model-shadows``) and audited (``model.shadow``). Gateways read
 the config from the Resolver's in-memory catalog: this one at once after the commit, others
-within their 2 s refresh. Each gateway writes its own report every few seconds.
+within their 2 s refresh. Each gateway writes its own report every few seconds; a report not
+written for ``STALE_AFTER`` is a gone gateway's (its key is host and process: each restart adds
+one), ignored when read and deleted by the next save.
 """
 
 from __future__ import annotations
 
+from datetime import timedelta
 from typing import TYPE_CHECKING
 
 import msgspec
@@ -18,19 +21,23 @@ from kiln_platform.admin.authz import require
 from kiln_platform.audit.services import record
 from kiln_platform.db import after_commit
 from kiln_platform.db.tables import Model
+from kiln_platform.registry.resolver import load_shadows
 from kiln_platform.registry.services import find_model, version_state
 from kiln_platform.shadow.schemas import ShadowReport, ShadowUpdate, ShadowView
 from kiln_platform.shadow.tables import ModelShadow
 from kiln_platform.shadow.tables import ShadowReport as ReportRow
 
 if TYPE_CHECKING:
-    from collections.abc import Awaitable, Callable, Sequence
+    from collections.abc import Awaitable, Callable, Iterable, Sequence
 
+    from sqlalchemy import ColumnElement, Select
     from sqlalchemy.ext.asyncio import AsyncSession
 
     from kiln_platform.admin.authz import Actor
 
 RESOURCE = "model-shadows"
+STALE_AFTER = timedelta(hours=1)
+"""A report not written for this long is a gone gateway's (a live one writes every few s)."""
 
 
 async def view(
@@ -41,17 +48,8 @@ async def view(
     require(actor, RESOURCE)
     model = await find_model(session, name)
     row = await session.get(ModelShadow, model.id)
-    mine: dict[tuple[str, str], ShadowReport | None] = {
-        (r.candidate, r.gateway): r for r in live if r.model == name
-    }
-    stored = await session.scalars(
-        select(ReportRow).where(ReportRow.model_id == model.id).order_by(ReportRow.candidate)
-    )
-    reports = [
-        mine.pop((r.candidate, r.gateway), None) or msgspec.convert(r.report, ShadowReport)
-        for r in stored
-    ]
-    reports.extend(r for r in mine.values() if r is not None)
+    stored = await session.execute(_report_rows().where(ReportRow.model_id == model.id))
+    reports = _merge(stored.tuples(), live).get(name, [])
     if row is None:
         return ShadowView(model=name, reports=reports)
     return ShadowView(model=name, version=row.version, percent=row.percent, reports=reports)
@@ -63,24 +61,36 @@ async def views(
     """Every model with a shadow or a report, by name (two queries; the console's Models
     page)."""
     require(actor, RESOURCE)
-    found: dict[str, ShadowView] = {}
-    for name, config in await session.execute(
-        select(Model.name, ModelShadow).join(ModelShadow, ModelShadow.model_id == Model.id)
-    ):
-        found[name] = ShadowView(model=name, version=config.version, percent=config.percent)
-    mine: dict[tuple[str, str, str], ShadowReport | None] = {
-        (r.model, r.candidate, r.gateway): r for r in live
+    found = {
+        name: ShadowView(model=name, version=shadow.version, percent=shadow.percent)
+        for name, shadow in (await load_shadows(session)).items()
     }
-    for name, stored in await session.execute(
+    stored = await session.execute(_report_rows())
+    for name, reports in _merge(stored.tuples(), live).items():
+        found.setdefault(name, ShadowView(model=name)).reports = reports
+    return found
+
+
+def _report_rows() -> Select[str, ReportRow]:
+    """The fresh reports with their model's name, by model and candidate."""
+    return (
         select(Model.name, ReportRow).join(ReportRow, ReportRow.model_id == Model.id)
-        .order_by(Model.name, ReportRow.candidate)
-    ):  # fmt: skip
-        report = mine.pop((name, stored.candidate, stored.gateway), None)
-        view = found.setdefault(name, ShadowView(model=name))
-        view.reports.append(report or msgspec.convert(stored.report, ShadowReport))
+        .where(_fresh()).order_by(Model.name, ReportRow.candidate)
+    )  # fmt: skip
+
+
+def _merge(
+    rows: Iterable[tuple[str, ReportRow]], live: Sequence[ShadowReport]
+) -> dict[str, list[ShadowReport]]:
+    """The stored reports by model name, a ``live`` one in place of its own gateway's row (it is
+    fresher); live ones not stored yet come last."""
+    mine = {(r.model, r.candidate, r.gateway): r for r in live}
+    found: dict[str, list[ShadowReport]] = {}
+    for name, row in rows:
+        report = mine.pop((name, row.candidate, row.gateway), None) or _stored(row)
+        found.setdefault(name, []).append(report)
     for left in mine.values():
-        if left is not None:
-            found.setdefault(left.model, ShadowView(model=left.model)).reports.append(left)
+        found.setdefault(left.model, []).append(left)
     return found
 
 
@@ -123,7 +133,9 @@ async def delete_shadow(
 
 
 async def persist(session: AsyncSession, reports: Sequence[ShadowReport]) -> None:
-    """Write a gateway's reports (one row per model, candidate and gateway)."""
+    """Write a gateway's reports (one row per model, candidate and gateway); delete the stale
+    ones (gone gateways')."""
+    await session.execute(delete(ReportRow).where(~_fresh()))
     for r in reports:
         model_id = select(Model.id).where(Model.name == r.model).scalar_subquery()
         body = msgspec.json.decode(msgspec.json.encode(r))  # an infinite diff becomes null
@@ -133,3 +145,13 @@ async def persist(session: AsyncSession, reports: Sequence[ShadowReport]) -> Non
             .on_conflict_do_update(index_elements=["model_id", "candidate", "gateway"],
                                    set_={"report": body, "updated_at": func.now()})
         )  # fmt: skip
+
+
+def _fresh() -> ColumnElement[bool]:
+    return ReportRow.updated_at > func.now() - STALE_AFTER
+
+
+def _stored(row: ReportRow) -> ShadowReport:
+    return msgspec.structs.replace(
+        msgspec.convert(row.report, ShadowReport), updated_at=row.updated_at
+    )

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import uuid
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 import msgspec
 import pytest
 from pydantic import SecretStr
+from sqlalchemy import func, select, update
 
 from kiln_platform.admin.authz import Actor, Role
 from kiln_platform.registry import aliases, rollouts, versions
@@ -19,6 +20,7 @@ from kiln_platform.registry.tables import ModelRollout
 from kiln_platform.settings import Settings
 from kiln_platform.shadow import services as shadows
 from kiln_platform.shadow.schemas import ShadowReport, ShadowUpdate
+from kiln_platform.shadow.tables import ShadowReport as ShadowReportRow
 from kiln_runtimes.protocol import ModelManifest
 
 from .conftest import App
@@ -141,10 +143,40 @@ async def test_platform_admins_see_the_shadow_comparison(app: App, model: str) -
     assert "20 % of requests copied to version" in page
     assert '<td class="agreement">97.5 %</td>' in page
     assert '<td class="mirrored">41</td>' in page
+    assert '<td class="updated">20' in page  # when gw-a last wrote it
     tenant = await app.tenant()
     async with app.signed_in(await app.user("tenant-admin", tenant)) as (http, _):
         page = (await http.get("/console/models")).text
     assert 'class="shadow"' not in page  # a report spans every tenant's requests
+
+
+async def test_a_gone_gateways_report_is_not_listed_and_is_deleted(app: App, model: str) -> None:
+    cli = Actor("cli:test", Role.PLATFORM_ADMIN, None)
+    gone = ShadowReport(model=model, candidate="2", gateway="gw-gone:1", mirrored=7)
+    async with app.kiln.db.sessions.begin() as session:
+        await shadows.persist(session, [gone, msgspec.structs.replace(gone, gateway="gw-up:2")])
+        await session.execute(
+            update(ShadowReportRow).where(ShadowReportRow.gateway == "gw-gone:1")
+            .values(updated_at=func.now() - timedelta(hours=2))
+        )  # fmt: skip
+    async with app.kiln.db.sessions() as session:
+        view = await shadows.view(session, cli, model)
+        listed = await shadows.views(session, cli)
+    assert "gw-gone:1" not in {r.gateway for r in view.reports}
+    assert "gw-gone:1" not in {r.gateway for r in listed[model].reports}
+    (up,) = [r for r in view.reports if r.gateway == "gw-up:2"]
+    live = [msgspec.structs.replace(gone, gateway="gw-up:2", mirrored=99)]
+    async with app.kiln.db.sessions() as session:  # this gateway's live report replaces its row
+        merged = await shadows.views(session, cli, live)
+    assert [r.mirrored for r in merged[model].reports if r.gateway == "gw-up:2"] == [99]
+    assert up.updated_at is not None
+    assert up.updated_at > datetime.now(UTC) - timedelta(minutes=5)
+    async with app.kiln.db.sessions.begin() as session:
+        await shadows.persist(session, [msgspec.structs.replace(gone, gateway="gw-up:2")])
+        left = await session.scalars(
+            select(ShadowReportRow.gateway).where(ShadowReportRow.gateway.like("gw-%:_"))
+        )
+        assert set(left) == {"gw-up:2"}
 
 
 async def test_a_rollouts_step_and_decisions_on_the_models_fold(app: App) -> None:

@@ -1,0 +1,89 @@
+"""The Mirror's copies: run apart from the primary request (its Server-Timing and log context),
+and reports kept for the next save when one fails."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from types import SimpleNamespace
+from typing import TYPE_CHECKING, Any, cast
+
+import numpy as np
+import pytest
+import structlog
+
+from kiln_platform import observability
+from kiln_platform.shadow.mirror import Mirror, Plan
+from kiln_platform.shadow.stats import ShadowStats
+from kiln_runtimes.protocol import EmbedRequest, EmbedResult
+
+if TYPE_CHECKING:
+    from collections.abc import AsyncIterator
+
+pytestmark = pytest.mark.unit
+
+
+class _Pools:
+    def load(self, pool: str) -> tuple[int, int, int]:
+        return 2, 0, 0
+
+
+class _Workers:
+    def __init__(self) -> None:
+        self.seen: dict[str, Any] = {}
+
+    async def embed(self, pool: str, request: EmbedRequest, terms: object) -> EmbedResult:
+        self.seen = structlog.contextvars.get_contextvars()
+        observability.timing("compute", 999.0)  # what dispatch reports for the copy
+        data = np.ones((1, 2), "<f4").tobytes()
+        return EmbedResult(
+            request_id=request.request_id, dimensions=2, data=data, queue_ms=0.0, compute_ms=999.0
+        )
+
+
+def _mirror(workers: object) -> Mirror:
+    return Mirror(cast(Any, None), cast(Any, _Pools()), cast(Any, workers), timeout_s=1.0)
+
+
+def _plan() -> Plan:
+    candidate = SimpleNamespace(pool="candidate-pool", version="v2")
+    return Plan(cast(Any, candidate), ShadowStats("m", "v2"), "primary-pool")
+
+
+async def test_a_copy_runs_outside_the_primary_requests_context() -> None:
+    workers = _Workers()
+    mirror = _mirror(workers)
+    timings = {"compute": 5.0}
+    observability._timings.set(timings)  # the primary's Server-Timing, as the middleware sets
+    structlog.contextvars.bind_contextvars(request_id="req_primary")
+    try:
+        mirror.embed(_plan(), [[1, 2]], np.ones((1, 2), "<f4"), took_s=0.01)
+        await asyncio.gather(*mirror._tasks)
+    finally:
+        structlog.contextvars.unbind_contextvars("request_id")
+    assert timings == {"compute": 5.0}
+    assert str(workers.seen["request_id"]).startswith("shadow_")
+
+
+class _FailingSessions:
+    """A session maker whose transaction fails to commit."""
+
+    @contextlib.asynccontextmanager
+    async def begin(self) -> AsyncIterator[object]:
+        yield SimpleNamespace()
+        raise ConnectionError("the database went away")
+
+
+async def test_a_failed_save_keeps_the_reports_for_the_next_round(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    async def persist(session: object, reports: object) -> None:
+        return None
+
+    monkeypatch.setattr("kiln_platform.shadow.mirror.persist", persist)
+    mirror = _mirror(_Workers())
+    stats = mirror.stats.setdefault(("m", "v2"), ShadowStats("m", "v2"))
+    stats.sent()
+    with pytest.raises(ConnectionError):
+        await mirror.save(cast(Any, _FailingSessions()))
+    assert stats.changed
