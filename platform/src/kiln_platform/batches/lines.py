@@ -14,7 +14,6 @@ from sqlalchemy.dialects.postgresql import insert as pg_insert
 
 from kiln_platform.admission.services import Admissions
 from kiln_platform.batches.tables import BatchLine
-from kiln_platform.billing import ledger
 from kiln_platform.errors import (
     BadRequest,
     Conflict,
@@ -140,11 +139,10 @@ async def record(kiln: Kiln, line: Line, outcome: Outcome) -> bool:
         stmt = pg_insert(BatchLine).values(row).on_conflict_do_nothing().returning(BatchLine.line)
         first = await session.scalar(stmt) is not None
         if first and outcome.usage is not None:
-            inserted = await ledger.write(session, [outcome.usage], await kiln.books.all())
+            inserted = await kiln.ledger.write_in(session, [outcome.usage])
     if not first:
         if outcome.usage is None or outcome.usage.held:
             await kiln.budgets.release(line.request_id)
         return False
-    if inserted and kiln.ledger.rollups is not None:
-        kiln.ledger.rollups.add(inserted)
+    kiln.ledger.counted(inserted)
     return True
