@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from contextlib import aclosing
-from datetime import UTC, date, datetime
+from datetime import UTC, date, datetime, timedelta
 from typing import Any
 
 from litestar import Controller, get
@@ -36,8 +36,26 @@ async def spend(kiln: Any, viewer: Viewer, start: str, end: str) -> tuple[Spend,
         async for row in rows:
             currency, micros = row["BillingCurrency"], row["x_BilledCostMicros"]
             by_tenant[currency][row["BillingAccountName"]] += micros
-            by_day[currency][row["ChargePeriodStart"][:10]] += micros
+            by_day[currency][day_label(row)] += micros
     return _plain(by_tenant), _plain(by_day)
+
+
+def day_label(row: dict[str, Any]) -> str:
+    """``YYYY-MM-DD`` of a row's charge day in its tenant's zone.
+
+    The day starts at the tenant's local midnight: for a tenant east of UTC that is an instant on
+    the previous UTC date (after 10:00 UTC, offsets up to +14 h), for one west of it an instant
+    on the same date (before 12:00 UTC, offsets down to -12 h). Between 10:00 and 12:00 either is
+    possible, and the billing period's start says which: east of UTC it is not on the 1st.
+    """
+    start, period = (_instant(row[k]) for k in ("ChargePeriodStart", "BillingPeriodStart"))
+    after = start - start.replace(hour=0, minute=0, second=0, microsecond=0)
+    east = after > timedelta(hours=12) or (after >= timedelta(hours=10) and period.day != 1)
+    return (start.date() + timedelta(days=east)).isoformat()
+
+
+def _instant(value: str) -> datetime:
+    return datetime.fromisoformat(value.replace("Z", "+00:00"))
 
 
 def _plain(sums: Spend) -> Spend:

@@ -9,7 +9,6 @@ from typing import TYPE_CHECKING, Any
 from litestar import Request
 from litestar.di import Provide
 from litestar.params import SkipValidation
-from sqlalchemy import text
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncSession
 
@@ -17,7 +16,7 @@ from kiln_platform.admin.authz import Actor, Role, actor_tenant, check_tenant, r
 from kiln_platform.admin.problems import DocumentedController
 from kiln_platform.context import Kiln
 from kiln_platform.db import after_commit
-from kiln_platform.db.engine import TENANT_CONTEXT, TENANT_ROLE
+from kiln_platform.db.engine import confine
 from kiln_platform.errors import BadRequest, Forbidden, Unauthorized
 from kiln_platform.gateway.auth import verify_bearer
 
@@ -27,7 +26,6 @@ if TYPE_CHECKING:
     from litestar.connection import ASGIConnection
     from litestar.handlers import BaseRouteHandler
 
-APP_ROLE = TENANT_ROLE
 BAD_TEXT = frozenset({"22P05", "22021"})
 """SQLSTATEs of text PostgreSQL cannot store (untranslatable character, e.g. NUL; bad UTF-8)."""
 
@@ -113,8 +111,7 @@ async def _begin(kiln: Kiln, actor: Actor) -> AsyncIterator[AsyncSession]:
     """The actor's transaction; what the services deferred to the commit runs once committed."""
     async with kiln.db.sessions.begin() as session:
         if actor.tenant_id is not None:
-            await session.execute(text(f"SET LOCAL ROLE {APP_ROLE}"))
-            await session.execute(TENANT_CONTEXT, {"t": str(actor.tenant_id)})
+            await confine(session, actor.tenant_id)
         yield session
     await after_commit.run(session)  # the services' cache invalidation, now that it is true
 

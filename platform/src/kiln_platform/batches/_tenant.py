@@ -5,9 +5,7 @@ from __future__ import annotations
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING
 
-from sqlalchemy import text
-
-from kiln_platform.db.engine import TENANT_CONTEXT, TENANT_ROLE
+from kiln_platform.db.engine import confine
 
 if TYPE_CHECKING:
     import uuid
@@ -23,6 +21,5 @@ async def tenant_tx(kiln: Kiln, tenant_id: uuid.UUID) -> AsyncIterator[AsyncSess
     """A transaction as ``kiln_tenant`` with ``kiln.tenant_id`` set: it sees and writes only the
     tenant's rows, even from a query that forgot its filter."""
     async with kiln.db.sessions.begin() as session:
-        await session.execute(text(f"SET LOCAL ROLE {TENANT_ROLE}"))
-        await session.execute(TENANT_CONTEXT, {"t": str(tenant_id)})
+        await confine(session, tenant_id)
         yield session

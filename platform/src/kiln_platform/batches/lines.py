@@ -14,7 +14,6 @@ from sqlalchemy.dialects.postgresql import insert as pg_insert
 
 from kiln_platform.admission.services import Admissions
 from kiln_platform.batches.tables import BatchLine
-from kiln_platform.billing import ledger
 from kiln_platform.errors import (
     BadRequest,
     Conflict,
@@ -131,16 +130,19 @@ async def run(kiln: Kiln, principal: Principal, line: Line, timeout_s: float) ->
 
 async def record(kiln: Kiln, line: Line, outcome: Outcome) -> bool:
     """Write the line's result and its ledger row in one transaction; False if the line was
-    recorded before (its ledger row too: this run's usage is dropped)."""
+    recorded before (its ledger row too: this run's usage is dropped, and its budget hold given
+    back now rather than at the expiry sweep)."""
     row = {"batch_id": line.batch_id, "custom_id": line.custom_id, "tenant_id": line.tenant_id,
            "line": line.n, "ok": outcome.ok, "output": outcome.output}  # fmt: skip
     inserted: list[dict[str, Any]] = []
     async with kiln.db.sessions.begin() as session:
         stmt = pg_insert(BatchLine).values(row).on_conflict_do_nothing().returning(BatchLine.line)
-        if await session.scalar(stmt) is None:
-            return False
-        if outcome.usage is not None:
-            inserted = await ledger.write(session, [outcome.usage], await kiln.books.all())
-    if inserted and kiln.ledger.rollups is not None:
-        kiln.ledger.rollups.add(inserted)
+        first = await session.scalar(stmt) is not None
+        if first and outcome.usage is not None:
+            inserted = await kiln.ledger.write_in(session, [outcome.usage])
+    if not first:
+        if outcome.usage is None or outcome.usage.held:
+            await kiln.budgets.release(line.request_id)
+        return False
+    kiln.ledger.counted(inserted)
     return True

@@ -113,14 +113,21 @@ class BatchRunner:
                 await self._validate(claim)
             running = claim.status in ("in_progress", "cancelling") and not claim.lost
             if running and not await self._run(claim):
-                await self._move(claim, claim.status, (claim.status,), lease_until=None)
-                return  # a line could not be recorded: claimed again at the next poll
+                await self.give_back(claim)
+                return  # a line could not be recorded: claimed again once the lease lapses
             if not claim.lost and claim.status in ("in_progress", "cancelling", "finalizing"):
                 await self._finalize(claim)
         finally:
             keeper.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await keeper
+
+    async def give_back(self, claim: Claim) -> None:
+        """Let the batch go for one lease, so that ``claim`` takes the next open batch: given
+        back free, the oldest batch is claimed again at once and, while its lines keep failing,
+        holds up every batch behind it."""
+        until = func.now() + self._lease
+        await self._move(claim, claim.status, (claim.status,), lease_until=until)
 
     async def _keep(self, claim: Claim) -> None:
         """Renew the lease and read the batch's status (a cancel) every poll."""

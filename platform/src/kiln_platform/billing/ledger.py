@@ -195,7 +195,7 @@ class LedgerWriter:
         enabled: bool = True, retry_s: float = 0.5, rollups: Rollups | None = None,
     ) -> None:  # fmt: skip
         self._sessions = sessions
-        self.rollups = rollups
+        self._rollups = rollups
         """Where the committed rows are counted for the overview (None: nowhere)."""
         self._books = books
         self.enabled = enabled
@@ -232,8 +232,8 @@ class LedgerWriter:
     async def start(self) -> None:
         """Start the flusher (and the rollups' task)."""
         self._task = asyncio.create_task(self._loop(), name="ledger-writer")
-        if self.rollups is not None:
-            await self.rollups.start()
+        if self._rollups is not None:
+            await self._rollups.start()
 
     async def stop(self, grace_s: float = 10.0) -> None:
         """Write what is pending (for up to ``grace_s`` seconds), then stop the flusher."""
@@ -246,8 +246,8 @@ class LedgerWriter:
                 log.error("ledger stopped with unwritten usage", rows=len(self._pending))
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
-        if self.rollups is not None:  # after the last rows: they are counted too
-            await self.rollups.stop()
+        if self._rollups is not None:  # after the last rows: they are counted too
+            await self._rollups.stop()
 
     async def _loop(self) -> None:
         while self._pending or not self._stopping:
@@ -279,12 +279,21 @@ class LedgerWriter:
             self._pending.append(self._failed(row))
             self._wake.set()
 
-    async def _write(self, rows: list[Usage]) -> None:
+    async def write_in(self, session: AsyncSession, rows: list[Usage]) -> list[dict[str, Any]]:
+        """Write usage rows and their charges in the caller's transaction (``write`` at the
+        current prices); the rows inserted, for ``counted`` once it has committed."""
         books = await self._books.all() if self._books is not None else []
+        return await write(session, rows, books)
+
+    def counted(self, inserted: list[dict[str, Any]]) -> None:
+        """Count committed rows in the overview's rollups."""
+        if self._rollups is not None and inserted:
+            self._rollups.add(inserted)
+
+    async def _write(self, rows: list[Usage]) -> None:
         async with self._sessions.begin() as session:
-            inserted = await write(session, rows, books)
-        if self.rollups is not None:
-            self.rollups.add(inserted)
+            inserted = await self.write_in(session, rows)
+        self.counted(inserted)
         for row in rows:
             done = self._waiters.pop(row.request_id, None)
             if done is not None and not done.done():

@@ -23,6 +23,7 @@ from sqlalchemy.orm import Session
 from kiln_platform.sealing import derive
 
 if TYPE_CHECKING:
+    import uuid
     from collections.abc import Iterator
     from pathlib import Path
 
@@ -41,6 +42,13 @@ TENANT_CONTEXT = text(
     "SELECT set_config('kiln.tenant_id', :t, true), set_config('kiln.scope', '', true)"
 )
 """One tenant's context, the platform scope the session factory declared withdrawn."""
+
+
+async def confine(session: AsyncSession, tenant_id: uuid.UUID) -> None:
+    """Confine the session's transaction to one tenant: ``kiln_tenant`` with ``kiln.tenant_id``
+    set sees and writes only that tenant's rows, even from a query that forgot its filter."""
+    await session.execute(text(f"SET LOCAL ROLE {TENANT_ROLE}"))
+    await session.execute(TENANT_CONTEXT, {"t": str(tenant_id)})
 
 
 @contextmanager

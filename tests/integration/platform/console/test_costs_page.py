@@ -8,6 +8,7 @@ import io
 import re
 from datetime import UTC, datetime
 from decimal import Decimal
+from zoneinfo import ZoneInfo
 
 from sqlalchemy import text
 
@@ -95,3 +96,23 @@ async def test_the_finance_overview_never_adds_two_currencies(app: App) -> None:
     euros = re.search(r'id="mtd-eur".*?class="mtd-last">([0-9.]+)<', page, re.S)
     assert euros, page
     assert Decimal(euros[1]) >= Decimal("0.700007")
+
+
+async def test_a_day_is_the_tenants_local_day(app: App) -> None:
+    """A Tokyo tenant's first local day of last month is charted as that day and counted in
+    last month, although its local midnight is on the previous UTC date."""
+    tenant = await app.tenant()
+    last = month_of(datetime.now(UTC).date(), 1)[0]
+    at = datetime(last.year, last.month, 1, 1, tzinfo=ZoneInfo("Asia/Tokyo"))
+    line = dict(rid=f"tokyo-{tenant}", tenant=tenant, model="emb", unit="request", qty=1,
+                cost=400_004, currency="JPY", at=at)  # fmt: skip
+    async with app.kiln.db.sessions.begin() as session:
+        await session.execute(text("UPDATE tenants SET timezone = 'Asia/Tokyo' WHERE id = :t"),
+                              {"t": tenant})  # fmt: skip
+        await session.execute(text(LINE), line)
+    async with app.signed_in(await app.user("finance")) as (http, _):
+        page = (await http.get("/console/finance?period=last-month")).text
+    assert f"{last:%Y-%m-%d}: 0.400004 JPY</title>" in page
+    yen = re.search(r'id="mtd-jpy".*?class="mtd-last">([0-9.]+)<', page, re.S)
+    assert yen, page
+    assert Decimal(yen[1]) == Decimal("0.400004")
