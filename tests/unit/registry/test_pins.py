@@ -57,3 +57,14 @@ def test_a_pin_that_resolves_is_honoured() -> None:
 def test_an_explicit_address_ignores_the_pin() -> None:
     assert _resolver("1", Route("2"))._lookup("m", "2", "t") == V2
     assert _resolver("1", Route("2"))._lookup("m", "canary", "t") is None
+
+
+def test_only_the_routes_draw_is_a_rollouts_evidence() -> None:
+    """A canary's arms compare requests the split assigned; a pinned tenant, a version, an alias
+    or ``@canary`` named by the client chose its arm itself."""
+    resolver = _resolver("1", Route("1", "2", 50))
+    assert resolver.split("m", "other")
+    assert not resolver.split("m", "t")  # pinned
+    assert not resolver.split("m@2", "other")
+    assert not resolver.split("m@canary", "other")
+    assert not _resolver("1", None).split("m", "other")  # no route: no rollout to feed

@@ -125,6 +125,7 @@ class Admission:
         self._opened = time.monotonic()
         self._first_token: float | None = None
         self._model: str | None = None
+        self._split = False
         self._outcome: Usage | None = None
         """The usage recorded (model, version, tenant, status): the request's metrics."""
         self._error: str | None = None
@@ -168,9 +169,10 @@ class Admission:
         with tracing.span("admission.hold", {"kiln.model": version.model}):
             await self._desk.budgets.reserve(self.principal, self.request_id, version, most, run_s)
 
-    def serves(self, model: str) -> None:
-        """The request is for ``model``: however it ends, it counts in the model's SLOs."""
-        self._model = model
+    def serves(self, model: str, *, split: bool = False) -> None:
+        """The request is for ``model``: however it ends, it counts in the model's SLOs, and in
+        its running rollout if its route's split chose the version (``split``)."""
+        self._model, self._split = model, split
 
     def first_token(self) -> None:
         """A generation's first token is out: its SLO latency is the time to it."""
@@ -252,7 +254,7 @@ class Admission:
         latency = (self._first_token or now) - self._opened
         if desk.slis is not None and self._model is not None:
             desk.slis.observe(self._model, self.principal.plan, status, latency, time.time())
-        if desk.outcomes is not None and usage is not None:
+        if desk.outcomes is not None and usage is not None and self._split:
             desk.outcomes.observe(usage.model, usage.version, status, latency, self.degenerate)
 
     async def __aenter__(self) -> Self:

@@ -331,7 +331,7 @@ async def prepare(
     manifest = version.manifest
     if manifest.task != "generate":
         raise BadRequest(f"The model `{version.model}` does not generate text.", param="model")
-    admission.serves(version.model)
+    admission.serves(version.model, split=kiln.resolver.split(base, str(principal.tenant_id)))
     adapter = None
     if adapter_name is not None:
         if not slot_rank(kiln.settings, version.engine.adapter_slots):

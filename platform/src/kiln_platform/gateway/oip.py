@@ -90,6 +90,9 @@ class OIPController(DocumentedController):
         """Run inference: JSON tensors, or the binary tensor data extension."""
         tenant = str(admission.principal.tenant_id)
         resolved = await oip.resolve(kiln, name, version, tenant)
+        admission.serves(
+            resolved.model, split=version is None and kiln.resolver.split(name, tenant)
+        )
         body, headers = await oip.infer(
             kiln, admission, resolved, await request.body(),
             header_length=request.headers.get(HEADER_LENGTH),

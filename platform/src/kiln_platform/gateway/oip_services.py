@@ -82,7 +82,6 @@ async def infer(
     admission's.
     """
     request_id, terms = admission.request_id, admission.terms
-    admission.serves(version.model)
     request, tensors = oip_codec.parse(body, header_length)
     timeout_ms = oip_codec.timeout_ms(request, terms.timeout_s or kiln.settings.request_timeout_s)
     terms = dataclasses.replace(terms, timeout_s=timeout_ms / 1000)

@@ -121,7 +121,9 @@ async def embed(
     manifest = version.manifest
     if manifest.task != "embeddings":
         raise BadRequest(f"The model `{version.model}` does not produce embeddings.", param="model")
-    admission.serves(version.model)
+    admission.serves(
+        version.model, split=kiln.resolver.split(request.model, str(principal.tenant_id))
+    )
     if request.dimensions is not None and request.dimensions != manifest.dimensions:
         raise BadRequest(
             f"'dimensions' must be {manifest.dimensions} for `{version.model}`.", param="dimensions"

@@ -206,6 +206,14 @@ class Resolver:
         chosen = _choose(name, route, versions, aliases, suffix, sticky)
         return None if chosen is None else versions.get(chosen)
 
+    def split(self, model: str, sticky: str) -> bool:
+        """Whether ``model`` (an address) reaches ``sticky`` through its route's split: a plain
+        name, a route, and no pin for the tenant. Only such requests are a rollout's evidence:
+        ones that name a version, an alias or ``@canary``, or come from a pinned tenant, did not
+        land on their arm by the split's draw, so they would bias the comparison."""
+        name, suffix = address(model)
+        return suffix is None and name in self.routes and sticky not in self.pins.get(name, {})
+
     def _serve(self, version: ResolvedVersion) -> ResolvedVersion:
         """Make sure ``version`` has a pool (the pool manager adopts it on first use)."""
         served, key = self.served.setdefault(version.model, {}), (version.model, version.version)
