@@ -34,6 +34,7 @@ if TYPE_CHECKING:
     from pathlib import Path
 
     from kiln_platform.context import Kiln
+    from kiln_platform.settings import Settings
 
 log = structlog.get_logger("kiln.batches")
 RETRIES = 8
@@ -55,19 +56,24 @@ class Claim:
 
 
 class BatchRunner:
-    """Runs batches in this gateway, ``concurrency`` lines at a time (class ``batch``)."""
+    """Runs batches in this gateway, ``concurrency`` lines at a time (class ``batch``).
 
-    def __init__(self, kiln: Kiln) -> None:
-        self._kiln = kiln
-        settings = kiln.settings
+    A Kiln service like the others, but one that runs requests through all of them: ``start``
+    hands it the built ``Kiln`` (after the pools started), and it stops before any of them.
+    """
+
+    _kiln: Kiln
+
+    def __init__(self, settings: Settings) -> None:
         self._concurrency = settings.batch_concurrency
         self._lease = timedelta(seconds=settings.batch_lease_s)
         self._poll_s = min(settings.batch_poll_s, settings.batch_lease_s / 3)
         self.owner = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"[:64]
         self._task: asyncio.Task[None] | None = None
 
-    def start(self) -> None:
-        """Start claiming batches (none with ``KILN_BATCH_CONCURRENCY=0``)."""
+    def start(self, kiln: Kiln) -> None:
+        """Work for ``kiln``; start claiming batches (none with ``KILN_BATCH_CONCURRENCY=0``)."""
+        self._kiln = kiln
         if self._concurrency > 0:
             self._task = asyncio.create_task(self._loop(), name="batch-runner")
 
