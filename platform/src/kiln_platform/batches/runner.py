@@ -207,10 +207,7 @@ class BatchRunner:
         path = await self._input_path(job)
         if path is None:
             return True
-        async with self._kiln.db.sessions() as session:
-            done = set(await session.scalars(
-                select(BatchLine.custom_id).where(BatchLine.batch_id == job.id)
-            ))  # fmt: skip
+        done = await self._done(job)
         principal = msgspec.convert(job.principal, Principal)
         free = asyncio.Semaphore(self._concurrency)
         started: list[asyncio.Task[bool]] = []
@@ -227,6 +224,22 @@ class BatchRunner:
                 started.append(group.create_task(self._line(claim, principal, line, free)))
         return all(t.result() for t in started)
 
+    async def _done(self, job: BatchJob) -> set[str]:
+        """The ``custom_id`` of each line of ``job`` recorded so far."""
+        async with self._kiln.db.sessions() as session:
+            return set(await session.scalars(
+                select(BatchLine.custom_id).where(BatchLine.batch_id == job.id)
+            ))  # fmt: skip
+
+    async def _expire(self, job: BatchJob) -> bool:
+        """Record the lines not run before the window ended as ``batch_expired`` errors;
+        whether there were any."""
+        path, done = await self._input_path(job), await self._done(job)
+        rest = [(n, item.custom_id) for n, raw in (read_lines(path) if path else ())
+                if (item := check_line(n, raw)).custom_id not in done]  # fmt: skip
+        await lines.expire(self._kiln, job.id, job.tenant_id, rest)
+        return bool(rest)
+
     async def _line(
         self, claim: Claim, principal: Principal, line: lines.Line, free: asyncio.Semaphore
     ) -> bool:
@@ -242,6 +255,8 @@ class BatchRunner:
                     if claim.lost or attempt == RETRIES - 1:
                         log.warning("batch line not run", batch=str(job.id), line=n, error=exc.code)
                         return False
+                    if claim.stopping():  # cancelled or expired: no new try, the line ends unrun
+                        return True
                     await asyncio.sleep(min(30.0, exc.retry_after or 2.0**attempt))
             if not claim.lost:
                 await lines.record(kiln, line, outcome)
@@ -260,8 +275,8 @@ class BatchRunner:
         final = {"cancelling": "cancelled", "finalizing": "completed"}.get(claim.status)
         if final is None:
             return
-        if final == "completed" and datetime.now(UTC) >= job.expires_at:
-            final = "expired"
+        if final == "completed" and datetime.now(UTC) >= job.expires_at and await self._expire(job):
+            final = "expired"  # lines were left when the window ended (else it completed)
         async with self._kiln.db.sessions() as session:
             rows = (await session.execute(
                 select(BatchLine.ok, BatchLine.output).where(BatchLine.batch_id == job.id)
