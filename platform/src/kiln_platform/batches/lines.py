@@ -41,6 +41,11 @@ EXPIRED = {
     "message": "This request could not be executed before the completion window expired.",
 }
 """The error of a line the window ended before (OpenAI's words)."""
+REVOKED = {
+    "code": "api_key_revoked",
+    "message": "The API key that created this batch was revoked: the request was not executed.",
+}
+"""The error of a line not started because the batch's API key was revoked."""
 
 
 class LineLedger:
@@ -134,15 +139,15 @@ async def run(kiln: Kiln, principal: Principal, line: Line, timeout_s: float) ->
     return Outcome(status == 200, msgspec.json.encode(output).decode(), sink.usage)
 
 
-async def expire(kiln: Kiln, batch_id: uuid.UUID, tenant_id: uuid.UUID,
-                 unfinished: list[tuple[int, str]]) -> None:  # fmt: skip
-    """Record the lines (number, ``custom_id``) the completion window ended before as
-    ``batch_expired`` error lines, OpenAI's: no response, nothing billed. A line recorded
-    meanwhile keeps its result."""
+async def unrun(kiln: Kiln, batch_id: uuid.UUID, tenant_id: uuid.UUID,
+                unfinished: list[tuple[int, str]], error: dict[str, str]) -> None:  # fmt: skip
+    """Record the lines (number, ``custom_id``) that will not run as error lines in OpenAI's
+    shape for a line the window ended before: no response, ``error`` (``EXPIRED``,
+    ``REVOKED``), nothing billed. A line recorded meanwhile keeps its result."""
     rows = [{"batch_id": batch_id, "custom_id": custom_id, "tenant_id": tenant_id, "line": n,
              "ok": False, "output": msgspec.json.encode({
                  "id": f"batch_req_{uuid.uuid4().hex}", "custom_id": custom_id,
-                 "response": None, "error": EXPIRED}).decode()}
+                 "response": None, "error": error}).decode()}
             for n, custom_id in unfinished]  # fmt: skip
     if rows:
         async with kiln.db.sessions.begin() as session:

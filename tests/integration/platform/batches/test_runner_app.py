@@ -1,6 +1,7 @@
 """The batch runner in the real app on a real PostgreSQL with a real all-MiniLM-L6-v2 worker,
 driven with the official openai SDK: a batch whose completion window ends mid-run expires
-with its finished lines kept and the rest as ``batch_expired`` error lines."""
+with its finished lines kept and the rest as ``batch_expired`` error lines; a batch whose API
+key is revoked starts no more lines; and the runner's Prometheus series count both."""
 
 from __future__ import annotations
 
@@ -16,22 +17,24 @@ import httpx
 import msgspec
 import openai
 import pytest
+from prometheus_client import REGISTRY
 from pydantic import SecretStr
 from sqlalchemy import func, select
 
 from kiln_platform.app import create_app
 from kiln_platform.context import Kiln
 from kiln_platform.db.tables import UsageEvent
+from kiln_platform.keys.services import revoke_key
 from kiln_platform.registry.services import register_version
 from kiln_platform.settings import Settings
 from kiln_runtimes.protocol import ModelManifest
 from tests.asgi import asgi
 from tests.e2e.conftest import MINILM, build_cached
-from tests.factories import make_key, make_tenant
+from tests.factories import CLI, make_key, make_tenant
 
 from ..conftest import serving
 
-WINDOW_S = 3.0
+WINDOW_S = 5.0
 """The module's ``KILN_BATCH_WINDOW_S``: every batch here must finish within it, but one."""
 FINAL = {"completed", "failed", "expired", "cancelled"}
 
@@ -56,7 +59,7 @@ async def app(
             key = await make_key(session, settings.hmac_key(), tenant)
             await register_version(session, manifest, "1", kiln.store.put_dir(minilm))
         await kiln.resolver.refresh()
-        made.state.key = key
+        made.state.key, made.state.tenant = key, tenant
         yield made
 
 
@@ -80,6 +83,26 @@ async def client(app: Any) -> AsyncIterator[openai.AsyncOpenAI]:
             await asyncio.sleep(0.2)
     yield sdk
     await http.aclose()
+
+
+def _sample(name: str, **labels: str) -> float:
+    """A sample of the process's Prometheus registry (what ``/metrics`` serves), 0 if none."""
+    return REGISTRY.get_sample_value(name, labels) or 0.0
+
+
+def _texts(n: int) -> list[str]:
+    """A line's inputs: enough that one worker thread embeds a few lines a second."""
+    return [f"text {i} " + "that takes a little while to embed " * 8 for i in range(n)]
+
+
+async def _billed(app: Any, batch_id: str) -> int:
+    """The batch's usage rows."""
+    kiln: Kiln = app.state.kiln
+    async with kiln.db.sessions() as session:
+        billed = await session.scalar(
+            select(func.count()).where(UsageEvent.request_id.like(f"{batch_id}_%"))
+        )
+    return int(billed or 0)
 
 
 async def _submit(client: openai.AsyncOpenAI, bodies: list[dict[str, Any]]) -> Any:
@@ -110,9 +133,12 @@ async def _lines(client: openai.AsyncOpenAI, file_id: str | None) -> list[dict[s
 async def test_an_expired_batch_keeps_its_finished_lines(
     app: Any, client: openai.AsyncOpenAI
 ) -> None:
-    texts = [f"text {i} " + "that takes a little while to embed " * 8 for i in range(16)]
+    ended, expired = (
+        _sample("kiln_batches_ended_total", status="expired"),
+        _sample("kiln_batch_lines_total", outcome="expired"),
+    )
     total = 400  # far more than one worker thread embeds in WINDOW_S
-    batch = await _submit(client, [{"model": MINILM, "input": texts}] * total)
+    batch = await _submit(client, [{"model": MINILM, "input": _texts(16)}] * total)
     done = await _finished(client, batch.id)
     counts = done.request_counts
     assert (done.status, counts.total) == ("expired", total)
@@ -128,9 +154,37 @@ async def test_an_expired_batch_keeps_its_finished_lines(
     assert {e["error"]["code"] for e in errors} == {"batch_expired"}
     ids = [o["custom_id"] for o in output + errors]
     assert sorted(ids) == sorted(f"r{i}" for i in range(total))
+    assert await _billed(app, batch.id) == counts.completed  # expired lines: nothing billed
+    assert _sample("kiln_batches_ended_total", status="expired") == ended + 1
+    assert _sample("kiln_batch_lines_total", outcome="expired") == expired + counts.failed
+
+
+async def test_a_revoked_key_starts_no_more_lines(app: Any, client: openai.AsyncOpenAI) -> None:
     kiln: Kiln = app.state.kiln
-    async with kiln.db.sessions() as session:  # expired lines are billed nothing
-        billed = await session.scalar(
-            select(func.count()).where(UsageEvent.request_id.like(f"{batch.id}_%"))
-        )
-    assert billed == counts.completed
+    async with kiln.db.sessions.begin() as session:
+        made = await make_key(session, kiln.settings.hmac_key(), app.state.tenant, name="revoked")
+    sdk = client.with_options(api_key=made.secret)
+    ok, latencies = (
+        _sample("kiln_batch_lines_total", outcome="ok"),
+        _sample("kiln_batch_line_duration_seconds_count"),
+    )
+    total = 60
+    batch = await _submit(sdk, [{"model": MINILM, "input": _texts(8)}] * total)
+    deadline = time.monotonic() + WINDOW_S
+    while (await client.batches.retrieve(batch.id)).request_counts.completed < 2:  # type: ignore[union-attr]
+        assert time.monotonic() < deadline, "no line done"
+        await asyncio.sleep(0.05)
+    assert _sample("kiln_batches_open", status="in_progress") >= 1
+    async with kiln.db.sessions.begin() as session:
+        await revoke_key(session, CLI, str(made.key.id), kiln.settings.hmac_key(), None)
+    done = await _finished(client, batch.id)
+    counts = done.request_counts
+    assert (done.status, counts.total) == ("completed", total)
+    assert 2 <= counts.completed < total
+    errors = await _lines(client, done.error_file_id)
+    assert len(errors) == counts.failed == total - counts.completed
+    assert {e["error"]["code"] for e in errors} == {"api_key_revoked"}
+    assert "revoked" in errors[0]["error"]["message"]
+    assert await _billed(app, batch.id) == counts.completed
+    assert _sample("kiln_batch_lines_total", outcome="ok") == ok + counts.completed
+    assert _sample("kiln_batch_line_duration_seconds_count") == latencies + counts.completed
