@@ -266,6 +266,7 @@ def test_a_batch_survives_two_gateway_kills_and_records_each_line_once(kiln: Kil
     data = _jsonl(EMBED, [{"model": MINILM, "input": KILL_INPUTS} for _ in range(KILL_LINES)])
     client = openai.OpenAI(base_url=f"{kiln.base_url}/v1", api_key=kiln.key, max_retries=0)
     batch_id, seen = _submit(client, data, EMBED).id, 0
+    kiln.env["KILN_POOL_INITIAL_REPLICAS"] = "0"  # restarts load MiniLM for the lines, no LLM
     for _ in range(2):
         seen = _wait_done(client, batch_id, seen + 4)
         assert seen < KILL_LINES - 4, "the batch ran too fast to be killed mid-run"
