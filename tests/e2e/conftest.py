@@ -193,6 +193,16 @@ def _start_kiln(
     return KilnProcess(proc, f"http://127.0.0.1:{port}", env)
 
 
+def restart_kiln(kiln: KilnProcess) -> KilnProcess:
+    """A new ``kiln up`` on ``kiln``'s data directory and environment (after it was killed)."""
+    port = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "kiln_console", "up", "--no-import", "--port", str(port)],
+        env=kiln.env,
+    )
+    return KilnProcess(proc, f"http://127.0.0.1:{port}", kiln.env)
+
+
 def use_platform_admin_key(kiln: KilnProcess) -> None:
     """Make ``kiln.key`` a platform-admin key (tenant ``ops``) that may also run inference."""
     kiln.cli("tenants", "create", "ops")

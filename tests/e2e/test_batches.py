@@ -1,12 +1,15 @@
 """Files and Batches through the official openai SDK against a real ``kiln up``: a chat and
 an embeddings batch equal the same requests made online, a cancel mid-run, bad input refused
-with the line or field named and nothing billed."""
+with the line or field named and nothing billed; last, issue 20's kill test: the gateway
+SIGKILLed twice during a batch, which completes with each line recorded once."""
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import io
 import json
+import signal
 import time
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
@@ -14,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import openai
+import psutil
 import pytest
 from sqlalchemy import select
 
@@ -21,7 +25,7 @@ from kiln_platform.db.database import open_database
 from kiln_platform.db.tables import UsageEvent
 from kiln_platform.settings import Settings
 
-from .conftest import MINILM, SMOLLM2, KilnProcess
+from .conftest import MINILM, SMOLLM2, KilnProcess, restart_kiln
 
 CHAT: Any = "/v1/chat/completions"
 EMBED: Any = "/v1/embeddings"
@@ -33,7 +37,8 @@ QUESTIONS = ["What is the capital of France?", "Name a colour.", "Say hello."]
 
 @pytest.fixture(scope="module")
 def kiln(both_models: Callable[..., AbstractContextManager[KilnProcess]]) -> Iterator[KilnProcess]:
-    env = {"KILN_BATCH_POLL_S": "0.2", "KILN_BATCH_CONCURRENCY": str(CONCURRENCY)}
+    env = {"KILN_BATCH_POLL_S": "0.2", "KILN_BATCH_CONCURRENCY": str(CONCURRENCY),
+           "KILN_BATCH_LEASE_S": "2"}  # a killed gateway's batch is taken over 2 s on  # fmt: skip
     with both_models(env) as kiln:
         kiln.env["TEST_TENANT_ID"] = kiln.cli("tenants", "create", "acme").strip()
         kiln.env["TEST_KEY"] = kiln.new_key("acme")
@@ -220,3 +225,60 @@ def test_bad_batches_name_the_field_or_line_and_bill_nothing(
         assert batch.output_file_id is None
         assert batch.failed_at is not None
         assert _ledger(kiln, batch.id) == []
+
+
+KILL_LINES = 30
+KILL_INPUTS = [f"text {i} " + "of a batch line that a killed gateway ran " * 10 for i in range(4)]
+"""Each line's inputs: enough for a line to take a while, so that a kill finds lines running."""
+
+
+def _wait_done(client: openai.OpenAI, batch_id: str, at_least: int) -> int:
+    """Poll until ``at_least`` lines are recorded; how many were when it saw that."""
+    deadline = time.monotonic() + 40
+    while (done := int(_counts(client.batches.retrieve(batch_id)).completed)) < at_least:
+        assert time.monotonic() < deadline, f"{done} lines done, waiting for {at_least}"
+        time.sleep(0.05)
+    return done
+
+
+def _kill_and_restart(kiln: KilnProcess) -> None:
+    """SIGKILL ``kiln up`` (its lines in flight die unrecorded) and its orphaned workers, then
+    start it again on the same data directory: ``kiln`` is the new one from then on."""
+    workers = kiln.workers()
+    kiln.proc.send_signal(signal.SIGKILL)
+    kiln.proc.wait(timeout=10)
+    for worker in workers:
+        if worker.is_running():
+            worker.kill()
+    psutil.wait_procs(workers, timeout=10)
+    again = restart_kiln(kiln)
+    kiln.proc, kiln.base_url = again.proc, again.base_url
+    kiln.wait_ready()
+
+
+def _custom_ids(client: openai.OpenAI, *file_ids: str | None) -> list[str]:
+    text = "".join(client.files.content(f).text for f in file_ids if f is not None)
+    return [json.loads(line)["custom_id"] for line in text.splitlines()]
+
+
+def test_a_batch_survives_two_gateway_kills_and_records_each_line_once(kiln: KilnProcess) -> None:
+    """Last in the module: it replaces the module's ``kiln up`` (and its ``client``'s address)."""
+    data = _jsonl(EMBED, [{"model": MINILM, "input": KILL_INPUTS} for _ in range(KILL_LINES)])
+    client = openai.OpenAI(base_url=f"{kiln.base_url}/v1", api_key=kiln.key, max_retries=0)
+    batch_id, seen = _submit(client, data, EMBED).id, 0
+    kiln.env["KILN_POOL_INITIAL_REPLICAS"] = "0"  # restarts load MiniLM for the lines, no LLM
+    for _ in range(2):
+        seen = _wait_done(client, batch_id, seen + 4)
+        assert seen < KILL_LINES - 4, "the batch ran too fast to be killed mid-run"
+        _kill_and_restart(kiln)
+        client = openai.OpenAI(base_url=f"{kiln.base_url}/v1", api_key=kiln.key, max_retries=0)
+    done = _finished(client, batch_id, timeout=60)
+    counts = _counts(done)
+    assert (done.status, counts.total, counts.completed, counts.failed) == (
+        "completed", KILL_LINES, KILL_LINES, 0,
+    )  # fmt: skip
+    ids = _custom_ids(client, done.output_file_id, done.error_file_id)
+    assert [i for i, n in collections.Counter(ids).items() if n > 1] == []
+    assert sorted(ids) == sorted(f"r{i}" for i in range(KILL_LINES))
+    rows = sorted(r for r, _, _ in _ledger(kiln, batch_id))
+    assert rows == sorted(f"{batch_id}_{n}" for n in range(1, KILL_LINES + 1))

@@ -7,8 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import signal
-import subprocess
-import sys
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
@@ -23,7 +21,7 @@ from kiln_platform.billing.schemas import PriceBookCreate, PriceIn
 from kiln_platform.db.database import open_database
 from kiln_platform.settings import Settings
 
-from .conftest import MINILM, SMOLLM2, KilnProcess, free_port
+from .conftest import MINILM, SMOLLM2, KilnProcess, restart_kiln
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -118,15 +116,6 @@ async def _load(kiln: KilnProcess) -> tuple[list[Answered], int]:
     return answered, failures
 
 
-def _restart(kiln: KilnProcess) -> KilnProcess:
-    port = free_port()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "kiln_console", "up", "--no-import", "--port", str(port)],
-        env=kiln.env,
-    )
-    return KilnProcess(proc, f"http://127.0.0.1:{port}", kiln.env)
-
-
 async def _ledger(data_dir: Path) -> tuple[dict[str, tuple[Any, ...]], list[Any], list[Any]]:
     settings = Settings(data_dir=data_dir)
     async with open_database(settings, upgrade=False) as db, db.sessions() as session:
@@ -182,7 +171,7 @@ def test_sigkill_loses_no_answered_request_and_records_none_twice(
             kiln.wait_until_serving(SMOLLM2, path="completions")
             orphans = kiln.workers()
             answered, failures = asyncio.run(_load(kiln))
-            restarted = _restart(kiln)
+            restarted = restart_kiln(kiln)
             restarted.wait_until_serving(MINILM)
             ledger, twice, unbalanced = asyncio.run(_ledger(data_dir))
         finally:

@@ -12,6 +12,7 @@ from prometheus_client import REGISTRY
 
 from kiln_platform.adapters.directory import AdapterDirectory
 from kiln_platform.admission.services import Admissions
+from kiln_platform.batches.runner import BatchRunner
 from kiln_platform.billing.ledger import LedgerWriter
 from kiln_platform.billing.pricebooks import PriceBooks
 from kiln_platform.billing.reservations import Budgets
@@ -86,6 +87,8 @@ class Kiln:
     """The workers' key series, summed per pool on the gateway's ``/metrics``."""
     shadows: Mirror
     """Shadow traffic: copies of a share of requests to a candidate version, compared."""
+    batches: BatchRunner
+    """Runs the Batches API's batches: started last and stopped first (its lines use the rest)."""
 
 
 def _pool_backend(settings: Settings, http: aiohttp.ClientSession) -> PoolBackend:
@@ -160,6 +163,7 @@ def _build(
         metrics=metrics,
         engine_metrics=EngineMetrics(pools.backend, http),
         shadows=Mirror(resolver, pools, workers, settings.request_timeout_s),
+        batches=BatchRunner(settings),
     )
 
 
@@ -175,7 +179,8 @@ def _tokens(settings: Settings, db: Database) -> TokenVerifier:
 
 
 async def _start(kiln: Kiln) -> None:
-    """Start the background tasks: ledger, quotas, budgets, pools, compiler, idempotency."""
+    """Start the background tasks: ledger, quotas, budgets, pools, compiler, idempotency, ...;
+    the batch runner last (its lines use all of them)."""
     await kiln.ledger.start()
     await kiln.quotas.start()
     await kiln.budgets.start()
@@ -186,10 +191,12 @@ async def _start(kiln: Kiln) -> None:
     await kiln.slos.start()
     await kiln.rollouts.start()
     kiln.shadows.start(kiln.db.sessions)
+    kiln.batches.start(kiln)  # its lines use every service above, the pools' workers too
 
 
 async def _stop(kiln: Kiln, ledger_db: AsyncEngine) -> None:
     """Stop them in reverse order: the ledger flushes before budgets and quotas let go."""
+    await kiln.batches.stop()  # first: its lines in flight still hold pools and the ledger
     await kiln.shadows.stop()
     await kiln.rollouts.stop()
     await kiln.slos.stop()

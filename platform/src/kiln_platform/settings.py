@@ -180,6 +180,9 @@ class Settings(BaseSettings):
     batch is taken over by another after it lapses."""
     batch_poll_s: float = Field(default=1.0, gt=0)
     """How often an idle gateway looks for a batch to run (and a running one for a cancel)."""
+    batch_window_s: float = Field(default=86400.0, gt=0)
+    """How long a batch's ``24h`` completion window lasts (shorter only in tests): past it the
+    batch expires, its unfinished lines written as ``batch_expired`` errors."""
     slo_eval_interval_s: float = Field(default=30.0, gt=0)
     """How often each gateway stores its SLO counts and SLOs' burn-rate alerts are evaluated."""
     slo_bucket_s: float = Field(default=60.0, gt=0)

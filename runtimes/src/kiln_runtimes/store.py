@@ -8,6 +8,7 @@ tree materialized as hard links, which is what workers load from.
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import os
 import re
@@ -39,6 +40,14 @@ def _sha256_file(path: Path) -> str:
     return h.hexdigest()
 
 
+def _copy_into(src: Path, dest: Path) -> None:
+    """Copy ``src`` to ``dest`` atomically (a temporary file beside it, then a rename)."""
+    fd, tmp = tempfile.mkstemp(dir=dest.parent, prefix=".tmp-")
+    os.close(fd)
+    shutil.copyfile(src, tmp)
+    os.replace(tmp, dest)
+
+
 class ArtifactStore:
     """A local content-addressed store rooted at ``root``."""
 
@@ -53,11 +62,23 @@ class ArtifactStore:
         dest = self._blobs / digest
         if not dest.exists():
             dest.parent.mkdir(parents=True, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(dir=dest.parent, prefix=".tmp-")
-            os.close(fd)
-            shutil.copyfile(src, tmp)
-            os.replace(tmp, dest)
+            _copy_into(src, dest)
         return digest
+
+    def adopt(self, src: Path, hexdigest: str) -> None:
+        """Store a file whose sha256 its writer computed on the way (``hexdigest``) by moving it
+        into place: not read, hashed or copied again (copied only from another filesystem).
+        ``src`` is moved, unless the store has those bytes already."""
+        dest = self.blob(hexdigest)
+        if dest.exists():
+            return
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            os.replace(src, dest)
+        except OSError as exc:
+            if exc.errno != errno.EXDEV:
+                raise
+            _copy_into(src, dest)
 
     def put_dir(self, src: Path) -> str:
         """Store every file under ``src``; returns the tree digest ``sha256:<hex>``."""

@@ -1,4 +1,4 @@
-"""The hourly rollup's pure parts: bucketing, summing in key order, percentiles, series."""
+"""The rollups' pure parts: bucketing, ``Rollups.add``'s sums in key order, percentiles, series."""
 
 from __future__ import annotations
 
@@ -6,7 +6,9 @@ import uuid
 from datetime import UTC, datetime
 from types import SimpleNamespace
 
-from kiln_platform.billing.rollup import EDGES_MS, bucket_of, hourly, percentile
+from sqlalchemy.ext.asyncio import async_sessionmaker
+
+from kiln_platform.billing.rollup import EDGES_MS, ROLLUPS, Rollups, _rows, bucket_of, percentile
 from kiln_platform.reports.overview import series, window
 
 T = uuid.UUID(int=1)
@@ -25,17 +27,25 @@ def test_buckets_are_upper_edges_inclusive() -> None:
 
 
 def test_events_sum_per_hour_and_bucket() -> None:
-    rows = hourly([_event(), _event(status=500), _event(ms=900.0)])
-    assert [(r["latency_bucket"], r["requests"], r["errors"]) for r in rows] == [
+    rollups = Rollups(async_sessionmaker())  # no flush: only the sums ``add`` keeps
+    rollups.add([_event(), _event(status=500)])
+    rollups.add([_event(ms=900.0)])
+    hourly, fleet, daily = (_rows(out, keys) for out, (_, keys, _) in
+                            zip(rollups._sums, ROLLUPS, strict=True))  # fmt: skip
+    assert [(r["latency_bucket"], r["requests"], r["errors"]) for r in hourly] == [
         (3, 2, 1),
         (7, 1, 0),
     ]
-    assert rows[0]["hour"] == AT.replace(minute=0, second=0)
-    assert (rows[0]["input_tokens"], rows[0]["output_tokens"], rows[0]["cost_micros"]) == (
+    assert (hourly[0]["tenant_id"], hourly[0]["hour"]) == (T, AT.replace(minute=0, second=0))
+    assert (hourly[0]["input_tokens"], hourly[0]["output_tokens"], hourly[0]["cost_micros"]) == (
         6,
         10,
         14,
     )
+    assert [(r["latency_bucket"], r["requests"]) for r in fleet] == [(3, 2), (7, 1)]
+    assert "tenant_id" not in fleet[0]
+    assert daily == [{"tenant_id": T, "day": AT.date(), "requests": 3, "errors": 1,
+                      "cost_micros": 21}]  # fmt: skip
 
 
 def test_percentiles_from_bucket_counts() -> None:

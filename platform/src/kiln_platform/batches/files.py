@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import tempfile
 import uuid
 from pathlib import Path
@@ -68,7 +69,7 @@ async def upload(
         if purpose not in PURPOSES:
             raise BadRequest(f"'purpose' must be one of {', '.join(PURPOSES)}.", param="purpose")
         lines, digest = staged.finish()
-        await asyncio.to_thread(kiln.store.put_file, staged.path)
+        await asyncio.to_thread(kiln.store.adopt, staged.path, digest)  # hashed as it came in
     row = StoredFile(tenant_id=tenant_id, filename=staged.filename[:255], purpose=purpose,
                      bytes=staged.size, lines=lines, digest=digest)  # fmt: skip
     async with tenant_tx(kiln, tenant_id) as session:
@@ -140,10 +141,11 @@ async def store_output(
     if not lines:
         return None
     data = ("\n".join(lines) + "\n").encode()
+    digest = hashlib.sha256(data).hexdigest()
     with tempfile.TemporaryDirectory(dir=upload_dir(kiln.settings), prefix="file-") as tmp:
         path = Path(tmp) / "output"
         await asyncio.to_thread(path.write_bytes, data)
-        digest = await asyncio.to_thread(kiln.store.put_file, path)
+        await asyncio.to_thread(kiln.store.adopt, path, digest)
     return StoredFile(id=uuid.uuid4(), tenant_id=tenant_id, filename=filename,
                       purpose="batch_output", bytes=len(data), lines=len(lines),
                       digest=digest)  # fmt: skip

@@ -36,6 +36,17 @@ TRANSIENT = (Overloaded, ServiceUnavailable, DeadlineExceeded, Conflict)
 """Errors after which a line is tried again later (a full queue, a pool starting, a hold a
 killed gateway left behind); ``Overloaded`` includes rate limits, not the monthly budget."""
 
+EXPIRED = {
+    "code": "batch_expired",
+    "message": "This request could not be executed before the completion window expired.",
+}
+"""The error of a line the window ended before (OpenAI's words)."""
+REVOKED = {
+    "code": "api_key_revoked",
+    "message": "The API key that created this batch was revoked: the request was not executed.",
+}
+"""The error of a line not started because the batch's API key was revoked."""
+
 
 class LineLedger:
     """The usage sink of a line's admission: it keeps the usage for the line's transaction."""
@@ -126,6 +137,21 @@ async def run(kiln: Kiln, principal: Principal, line: Line, timeout_s: float) ->
     output = {"id": f"batch_req_{uuid.uuid4().hex}", "custom_id": line.custom_id,
               "response": response, "error": None}  # fmt: skip
     return Outcome(status == 200, msgspec.json.encode(output).decode(), sink.usage)
+
+
+async def unrun(kiln: Kiln, batch_id: uuid.UUID, tenant_id: uuid.UUID,
+                unfinished: list[tuple[int, str]], error: dict[str, str]) -> None:  # fmt: skip
+    """Record the lines (number, ``custom_id``) that will not run as error lines in OpenAI's
+    shape for a line the window ended before: no response, ``error`` (``EXPIRED``,
+    ``REVOKED``), nothing billed. A line recorded meanwhile keeps its result."""
+    rows = [{"batch_id": batch_id, "custom_id": custom_id, "tenant_id": tenant_id, "line": n,
+             "ok": False, "output": msgspec.json.encode({
+                 "id": f"batch_req_{uuid.uuid4().hex}", "custom_id": custom_id,
+                 "response": None, "error": error}).decode()}
+            for n, custom_id in unfinished]  # fmt: skip
+    if rows:
+        async with kiln.db.sessions.begin() as session:
+            await session.execute(pg_insert(BatchLine).on_conflict_do_nothing(), rows)
 
 
 async def record(kiln: Kiln, line: Line, outcome: Outcome) -> bool:

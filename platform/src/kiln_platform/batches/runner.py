@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import os
 import socket
+import time
 import uuid
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -22,18 +23,20 @@ import msgspec
 import structlog
 from sqlalchemy import func, select, update
 
-from kiln_platform.batches import lines
+from kiln_platform.batches import lines, metrics
 from kiln_platform.batches.files import public_id, store_output
 from kiln_platform.batches.jsonl import check_line
 from kiln_platform.batches.schemas import OPEN
 from kiln_platform.batches.tables import BatchJob, BatchLine, StoredFile
 from kiln_platform.batches.validation import check_batch, read_lines
+from kiln_platform.db.tables import ApiKey
 from kiln_platform.keys.services import Principal
 
 if TYPE_CHECKING:
     from pathlib import Path
 
     from kiln_platform.context import Kiln
+    from kiln_platform.settings import Settings
 
 log = structlog.get_logger("kiln.batches")
 RETRIES = 8
@@ -47,27 +50,34 @@ class Claim:
     job: BatchJob
     status: str
     lost: bool = False
+    revoked: bool = False
+    """The API key the batch runs as was revoked (or deleted)."""
 
     def stopping(self) -> bool:
-        """No new line may start: cancelled, expired, or the lease was lost."""
+        """No new line may start: cancelled, expired, its key revoked, or the lease was lost."""
         expired = datetime.now(UTC) >= self.job.expires_at
-        return self.lost or self.status != "in_progress" or expired
+        return self.lost or self.revoked or self.status != "in_progress" or expired
 
 
 class BatchRunner:
-    """Runs batches in this gateway, ``concurrency`` lines at a time (class ``batch``)."""
+    """Runs batches in this gateway, ``concurrency`` lines at a time (class ``batch``).
 
-    def __init__(self, kiln: Kiln) -> None:
-        self._kiln = kiln
-        settings = kiln.settings
+    A Kiln service like the others, but one that runs requests through all of them: ``start``
+    hands it the built ``Kiln`` (after the pools started), and it stops before any of them.
+    """
+
+    _kiln: Kiln
+
+    def __init__(self, settings: Settings) -> None:
         self._concurrency = settings.batch_concurrency
         self._lease = timedelta(seconds=settings.batch_lease_s)
         self._poll_s = min(settings.batch_poll_s, settings.batch_lease_s / 3)
         self.owner = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"[:64]
         self._task: asyncio.Task[None] | None = None
 
-    def start(self) -> None:
-        """Start claiming batches (none with ``KILN_BATCH_CONCURRENCY=0``)."""
+    def start(self, kiln: Kiln) -> None:
+        """Work for ``kiln``; start claiming batches (none with ``KILN_BATCH_CONCURRENCY=0``)."""
+        self._kiln = kiln
         if self._concurrency > 0:
             self._task = asyncio.create_task(self._loop(), name="batch-runner")
 
@@ -81,6 +91,7 @@ class BatchRunner:
     async def _loop(self) -> None:
         while True:
             try:
+                await metrics.count_open(self._kiln.db.sessions)
                 job = await self.claim()
                 if job is not None:
                     await self.process(job)
@@ -111,6 +122,7 @@ class BatchRunner:
         try:
             if claim.status == "validating":
                 await self._validate(claim)
+            claim.revoked = await self._revoked(job)
             running = claim.status in ("in_progress", "cancelling") and not claim.lost
             if running and not await self._run(claim):
                 await self.give_back(claim)
@@ -130,7 +142,8 @@ class BatchRunner:
         await self._move(claim, claim.status, (claim.status,), lease_until=until)
 
     async def _keep(self, claim: Claim) -> None:
-        """Renew the lease and read the batch's status (a cancel) every poll."""
+        """Every poll: renew the lease, read the batch's status (a cancel), check its key (a
+        revoke) and count the open batches (``kiln_batches_open``)."""
         while True:
             await asyncio.sleep(self._poll_s)
             try:
@@ -141,6 +154,8 @@ class BatchRunner:
                         .values(lease_until=func.now() + self._lease)
                         .returning(BatchJob.status)
                     )
+                claim.revoked = claim.revoked or await self._revoked(claim.job)
+                await metrics.count_open(self._kiln.db.sessions)
             except Exception:  # the database is away: keep going while the lease lasts
                 log.exception("renewing a batch lease failed; will retry")
                 continue
@@ -149,6 +164,16 @@ class BatchRunner:
                 log.warning("batch lease lost", batch=str(claim.job.id))
                 return
             claim.status = status
+
+    async def _revoked(self, job: BatchJob) -> bool:
+        """Whether the API key the batch runs as is revoked or gone (an OAuth client's batch
+        is not checked)."""
+        key_id = job.principal.get("key_id")
+        if key_id is None:
+            return False
+        async with self._kiln.db.sessions() as session:
+            key = await session.get(ApiKey, uuid.UUID(key_id))
+        return key is None or key.revoked_at is not None
 
     async def _move(
         self, claim: Claim, status: str, frm: tuple[str, ...], **values: object
@@ -181,6 +206,8 @@ class BatchRunner:
             ]  # fmt: skip
             await self._move(claim, "failed", ("validating",), errors=found, failed_at=func.now(),
                              lease_until=None)  # fmt: skip
+            if claim.status == "failed":
+                metrics.BATCHES_ENDED.labels("failed").inc()
             return
         await self._move(claim, "in_progress", ("validating",), in_progress_at=func.now())
 
@@ -201,10 +228,7 @@ class BatchRunner:
         path = await self._input_path(job)
         if path is None:
             return True
-        async with self._kiln.db.sessions() as session:
-            done = set(await session.scalars(
-                select(BatchLine.custom_id).where(BatchLine.batch_id == job.id)
-            ))  # fmt: skip
+        done = await self._done(job)
         principal = msgspec.convert(job.principal, Principal)
         free = asyncio.Semaphore(self._concurrency)
         started: list[asyncio.Task[bool]] = []
@@ -221,11 +245,28 @@ class BatchRunner:
                 started.append(group.create_task(self._line(claim, principal, line, free)))
         return all(t.result() for t in started)
 
+    async def _done(self, job: BatchJob) -> set[str]:
+        """The ``custom_id`` of each line of ``job`` recorded so far."""
+        async with self._kiln.db.sessions() as session:
+            return set(await session.scalars(
+                select(BatchLine.custom_id).where(BatchLine.batch_id == job.id)
+            ))  # fmt: skip
+
+    async def _unrun(self, job: BatchJob, outcome: str, error: dict[str, str]) -> bool:
+        """Record the lines not run (``outcome`` ``expired`` or ``revoked``) as ``error``
+        lines; whether there were any."""
+        path, done = await self._input_path(job), await self._done(job)
+        rest = [(n, item.custom_id) for n, raw in (read_lines(path) if path else ())
+                if (item := check_line(n, raw)).custom_id not in done]  # fmt: skip
+        await lines.unrun(self._kiln, job.id, job.tenant_id, rest, error)
+        metrics.LINES.labels(outcome).inc(len(rest))
+        return bool(rest)
+
     async def _line(
         self, claim: Claim, principal: Principal, line: lines.Line, free: asyncio.Semaphore
     ) -> bool:
         """Run and record one line; False if it could not be (it runs again later)."""
-        job, kiln, n = claim.job, self._kiln, line.n
+        job, kiln, n, began = claim.job, self._kiln, line.n, time.monotonic()
         try:
             for attempt in range(RETRIES):
                 timeout_s = max(1.0, (job.expires_at - datetime.now(UTC)).total_seconds())
@@ -236,9 +277,12 @@ class BatchRunner:
                     if claim.lost or attempt == RETRIES - 1:
                         log.warning("batch line not run", batch=str(job.id), line=n, error=exc.code)
                         return False
+                    if claim.stopping():  # cancelled, expired, revoked: the line ends unrun
+                        return True
                     await asyncio.sleep(min(30.0, exc.retry_after or 2.0**attempt))
-            if not claim.lost:
-                await lines.record(kiln, line, outcome)
+            if not claim.lost and await lines.record(kiln, line, outcome):
+                metrics.LINES.labels("ok" if outcome.ok else "error").inc()
+                metrics.LINE_SECONDS.observe(time.monotonic() - began)
         except Exception:
             log.exception("batch line not recorded", batch=str(job.id), line=n)
             return False
@@ -254,8 +298,11 @@ class BatchRunner:
         final = {"cancelling": "cancelled", "finalizing": "completed"}.get(claim.status)
         if final is None:
             return
-        if final == "completed" and datetime.now(UTC) >= job.expires_at:
-            final = "expired"
+        if final == "completed" and claim.revoked:
+            await self._unrun(job, "revoked", lines.REVOKED)
+        expired = final == "completed" and datetime.now(UTC) >= job.expires_at
+        if expired and await self._unrun(job, "expired", lines.EXPIRED):
+            final = "expired"  # lines were left when the window ended (else it completed)
         async with self._kiln.db.sessions() as session:
             rows = (await session.execute(
                 select(BatchLine.ok, BatchLine.output).where(BatchLine.batch_id == job.id)
@@ -285,6 +332,7 @@ class BatchRunner:
             log.warning("batch changed hands while finalizing", batch=str(job.id))
             return
         claim.status = final
+        metrics.BATCHES_ENDED.labels(final).inc()
 
 
 class _Lost(Exception):

@@ -36,7 +36,8 @@ if TYPE_CHECKING:
     from kiln_platform.context import Kiln
     from kiln_platform.keys.services import Principal
 
-WINDOWS = {"24h": timedelta(hours=24)}
+WINDOWS = ("24h",)
+"""Completion windows a batch may ask for; it lasts ``KILN_BATCH_WINDOW_S`` (24 hours)."""
 MAX_METADATA = 16
 
 
@@ -108,11 +109,12 @@ async def create(kiln: Kiln, principal: Principal, data: BatchCreate) -> BatchOb
         raise BadRequest("'input_file_id' must name a file of purpose 'batch'.",
                          param="input_file_id")  # fmt: skip
     now = datetime.now(UTC)
+    expires = now + timedelta(seconds=kiln.settings.batch_window_s)
     row = BatchJob(
         id=uuid.uuid4(), tenant_id=principal.tenant_id, endpoint=data.endpoint,
         input_file_id=source.id, completion_window=data.completion_window,
         status="validating", metadata_=data.metadata, principal=_runs_as(principal),
-        total=source.lines, created_at=now, expires_at=now + WINDOWS[data.completion_window],
+        total=source.lines, created_at=now, expires_at=expires,
     )  # fmt: skip
     async with tenant_tx(kiln, principal.tenant_id) as session:
         session.add(row)

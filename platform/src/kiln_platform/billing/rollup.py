@@ -82,14 +82,6 @@ def key_of(e: Mapping[str, Any]) -> dict[str, Any]:
             "latency_bucket": bucket_of(latency)}  # fmt: skip
 
 
-def hourly(events: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
-    """``usage_events`` rows summed per tenant, hour, model and latency bucket."""
-    _, keys, sums = ROLLUPS[0]
-    out: Sums = {}
-    _sum_into(out, events, keys, sums)
-    return _rows(out, keys)
-
-
 ROLLUPS = (
     (TABLE, ("tenant_id", "hour", "model", "latency_bucket"), _SUMS),
     (FLEET, ("hour", "model", "latency_bucket"), _SUMS),

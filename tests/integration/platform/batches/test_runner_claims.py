@@ -23,8 +23,8 @@ async def test_a_batch_given_back_lets_the_next_one_be_claimed(db: Database) -> 
                 for m in (2, 1)]  # fmt: skip
         session.add_all(jobs)
     older, newer = (j.id for j in jobs)
-    kiln = SimpleNamespace(settings=Settings(batch_lease_s=60), db=db)  # what claims read
-    runner = BatchRunner(kiln)  # type: ignore[arg-type]
+    runner = BatchRunner(Settings(batch_lease_s=60, batch_concurrency=0))  # claims by hand
+    runner.start(SimpleNamespace(db=db))  # type: ignore[arg-type]  # what claims read
     first = await runner.claim()
     assert first is not None
     assert first.id == older

