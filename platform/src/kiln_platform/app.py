@@ -27,6 +27,7 @@ from kiln_platform.admin.deps import BAD_TEXT_MESSAGE, bad_text
 from kiln_platform.admission.middleware import admission_middleware
 from kiln_platform.audit.controllers import AuditController
 from kiln_platform.batches.controllers import BatchesController, FilesController
+from kiln_platform.batches.runner import BatchRunner
 from kiln_platform.billing.controllers import PriceBooksController
 from kiln_platform.body_limit import BodyLimits, body_limit_middleware
 from kiln_platform.context import Kiln, running
@@ -185,7 +186,7 @@ def create_app(
 
     @asynccontextmanager
     async def lifespan(app: Litestar) -> AsyncIterator[None]:
-        async with running(settings) as kiln:
+        async with running(settings, BatchRunner(settings)) as kiln:
             app.state.kiln = kiln
             # Everything built so far lives as long as the process: move it out of the cyclic
             # collector's reach, or each full collection walks it (~80 ms of stalled requests).

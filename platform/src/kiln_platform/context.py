@@ -5,14 +5,13 @@ from __future__ import annotations
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from functools import partial
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import aiohttp
 from prometheus_client import REGISTRY
 
 from kiln_platform.adapters.directory import AdapterDirectory
 from kiln_platform.admission.services import Admissions
-from kiln_platform.batches.runner import BatchRunner
 from kiln_platform.billing.ledger import LedgerWriter
 from kiln_platform.billing.pricebooks import PriceBooks
 from kiln_platform.billing.reservations import Budgets
@@ -51,6 +50,15 @@ if TYPE_CHECKING:
     from kiln_platform.settings import Settings
 
 
+class Background(Protocol):
+    """A service that runs requests through all the others (the batch runner): built by the app,
+    since it imports the gateway, which imports this module; started last, stopped first."""
+
+    def start(self, kiln: Kiln) -> None: ...
+
+    async def stop(self) -> None: ...
+
+
 @dataclass(frozen=True, slots=True)
 class Kiln:
     """What request handlers need, passed down from the app's lifespan."""
@@ -87,7 +95,7 @@ class Kiln:
     """The workers' key series, summed per pool on the gateway's ``/metrics``."""
     shadows: Mirror
     """Shadow traffic: copies of a share of requests to a candidate version, compared."""
-    batches: BatchRunner
+    batches: Background
     """Runs the Batches API's batches: started last and stopped first (its lines use the rest)."""
 
 
@@ -109,8 +117,9 @@ def _worker_http(settings: Settings) -> aiohttp.ClientSession:
 
 
 def _build(
-    settings: Settings, db: Database, http: aiohttp.ClientSession, ledger_db: AsyncEngine
-) -> Kiln:
+    settings: Settings, db: Database, http: aiohttp.ClientSession, ledger_db: AsyncEngine,
+    batches: Background,
+) -> Kiln:  # fmt: skip
     """Every service, wired to the database, the workers' session and the ledger's engine."""
     store = ArtifactStore(settings.store_dir)
     resolver = Resolver(db.sessions)
@@ -163,7 +172,7 @@ def _build(
         metrics=metrics,
         engine_metrics=EngineMetrics(pools.backend, http),
         shadows=Mirror(resolver, pools, workers, settings.request_timeout_s),
-        batches=BatchRunner(settings),
+        batches=batches,
     )
 
 
@@ -214,11 +223,12 @@ async def _stop(kiln: Kiln, ledger_db: AsyncEngine) -> None:
 
 
 @asynccontextmanager
-async def running(settings: Settings) -> AsyncIterator[Kiln]:
-    """Start every service for serving; stop them in reverse order."""
+async def running(settings: Settings, batches: Background) -> AsyncIterator[Kiln]:
+    """Start every service for serving (``batches``: the batch runner); stop them in reverse
+    order."""
     async with open_database(settings) as db, _worker_http(settings) as http:
         ledger_db = writer_engine(db.engine, db.set_role)
-        kiln = _build(settings, db, http, ledger_db)
+        kiln = _build(settings, db, http, ledger_db, batches)
         await _start(kiln)
         try:
             yield kiln
