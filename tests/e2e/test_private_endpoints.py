@@ -54,6 +54,8 @@ def test_only_the_token_scrape_names_the_tenant(kiln: KilnProcess) -> None:
     assert mine, latency
     assert 'endpoint="embeddings"' in mine[0]
     assert float(mine[0].split()[-1]) >= 3
+    items = [x for x in scraped.splitlines() if x.startswith("kiln_embeddings_items_total")]
+    assert any(f'model="{MINILM}"' in x and float(x.split()[-1]) >= 3 for x in items), items
 
 
 def test_the_gateway_sums_its_workers_engine_series(kiln: KilnProcess) -> None:

@@ -15,6 +15,7 @@ from kiln_platform.adapters.directory import SEPARATOR, split
 from kiln_platform.billing.ledger import usage_of
 from kiln_platform.billing.pricing import Quantities
 from kiln_platform.errors import BadRequest, ModelNotFound
+from kiln_platform.gateway import metrics
 from kiln_platform.gateway._offload import off_loop
 from kiln_platform.gateway.schemas import (
     Embedding,
@@ -160,6 +161,7 @@ async def embed(
     await admission.commit(
         dataclasses.replace(usage, queue_ms=result.queue_ms, compute_ms=result.compute_ms)
     )
+    metrics.EMBEDDED_ITEMS.labels(version.model).inc(len(ids))
     shadow = kiln.shadows.plan(version, request_id)
     if shadow is not None:  # a copy to the candidate, after the answer is in hand
         kiln.shadows.embed(shadow, ids, vectors, took_s)
