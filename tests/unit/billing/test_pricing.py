@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import UTC, datetime
 from decimal import Decimal
 
@@ -71,3 +72,15 @@ def test_book_in_effect() -> None:
     assert book_at(books, datetime(2025, 12, 31, tzinfo=UTC)) is None
     assert book_at(books, T0) is BOOK
     assert book_at(books, datetime(2026, 6, 1, tzinfo=UTC)) is later
+
+
+def test_a_batch_line_keeps_the_batch_discount_after_the_plans() -> None:
+    book = replace(BOOK, batch_discount_bps=5_000)
+    used = Quantities(input_tokens=1001)  # 150.15 + a request at 100
+    online = charges(book, "chat", "1", "enterprise", used)
+    batch = charges(book, "chat", "1", "enterprise", used, batch=True)
+    assert [c.list_cost_micros for c in batch] == [c.list_cost_micros for c in online] == [150, 100]
+    assert [c.cost_micros for c in online] == [120, 80]  # 20% off
+    assert [c.cost_micros for c in batch] == [60, 40]  # then 50% off that: 60.06, rounded once
+    assert cost(charges(BOOK, "chat", "1", "standard", used, batch=True)) == (250, 250)
+    assert cost(charges(None, "chat", "1", "standard", used, batch=True)) == (0, 0)

@@ -5,7 +5,7 @@
 from __future__ import annotations
 
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 import msgspec
@@ -56,9 +56,10 @@ class LineLedger:
         self.usage: Usage | None = None
 
     def record(self, usage: Usage) -> None:
-        """Keep the line's usage (the first one: an admission records once)."""
+        """Keep the line's usage (the first one: an admission records once), priced as a batch
+        line (the price book's batch discount)."""
         if self.enabled and self.usage is None:
-            self.usage = usage
+            self.usage = replace(usage, batch=True)
 
     async def commit(self, usage: Usage) -> None:
         """Keep it; the runner makes it durable with the line's result."""

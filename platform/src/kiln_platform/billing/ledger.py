@@ -52,7 +52,7 @@ log = structlog.get_logger("kiln.ledger")
 CHUNK = 1000
 EVENTS = UsageEvent.metadata.tables["usage_events"]
 CHARGES = UsageCharge.metadata.tables["usage_charges"]
-_NOT_COLUMNS = ("plan", "timezone", "at", "held")
+_NOT_COLUMNS = ("plan", "timezone", "at", "held", "batch")
 
 
 def billed(status: int) -> bool:
@@ -84,6 +84,8 @@ class Usage:
     at: datetime = field(default_factory=lambda: datetime.now(UTC))
     held: bool = True
     """Whether a budget reservation may exist for it (its admission knows; else assume so)."""
+    batch: bool = False
+    """A Batches API line: the price book's batch discount applies."""
 
 
 def usage_of(
@@ -131,7 +133,7 @@ def priced(usage: Usage, book: PriceList | None) -> tuple[dict[str, Any], list[d
     )
     lines = []
     if billed(usage.status):
-        lines = charges(book, usage.model, usage.version, usage.plan, used)
+        lines = charges(book, usage.model, usage.version, usage.plan, used, batch=usage.batch)
     list_cost, effective = cost(lines)
     currency = book.currency if book else "USD"
     version = book.version if book else None

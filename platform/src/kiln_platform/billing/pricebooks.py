@@ -79,6 +79,7 @@ def _view(book: PriceBook, prices: list[Price], discounts: list[PlanDiscount]) -
             for p in sorted(prices, key=lambda p: (p.model, p.model_version, p.unit))
         ],
         discounts={d.plan: d.discount_bps for d in discounts},
+        batch_discount_bps=book.batch_discount_bps,
     )
 
 
@@ -88,8 +89,8 @@ async def create_book(session: AsyncSession, actor: Actor, data: PriceBookCreate
     prices = _validate(data)
     await session.execute(text("LOCK TABLE price_books IN SHARE ROW EXCLUSIVE MODE"))
     version = int(await session.scalar(select(func.max(PriceBook.version))) or 0) + 1
-    book = PriceBook(version=version, currency=data.currency,
-                     effective_from=data.effective_from, note=data.note)  # fmt: skip
+    book = PriceBook(version=version, currency=data.currency, effective_from=data.effective_from,
+                     note=data.note, batch_discount_bps=data.batch_discount_bps)  # fmt: skip
     session.add(book)
     await session.flush()
     discounts = [PlanDiscount(price_book_id=book.id, plan=p, discount_bps=bps)
@@ -101,7 +102,8 @@ async def create_book(session: AsyncSession, actor: Actor, data: PriceBookCreate
     await session.refresh(book)
     view = _view(book, prices, discounts)
     after = {"currency": view.currency, "effective_from": view.effective_from.isoformat(),
-             "prices": len(view.prices), "discounts": view.discounts}  # fmt: skip
+             "prices": len(view.prices), "discounts": view.discounts,
+             "batch_discount_bps": view.batch_discount_bps}  # fmt: skip
     await audit.record(session, actor, "price_book.create", "price_book", version, None,
                        after=after)  # fmt: skip
     return view
@@ -152,6 +154,7 @@ def price_list(view: PriceBookView) -> PriceList:
             (p.model, p.model_version, p.unit): Decimal(p.unit_price_micros) for p in view.prices
         },
         discounts_bps=dict(view.discounts),
+        batch_discount_bps=view.batch_discount_bps,
     )
 
 

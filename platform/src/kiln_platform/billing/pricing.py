@@ -31,6 +31,8 @@ class PriceList:
     currency: str = "USD"
     prices: dict[tuple[str, str, str], Decimal] = field(default_factory=dict)
     discounts_bps: dict[str, int] = field(default_factory=dict)
+    batch_discount_bps: int = 0
+    """Off a Batches API line, after the plan's discount."""
 
     def unit_price(self, model: str, version: str, unit: str) -> Decimal | None:
         """The most specific price: this version, then any version, then any model."""
@@ -78,11 +80,16 @@ def micros(amount: Decimal) -> int:
 
 
 def charges(
-    book: PriceList | None, model: str, version: str, plan: str, used: Quantities
-) -> list[Charge]:
+    book: PriceList | None, model: str, version: str, plan: str, used: Quantities,
+    *, batch: bool = False,
+) -> list[Charge]:  # fmt: skip
     """The charge lines of a request: one per unit it consumed. A unit without a price (or
-    without any price book) is a line at price zero, so usage is reported before it is priced."""
+    without any price book) is a line at price zero, so usage is reported before it is priced.
+    A Batches API line (``batch``) keeps the book's batch discount off too: the two discounts
+    compose (20% and 50% leave 40%), rounded once per line."""
     keep = _ONE if book is None else (_BPS - book.discounts_bps.get(plan, 0)) / _BPS
+    if batch and book is not None:
+        keep *= (_BPS - book.batch_discount_bps) / _BPS
     lines = []
     for unit, quantity in used.by_unit().items():
         if quantity == 0:

@@ -35,6 +35,8 @@ class PriceBookCreate(msgspec.Struct, forbid_unknown_fields=True):
     currency: Currency = "USD"
     discounts: dict[Plan, Bps] = msgspec.field(default_factory=dict)
     note: Annotated[str, msgspec.Meta(max_length=1000)] | None = None
+    batch_discount_bps: Bps = 0
+    """Off each Batches API line (after the plan's discount), in basis points."""
 
 
 class PriceView(msgspec.Struct):
@@ -56,3 +58,4 @@ class PriceBookView(msgspec.Struct):
     created_at: datetime
     prices: list[PriceView]
     discounts: dict[str, int]
+    batch_discount_bps: int = 0

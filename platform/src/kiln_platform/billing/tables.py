@@ -44,6 +44,8 @@ class PriceBook(Base):
     effective_from: Mapped[datetime] = _ts()
     note: Mapped[str | None] = mapped_column(Text)
     created_at: Mapped[datetime] = _ts(server_default=func.now())
+    batch_discount_bps: Mapped[int] = mapped_column(Integer, server_default="0")
+    """Off a Batches API line's cost, after the plan's discount, in basis points."""
 
 
 class Price(Base):

@@ -1,7 +1,8 @@
 """The batch runner in the real app on a real PostgreSQL with a real all-MiniLM-L6-v2 worker,
 driven with the official openai SDK: a batch whose completion window ends mid-run expires
 with its finished lines kept and the rest as ``batch_expired`` error lines; a batch whose API
-key is revoked starts no more lines; and the runner's Prometheus series count both."""
+key is revoked starts no more lines; the runner's Prometheus series count both; and a line is
+priced with the price book's batch discount, an online request without it."""
 
 from __future__ import annotations
 
@@ -10,6 +11,8 @@ import io
 import json
 import time
 from collections.abc import AsyncIterator
+from datetime import UTC, datetime
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +25,9 @@ from pydantic import SecretStr
 from sqlalchemy import func, select
 
 from kiln_platform.app import create_app
+from kiln_platform.billing.pricebooks import create_book
+from kiln_platform.billing.pricing import micros
+from kiln_platform.billing.schemas import PriceBookCreate, PriceIn
 from kiln_platform.context import Kiln
 from kiln_platform.db.tables import UsageEvent
 from kiln_platform.keys.services import revoke_key
@@ -37,6 +43,8 @@ from ..conftest import serving
 WINDOW_S = 5.0
 """The module's ``KILN_BATCH_WINDOW_S``: every batch here must finish within it, but one."""
 FINAL = {"completed", "failed", "expired", "cancelled"}
+BATCH_BPS = 5_000
+"""The module's price book: batch lines cost half."""
 
 
 @pytest.fixture(scope="module")
@@ -58,6 +66,11 @@ async def app(
             tenant = await make_tenant(session)
             key = await make_key(session, settings.hmac_key(), tenant)
             await register_version(session, manifest, "1", kiln.store.put_dir(minilm))
+            book = PriceBookCreate(
+                prices=[PriceIn(MINILM, "input_token", "3")], batch_discount_bps=BATCH_BPS,
+                effective_from=datetime(2020, 1, 1, tzinfo=UTC),
+            )  # fmt: skip
+            await create_book(session, CLI, book)
         await kiln.resolver.refresh()
         made.state.key, made.state.tenant = key, tenant
         yield made
@@ -188,3 +201,26 @@ async def test_a_revoked_key_starts_no_more_lines(app: Any, client: openai.Async
     assert await _billed(app, batch.id) == counts.completed
     assert _sample("kiln_batch_lines_total", outcome="ok") == ok + counts.completed
     assert _sample("kiln_batch_line_duration_seconds_count") == latencies + counts.completed
+
+
+async def test_a_line_is_priced_with_the_batch_discount(
+    app: Any, client: openai.AsyncOpenAI
+) -> None:
+    texts = _texts(2)
+    online = await client.embeddings.with_raw_response.create(model=MINILM, input=texts)
+    batch = await _submit(client, [{"model": MINILM, "input": texts}] * 3)
+    done = await _finished(client, batch.id)
+    assert (done.status, done.request_counts.completed) == ("completed", 3)
+    kiln: Kiln = app.state.kiln
+    async with kiln.db.sessions() as session:
+        rows = (await session.execute(
+            select(UsageEvent.request_id, UsageEvent.list_cost_micros, UsageEvent.cost_micros)
+            .where(UsageEvent.request_id.like(f"{done.id}_%")
+                   | (UsageEvent.request_id == online.headers["x-request-id"]))
+        )).all()  # fmt: skip
+    costs = {rid.startswith(done.id): (listed, cost) for rid, listed, cost in rows}
+    assert len(rows) == 4
+    listed, cost = costs[False]  # online: the list price (no plan discount here)
+    assert listed > 0
+    assert cost == listed
+    assert costs[True] == (listed, micros(Decimal(listed) * (10_000 - BATCH_BPS) / 10_000))
