@@ -11,6 +11,7 @@ so a sequence never waits for the cache to grow. ``shrink`` hands the written pa
 from __future__ import annotations
 
 import mmap
+import platform
 import sys
 from typing import TYPE_CHECKING, Any
 
@@ -24,9 +25,10 @@ if TYPE_CHECKING:
     from kiln_runtimes.backends._genai_config import ModelSpec
     from kiln_runtimes.backends._genai_scheduler import PrefillWork, StepPlan
 
-MIN_CAPACITY = 256
-"""Positions per row that ``shrink`` leaves resident (it releases nothing below this)."""
-_NORESERVE = getattr(mmap, "MAP_NORESERVE", 0x4000 if sys.platform == "linux" else 0)
+SHRINK_ABOVE = 256
+"""``shrink`` releases pages only after a row held more positions than this."""
+_LINUX_NORESERVE = sys.platform == "linux" and platform.machine() in ("x86_64", "aarch64")
+_NORESERVE = getattr(mmap, "MAP_NORESERVE", 0x4000 if _LINUX_NORESERVE else 0)  # 3.11 lacks it
 ORT_TYPES: dict[str, Any] = {
     "tensor(float)": np.float32,
     "tensor(float16)": np.float16,
@@ -94,15 +96,15 @@ class ModelRunner:
             logits.update((slot, rows[slot]) for slot in plan.decode_slots)
         return logits
 
-    def reserve(self, positions: int) -> None:
-        """Note that a row will hold ``positions`` tokens; nothing moves or is allocated."""
+    def _track(self, positions: int) -> None:
+        """Check a row can hold ``positions`` tokens (nothing moves or is allocated)."""
         if positions > self.capacity:
             raise ValueError(f"{positions} positions exceed the context length")
         self._written = max(self._written, positions)
 
     def shrink(self) -> None:
         """Release cache memory; call only when no sequence holds a slot."""
-        if self._written <= MIN_CAPACITY:
+        if self._written <= SHRINK_ABOVE:
             return
         for area in self._areas:  # the pages read as zeros again; buffers and bindings stay valid
             area.madvise(mmap.MADV_DONTNEED)
@@ -110,7 +112,7 @@ class ModelRunner:
 
     def _prefill(self, work: PrefillWork) -> npt.NDArray[np.float32]:
         end = work.start + len(work.token_ids)
-        self.reserve(end)
+        self._track(end)
         binding = self._bind_kv(work.slot, work.slot + 1)
         ids = np.asarray([work.token_ids], dtype=self._id_type)
         mask = np.ones((1, end), dtype=self._mask_type)
@@ -122,7 +124,7 @@ class ModelRunner:
     ) -> npt.NDArray[np.float32]:
         totals = np.asarray(lengths, dtype=np.int64) + 1
         width = int(totals.max())
-        self.reserve(width)
+        self._track(width)
         binding = self._decode_bindings.get(len(tokens))
         if binding is None:
             binding = self._decode_bindings[len(tokens)] = self._bind_kv(0, len(tokens))
