@@ -97,14 +97,6 @@ def _second(kiln: KilnProcess) -> int:
     return r.status_code
 
 
-@pytest.mark.xfail(
-    strict=False,
-    reason="quarantined 2026-12-02: the worker's KV cache doubling (ModelRunner.reserve: new "
-    "zeroed arrays for every slot and layer, then a copy) stalls generation 3-4 s at 512 and "
-    "1024 positions on this machine (py-spy: 358 samples in reserve against 239 in ORT's run); "
-    "a stall near KILN_REQUEST_TIMEOUT_S=5, the stream's read timeout, ends the stream with "
-    "'The pool did not answer in time.' in 5 of 6 runs. Remove with the engine fix.",
-)
 def test_a_stream_keeps_its_lease_and_hold_until_its_deadline(kiln: KilnProcess) -> None:
     client = openai.OpenAI(base_url=f"{kiln.base_url}/v1", api_key=kiln.key, max_retries=0)
     start = time.monotonic()

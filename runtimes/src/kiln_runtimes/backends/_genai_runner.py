@@ -1,14 +1,18 @@
 """Runs a ``StepPlan`` on the GenAI folder's ``model.onnx`` with one slot-indexed KV cache.
 
-The KV cache of every layer is one ``[slots, kv_heads, capacity, head_size]`` buffer bound as both
-past input and present output (GroupQueryAttention's shared-buffer mode), so a decode step over
-rows ``0..n-1`` is a single ONNX Runtime call on a contiguous view and a prefill is a call on one
-row. Sequence lengths travel in ``attention_mask``; rows never move. ``capacity`` grows in powers
-of two with the longest sequence and shrinks back when the engine is idle.
+The KV cache of every layer is one ``[slots, kv_heads, context_length, head_size]`` buffer bound
+as both past input and present output (GroupQueryAttention's shared-buffer mode), so a decode step
+over rows ``0..n-1`` is a single ONNX Runtime call on a contiguous view and a prefill is a call on
+one row. Sequence lengths travel in ``attention_mask``; rows never move, and neither do buffers:
+each is mapped once at full size (``_kv_area``) and costs memory only where positions were written,
+so a sequence never waits for the cache to grow. ``shrink`` hands the written pages back when idle.
 """
 
 from __future__ import annotations
 
+import mmap
+import platform
+import sys
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -21,7 +25,10 @@ if TYPE_CHECKING:
     from kiln_runtimes.backends._genai_config import ModelSpec
     from kiln_runtimes.backends._genai_scheduler import PrefillWork, StepPlan
 
-MIN_CAPACITY = 256
+SHRINK_ABOVE = 256
+"""``shrink`` releases pages only after a row held more positions than this."""
+_LINUX_NORESERVE = sys.platform == "linux" and platform.machine() in ("x86_64", "aarch64")
+_NORESERVE = getattr(mmap, "MAP_NORESERVE", 0x4000 if _LINUX_NORESERVE else 0)  # 3.11 lacks it
 ORT_TYPES: dict[str, Any] = {
     "tensor(float)": np.float32,
     "tensor(float16)": np.float16,
@@ -62,17 +69,18 @@ class ModelRunner:
         if adapter_slots:
             self.adapters = AdapterSlots(targets, adapter_slots, adapter_rank, types[MASK])
         self.spec = spec
-        self._slots = max_sequences
         self._id_type = types[spec.input_ids]
         self._mask_type = types[spec.attention_mask]
         self._kv_type = types[spec.past_key % 0]
         logits = next(o for o in self._session.get_outputs() if o.name == spec.logits)
         self._logits_type = ORT_TYPES[logits.type]
         self._pruned = logits.shape[1] == 1  # ``prune_lm_head``: last position only
-        self._kv: list[npt.NDArray[Any]] = []
+        self.capacity = spec.context_length
+        shape = (max_sequences, spec.num_kv_heads, self.capacity, spec.head_size)
+        self._areas = [_kv_area(shape, self._kv_type) for _ in spec.kv_names()]
+        self._kv = [np.frombuffer(area, self._kv_type).reshape(shape) for area in self._areas]
         self._decode_bindings: dict[int, Any] = {}
-        self.capacity = 0
-        self.reserve(MIN_CAPACITY)
+        self._written = 0  # the most positions a row has held since the last ``shrink``
 
     def execute(self, plan: StepPlan) -> dict[int, npt.NDArray[np.float32]]:
         """Run the step plan; returns last-position logits for every slot that samples this step."""
@@ -88,32 +96,23 @@ class ModelRunner:
             logits.update((slot, rows[slot]) for slot in plan.decode_slots)
         return logits
 
-    def reserve(self, positions: int) -> None:
-        """Make every row hold at least ``positions`` tokens (copying what is cached)."""
-        if positions <= self.capacity:
-            return
-        if positions > self.spec.context_length:
+    def _track(self, positions: int) -> None:
+        """Check a row can hold ``positions`` tokens (nothing moves or is allocated)."""
+        if positions > self.capacity:
             raise ValueError(f"{positions} positions exceed the context length")
-        capacity = max(MIN_CAPACITY, 1 << (positions - 1).bit_length())
-        capacity = min(capacity, self.spec.context_length)
-        shape = (self._slots, self.spec.num_kv_heads, capacity, self.spec.head_size)
-        kv = [np.zeros(shape, dtype=self._kv_type) for _ in self.spec.kv_names()]
-        for new, old in zip(kv, self._kv, strict=False):
-            new[:, :, : self.capacity] = old
-        self._kv, self.capacity = kv, capacity
-        self._decode_bindings.clear()
+        self._written = max(self._written, positions)
 
     def shrink(self) -> None:
         """Release cache memory; call only when no sequence holds a slot."""
-        if self.capacity <= MIN_CAPACITY:
+        if self._written <= SHRINK_ABOVE:
             return
-        self._kv, self.capacity = [], 0
-        self._decode_bindings.clear()
-        self.reserve(MIN_CAPACITY)
+        for area in self._areas:  # the pages read as zeros again; buffers and bindings stay valid
+            area.madvise(mmap.MADV_DONTNEED)
+        self._written = 0
 
     def _prefill(self, work: PrefillWork) -> npt.NDArray[np.float32]:
         end = work.start + len(work.token_ids)
-        self.reserve(end)
+        self._track(end)
         binding = self._bind_kv(work.slot, work.slot + 1)
         ids = np.asarray([work.token_ids], dtype=self._id_type)
         mask = np.ones((1, end), dtype=self._mask_type)
@@ -125,7 +124,7 @@ class ModelRunner:
     ) -> npt.NDArray[np.float32]:
         totals = np.asarray(lengths, dtype=np.int64) + 1
         width = int(totals.max())
-        self.reserve(width)
+        self._track(width)
         binding = self._decode_bindings.get(len(tokens))
         if binding is None:
             binding = self._decode_bindings[len(tokens)] = self._bind_kv(0, len(tokens))
@@ -164,6 +163,17 @@ class ModelRunner:
         if self.adapters is None:
             raise RuntimeError("this model was loaded without adapter slots")
         return self.adapters
+
+
+def _kv_area(shape: tuple[int, ...], dtype: Any) -> mmap.mmap:
+    """Private anonymous memory for one KV buffer, mapped (not committed) at full size: a page
+    becomes resident when a position in it is first written. Small pages: numpy's allocator
+    asks for transparent huge pages, which would make 2 MB resident for one written position."""
+    area = mmap.mmap(-1, int(np.prod(shape)) * np.dtype(dtype).itemsize,
+                     flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | _NORESERVE)  # fmt: skip
+    if hasattr(mmap, "MADV_NOHUGEPAGE"):
+        area.madvise(mmap.MADV_NOHUGEPAGE)
+    return area
 
 
 def _bind_array(bind: Any, name: str, array: npt.NDArray[Any]) -> None:
