@@ -39,6 +39,7 @@ from kiln_platform.shadow.mirror import Mirror
 from kiln_platform.slo import crashloop
 from kiln_platform.slo.monitor import SloMonitor
 from kiln_platform.slo.sli import SliRecorder
+from kiln_platform.webhooks.sender import WebhookSender
 from kiln_runtimes.store import ArtifactStore
 
 if TYPE_CHECKING:
@@ -86,6 +87,8 @@ class Kiln:
     """The workers' key series, summed per pool on the gateway's ``/metrics``."""
     shadows: Mirror
     """Shadow traffic: copies of a share of requests to a candidate version, compared."""
+    webhooks: WebhookSender
+    """Tenants' outbound webhooks: the outbox's delivery loop (``kiln_platform.webhooks``)."""
 
 
 def _pool_backend(settings: Settings, http: aiohttp.ClientSession) -> PoolBackend:
@@ -160,6 +163,7 @@ def _build(
         metrics=metrics,
         engine_metrics=EngineMetrics(pools.backend, http),
         shadows=Mirror(resolver, pools, workers, settings.request_timeout_s),
+        webhooks=WebhookSender(db.sessions, settings),
     )
 
 
@@ -186,10 +190,12 @@ async def _start(kiln: Kiln) -> None:
     await kiln.slos.start()
     await kiln.rollouts.start()
     kiln.shadows.start(kiln.db.sessions)
+    kiln.webhooks.start()
 
 
 async def _stop(kiln: Kiln, ledger_db: AsyncEngine) -> None:
     """Stop them in reverse order: the ledger flushes before budgets and quotas let go."""
+    await kiln.webhooks.stop()
     await kiln.shadows.stop()
     await kiln.rollouts.stop()
     await kiln.slos.stop()
