@@ -52,6 +52,7 @@ PUBLIC, SIGNED_IN = "public", "signed-in"
 
 # (method, route path as the app declares it) -> the resource it reads (GET) or writes.
 HOOK = "/admin/v1/tenants/{tenant_id:uuid}/webhooks/{webhook_id:uuid}"
+CONSOLE_HOOK = "/console/tenants/{tenant_id:uuid}/webhooks/{webhook_id:uuid}"
 ADMIN: dict[tuple[str, str], str] = {
     ("GET", "/admin/v1/tenants"): "tenants",
     ("POST", "/admin/v1/tenants"): "tenants",
@@ -164,6 +165,12 @@ CONSOLE: dict[tuple[str, str], str] = {
     ("POST", "/console/slos"): "slos",
     ("POST", "/console/slos/{slo:str}/delete"): "slos",
     ("GET", "/console/alerts"): "alerts",
+    ("GET", "/console/tenants/{tenant_id:uuid}/webhooks"): "webhooks",
+    ("POST", "/console/tenants/{tenant_id:uuid}/webhooks"): "webhooks",
+    ("GET", f"{CONSOLE_HOOK}"): "webhooks",
+    ("POST", f"{CONSOLE_HOOK}/rotate-secret"): "webhooks",
+    ("POST", f"{CONSOLE_HOOK}/delete"): "webhooks",
+    ("POST", f"{CONSOLE_HOOK}/deliveries/{{delivery_id:uuid}}/redeliver"): "webhooks",
 }  # fmt: skip
 
 ADMIN_SCOPES = frozenset({"admin:read", "admin:write"})

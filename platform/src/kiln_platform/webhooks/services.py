@@ -89,6 +89,14 @@ async def list_endpoints(
     return [view(r) for r in rows]
 
 
+async def get_endpoint(
+    session: AsyncSession, actor: Actor, tenant_id: uuid.UUID, endpoint_id: uuid.UUID
+) -> EndpointView:
+    """One of the tenant's endpoints."""
+    require(actor, RESOURCE)
+    return view(await _endpoint(session, actor, tenant_id, endpoint_id))
+
+
 async def update_endpoint(
     session: AsyncSession, actor: Actor, tenant_id: uuid.UUID, endpoint_id: uuid.UUID,
     data: EndpointUpdate, *, allow: tuple[guard.Network, ...],
