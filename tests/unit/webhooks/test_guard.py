@@ -10,7 +10,8 @@ from kiln_platform.webhooks.guard import Refused, allowed, networks, parse, scre
 
 REFUSED = ["127.0.0.1", "10.1.2.3", "172.16.0.1", "192.168.0.1", "169.254.169.254", "::1",
            "fe80::1", "fc00::1", "224.0.0.1", "0.0.0.0", "100.64.0.1", "::ffff:127.0.0.1",  # noqa: S104
-           "240.0.0.1", "ff02::1"]  # fmt: skip
+           "240.0.0.1", "ff02::1", "2002:7f00:1::", "64:ff9b::a00:1",
+           "2001:0:4136:e378:8000:63bf:f5ff:fffe"]  # fmt: skip
 
 
 @pytest.mark.parametrize("address", REFUSED)

@@ -32,13 +32,32 @@ def networks(value: str) -> tuple[Network, ...]:
     return tuple(ipaddress.ip_network(part.strip()) for part in value.split(",") if part.strip())
 
 
+NAT64 = ipaddress.ip_network("64:ff9b::/96")
+
+
+def embedded(address: Address) -> Address:
+    """The IPv4 address an IPv6 one carries (mapped, 6to4, Teredo, NAT64), else itself."""
+    if isinstance(address, ipaddress.IPv4Address):
+        return address
+    if address.ipv4_mapped is not None:
+        return address.ipv4_mapped
+    if address.sixtofour is not None:
+        return address.sixtofour
+    if address.teredo is not None:
+        return address.teredo[1]
+    if address in NAT64:
+        return ipaddress.IPv4Address(int(address) & 0xFFFFFFFF)
+    return address
+
+
 def allowed(address: Address, allow: Iterable[Network]) -> bool:
     """Public (globally routable, not multicast), or inside a network the operator allows."""
-    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
-        address = address.ipv4_mapped
     if any(address in net for net in allow):
         return True
-    return address.is_global and not address.is_multicast
+    inner = embedded(address)
+    if inner != address and any(inner in net for net in allow):
+        return True
+    return all(a.is_global and not a.is_multicast for a in {address, inner})
 
 
 def parse(url: str) -> tuple[str, int]:

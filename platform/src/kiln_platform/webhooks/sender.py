@@ -150,12 +150,14 @@ class WebhookSender:
             for out, sent in zip(claimed, results, strict=True):
                 metrics.ATTEMPTS.labels(sent.outcome).inc()
                 metrics.LATENCY.observe(sent.duration_s)
+                row = await session.get(WebhookDelivery, out.id, with_for_update=True)
+                if row is None:
+                    continue  # deleted with its endpoint meanwhile
                 session.add(WebhookAttempt(
                     tenant_id=out.tenant_id, delivery_id=out.id, outcome=sent.outcome,
                     response_code=sent.code, duration_ms=sent.duration_s * 1000, error=sent.error,
                 ))  # fmt: skip
-                row = await session.get(WebhookDelivery, out.id, with_for_update=True)
-                if row is not None and row.state == "pending":  # else deleted meanwhile
+                if row.state == "pending":
                     self._settle(row, sent)
 
     def _settle(self, row: WebhookDelivery, sent: Sent) -> None:

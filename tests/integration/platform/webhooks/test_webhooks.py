@@ -35,6 +35,7 @@ from kiln_platform.settings import Settings
 from kiln_platform.tenants.services import insert_tenant
 from kiln_platform.webhooks import events, guard, services, signing
 from kiln_platform.webhooks.schemas import EndpointCreate
+from kiln_platform.webhooks.sender import WebhookSender
 from tests.asgi import asgi
 
 from ..conftest import serving
@@ -286,3 +287,25 @@ async def test_a_rotated_secret_signs_beside_the_new_one(world: World) -> None:
 
 def _now() -> datetime:
     return datetime.now(UTC)
+
+
+async def test_two_gateways_send_each_delivery_once(world: World) -> None:
+    """A second delivery loop on the same database (another gateway): claims are locked and
+    leased, so each event still arrives once."""
+    hook = Receiver()
+    kiln = world.app.state.kiln
+    other = WebhookSender(kiln.db.sessions, kiln.settings)
+    other.start()
+    try:
+        async with loopback(hook) as url:
+            _, hook.secret = await world.register(url, "batch.completed")
+            for n in range(12):
+                async with kiln.db.sessions.begin() as session:
+                    await events.emit(session, world.tenant, "batch.completed", {"n": n})
+            await _until(lambda: len(hook.seen) >= 12)
+            await asyncio.sleep(0.5)
+    finally:
+        await other.stop()
+    ids = [seen[0] for seen in hook.seen]
+    assert len(ids) == 12 == len(set(ids))
+    assert sorted(p["data"]["n"] for _, _, p in hook.seen) == list(range(12))
