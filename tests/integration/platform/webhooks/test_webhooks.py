@@ -23,6 +23,7 @@ import msgspec
 import openai
 import pytest
 from aiohttp import web
+from cryptography.exceptions import InvalidTag
 from pydantic import SecretStr
 from standardwebhooks import Webhook, WebhookVerificationError
 
@@ -36,6 +37,7 @@ from kiln_platform.tenants.services import insert_tenant
 from kiln_platform.webhooks import events, guard, services, signing
 from kiln_platform.webhooks.schemas import EndpointCreate
 from kiln_platform.webhooks.sender import WebhookSender
+from kiln_platform.webhooks.tables import WebhookEndpoint
 from tests.asgi import asgi
 
 from ..conftest import serving
@@ -283,6 +285,15 @@ async def test_a_rotated_secret_signs_beside_the_new_one(world: World) -> None:
     body, headers = hook.raw[0]
     assert len(headers["webhook-signature"].split(" ")) == 2  # one v1 signature per secret
     Webhook(new).verify(body, headers)  # an updated receiver verifies too
+
+    async with world.app.state.kiln.db.sessions() as session:  # sealed at rest, to its slot
+        row = await session.get(WebhookEndpoint, uuid.UUID(endpoint))
+    assert row is not None
+    assert new.encode() not in row.secret_sealed
+    assert old.encode() not in (row.previous_sealed or b"")
+    seal = signing.webhook_seal(world.app.state.kiln.settings.hmac_key())
+    with pytest.raises(InvalidTag):  # the rotated secret does not open as the current one
+        seal.open(row.previous_sealed or b"", signing.identity(row.id))
 
 
 def _now() -> datetime:
