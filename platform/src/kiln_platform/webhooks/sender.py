@@ -18,8 +18,9 @@ import msgspec
 import structlog
 from sqlalchemy import select, update
 
-from kiln_platform.webhooks import guard, metrics, policy, signing
+from kiln_platform.webhooks import guard, metrics, policy, signing, transport
 from kiln_platform.webhooks.tables import WebhookAttempt, WebhookDelivery, WebhookEndpoint
+from kiln_platform.webhooks.transport import Sent
 
 if TYPE_CHECKING:
     import uuid
@@ -41,16 +42,6 @@ class Outgoing:
     url: str
     body: bytes
     keys: list[str]
-
-
-@dataclass(frozen=True, slots=True)
-class Sent:
-    """One attempt's result."""
-
-    outcome: str
-    code: int | None
-    duration_s: float
-    error: str | None
 
 
 class WebhookSender:
@@ -123,7 +114,7 @@ class WebhookSender:
             ]  # fmt: skip
 
     async def _send(self, out: Outgoing) -> Sent:
-        """One POST, timed: ``delivered`` on a 2xx, else ``error`` (or ``refused``)."""
+        """One POST (``transport.post``), after the SSRF guard's check (``refused``)."""
         started = time.perf_counter()
         try:
             await guard.screen(out.url, self._allow)
@@ -131,18 +122,9 @@ class WebhookSender:
             return Sent("refused", None, time.perf_counter() - started, exc.message)
         headers = signing.headers(signing.message_id(out.id), out.body, out.keys)
         assert self._http is not None
-        timeout = aiohttp.ClientTimeout(total=self._settings.webhook_timeout_s)
-        try:
-            async with self._http.post(out.url, data=out.body, headers=headers, timeout=timeout,
-                                       allow_redirects=False) as response:  # fmt: skip
-                code = response.status
-        except (aiohttp.ClientError, TimeoutError) as exc:
-            return Sent("error", None, time.perf_counter() - started,
-                        f"{type(exc).__name__}: {exc}"[:500])  # fmt: skip
-        took = time.perf_counter() - started
-        return Sent("delivered", code, took, None) if 200 <= code < 300 else Sent(
-            "error", code, took, f"HTTP {code}"
-        )  # fmt: skip
+        return await transport.post(
+            self._http, out.url, out.body, headers, self._settings.webhook_timeout_s
+        )
 
     async def _record(self, claimed: list[Outgoing], results: list[Sent]) -> None:
         """Store each attempt; end a delivery (delivered, failed) or schedule its next try."""
