@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 import aiohttp
 import msgspec
 import structlog
+from cryptography.exceptions import InvalidTag
 from sqlalchemy import select, update
 
 from kiln_platform.webhooks import guard, metrics, policy, signing, transport
@@ -109,13 +110,24 @@ class WebhookSender:
                 )
             return [
                 Outgoing(d.id, d.tenant_id, e.url, msgspec.json.encode(d.payload),
-                         signing.secrets_in_force(e, self._seal, now))
+                         self._keys(e, now))
                 for d, e in rows
             ]  # fmt: skip
+
+    def _keys(self, endpoint: WebhookEndpoint, now: datetime) -> list[str]:
+        """The endpoint's secrets in force; none if they do not open (the server secret
+        changed, or the row was tampered with): its deliveries then fail, the others go on."""
+        try:
+            return signing.secrets_in_force(endpoint, self._seal, now)
+        except (InvalidTag, ValueError):
+            log.error("a webhook secret does not open", endpoint=str(endpoint.id))
+            return []
 
     async def _send(self, out: Outgoing) -> Sent:
         """One POST (``transport.post``), after the SSRF guard's check (``refused``)."""
         started = time.perf_counter()
+        if not out.keys:
+            return Sent("error", None, 0.0, "The endpoint's secret does not open; rotate it.")
         try:
             await guard.screen(out.url, self._allow)
         except guard.Refused as exc:

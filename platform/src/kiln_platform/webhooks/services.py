@@ -7,6 +7,7 @@ import uuid
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING
 
+from cryptography.exceptions import InvalidTag
 from sqlalchemy import select
 
 from kiln_platform.admin.authz import Actor, check_tenant, require
@@ -138,14 +139,20 @@ async def rotate_secret(
     """A new secret (shown once); the old one still signs, beside it, for ``grace_s``."""
     require(actor, RESOURCE, write=True)
     row = await _endpoint(session, actor, tenant_id, endpoint_id)
-    old = seal.open(row.secret_sealed, signing.identity(row.id)).decode()
+    try:
+        old: str | None = seal.open(row.secret_sealed, signing.identity(row.id)).decode()
+    except (InvalidTag, ValueError):  # sealed under another server secret: nothing to keep
+        old = None
     secret = signing.new_secret()
     row.secret_sealed = signing.seal_secret(seal, row.id, secret)
-    row.previous_sealed = signing.seal_secret(seal, row.id, old, previous=True)
-    row.previous_until = datetime.now(UTC) + timedelta(seconds=grace_s)
+    row.previous_sealed = None if old is None else signing.seal_secret(
+        seal, row.id, old, previous=True
+    )  # fmt: skip
+    row.previous_until = None if old is None else datetime.now(UTC) + timedelta(seconds=grace_s)
     await session.flush()
+    until = row.previous_until.isoformat() if row.previous_until else None
     await record(session, actor, "webhook.rotate-secret", "webhook", row.id, tenant_id,
-                 after={"previous_until": row.previous_until.isoformat()})  # fmt: skip
+                 after={"previous_until": until})  # fmt: skip
     return EndpointSecret(view(row), secret)
 
 

@@ -320,3 +320,32 @@ async def test_two_gateways_send_each_delivery_once(world: World) -> None:
     ids = [seen[0] for seen in hook.seen]
     assert len(ids) == 12 == len(set(ids))
     assert sorted(p["data"]["n"] for _, _, p in hook.seen) == list(range(12))
+
+
+async def test_a_secret_that_does_not_open_fails_only_its_own_deliveries(world: World) -> None:
+    """An endpoint sealed under another server secret: its delivery fails (logged per attempt)
+    while the others of the same poll go out; rotating gives it a working secret."""
+    hook = Receiver()
+    kiln = world.app.state.kiln
+    async with loopback(hook) as url:
+        _, hook.secret = await world.register(url, "budget.threshold_reached")
+        async with kiln.db.sessions.begin() as session:
+            bad = WebhookEndpoint(tenant_id=world.tenant, url=url, secret_sealed=b"\0" * 40,
+                                  events=["budget.threshold_reached"])  # fmt: skip
+            session.add(bad)
+            await session.flush()
+            await events.emit(session, world.tenant, "budget.threshold_reached", {"n": 1})
+        log = f"{world.base}/{bad.id}/deliveries"
+
+        async def failed_once() -> bool:
+            found = (await world.admin.get(log)).json()
+            return bool(found and found[0]["log"])
+
+        await _until(failed_once)
+        await _until(lambda: len(hook.seen) == 1)
+    (only,) = (await world.admin.get(log)).json()
+    assert only["log"][0]["outcome"] == "error"
+    assert "does not open" in only["log"][0]["error"]
+    r = await world.admin.post(f"{world.base}/{bad.id}/rotate-secret")
+    assert r.status_code == 201, r.text
+    assert r.json()["endpoint"]["previous_secret_until"] is None  # nothing old to keep
