@@ -13,6 +13,7 @@ from kiln_platform.db.tables import Base
 from kiln_platform.registry import tables as _registry_tables  # noqa: F401  (registers them)
 from kiln_platform.shadow import tables as _shadow_tables  # noqa: F401  (registers them)
 from kiln_platform.slo import tables as _slo_tables  # noqa: F401  (registers them)
+from kiln_platform.webhooks import tables as _webhook_tables  # noqa: F401  (registers them)
 
 target_metadata = Base.metadata
 

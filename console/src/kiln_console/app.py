@@ -36,6 +36,7 @@ from kiln_console import (
     overview,
     pages,
     slos,
+    webhooks,
 )
 from kiln_console.csrf import SessionCSRFMiddleware
 from kiln_console.sso import OpenIDProvider
@@ -128,6 +129,7 @@ def console(settings: Settings) -> Console:
             models.Models,
             audit.Audit,
             slos.Slos,
+            webhooks.Webhooks,
             static,
         ],
         dependencies={

@@ -57,6 +57,7 @@ from kiln_platform.slo.controllers import (
 )
 from kiln_platform.tenants.controllers import TenantsController
 from kiln_platform.users.controllers import UsersController
+from kiln_platform.webhooks.controllers import WebhooksController
 from kiln_runtimes import tracing
 
 log = structlog.get_logger("kiln.app")
@@ -142,7 +143,7 @@ _CONTROLLERS = (
     RoutesController, TenantsController,
     KeysController, UsersController, ClientsController, AdaptersController, AuditController,
     QuotasController, PriceBooksController, ReportsController, SlosController, AlertsController,
-    AlertReceiversController, ShadowController,
+    AlertReceiversController, ShadowController, WebhooksController,
     OAuthController,
 )  # fmt: skip
 

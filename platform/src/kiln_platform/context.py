@@ -39,6 +39,7 @@ from kiln_platform.shadow.mirror import Mirror
 from kiln_platform.slo import crashloop
 from kiln_platform.slo.monitor import SloMonitor
 from kiln_platform.slo.sli import SliRecorder
+from kiln_platform.webhooks.sender import WebhookSender
 from kiln_runtimes.store import ArtifactStore
 
 if TYPE_CHECKING:
@@ -97,6 +98,8 @@ class Kiln:
     """Shadow traffic: copies of a share of requests to a candidate version, compared."""
     batches: Background
     """Runs the Batches API's batches: started last and stopped first (its lines use the rest)."""
+    webhooks: WebhookSender
+    """Tenants' outbound webhooks: the outbox's delivery loop (``kiln_platform.webhooks``)."""
 
 
 def _pool_backend(settings: Settings, http: aiohttp.ClientSession) -> PoolBackend:
@@ -173,6 +176,7 @@ def _build(
         engine_metrics=EngineMetrics(pools.backend, http),
         shadows=Mirror(resolver, pools, workers, settings.request_timeout_s),
         batches=batches,
+        webhooks=WebhookSender(db.sessions, settings),
     )
 
 
@@ -200,12 +204,14 @@ async def _start(kiln: Kiln) -> None:
     await kiln.slos.start()
     await kiln.rollouts.start()
     kiln.shadows.start(kiln.db.sessions)
+    kiln.webhooks.start()
     kiln.batches.start(kiln)  # its lines use every service above, the pools' workers too
 
 
 async def _stop(kiln: Kiln, ledger_db: AsyncEngine) -> None:
     """Stop them in reverse order: the ledger flushes before budgets and quotas let go."""
     await kiln.batches.stop()  # first: its lines in flight still hold pools and the ledger
+    await kiln.webhooks.stop()
     await kiln.shadows.stop()
     await kiln.rollouts.stop()
     await kiln.slos.stop()

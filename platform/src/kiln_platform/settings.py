@@ -200,8 +200,30 @@ class Settings(BaseSettings):
     server secret (``kiln slo webhook-secret`` prints it)."""
     alert_retry_s: float = Field(default=5.0, gt=0)
     """First retry delay of a failed delivery; doubles each attempt, up to 10 attempts."""
+    webhook_allow_networks: str = ""
+    """Networks tenants' webhooks may target although not public (``127.0.0.0/8,::1/128``;
+    comma-separated). Empty: private, loopback, link-local, multicast and reserved addresses
+    are refused at registration and at every delivery (the SSRF guard, ``webhooks.guard``)."""
+    webhook_retry_base_s: float = Field(default=10.0, gt=0)
+    """First retry delay of a failed webhook delivery; doubles each attempt (with jitter)."""
+    webhook_retry_window_s: float = Field(default=86400.0, gt=0)
+    """How long a webhook delivery is retried before it is marked failed (a day)."""
+    webhook_poll_s: float = Field(default=1.0, gt=0)
+    """How often each gateway looks for webhook deliveries that are due."""
+    webhook_timeout_s: float = Field(default=10.0, gt=0)
+    """How long one webhook POST may take (connect and answer)."""
+    webhook_rotation_grace_s: float = Field(default=86400.0, ge=0)
+    """How long a rotated webhook secret still signs deliveries, beside the new one."""
     min_opset: int = 7
     max_opset: int = 23
+
+    @field_validator("webhook_allow_networks")
+    @classmethod
+    def _networks(cls, value: str) -> str:
+        from kiln_platform.webhooks.guard import networks
+
+        networks(value)  # its ValueError names the bad network
+        return value
 
     @field_validator("worker_cpus")
     @classmethod

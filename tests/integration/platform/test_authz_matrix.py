@@ -13,7 +13,7 @@ import re
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
@@ -40,6 +40,8 @@ from kiln_platform.slo import services as slo_services
 from kiln_platform.slo.schemas import ReceiverCreate, SloCreate
 from kiln_platform.users.schemas import UserCreate
 from kiln_platform.users.services import create_user
+from kiln_platform.webhooks import signing
+from kiln_platform.webhooks.tables import WebhookDelivery, WebhookEndpoint
 from tests.asgi import asgi
 from tests.factories import CLI, make_key, make_tenant
 
@@ -49,6 +51,8 @@ from .console.conftest import PASSWORD, csrf
 PUBLIC, SIGNED_IN = "public", "signed-in"
 
 # (method, route path as the app declares it) -> the resource it reads (GET) or writes.
+HOOK = "/admin/v1/tenants/{tenant_id:uuid}/webhooks/{webhook_id:uuid}"
+CONSOLE_HOOK = "/console/tenants/{tenant_id:uuid}/webhooks/{webhook_id:uuid}"
 ADMIN: dict[tuple[str, str], str] = {
     ("GET", "/admin/v1/tenants"): "tenants",
     ("POST", "/admin/v1/tenants"): "tenants",
@@ -108,6 +112,13 @@ ADMIN: dict[tuple[str, str], str] = {
     ("GET", "/admin/v1/slos/{slo:str}/status"): "slos",
     ("DELETE", "/admin/v1/slos/{slo:str}"): "slos",
     ("GET", "/admin/v1/alerts"): "alerts",
+    ("GET", "/admin/v1/tenants/{tenant_id:uuid}/webhooks"): "webhooks",
+    ("POST", "/admin/v1/tenants/{tenant_id:uuid}/webhooks"): "webhooks",
+    ("PATCH", "/admin/v1/tenants/{tenant_id:uuid}/webhooks/{webhook_id:uuid}"): "webhooks",
+    ("DELETE", "/admin/v1/tenants/{tenant_id:uuid}/webhooks/{webhook_id:uuid}"): "webhooks",
+    ("POST", f"{HOOK}/rotate-secret"): "webhooks",
+    ("GET", f"{HOOK}/deliveries"): "webhooks",
+    ("POST", f"{HOOK}/deliveries/{{delivery_id:uuid}}/redeliver"): "webhooks",
     ("GET", "/admin/v1/alert-receivers"): "alert-receivers",
     ("POST", "/admin/v1/alert-receivers"): "alert-receivers",
     ("DELETE", "/admin/v1/alert-receivers/{receiver_id:uuid}"): "alert-receivers",
@@ -154,6 +165,12 @@ CONSOLE: dict[tuple[str, str], str] = {
     ("POST", "/console/slos"): "slos",
     ("POST", "/console/slos/{slo:str}/delete"): "slos",
     ("GET", "/console/alerts"): "alerts",
+    ("GET", "/console/tenants/{tenant_id:uuid}/webhooks"): "webhooks",
+    ("POST", "/console/tenants/{tenant_id:uuid}/webhooks"): "webhooks",
+    ("GET", f"{CONSOLE_HOOK}"): "webhooks",
+    ("POST", f"{CONSOLE_HOOK}/rotate-secret"): "webhooks",
+    ("POST", f"{CONSOLE_HOOK}/delete"): "webhooks",
+    ("POST", f"{CONSOLE_HOOK}/deliveries/{{delivery_id:uuid}}/redeliver"): "webhooks",
 }  # fmt: skip
 
 ADMIN_SCOPES = frozenset({"admin:read", "admin:write"})
@@ -220,6 +237,7 @@ class World:
     model: str
     shared_job: str = ""
     price_book: int = 0
+    webhooks: dict[str, uuid.UUID] = field(default_factory=dict)
 
     @property
     def kiln(self) -> Any:
@@ -245,6 +263,31 @@ class World:
                 session, CLI, data, receivers.receiver_seal(b"k")
             )
         return str(made.receiver.id)
+
+    async def webhook(self, tenant: uuid.UUID) -> str:
+        """A new webhook endpoint of ``tenant`` (its id)."""
+        async with self.kiln.db.sessions.begin() as session:
+            eid, seal = uuid.uuid4(), signing.webhook_seal(self.kiln.settings.hmac_key())
+            row = WebhookEndpoint(
+                id=eid, tenant_id=tenant, url="http://127.0.0.1:9/hook", events=["batch.failed"],
+                secret_sealed=signing.seal_secret(seal, eid, signing.new_secret()),
+            )  # fmt: skip
+            session.add(row)
+            await session.flush()
+            self.webhooks[str(row.id)] = tenant
+            return str(row.id)
+
+    async def delivery(self, tenant: uuid.UUID) -> str:
+        """A delivered delivery of the webhook the path names last (its id)."""
+        endpoint = next(e for e, t in reversed(self.webhooks.items()) if t == tenant)
+        async with self.kiln.db.sessions.begin() as session:
+            row = WebhookDelivery(
+                tenant_id=tenant, endpoint_id=uuid.UUID(endpoint), event_type="batch.failed",
+                payload={}, state="delivered",
+            )  # fmt: skip
+            session.add(row)
+            await session.flush()
+            return str(row.id)
 
     async def tenant(self) -> uuid.UUID:
         async with self.kiln.db.sessions.begin() as session:
@@ -334,6 +377,8 @@ async def _fill(world: World, path: str, tenant: uuid.UUID) -> str:
         "adapter_id": lambda: world.adapter(tenant),
         "slo": world.slo,
         "receiver_id": world.receiver,
+        "webhook_id": lambda: world.webhook(tenant),
+        "delivery_id": lambda: world.delivery(tenant),
     }
     fixed = {
         "tenant_id": str(tenant), "name": world.model, "period": "2025-01",

@@ -81,6 +81,10 @@ _RULES: dict[str, tuple[frozenset[Role], frozenset[Role]]] = {
     "slos": (PLATFORM, PLATFORM),  # objectives of shared models, and how every tenant fares
     "alerts": (PLATFORM, frozenset()),
     "alert-receivers": (PLATFORM, PLATFORM),  # webhooks; their signing keys sealed at rest
+    "webhooks": (  # a tenant's outbound webhooks: their secrets are shown only on a write
+        frozenset({Role.PLATFORM_ADMIN, Role.TENANT_ADMIN, Role.TENANT_MEMBER}),
+        frozenset({Role.PLATFORM_ADMIN, Role.TENANT_ADMIN}),
+    ),
     # The console's landing page: a tenant's usage and limits, or (platform-admin) the fleet.
     "overview": (NOT_FINANCE, frozenset()),
 }

@@ -23,7 +23,7 @@ import msgspec
 import structlog
 from sqlalchemy import func, select, update
 
-from kiln_platform.batches import lines, metrics
+from kiln_platform.batches import events, lines, metrics
 from kiln_platform.batches.files import public_id, store_output
 from kiln_platform.batches.jsonl import check_line
 from kiln_platform.batches.schemas import OPEN
@@ -193,6 +193,7 @@ class BatchRunner:
                 )
                 claim.status = now or claim.status
                 return
+            await events.ended(session, claim.job, status)
         claim.status = status
 
     async def _validate(self, claim: Claim) -> None:
@@ -328,6 +329,8 @@ class BatchRunner:
                 )  # fmt: skip
                 if moved is None:
                     raise _Lost
+                await events.ended(session, job, final, output.id if output else None,
+                                   errors.id if errors else None)  # fmt: skip
         except _Lost:
             log.warning("batch changed hands while finalizing", batch=str(job.id))
             return

@@ -19,6 +19,7 @@ from zoneinfo import ZoneInfo
 from sqlalchemy import text
 
 from kiln_platform.billing.pricing import charges, cost
+from kiln_platform.webhooks.events import fan_out
 
 if TYPE_CHECKING:
     from collections.abc import Iterable, Sequence
@@ -44,13 +45,19 @@ _LIMITS = text(
     "SELECT tenant_id, monthly_budget_micros, budget_alert_percents FROM quotas"
     " WHERE tenant_id = ANY(:ts) AND api_key_id IS NULL AND monthly_budget_micros IS NOT NULL"
 )
-_EVENT = text(
-    """
+_CROSSED = """
+    WITH event AS (
     INSERT INTO budget_events (tenant_id, period, threshold_percent, spent_micros, limit_micros)
     VALUES (:t, :p, :pct, :spent, :limit)
     ON CONFLICT (tenant_id, period, threshold_percent) DO NOTHING
-    """
-)
+    RETURNING tenant_id, jsonb_build_object(
+        'tenant_id', tenant_id, 'period', to_char(period, 'YYYY-MM'),
+        'threshold_percent', threshold_percent, 'spent_micros', spent_micros,
+        'limit_micros', limit_micros) AS data
+    )
+"""
+# The event, and in the same statement a delivery to each of the tenant's webhooks for it.
+_EVENT = text(_CROSSED + fan_out("budget.threshold_reached"))
 
 Key = tuple[uuid.UUID, date]
 

@@ -20,6 +20,7 @@ from kiln_platform.cli import (
     slo,
     tenants,
     users,
+    webhooks,
     worker,
 )
 from kiln_platform.cli import imports as imports  # adds `kiln models import` to `models`
@@ -37,8 +38,8 @@ def kiln(*extra: click.Command) -> click.Group:
     )
     commands = [
         db.db, tenants.tenants, keys.keys, users.users, quotas.quotas, models.models,
-        oauth.oauth_clients, oauth.oauth, reports.reports, slo.slo, slo.alerts, worker.worker,
-        worker.simulate,
+        oauth.oauth_clients, oauth.oauth, reports.reports, slo.slo, slo.alerts, webhooks.webhooks,
+        worker.worker, worker.simulate,
         *extra,
     ]  # fmt: skip
     return click.Group(

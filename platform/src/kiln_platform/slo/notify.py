@@ -21,6 +21,7 @@ import structlog
 from sqlalchemy import Uuid, insert, literal, select
 
 from kiln_platform.slo.tables import Alert, AlertDelivery, AlertNotification, AlertReceiver
+from kiln_platform.webhooks import transport
 
 if TYPE_CHECKING:
     from sqlalchemy.ext.asyncio import AsyncSession
@@ -135,12 +136,7 @@ def retry_at(now: datetime, retry_s: float, attempts: int) -> datetime:
 async def post(
     http: aiohttp.ClientSession, url: str, body: bytes, signature: str, note_id: str
 ) -> str | None:
-    """One delivery attempt: None on a 2xx, else what went wrong."""
+    """One delivery attempt (``webhooks.transport``: no redirect followed): None on a 2xx,
+    else what went wrong."""
     headers = {"content-type": "application/json", SIGNATURE_HEADER: signature, ID_HEADER: note_id}
-    try:
-        async with http.post(
-            url, data=body, headers=headers, timeout=aiohttp.ClientTimeout(total=10)
-        ) as response:
-            return None if response.status < 300 else f"HTTP {response.status}"
-    except (aiohttp.ClientError, TimeoutError) as exc:
-        return f"{type(exc).__name__}: {exc}"
+    return (await transport.post(http, url, body, headers, timeout_s=10.0)).error

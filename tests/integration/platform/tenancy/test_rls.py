@@ -48,6 +48,7 @@ from kiln_platform.db.tables import (
     User,
 )
 from kiln_platform.settings import Settings
+from kiln_platform.webhooks.tables import WebhookAttempt, WebhookDelivery, WebhookEndpoint
 
 from .conftest import Admin
 
@@ -68,6 +69,10 @@ def _rows(tenant: uuid.UUID, model: uuid.UUID) -> list[Base]:
     batch = BatchJob(id=uuid.uuid4(), tenant_id=tenant, endpoint="/v1/embeddings",
                      input_file_id=file.id, completion_window="24h", status="validating",
                      principal={}, expires_at=NOW + timedelta(hours=24))  # fmt: skip
+    hook = WebhookEndpoint(id=uuid.uuid4(), tenant_id=tenant, url="https://example.com/h",
+                           events=["batch.failed"], secret_sealed=b"s")  # fmt: skip
+    delivery = WebhookDelivery(id=uuid.uuid4(), tenant_id=tenant, endpoint_id=hook.id,
+                               event_type="batch.failed", payload={})  # fmt: skip
     # fmt: off
     return [
         Tenant(id=tenant, name=f"rls-{n}"),
@@ -104,6 +109,9 @@ def _rows(tenant: uuid.UUID, model: uuid.UUID) -> list[Base]:
         file,
         batch,
         BatchLine(batch_id=batch.id, custom_id="c", tenant_id=tenant, line=1, ok=True, output="{}"),
+        hook,
+        delivery,
+        WebhookAttempt(tenant_id=tenant, delivery_id=delivery.id, outcome="error", duration_ms=1.0),
     ]
     # fmt: on
 

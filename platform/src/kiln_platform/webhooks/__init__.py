@@ -1,0 +1,1 @@
+"""Outbound webhooks of tenants: endpoints, the outbox of deliveries, the delivery loop."""
