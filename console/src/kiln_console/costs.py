@@ -23,7 +23,12 @@ from kiln_platform.reports import statements
 from kiln_platform.reports.formats import money
 
 if TYPE_CHECKING:
+    from collections.abc import AsyncGenerator, Callable
+
     from kiln_platform.reports._query import CostQuery
+    from kiln_platform.reports.services import Scope
+
+    Source = Callable[[Scope, CostQuery], AsyncGenerator[Any, None]] | None
 
 From = Annotated[str | None, Parameter(query="from", max_length=40)]
 To = Annotated[str | None, Parameter(query="to", max_length=40)]
@@ -44,7 +49,18 @@ def _query(viewer: Viewer, f: Form) -> CostQuery:
         tenant = uuid.UUID(f.tenant) if f.tenant else None
     except ValueError:
         raise BadRequest("'tenant' is not a tenant id.", param="tenant") from None
-    return reports.cost_query(viewer.actor, f.start, f.end, f.group_by, tenant)
+    return reports.cost_query(viewer.actor, f.start, f.end, f.group_by, tenant, local=True)
+
+
+async def each_row(
+    kiln: Any, viewer: Viewer, q: CostQuery, add: Callable[[Any], None], source: Source = None
+) -> None:
+    """Pass every row of a report to ``add`` (``reports.rows``, or ``source``'s), in one
+    transaction that closes whatever ``add`` does."""
+    rows = (source or reports.rows)(lambda: transaction(kiln, viewer.actor), q)
+    async with aclosing(rows) as each:
+        async for row in each:
+            add(row)
 
 
 MonthKey = tuple[str, str, str, str]
@@ -64,14 +80,15 @@ async def report(
     """The first ``SHOWN`` rows of a report; ``totals`` adds up every row, and so does
     ``months`` (if given: the report is grouped by tenant)."""
     shown: list[dict[str, Any]] = []
-    scope = lambda: transaction(kiln, viewer.actor)  # noqa: E731
-    async with aclosing(reports.rows(scope, q)) as rows:
-        async for row in rows:
-            totals.add(row)
-            if months is not None:
-                add_month(months, row)
-            if len(shown) < SHOWN:
-                shown.append(row)
+
+    def add(row: dict[str, Any]) -> None:
+        totals.add(row)
+        if months is not None:
+            add_month(months, row)
+        if len(shown) < SHOWN:
+            shown.append(row)
+
+    await each_row(kiln, viewer, q, add)
     return shown
 
 
@@ -84,11 +101,9 @@ def month_label(row: dict[str, Any]) -> str:
 async def month_sums(kiln: Any, viewer: Viewer, f: Form) -> dict[MonthKey, int]:
     """Each tenant's months in the range, from a report by tenant (when the page's own report
     is not grouped by tenant, or is filtered to one, so could not add them all up)."""
-    q = reports.cost_query(viewer.actor, f.start, f.end, "tenant", None)
+    q = reports.cost_query(viewer.actor, f.start, f.end, "tenant", None, local=True)
     sums: dict[MonthKey, int] = {}
-    async with aclosing(reports.rows(lambda: transaction(kiln, viewer.actor), q)) as rows:
-        async for r in rows:
-            add_month(sums, r)
+    await each_row(kiln, viewer, q, lambda row: add_month(sums, row))
     return sums
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import csv
 import io
 import uuid
+from contextlib import aclosing
 from datetime import UTC, date, datetime, time
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -25,6 +26,7 @@ if TYPE_CHECKING:
     from collections.abc import AsyncGenerator, AsyncIterator, Callable
     from contextlib import AbstractAsyncContextManager
 
+    from sqlalchemy import Row
     from sqlalchemy.ext.asyncio import AsyncSession
 
     Scope = Callable[[], AbstractAsyncContextManager[AsyncSession]]
@@ -47,9 +49,13 @@ def instant(value: str, param: str) -> datetime:
 
 
 def cost_query(
-    actor: Actor, start: str, end: str, group_by: str | None, tenant_id: uuid.UUID | None
-) -> CostQuery:
-    """Check access and the parameters (400 naming the parameter) before any row is sent."""
+    actor: Actor, start: str, end: str, group_by: str | None, tenant_id: uuid.UUID | None,
+    *, local: bool = False,
+) -> CostQuery:  # fmt: skip
+    """Check access and the parameters (400 naming the parameter) before any row is sent.
+
+    ``local``: a range of two dates means each tenant's local days (the console's); otherwise,
+    as the API documents, a date is midnight UTC."""
     require(actor, "reports")
     if tenant_id is not None:
         check_tenant(actor, tenant_id, "tenant")
@@ -61,7 +67,8 @@ def cost_query(
     if unknown:
         raise BadRequest(f"'group_by' may name {', '.join(GROUPS)}; not {', '.join(unknown)}.",
                          param="group_by")  # fmt: skip
-    return CostQuery(q_start, q_end, frozenset(names), actor.tenant_id or tenant_id)
+    dates = local and len(start) == len(end) == 10
+    return CostQuery(q_start, q_end, frozenset(names), actor.tenant_id or tenant_id, dates)
 
 
 def report_format(fmt: str | None, accept: str | None) -> Format:
@@ -79,13 +86,21 @@ it for any range (a generic plan), which for a month of 1,000,000 charge lines t
 instead of 2 s (bench/console.py, docs/benchmarks.md). A report is planned for its own range."""
 
 
-async def rows(scope: Scope, q: CostQuery) -> AsyncGenerator[dict[str, Any], None]:
-    """The report's rows (``COLUMNS``), as PostgreSQL's cursor yields them."""
+async def records(scope: Scope, q: CostQuery) -> AsyncGenerator[Row[Any], None]:
+    """The report's result rows, as PostgreSQL's cursor yields them: ``columns`` makes one a
+    report row; its ``day`` is the local date of a row grouped by day (else None)."""
     async with scope() as session:
         await session.execute(CUSTOM_PLANS)
         result = await session.stream(cost_select(q).execution_options(yield_per=YIELD_PER))
         async for row in result:
-            yield columns(row, q.start, q.end)
+            yield row
+
+
+async def rows(scope: Scope, q: CostQuery) -> AsyncGenerator[dict[str, Any], None]:
+    """The report's rows (``COLUMNS``), as PostgreSQL's cursor yields them."""
+    async with aclosing(records(scope, q)) as result:
+        async for row in result:
+            yield columns(row)
 
 
 async def stream_csv(scope: Scope, q: CostQuery) -> AsyncIterator[bytes]:
