@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import uuid
 from contextlib import aclosing
+from dataclasses import replace
 from datetime import UTC, date, datetime, timedelta
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -20,7 +21,7 @@ from kiln_platform.admin.deps import transaction
 from kiln_platform.errors import BadRequest
 from kiln_platform.reports import services as reports
 from kiln_platform.reports import statements
-from kiln_platform.reports.formats import money
+from kiln_platform.reports.formats import columns, money
 
 if TYPE_CHECKING:
     from collections.abc import AsyncGenerator, Callable
@@ -76,20 +77,29 @@ def add_month(sums: dict[MonthKey, int], row: dict[str, Any]) -> None:
 
 async def report(
     kiln: Any, viewer: Viewer, q: CostQuery, totals: Totals, months: dict[MonthKey, int] | None
-) -> list[dict[str, Any]]:
-    """The first ``SHOWN`` rows of a report; ``totals`` adds up every row, and so does
-    ``months`` (if given: the report is grouped by tenant)."""
+) -> tuple[list[dict[str, Any]], int]:
+    """The first ``SHOWN`` rows of a report, and how many it has; in the same read, the report
+    grouped by the subtotal's dimension only (few rows, the same sums) adds up ``totals`` and,
+    if given (the subtotals are by tenant, every tenant's), ``months``."""
+    by = {"BillingAccountName": "tenant", "x_Model": "model", "ChargePeriodStart": "day"}
+    also = frozenset({by[totals.key]} if totals.key else ())
     shown: list[dict[str, Any]] = []
+    count = 0
 
-    def add(row: dict[str, Any]) -> None:
+    def add(record: Any) -> None:
+        nonlocal count
+        row = columns(record)
+        if record.part == 0:
+            shown.append(row)
+            count = int(record.groups)
+            return
         totals.add(row)
         if months is not None:
             add_month(months, row)
-        if len(shown) < SHOWN:
-            shown.append(row)
 
-    await each_row(kiln, viewer, q, add)
-    return shown
+    await each_row(kiln, viewer, replace(q, limit=SHOWN, also=also), add, reports.records)
+    totals.rows = count
+    return shown, count
 
 
 def month_label(row: dict[str, Any]) -> str:
@@ -136,14 +146,14 @@ class Costs(Controller):
     ) -> Template:  # fmt: skip
         """The report for a period (this month by default), grouped as the checkboxes say."""
         f = _form(period, start, end, group, tenant)
-        totals, sums = totals_for(f.groups), dict[MonthKey, int]()
-        # grouped by tenant and not filtered to one, one pass adds up every tenant's months too
-        by_tenant = "tenant" in f.groups and not f.tenant
-        rows = await report(kiln, viewer, _query(viewer, f), totals, sums if by_tenant else None)
+        q, totals, sums = _query(viewer, f), totals_for(f.groups), dict[MonthKey, int]()
+        # subtotals by tenant, every tenant's: the same read adds up their months too
+        by_tenant = totals.key == "BillingAccountName" and not f.tenant
+        rows, count = await report(kiln, viewer, q, totals, sums if by_tenant else None)
         if not by_tenant:
             sums = await month_sums(kiln, viewer, f)
         tenants = await months(kiln, viewer, f, sums)
-        context = {"viewer": viewer, "rows": rows, "more": totals.rows > SHOWN, "f": f,
+        context = {"viewer": viewer, "rows": rows, "more": count > SHOWN, "f": f,
                    "totals": totals, "months": tenants,
                    "tenants": sorted({(r["name"], r["id"]) for r in tenants})}  # fmt: skip
         name = "_report.html.j2" if is_htmx(request) else "costs.html.j2"

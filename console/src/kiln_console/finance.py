@@ -1,7 +1,7 @@
 """The finance overview (finance's landing page): spend by tenant and by day for a period, and
-this month to date against last month, from the same cost report as the costs page. Days and
-months are each tenant's local ones. Amounts in different currencies are never added: each
-currency has its own figures and charts."""
+this month to date against last month, from the daily charge rollup the costs page's report
+reads. Days and months are each tenant's local ones. Amounts in different currencies are never
+added: each currency has its own figures and charts."""
 
 from __future__ import annotations
 
@@ -13,8 +13,9 @@ from litestar import Controller, get
 from litestar.response import Template
 
 from kiln_console.auth import KilnDep, Viewer, ViewerDep
-from kiln_console.costs import From, Period, To, each_row
+from kiln_console.costs import From, Period, To
 from kiln_console.reportform import form, month_of
+from kiln_platform.admin.deps import transaction
 from kiln_platform.errors import BadRequest
 from kiln_platform.reports import services as reports
 from kiln_platform.reports.formats import money
@@ -23,35 +24,30 @@ DEFAULT_CURRENCY = "USD"
 """The currency an empty period's charts are labelled in (the price book's default)."""
 Spend = dict[str, dict[str, int]]
 """Billed micro-units by currency, then by label (a tenant's name or a day)."""
-Days = dict[str, dict[tuple[str, date], int]]
-"""Billed micro-units by currency, then by tenant name and local day."""
 
 
-async def spend(kiln: Any, viewer: Viewer, first: date, after: date) -> Days:
-    """Billed micro-units of the local days ``[first, after)`` per currency, tenant and day,
-    from one report by tenant and day: every row of it (the costs table shows the first
-    ``SHOWN``; a sum must not stop there)."""
-    days: Days = defaultdict(lambda: defaultdict(int))
-    q = reports.cost_query(viewer.actor, first.isoformat(), after.isoformat(), "tenant,day",
-                           None, local=True)  # fmt: skip
-
-    def add(row: Any) -> None:
-        days[row.currency][(row.tenant_name, row.day)] += int(row.cost_micros)
-
-    await each_row(kiln, viewer, q, add, reports.records)
-    return {currency: dict(by_day) for currency, by_day in days.items()}
-
-
-def totals(days: Days, first: date, after: date) -> tuple[Spend, Spend]:
-    """Per currency, the days ``[first, after)`` summed by tenant name and by day."""
+async def spend(
+    kiln: Any, viewer: Viewer, first: date, after: date, period: tuple[date, date]
+) -> tuple[Spend, Spend]:
+    """Billed micro-units per currency: by tenant name in ``period``, and by local day in
+    ``[first, after)``; from one read of the daily charge rollup (``reports.spend``)."""
     by_tenant: Spend = defaultdict(lambda: defaultdict(int))
     by_day: Spend = defaultdict(lambda: defaultdict(int))
-    for currency, sums in days.items():
-        for (tenant, day), micros in sums.items():
-            if first <= day < after:
-                by_tenant[currency][tenant] += micros
-                by_day[currency][day.isoformat()] += micros
+    scope = lambda: transaction(kiln, viewer.actor)  # noqa: E731
+    for row in await reports.spend(scope, viewer.actor, first, after, period):
+        if row.day is not None:
+            by_day[row.currency][row.day.isoformat()] += int(row.micros)
+        elif row.period_micros is not None:
+            by_tenant[row.currency][row.tenant_name] += int(row.period_micros)
     return _plain(by_tenant), _plain(by_day)
+
+
+def within(sums: Spend, first: date, after: date) -> Spend:
+    """The days ``[first, after)`` of sums by day (a currency without any: left out)."""
+    span = (first.isoformat(), after.isoformat())
+    kept = {c: {d: v for d, v in days.items() if span[0] <= d < span[1]}
+            for c, days in sums.items()}  # fmt: skip
+    return {c: days for c, days in kept.items() if days}
 
 
 def _plain(sums: Spend) -> Spend:
@@ -73,21 +69,19 @@ def charts(by_tenant: Spend, by_day: Spend) -> list[dict[str, Any]]:
     ]  # fmt: skip
 
 
-def month_to_date(days: Days, today: date) -> list[dict[str, str]]:
+def month_to_date(by_day: Spend, today: date) -> list[dict[str, str]]:
     """Per currency: this month so far, last month to the same day, and last month whole; from
-    the days of last month and this month."""
+    sums by day over last month and this month."""
     this, last = month_of(today), month_of(today, 1)
     same_day = last[0].replace(day=min(today.day, (last[1] - last[0]).days))
     spans = {"this_month": this, "last_month_to_date": (last[0], same_day + timedelta(days=1)),
              "last_month": last}  # fmt: skip
-    by_day = totals(days, last[0], this[1])[1]
     return [
         {"currency": currency} | {
-            name: money(sum(v for d, v in sums.items()
-                            if first.isoformat() <= d < after.isoformat()))
-            for name, (first, after) in spans.items()
+            name: money(sum(within({currency: days}, *span).get(currency, {}).values()))
+            for name, span in spans.items()
         }
-        for currency, sums in sorted((by_day or {DEFAULT_CURRENCY: {}}).items())
+        for currency, days in sorted((by_day or {DEFAULT_CURRENCY: {}}).items())
     ]  # fmt: skip
 
 
@@ -109,12 +103,15 @@ class Finance(Controller):
         period: Period = None, start: From = None, end: To = None,
     ) -> Template:  # fmt: skip
         """Spend by tenant and by day for a period (this month by default); a preset's charts
-        and the month to date come from one report of last month and this month."""
+        and the month to date come from one read of last month and this month."""
         today = datetime.now(UTC).date()
         f = form(today, period, start, end, None, tenant=None)
-        first, after = _day(f.start, "from"), _day(f.end, "to")
-        both = await spend(kiln, viewer, month_of(today, 1)[0], month_of(today)[1])
-        days = both if f.period != "custom" else await spend(kiln, viewer, first, after)
-        context = {"viewer": viewer, "f": f, "mtd": month_to_date(both, today),
-                   "charts": charts(*totals(days, first, after))}  # fmt: skip
+        span = (_day(f.start, "from"), _day(f.end, "to"))
+        months = (month_of(today, 1)[0], month_of(today)[1])
+        by_tenant, by_day = await spend(kiln, viewer, *months, span)
+        mtd = month_to_date(by_day, today)
+        if f.period == "custom":  # a preset is within the two months
+            by_tenant, by_day = await spend(kiln, viewer, *span, span)
+        context = {"viewer": viewer, "f": f, "mtd": mtd,
+                   "charts": charts(by_tenant, within(by_day, *span))}  # fmt: skip
         return Template("finance.html.j2", context=context)

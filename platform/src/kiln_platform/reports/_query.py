@@ -10,14 +10,18 @@ days it cuts (an API range in instants; a console range of local dates cuts none
 from __future__ import annotations
 
 import uuid
-from dataclasses import dataclass
-from datetime import datetime, timedelta
+from dataclasses import dataclass, replace
+from datetime import date, datetime, timedelta
 from typing import Any
 
 from sqlalchemy import (
+    BigInteger,
+    CompoundSelect,
     Date,
     DateTime,
     Select,
+    String,
+    Uuid,
     and_,
     cast,
     func,
@@ -27,6 +31,7 @@ from sqlalchemy import (
     null,
     or_,
     select,
+    tuple_,
     union_all,
 )
 
@@ -47,6 +52,11 @@ class CostQuery:
     groups: frozenset[str]
     tenant_id: uuid.UUID | None = None
     local: bool = False
+    limit: int | None = None
+    """At most this many rows, each with ``groups``: how many the whole report has."""
+    also: frozenset[str] | None = None
+    """With ``limit``: after those rows (``part`` 0), the same report grouped by these only
+    (``part`` 1; a subset of ``groups``), from the same read."""
 
 
 def _local(zone: Any, at: Any, unit: str | None, step: str | None = None) -> Any:
@@ -99,15 +109,67 @@ def _charge_dims(g: frozenset[str], t: Any = C) -> dict[str, Any]:
     }
 
 
+_UUID = ("tenant_id", "api_key_id", "oauth_client_id")
+
+
 def _labelled(dims: dict[str, Any]) -> list[Any]:
-    return [(null() if e is None else e).label(n) for n, e in dims.items()]
+    """The columns, a dimension not grouped by as a NULL of its type (a report and its coarser
+    one are one UNION)."""
+    return [(_null(n) if e is None else e).label(n) for n, e in dims.items()]
 
 
-def cost_select(q: CostQuery) -> Select[Any]:
+def _null(name: str) -> Any:
+    kind = DateTime(timezone=True) if "start" in name or "end" in name else String()
+    return cast(null(), Uuid() if name in _UUID else Date() if name == "day" else kind)
+
+
+def cost_select(q: CostQuery) -> Select[Any] | CompoundSelect[Any]:
     """One row per group (or per charge line when grouping by request), in a stable order."""
     if "request" in q.groups:
-        return _per_line(q)
-    return _grouped(q)
+        query = _per_line(q)
+        return query if q.limit is None else _counted(query).limit(q.limit)
+    inner = (_rollup(q) if q.local else union_all(_rollup(q), _edges(q))).cte("by_day")
+    query = _grouped(q, inner)
+    if q.limit is None:
+        return query
+    if "groups" not in query.selected_columns:
+        query = _counted(query)
+    query = query.limit(q.limit)
+    if q.also is None:
+        return query
+    first = query.add_columns(literal(0).label("part")).subquery()
+    rest = _grouped(replace(q, groups=q.also), inner, coarser=True)
+    rest = rest.add_columns(
+        cast(null(), BigInteger).label("groups"), literal(1).label("part")
+    ).order_by(None)
+    both = union_all(select(first), rest)
+    return both.order_by(literal_column("part"), *(literal_column(name) for name in ORDER))
+
+
+def _counted(query: Select[Any]) -> Select[Any]:
+    return query.add_columns(func.count().over().label("groups"))
+
+
+def spend_select(
+    first: date, after: date, period: tuple[date, date], tenant_id: uuid.UUID | None
+) -> Select[Any]:
+    """Billed cost from the daily rollup in the local days ``[first, after)``, in one pass: per
+    currency and day (``tenant_name`` None), and per currency and tenant over ``period``'s days
+    (``day`` None; ``period_micros`` None for a tenant without lines in it)."""
+    in_period = and_(R.day >= period[0], R.day < period[1])
+    columns: list[Any] = [
+        R.currency,
+        Tenant.name.label("tenant_name"),
+        R.day,
+        func.sum(R.cost_micros).label("micros"),
+        func.sum(R.cost_micros).filter(in_period).label("period_micros"),
+    ]
+    query = select(*columns)
+    query = query.select_from(R).join(Tenant, Tenant.id == R.tenant_id)
+    query = query.where(R.day >= first, R.day < after)
+    query = query if tenant_id is None else query.where(R.tenant_id == tenant_id)
+    by_day, by_tenant = tuple_(R.currency, R.day), tuple_(R.currency, Tenant.name)
+    return query.group_by(func.grouping_sets(by_day, by_tenant))
 
 
 def _per_line(q: CostQuery) -> Select[Any]:
@@ -143,8 +205,11 @@ def _whole(q: CostQuery, zone: Any, local_day: Any) -> Any:
 
 
 def _part(q: CostQuery, t: Any, local_day: Any, measures: list[Any]) -> Select[Any]:
-    """Sums per tenant, local day and the grouped charge dimensions, of the lines or rollup."""
+    """Sums per tenant, local day (or month, when the report is not by day) and the grouped
+    charge dimensions, of the lines or the rollup."""
     charge = {n: e for n, e in _charge_dims(q.groups, t).items() if e is not None}
+    if "day" not in q.groups:  # fewer rows: the outer query needs only the month
+        local_day = func.date_trunc(literal_column("'month'"), local_day)
     dims = [Tenant.id.label("tenant_id"), local_day.label("local_day"),
             *(e.label(n) for n, e in charge.items())]  # fmt: skip
     query = select(*dims, Tenant.timezone.label("zone"), Tenant.name.label("tenant_name"),
@@ -177,27 +242,55 @@ def _edges(q: CostQuery) -> Select[Any]:
     return query.where(not_(_whole(q, Tenant.timezone, local_day)))
 
 
-def _grouped(q: CostQuery) -> Select[Any]:
-    """Two steps: per tenant and local day (the rollup's rows, and the cut days' lines), then
-    the periods of those few groups, re-grouped as asked."""
-    inner = (_rollup(q) if q.local else union_all(_rollup(q), _edges(q))).subquery()
+def _grouped(q: CostQuery, inner: Any, *, coarser: bool = False) -> Select[Any]:
+    """Two steps: ``inner``, per tenant and local day or month (the rollup's rows, and the cut
+    days' lines), then the periods of those groups, re-grouped as asked (unless they already
+    are: not when ``inner`` was grouped for a report by more)."""
     s, day, tenant = inner.c, "day" in q.groups, "tenant" in q.groups
-    month = func.date_trunc(literal_column("'month'"), s.local_day)
-    period_start, period_end = _local(s.zone, month, None), _local(s.zone, month, None, "1 month")
+    instants = _instants(q, inner)
+    z = instants.c
     dims = {
-        "period_start": period_start,
-        "period_end": period_end,
-        "day_start": _local(s.zone, s.local_day, None) if day else None,
-        "day_end": _local(s.zone, s.local_day, None, "1 day") if day else None,
+        "period_start": z.period_start,
+        "period_end": z.period_end,
+        "day_start": z.day_start if day else None,
+        "day_end": z.day_end if day else None,
         "tenant_id": s.tenant_id if tenant else None,
         "tenant_name": s.tenant_name if tenant else None,
-        **{n: s.get(n) for n in _charge_dims(q.groups)},
+        **{n: None if e is None else s.get(n) for n, e in _charge_dims(q.groups).items()},
     }
-    lo, hi = _bounds(q, s.zone)
-    derived = [func.min(func.greatest(period_start, lo)).label("charge_start"),
-               func.max(func.least(period_end, hi)).label("charge_end"),
-               (func.min(cast(s.local_day, Date)) if day else null()).label("day")]  # fmt: skip
+    derived = [z.charge_start, z.charge_end, cast(s.local_day, Date) if day else _null("day")]
+    names = ("charge_start", "charge_end", "day")
+    joined = inner.join(instants, and_(z.zone == s.zone, z.local_day == s.local_day))
+    if tenant and (q.local or day) and not coarser:  # the first step's groups are the report's
+        columns = [*(e.label(n) for e, n in zip(derived, names, strict=True)),
+                   *(s[n].label(n) for n in MEASURES)]  # fmt: skip
+        if q.limit is not None:  # a report's rows are the first step's: count those
+            columns.append(
+                select(func.count()).select_from(inner).scalar_subquery().label("groups")
+            )
+        return _ordered(select(*_labelled(dims), *columns).select_from(joined))
+    named = [func.min(derived[0]).label(names[0]), func.max(derived[1]).label(names[1]),
+             func.min(derived[2]).label(names[2])]  # fmt: skip
     totals = [func.sum(s[n]).label(n) for n in MEASURES]
-    query = select(*_labelled(dims), *derived, *totals)
-    query = query.group_by(*(e for e in dims.values() if e is not None))
+    query = select(*_labelled(dims), *named, *totals).select_from(joined)
+    return _ordered(query.group_by(*(e for e in dims.values() if e is not None)))
+
+
+def _instants(q: CostQuery, inner: Any) -> Any:
+    """The instants of each time zone and local day (or month) among the groups: computed once
+    a pair, not once a group (thousands of tenants share a few zones)."""
+    pairs = select(inner.c.zone, inner.c.local_day).distinct().subquery()
+    zone, local_day = pairs.c.zone, pairs.c.local_day
+    month = func.date_trunc(literal_column("'month'"), local_day)
+    period = _local(zone, month, None), _local(zone, month, None, "1 month")
+    lo, hi = _bounds(q, zone)
+    return select(zone, local_day, period[0].label("period_start"),
+                  period[1].label("period_end"),
+                  _local(zone, local_day, None).label("day_start"),
+                  _local(zone, local_day, None, "1 day").label("day_end"),
+                  func.greatest(period[0], lo).label("charge_start"),
+                  func.least(period[1], hi).label("charge_end")).subquery()  # fmt: skip
+
+
+def _ordered(query: Select[Any]) -> Select[Any]:
     return query.order_by(*(literal_column(name) for name in ORDER))

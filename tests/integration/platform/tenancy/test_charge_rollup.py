@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import uuid
 from collections import defaultdict
+from dataclasses import replace
 from datetime import UTC, datetime, time, timedelta
 from decimal import Decimal
 from typing import Any
@@ -36,8 +37,8 @@ def _lines(tenant: uuid.UUID, key: uuid.UUID, n: int) -> list[UsageCharge]:
     ]  # fmt: skip
 
 
-async def _seed(admin: Admin, root: str) -> list[uuid.UUID]:
-    tenants = [uuid.UUID(await admin.tenant(root, f"rollup-{z}")) for z in ZONES]
+async def _seed(admin: Admin, root: str, name: str) -> list[uuid.UUID]:
+    tenants = [uuid.UUID(await admin.tenant(root, f"{name}-{z}")) for z in ZONES]
     async with admin.kiln.db.sessions.begin() as session:
         for tenant, zone in zip(tenants, ZONES, strict=True):
             await session.execute(text("UPDATE tenants SET timezone = :z WHERE id = :t"),
@@ -98,7 +99,7 @@ RANGES = [
 
 
 async def test_the_rollup_reports_what_the_lines_add_up_to(admin: Admin, root: str) -> None:
-    tenants = await _seed(admin, root)
+    tenants = await _seed(admin, root, "rollup")
     for groups in ("tenant,day", "tenant,model,key", "tenant,model,day"):
         for start, end, local in RANGES:
             q = CostQuery(start, end, frozenset(groups.split(",")), local=local)
@@ -114,3 +115,20 @@ async def test_the_rollup_reports_what_the_lines_add_up_to(admin: Admin, root: s
     assert await _report(admin, q, tenants) == await _direct(admin, q, tenants)
     first = min(k[2] for k in await _report(admin, q, tenants) if k[0] == tenants[0])
     assert first == datetime(2025, 3, 1, tzinfo=ZoneInfo("Asia/Tokyo"))
+
+
+async def test_a_page_and_its_subtotals_come_from_one_read(admin: Admin, root: str) -> None:
+    """The costs page's read: the first rows with the report's row count, then the report
+    grouped by the subtotal's dimension, each as the report alone gives them."""
+    tenants = await _seed(admin, root, "page")
+    for local in (True, False):
+        q = CostQuery(START, START + timedelta(days=12), frozenset({"tenant", "model", "day"}),
+                      tenants[1], local)  # fmt: skip
+        async with admin.kiln.db.sessions() as session:
+            whole = (await session.execute(cost_select(q))).all()
+            coarse = (await session.execute(cost_select(replace(q, groups=frozenset())))).all()
+            page = await session.execute(cost_select(replace(q, limit=7, also=frozenset())))
+            rows = page.all()
+        assert [r[:-2] for r in rows if r.part == 0] == [tuple(r) for r in whole[:7]]
+        assert {r.groups for r in rows if r.part == 0} == {len(whole)}
+        assert sorted(r[:-2] for r in rows if r.part == 1) == sorted(tuple(r) for r in coarse)
