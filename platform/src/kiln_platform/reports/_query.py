@@ -138,7 +138,7 @@ def cost_select(q: CostQuery) -> Select[Any] | CompoundSelect[Any]:
     if q.also is None:
         return query
     first = query.add_columns(literal(0).label("part")).subquery()
-    rest = _grouped(replace(q, groups=q.also), inner, coarser=True)
+    rest = _grouped(replace(q, groups=q.also, limit=None), inner, coarser=True)
     rest = rest.add_columns(
         cast(null(), BigInteger).label("groups"), literal(1).label("part")
     ).order_by(None)
@@ -242,11 +242,16 @@ def _edges(q: CostQuery) -> Select[Any]:
     return query.where(not_(_whole(q, Tenant.timezone, local_day)))
 
 
-def _grouped(q: CostQuery, inner: Any, *, coarser: bool = False) -> Select[Any]:
+def _grouped(
+    q: CostQuery, inner: Any, *, coarser: bool = False, exact: bool = False
+) -> Select[Any]:
     """Two steps: ``inner``, per tenant and local day or month (the rollup's rows, and the cut
     days' lines), then the periods of those groups, re-grouped as asked (unless they already
-    are: not when ``inner`` was grouped for a report by more)."""
+    are: not when ``inner`` was grouped for a report by more, or may hold a tenant's month
+    twice, as lines and as rollup; ``exact``: it is the report's groups)."""
     s, day, tenant = inner.c, "day" in q.groups, "tenant" in q.groups
+    if tenant and not exact and (coarser or not (q.local or day)):
+        return _grouped(q, _per_tenant(q, inner), exact=True)
     instants = _instants(q, inner)
     z = instants.c
     dims = {
@@ -261,7 +266,7 @@ def _grouped(q: CostQuery, inner: Any, *, coarser: bool = False) -> Select[Any]:
     derived = [z.charge_start, z.charge_end, cast(s.local_day, Date) if day else _null("day")]
     names = ("charge_start", "charge_end", "day")
     joined = inner.join(instants, and_(z.zone == s.zone, z.local_day == s.local_day))
-    if tenant and (q.local or day) and not coarser:  # the first step's groups are the report's
+    if tenant:  # the first step's groups are the report's
         columns = [*(e.label(n) for e, n in zip(derived, names, strict=True)),
                    *(s[n].label(n) for n in MEASURES)]  # fmt: skip
         if q.limit is not None:  # a report's rows are the first step's: count those
@@ -274,6 +279,21 @@ def _grouped(q: CostQuery, inner: Any, *, coarser: bool = False) -> Select[Any]:
     totals = [func.sum(s[n]).label(n) for n in MEASURES]
     query = select(*_labelled(dims), *named, *totals).select_from(joined)
     return _ordered(query.group_by(*(e for e in dims.values() if e is not None)))
+
+
+def _per_tenant(q: CostQuery, inner: Any) -> Any:
+    """``inner`` summed per tenant, local day (or month) and the grouped charge dimensions: the
+    groups of a report by tenant, on plain columns (the instants follow, per group)."""
+    s = inner.c
+    local = (
+        s.local_day
+        if "day" in q.groups
+        else func.date_trunc(literal_column("'month'"), s.local_day)
+    )
+    charge = [s[n] for n, e in _charge_dims(q.groups).items() if e is not None]
+    keys = [s.tenant_id, s.tenant_name, s.zone, local.label("local_day"), *charge]
+    sums = [func.sum(s[n]).label(n) for n in MEASURES]
+    return select(*keys, *sums).group_by(*keys).cte("per_tenant")
 
 
 def _instants(q: CostQuery, inner: Any) -> Any:
