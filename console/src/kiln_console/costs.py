@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import uuid
 from contextlib import aclosing
+from dataclasses import replace
 from datetime import UTC, date, datetime, timedelta
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -20,10 +21,15 @@ from kiln_platform.admin.deps import transaction
 from kiln_platform.errors import BadRequest
 from kiln_platform.reports import services as reports
 from kiln_platform.reports import statements
-from kiln_platform.reports.formats import money
+from kiln_platform.reports.formats import columns, money
 
 if TYPE_CHECKING:
+    from collections.abc import AsyncGenerator, Callable
+
     from kiln_platform.reports._query import CostQuery
+    from kiln_platform.reports.services import Scope
+
+    Source = Callable[[Scope, CostQuery], AsyncGenerator[Any, None]] | None
 
 From = Annotated[str | None, Parameter(query="from", max_length=40)]
 To = Annotated[str | None, Parameter(query="to", max_length=40)]
@@ -44,7 +50,18 @@ def _query(viewer: Viewer, f: Form) -> CostQuery:
         tenant = uuid.UUID(f.tenant) if f.tenant else None
     except ValueError:
         raise BadRequest("'tenant' is not a tenant id.", param="tenant") from None
-    return reports.cost_query(viewer.actor, f.start, f.end, f.group_by, tenant)
+    return reports.cost_query(viewer.actor, f.start, f.end, f.group_by, tenant, local=True)
+
+
+async def each_row(
+    kiln: Any, viewer: Viewer, q: CostQuery, add: Callable[[Any], None], source: Source = None
+) -> None:
+    """Pass every row of a report to ``add`` (``reports.rows``, or ``source``'s), in one
+    transaction that closes whatever ``add`` does."""
+    rows = (source or reports.rows)(lambda: transaction(kiln, viewer.actor), q)
+    async with aclosing(rows) as each:
+        async for row in each:
+            add(row)
 
 
 MonthKey = tuple[str, str, str, str]
@@ -60,19 +77,29 @@ def add_month(sums: dict[MonthKey, int], row: dict[str, Any]) -> None:
 
 async def report(
     kiln: Any, viewer: Viewer, q: CostQuery, totals: Totals, months: dict[MonthKey, int] | None
-) -> list[dict[str, Any]]:
-    """The first ``SHOWN`` rows of a report; ``totals`` adds up every row, and so does
-    ``months`` (if given: the report is grouped by tenant)."""
+) -> tuple[list[dict[str, Any]], int]:
+    """The first ``SHOWN`` rows of a report, and how many it has; in the same read, the report
+    grouped by the subtotal's dimension only (few rows, the same sums) adds up ``totals`` and,
+    if given (the subtotals are by tenant, every tenant's), ``months``."""
+    by = {"BillingAccountName": "tenant", "x_Model": "model", "ChargePeriodStart": "day"}
+    also = frozenset({by[totals.key]} if totals.key else ())
     shown: list[dict[str, Any]] = []
-    scope = lambda: transaction(kiln, viewer.actor)  # noqa: E731
-    async with aclosing(reports.rows(scope, q)) as rows:
-        async for row in rows:
-            totals.add(row)
-            if months is not None:
-                add_month(months, row)
-            if len(shown) < SHOWN:
-                shown.append(row)
-    return shown
+    count = 0
+
+    def add(record: Any) -> None:
+        nonlocal count
+        row = columns(record)
+        if record.part == 0:
+            shown.append(row)
+            count = int(record.groups)
+            return
+        totals.add(row)
+        if months is not None:
+            add_month(months, row)
+
+    await each_row(kiln, viewer, replace(q, limit=SHOWN, also=also), add, reports.records)
+    totals.rows = count
+    return shown, count
 
 
 def month_label(row: dict[str, Any]) -> str:
@@ -84,11 +111,9 @@ def month_label(row: dict[str, Any]) -> str:
 async def month_sums(kiln: Any, viewer: Viewer, f: Form) -> dict[MonthKey, int]:
     """Each tenant's months in the range, from a report by tenant (when the page's own report
     is not grouped by tenant, or is filtered to one, so could not add them all up)."""
-    q = reports.cost_query(viewer.actor, f.start, f.end, "tenant", None)
+    q = reports.cost_query(viewer.actor, f.start, f.end, "tenant", None, local=True)
     sums: dict[MonthKey, int] = {}
-    async with aclosing(reports.rows(lambda: transaction(kiln, viewer.actor), q)) as rows:
-        async for r in rows:
-            add_month(sums, r)
+    await each_row(kiln, viewer, q, lambda row: add_month(sums, row))
     return sums
 
 
@@ -121,14 +146,14 @@ class Costs(Controller):
     ) -> Template:  # fmt: skip
         """The report for a period (this month by default), grouped as the checkboxes say."""
         f = _form(period, start, end, group, tenant)
-        totals, sums = totals_for(f.groups), dict[MonthKey, int]()
-        # grouped by tenant and not filtered to one, one pass adds up every tenant's months too
-        by_tenant = "tenant" in f.groups and not f.tenant
-        rows = await report(kiln, viewer, _query(viewer, f), totals, sums if by_tenant else None)
+        q, totals, sums = _query(viewer, f), totals_for(f.groups), dict[MonthKey, int]()
+        # subtotals by tenant, every tenant's: the same read adds up their months too
+        by_tenant = totals.key == "BillingAccountName" and not f.tenant
+        rows, count = await report(kiln, viewer, q, totals, sums if by_tenant else None)
         if not by_tenant:
             sums = await month_sums(kiln, viewer, f)
         tenants = await months(kiln, viewer, f, sums)
-        context = {"viewer": viewer, "rows": rows, "more": totals.rows > SHOWN, "f": f,
+        context = {"viewer": viewer, "rows": rows, "more": count > SHOWN, "f": f,
                    "totals": totals, "months": tenants,
                    "tenants": sorted({(r["name"], r["id"]) for r in tenants})}  # fmt: skip
         name = "_report.html.j2" if is_htmx(request) else "costs.html.j2"

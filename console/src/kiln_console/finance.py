@@ -1,11 +1,11 @@
 """The finance overview (finance's landing page): spend by tenant and by day for a period, and
-this month to date against last month, from the same cost report as the costs page. Amounts in
-different currencies are never added: each currency has its own figures and charts."""
+this month to date against last month, from the daily charge rollup the costs page's report
+reads. Days and months are each tenant's local ones. Amounts in different currencies are never
+added: each currency has its own figures and charts."""
 
 from __future__ import annotations
 
 from collections import defaultdict
-from contextlib import aclosing
 from datetime import UTC, date, datetime, timedelta
 from typing import Any
 
@@ -16,6 +16,7 @@ from kiln_console.auth import KilnDep, Viewer, ViewerDep
 from kiln_console.costs import From, Period, To
 from kiln_console.reportform import form, month_of
 from kiln_platform.admin.deps import transaction
+from kiln_platform.errors import BadRequest
 from kiln_platform.reports import services as reports
 from kiln_platform.reports.formats import money
 
@@ -25,37 +26,28 @@ Spend = dict[str, dict[str, int]]
 """Billed micro-units by currency, then by label (a tenant's name or a day)."""
 
 
-async def spend(kiln: Any, viewer: Viewer, start: str, end: str) -> tuple[Spend, Spend]:
-    """Billed micro-units in ``[start, end)`` per currency, by tenant name and by day, from one
-    report by tenant and day: every row of it (the costs table shows the first ``SHOWN``; a sum
-    must not stop there)."""
+async def spend(
+    kiln: Any, viewer: Viewer, first: date, after: date, period: tuple[date, date]
+) -> tuple[Spend, Spend]:
+    """Billed micro-units per currency: by tenant name in ``period``, and by local day in
+    ``[first, after)``; from one read of the daily charge rollup (``reports.spend``)."""
     by_tenant: Spend = defaultdict(lambda: defaultdict(int))
     by_day: Spend = defaultdict(lambda: defaultdict(int))
-    q = reports.cost_query(viewer.actor, start, end, "tenant,day", None)
-    async with aclosing(reports.rows(lambda: transaction(kiln, viewer.actor), q)) as rows:
-        async for row in rows:
-            currency, micros = row["BillingCurrency"], row["x_BilledCostMicros"]
-            by_tenant[currency][row["BillingAccountName"]] += micros
-            by_day[currency][day_label(row)] += micros
+    scope = lambda: transaction(kiln, viewer.actor)  # noqa: E731
+    for row in await reports.spend(scope, viewer.actor, first, after, period):
+        if row.day is not None:
+            by_day[row.currency][row.day.isoformat()] += int(row.micros)
+        elif row.period_micros is not None:
+            by_tenant[row.currency][row.tenant_name] += int(row.period_micros)
     return _plain(by_tenant), _plain(by_day)
 
 
-def day_label(row: dict[str, Any]) -> str:
-    """``YYYY-MM-DD`` of a row's charge day in its tenant's zone.
-
-    The day starts at the tenant's local midnight: for a tenant east of UTC that is an instant on
-    the previous UTC date (after 10:00 UTC, offsets up to +14 h), for one west of it an instant
-    on the same date (before 12:00 UTC, offsets down to -12 h). Between 10:00 and 12:00 either is
-    possible, and the billing period's start says which: east of UTC it is not on the 1st.
-    """
-    start, period = (_instant(row[k]) for k in ("ChargePeriodStart", "BillingPeriodStart"))
-    after = start - start.replace(hour=0, minute=0, second=0, microsecond=0)
-    east = after > timedelta(hours=12) or (after >= timedelta(hours=10) and period.day != 1)
-    return (start.date() + timedelta(days=east)).isoformat()
-
-
-def _instant(value: str) -> datetime:
-    return datetime.fromisoformat(value.replace("Z", "+00:00"))
+def within(sums: Spend, first: date, after: date) -> Spend:
+    """The days ``[first, after)`` of sums by day (a currency without any: left out)."""
+    span = (first.isoformat(), after.isoformat())
+    kept = {c: {d: v for d, v in days.items() if span[0] <= d < span[1]}
+            for c, days in sums.items()}  # fmt: skip
+    return {c: days for c, days in kept.items() if days}
 
 
 def _plain(sums: Spend) -> Spend:
@@ -77,23 +69,27 @@ def charts(by_tenant: Spend, by_day: Spend) -> list[dict[str, Any]]:
     ]  # fmt: skip
 
 
-async def month_to_date(kiln: Any, viewer: Viewer, today: date) -> list[dict[str, str]]:
+def month_to_date(by_day: Spend, today: date) -> list[dict[str, str]]:
     """Per currency: this month so far, last month to the same day, and last month whole; from
-    one report by day from the first of last month to today."""
+    sums by day over last month and this month."""
     this, last = month_of(today), month_of(today, 1)
     same_day = last[0].replace(day=min(today.day, (last[1] - last[0]).days))
-    stop = date.fromordinal(today.toordinal() + 1).isoformat()
-    by_currency = (await spend(kiln, viewer, last[0].isoformat(), stop))[1]
-    since = {"this_month": (this[0], today), "last_month_to_date": (last[0], same_day),
-             "last_month": (last[0], date.fromordinal(this[0].toordinal() - 1))}  # fmt: skip
+    spans = {"this_month": this, "last_month_to_date": (last[0], same_day + timedelta(days=1)),
+             "last_month": last}  # fmt: skip
     return [
         {"currency": currency} | {
-            name: money(sum(v for d, v in days.items()
-                            if first.isoformat() <= d <= end.isoformat()))
-            for name, (first, end) in since.items()
+            name: money(sum(within({currency: days}, *span).get(currency, {}).values()))
+            for name, span in spans.items()
         }
-        for currency, days in sorted((by_currency or {DEFAULT_CURRENCY: {}}).items())
+        for currency, days in sorted((by_day or {DEFAULT_CURRENCY: {}}).items())
     ]  # fmt: skip
+
+
+def _day(value: str, param: str) -> date:
+    try:
+        return date.fromisoformat(value[:10])
+    except ValueError:
+        raise BadRequest(f"'{param}' is not a date: {value!r}.", param=param) from None
 
 
 class Finance(Controller):
@@ -106,10 +102,16 @@ class Finance(Controller):
         self, kiln: KilnDep, viewer: ViewerDep, *,
         period: Period = None, start: From = None, end: To = None,
     ) -> Template:  # fmt: skip
-        """Spend by tenant and by day for a period (this month by default)."""
+        """Spend by tenant and by day for a period (this month by default); a preset's charts
+        and the month to date come from one read of last month and this month."""
         today = datetime.now(UTC).date()
         f = form(today, period, start, end, None, tenant=None)
-        by_tenant, by_day = await spend(kiln, viewer, f.start, f.end)
-        context = {"viewer": viewer, "f": f, "mtd": await month_to_date(kiln, viewer, today),
-                   "charts": charts(by_tenant, by_day)}  # fmt: skip
+        span = (_day(f.start, "from"), _day(f.end, "to"))
+        months = (month_of(today, 1)[0], month_of(today)[1])
+        by_tenant, by_day = await spend(kiln, viewer, *months, span)
+        mtd = month_to_date(by_day, today)
+        if f.period == "custom":  # a preset is within the two months
+            by_tenant, by_day = await spend(kiln, viewer, *span, span)
+        context = {"viewer": viewer, "f": f, "mtd": mtd,
+                   "charts": charts(by_tenant, within(by_day, *span))}  # fmt: skip
         return Template("finance.html.j2", context=context)

@@ -217,3 +217,28 @@ class UsageTenantDaily(Base):
     requests: Mapped[int] = mapped_column(BigInteger)
     errors: Mapped[int] = mapped_column(BigInteger)
     cost_micros: Mapped[int] = mapped_column(BigInteger)
+
+
+class UsageChargeDaily(Base):
+    """Charge lines summed per tenant, tenant-local day and the report's dimensions (kind,
+    model, version, adapter, key, OAuth client, unit, currency): what finance's pages read.
+
+    Kept by triggers (migration 0023) in the transaction that inserts the lines; a tenant's days
+    are rebuilt from its lines when its time zone changes."""
+
+    __tablename__ = "usage_charge_daily"
+    id: Mapped[int] = mapped_column(BigInteger, Identity(), primary_key=True)
+    tenant_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("tenants.id", ondelete="CASCADE"))
+    day: Mapped[date] = mapped_column(Date)
+    kind: Mapped[str] = mapped_column(String(16))
+    model: Mapped[str] = mapped_column(String(200))
+    version: Mapped[str] = mapped_column(String(64))
+    adapter: Mapped[str | None] = mapped_column(String(200))
+    api_key_id: Mapped[uuid.UUID | None]
+    oauth_client_id: Mapped[uuid.UUID | None]
+    unit: Mapped[str] = mapped_column(String(16))
+    currency: Mapped[str] = mapped_column(String(3))
+    quantity: Mapped[Decimal] = mapped_column(Numeric)
+    list_cost_micros: Mapped[int] = mapped_column(BigInteger)
+    cost_micros: Mapped[int] = mapped_column(BigInteger)
+    lines: Mapped[int] = mapped_column(BigInteger)

@@ -36,15 +36,16 @@ def sku(row: Any) -> str:
     return f"{base}:{row.adapter}" if row.adapter else base
 
 
-def columns(row: Any, start: datetime, end: datetime) -> dict[str, Any]:
+def columns(row: Any) -> dict[str, Any]:
     """The report columns of one result row (``None`` for a dimension not grouped by).
 
-    Without day grouping, the charge period is the report's range clipped to the billing period.
+    Without day grouping, the charge period is the report's range clipped to the billing period
+    (``charge_start``/``charge_end``, computed with the row's time zone).
     """
     list_cost, cost = int(row.list_cost_micros), int(row.cost_micros)
     usage = row.kind == "usage"
-    charge_start = row.day_start or max(start, row.period_start)
-    charge_end = row.day_end or min(end, row.period_end)
+    charge_start = row.day_start or row.charge_start
+    charge_end = row.day_end or row.charge_end
     ids = (row.tenant_id, row.api_key_id, row.oauth_client_id)
     tenant, key, client = (None if v is None else str(v) for v in ids)
     return {

@@ -22,6 +22,7 @@ from kiln_platform.billing.tables import (
     IdempotencyKey,
     Statement,
     UsageCharge,
+    UsageChargeDaily,
     UsageHourly,
     UsageTenantDaily,
 )
@@ -105,6 +106,9 @@ def _rows(tenant: uuid.UUID, model: uuid.UUID) -> list[Base]:
                     output_tokens=0, cost_micros=1),
         UsageTenantDaily(day=date(2026, 12, 1), tenant_id=tenant, requests=1, errors=0,
                          cost_micros=1),
+        UsageChargeDaily(tenant_id=tenant, day=date(2026, 11, 30), kind="usage", model="m",
+                         version="1", unit="request", currency="USD", quantity=Decimal(1),
+                         list_cost_micros=1, cost_micros=1, lines=1),
         ModelPin(model_id=model, tenant_id=tenant, target="1"),
         file,
         batch,
