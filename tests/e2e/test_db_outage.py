@@ -3,7 +3,8 @@ compare the ledger with the client's log of request ids and statuses.
 
 During the outage the cached tenant keeps getting answers (its key past its 1 s cache TTL),
 usage goes to the spool on local disk, ``/readyz`` says degraded, a key never seen before gets
-503 + Retry-After, and nothing answers 500; after the restart the ledger holds exactly one row
+503 + Retry-After (so does a POST with an Idempotency-Key: its claim needs the database),
+and nothing answers 500; after the restart the ledger holds exactly one row
 per answered request."""
 
 from __future__ import annotations
@@ -103,6 +104,10 @@ async def _outage(
             "/v1/embeddings", json={"model": MINILM, "input": "hello"},
             headers={"authorization": f"Bearer {new_key}"},
         )  # fmt: skip
+        seen["idempotent"] = await http.post(
+            "/v1/embeddings", json={"model": MINILM, "input": "once"},
+            headers={"authorization": f"Bearer {kiln.key}", "idempotency-key": "outage-1"},
+        )  # fmt: skip
         seen["spooled"] = sorted(p.name for p in (data_dir / "spool").iterdir())
     await asyncio.sleep(OUTAGE_S - (time.monotonic() - down))
     await asyncio.to_thread(_postgres, pg_dir, "start")
@@ -160,6 +165,8 @@ def test_postgres_outage_serves_cached_keys_and_bills_each_answer_once(
     assert seen["ready"].json() == {"database": False, "degraded": True}
     assert seen["new_key"].status_code == 503
     assert float(seen["new_key"].headers["retry-after"]) > 0
+    assert seen["idempotent"].status_code == 503, "an idempotent POST needs the database"
+    assert "retry-after" in seen["idempotent"].headers
     assert seen["spooled"], "nothing was spooled during the outage"
     assert drained, "the spool was not written after the restart"
     assert ready_after.json() == {"database": True, "degraded": False}
