@@ -157,7 +157,7 @@ def test_health_ready_and_metrics(kiln_up: Any) -> None:
     assert httpx.get(f"{kiln_up.base_url}/healthz").text == "ok"
     ready = httpx.get(f"{kiln_up.base_url}/readyz")
     assert ready.status_code == 200
-    assert ready.json() == {"database": True}
+    assert ready.json() == {"database": True, "degraded": False}
     served = httpx.post(
         f"{kiln_up.base_url}/v1/embeddings",
         json={"model": MODEL, "input": "counted per tenant"},

@@ -82,3 +82,16 @@ async def test_a_forgotten_value_is_loaded_again_before_it_expires() -> None:
     assert await cache.get("k", load) is None  # a miss, cached
     cache.forget("k")
     assert await cache.get("k", load) == 3
+
+
+async def test_a_stale_value_is_kept_within_its_grace_only() -> None:
+    cache: TTLCache[str, int | None] = TTLCache(ttl=0)
+
+    async def load() -> int | None:
+        return None
+
+    assert cache.stale("k", 60) is None, "never loaded"
+    await cache.get("k", load)
+    assert cache.stale("k", 60) == (None,), "a cached None is a value"
+    await asyncio.sleep(0.01)
+    assert cache.stale("k", 0) is None

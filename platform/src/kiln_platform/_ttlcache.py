@@ -49,6 +49,14 @@ class TTLCache(Generic[K, V]):
         hit = self._values.get(key)
         return None if hit is None else hit[1]
 
+    def stale(self, key: K, grace: float) -> tuple[V] | None:
+        """The value held for ``key`` if it expired less than ``grace`` seconds ago (boxed: the
+        value may be None), for when loading fails (the database is unreachable)."""
+        hit = self._values.get(key)
+        if hit is None or hit[0] + grace < time.monotonic():
+            return None
+        return (hit[1],)
+
     async def _load(self, key: K, load: Callable[[], Awaitable[V]]) -> V:
         try:
             value = await load()

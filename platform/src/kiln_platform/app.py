@@ -32,7 +32,8 @@ from kiln_platform.billing.controllers import PriceBooksController
 from kiln_platform.body_limit import BodyLimits, body_limit_middleware
 from kiln_platform.context import Kiln, running
 from kiln_platform.db import migrate
-from kiln_platform.errors import BadRequest, KilnError, QuotaExceeded
+from kiln_platform.db.outage import DB_UNREACHABLE, unreachable
+from kiln_platform.errors import BadRequest, KilnError, QuotaExceeded, ServiceUnavailable
 from kiln_platform.gateway.controllers import OpenAIController
 from kiln_platform.gateway.oip import OIPController
 from kiln_platform.gateway.schemas import ErrorBody, ErrorResponse
@@ -75,6 +76,8 @@ def _error_response(request: Request[Any, Any, Any], exc: Exception) -> Response
     """Map every error to the body its API expects: OpenAI's for `/v1`, problem details else."""
     if bad_text(exc):  # raised in a handler that has its session from admin.deps
         exc = BadRequest(BAD_TEXT_MESSAGE)
+    if unreachable(exc):  # work that needs the database during an outage (docs/reliability.md)
+        exc = ServiceUnavailable(DB_UNREACHABLE, retry_after=5.0)
     if isinstance(exc, KilnError):
         status, message, param, code, kind = (
             exc.status_code, exc.message, exc.param, exc.code, exc.type,
@@ -130,12 +133,15 @@ async def healthz() -> str:
 
 @get("/readyz", include_in_schema=False)
 async def readyz(kiln: SkipValidation[Kiln]) -> Response[dict[str, Any]]:
-    """Ready: database reachable and migrated."""
+    """Ready: database reachable and migrated; or degraded (200, ``"degraded": true``): the
+    database unreachable but the outage within its bound (cached keys served, usage spooled)."""
     try:
         current = await migrate.is_current(kiln.db.engine)
     except Exception:  # any failure to reach the database means not ready
         current = False
-    return Response({"database": current}, status_code=200 if current else 503)
+    degraded = not current and kiln.ledger.degraded()
+    body = {"database": current, "degraded": degraded}
+    return Response(body, status_code=200 if current or degraded else 503)
 
 
 _CONTROLLERS = (

@@ -12,10 +12,11 @@ from prometheus_client import REGISTRY
 
 from kiln_platform.adapters.directory import AdapterDirectory
 from kiln_platform.admission.services import Admissions
-from kiln_platform.billing.ledger import LedgerWriter
+from kiln_platform.billing.ledger import LedgerWriter, Usage
 from kiln_platform.billing.pricebooks import PriceBooks
 from kiln_platform.billing.reservations import Budgets
 from kiln_platform.billing.rollup import Rollups
+from kiln_platform.billing.spool import UsageSpool
 from kiln_platform.compiler.runner import CompileRunner
 from kiln_platform.db.database import Database, open_database
 from kiln_platform.db.engine import sessionmaker, writer_engine
@@ -119,6 +120,20 @@ def _worker_http(settings: Settings) -> aiohttp.ClientSession:
     )
 
 
+def _spool(settings: Settings) -> UsageSpool[Usage] | None:
+    """Where usage goes while the database is unreachable (none with the bound at 0)."""
+    if settings.outage_bound_s <= 0:
+        return None
+    return UsageSpool(settings.spool_dir, Usage, max_age_s=settings.outage_bound_s,
+                      max_bytes=settings.outage_spool_max_bytes)  # fmt: skip
+
+
+def _keys(settings: Settings, db: Database) -> KeyVerifier:
+    """API keys, cached for their TTL, and served from the cache through a database outage."""
+    return KeyVerifier(db.sessions, settings.hmac_key(), settings.key_cache_ttl_s,
+                       settings.outage_bound_s)  # fmt: skip
+
+
 def _build(
     settings: Settings, db: Database, http: aiohttp.ClientSession, ledger_db: AsyncEngine,
     batches: Background,
@@ -142,7 +157,7 @@ def _build(
         ttl_s=settings.lease_ttl_s,
     )  # fmt: skip
     ledger = LedgerWriter(sessionmaker(ledger_db), books, enabled=settings.metering,
-                          rollups=Rollups(db.sessions))  # fmt: skip
+                          rollups=Rollups(db.sessions), spool=_spool(settings))  # fmt: skip
     slis, outcomes = SliRecorder(settings.slo_bucket_s), RolloutOutcomes()
     slos = SloMonitor(db.sessions, slis, settings, partial(crashloop.health, pools.backend))
     workers = WorkerClient(pools, http, settings.request_timeout_s)
@@ -150,7 +165,7 @@ def _build(
         settings=settings,
         db=db,
         store=store,
-        keys=KeyVerifier(db.sessions, settings.hmac_key(), settings.key_cache_ttl_s),
+        keys=_keys(settings, db),
         resolver=resolver,
         pools=pools,
         workers=workers,

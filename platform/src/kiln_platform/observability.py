@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 import structlog
 
+from kiln_platform.db.outage import quiet_outage_logs
 from kiln_runtimes import tracing
 
 if TYPE_CHECKING:
@@ -80,6 +81,7 @@ def configure_logging(level: str, fmt: str = "json") -> None:
             structlog.contextvars.merge_contextvars,
             structlog.processors.add_log_level,
             structlog.processors.TimeStamper(fmt="iso", utc=True),
+            quiet_outage_logs,
             structlog.processors.format_exc_info,
             renderer,
         ],

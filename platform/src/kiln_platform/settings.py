@@ -117,6 +117,13 @@ class Settings(BaseSettings):
     ``tenant`` label: one series per tenant and model; off, they are per model and version."""
     key_cache_ttl_s: float = 5.0
     """How long keys, quota limits and the JWT denylist are cached (the revocation bound)."""
+    outage_bound_s: float = Field(default=300.0, ge=0)
+    """While PostgreSQL is unreachable: how long keys verified before are still served past
+    their cache TTL, and how long usage is spooled to local disk (from its oldest unwritten
+    row) before requests answer 503 again (``docs/reliability.md``); 0: no outage mode."""
+    outage_spool_max_bytes: int = Field(default=64 << 20, gt=0)
+    """The most usage one gateway process spools to disk during an outage (64 MiB: ~200,000
+    requests); past it requests answer 503 + Retry-After."""
     oauth_issuer: str = "urn:kiln"
     """``iss`` of the JWT access tokens (set it to the public URL; one value for every gateway)."""
     oauth_audience: str = "urn:kiln:api"
@@ -256,6 +263,11 @@ class Settings(BaseSettings):
     def store_dir(self) -> Path:
         """Content-addressed artifact store."""
         return self.data_dir / "store"
+
+    @property
+    def spool_dir(self) -> Path:
+        """Usage spooled while the database is unreachable (``billing.spool``)."""
+        return self.data_dir / "spool"
 
     @property
     def pg_dir(self) -> Path:

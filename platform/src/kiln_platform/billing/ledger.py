@@ -12,9 +12,12 @@ recorded, and settles those rows' budget reservations. Once it has committed, th
 inserted are counted in the usage rollups the console overview reads (``rollup.Rollups``,
 added to their tables every few seconds, outside this transaction).
 
-If the write fails, every request waiting on the batch fails with 503 instead of answering
-unbilled: the client learns it should retry, and the row is kept and written (with status 503,
-unbilled) once the database is back. Rows nobody waits on are retried as they are.
+If the database is unreachable, the batch goes to the usage spool instead (``billing.spool``: a
+local file, fsync'd before its requests answer) and is written from there, exactly once, when the
+database is back. Past the spool's bound, or when a write fails for another reason, every request
+waiting on the batch fails with 503 instead of answering unbilled: the client learns it should
+retry, and the row is kept and written (with status 503, unbilled) once the database is back. Rows
+nobody waits on are retried as they are.
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ from sqlalchemy.exc import DataError, IntegrityError
 from kiln_platform.billing.budgets import Settled, settle
 from kiln_platform.billing.pricing import PriceList, Quantities, book_at, charges, cost
 from kiln_platform.billing.tables import UsageCharge
+from kiln_platform.db.outage import unreachable
 from kiln_platform.db.tables import UsageEvent
 from kiln_platform.errors import ServiceUnavailable
 
@@ -45,6 +49,7 @@ if TYPE_CHECKING:
 
     from kiln_platform.billing.pricebooks import PriceBooks
     from kiln_platform.billing.rollup import Rollups
+    from kiln_platform.billing.spool import UsageSpool
     from kiln_platform.keys.services import Principal
     from kiln_platform.registry.services import ResolvedVersion
 
@@ -195,8 +200,11 @@ class LedgerWriter:
     def __init__(
         self, sessions: async_sessionmaker[AsyncSession], books: PriceBooks | None = None, *,
         enabled: bool = True, retry_s: float = 0.5, rollups: Rollups | None = None,
+        spool: UsageSpool[Usage] | None = None,
     ) -> None:  # fmt: skip
         self._sessions = sessions
+        self.spool = spool
+        """Where batches go while the database is unreachable (None: they answer 503)."""
         self._rollups = rollups
         """Where the committed rows are counted for the overview (None: nowhere)."""
         self._books = books
@@ -231,6 +239,11 @@ class LedgerWriter:
                 retry_after=1.0,
             ) from None
 
+    def degraded(self) -> bool:
+        """Whether requests can be served with the database unreachable: usage goes to the
+        spool, within its bound (readiness reports this as degraded, not down)."""
+        return self.spool is not None and self.spool.accepts()
+
     async def start(self) -> None:
         """Start the flusher (and the rollups' task)."""
         self._task = asyncio.create_task(self._loop(), name="ledger-writer")
@@ -253,11 +266,15 @@ class LedgerWriter:
 
     async def _loop(self) -> None:
         while self._pending or not self._stopping:
-            await self._wake.wait()
+            spooled = self.spool is not None and self.spool.pending()
+            with contextlib.suppress(TimeoutError):  # with a spool to drain: try every second
+                await asyncio.wait_for(self._wake.wait(), 1.0 if spooled else None)
             self._wake.clear()
             if self._pending:
                 rows, self._pending = self._pending, []
                 await self._flush(rows)
+            if spooled:
+                await self._drain()
 
     async def _flush(self, rows: list[Usage]) -> None:
         try:
@@ -265,11 +282,45 @@ class LedgerWriter:
         except (IntegrityError, DataError):  # a row the database refuses: find it, keep the rest
             for row in rows:
                 await self._flush_one(row)
-        except Exception:
+        except Exception as exc:
+            if unreachable(exc) and await self._spooled(rows):
+                return
             log.exception("ledger write failed; waiting requests answer 503", rows=len(rows))
             self._pending[:0] = [self._failed(r) for r in rows]
             await asyncio.sleep(self._retry_s)
             self._wake.set()
+
+    async def _spooled(self, rows: list[Usage]) -> bool:
+        """Keep a batch in the spool and answer its requests; False past the spool's bound."""
+        spool = self.spool
+        if spool is None or not spool.accepts():
+            return False
+        if not spool.pending():
+            log.warning("database unreachable: usage spooled to local disk", path=str(spool.path))
+        try:
+            await asyncio.to_thread(spool.append, rows)
+        except OSError:
+            log.exception("usage spool write failed; waiting requests answer 503")
+            return False
+        self._answer(rows)
+        return True
+
+    async def _drain(self) -> None:
+        """Write the spooled rows once the database is back (exactly once: by request id)."""
+        assert self.spool is not None
+        try:
+            inserted = await self.spool.drain(self._write_spooled)
+        except Exception as exc:
+            if not unreachable(exc):
+                log.exception("draining the usage spool failed; will retry")
+            return
+        log.warning("database back: usage spool written", inserted=inserted)
+
+    async def _write_spooled(self, rows: list[Usage]) -> int:
+        async with self._sessions.begin() as session:
+            inserted = await self.write_in(session, rows)
+        self.counted(inserted)
+        return len(inserted)
 
     async def _flush_one(self, row: Usage) -> None:
         try:
@@ -296,6 +347,10 @@ class LedgerWriter:
         async with self._sessions.begin() as session:
             inserted = await self.write_in(session, rows)
         self.counted(inserted)
+        self._answer(rows)
+
+    def _answer(self, rows: list[Usage]) -> None:
+        """Release the requests waiting on rows now durable."""
         for row in rows:
             done = self._waiters.pop(row.request_id, None)
             if done is not None and not done.done():

@@ -19,6 +19,7 @@ from kiln_platform.audit import services as audit
 from kiln_platform.billing.pricing import UNITS, PriceList, book_at
 from kiln_platform.billing.schemas import PriceBookCreate, PriceBookView, PriceView
 from kiln_platform.billing.tables import PlanDiscount, Price, PriceBook
+from kiln_platform.db.outage import unreachable
 from kiln_platform.errors import BadRequest, NotFound
 
 if TYPE_CHECKING:
@@ -166,8 +167,15 @@ class PriceBooks:
         self._cache: TTLCache[None, list[PriceList]] = TTLCache(ttl)
 
     async def all(self) -> list[PriceList]:
-        """Every version, sorted by effective date (ties: the higher version wins)."""
-        return await self._cache.get(None, self._load)
+        """Every version, sorted by effective date (ties: the higher version wins); with the
+        database unreachable, the versions last loaded."""
+        try:
+            return await self._cache.get(None, self._load)
+        except Exception as exc:
+            held = self._cache.peek(None)
+            if held is None or not unreachable(exc):
+                raise
+            return held
 
     async def _load(self) -> list[PriceList]:
         async with self._sessions() as session:

@@ -5,6 +5,10 @@ process left behind.
 The hold is one conditional ``UPDATE … WHERE spent + reserved + :x <= :limit`` on the tenant's
 period row, so concurrent requests (in any number of gateway processes) serialize on that row
 and never admit more than fits. A tenant without a budget costs no query: its limits are cached.
+
+While the database is unreachable, budgets fail open: a request is admitted without a hold (its
+usage is spooled and settled against the budget when the database is back), so a tenant can
+overspend by what it is served during the outage's bound (``docs/reliability.md``).
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from sqlalchemy import text
 from sqlalchemy.exc import IntegrityError
 
 from kiln_platform.billing.budgets import Key, move, period_end, period_of, take, worst_case
+from kiln_platform.db.outage import unreachable
 from kiln_platform.errors import Conflict, QuotaExceeded
 from kiln_platform.quotas.leases import lifetime, renew_every
 
@@ -119,6 +124,10 @@ class Budgets:
                 held = await session.scalar(_HOLD, params)
         except IntegrityError as exc:
             raise Conflict("A request with this request id is in flight.") from exc
+        except Exception as exc:
+            if unreachable(exc):
+                return  # fail open: no hold (the outage's bound)
+            raise
         self._periods.add(key)
         if held is None:
             raise QuotaExceeded(
@@ -144,9 +153,14 @@ class Budgets:
             await self.release(request_id)
 
     async def release(self, request_id: str) -> None:
-        """Give a request's hold back (it ends with no ledger row)."""
-        async with self._sessions.begin() as session:
-            await move(session, {}, await take(session, [request_id]))
+        """Give a request's hold back (it ends with no ledger row); with the database
+        unreachable, the hold lapses at its expiry (the sweep)."""
+        try:
+            async with self._sessions.begin() as session:
+                await move(session, {}, await take(session, [request_id]))
+        except Exception as exc:
+            if not unreachable(exc):
+                raise
 
     async def renew(self) -> int:
         """Push the expiry of every hold this process tracks to at least one TTL ahead."""

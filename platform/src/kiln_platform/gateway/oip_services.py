@@ -31,11 +31,12 @@ def server_metadata() -> ServerMetadata:
 
 
 async def server_ready(kiln: Kiln) -> bool:
-    """Ready to serve: the database is reachable and migrated."""
+    """Ready to serve: the database is reachable and migrated, or unreachable within the outage
+    bound (degraded: cached keys served, usage spooled; ``/readyz`` says which)."""
     try:
-        return await migrate.is_current(kiln.db.engine)
-    except Exception:  # any failure to reach the database means not ready
-        return False
+        return await migrate.is_current(kiln.db.engine) or kiln.ledger.degraded()
+    except Exception:  # the database unreachable: ready only within the outage bound
+        return kiln.ledger.degraded()
 
 
 async def resolve(kiln: Kiln, name: str, version: str | None, sticky: str = "") -> ResolvedVersion:

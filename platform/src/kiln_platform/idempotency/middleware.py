@@ -17,13 +17,14 @@ from typing import TYPE_CHECKING, Any
 import structlog
 from litestar import Request, Response
 
-from kiln_platform.errors import BadRequest, IdempotencyInProgress, KilnError
+from kiln_platform.db.outage import DB_UNREACHABLE, unreachable
+from kiln_platform.errors import BadRequest, IdempotencyInProgress, KilnError, ServiceUnavailable
 from kiln_platform.gateway.auth import verify_bearer
 from kiln_platform.idempotency._body import Body, ClientGone
 from kiln_platform.idempotency.services import HEADER, KeyScope, StoredResponse
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from collections.abc import Awaitable, Callable
 
     from litestar.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -62,7 +63,9 @@ def idempotency_middleware(app: ASGIApp, errors: ErrorRenderer) -> ASGIApp:
             return
         try:
             await _guarded(scope)
-            await _idempotent(app, kiln.idempotency, principal, key, (scope, receive, send))
+            await _unless_unreachable(
+                _idempotent(app, kiln.idempotency, principal, key, (scope, receive, send))
+            )
         except KilnError as exc:
             extra = {"x-should-retry": "true"} if isinstance(exc, IdempotencyInProgress) else {}
             request: Request[Any, Any, Any] = Request(scope)
@@ -72,6 +75,16 @@ def idempotency_middleware(app: ASGIApp, errors: ErrorRenderer) -> ASGIApp:
             return
 
     return middleware
+
+
+async def _unless_unreachable(work: Awaitable[None]) -> None:
+    """Run ``work``; the database unreachable: 503 + Retry-After (not 500)."""
+    try:
+        await work
+    except Exception as exc:
+        if unreachable(exc):
+            raise ServiceUnavailable(DB_UNREACHABLE, retry_after=5.0) from exc
+        raise
 
 
 async def _guarded(scope: Scope) -> None:

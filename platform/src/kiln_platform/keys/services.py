@@ -21,8 +21,9 @@ from kiln_platform._ttlcache import TTLCache
 from kiln_platform.admin.authz import Actor, Role, check_tenant, grantable, require
 from kiln_platform.audit.services import record, snapshot
 from kiln_platform.db import after_commit
+from kiln_platform.db.outage import unreachable
 from kiln_platform.db.tables import ApiKey, Tenant
-from kiln_platform.errors import Conflict, NotFound, Unauthorized
+from kiln_platform.errors import Conflict, NotFound, ServiceUnavailable, Unauthorized
 from kiln_platform.keys.schemas import KeyCreate, KeyCreated, KeyRotated, KeyView
 from kiln_platform.tenants.services import get_tenant
 
@@ -216,19 +217,36 @@ def key_view(k: ApiKey) -> KeyView:
 
 
 class KeyVerifier:
-    """Verifies presented keys; results are cached for ``ttl`` seconds (the revocation bound)."""
+    """Verifies presented keys; results are cached for ``ttl`` seconds (the revocation bound).
+
+    While the database is unreachable a key verified before is served from the cache for up to
+    ``outage_s`` seconds past its TTL; a key not in the cache answers 503 + Retry-After."""
 
     def __init__(
-        self, sessions: async_sessionmaker[AsyncSession], hmac_key: bytes, ttl: float
-    ) -> None:
+        self, sessions: async_sessionmaker[AsyncSession], hmac_key: bytes, ttl: float,
+        outage_s: float = 0.0,
+    ) -> None:  # fmt: skip
         self._sessions = sessions
         self._hmac_key = hmac_key
         self._cache: TTLCache[bytes, Principal | None] = TTLCache(ttl)
+        self._outage_s = outage_s
 
     async def verify(self, secret: str) -> Principal:
-        """Return the principal for a key, or raise ``Unauthorized``."""
+        """Return the principal for a key, or raise ``Unauthorized`` (``ServiceUnavailable`` if
+        the database is unreachable and the key is not cached)."""
         digest = key_digest(self._hmac_key, secret)
-        principal = await self._cache.get(digest, lambda: self._lookup(secret, digest))
+        try:
+            principal = await self._cache.get(digest, lambda: self._lookup(secret, digest))
+        except Exception as exc:
+            held = self._cache.stale(digest, self._outage_s) if unreachable(exc) else None
+            if held is None and unreachable(exc):
+                raise ServiceUnavailable(
+                    "Kiln cannot verify this API key now: its database is unreachable. "
+                    "Retry shortly.", retry_after=5.0,
+                ) from None  # fmt: skip
+            if held is None:
+                raise
+            principal = held[0]
         expired = (
             principal is not None
             and principal.expires_at is not None

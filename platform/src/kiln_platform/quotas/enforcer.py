@@ -12,6 +12,10 @@
 
 A subject is the key when it has its own override of that limit, else the tenant. Limits are
 cached per process for ``ttl`` seconds (like keys), so an unlimited tenant costs no query.
+
+While the database is unreachable, quotas fail open: limits are the last ones loaded (none if
+never loaded), requests/min, tokens/min and concurrency are not counted, and a lease that
+cannot be deleted lapses with its TTL (``docs/reliability.md``: the outage bound).
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ import structlog
 from sqlalchemy import select, text
 
 from kiln_platform._ttlcache import TTLCache
+from kiln_platform.db.outage import unreachable
 from kiln_platform.db.tables import Quota
 from kiln_platform.errors import RateLimited
 from kiln_platform.quotas.leases import lifetime, renew_every
@@ -104,10 +109,15 @@ class QuotaEnforcer:
         self._renewer: asyncio.Task[None] | None = None
 
     async def effective(self, principal: Principal) -> Effective:
-        """The limits that apply to a key (its overrides over its tenant's), cached."""
-        return await self._cache.get(
-            (principal.tenant_id, principal.key_id), lambda: self._load(principal)
-        )
+        """The limits that apply to a key (its overrides over its tenant's), cached; with the
+        database unreachable, the last ones loaded (none if never)."""
+        key = (principal.tenant_id, principal.key_id)
+        try:
+            return await self._cache.get(key, lambda: self._load(principal))
+        except Exception as exc:
+            if not unreachable(exc):
+                raise
+            return self._cache.peek(key) or Effective()
 
     async def _load(self, principal: Principal) -> Effective:
         async with self._sessions() as session:
@@ -126,13 +136,21 @@ class QuotaEnforcer:
         return Effective(limits)
 
     async def admit(self, principal: Principal, admission: QuotaGrant) -> None:
-        """Count the request in, or raise ``RateLimited`` (429).
+        """Count the request in, or raise ``RateLimited`` (429); admitted uncounted while the
+        database is unreachable.
 
         ``admission`` receives the rate-limit headers even when the request is refused.
         """
         eff = (await self.effective(principal)).limits
         if not eff.keys() & {"rpm", "tpm", "concurrency"}:
             return
+        try:
+            await self._count(eff, admission)
+        except Exception as exc:
+            if not unreachable(exc):
+                raise
+
+    async def _count(self, eff: dict[str, tuple[int, str]], admission: QuotaGrant) -> None:
         reset = _reset()
         counted: tuple[str, int] | None = None  # (subject, tokens) the rpm count returned
         async with self._sessions.begin() as session:
@@ -185,10 +203,15 @@ class QuotaEnforcer:
         return lease
 
     async def release(self, lease: uuid.UUID) -> None:
-        """End a concurrency lease (its renewals first, even if the delete fails)."""
+        """End a concurrency lease (its renewals first, even if the delete fails: with the
+        database unreachable, the lease lapses at its expiry)."""
         self._live.discard(lease)
-        async with self._sessions.begin() as session:
-            await session.execute(text("DELETE FROM quota_leases WHERE id = :i"), {"i": lease})
+        try:
+            async with self._sessions.begin() as session:
+                await session.execute(text("DELETE FROM quota_leases WHERE id = :i"), {"i": lease})
+        except Exception as exc:
+            if not unreachable(exc):
+                raise
 
     async def renew(self) -> int:
         """Push the expiry of every lease this process holds to at least one TTL ahead."""
@@ -227,8 +250,9 @@ class QuotaEnforcer:
         task.add_done_callback(self._tasks.discard)
 
     async def _charge(self, subject: str, tokens: int) -> None:
-        async with self._sessions.begin() as session:
-            await session.execute(_CHARGE, {"s": subject, "n": tokens})
+        with contextlib.suppress(Exception):  # best effort: tokens/min is not the bill
+            async with self._sessions.begin() as session:
+                await session.execute(_CHARGE, {"s": subject, "n": tokens})
 
     async def drain(self) -> None:
         """Wait for pending charges (at shutdown)."""
