@@ -9,7 +9,7 @@ SHELL  := /bin/bash
 QUIET  := 2>&1 | { grep -v "is ignored: it is neither" || true; }
 
 .DEFAULT_GOAL := help
-.PHONY: help setup browser promtool up test test-unit test-integration test-e2e test-deploy lint bench-cold-start bench-embeddings bench-lora bench-import bench-tensor bench-tensor-latency bench-loop-stalls bench-console bench-shadow bench-tracing
+.PHONY: help setup browser promtool up test test-unit test-integration test-e2e test-deploy lint bench-cold-start bench-embeddings bench-lora bench-import bench-tensor bench-tensor-latency bench-loop-stalls bench-console bench-shadow bench-tracing bench-batches
 
 help: ## List the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-18s %s\n", $$1, $$2}'
@@ -71,6 +71,9 @@ bench-tracing: setup ## Embeddings throughput, tracing off and on at 1%, vs HEAD
 
 bench-shadow: setup ## Client latency p99 with shadow traffic at 20% on vs off, same run (docs/benchmarks.md)
 	$(PY) bench/shadow.py --rounds 6
+
+bench-batches: setup ## A 10,000-line batch beside interactive embeddings: their p99 and the idle capacity it fills (docs/benchmarks.md)
+	$(PY) bench/batches.py --rounds 3
 
 bench-embeddings: setup ## Kiln vs in-process ONNX Runtime, all-MiniLM-L6-v2 (see docs/benchmarks.md)
 	$(PY) bench/embeddings.py

@@ -179,9 +179,10 @@ class Settings(BaseSettings):
     """Largest file `POST /v1/files` stores (OpenAI's batch input limit, 200 MB)."""
     max_batch_lines: int = Field(default=50_000, gt=0)
     """Most lines (requests) in one batch input file (OpenAI's limit)."""
-    batch_concurrency: int = Field(default=8, ge=0)
-    """Lines of a batch each gateway keeps in its pools' fair queues at once (class ``batch``,
-    behind interactive work); 0: this gateway runs no batches."""
+    batch_concurrency: int = Field(default=2, ge=0)
+    """Lines of batches each gateway keeps in its pools' fair queues at once (class ``batch``,
+    behind interactive work); 0: this gateway runs no batches. More lines raise interactive
+    latency beside a batch (docs/benchmarks.md: on 2 cores A's p99 4.2x at 8, 1.0-1.9x at 2)."""
     batch_lease_s: float = Field(default=30.0, gt=0)
     """A gateway's claim on a running batch; renewed every third of it, so a killed gateway's
     batch is taken over by another after it lapses."""

@@ -209,13 +209,14 @@ class Admission:
                 await self._desk.ledger.commit(self._metered(usage))
 
     def _metered(self, usage: Usage) -> Usage:
-        """The usage the ledger settles the hold with; its tokens charged to tokens/min."""
+        """The usage the ledger settles the hold with; its tokens charged to tokens/min, unless
+        it is a batch line's (that limit paces clients' requests, not the tenant's batches)."""
         desk, self._outcome = self._desk, usage
         if desk.ledger.enabled:  # the ledger's write settles the hold: leaving does not
             usage = dataclasses.replace(usage, held=desk.budgets.handed(usage.request_id))
-        desk.quotas.charge(
-            usage.tenant_id, usage.api_key_id, usage.input_tokens + usage.output_tokens
-        )
+        if self.terms.priority is not Priority.BATCH:
+            tokens = usage.input_tokens + usage.output_tokens
+            desk.quotas.charge(usage.tenant_id, usage.api_key_id, tokens)
         return usage
 
     async def leave(self) -> None:

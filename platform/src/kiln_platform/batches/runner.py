@@ -41,6 +41,8 @@ if TYPE_CHECKING:
 log = structlog.get_logger("kiln.batches")
 RETRIES = 8
 """Tries of a line that meets a transient error (full queue, pool starting) before it fails."""
+HELD = 32
+"""Batches one gateway runs at once, one per tenant (other gateways claim the rest)."""
 
 
 @dataclass(slots=True)
@@ -60,7 +62,8 @@ class Claim:
 
 
 class BatchRunner:
-    """Runs batches in this gateway, ``concurrency`` lines at a time (class ``batch``).
+    """Runs batches in this gateway, ``concurrency`` lines at a time (class ``batch``): one
+    open batch per tenant at once, whose lines take the slots in turn (fair between tenants).
 
     A Kiln service like the others, but one that runs requests through all of them: ``start``
     hands it the built ``Kiln`` (after the pools started), and it stops before any of them.
@@ -78,6 +81,7 @@ class BatchRunner:
     def start(self, kiln: Kiln) -> None:
         """Work for ``kiln``; start claiming batches (none with ``KILN_BATCH_CONCURRENCY=0``)."""
         self._kiln = kiln
+        self._free = asyncio.Semaphore(self._concurrency)
         if self._concurrency > 0:
             self._task = asyncio.create_task(self._loop(), name="batch-runner")
 
@@ -89,24 +93,50 @@ class BatchRunner:
                 await self._task
 
     async def _loop(self) -> None:
-        while True:
-            try:
-                await metrics.count_open(self._kiln.db.sessions)
-                job = await self.claim()
+        """Claim open batches, one per tenant, and run them side by side: each batch's next
+        line waits on the shared ``_free`` slots, a FIFO semaphore, so the slots go to the
+        batches in turn and every tenant with a batch here gets an equal share of them."""
+        held: dict[uuid.UUID, asyncio.Task[None]] = {}
+        try:
+            while True:
+                job = None
+                try:
+                    await metrics.count_open(self._kiln.db.sessions)
+                    job = await self.claim(skip=set(held)) if len(held) < HELD else None
+                except Exception:
+                    log.exception("batch runner failed; will retry")
                 if job is not None:
-                    await self.process(job)
+                    held[job.tenant_id] = asyncio.create_task(self._guarded(job))
                     continue
-            except Exception:
-                log.exception("batch runner failed; will retry")
+                await self._wait(set(held.values()))
+                held = {tenant: task for tenant, task in held.items() if not task.done()}
+        finally:
+            for task in held.values():
+                task.cancel()
+            await asyncio.gather(*held.values(), return_exceptions=True)
+
+    async def _wait(self, running: set[asyncio.Task[None]]) -> None:
+        """One poll, or less if a batch ends (its tenant's next batch is claimed at once)."""
+        if running:
+            await asyncio.wait(running, timeout=self._poll_s, return_when=asyncio.FIRST_COMPLETED)
+        else:
             await asyncio.sleep(self._poll_s)
 
-    async def claim(self) -> BatchJob | None:
-        """Take the oldest open batch nobody holds (or whose holder's lease lapsed)."""
+    async def _guarded(self, job: BatchJob) -> None:
+        try:
+            await self.process(job)
+        except Exception:
+            log.exception("batch runner failed; will retry", batch=str(job.id))
+
+    async def claim(self, skip: set[uuid.UUID] | None = None) -> BatchJob | None:
+        """Take the oldest open batch nobody holds (or whose holder's lease lapsed), of a
+        tenant not in ``skip`` (those this runner runs a batch of already)."""
         async with self._kiln.db.sessions.begin() as session:
             job = await session.scalar(
                 select(BatchJob)
                 .where(BatchJob.status.in_(OPEN))
                 .where((BatchJob.lease_until.is_(None)) | (BatchJob.lease_until < func.now()))
+                .where(BatchJob.tenant_id.not_in(skip or ()))
                 .order_by(BatchJob.created_at)
                 .limit(1)
                 .with_for_update(skip_locked=True)
@@ -231,7 +261,7 @@ class BatchRunner:
             return True
         done = await self._done(job)
         principal = msgspec.convert(job.principal, Principal)
-        free = asyncio.Semaphore(self._concurrency)
+        free = self._free  # shared by the batches this runner holds, taken in turn
         started: list[asyncio.Task[bool]] = []
         async with asyncio.TaskGroup() as group:
             for n, raw in read_lines(path):

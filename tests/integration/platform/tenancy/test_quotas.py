@@ -9,7 +9,10 @@ from zoneinfo import ZoneInfo
 
 import pytest
 
+from kiln_platform.admission.services import Admissions
+from kiln_platform.batches.lines import LineLedger
 from kiln_platform.billing.budgets import Settled, settle
+from kiln_platform.billing.ledger import Usage
 from kiln_platform.errors import RateLimited
 from kiln_platform.keys.services import Principal
 from kiln_platform.quotas.enforcer import QuotaGrant
@@ -54,6 +57,23 @@ async def test_tokens_per_minute(admin: Admin, root: str) -> None:
     assert r.json()["error"]["type"] == "tokens"
     assert r.headers["x-ratelimit-limit-tokens"] == "100"
     assert r.headers["x-ratelimit-remaining-tokens"] == "0"
+
+
+async def test_batch_lines_tokens_are_not_charged_to_tokens_per_minute(
+    admin: Admin, root: str
+) -> None:
+    _, key = await _setup(admin, root, "q-tpm-batch", tpm=100)
+    assert await _models(admin, key) == 200
+    kiln = admin.kiln
+    principal = await kiln.keys.verify(key)
+    line = Admissions(kiln.quotas, kiln.budgets, LineLedger(False)).open({"request_id": "b_1"})
+    line.run_for(principal, 10.0)  # what a batch line's admission is entered with
+    usage = Usage("b_1", principal.tenant_id, principal.key_id, "m", "1", "/v1/embeddings", 200,
+                  input_tokens=150)  # fmt: skip
+    async with line:
+        line.record(usage)
+    await kiln.quotas.drain()
+    assert await _models(admin, key) == 200  # 150 tokens of a batch line: not its tokens/min
 
 
 async def test_budget_view_alerts_and_tenant_zone(admin: Admin, root: str) -> None:
