@@ -44,6 +44,7 @@ from kiln_platform.webhooks.sender import WebhookSender
 from kiln_runtimes.store import ArtifactStore
 
 if TYPE_CHECKING:
+    import uuid
     from collections.abc import AsyncIterator
 
     from sqlalchemy.ext.asyncio import AsyncEngine
@@ -59,6 +60,8 @@ class Background(Protocol):
     def start(self, kiln: Kiln) -> None: ...
 
     async def stop(self) -> None: ...
+
+    def cancelled(self, batch_id: uuid.UUID) -> None: ...
 
 
 @dataclass(frozen=True, slots=True)

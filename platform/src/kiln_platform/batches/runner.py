@@ -77,6 +77,15 @@ class BatchRunner:
         self._poll_s = min(settings.batch_poll_s, settings.batch_lease_s / 3)
         self.owner = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"[:64]
         self._task: asyncio.Task[None] | None = None
+        self._claims: dict[uuid.UUID, Claim] = {}
+        """The batches this runner holds, by id."""
+
+    def cancelled(self, batch_id: uuid.UUID) -> None:
+        """A cancel of ``batch_id`` was committed in this process: if this runner holds it, no
+        line starts from now on (other gateways' runners see it at their next poll)."""
+        claim = self._claims.get(batch_id)
+        if claim is not None and claim.status in ("validating", "in_progress"):
+            claim.status = "cancelling"
 
     def start(self, kiln: Kiln) -> None:
         """Work for ``kiln``; start claiming batches (none with ``KILN_BATCH_CONCURRENCY=0``)."""
@@ -147,7 +156,7 @@ class BatchRunner:
 
     async def process(self, job: BatchJob) -> None:
         """Take the batch as far as it goes: validate, run, finalize."""
-        claim = Claim(job, job.status)
+        claim = self._claims[job.id] = Claim(job, job.status)
         keeper = asyncio.create_task(self._keep(claim), name="batch-lease")
         try:
             if claim.status == "validating":
@@ -160,6 +169,7 @@ class BatchRunner:
             if not claim.lost and claim.status in ("in_progress", "cancelling", "finalizing"):
                 await self._finalize(claim)
         finally:
+            del self._claims[job.id]
             keeper.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await keeper
@@ -193,7 +203,8 @@ class BatchRunner:
                 claim.lost = True
                 log.warning("batch lease lost", batch=str(claim.job.id))
                 return
-            claim.status = status
+            if not (claim.status == "cancelling" and status == "in_progress"):
+                claim.status = status  # a cancel taken here is newer than what this poll read
 
     async def _revoked(self, job: BatchJob) -> bool:
         """Whether the API key the batch runs as is revoked or gone (an OAuth client's batch

@@ -238,3 +238,20 @@ async def test_a_line_is_priced_with_the_batch_discount(
     assert listed > 0
     assert cost == listed
     assert costs[True] == (listed, micros(Decimal(listed) * (10_000 - BATCH_BPS) / 10_000))
+
+
+async def test_a_cancel_stops_new_lines_at_once(app: Any, client: openai.AsyncOpenAI) -> None:
+    """The gateway that takes the cancel holds the batch: no line starts after the cancel
+    returns, though the runner reads the batch's status only every poll (0.2 s here, in which
+    dozens of these lines would start)."""
+    total = 300
+    batch = await _submit(client, [{"model": MINILM, "input": _texts(1)}] * total)
+    deadline = time.monotonic() + 30
+    while (await client.batches.retrieve(batch.id)).request_counts.completed < 3:  # type: ignore[union-attr]
+        assert time.monotonic() < deadline, "no line done"
+        await asyncio.sleep(0.01)
+    cancelling = await client.batches.cancel(batch.id)
+    at_cancel = cancelling.request_counts.completed  # type: ignore[union-attr]
+    done = await _finished(client, batch.id)
+    assert done.status == "cancelled"
+    assert at_cancel <= done.request_counts.completed <= at_cancel + 1  # the line in flight
