@@ -201,7 +201,9 @@ async def test_a_revoked_key_starts_no_more_lines(app: Any, client: openai.Async
     while (await client.batches.retrieve(batch.id)).request_counts.completed < 2:  # type: ignore[union-attr]
         assert time.monotonic() < deadline, "no line done"
         await asyncio.sleep(0.05)
-    assert _sample("kiln_batches_open", status="in_progress") >= 1
+    while _sample("kiln_batches_open", status="in_progress") < 1:  # refreshed every poll
+        assert time.monotonic() < deadline + 1, "kiln_batches_open never counted the batch"
+        await asyncio.sleep(0.05)
     async with kiln.db.sessions.begin() as session:
         await revoke_key(session, CLI, str(made.key.id), kiln.settings.hmac_key(), None)
     done = await _finished(client, batch.id)
