@@ -183,7 +183,7 @@ class BatchRunner:
 
     async def _keep(self, claim: Claim) -> None:
         """Every poll: renew the lease, read the batch's status (a cancel), check its key (a
-        revoke) and count the open batches (``kiln_batches_open``)."""
+        revoke)."""
         while True:
             await asyncio.sleep(self._poll_s)
             try:
@@ -195,7 +195,6 @@ class BatchRunner:
                         .returning(BatchJob.status)
                     )
                 claim.revoked = claim.revoked or await self._revoked(claim.job)
-                await metrics.count_open(self._kiln.db.sessions)
             except Exception:  # the database is away: keep going while the lease lasts
                 log.exception("renewing a batch lease failed; will retry")
                 continue
