@@ -23,7 +23,7 @@ import msgspec
 import structlog
 from sqlalchemy import func, select, update
 
-from kiln_platform.batches import events, lines, metrics
+from kiln_platform.batches import events, lines, metrics, quota
 from kiln_platform.batches.files import public_id, store_output
 from kiln_platform.batches.jsonl import check_line
 from kiln_platform.batches.schemas import OPEN
@@ -282,6 +282,8 @@ class BatchRunner:
                 item = check_line(n, raw)
                 if item.custom_id in done:
                     continue
+                await quota.within_day(self._kiln, principal, item.body, claim.stopping,
+                                       self._poll_s)  # fmt: skip
                 await free.acquire()
                 if claim.stopping():
                     free.release()
@@ -328,6 +330,7 @@ class BatchRunner:
             if not claim.lost and await lines.record(kiln, line, outcome):
                 metrics.LINES.labels("ok" if outcome.ok else "error").inc()
                 metrics.LINE_SECONDS.observe(time.monotonic() - began)
+                await quota.count(kiln, principal, outcome.usage)
         except Exception:
             log.exception("batch line not recorded", batch=str(job.id), line=n)
             return False
