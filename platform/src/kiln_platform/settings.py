@@ -222,6 +222,9 @@ class Settings(BaseSettings):
     """How long one webhook POST may take (connect and answer)."""
     webhook_rotation_grace_s: float = Field(default=86400.0, ge=0)
     """How long a rotated webhook secret still signs deliveries, beside the new one."""
+    webhook_retention_s: float = Field(default=30 * 86400.0, gt=0)
+    """How long a webhook delivery that ended (delivered, or failed for good) and its attempts
+    are kept before the sender deletes them (30 days)."""
     min_opset: int = 7
     max_opset: int = 23
 

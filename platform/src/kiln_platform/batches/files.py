@@ -71,7 +71,8 @@ async def upload(
         lines, digest = staged.finish()
         await asyncio.to_thread(kiln.store.adopt, staged.path, digest)  # hashed as it came in
     row = StoredFile(tenant_id=tenant_id, filename=staged.filename[:255], purpose=purpose,
-                     bytes=staged.size, lines=lines, digest=digest)  # fmt: skip
+                     bytes=staged.size, lines=lines, digest=digest,
+                     estimated_tokens=checker.tokens)  # fmt: skip
     async with tenant_tx(kiln, tenant_id) as session:
         session.add(row)
         await session.flush()

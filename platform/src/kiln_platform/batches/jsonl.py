@@ -6,6 +6,7 @@ import msgspec
 
 from kiln_platform.batches.schemas import ENDPOINTS, InputLine
 from kiln_platform.errors import BadRequest
+from kiln_platform.quotas.batch_policy import line_tokens
 
 MAX_CUSTOM_ID = 512
 _decoder = msgspec.json.Decoder(InputLine)
@@ -48,6 +49,8 @@ class LineChecker:
         self._number = 0
         self.lines = 0
         """Requests (non-blank lines) so far."""
+        self.tokens = 0
+        """Their estimated tokens (``quotas.batch_policy.line_tokens``)."""
 
     def feed(self, data: bytes) -> None:
         """Check the lines ``data`` completes; keep the rest for the next call."""
@@ -81,3 +84,4 @@ class LineChecker:
         if item.custom_id in self._ids:
             raise refuse(n, f"'custom_id' {item.custom_id!r} appears on an earlier line.")
         self._ids.add(item.custom_id)
+        self.tokens += line_tokens(item.body)

@@ -46,6 +46,17 @@ REVOKED = {
     "message": "The API key that created this batch was revoked: the request was not executed.",
 }
 """The error of a line not started because the batch's API key was revoked."""
+CLIENT_REVOKED = {
+    "code": "oauth_client_revoked",
+    "message": "The OAuth client that created this batch was revoked: the request was not "
+    "executed.",
+}
+"""The error of a line not started because the batch's OAuth client was revoked."""
+
+
+def revoked(principal: dict[str, Any]) -> dict[str, str]:
+    """The error of the lines a batch's revoked creator (``principal``, as stored) left."""
+    return REVOKED if principal.get("key_id") is not None else CLIENT_REVOKED
 
 
 class LineLedger:

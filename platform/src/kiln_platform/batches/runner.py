@@ -23,13 +23,13 @@ import msgspec
 import structlog
 from sqlalchemy import func, select, update
 
-from kiln_platform.batches import events, lines, metrics
+from kiln_platform.batches import events, lines, metrics, quota
 from kiln_platform.batches.files import public_id, store_output
 from kiln_platform.batches.jsonl import check_line
 from kiln_platform.batches.schemas import OPEN
 from kiln_platform.batches.tables import BatchJob, BatchLine, StoredFile
 from kiln_platform.batches.validation import check_batch, read_lines
-from kiln_platform.db.tables import ApiKey
+from kiln_platform.db.tables import ApiKey, OAuthClient
 from kiln_platform.keys.services import Principal
 
 if TYPE_CHECKING:
@@ -53,10 +53,11 @@ class Claim:
     status: str
     lost: bool = False
     revoked: bool = False
-    """The API key the batch runs as was revoked (or deleted)."""
+    """The API key or OAuth client the batch runs as was revoked (or deleted)."""
 
     def stopping(self) -> bool:
-        """No new line may start: cancelled, expired, its key revoked, or the lease was lost."""
+        """No new line may start: cancelled, expired, its key or client revoked, or the lease
+        was lost."""
         expired = datetime.now(UTC) >= self.job.expires_at
         return self.lost or self.revoked or self.status != "in_progress" or expired
 
@@ -206,14 +207,17 @@ class BatchRunner:
                 claim.status = status  # a cancel taken here is newer than what this poll read
 
     async def _revoked(self, job: BatchJob) -> bool:
-        """Whether the API key the batch runs as is revoked or gone (an OAuth client's batch
-        is not checked)."""
-        key_id = job.principal.get("key_id")
-        if key_id is None:
+        """Whether the API key or OAuth client the batch runs as is revoked or gone."""
+        key_id, client_id = job.principal.get("key_id"), job.principal.get("oauth_client_id")
+        if key_id is None and client_id is None:
             return False
         async with self._kiln.db.sessions() as session:
-            key = await session.get(ApiKey, uuid.UUID(key_id))
-        return key is None or key.revoked_at is not None
+            row: ApiKey | OAuthClient | None
+            if key_id is not None:
+                row = await session.get(ApiKey, uuid.UUID(key_id))
+            else:
+                row = await session.get(OAuthClient, uuid.UUID(client_id))
+        return row is None or row.revoked_at is not None
 
     async def _move(
         self, claim: Claim, status: str, frm: tuple[str, ...], **values: object
@@ -278,6 +282,8 @@ class BatchRunner:
                 item = check_line(n, raw)
                 if item.custom_id in done:
                     continue
+                await quota.within_day(self._kiln, principal, item.body, claim.stopping,
+                                       self._poll_s)  # fmt: skip
                 await free.acquire()
                 if claim.stopping():
                     free.release()
@@ -324,6 +330,7 @@ class BatchRunner:
             if not claim.lost and await lines.record(kiln, line, outcome):
                 metrics.LINES.labels("ok" if outcome.ok else "error").inc()
                 metrics.LINE_SECONDS.observe(time.monotonic() - began)
+                await quota.count(kiln, principal, outcome.usage)
         except Exception:
             log.exception("batch line not recorded", batch=str(job.id), line=n)
             return False
@@ -340,7 +347,7 @@ class BatchRunner:
         if final is None:
             return
         if final == "completed" and claim.revoked:
-            await self._unrun(job, "revoked", lines.REVOKED)
+            await self._unrun(job, "revoked", lines.revoked(job.principal))
         expired = final == "completed" and datetime.now(UTC) >= job.expires_at
         if expired and await self._unrun(job, "expired", lines.EXPIRED):
             final = "expired"  # lines were left when the window ended (else it completed)

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 from sqlalchemy import case, func, select, tuple_, update
 
+from kiln_platform.batches import quota
 from kiln_platform.batches._tenant import tenant_tx
 from kiln_platform.batches.files import find, parse_id, public_id
 from kiln_platform.batches.schemas import (
@@ -102,19 +103,22 @@ def _runs_as(principal: Principal) -> dict[str, Any]:
 
 
 async def create(kiln: Kiln, principal: Principal, data: BatchCreate) -> BatchObject:
-    """A new batch, ``validating`` until a runner checks its lines."""
+    """A new batch, ``validating`` until a runner checks its lines; refused (429) if a batch
+    quota has no room for its file's estimated tokens (``batches.quota``)."""
     _checked(data)
     source = await find(kiln, principal.tenant_id, data.input_file_id, "input_file_id")
     if source.purpose != "batch":
         raise BadRequest("'input_file_id' must name a file of purpose 'batch'.",
                          param="input_file_id")  # fmt: skip
+    await quota.admit(kiln, principal, source.estimated_tokens)
     now = datetime.now(UTC)
     expires = now + timedelta(seconds=kiln.settings.batch_window_s)
     row = BatchJob(
         id=uuid.uuid4(), tenant_id=principal.tenant_id, endpoint=data.endpoint,
         input_file_id=source.id, completion_window=data.completion_window,
         status="validating", metadata_=data.metadata, principal=_runs_as(principal),
-        total=source.lines, created_at=now, expires_at=expires,
+        total=source.lines, estimated_tokens=source.estimated_tokens, created_at=now,
+        expires_at=expires,
     )  # fmt: skip
     async with tenant_tx(kiln, principal.tenant_id) as session:
         session.add(row)

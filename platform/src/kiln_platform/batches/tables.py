@@ -33,6 +33,8 @@ class StoredFile(Base):
     lines: Mapped[int] = mapped_column(Integer)
     digest: Mapped[str] = mapped_column(String(64))
     """The blob's hex sha256."""
+    estimated_tokens: Mapped[int] = mapped_column(BigInteger, server_default="0")
+    """Its lines' estimated tokens (``quotas.batch_policy.line_tokens``): the batch quotas'."""
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
 
 
@@ -59,6 +61,8 @@ class BatchJob(Base):
         ForeignKey("files.id", ondelete="SET NULL")
     )
     total: Mapped[int] = mapped_column(Integer, server_default="0")
+    estimated_tokens: Mapped[int] = mapped_column(BigInteger, server_default="0")
+    """Its input file's estimated tokens: counted under ``batch_enqueued_tokens`` while open."""
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
     expires_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
     in_progress_at: Mapped[datetime | None] = _ts()

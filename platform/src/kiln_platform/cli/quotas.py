@@ -1,4 +1,4 @@
-"""``kiln quotas set``."""
+"""``kiln quotas show`` and ``kiln quotas set``."""
 
 from __future__ import annotations
 
@@ -6,19 +6,35 @@ from decimal import Decimal, InvalidOperation
 from typing import TYPE_CHECKING
 
 import click
+import msgspec
 
 from kiln_platform.cli._base import cli_actor, fail, run_or_fail, tenant_id
 from kiln_platform.errors import BadRequest
 
 if TYPE_CHECKING:
     from kiln_platform.db.database import Database
-    from kiln_platform.quotas.schemas import Limits
+    from kiln_platform.quotas.schemas import Limits, QuotaView
     from kiln_platform.settings import Settings
 
 
 @click.group()
 def quotas() -> None:
     """Plans and quotas."""
+
+
+@quotas.command("show")
+@click.option("--tenant", required=True, help="Tenant name.")
+@click.pass_context
+def show(ctx: click.Context, *, tenant: str) -> None:
+    """A tenant's limits, per-key overrides and this month's budget, as JSON."""
+    from kiln_platform.quotas.services import get_quotas
+
+    async def action(db: Database, settings: Settings) -> QuotaView:
+        async with db.sessions.begin() as session:
+            return await get_quotas(session, cli_actor(), await tenant_id(session, tenant))
+
+    view = run_or_fail(ctx, action)
+    click.echo(msgspec.json.format(msgspec.json.encode(view), indent=2).decode())
 
 
 @quotas.command("set")
@@ -29,12 +45,16 @@ def quotas() -> None:
 @click.option("--concurrency", type=click.IntRange(min=1), help="Requests in flight.")
 @click.option("--monthly-budget", help="Monthly budget in currency units, e.g. 12.50.")
 @click.option("--budget-alerts", help="Alert thresholds, percent of the budget: 50,80,100.")
+@click.option("--batch-tokens-per-day", type=click.IntRange(min=1),
+              help="Tokens batch lines may use per tenant-local day.")  # fmt: skip
+@click.option("--batch-enqueued-tokens", type=click.IntRange(min=1),
+              help="Estimated tokens of open batches (OpenAI's enqueued token limit).")  # fmt: skip
 @click.option("--clear", is_flag=True, help="Remove every limit not given here.")
 @click.pass_context
 def set_(
     ctx: click.Context, *, tenant: str, key_ref: str | None, rpm: int | None, tpm: int | None,
     concurrency: int | None, monthly_budget: str | None, budget_alerts: str | None,
-    clear: bool,
+    batch_tokens_per_day: int | None, batch_enqueued_tokens: int | None, clear: bool,
 ) -> None:  # fmt: skip
     """Set a tenant's (or a key's) limits; limits not given keep their value."""
     from kiln_platform.keys.services import find_key
@@ -60,13 +80,17 @@ def set_(
                 concurrency=concurrency or old.concurrency,
                 monthly_budget_micros=old.monthly_budget_micros if budget is None else budget,
                 budget_alert_percents=alerts or old.budget_alert_percents,
+                batch_tokens_per_day=batch_tokens_per_day or old.batch_tokens_per_day,
+                batch_enqueued_tokens=batch_enqueued_tokens or old.batch_enqueued_tokens,
             )  # fmt: skip
             return await set_limits(session, actor, tid, new, key_id)
 
     limits = run_or_fail(ctx, action)
     click.echo(
         f"rpm={limits.rpm} tpm={limits.tpm} concurrency={limits.concurrency} "
-        f"monthly_budget_micros={limits.monthly_budget_micros}"
+        f"monthly_budget_micros={limits.monthly_budget_micros} "
+        f"batch_tokens_per_day={limits.batch_tokens_per_day} "
+        f"batch_enqueued_tokens={limits.batch_enqueued_tokens}"
     )
 
 

@@ -300,6 +300,8 @@ class Quota(Base):
     tpm: Mapped[int | None] = mapped_column(Integer)
     concurrency: Mapped[int | None] = mapped_column(Integer)
     monthly_budget_micros: Mapped[int | None] = mapped_column(BigInteger)
+    batch_tokens_per_day: Mapped[int | None] = mapped_column(BigInteger)
+    batch_enqueued_tokens: Mapped[int | None] = mapped_column(BigInteger)
     budget_alert_percents: Mapped[list[int]] = mapped_column(
         ARRAY(Integer), server_default="{50,80,100}"
     )

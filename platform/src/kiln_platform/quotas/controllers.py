@@ -12,7 +12,7 @@ from kiln_platform.quotas.schemas import Limits, QuotaView
 
 
 class QuotasController(AdminController):
-    """Plans and quotas: requests/min, tokens/min, concurrency, monthly budget."""
+    """Plans and quotas: requests/min, tokens/min, concurrency, monthly budget, batches."""
 
     opt = {"resource": "quotas"}  # noqa: RUF012 (admin.deps.authorize reads it)
 

@@ -11,6 +11,7 @@ import msgspec
 Limit = Annotated[int, msgspec.Meta(ge=1, le=1_000_000_000)]
 Budget = Annotated[int, msgspec.Meta(ge=0, le=10**15)]
 Percent = Annotated[int, msgspec.Meta(ge=1, le=1000)]
+Tokens = Annotated[int, msgspec.Meta(ge=1, le=10**15)]
 DEFAULT_ALERTS = (50, 80, 100)
 
 
@@ -21,6 +22,12 @@ class Limits(msgspec.Struct, forbid_unknown_fields=True):
     tpm: Limit | None = None
     concurrency: Limit | None = None
     monthly_budget_micros: Budget | None = None
+    batch_tokens_per_day: Tokens | None = None
+    """Tokens (input + output) batch lines may use per tenant-local day: a batch that needs
+    more than is left today is refused (429), a running batch's lines wait for the next day."""
+    batch_enqueued_tokens: Tokens | None = None
+    """Estimated tokens of open batches (OpenAI's enqueued token limit): a batch that does
+    not fit beside them is refused (429)."""
     budget_alert_percents: Annotated[list[Percent], msgspec.Meta(max_length=10)] | None = None
     """Soft thresholds (percent of the monthly budget) recorded as budget events once per
     month; null: 50, 80 and 100. Only a tenant's own limits have them, not a key's."""

@@ -30,7 +30,10 @@ from kiln_platform.tenants.services import get_tenant
 if TYPE_CHECKING:
     from sqlalchemy.ext.asyncio import AsyncSession
 
-FIELDS = ("rpm", "tpm", "concurrency", "monthly_budget_micros")
+FIELDS = (
+    "rpm", "tpm", "concurrency", "monthly_budget_micros", "batch_tokens_per_day",
+    "batch_enqueued_tokens",
+)  # fmt: skip
 
 
 def limits_of(row: Quota | None) -> Limits:

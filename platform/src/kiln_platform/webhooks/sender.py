@@ -1,7 +1,8 @@
 """The delivery loop (one per gateway, any number of gateways): claims due deliveries with
 ``FOR UPDATE SKIP LOCKED`` and a short lease, POSTs them signed (no redirects followed, the SSRF
 guard before and during the connection), records each attempt and schedules the next with
-backoff and jitter (``policy.retry_at``) until the retry window closes."""
+backoff and jitter (``policy.retry_at``) until the retry window closes; now and then it
+deletes the deliveries that ended longer ago than their retention (``retention.prune``)."""
 
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ import structlog
 from cryptography.exceptions import InvalidTag
 from sqlalchemy import select, update
 
-from kiln_platform.webhooks import guard, metrics, policy, signing, transport
+from kiln_platform.webhooks import guard, metrics, policy, retention, signing, transport
 from kiln_platform.webhooks.tables import WebhookAttempt, WebhookDelivery, WebhookEndpoint
 from kiln_platform.webhooks.transport import Sent
 
@@ -72,14 +73,24 @@ class WebhookSender:
             await self._http.close()
 
     async def _run(self) -> None:
+        prune_at = 0.0
         while True:
             sent = 0
             try:
                 sent = await self.tick()
+                if time.monotonic() >= prune_at:
+                    prune_at = time.monotonic() + retention.PRUNE_EVERY_S
+                    await self._prune()
             except Exception:  # the next poll retries
                 log.exception("webhook delivery failed")
             if sent < BATCH:
                 await asyncio.sleep(self._settings.webhook_poll_s)
+
+    async def _prune(self) -> None:
+        """Delete the deliveries past ``KILN_WEBHOOK_RETENTION_S`` (``retention.prune``)."""
+        pruned = await retention.prune(self._sessions, self._settings.webhook_retention_s)
+        if pruned:
+            log.info("webhook deliveries pruned", deliveries=pruned)
 
     async def tick(self) -> int:
         """Send every due delivery (up to ``BATCH``) at once; how many were attempted."""

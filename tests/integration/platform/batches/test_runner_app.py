@@ -1,8 +1,9 @@
 """The batch runner in the real app on a real PostgreSQL with a real all-MiniLM-L6-v2 worker,
 driven with the official openai SDK: a batch whose completion window ends mid-run expires
 with its finished lines kept and the rest as ``batch_expired`` error lines; a batch whose API
-key is revoked starts no more lines; the runner's Prometheus series count both; and a line is
-priced with the price book's batch discount, an online request without it."""
+key or OAuth client is revoked starts no more lines; the runner's Prometheus series count
+both; and a line is priced with the price book's batch discount, an online request without
+it."""
 
 from __future__ import annotations
 
@@ -11,11 +12,11 @@ import contextlib
 import io
 import json
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from datetime import UTC, datetime
 from decimal import Decimal
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx
 import msgspec
@@ -32,6 +33,8 @@ from kiln_platform.billing.schemas import PriceBookCreate, PriceIn
 from kiln_platform.context import Kiln
 from kiln_platform.db.tables import UsageEvent
 from kiln_platform.keys.services import revoke_key
+from kiln_platform.oauth.schemas import ClientCreate
+from kiln_platform.oauth.services import create_client, revoke_client
 from kiln_platform.registry.services import register_version
 from kiln_platform.settings import Settings
 from kiln_runtimes.protocol import ModelManifest
@@ -40,6 +43,9 @@ from tests.e2e.conftest import MINILM, build_cached
 from tests.factories import CLI, make_key, make_tenant
 
 from ..conftest import serving
+
+if TYPE_CHECKING:
+    from sqlalchemy.ext.asyncio import AsyncSession
 
 WINDOW_S = 5.0
 """The module's ``KILN_BATCH_WINDOW_S``: every batch here must finish within it, but one."""
@@ -190,7 +196,45 @@ async def test_a_revoked_key_starts_no_more_lines(app: Any, client: openai.Async
     kiln: Kiln = app.state.kiln
     async with kiln.db.sessions.begin() as session:
         made = await make_key(session, kiln.settings.hmac_key(), app.state.tenant, name="revoked")
-    sdk = client.with_options(api_key=made.secret)
+
+    async def revoke(session: AsyncSession) -> None:
+        await revoke_key(session, CLI, str(made.key.id), kiln.settings.hmac_key(), None)
+
+    await _revoked_mid_batch(app, client, client.with_options(api_key=made.secret), revoke,
+                             "api_key_revoked")  # fmt: skip
+
+
+async def test_a_revoked_oauth_client_starts_no_more_lines(
+    app: Any, client: openai.AsyncOpenAI
+) -> None:
+    """A batch created with a client-credentials token runs as its client: revoking the client
+    (not just the token) stops it like a revoked key."""
+    kiln: Kiln = app.state.kiln
+    data = ClientCreate(name="batches", scopes=["inference"])
+    async with kiln.db.sessions.begin() as session:
+        made = await create_client(session, CLI, app.state.tenant, data, kiln.settings.hmac_key())
+    http = httpx.AsyncClient(transport=httpx.ASGITransport(app=asgi(app)))
+    async with http:  # authlib takes plain http on loopback only
+        r = await http.post(
+            "http://127.0.0.1/oauth/token",
+            data={"grant_type": "client_credentials"},
+            auth=(made.client.client_id, made.client_secret),
+        )
+    sdk = client.with_options(api_key=r.raise_for_status().json()["access_token"])
+
+    async def revoke(session: AsyncSession) -> None:
+        await revoke_client(session, CLI, app.state.tenant, made.client.id)
+
+    await _revoked_mid_batch(app, client, sdk, revoke, "oauth_client_revoked")
+
+
+async def _revoked_mid_batch(
+    app: Any, client: openai.AsyncOpenAI, sdk: openai.AsyncOpenAI,
+    revoke: Callable[[AsyncSession], Awaitable[None]], code: str,
+) -> None:  # fmt: skip
+    """A batch ``sdk`` creates is revoked (``revoke``) after 2 lines: it completes, its other
+    lines are ``code`` error lines, unbilled; the runner's series count the lines it ran."""
+    kiln: Kiln = app.state.kiln
     ok, latencies = (
         _sample("kiln_batch_lines_total", outcome="ok"),
         _sample("kiln_batch_line_duration_seconds_count"),
@@ -205,14 +249,14 @@ async def test_a_revoked_key_starts_no_more_lines(app: Any, client: openai.Async
         assert time.monotonic() < deadline + 1, "kiln_batches_open never counted the batch"
         await asyncio.sleep(0.05)
     async with kiln.db.sessions.begin() as session:
-        await revoke_key(session, CLI, str(made.key.id), kiln.settings.hmac_key(), None)
+        await revoke(session)
     done = await _finished(client, batch.id)
     counts = done.request_counts
     assert (done.status, counts.total) == ("completed", total)
     assert 2 <= counts.completed < total
     errors = await _lines(client, done.error_file_id)
     assert len(errors) == counts.failed == total - counts.completed
-    assert {e["error"]["code"] for e in errors} == {"api_key_revoked"}
+    assert {e["error"]["code"] for e in errors} == {code}
     assert "revoked" in errors[0]["error"]["message"]
     assert await _billed(app, batch.id) == counts.completed
     assert _sample("kiln_batch_lines_total", outcome="ok") == ok + counts.completed

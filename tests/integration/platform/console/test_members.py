@@ -56,8 +56,8 @@ async def test_quotas_and_budget_are_shown_to_the_tenant(app: App) -> None:
     tenant = await app.tenant()
     async with app.kiln.db.sessions.begin() as session:
         await session.execute(
-            text("INSERT INTO quotas (id, tenant_id, rpm, monthly_budget_micros) "
-                 "VALUES (:i, :t, 120, 25000000)"),
+            text("INSERT INTO quotas (id, tenant_id, rpm, monthly_budget_micros, "
+                 "batch_tokens_per_day) VALUES (:i, :t, 120, 25000000, 2000000)"),
             {"i": uuid.uuid4(), "t": tenant},
         )  # fmt: skip
     async with app.signed_in(await app.user("tenant-member", tenant)) as (http, _):
@@ -66,6 +66,8 @@ async def test_quotas_and_budget_are_shown_to_the_tenant(app: App) -> None:
         assert ">120<" in page.text
         assert "25.000000" in page.text  # the budget, and all of it left
         assert 'id="left">25.000000' in page.text
+        assert 'id="batch-tokens-per-day">2,000,000<' in page.text
+        assert 'id="batch-enqueued-tokens">none<' in page.text
         assert (await http.get(f"/console/tenants/{tenant}/users")).status_code == 403
     async with app.signed_in(await app.user("finance")) as (http, _):
         assert (await http.get(f"/console/tenants/{tenant}/quotas")).status_code == 403

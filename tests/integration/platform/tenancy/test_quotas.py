@@ -141,3 +141,21 @@ async def test_tokens_per_minute_counts_oauth_callers_too(admin: Admin, root: st
     with pytest.raises(RateLimited):
         await quotas.admit(client, refused)
     assert refused.headers["x-ratelimit-remaining-tokens"] == "0"
+
+
+async def test_batch_limits_are_set_and_shown_per_tenant_and_key(admin: Admin, root: str) -> None:
+    tenant, _ = await _setup(admin, root, "q-batch", batch_tokens_per_day=2_000_000_000_000,
+                             batch_enqueued_tokens=90_000)  # fmt: skip
+    key = (await admin.call("POST", f"/admin/v1/tenants/{tenant}/keys", root, json={})).json()
+    r = await admin.call("PUT", f"/admin/v1/quotas/{tenant}/keys/{key['key']['id']}", root,
+                         json={"batch_enqueued_tokens": 1000})  # fmt: skip
+    assert r.status_code == 200, r.text
+    view = (await admin.call("GET", f"/admin/v1/quotas/{tenant}", root)).json()
+    assert view["limits"]["batch_tokens_per_day"] == 2_000_000_000_000  # past a 32-bit column
+    assert view["limits"]["batch_enqueued_tokens"] == 90_000
+    (override,) = view["keys"]
+    assert override["limits"]["batch_enqueued_tokens"] == 1000
+    assert override["limits"]["batch_tokens_per_day"] is None
+    r = await admin.call("PUT", f"/admin/v1/quotas/{tenant}", root,
+                         json={"batch_enqueued_tokens": 0})  # fmt: skip
+    assert r.status_code == 400
