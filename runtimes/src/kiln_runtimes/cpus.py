@@ -73,7 +73,8 @@ def run_idle() -> None:
     ``SCHED_IDLE`` (nice 19 where the OS refuses it). Such a thread runs only on time no normal
     thread wants and gives its core up the moment one wakes, where a nice-19 thread keeps it to
     the end of its slice: a background worker (batch lines, shadow copies) then fills the cores
-    the served workers, the gateway and PostgreSQL leave idle and takes nothing from them."""
+    the served workers, the gateway and PostgreSQL leave idle and takes no CPU time from them
+    (caches and memory bandwidth it still shares)."""
     for tid in os.listdir("/proc/self/task"):  # a warm standby's preloading left threads too
         with contextlib.suppress(ProcessLookupError):  # a thread that just ended
             os.setpriority(os.PRIO_PROCESS, int(tid), IDLE_NICE)
