@@ -149,6 +149,7 @@ def _build(
     pools = PoolManager(
         _pool_backend(settings, http), resolver, store, scheduler, scaling=settings.autoscale(),
         observe_wait=metrics.observe_wait,
+        twins=settings.batch_twin and settings.pool_backend == "local",
     )  # fmt: skip
     quotas = QuotaEnforcer(
         db.sessions, ttl=settings.key_cache_ttl_s, lease_ttl_s=settings.lease_ttl_s,

@@ -182,7 +182,13 @@ class Settings(BaseSettings):
     batch_concurrency: int = Field(default=2, ge=0)
     """Lines of batches each gateway keeps in its pools' fair queues at once (class ``batch``,
     behind interactive work); 0: this gateway runs no batches. More lines raise interactive
-    latency beside a batch (docs/benchmarks.md: on 2 cores A's p99 4.2x at 8, 1.0-1.9x at 2)."""
+    latency beside a batch (docs/benchmarks.md: on 2 cores A's p99 4.2x at 8, 1.8x at 2; 1.3x at
+    2 with the background twin, ``batch_twin``)."""
+    batch_twin: bool = True
+    """Batch-class work (batch lines) runs in each pool's background twin: workers of the same
+    version at idle CPU priority (``SCHED_IDLE``), started when such work comes and scaled to
+    zero when idle, so it takes only the CPU time interactive work leaves (local backend; on
+    Kubernetes a pool's pods have CPU of their own and batch work shares them)."""
     batch_lease_s: float = Field(default=30.0, gt=0)
     """A gateway's claim on a running batch; renewed every third of it, so a killed gateway's
     batch is taken over by another after it lapses."""

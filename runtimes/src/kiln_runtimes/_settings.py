@@ -38,8 +38,9 @@ class WorkerSettings:
     """LoRA adapters a generation worker holds at once (0: none)."""
     adapter_rank: int = 16
     """Columns of one adapter slot (q, k and v of an adapter share them)."""
-    nice: int = 0
-    """How much lower than the gateway's the worker's CPU priority is (a shadow candidate's)."""
+    idle: bool = False
+    """Run at idle CPU priority (``cpus.run_idle``): a background worker's (batch lines, shadow
+    copies)."""
     metrics_port: int = 0
     """A second port serving ``GET /metrics`` alone, without the secret (0: none)."""
     secret: str = field(default="", repr=False)

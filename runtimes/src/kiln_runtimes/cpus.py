@@ -1,4 +1,5 @@
-"""CPU placement: the engine's threads on the compute cores, the event loop on the others.
+"""CPU placement: the engine's threads on the compute cores, the event loop on the others; and
+the idle CPU priority of a background worker.
 
 Public: the control plane checks ``KILN_WORKER_CPUS`` with the same ``parse`` the worker uses.
 
@@ -61,3 +62,21 @@ async def run_on(cpus: frozenset[int] | None, call: Callable[..., T], *args: obj
     (at session creation) inherits the cores."""
     with ThreadPoolExecutor(1, initializer=pin_thread, initargs=(cpus,)) as executor:
         return await asyncio.get_running_loop().run_in_executor(executor, call, *args)
+
+
+IDLE_NICE = 19
+"""The niceness a background worker falls back to where ``SCHED_IDLE`` is refused."""
+
+
+def run_idle() -> None:
+    """Put every thread of this process, and so every thread they start, at idle CPU priority:
+    ``SCHED_IDLE`` (nice 19 where the OS refuses it). Such a thread runs only on time no normal
+    thread wants and gives its core up the moment one wakes, where a nice-19 thread keeps it to
+    the end of its slice: a background worker (batch lines, shadow copies) then fills the cores
+    the served workers, the gateway and PostgreSQL leave idle and takes no CPU time from them
+    (caches and memory bandwidth it still shares)."""
+    for tid in os.listdir("/proc/self/task"):  # a warm standby's preloading left threads too
+        with contextlib.suppress(ProcessLookupError):  # a thread that just ended
+            os.setpriority(os.PRIO_PROCESS, int(tid), IDLE_NICE)
+            with contextlib.suppress(OSError):  # refused: the niceness stays
+                os.sched_setscheduler(int(tid), os.SCHED_IDLE, os.sched_param(0))

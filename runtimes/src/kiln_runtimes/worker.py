@@ -52,8 +52,9 @@ _ARGUMENTS: tuple[tuple[tuple[str, ...], dict[str, Any]], ...] = (
                             "worker holds at once, loaded on demand (0: none)"}),
     (("--adapter-rank",), {"type": int, "default": 16, "help": "columns of one adapter slot; "
                            "an adapter's q, k and v ranks add up in it"}),
-    (("--nice",), {"type": int, "default": 0, "help": "lower the worker's CPU priority by this "
-                   "(a shadow candidate's: its copies yield the cores to served versions)"}),
+    (("--idle",), {"action": "store_true", "help": "run at idle CPU priority (SCHED_IDLE): a "
+                   "background worker's, for batch lines and shadow copies, which then use "
+                   "only the cores other work leaves idle"}),
     (("--log-level",), {"default": "info", "choices": ["debug", "info", "warning", "error"]}),
     (("--target",), {"default": "cpu", "help": "engine target (tensor models)"}),
     (("--precision",), {"default": "fp32", "help": "engine precision (tensor models): fp32, "
@@ -95,7 +96,7 @@ def parse_args(argv: Sequence[str] | None = None) -> WorkerSettings:
         precision=args.precision,
         adapter_slots=max(0, args.adapter_slots),
         adapter_rank=args.adapter_rank,
-        nice=max(0, args.nice),
+        idle=args.idle,
     )
 
 
@@ -114,8 +115,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     if not secret:
         raise SystemExit(f"kiln-worker: ${WORKER_SECRET_ENV} is not set (the gateway's secret)")
     settings = dataclasses.replace(parse_args(args), secret=secret)
-    if settings.nice:  # before the engine's threads start: they inherit it
-        os.nice(settings.nice)
+    if settings.idle:  # before the engine's threads start: they inherit it
+        cpus.run_idle()
     configure_logging(settings.log_level)
     tracing.configure(os.environ, "kiln-worker")  # OTEL_*, passed on by the gateway
     try:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import contextlib
 import os
+import subprocess
+import sys
 import threading
 
 import numpy as np
@@ -107,3 +109,23 @@ def test_engine_threads_follow_the_cores_unless_given() -> None:
     assert settings.engine_threads(7) == 1  # one per --cpus core, not one per machine core
     assert parse_args(["--model-dir", "m"]).engine_threads(7) == 7
     assert parse_args(["--model-dir", "m", "--threads", "3"]).engine_threads(7) == 3
+
+
+IDLE_CHILD = """
+import os, threading
+from kiln_runtimes import cpus
+before = threading.Event()
+threading.Thread(target=before.wait, daemon=True).start()
+cpus.run_idle()
+after = threading.Event()
+threading.Thread(target=after.wait, daemon=True).start()
+print(sorted({os.sched_getscheduler(int(t)) for t in os.listdir("/proc/self/task")}))
+"""
+
+
+def test_run_idle_puts_threads_running_and_to_come_at_idle_priority() -> None:
+    """In a child process: this one's threads keep their class."""
+    out = subprocess.run([sys.executable, "-c", IDLE_CHILD], capture_output=True, text=True,
+                         check=True, timeout=60)  # fmt: skip
+    assert out.stdout.strip() == f"[{os.SCHED_IDLE}]"
+    assert os.sched_getscheduler(0) == os.SCHED_OTHER

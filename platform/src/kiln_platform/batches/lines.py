@@ -1,6 +1,7 @@
 """One batch line: run through the same admission, scheduler and handlers as an online request
 (class ``batch``), then recorded with its ledger row in one transaction keyed by
-(batch, ``custom_id``): a line is billed once and written once, whoever runs it how often."""
+(batch, ``custom_id``), with the other lines that finished meanwhile (``recorder``): a line is
+billed once and written once, whoever runs it how often."""
 
 from __future__ import annotations
 
@@ -166,21 +167,26 @@ async def unrun(kiln: Kiln, batch_id: uuid.UUID, tenant_id: uuid.UUID,
             await session.execute(pg_insert(BatchLine).on_conflict_do_nothing(), rows)
 
 
-async def record(kiln: Kiln, line: Line, outcome: Outcome) -> bool:
-    """Write the line's result and its ledger row in one transaction; False if the line was
-    recorded before (its ledger row too: this run's usage is dropped, and its budget hold given
-    back now rather than at the expiry sweep)."""
-    row = {"batch_id": line.batch_id, "custom_id": line.custom_id, "tenant_id": line.tenant_id,
-           "line": line.n, "ok": outcome.ok, "output": outcome.output}  # fmt: skip
+async def record(kiln: Kiln, done: list[tuple[Line, Outcome]]) -> list[bool]:
+    """Write finished lines' results and their ledger rows in one transaction; for each line,
+    False if it was recorded before (its ledger row too: this run's usage is dropped, and its
+    budget hold given back now rather than at the expiry sweep)."""
+    rows = [{"batch_id": line.batch_id, "custom_id": line.custom_id, "tenant_id": line.tenant_id,
+             "line": line.n, "ok": outcome.ok, "output": outcome.output}
+            for line, outcome in done]  # fmt: skip
     inserted: list[dict[str, Any]] = []
     async with kiln.db.sessions.begin() as session:
-        stmt = pg_insert(BatchLine).values(row).on_conflict_do_nothing().returning(BatchLine.line)
-        first = await session.scalar(stmt) is not None
-        if first and outcome.usage is not None:
-            inserted = await kiln.ledger.write_in(session, [outcome.usage])
-    if not first:
-        if outcome.usage is None or outcome.usage.held:
+        stmt = pg_insert(BatchLine).values(rows).on_conflict_do_nothing()
+        new = set((await session.execute(
+            stmt.returning(BatchLine.batch_id, BatchLine.custom_id)
+        )).tuples())  # fmt: skip
+        firsts = [(line.batch_id, line.custom_id) in new for line, _ in done]
+        usages = [o.usage for (_, o), first in zip(done, firsts, strict=True)
+                  if first and o.usage is not None]  # fmt: skip
+        if usages:
+            inserted = await kiln.ledger.write_in(session, usages)
+    for (line, outcome), first in zip(done, firsts, strict=True):
+        if not first and (outcome.usage is None or outcome.usage.held):
             await kiln.budgets.release(line.request_id)
-        return False
     kiln.ledger.counted(inserted)
-    return True
+    return firsts

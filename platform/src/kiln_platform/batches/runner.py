@@ -26,6 +26,7 @@ from sqlalchemy import func, select, update
 from kiln_platform.batches import events, lines, metrics, quota
 from kiln_platform.batches.files import public_id, store_output
 from kiln_platform.batches.jsonl import check_line
+from kiln_platform.batches.recorder import LineRecorder
 from kiln_platform.batches.schemas import OPEN
 from kiln_platform.batches.tables import BatchJob, BatchLine, StoredFile
 from kiln_platform.batches.validation import check_batch, read_lines
@@ -91,6 +92,7 @@ class BatchRunner:
     def start(self, kiln: Kiln) -> None:
         """Work for ``kiln``; start claiming batches (none with ``KILN_BATCH_CONCURRENCY=0``)."""
         self._kiln = kiln
+        self._recorder = LineRecorder(kiln)
         self._free = asyncio.Semaphore(self._concurrency)
         if self._concurrency > 0:
             self._task = asyncio.create_task(self._loop(), name="batch-runner")
@@ -101,6 +103,7 @@ class BatchRunner:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
+            await self._recorder.stop()
 
     async def _loop(self) -> None:
         """Claim open batches, one per tenant, and run them side by side: each batch's next
@@ -327,7 +330,7 @@ class BatchRunner:
                     if claim.stopping():  # cancelled, expired, revoked: the line ends unrun
                         return True
                     await asyncio.sleep(min(30.0, exc.retry_after or 2.0**attempt))
-            if not claim.lost and await lines.record(kiln, line, outcome):
+            if not claim.lost and await self._recorder.record(line, outcome):
                 metrics.LINES.labels("ok" if outcome.ok else "error").inc()
                 metrics.LINE_SECONDS.observe(time.monotonic() - began)
                 await quota.count(kiln, principal, outcome.usage)

@@ -69,7 +69,7 @@ class WorkerClient:
         """Raise the scheduler's rejection now if the pool (``model@version``) would turn the
         request away (cheap: before tokenizing); admitted requests are decided again later."""
         try:
-            runner = self._pools.runner(pool)
+            runner = self._pools.runner(self._pools.route(pool, terms.priority))
         except ServiceUnavailable:  # no ready worker: the request's own call answers that
             return
         runner.screen(_queued(runner, request_id, terms, cost))
@@ -133,6 +133,7 @@ class WorkerClient:
         is leased again, once, to another worker. Its tokens are not generated twice: it never
         started.
         """
+        pool = self._pools.route(pool, terms.priority)  # batch work: the background twin
         runner = self._pools.runner(pool)
         post = self._traced_post if tracing.enabled() else self._post
         for last in (False, True):

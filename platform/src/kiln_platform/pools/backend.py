@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Protocol
 
 import aiohttp
@@ -27,6 +27,9 @@ if TYPE_CHECKING:
 
     from kiln_platform.settings import Settings
 
+BACKGROUND = "+batch"
+"""What a background twin's key and version label add to its version's."""
+
 
 @dataclass(frozen=True, slots=True)
 class PoolSpec:
@@ -37,13 +40,27 @@ class PoolSpec:
     model_dir: Path
     engine: EngineSettings = field(default_factory=EngineSettings)
     """The version's own settings; each unset field is the deployment's ``KILN_WORKER_*``."""
-    nice: int = 0
-    """Lower CPU priority of its workers (local backend): a shadow candidate's."""
+    idle: bool = False
+    """Its workers run at idle CPU priority (``--idle``, ``SCHED_IDLE``): a shadow candidate's
+    and a background twin's, whose work takes only the cores served work leaves idle."""
+    background: bool = False
+    """The background twin of the version's pool: it runs the version's batch-class work
+    (``PoolManager.route``), at idle priority."""
+
+    @property
+    def label(self) -> str:
+        """The version as metrics and the fleet view name the pool: ``3``, its twin ``3+batch``."""
+        return f"{self.version}{BACKGROUND}" if self.background else self.version
 
     @property
     def key(self) -> str:
-        """The pool's name: ``model@version`` (a model has a pool per served version)."""
-        return f"{self.model}@{self.version}"
+        """The pool's name: ``model@version`` (a model has a pool per served version, and may
+        have a background twin, ``model@version+batch``)."""
+        return f"{self.model}@{self.label}"
+
+    def twin(self) -> PoolSpec:
+        """The spec of this pool's background twin: the same version at idle priority."""
+        return replace(self, idle=True, background=True)
 
 
 @dataclass(frozen=True, slots=True)
@@ -149,8 +166,8 @@ def worker_arguments(
     ]  # fmt: skip
     if host is not None:
         cmd += ["--host", host]
-    if spec.nice:
-        cmd += ["--nice", str(spec.nice)]
+    if spec.idle:
+        cmd += ["--idle"]
     if s.worker_threads:
         cmd += ["--threads", str(s.worker_threads)]
     if s.worker_concurrency != 1:

@@ -98,7 +98,7 @@ class ColdStarts:
             start.arrived, worker.started_at, now, info.load_s, info.warmup_s
         )
         for phase, seconds in start.phases.items():
-            PHASE_SECONDS.labels(worker.spec.model, worker.spec.version, phase).observe(seconds)
+            PHASE_SECONDS.labels(worker.spec.model, worker.spec.label, phase).observe(seconds)
 
     def responded(self, model: str, version: str, pool: str) -> None:
         """A request on ``pool`` completed: the first one after readiness ends its cold start."""

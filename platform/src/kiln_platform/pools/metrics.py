@@ -60,7 +60,7 @@ class SchedulerCollector:
         now = time.monotonic()  # the event loop's clock, which the schedulers run on
         for key, runner in self._pools.runners.items():
             spec = self._pools.backend.specs[key]
-            labels = [spec.model, spec.version]
+            labels = [spec.model, spec.label]
             snapshot = runner.scheduler.snapshot(now)
             jain.add_metric(labels, snapshot.jain)
             queued.add_metric(labels, len(runner.scheduler.queue))
@@ -79,7 +79,7 @@ class SchedulerCollector:
             labels=["model", "version", "state"],
         )  # fmt: skip
         for size in self._pools.sizes().values():
-            labels = [size.spec.model, size.spec.version]
+            labels = [size.spec.model, size.spec.label]
             for state in ("desired", "running", "ready", "draining"):
                 replicas.add_metric([*labels, state], getattr(size, state))
         return replicas

@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 from typing import TYPE_CHECKING
 
@@ -22,12 +22,12 @@ from kiln_platform.errors import ServiceUnavailable
 from kiln_platform.observability import request_started
 from kiln_platform.pools import autoscale, metrics
 from kiln_platform.pools.autoscale import AutoscaleConfig, AutoscaleState, PoolLoad
-from kiln_platform.pools.backend import PoolSize, PoolSpec, PoolWorker
+from kiln_platform.pools.backend import BACKGROUND, PoolSize, PoolSpec, PoolWorker
 from kiln_platform.pools.coldstart import ColdStarts
 from kiln_platform.registry.engine import worker_settings
 from kiln_platform.scheduler.core import PoolScheduler, SchedulerConfig
 from kiln_platform.scheduler.runner import PoolRunner
-from kiln_platform.shadow.policy import CANDIDATE_NICE
+from kiln_platform.scheduler.schemas import Priority
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -69,6 +69,7 @@ class PoolManager:
         scaling: AutoscaleConfig | None = None,
         tick: float = 0.5,
         observe_wait: Callable[[str, str, str, float], None] | None = None,
+        twins: bool = False,
     ) -> None:
         self.backend = backend
         self.runners: dict[str, PoolRunner] = {}
@@ -89,6 +90,8 @@ class PoolManager:
         self._task: asyncio.Task[None] | None = None
         self._sizer: asyncio.Task[None] | None = None
         self.cold_starts = ColdStarts()
+        self._twins = twins
+        """Batch-class work runs in each pool's background twin (``route``)."""
         backend.on_change = self._worker_changed
 
     async def start(self) -> None:
@@ -113,7 +116,8 @@ class PoolManager:
         served = {v.pool: v for v in await self._resolver.refresh()}
         for version in served.values():
             self._adopt(version)
-        for key in set(self._states) - set(served):
+        twins = {f"{key}{BACKGROUND}" for key in served if self._twinned(key)}
+        for key in set(self._states) - set(served) - twins:
             busy = self.runners[key].scheduler
             if busy.in_flight or len(busy.queue):
                 continue  # no new request routes here: retire it once its work is done
@@ -127,14 +131,22 @@ class PoolManager:
 
     def _adopt(self, version: ResolvedVersion) -> None:
         """Give a served version its pool, sized by the policy's initial rule; its bounds
-        (``min_replicas``/``max_replicas``) change the pool's size, not its workers."""
+        (``min_replicas``/``max_replicas``) change the pool's size, not its workers. Its
+        background twin, if it has one, follows its engine settings."""
         only_shadow = (version.model, version.version) in self._resolver.candidates
         spec = PoolSpec(
             version.model, version.version, self._store.path(version.artifact_digest),
-            worker_settings(version.engine), nice=CANDIDATE_NICE if only_shadow else 0,
+            worker_settings(version.engine), idle=only_shadow,
         )  # fmt: skip
         engine = version.engine
         config = autoscale.bounded(self._scaling, engine.min_replicas, engine.max_replicas)
+        self._keep(spec, config)
+        if f"{spec.key}{BACKGROUND}" in self._states and self._twinned(spec.key):
+            self._keep(spec.twin(), replace(config, min_replicas=0))
+
+    def _keep(self, spec: PoolSpec, config: AutoscaleConfig) -> None:
+        """Have a pool for ``spec``: a new one at its initial size, or the one there, restarted
+        if its spec changed."""
         self._configs[spec.key] = config
         if spec.key in self._states:
             if self.backend.specs.get(spec.key, spec) != spec:
@@ -144,6 +156,25 @@ class PoolManager:
         self.runners.setdefault(spec.key, self._runner(spec))
         replicas, self._states[spec.key] = autoscale.initial(config, time.monotonic())
         self._resize(spec.key, replicas)
+
+    def route(self, pool: str, priority: Priority) -> str:
+        """The pool a request of ``priority`` for ``pool`` runs in: batch-class work goes to the
+        pool's background twin (made now if need be; it scales to zero when idle) when the
+        deployment has twins (``KILN_BATCH_TWIN``), so that batch lines run on workers at idle
+        CPU priority and never share a worker, a queue or CPU time with interactive requests."""
+        if priority is not Priority.BATCH or not self._twinned(pool):
+            return pool
+        spec = self.backend.specs[pool]
+        twin = spec.twin()
+        if twin.key not in self._states:
+            self._keep(twin, replace(self._configs.get(pool, self._scaling), min_replicas=0))
+        return twin.key
+
+    def _twinned(self, pool: str) -> bool:
+        """``pool`` has (or may have) a background twin: twins are on and it is a served
+        version's pool at normal priority (not a shadow candidate's, nor a twin)."""
+        spec = self.backend.specs.get(pool)
+        return self._twins and spec is not None and not spec.idle
 
     def _restart(self, spec: PoolSpec) -> None:
         """The version's engine settings changed: its workers drain and new ones start with
@@ -206,7 +237,7 @@ class PoolManager:
     def live(self) -> list[PoolLive]:
         """Every pool as the console's fleet view shows it, read now (no database)."""
         return [
-            PoolLive(size.spec.model, size.spec.version, size.desired,
+            PoolLive(size.spec.model, size.spec.label, size.desired,
                      size.running - size.ready, size.ready, size.draining,
                      len(self.runners[key].scheduler.queue) if key in self.runners else 0,
                      self.cold_starts.done[key])
@@ -259,9 +290,9 @@ class PoolManager:
             planned=lambda: self.desired.get(key, 0) * self._per_replica(key),
         )
         if self._observe_wait is not None:
-            on_wait = partial(self._observe_wait, spec.model, spec.version)
+            on_wait = partial(self._observe_wait, spec.model, spec.label)
             runner.on_wait = lambda request, seconds: on_wait(request.tenant, seconds)
-        runner.on_done = partial(self.cold_starts.responded, spec.model, spec.version, key)
+        runner.on_done = partial(self.cold_starts.responded, spec.model, spec.label, key)
         return runner
 
     def _credits(self, pool: str) -> dict[str, int]:

@@ -16,11 +16,6 @@ TENSOR_AGREES = 1e-5
 """A tensor answer agrees when no element differs from the primary's by more than this."""
 
 
-CANDIDATE_NICE = 19
-"""The CPU niceness of a pool that serves only as a shadow candidate (local backend): on a
-machine whose cores the served versions share, its copies take only the time they leave."""
-
-
 @dataclass(frozen=True, slots=True)
 class Shadow:
     """A model's shadow: the candidate version and the share of requests copied to it."""

@@ -1,5 +1,6 @@
-"""Recording a batch line on a real PostgreSQL: a line another run recorded first gives this
-run's budget hold back at once."""
+"""Recording batch lines on a real PostgreSQL, a group in one transaction: a line another run
+recorded first gives this run's budget hold back at once and is not billed again; the others
+of its group are recorded and billed."""
 
 from __future__ import annotations
 
@@ -36,7 +37,9 @@ async def _reserved(db: Database, tenant: uuid.UUID) -> int:
     return int(held or 0)
 
 
-async def test_a_line_recorded_by_another_run_gives_its_hold_back(db: Database) -> None:
+async def test_a_line_recorded_before_gives_its_hold_back_its_group_is_recorded(
+    db: Database,
+) -> None:
     books = PriceBooks(db.sessions, 60.0)
     quotas = QuotaEnforcer(db.sessions, ttl=60.0, lease_ttl_s=60.0, timeout_s=60.0)
     budgets = Budgets(db.sessions, quotas, books, timeout_s=0.0, ttl_s=60.0)
@@ -63,5 +66,21 @@ async def test_a_line_recorded_by_another_run_gives_its_hold_back(db: Database) 
     assert await _reserved(db, tenant) == 3 * 10**6
     budgets.handed(line.request_id)  # the line's sink took the usage
     usage = Usage(line.request_id, tenant, None, "emb", "1", "embeddings", 200, input_tokens=5)
-    assert await lines.record(kiln, line, lines.Outcome(True, "{}", usage)) is False  # type: ignore[arg-type]
+    fresh = lines.Line(job.id, tenant, "/v1/embeddings", 2, "b", {})
+    other = Usage(fresh.request_id, tenant, None, "emb", "1", "embeddings", 200, input_tokens=7)
+    group = [(line, lines.Outcome(True, "{}", usage)), (fresh, lines.Outcome(True, "{}", other))]
+    assert await lines.record(kiln, group) == [False, True]  # type: ignore[arg-type]
     assert await _reserved(db, tenant) == 0
+    async with db.sessions() as session:
+        billed = (await session.execute(text(
+            "SELECT request_id, input_tokens FROM usage_events WHERE tenant_id = :t"
+        ), {"t": tenant})).all()  # fmt: skip
+        recorded = set(
+            (
+                await session.execute(
+                    text("SELECT custom_id FROM batch_lines WHERE batch_id = :b"), {"b": job.id}
+                )
+            ).scalars()
+        )
+    assert [tuple(row) for row in billed] == [(fresh.request_id, 7)]  # one transaction, grouped
+    assert recorded == {"a", "b"}

@@ -63,6 +63,7 @@ async def app(
         data_dir=tmp_path_factory.mktemp("data"), database_url=database_uri,
         secret_key=SecretStr("batches-secret"), warm_standby=False, worker_threads=1,
         batch_window_s=WINDOW_S, batch_concurrency=1, batch_poll_s=0.2,
+        batch_twin=False,  # lines race a 5 s window: no twin starting meanwhile (test_twin.py)
     )  # fmt: skip
     async with minilm_app(settings, model_cache) as made:
         async with made.state.kiln.db.sessions.begin() as session:

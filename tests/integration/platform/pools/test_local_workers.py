@@ -4,12 +4,15 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import os
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 
 import aiohttp
 import msgspec
+import psutil
 import pytest
 from pydantic import SecretStr
 
@@ -61,19 +64,41 @@ async def worker(
     monkeypatch.setenv("LC_ALL", "C.UTF-8")
     settings = Settings(data_dir=tmp_path / "data", secret_key=SecretStr(SERVER_SECRET),
                         warm_standby=False, worker_threads=1)  # fmt: skip
-    spec = PoolSpec("mlp", "1", model_dir)
+    async with backend(settings) as pools:
+        yield settings, await started(pools, PoolSpec("mlp", "1", model_dir))
+
+
+@contextlib.asynccontextmanager
+async def backend(settings: Settings) -> AsyncIterator[LocalPoolBackend]:
+    """A ``local`` backend, stopped (with its workers) at the end."""
     async with aiohttp.ClientSession(headers=worker_headers(settings)) as http:
         pools = LocalPoolBackend(settings, http)
-        pools.ensure(spec)
-        pools.scale(spec.key, 1)
-        deadline = time.monotonic() + 60
-        while not pools.ready(spec.key):  # readiness is the gateway's /health call, with secret
-            assert time.monotonic() < deadline, "the worker never became ready"
-            await asyncio.sleep(0.05)
         try:
-            yield settings, pools.ready(spec.key)[0]
+            yield pools
         finally:
             await pools.stop()
+
+
+async def started(pools: LocalPoolBackend, spec: PoolSpec) -> PoolWorker:
+    """``spec``'s pool with one worker, once it is ready."""
+    pools.ensure(spec)
+    pools.scale(spec.key, 1)
+    deadline = time.monotonic() + 60
+    while not pools.ready(spec.key):  # readiness is the gateway's /health call, with secret
+        assert time.monotonic() < deadline, "the worker never became ready"
+        await asyncio.sleep(0.05)
+    return pools.ready(spec.key)[0]
+
+
+def policies(pid: int) -> set[int]:
+    """The scheduling policy of each thread of a process, from ``/proc/<pid>/task/*/stat``
+    (field 41: 0 ``SCHED_OTHER``, 5 ``SCHED_IDLE``)."""
+    found = set()
+    for stat in Path(f"/proc/{pid}/task").glob("*/stat"):
+        with contextlib.suppress(FileNotFoundError):  # a thread that just ended
+            fields = stat.read_text().rpartition(")")[2].split()
+            found.add(int(fields[41 - 3]))
+    return found
 
 
 async def test_a_worker_inherits_only_what_it_needs(worker: tuple[Settings, PoolWorker]) -> None:
@@ -112,3 +137,30 @@ async def test_the_worker_refuses_calls_without_the_secret(
     ):
         assert answered.status == 200
         assert msgspec.msgpack.decode(await answered.read(), type=WorkerInfo).ready
+
+
+async def test_an_idle_pools_workers_run_every_thread_at_idle_priority(
+    model_dir: Path, tmp_path: Path
+) -> None:
+    """A shadow candidate's or background twin's pool (``PoolSpec.idle``) beside a served one,
+    its worker the warm standby (whose preloading started threads before it was assigned)."""
+    settings = Settings(data_dir=tmp_path / "data", secret_key=SecretStr(SERVER_SECRET),
+                        warm_standby=True, worker_threads=1)  # fmt: skip
+    async with backend(settings) as pools:
+        normal = await started(pools, PoolSpec("mlp", "1", model_dir))
+        deadline = time.monotonic() + 30
+        while not (standbys := _standbys()):  # made once the first worker is ready
+            assert time.monotonic() < deadline, "no standby worker"
+            await asyncio.sleep(0.05)
+        idle = await started(pools, PoolSpec("mlp", "2", model_dir, idle=True))
+        assert normal.process is not None
+        assert idle.process is not None
+        assert idle.process.pid in standbys
+        assert len(os.listdir(f"/proc/{idle.process.pid}/task")) > 1
+        assert policies(normal.process.pid) == {os.SCHED_OTHER}
+        assert policies(idle.process.pid) == {os.SCHED_IDLE}
+
+
+def _standbys() -> set[int]:
+    """This process's children that are standby workers."""
+    return {p.pid for p in psutil.Process().children() if "--standby" in p.cmdline()}
