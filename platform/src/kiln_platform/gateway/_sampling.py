@@ -70,7 +70,7 @@ def _logit_bias(value: dict[str, float] | None, vocab: int) -> dict[int, float]:
         raise BadRequest(f"'logit_bias' takes at most {MAX_LOGIT_BIAS} tokens.", param="logit_bias")
     bias = {}
     for key, amount in value.items():
-        token = int(key) if key.isdigit() else -1
+        token = int(key) if key.isascii() and key.isdigit() else -1
         if not 0 <= token < vocab:
             raise BadRequest(
                 f"'logit_bias' key '{key}' is not a token id of this model (0 to {vocab - 1}).",
