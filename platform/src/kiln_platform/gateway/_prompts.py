@@ -5,7 +5,9 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from kiln_platform.errors import BadRequest
+from kiln_platform.gateway._offload import off_loop
 from kiln_platform.gateway.llm_schemas import ChatCompletionRequest, CompletionRequest, Message
+from kiln_runtimes import tracing
 
 if TYPE_CHECKING:
     from kiln_platform.gateway._textmodel import TextModel
@@ -127,3 +129,29 @@ def max_tokens(
             param=field if requested is not None and prompt < context else source,
         )
     return wanted
+
+
+def _echoes(request: CompletionRequest, prompts: list[list[int]], model: TextModel) -> list[str]:
+    """The text ``echo`` repeats for each prompt: as written, or decoded from token ids."""
+    if not request.echo:
+        return [""] * len(prompts)
+    given = request.prompt
+    written = [given] if isinstance(given, str) or len(prompts) == 1 else list(given)
+    return [
+        item if isinstance(item, str) else model.tokenizer.decode(ids, skip_special_tokens=False)
+        for item, ids in zip(written, prompts, strict=False)
+    ]
+
+
+async def tokenize(
+    request: ChatCompletionRequest | CompletionRequest, model: TextModel
+) -> tuple[list[list[int]], list[str], str]:
+    """The prompts' token ids, their ``echo`` texts and the usage endpoint."""
+    with tracing.span("tokenize"):
+        if isinstance(request, ChatCompletionRequest):
+            chars = chat_chars(request)
+            prompt = await off_loop(chars, chat_prompt, request, model)
+            return [prompt], [""], "chat.completions"
+        chars = prompt_chars(request)
+        prompts = await off_loop(chars, completion_prompts, request, model)
+        return prompts, _echoes(request, prompts, model), "completions"

@@ -19,7 +19,6 @@ from kiln_platform.billing.ledger import Usage, usage_of
 from kiln_platform.billing.pricing import Quantities
 from kiln_platform.errors import BadRequest, DeadlineExceeded, KilnError, ModelNotFound
 from kiln_platform.gateway import _prompts, metrics
-from kiln_platform.gateway._offload import off_loop
 from kiln_platform.gateway._prompts import chat_prompt
 from kiln_platform.gateway._sampling import Sampling, sampling
 from kiln_platform.gateway._textmodel import TextModel, load_text_model
@@ -29,7 +28,7 @@ from kiln_runtimes import tracing
 from kiln_runtimes.protocol import GenerateRequest
 
 if TYPE_CHECKING:
-    from collections.abc import AsyncGenerator, AsyncIterator
+    from collections.abc import AsyncGenerator, AsyncIterator, Callable
 
     from kiln_platform.admission.services import Admission
     from kiln_platform.context import Kiln
@@ -208,29 +207,39 @@ class Generation:
             if span is not None:
                 span.set_attribute("kiln.completion_tokens", choice.completion_tokens)
 
-    def _timed(self, choice: Choice, start: float, last: float) -> float:
-        """Observe a chunk's arrival: TTFT for the request's first token, inter-token time for a
-        choice's later ones; the new ``last``."""
+    def _clock(self, choice: Choice) -> Callable[[], None]:
+        """What to call as each chunk arrives: observes TTFT for the request's first token and
+        inter-token time for a choice's later ones (histograms looked up once)."""
         who = self.kiln.metrics.labels(
             self.version.model, self.version.version, str(self.admission.principal.tenant_id)
         )
-        now = time.perf_counter()
-        if not self.completion_tokens:
-            self.kiln.metrics.ttft.labels(*who).observe(now - start)
-            self.admission.first_token()
-        elif choice.completion_tokens:
-            self.kiln.metrics.inter_token.labels(*who).observe(now - last)
-        return now
+        ttft, inter_token = (
+            self.kiln.metrics.ttft.labels(*who),
+            self.kiln.metrics.inter_token.labels(*who),
+        )
+        start = last = time.perf_counter()
+
+        def arrived() -> None:
+            nonlocal last
+            now = time.perf_counter()
+            if not self.completion_tokens:
+                ttft.observe(now - start)
+                self.admission.first_token()
+            elif choice.completion_tokens:
+                inter_token.observe(now - last)
+            last = now
+
+        return arrived
 
     async def _relay(self, choice: Choice, text: TextStream) -> AsyncGenerator[Piece, None]:
         """Detokenize the worker's chunks into pieces (with their TTFT and inter-token times)."""
         index, name = choice.index, self.version.model
-        start = last = time.perf_counter()
+        arrived = self._clock(choice)
         try:
             pool = self.version.pool
             chunks = self.kiln.workers.generate(pool, choice.request, self.admission.terms)
             async for chunk in chunks:
-                last = self._timed(choice, start, last)
+                arrived()
                 ids = tuple(chunk.token_ids)
                 choice.completion_tokens += len(ids)
                 if choice.tokens is not None:
@@ -299,18 +308,6 @@ async def _resolve(
     return version, adapter
 
 
-def _echoes(request: CompletionRequest, prompts: list[list[int]], model: TextModel) -> list[str]:
-    """The text ``echo`` repeats for each prompt: as written, or decoded from token ids."""
-    if not request.echo:
-        return [""] * len(prompts)
-    given = request.prompt
-    written = [given] if isinstance(given, str) or len(prompts) == 1 else list(given)
-    return [
-        item if isinstance(item, str) else model.tokenizer.decode(ids, skip_special_tokens=False)
-        for item, ids in zip(written, prompts, strict=False)
-    ]
-
-
 def _choices(
     request: ChatCompletionRequest | CompletionRequest, request_id: str, *,
     prompts: list[list[int]], echoes: list[str], plan: Sampling, context: int,
@@ -331,20 +328,6 @@ def _choices(
     return choices
 
 
-async def _tokenize(
-    request: ChatCompletionRequest | CompletionRequest, model: TextModel
-) -> tuple[list[list[int]], list[str], str]:
-    """The prompts' token ids, their ``echo`` texts and the usage endpoint."""
-    with tracing.span("tokenize"):
-        if isinstance(request, ChatCompletionRequest):
-            chars = _prompts.chat_chars(request)
-            prompt = await off_loop(chars, chat_prompt, request, model)
-            return [prompt], [""], "chat.completions"
-        chars = _prompts.prompt_chars(request)
-        prompts = await off_loop(chars, _prompts.completion_prompts, request, model)
-        return prompts, _echoes(request, prompts, model), "completions"
-
-
 async def prepare(
     kiln: Kiln, admission: Admission, request: ChatCompletionRequest | CompletionRequest
 ) -> Generation:
@@ -356,7 +339,7 @@ async def prepare(
     model = load_text_model(
         kiln.store.path(version.artifact_digest), manifest.tokenizer_file or "tokenizer.json"
     )
-    prompts, echoes, endpoint = await _tokenize(request, model)
+    prompts, echoes, endpoint = await _prompts.tokenize(request, model)
     stop = _prompts.stops(request.stop)
     plan = sampling(request, model.tokenizer.get_vocab_size(), len(prompts))
     choices = _choices(
