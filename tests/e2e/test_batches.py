@@ -116,6 +116,7 @@ def test_chat_and_embeddings_batches_equal_the_same_requests_online(
     client: openai.OpenAI, kiln: KilnProcess
 ) -> None:
     chats = [_chat(q) for q in QUESTIONS]
+    chats[2] |= {"n": 2, "logprobs": True}  # a line fans out like the online request
     texts = ["the first", "a second text", "and a third one"]
     embeds = [{"model": MINILM, "input": t} for t in texts]
     chat_data, embed_data = _jsonl(CHAT, chats), _jsonl(EMBED, embeds)
@@ -134,7 +135,9 @@ def test_chat_and_embeddings_batches_equal_the_same_requests_online(
         response = out[f"r{i}"]["response"]
         assert response["status_code"] == 200
         got = response["body"]
-        assert got["choices"][0]["message"]["content"] == online.choices[0].message.content
+        contents = [choice["message"]["content"] for choice in got["choices"]]
+        assert contents == [choice.message.content for choice in online.choices]
+        assert [c["logprobs"] is not None for c in got["choices"]] == [i == 2] * len(contents)
         assert got["usage"]["completion_tokens"] == online.usage.completion_tokens
     ledger = _ledger(kiln, chat_batch.id)
     assert sorted(r for r, _, _ in ledger) == sorted(f"{chat_batch.id}_{n}" for n in (1, 2, 3))

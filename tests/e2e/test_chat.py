@@ -222,8 +222,8 @@ def test_disconnect_frees_slot_and_bills_partial_tokens(llm_up: Any) -> None:
 @pytest.mark.parametrize(
     ("extra", "param"),
     [
-        ({"n": 2}, "n"),
-        ({"logprobs": True}, "logprobs"),
+        ({"n": 20}, "n"),
+        ({"best_of": 2}, "best_of"),
         ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
         ({"response_format": {"type": "json_object"}}, "response_format"),
         ({"frobnicate": 1}, "frobnicate"),

@@ -145,6 +145,30 @@ class GenerateRequest(msgspec.Struct, frozen=True, kw_only=True):
     traceparent: str | None = None
     """The W3C ``traceparent`` of the gateway's dispatch span, when that trace is sampled: the
     worker's spans are its children (``kiln_runtimes.tracing``)."""
+    top_k: int = 0
+    """Draw among the ``top_k`` most probable tokens only (0: all)."""
+    min_p: float = 0.0
+    """Drop tokens less probable than ``min_p`` times the most probable one (0: none)."""
+    presence_penalty: float = 0.0
+    """Subtracted from the logit of every token generated so far (OpenAI semantics)."""
+    frequency_penalty: float = 0.0
+    """Subtracted from a token's logit once per time it was generated so far."""
+    repetition_penalty: float = 1.0
+    """vLLM's: logits of tokens in the prompt or output divided (positive) or multiplied
+    (negative) by it; 1 is off."""
+    logit_bias: dict[int, float] = {}
+    """Added to the logits of these token ids before sampling."""
+    logprobs: int | None = None
+    """Report each generated token's log-probability and this many top alternatives (``None``:
+    no log-probabilities). They are of the model's raw distribution (vLLM's ``raw_logprobs``)."""
+
+
+class TokenLogprobs(msgspec.Struct, frozen=True, kw_only=True, array_like=True):
+    """One generated token's log-probability and its best alternatives, most probable first."""
+
+    logprob: float
+    top_ids: list[int] = []
+    top_logprobs: list[float] = []
 
 
 class GenerateChunk(msgspec.Struct, frozen=True, kw_only=True):
@@ -160,6 +184,8 @@ class GenerateChunk(msgspec.Struct, frozen=True, kw_only=True):
     compute_ms: float = 0.0
     """The sequence's share of the engine steps it took part in, so far (each step's time is
     split among the sequences in it, in proportion to the tokens each processed)."""
+    logprobs: list[TokenLogprobs] | None = None
+    """One entry per id of ``token_ids`` when the request asked for ``logprobs``."""
 
 
 class Tensor(msgspec.Struct, frozen=True, kw_only=True):

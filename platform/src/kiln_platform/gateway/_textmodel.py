@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import TYPE_CHECKING, Any
 
@@ -18,6 +18,17 @@ if TYPE_CHECKING:
 
     from jinja2 import Template
     from tokenizers import Tokenizer
+
+
+def _byte_of() -> dict[str, int]:
+    """GPT-2's byte-level alphabet, reversed: the character a byte-level BPE token uses for each
+    byte -> that byte."""
+    printable = [*range(33, 127), *range(161, 173), *range(174, 256)]
+    extra = iter(range(256, 512))
+    return {chr(b if b in printable else next(extra)): b for b in range(256)}
+
+
+_BYTE_OF = _byte_of()
 
 
 def _raise(message: str) -> None:
@@ -41,6 +52,22 @@ class TextModel:
     bos_token: str
     eos_token: str
     eos_token_ids: tuple[int, ...]
+    _bytes: dict[int, bytes] = field(default_factory=dict, compare=False, repr=False)
+
+    def token_bytes(self, token_id: int) -> bytes:
+        """The bytes one token stands for (exact for byte-level BPE, where a token may be part
+        of a UTF-8 character), as ``logprobs`` report them."""
+        found = self._bytes.get(token_id)
+        if found is None:
+            piece = self.tokenizer.id_to_token(token_id) or ""
+            if type(self.tokenizer.decoder).__name__ == "ByteLevel" and all(
+                c in _BYTE_OF for c in piece
+            ):
+                found = bytes(_BYTE_OF[c] for c in piece)
+            else:
+                found = self.tokenizer.decode([token_id], skip_special_tokens=False).encode()
+            self._bytes[token_id] = found
+        return found
 
     def render(self, messages: list[dict[str, str]]) -> str:
         """The prompt text for a conversation, ending with the assistant's turn."""

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from litestar.response import Stream
 
 from kiln_platform.errors import KilnError
-from kiln_platform.gateway.llm import Generation, sse
+from kiln_platform.gateway import _logprobs
+from kiln_platform.gateway.llm import Generation, Piece, sse
 from kiln_platform.gateway.llm_schemas import (
     AssistantMessage,
     ChatChoice,
@@ -18,6 +20,7 @@ from kiln_platform.gateway.llm_schemas import (
     Delta,
     TextChoice,
     TextCompletion,
+    TextLogprobs,
     Usage,
 )
 from kiln_platform.gateway.schemas import ErrorBody, ErrorResponse
@@ -26,6 +29,8 @@ from kiln_platform.registry.lifecycle import fingerprint
 
 if TYPE_CHECKING:
     from collections.abc import AsyncGenerator
+
+    from kiln_runtimes.protocol import TokenLogprobs
 
 DONE = b"data: [DONE]\n\n"
 SSE = "text/event-stream"
@@ -48,36 +53,68 @@ def _id(prefix: str, gen: Generation) -> str:
     return f"{prefix}-{gen.request.request_id.removeprefix('req_')}"
 
 
-async def _collect(gen: Generation) -> tuple[str, str]:
-    parts, finish = [], "stop"
+@dataclass(slots=True)
+class _Answer:
+    """One choice's text, finish reason, and tokens with log-probabilities (when asked)."""
+
+    parts: list[str] = field(default_factory=list)
+    finish: str = "stop"
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[TokenLogprobs] | None = None
+
+
+async def _collect(gen: Generation) -> list[_Answer]:
+    """Every choice's answer, by index."""
+    asked = gen.request.logprobs is not None
+    answers = [_Answer(logprobs=[] if asked else None) for _ in gen.choices]
     async for piece in gen.pieces():
-        parts.append(piece.text)
-        finish = piece.finish_reason or finish
-    return "".join(parts), finish
+        answer = answers[piece.index]
+        answer.parts.append(piece.text)
+        answer.finish = piece.finish_reason or answer.finish
+        if answer.logprobs is not None and piece.logprobs is not None:
+            answer.token_ids.extend(piece.token_ids)
+            answer.logprobs.extend(piece.logprobs)
+    return answers
 
 
 async def complete_chat(gen: Generation) -> ChatCompletion:
     """A non-streamed chat completion."""
-    text, finish = await _collect(gen)
+    answers = await _collect(gen)
+    choices = []
+    for i, a in enumerate(answers):
+        logprobs = None
+        if a.logprobs is not None:
+            logprobs = _logprobs.chat(gen.model, a.token_ids, a.logprobs)
+        message = AssistantMessage(content="".join(a.parts))
+        choices.append(ChatChoice(index=i, message=message, finish_reason=a.finish,
+                                  logprobs=logprobs))  # fmt: skip
     return ChatCompletion(
         id=_id("chatcmpl", gen),
         created=int(time.time()),
         model=gen.name,
         system_fingerprint=fingerprint(gen.version),
-        choices=[ChatChoice(message=AssistantMessage(content=text), finish_reason=finish)],
+        choices=choices,
         usage=_usage(gen),
     )
 
 
 async def complete_text(gen: Generation) -> TextCompletion:
-    """A non-streamed text completion."""
-    text, finish = await _collect(gen)
+    """A non-streamed text completion (``echo`` puts each prompt before its answers)."""
+    answers = await _collect(gen)
+    choices = []
+    for choice, a in zip(gen.choices, answers, strict=True):
+        logprobs = None
+        if a.logprobs is not None:
+            logprobs = _logprobs.text(gen.model, a.token_ids, a.logprobs, len(choice.echo))
+        text = choice.echo + "".join(a.parts)
+        choices.append(TextChoice(text=text, finish_reason=a.finish, index=choice.index,
+                                  logprobs=logprobs))  # fmt: skip
     return TextCompletion(
         id=_id("cmpl", gen),
         created=int(time.time()),
         model=gen.name,
         system_fingerprint=fingerprint(gen.version),
-        choices=[TextChoice(text=text, finish_reason=finish)],
+        choices=choices,
         usage=_usage(gen),
     )
 
@@ -91,22 +128,28 @@ def _error_event(exc: KilnError) -> bytes:
 
 
 async def stream_chat(gen: Generation, include_usage: bool) -> AsyncGenerator[bytes, None]:
-    """``chat.completion.chunk`` events, then usage (if asked) and ``[DONE]``."""
+    """``chat.completion.chunk`` events, choices interleaved by ``index``, then usage (if
+    asked) and ``[DONE]``."""
     cid, created, model = _id("chatcmpl", gen), int(time.time()), gen.name
     mark = fingerprint(gen.version)
 
-    def chunk(delta: Delta, finish: str | None = None) -> bytes:
-        choice = ChunkChoice(delta=delta, finish_reason=finish)
+    def chunk(piece: Piece, delta: Delta, finish: str | None = None) -> bytes:
+        logprobs = None
+        if piece.logprobs is not None and delta.content is not None:
+            logprobs = _logprobs.chat(gen.model, piece.token_ids, piece.logprobs)
+        choice = ChunkChoice(delta=delta, finish_reason=finish, index=piece.index,
+                             logprobs=logprobs)  # fmt: skip
         return sse(ChatCompletionChunk(id=cid, created=created, model=model, choices=[choice],
                                        system_fingerprint=mark))  # fmt: skip
 
-    yield chunk(Delta(role="assistant", content=""))
+    for choice in gen.choices:
+        yield chunk(Piece("", index=choice.index), Delta(role="assistant", content=""))
     try:
         async for piece in gen.pieces():
-            if piece.text:
-                yield chunk(Delta(content=piece.text))
+            if piece.text or piece.logprobs:
+                yield chunk(piece, Delta(content=piece.text))
             if piece.finish_reason:
-                yield chunk(Delta(), piece.finish_reason)
+                yield chunk(piece, Delta(), piece.finish_reason)
     except KilnError as exc:
         yield _error_event(exc)
     if include_usage:
@@ -117,13 +160,27 @@ async def stream_chat(gen: Generation, include_usage: bool) -> AsyncGenerator[by
 
 
 async def stream_text(gen: Generation, include_usage: bool) -> AsyncGenerator[bytes, None]:
-    """``text_completion`` events, then usage (if asked) and ``[DONE]``."""
+    """``text_completion`` events, choices interleaved by ``index`` (each opening with its
+    ``echo``), then usage (if asked) and ``[DONE]``."""
     cid, created, model = _id("cmpl", gen), int(time.time()), gen.name
+    offsets = {choice.index: len(choice.echo) for choice in gen.choices}
+
+    def event(index: int, text: str, finish: str | None, logprobs: TextLogprobs | None) -> bytes:
+        choice = TextChoice(text=text, finish_reason=finish, index=index, logprobs=logprobs)
+        return sse(TextCompletion(id=cid, created=created, model=model, choices=[choice]))
+
+    for choice in gen.choices:
+        if choice.echo:
+            yield event(choice.index, choice.echo, None, None)
     try:
         async for piece in gen.pieces():
-            if piece.text or piece.finish_reason:
-                choice = TextChoice(text=piece.text, finish_reason=piece.finish_reason)
-                yield sse(TextCompletion(id=cid, created=created, model=model, choices=[choice]))
+            if piece.text or piece.finish_reason or piece.logprobs:
+                logprobs = None
+                if piece.logprobs is not None:
+                    start = offsets[piece.index]
+                    logprobs = _logprobs.text(gen.model, piece.token_ids, piece.logprobs, start)
+                    offsets[piece.index] = start + sum(len(t) for t in logprobs.tokens)
+                yield event(piece.index, piece.text, piece.finish_reason, logprobs)
     except KilnError as exc:
         yield _error_event(exc)
     if include_usage:

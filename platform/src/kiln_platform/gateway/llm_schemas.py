@@ -46,11 +46,15 @@ class _Sampling(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     stream_options: StreamOptions | None = None
     user: str | None = None
     n: int | None = None
-    logprobs: Any = None
-    top_logprobs: Any = None
-    logit_bias: Any = None
+    logit_bias: dict[str, float] | None = None
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
+    top_k: int | None = None
+    """vLLM's extra parameter: sample among the ``top_k`` most probable tokens (-1 or 0: all)."""
+    min_p: float | None = None
+    """vLLM's: drop tokens less probable than ``min_p`` times the most probable one."""
+    repetition_penalty: float | None = None
+    """vLLM's: divide the logits of prompt and output tokens by it (1: off)."""
     service_tier: Any = None
     store: Any = None
     metadata: Any = None
@@ -61,6 +65,8 @@ class ChatCompletionRequest(_Sampling, kw_only=True, forbid_unknown_fields=True)
 
     messages: list[Message]
     max_completion_tokens: int | None = None
+    logprobs: bool | None = None
+    top_logprobs: int | None = None
     tools: Any = None
     tool_choice: Any = None
     functions: Any = None
@@ -78,19 +84,14 @@ class CompletionRequest(_Sampling, kw_only=True, forbid_unknown_fields=True):
     """``POST /v1/completions``."""
 
     prompt: str | list[Any]
-    echo: Any = None
+    logprobs: int | None = None
+    echo: bool | None = None
     suffix: Any = None
     best_of: Any = None
 
 
 # field -> the value(s) that mean "not used"
 UNSUPPORTED: dict[str, tuple[Any, ...]] = {
-    "n": (None, 1),
-    "logprobs": (None, False),
-    "top_logprobs": (None, 0),
-    "logit_bias": (None, {}),
-    "presence_penalty": (None, 0, 0.0),
-    "frequency_penalty": (None, 0, 0.0),
     "service_tier": (None, "auto", "default"),
     "store": (None, False),
     "tools": (None, []),
@@ -104,7 +105,6 @@ UNSUPPORTED: dict[str, tuple[Any, ...]] = {
     "prediction": (None,),
     "reasoning_effort": (None,),
     "web_search_options": (None,),
-    "echo": (None, False),
     "suffix": (None, ""),
     "best_of": (None, 1),
 }
@@ -126,13 +126,46 @@ class AssistantMessage(msgspec.Struct, kw_only=True, omit_defaults=False):
     refusal: None = None
 
 
+class TopLogprob(msgspec.Struct, kw_only=True, omit_defaults=False):
+    """An alternative token and its log-probability."""
+
+    token: str
+    logprob: float
+    bytes_: list[int] | None = msgspec.field(default=None, name="bytes")
+
+
+class TokenLogprob(msgspec.Struct, kw_only=True, omit_defaults=False):
+    """A generated token, its log-probability and the most probable alternatives."""
+
+    token: str
+    logprob: float
+    bytes_: list[int] | None = msgspec.field(default=None, name="bytes")
+    top_logprobs: list[TopLogprob] = []
+
+
+class ChoiceLogprobs(msgspec.Struct, kw_only=True, omit_defaults=False):
+    """A chat choice's ``logprobs``."""
+
+    content: list[TokenLogprob] | None
+    refusal: None = None
+
+
+class TextLogprobs(msgspec.Struct, kw_only=True, omit_defaults=False):
+    """A text choice's ``logprobs`` (the legacy completions shape)."""
+
+    tokens: list[str]
+    token_logprobs: list[float | None]
+    top_logprobs: list[dict[str, float]] | None
+    text_offset: list[int]
+
+
 class ChatChoice(msgspec.Struct, kw_only=True, omit_defaults=False):
     """A chat completion choice."""
 
     message: AssistantMessage
     finish_reason: str
     index: int = 0
-    logprobs: None = None
+    logprobs: ChoiceLogprobs | None = None
 
 
 class ChatCompletion(msgspec.Struct, kw_only=True):
@@ -161,7 +194,7 @@ class ChunkChoice(msgspec.Struct, kw_only=True, omit_defaults=False):
     delta: Delta
     finish_reason: str | None = None
     index: int = 0
-    logprobs: None = None
+    logprobs: ChoiceLogprobs | None = None
 
 
 class ChatCompletionChunk(msgspec.Struct, kw_only=True, omit_defaults=False):
@@ -183,7 +216,7 @@ class TextChoice(msgspec.Struct, kw_only=True, omit_defaults=False):
     text: str
     finish_reason: str | None
     index: int = 0
-    logprobs: None = None
+    logprobs: TextLogprobs | None = None
 
 
 class TextCompletion(msgspec.Struct, kw_only=True, omit_defaults=False):

@@ -28,7 +28,7 @@ if TYPE_CHECKING:
     from kiln_runtimes.backends._genai_runner import ModelRunner
     from kiln_runtimes.backends._genai_sampling import Sampler
     from kiln_runtimes.backends._genai_scheduler import Scheduler
-    from kiln_runtimes.protocol import GenerateRequest
+    from kiln_runtimes.protocol import GenerateRequest, TokenLogprobs
 
 log = structlog.get_logger(__name__)
 
@@ -169,7 +169,8 @@ class EngineCore:
             sink = self._sinks[out.seq_id]
             if out.finish_reason is not None:
                 del self._sinks[out.seq_id]
-            by_loop.setdefault(sink.loop, []).append((sink, _chunk(sink.request_id, out)))
+            logprobs = sink.sampler.take_logprobs(len(out.token_ids))
+            by_loop.setdefault(sink.loop, []).append((sink, _chunk(sink.request_id, out, logprobs)))
         for loop, items in by_loop.items():
             _call_soon(loop, items)
 
@@ -199,9 +200,13 @@ def _validate(request: GenerateRequest, spec: ModelSpec) -> None:
         )
     if not all(0 <= token < spec.vocab_size for token in request.prompt_ids):
         raise ValueError(f"prompt_ids must be token ids in [0, {spec.vocab_size})")
+    if not all(0 <= token < spec.vocab_size for token in request.logit_bias):
+        raise ValueError(f"logit_bias keys must be token ids in [0, {spec.vocab_size})")
 
 
-def _chunk(request_id: str, out: SequenceOutput) -> GenerateChunk:
+def _chunk(
+    request_id: str, out: SequenceOutput, logprobs: list[TokenLogprobs] | None
+) -> GenerateChunk:
     return GenerateChunk(
         request_id=request_id,
         token_ids=list(out.token_ids),
@@ -210,6 +215,7 @@ def _chunk(request_id: str, out: SequenceOutput) -> GenerateChunk:
         completion_tokens=out.completion_tokens,
         queue_ms=out.queue_s * 1000,
         compute_ms=out.compute_s * 1000,
+        logprobs=logprobs,
     )
 
 

@@ -1,37 +1,92 @@
-"""Per-sequence token sampling on CPU logits: greedy, temperature and exact nucleus (top-p)."""
+"""Per-sequence token sampling on CPU logits: greedy, temperature, exact nucleus (top-p), top-k,
+min-p, penalties and logit bias (``_genai_logits``), with log-probabilities."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import numpy.typing as npt
+
+from kiln_runtimes.backends._genai_logits import Processor, Shaping, token_logprobs
+
+if TYPE_CHECKING:
+    from kiln_runtimes.protocol import GenerateRequest, TokenLogprobs
 
 # Candidates examined before widening the search for the nucleus (exact either way).
 NUCLEUS_FIRST_GUESS = 64
 NUCLEUS_GROWTH = 8
 DRAW_BLOCK = 256
+PLAIN = Shaping()
 
 
 class Sampler:
-    """Draws one token id per step; ``temperature == 0`` is greedy, a seed makes it repeatable."""
+    """Draws one token id per step; ``temperature == 0`` is greedy, a seed makes it repeatable.
 
-    def __init__(self, temperature: float, top_p: float, seed: int | None) -> None:
+    ``shaping`` adds penalties, logit bias, ``top_k``, ``min_p`` and log-probabilities; the
+    log-probabilities are of the raw logits the step produced, before any of it (vLLM's default
+    ``logprobs_mode="raw_logprobs"``). Without shaping the draw is exactly what it always was.
+    """
+
+    def __init__(
+        self, temperature: float, top_p: float, seed: int | None,
+        shaping: Shaping = PLAIN, prompt_ids: list[int] | tuple[int, ...] = (),
+    ) -> None:  # fmt: skip
         if temperature < 0 or not 0 < top_p <= 1:
             raise ValueError("temperature must be >= 0 and top_p in (0, 1]")
+        shaping.validate()
         self.temperature = temperature
         self.top_p = top_p
+        self.shaping = shaping
         self._rng = np.random.default_rng(seed)
+        self._plain = temperature == 0 and not shaping.processes and shaping.logprobs is None
+        self._processor = Processor(shaping, prompt_ids) if shaping.processes else None
+        self._logprobs: list[TokenLogprobs] = []
+
+    @classmethod
+    def for_request(cls, request: GenerateRequest) -> Sampler:
+        """The sampler a ``GenerateRequest`` asks for (``ValueError`` if it cannot be)."""
+        shaping = Shaping.of(request)
+        if shaping == PLAIN:
+            return cls(request.temperature, request.top_p, request.seed)
+        return cls(request.temperature, request.top_p, request.seed, shaping, request.prompt_ids)
 
     def sample(self, logits: npt.NDArray[np.float32]) -> int:
         """Pick the next token id from one row of logits."""
+        if self._plain:
+            return int(np.argmax(logits))
+        processor = self._processor
+        token = self._choose(logits if processor is None else processor.apply(logits))
+        if processor is not None:
+            processor.record(token)
+        if self.shaping.logprobs is not None:
+            self._logprobs.append(token_logprobs(logits, token, self.shaping.logprobs))
+        return token
+
+    def take_logprobs(self, emitted: int) -> list[TokenLogprobs] | None:
+        """Log-probabilities of the last ``emitted`` tokens drawn since the last call (``None``
+        when not asked for); a stop token is drawn but not emitted."""
+        if self.shaping.logprobs is None:
+            return None
+        entries, self._logprobs = self._logprobs, []
+        return entries[len(entries) - emitted :] if emitted else []
+
+    def _choose(self, logits: npt.NDArray[np.float32]) -> int:
         if self.temperature == 0:
             return int(np.argmax(logits))
         weights = unnormalized(logits, self.temperature)
+        ids, shaping = None, self.shaping
+        if 0 < shaping.top_k < weights.size:
+            ids = np.argpartition(-weights, shaping.top_k - 1)[: shaping.top_k]
+            weights = weights[ids]
+        if shaping.min_p > 0:  # the most probable token's weight is exactly 1
+            keep = np.flatnonzero(weights >= np.float32(shaping.min_p))
+            ids, weights = (keep if ids is None else ids[keep]), weights[keep]
         if self.top_p < 1:
-            candidates = nucleus(weights, self.top_p)
-            return int(candidates[draw(weights[candidates], self._rng.random())])
-        return draw(weights, self._rng.random())
+            keep = nucleus(weights, self.top_p)
+            ids, weights = (keep if ids is None else ids[keep]), weights[keep]
+        index = draw(weights, self._rng.random())
+        return index if ids is None else int(ids[index])
 
 
 def unnormalized(logits: npt.NDArray[np.float32], temperature: float) -> npt.NDArray[np.float32]:

@@ -108,7 +108,7 @@ class GenAIGenerationBackend:
         seq = core.new_sequence(request)
         if request.adapter is not None and not self._options.adapter_slots:
             raise ValueError("this model is served without adapter slots")
-        sampler = Sampler(request.temperature, request.top_p, request.seed)
+        sampler = Sampler.for_request(request)
         return self._stream(core, request, seq, sampler)
 
     def cancel(self, request_id: str) -> bool:
@@ -196,6 +196,9 @@ async def _next_chunk(queue: asyncio.Queue[GenerateChunk | BaseException]) -> Ge
     if len(chunks) == 1:
         return last
     tokens = [token for chunk in chunks for token in chunk.token_ids]
+    logprobs = None
+    if last.logprobs is not None:
+        logprobs = [entry for chunk in chunks for entry in chunk.logprobs or ()]
     return GenerateChunk(
         request_id=last.request_id,
         token_ids=tokens,
@@ -204,4 +207,5 @@ async def _next_chunk(queue: asyncio.Queue[GenerateChunk | BaseException]) -> Ge
         completion_tokens=last.completion_tokens,
         queue_ms=last.queue_ms,
         compute_ms=last.compute_ms,
+        logprobs=logprobs,
     )

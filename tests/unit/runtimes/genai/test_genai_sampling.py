@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from kiln_runtimes.backends._genai_logits import Processor, Shaping
 from kiln_runtimes.backends._genai_sampling import Sampler, draw, nucleus, unnormalized
 
 
@@ -65,3 +66,100 @@ def test_blocked_draw_matches_a_flat_inverse_cdf() -> None:
     for u in np.random.default_rng(5).random(200):
         expected = int(np.searchsorted(cumulative, u * cumulative[-1], side="right"))
         assert abs(draw(weights, float(u)) - expected) <= 1  # equal up to float rounding
+
+
+def _log_softmax(row: np.ndarray) -> np.ndarray:
+    shifted = row.astype(np.float64) - row.max()
+    out: np.ndarray = shifted - np.log(np.exp(shifted).sum())
+    return out
+
+
+def test_plain_shaping_draws_exactly_what_the_old_sampler_drew() -> None:
+    row = logits(seed=6)
+    old = [Sampler(0.9, 0.8, 11).sample(row)]
+    shaped = Sampler(0.9, 0.8, 11, Shaping(top_k=0, min_p=0.0), [1, 2])
+    assert [shaped.sample(row)] == old
+
+
+def test_logprobs_are_the_raw_log_softmax_with_the_chosen_token_top_1_when_greedy() -> None:
+    row = logits(seed=7)
+    sampler = Sampler(0.0, 1.0, None, Shaping(logprobs=5, logit_bias={3: 2.0}))
+    token = sampler.sample(row)
+    (entry,) = sampler.take_logprobs(1) or []
+    expected = _log_softmax(row)  # raw: before bias and temperature
+    assert entry.logprob == pytest.approx(expected[token], abs=1e-5)
+    assert entry.top_ids == np.argsort(-expected, kind="stable")[:5].tolist()
+    assert np.allclose(entry.top_logprobs, expected[entry.top_ids], atol=1e-5)
+    assert all(v <= 0 for v in entry.top_logprobs)
+    assert sampler.take_logprobs(0) == []
+
+
+def test_logprobs_none_when_not_asked_and_stop_tokens_dropped() -> None:
+    row = logits(seed=8)
+    assert Sampler(0.0, 1.0, None).take_logprobs(1) is None
+    sampler = Sampler(0.0, 1.0, None, Shaping(logprobs=0))
+    sampler.sample(row)
+    assert sampler.take_logprobs(0) == []  # the step's token was a stop token
+
+
+def test_logit_bias_minus_100_removes_the_greedy_token() -> None:
+    row = logits(seed=9)
+    best = int(np.argmax(row))
+    biased = Sampler(0.0, 1.0, None, Shaping(logit_bias={best: -100.0}))
+    assert biased.sample(row) != best
+    sampled = Sampler(1.0, 1.0, 3, Shaping(logit_bias={best: -100.0}))
+    assert best not in {sampled.sample(row) for _ in range(300)}
+
+
+def test_frequency_and_presence_penalties_follow_openai() -> None:
+    row = np.zeros(8, dtype=np.float32)
+    processor = Processor(Shaping(presence_penalty=0.5, frequency_penalty=0.25), [])
+    for token in (2, 2, 5):
+        processor.record(token)
+    out = processor.apply(row)
+    assert out[2] == pytest.approx(-(2 * 0.25 + 0.5))
+    assert out[5] == pytest.approx(-(0.25 + 0.5))
+    assert out[[0, 1, 3, 4, 6, 7]].tolist() == [0.0] * 6
+    assert row.tolist() == [0.0] * 8  # the model's row is untouched
+
+
+def test_repetition_penalty_covers_prompt_and_output_like_vllm() -> None:
+    row = np.array([2.0, -2.0, 2.0, -2.0, 1.0], dtype=np.float32)
+    processor = Processor(Shaping(repetition_penalty=2.0), [0, 1])
+    processor.record(2)
+    assert processor.apply(row).tolist() == [1.0, -4.0, 1.0, -2.0, 1.0]
+
+
+def test_penalty_steers_greedy_away_from_a_repeated_token() -> None:
+    row = np.array([1.0, 0.9, 0.0], dtype=np.float32)
+    sampler = Sampler(0.0, 1.0, None, Shaping(frequency_penalty=0.2))
+    assert [sampler.sample(row) for _ in range(3)] == [0, 1, 0]
+
+
+def test_top_k_draws_exactly_within_the_k_most_probable() -> None:
+    row = logits(seed=10)
+    allowed = set(np.argsort(-row)[:5].tolist())
+    sampler = Sampler(1.5, 1.0, 4, Shaping(top_k=5))
+    drawn = {sampler.sample(row) for _ in range(400)}
+    assert drawn == allowed
+
+
+def test_min_p_keeps_exactly_the_tokens_above_the_threshold() -> None:
+    row = np.log(np.array([0.4, 0.3, 0.15, 0.1, 0.05], dtype=np.float32))
+    sampler = Sampler(1.0, 1.0, 5, Shaping(min_p=0.3))  # keeps p >= 0.3 * 0.4 = 0.12
+    assert {sampler.sample(row) for _ in range(400)} == {0, 1, 2}
+
+
+def test_top_k_min_p_and_top_p_compose() -> None:
+    row = np.log(np.array([0.4, 0.3, 0.15, 0.1, 0.05], dtype=np.float32))
+    sampler = Sampler(1.0, 0.6, 5, Shaping(top_k=4, min_p=0.2))
+    assert {sampler.sample(row) for _ in range(400)} == {0, 1}
+
+
+@pytest.mark.parametrize(
+    "shaping", [Shaping(top_k=-1), Shaping(min_p=1.5), Shaping(logprobs=21),
+                Shaping(repetition_penalty=0.0)],
+)  # fmt: skip
+def test_invalid_shaping_raises(shaping: Shaping) -> None:
+    with pytest.raises(ValueError, match="must be"):
+        Sampler(1.0, 1.0, None, shaping)

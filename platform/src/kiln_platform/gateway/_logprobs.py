@@ -1,0 +1,63 @@
+"""The worker's per-token log-probabilities in OpenAI's two shapes (chat and legacy text)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from kiln_platform.gateway.llm_schemas import (
+    ChoiceLogprobs,
+    TextLogprobs,
+    TokenLogprob,
+    TopLogprob,
+)
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+
+    from kiln_platform.gateway._textmodel import TextModel
+    from kiln_runtimes.protocol import TokenLogprobs
+
+
+def _text(model: TextModel, token_id: int) -> tuple[str, bytes]:
+    raw = model.token_bytes(token_id)
+    return raw.decode("utf-8", errors="replace"), raw
+
+
+def _token(model: TextModel, token_id: int, entry: TokenLogprobs) -> TokenLogprob:
+    text, raw = _text(model, token_id)
+    tops = []
+    for alt, logprob in zip(entry.top_ids, entry.top_logprobs, strict=True):
+        alt_text, alt_raw = _text(model, alt)
+        tops.append(TopLogprob(token=alt_text, logprob=logprob, bytes_=list(alt_raw)))
+    return TokenLogprob(token=text, logprob=entry.logprob, bytes_=list(raw), top_logprobs=tops)
+
+
+def chat(
+    model: TextModel, token_ids: Sequence[int], entries: Sequence[TokenLogprobs]
+) -> ChoiceLogprobs:
+    """``choices[i].logprobs`` of a chat completion (or of one stream chunk)."""
+    return ChoiceLogprobs(
+        content=[_token(model, t, e) for t, e in zip(token_ids, entries, strict=True)]
+    )
+
+
+def text(
+    model: TextModel, token_ids: Sequence[int], entries: Sequence[TokenLogprobs], offset: int
+) -> TextLogprobs:
+    """``choices[i].logprobs`` of a text completion; offsets count characters from ``offset``."""
+    tokens, offsets, tops = [], [], []
+    for token_id, entry in zip(token_ids, entries, strict=True):
+        piece = _text(model, token_id)[0]
+        tokens.append(piece)
+        offsets.append(offset)
+        offset += len(piece)
+        pairs = zip(entry.top_ids, entry.top_logprobs, strict=True)
+        top = {_text(model, alt)[0]: lp for alt, lp in pairs}
+        top.setdefault(piece, entry.logprob)
+        tops.append(top)
+    return TextLogprobs(
+        tokens=tokens,
+        token_logprobs=[e.logprob for e in entries],
+        top_logprobs=tops,
+        text_offset=offsets,
+    )

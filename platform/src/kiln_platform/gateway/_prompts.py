@@ -1,0 +1,157 @@
+"""A chat or text completion's prompts, stop strings and token limit, validated."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from kiln_platform.errors import BadRequest
+from kiln_platform.gateway._offload import off_loop
+from kiln_platform.gateway.llm_schemas import ChatCompletionRequest, CompletionRequest, Message
+from kiln_runtimes import tracing
+
+if TYPE_CHECKING:
+    from kiln_platform.gateway._textmodel import TextModel
+
+ROLES = {"system", "developer", "user", "assistant"}
+MAX_STOP = 4
+MAX_PROMPTS = 16
+"""Prompts one text completion may carry (each is generated as its own sequences)."""
+
+
+def _message_text(i: int, message: Message) -> str:
+    if message.role not in ROLES:
+        raise BadRequest(
+            f"'messages[{i}].role' is '{message.role}'; Kiln supports system, developer, user "
+            "and assistant.",
+            param=f"messages[{i}].role",
+        )
+    if isinstance(message.content, str):
+        return message.content
+    if message.content is None:
+        raise BadRequest(f"'messages[{i}].content' is required.", param=f"messages[{i}].content")
+    parts = []
+    for j, part in enumerate(message.content):
+        if part.type != "text" or part.text is None:
+            raise BadRequest(
+                f"'messages[{i}].content[{j}]' has type '{part.type}'; only text is supported.",
+                param=f"messages[{i}].content[{j}].type",
+            )
+        parts.append(part.text)
+    return "".join(parts)
+
+
+def chat_prompt(request: ChatCompletionRequest, model: TextModel) -> list[int]:
+    """Validate the messages, render the model's chat template, tokenize."""
+    if not request.messages:
+        raise BadRequest("'messages' must contain at least one message.", param="messages")
+    messages = [
+        {"role": "system" if m.role == "developer" else m.role, "content": _message_text(i, m)}
+        for i, m in enumerate(request.messages)
+    ]
+    return model.encode(model.render(messages))
+
+
+def chat_chars(request: ChatCompletionRequest) -> int:
+    """About how many characters the chat template renders (the messages' text)."""
+    return sum(
+        len(m.content) if isinstance(m.content, str)
+        else sum(len(getattr(part, "text", "") or "") for part in m.content or [])
+        for m in request.messages
+    )  # fmt: skip
+
+
+def prompt_chars(request: CompletionRequest) -> int:
+    """Characters of a text completion's string prompts (what tokenizing costs)."""
+    prompt = request.prompt
+    if isinstance(prompt, str):
+        return len(prompt)
+    return sum(len(p) for p in prompt if isinstance(p, str))
+
+
+def _is_ids(value: Any, vocab: int) -> bool:
+    return (
+        isinstance(value, list)
+        and bool(value)
+        and all(type(t) is int and 0 <= t < vocab for t in value)
+    )
+
+
+def completion_prompts(request: CompletionRequest, model: TextModel) -> list[list[int]]:
+    """A text completion's prompts: a string, token ids, or a list of either (OpenAI's forms)."""
+    prompt, vocab = request.prompt, model.tokenizer.get_vocab_size()
+    many: list[Any] = [prompt] if isinstance(prompt, str) or _is_ids(prompt, vocab) else prompt
+    if len(many) > MAX_PROMPTS:
+        raise BadRequest(
+            f"'prompt' takes at most {MAX_PROMPTS} prompts per request; got {len(many)}.",
+            param="prompt",
+        )
+    prompts = []
+    for item in many:
+        if isinstance(item, str) and item:
+            prompts.append(model.encode(item))
+        elif _is_ids(item, vocab):
+            prompts.append(list(item))
+        else:
+            raise BadRequest(
+                "'prompt' must be a non-empty string, a list of token ids, or a list of up to "
+                f"{MAX_PROMPTS} of either.",
+                param="prompt",
+            )
+    if not prompts:
+        raise BadRequest("'prompt' must not be empty.", param="prompt")
+    return prompts
+
+
+def stops(value: str | list[str] | None) -> tuple[str, ...]:
+    stops = [value] if isinstance(value, str) else list(value or [])
+    if len(stops) > MAX_STOP or not all(stops):
+        raise BadRequest(f"'stop' takes up to {MAX_STOP} non-empty strings.", param="stop")
+    return tuple(stops)
+
+
+def max_tokens(
+    request: ChatCompletionRequest | CompletionRequest, prompt: int, context: int
+) -> int:
+    field, source = "max_tokens", "prompt"
+    requested = request.max_tokens
+    if isinstance(request, ChatCompletionRequest):
+        source = "messages"
+        if request.max_completion_tokens is not None:
+            field, requested = "max_completion_tokens", request.max_completion_tokens
+    if requested is not None and requested < 1:
+        raise BadRequest(f"'{field}' must be at least 1.", param=field)
+    wanted = requested if requested is not None else max(1, context - prompt)
+    if prompt + wanted > context:
+        raise BadRequest(
+            f"This model's maximum context length is {context} tokens. However, you requested "
+            f"{prompt + wanted} tokens ({prompt} in the {source}, {wanted} for the completion). "
+            f"Shorten the {source} or lower '{field}'.",
+            param=field if requested is not None and prompt < context else source,
+        )
+    return wanted
+
+
+def _echoes(request: CompletionRequest, prompts: list[list[int]], model: TextModel) -> list[str]:
+    """The text ``echo`` repeats for each prompt: as written, or decoded from token ids."""
+    if not request.echo:
+        return [""] * len(prompts)
+    given = request.prompt
+    written = [given] if isinstance(given, str) or len(prompts) == 1 else list(given)
+    return [
+        item if isinstance(item, str) else model.tokenizer.decode(ids, skip_special_tokens=False)
+        for item, ids in zip(written, prompts, strict=False)
+    ]
+
+
+async def tokenize(
+    request: ChatCompletionRequest | CompletionRequest, model: TextModel
+) -> tuple[list[list[int]], list[str], str]:
+    """The prompts' token ids, their ``echo`` texts and the usage endpoint."""
+    with tracing.span("tokenize"):
+        if isinstance(request, ChatCompletionRequest):
+            chars = chat_chars(request)
+            prompt = await off_loop(chars, chat_prompt, request, model)
+            return [prompt], [""], "chat.completions"
+        chars = prompt_chars(request)
+        prompts = await off_loop(chars, completion_prompts, request, model)
+        return prompts, _echoes(request, prompts, model), "completions"

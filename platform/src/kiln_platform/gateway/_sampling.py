@@ -1,0 +1,132 @@
+"""A completion's sampling parameters, validated (OpenAI's ranges) into the worker's terms."""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+from typing import Any
+
+from kiln_platform.errors import BadRequest
+from kiln_platform.gateway.llm_schemas import ChatCompletionRequest, CompletionRequest
+
+MAX_N = 16
+"""Choices one request may ask for (each is its own sequence on a worker)."""
+MAX_SEQUENCES = 64
+"""Sequences one request may start in all: ``n`` times its prompts."""
+MAX_LOGPROBS = 20
+MAX_LOGIT_BIAS = 300
+
+
+@dataclass(frozen=True, slots=True)
+class Sampling:
+    """How many choices, their seed, and the ``GenerateRequest`` fields every choice shares."""
+
+    n: int
+    seed: int | None
+    fields: dict[str, Any] = field(default_factory=dict)
+
+    def seed_of(self, index: int) -> int | None:
+        """Choice ``index``'s seed: the request's own for choice 0 (so ``n=1`` is unchanged),
+        a stable hash of (seed, index) for the others, so a seeded request repeats exactly."""
+        if self.seed is None or index == 0:
+            return self.seed
+        digest = hashlib.blake2b(f"{self.seed}:{index}".encode(), digest_size=8).digest()
+        return int.from_bytes(digest, "big") >> 1
+
+
+def _between(name: str, value: float | None, low: float, high: float, default: float) -> float:
+    if value is None:
+        return default
+    if not low <= value <= high:
+        raise BadRequest(f"'{name}' must be between {low:g} and {high:g}.", param=name)
+    return value
+
+
+def _n(request: ChatCompletionRequest | CompletionRequest, prompts: int) -> int:
+    n = 1 if request.n is None else request.n
+    if not 1 <= n <= MAX_N:
+        raise BadRequest(f"'n' must be between 1 and {MAX_N}; got {n}.", param="n")
+    if n * prompts > MAX_SEQUENCES:
+        raise BadRequest(
+            f"'n' times the number of prompts must be at most {MAX_SEQUENCES}; got "
+            f"{n} x {prompts}.",
+            param="n",
+        )
+    return n
+
+
+def _top_k(value: int | None) -> int:
+    if value is None or value in (-1, 0):
+        return 0
+    if value < 1:
+        raise BadRequest("'top_k' must be -1 or 0 (off), or at least 1.", param="top_k")
+    return value
+
+
+def _logit_bias(value: dict[str, float] | None, vocab: int) -> dict[int, float]:
+    if not value:
+        return {}
+    if len(value) > MAX_LOGIT_BIAS:
+        raise BadRequest(f"'logit_bias' takes at most {MAX_LOGIT_BIAS} tokens.", param="logit_bias")
+    bias = {}
+    for key, amount in value.items():
+        token = int(key) if key.isascii() and key.isdigit() else -1
+        if not 0 <= token < vocab:
+            raise BadRequest(
+                f"'logit_bias' key '{key}' is not a token id of this model (0 to {vocab - 1}).",
+                param="logit_bias",
+            )
+        if not -100 <= amount <= 100:
+            raise BadRequest(
+                f"'logit_bias' values must be between -100 and 100; '{key}' has {amount:g}.",
+                param="logit_bias",
+            )
+        bias[token] = float(amount)
+    return bias
+
+
+def _logprobs(request: ChatCompletionRequest | CompletionRequest) -> int | None:
+    """How many alternatives the worker reports per token (``None``: no logprobs)."""
+    if isinstance(request, CompletionRequest):
+        if request.logprobs is not None:
+            _between("logprobs", request.logprobs, 0, MAX_LOGPROBS, 0)
+            if request.echo:
+                raise BadRequest(
+                    "'echo' with 'logprobs' is not supported: Kiln does not score prompt tokens.",
+                    param="echo",
+                )
+        return request.logprobs
+    top = request.top_logprobs
+    if top is not None:
+        _between("top_logprobs", top, 0, MAX_LOGPROBS, 0)
+        if not request.logprobs and top:
+            raise BadRequest("'top_logprobs' needs 'logprobs' set to true.", param="top_logprobs")
+    return (top or 0) if request.logprobs else None
+
+
+def sampling(
+    request: ChatCompletionRequest | CompletionRequest, vocab: int, prompts: int = 1
+) -> Sampling:
+    """Validate every sampling parameter; a 400 names the first one out of range."""
+    temperature = _between("temperature", request.temperature, 0, 2, 1.0)
+    top_p = 1.0 if request.top_p is None else request.top_p
+    if not 0.0 < top_p <= 1.0:
+        raise BadRequest("'top_p' must be greater than 0 and at most 1.", param="top_p")
+    repetition = 1.0 if request.repetition_penalty is None else request.repetition_penalty
+    if not 0 < repetition <= 2:
+        raise BadRequest(
+            "'repetition_penalty' must be greater than 0 and at most 2.",
+            param="repetition_penalty",
+        )
+    fields = {
+        "temperature": temperature,
+        "top_p": top_p,
+        "top_k": _top_k(request.top_k),
+        "min_p": _between("min_p", request.min_p, 0, 1, 0.0),
+        "presence_penalty": _between("presence_penalty", request.presence_penalty, -2, 2, 0.0),
+        "frequency_penalty": _between("frequency_penalty", request.frequency_penalty, -2, 2, 0.0),
+        "repetition_penalty": repetition,
+        "logit_bias": _logit_bias(request.logit_bias, vocab),
+        "logprobs": _logprobs(request),
+    }
+    return Sampling(_n(request, prompts), request.seed, fields)

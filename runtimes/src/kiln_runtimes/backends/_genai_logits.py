@@ -1,0 +1,122 @@
+"""Logit processing before a draw (OpenAI and vLLM penalties, logit bias) and log-probabilities.
+
+Pure numpy over one row of logits. The order follows vLLM's sampler: penalties and bias on the
+raw logits, then temperature, then ``min_p``, ``top_k`` and ``top_p`` (``_genai_sampling``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import numpy as np
+import numpy.typing as npt
+
+from kiln_runtimes.protocol import TokenLogprobs
+
+if TYPE_CHECKING:
+    from collections.abc import Mapping
+
+    from kiln_runtimes.protocol import GenerateRequest
+
+MAX_LOGPROBS = 20
+
+
+@dataclass(frozen=True, slots=True)
+class Shaping:
+    """What a request asks beyond temperature and top-p (everything off by default)."""
+
+    top_k: int = 0
+    min_p: float = 0.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    logit_bias: Mapping[int, float] = field(default_factory=dict)
+    logprobs: int | None = None
+
+    @classmethod
+    def of(cls, request: GenerateRequest) -> Shaping:
+        return cls(
+            top_k=request.top_k, min_p=request.min_p,
+            presence_penalty=request.presence_penalty,
+            frequency_penalty=request.frequency_penalty,
+            repetition_penalty=request.repetition_penalty,
+            logit_bias=request.logit_bias, logprobs=request.logprobs,
+        )  # fmt: skip
+
+    def validate(self) -> None:
+        """Raise ``ValueError`` for values no sampler can use."""
+        if self.top_k < 0 or not 0 <= self.min_p <= 1 or self.repetition_penalty <= 0:
+            raise ValueError("top_k must be >= 0, min_p in [0, 1], repetition_penalty > 0")
+        if self.logprobs is not None and not 0 <= self.logprobs <= MAX_LOGPROBS:
+            raise ValueError(f"logprobs must be in [0, {MAX_LOGPROBS}]")
+
+    @property
+    def counts_output(self) -> bool:
+        """Whether the penalties need the tokens generated so far."""
+        return bool(self.presence_penalty or self.frequency_penalty) or self.repeats
+
+    @property
+    def repeats(self) -> bool:
+        return self.repetition_penalty != 1.0
+
+    @property
+    def processes(self) -> bool:
+        """Whether the logits change before the draw."""
+        return self.counts_output or bool(self.logit_bias)
+
+
+class Processor:
+    """Applies a request's penalties and bias to each step's logits (a copy)."""
+
+    def __init__(self, shaping: Shaping, prompt_ids: list[int] | tuple[int, ...]) -> None:
+        self.shaping = shaping
+        self.counts: dict[int, int] = {}
+        self.seen: set[int] = set(prompt_ids) if shaping.repeats else set()
+        bias = shaping.logit_bias
+        self._bias_ids = np.fromiter(bias.keys(), np.intp, len(bias))
+        self._bias = np.fromiter(bias.values(), np.float32, len(bias))
+
+    def record(self, token: int) -> None:
+        """Count a generated token."""
+        self.counts[token] = self.counts.get(token, 0) + 1
+        if self.shaping.repeats:
+            self.seen.add(token)
+
+    def apply(self, logits: npt.NDArray[np.float32]) -> npt.NDArray[np.float32]:
+        s, out = self.shaping, logits.astype(np.float32, copy=True)
+        if s.repeats and self.seen:
+            ids = np.fromiter(self.seen, np.intp, len(self.seen))
+            values = out[ids]
+            rp = np.float32(s.repetition_penalty)
+            out[ids] = np.where(values > 0, values / rp, values * rp)
+        if self.counts and (s.presence_penalty or s.frequency_penalty):
+            ids = np.fromiter(self.counts.keys(), np.intp, len(self.counts))
+            times = np.fromiter(self.counts.values(), np.float32, len(self.counts))
+            out[ids] -= times * np.float32(s.frequency_penalty) + np.float32(s.presence_penalty)
+        if self._bias_ids.size:
+            out[self._bias_ids] += self._bias
+        return out
+
+
+def log_normalizer(logits: npt.NDArray[np.float32]) -> float:
+    """``log(sum(exp(logits)))``, stable: ``log_softmax(x) = x - log_normalizer(x)``."""
+    top = float(logits.max())
+    return top + float(np.log(np.exp(logits - np.float32(top)).sum(dtype=np.float64)))
+
+
+def token_logprobs(logits: npt.NDArray[np.float32], token: int, top: int) -> TokenLogprobs:
+    """The chosen token's log-probability and the ``top`` most probable, most probable first
+    (only those entries are computed: ~0.2 ms on a 49k vocabulary)."""
+    norm = log_normalizer(logits)
+    chosen = float(logits[token]) - norm
+    if not top:
+        return TokenLogprobs(logprob=chosen)
+    size = logits.size
+    best = np.argpartition(logits, size - top)[size - top :] if top < size else np.arange(size)
+    best = best[np.argsort(-logits[best], kind="stable")]
+    return TokenLogprobs(
+        logprob=chosen,
+        top_ids=[int(i) for i in best],
+        top_logprobs=[float(v) - norm for v in logits[best]],
+    )

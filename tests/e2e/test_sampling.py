@@ -1,0 +1,225 @@
+"""OpenAI/vLLM sampling parameters through the official openai SDK against a real SmolLM2 worker:
+``n``, prompt lists, ``echo``, logprobs, logit bias, penalties, ``top_k`` and ``min_p``."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+import openai
+import pytest
+from sqlalchemy import select
+
+from kiln_platform.db.database import open_database
+from kiln_platform.db.tables import UsageEvent
+from kiln_platform.settings import Settings
+
+MODEL = "smollm2-135m-instruct"
+PARIS: Any = [{"role": "user", "content": "What is the capital of France?"}]
+
+
+@pytest.fixture(scope="module")
+def client(llm_up: Any) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{llm_up.base_url}/v1", api_key=llm_up.key, max_retries=0)
+
+
+def _chat(client: openai.OpenAI, **kwargs: Any) -> Any:
+    return client.chat.completions.with_raw_response.create(
+        model=MODEL, messages=kwargs.pop("messages", PARIS), **kwargs
+    )
+
+
+def _ledger_row(llm_up: Any, request_id: str) -> Any:
+    async def row() -> Any:
+        settings = Settings(data_dir=llm_up.env["KILN_DATA_DIR"])
+        async with open_database(settings) as db, db.sessions() as s:
+            return await s.scalar(select(UsageEvent).where(UsageEvent.request_id == request_id))
+
+    deadline = time.monotonic() + 5
+    while (event := asyncio.run(row())) is None and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return event
+
+
+def test_n_with_a_seed_gives_n_reproducible_choices_billed_once(
+    client: openai.OpenAI, llm_up: Any
+) -> None:
+    args = {"n": 3, "seed": 7, "temperature": 1.0, "max_tokens": 8}
+    raw = _chat(client, **args)
+    first, again = raw.parse(), _chat(client, **args).parse()
+    texts = [c.message.content for c in first.choices]
+    assert [c.index for c in first.choices] == [0, 1, 2]
+    assert texts == [c.message.content for c in again.choices]
+    assert len(set(texts)) > 1  # each choice has its own seed
+    one = _chat(client, seed=7, temperature=1.0, max_tokens=8).parse()
+    assert one.choices[0].message.content == texts[0]  # choice 0 keeps the request's seed
+    assert first.usage.prompt_tokens == one.usage.prompt_tokens  # the prompt is billed once
+    assert 3 <= first.usage.completion_tokens <= 24
+    event = _ledger_row(llm_up, raw.headers["x-request-id"])
+    assert event is not None
+    assert (event.input_tokens, event.output_tokens) == (
+        first.usage.prompt_tokens, first.usage.completion_tokens,
+    )  # fmt: skip
+
+
+def test_greedy_logprobs_top_1_is_the_chosen_token(client: openai.OpenAI) -> None:
+    resp = _chat(client, temperature=0, max_tokens=8, logprobs=True, top_logprobs=3).parse()
+    choice = resp.choices[0]
+    entries = choice.logprobs.content
+    assert len(entries) == resp.usage.completion_tokens - (choice.finish_reason == "stop")
+    for entry in entries:
+        assert entry.logprob <= 0
+        assert len(entry.top_logprobs) == 3
+        assert entry.top_logprobs[0].token == entry.token
+        assert entry.top_logprobs[0].logprob == pytest.approx(entry.logprob)
+    assert b"".join(bytes(e.bytes) for e in entries).decode() == choice.message.content
+    plain = _chat(client, temperature=0, max_tokens=8).parse()
+    assert plain.choices[0].message.content == choice.message.content  # same greedy answer
+
+
+def test_logit_bias_minus_100_removes_a_token_of_the_greedy_answer(
+    client: openai.OpenAI, smollm2_dir: Any
+) -> None:
+    from tokenizers import Tokenizer
+
+    tokenizer = Tokenizer.from_file(str(smollm2_dir / "tokenizer.json"))
+    greedy = _chat(client, temperature=0, max_tokens=8, logprobs=True).parse()
+    entries = greedy.choices[0].logprobs.content
+    banned = tokenizer.token_to_id(
+        "".join(chr(_byte_char(b)) for b in entries[0].bytes)
+    )  # the byte-level token of the answer's first token
+    assert banned is not None
+    biased = _chat(
+        client, temperature=0, max_tokens=8, logprobs=True, logit_bias={str(banned): -100}
+    ).parse()
+    assert all(e.bytes != entries[0].bytes for e in biased.choices[0].logprobs.content)
+    assert biased.choices[0].message.content != greedy.choices[0].message.content
+
+
+def _byte_char(b: int) -> int:
+    """GPT-2's byte-level alphabet: the code point a byte-level BPE token uses for byte ``b``."""
+    printable = [*range(33, 127), *range(161, 173), *range(174, 256)]
+    if b in printable:
+        return b
+    return 256 + sum(1 for x in range(b) if x not in printable)
+
+
+def test_stop_with_n_ends_every_choice_before_the_stop(client: openai.OpenAI) -> None:
+    resp = _chat(client, n=2, seed=3, temperature=0.7, max_tokens=30, stop=[" "]).parse()
+    assert [c.index for c in resp.choices] == [0, 1]
+    for choice in resp.choices:
+        assert " " not in choice.message.content
+        assert choice.finish_reason in ("stop", "length")
+
+
+def test_top_k_1_and_min_p_1_sample_the_greedy_answer(client: openai.OpenAI) -> None:
+    greedy = _chat(client, temperature=0, max_tokens=12).parse().choices[0].message.content
+    for extra in ({"top_k": 1}, {"min_p": 1.0}):
+        resp = _chat(client, temperature=1.5, seed=11, max_tokens=12, extra_body=extra).parse()
+        assert resp.choices[0].message.content == greedy, extra
+
+
+def test_penalties_change_a_repetitive_greedy_answer(client: openai.OpenAI) -> None:
+    def text(**extra: Any) -> str:
+        answer: str = (
+            client.completions.create(
+                model=MODEL, prompt="tea, tea, tea, tea,", temperature=0, max_tokens=12, **extra
+            )
+            .choices[0]
+            .text
+        )
+        return answer
+
+    greedy = text()
+    assert greedy.count("tea") >= 2  # repeats, so the penalties have something to act on
+    for extra in ({"frequency_penalty": 2.0}, {"presence_penalty": 2.0}):
+        assert text(**extra).count("tea") < greedy.count("tea"), extra
+    assert text(extra_body={"repetition_penalty": 1.8}) != greedy  # covers the prompt too
+
+
+def test_prompt_list_with_n_indexes_prompt_times_n_plus_j(client: openai.OpenAI) -> None:
+    prompts = ["The capital of France is", "1, 2, 3,"]
+    resp = client.completions.create(model=MODEL, prompt=prompts, n=2, temperature=0, max_tokens=5)
+    assert [c.index for c in resp.choices] == [0, 1, 2, 3]
+    singles = [
+        client.completions.create(model=MODEL, prompt=p, temperature=0, max_tokens=5)
+        for p in prompts
+    ]
+    texts = [c.text for c in resp.choices]
+    assert texts == [singles[0].choices[0].text] * 2 + [singles[1].choices[0].text] * 2
+    assert resp.usage is not None
+    assert resp.usage.prompt_tokens == sum(s.usage.prompt_tokens for s in singles if s.usage)
+
+
+def test_echo_and_text_logprobs(client: openai.OpenAI) -> None:
+    prompt = "The capital of France is"
+    echoed = client.completions.create(
+        model=MODEL, prompt=prompt, echo=True, temperature=0, max_tokens=5
+    )
+    scored = client.completions.create(
+        model=MODEL, prompt=prompt, logprobs=2, temperature=0, max_tokens=5
+    )
+    text = scored.choices[0].text
+    assert echoed.choices[0].text == prompt + text
+    logprobs = scored.choices[0].logprobs
+    assert logprobs is not None
+    assert "".join(logprobs.tokens or []) == text
+    assert logprobs.text_offset == [
+        sum(len(t) for t in (logprobs.tokens or [])[:i]) for i in range(len(logprobs.tokens or []))
+    ]
+    for token, top in zip(logprobs.tokens or [], logprobs.top_logprobs or [], strict=True):
+        assert max(top, key=top.__getitem__) == token
+
+
+def test_streamed_n_interleaves_choices_with_logprobs(client: openai.OpenAI) -> None:
+    args: dict[str, Any] = {"n": 2, "temperature": 0, "max_tokens": 10}
+    whole = _chat(client, **args).parse()
+    stream = client.chat.completions.create(
+        model=MODEL, messages=PARIS, stream=True, logprobs=True, **args
+    )
+    texts, tokens, finishes = ["", ""], [0, 0], [None, None]
+    for chunk in stream:
+        for choice in chunk.choices:
+            texts[choice.index] += choice.delta.content or ""
+            tokens[choice.index] += len(choice.logprobs.content or []) if choice.logprobs else 0
+            finishes[choice.index] = choice.finish_reason or finishes[choice.index]
+    assert texts == [c.message.content for c in whole.choices]
+    assert all(tokens)
+    assert all(finishes)
+
+
+@pytest.mark.parametrize(
+    ("extra", "param"),
+    [
+        ({"n": 17}, "n"),
+        ({"n": 0}, "n"),
+        ({"top_logprobs": 3}, "top_logprobs"),
+        ({"logprobs": True, "top_logprobs": 21}, "top_logprobs"),
+        ({"logit_bias": {"99999999": 1}}, "logit_bias"),
+        ({"logit_bias": {"5": 101}}, "logit_bias"),
+        ({"presence_penalty": 2.5}, "presence_penalty"),
+        ({"frequency_penalty": -3}, "frequency_penalty"),
+        ({"top_k": -2}, "top_k"),
+        ({"min_p": 1.5}, "min_p"),
+        ({"repetition_penalty": 0}, "repetition_penalty"),
+    ],
+)
+def test_out_of_range_sampling_is_a_400_naming_the_field(
+    client: openai.OpenAI, extra: dict[str, Any], param: str
+) -> None:
+    with pytest.raises(openai.BadRequestError) as err:
+        client.chat.completions.create(model=MODEL, messages=PARIS, max_tokens=4, extra_body=extra)
+    body: Any = err.value.body
+    assert body["param"] == param, body
+    assert param in body["message"]
+
+
+def test_too_many_prompts_is_a_400(client: openai.OpenAI) -> None:
+    with pytest.raises(openai.BadRequestError) as err:
+        client.completions.create(model=MODEL, prompt=["a"] * 17, max_tokens=2)
+    body: Any = err.value.body
+    assert body["param"] == "prompt"
+    with pytest.raises(openai.BadRequestError) as err:
+        client.completions.create(model=MODEL, prompt="a", echo=True, logprobs=1, max_tokens=2)
+    assert err.value.body["param"] == "echo"  # type: ignore[index]

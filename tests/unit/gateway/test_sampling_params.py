@@ -1,0 +1,71 @@
+"""Sampling parameters of chat and text completions: ranges, defaults and per-choice seeds."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from kiln_platform.errors import BadRequest
+from kiln_platform.gateway._sampling import MAX_N, sampling
+from kiln_platform.gateway.llm_schemas import ChatCompletionRequest, CompletionRequest
+
+VOCAB = 1000
+
+
+def chat(**fields: Any) -> ChatCompletionRequest:
+    return ChatCompletionRequest(model="m", messages=[], **fields)
+
+
+def test_defaults_are_the_worker_protocol_defaults() -> None:
+    plan = sampling(chat(), VOCAB)
+    assert plan.n == 1
+    assert plan.fields == {
+        "temperature": 1.0, "top_p": 1.0, "top_k": 0, "min_p": 0.0, "presence_penalty": 0.0,
+        "frequency_penalty": 0.0, "repetition_penalty": 1.0, "logit_bias": {}, "logprobs": None,
+    }  # fmt: skip
+
+
+def test_choice_seeds_keep_choice_0_and_differ_reproducibly() -> None:
+    plan = sampling(chat(n=4, seed=5), VOCAB)
+    seeds = [plan.seed_of(i) for i in range(4)]
+    assert seeds[0] == 5
+    assert len(set(seeds)) == 4
+    assert all(s is not None and s >= 0 for s in seeds)
+    assert seeds == [sampling(chat(n=4, seed=5), VOCAB).seed_of(i) for i in range(4)]
+    assert sampling(chat(n=2), VOCAB).seed_of(1) is None
+
+
+def test_logprobs_shapes() -> None:
+    assert sampling(chat(logprobs=True), VOCAB).fields["logprobs"] == 0
+    assert sampling(chat(logprobs=True, top_logprobs=5), VOCAB).fields["logprobs"] == 5
+    assert sampling(chat(logprobs=False, top_logprobs=0), VOCAB).fields["logprobs"] is None
+    text = CompletionRequest(model="m", prompt="x", logprobs=3)
+    assert sampling(text, VOCAB).fields["logprobs"] == 3
+
+
+def test_logit_bias_keys_become_token_ids_and_top_k_minus_1_is_off() -> None:
+    plan = sampling(chat(logit_bias={"7": -100, "12": 5.5}, top_k=-1), VOCAB)
+    assert plan.fields["logit_bias"] == {7: -100.0, 12: 5.5}
+    assert plan.fields["top_k"] == 0
+
+
+@pytest.mark.parametrize(
+    ("fields", "param", "prompts"),
+    [
+        ({"n": MAX_N + 1}, "n", 1),
+        ({"n": 8}, "n", 9),  # 72 sequences
+        ({"logit_bias": {"abc": 1}}, "logit_bias", 1),
+        ({"logit_bias": {"\u00b2": 1}}, "logit_bias", 1),
+        ({"logit_bias": {str(VOCAB): 1}}, "logit_bias", 1),
+        ({"top_logprobs": 2}, "top_logprobs", 1),
+        ({"presence_penalty": -2.1}, "presence_penalty", 1),
+        ({"min_p": -0.1}, "min_p", 1),
+        ({"repetition_penalty": 2.5}, "repetition_penalty", 1),
+    ],
+)
+def test_out_of_range_names_the_field(fields: dict[str, Any], param: str, prompts: int) -> None:
+    with pytest.raises(BadRequest) as err:
+        sampling(chat(**fields), VOCAB, prompts)
+    assert err.value.param == param
+    assert f"'{param}'" in err.value.message
