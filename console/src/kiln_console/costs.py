@@ -16,7 +16,7 @@ from litestar.response import Stream, Template
 
 from kiln_console.auth import KilnDep, Viewer, ViewerDep
 from kiln_console.errors import is_htmx
-from kiln_console.reportform import Form, Totals, form, totals_for
+from kiln_console.reportform import DAY, MONTH, SUBTOTAL, Form, Totals, form, totals_for
 from kiln_platform.admin.deps import transaction
 from kiln_platform.errors import BadRequest
 from kiln_platform.reports import services as reports
@@ -24,12 +24,9 @@ from kiln_platform.reports import statements
 from kiln_platform.reports.formats import columns, money
 
 if TYPE_CHECKING:
-    from collections.abc import AsyncGenerator, Callable
+    from collections.abc import Callable
 
     from kiln_platform.reports._query import CostQuery
-    from kiln_platform.reports.services import Scope
-
-    Source = Callable[[Scope, CostQuery], AsyncGenerator[Any, None]] | None
 
 From = Annotated[str | None, Parameter(query="from", max_length=40)]
 To = Annotated[str | None, Parameter(query="to", max_length=40)]
@@ -53,15 +50,22 @@ def _query(viewer: Viewer, f: Form) -> CostQuery:
     return reports.cost_query(viewer.actor, f.start, f.end, f.group_by, tenant, local=True)
 
 
-async def each_row(
-    kiln: Any, viewer: Viewer, q: CostQuery, add: Callable[[Any], None], source: Source = None
-) -> None:
-    """Pass every row of a report to ``add`` (``reports.rows``, or ``source``'s), in one
-    transaction that closes whatever ``add`` does."""
-    rows = (source or reports.rows)(lambda: transaction(kiln, viewer.actor), q)
-    async with aclosing(rows) as each:
-        async for row in each:
-            add(row)
+def console_row(record: Any) -> dict[str, Any]:
+    """A report row (``columns``) with the console's own columns: its local month and day."""
+    row = columns(record)
+    local_month = record.period_start + timedelta(days=15)  # whatever the tenant's UTC offset
+    row[MONTH] = f"{local_month.year:04d}-{local_month.month:02d}"
+    row[DAY] = record.day and record.day.isoformat()
+    return row
+
+
+async def each_row(kiln: Any, viewer: Viewer, q: CostQuery, add: Callable[[Any], None]) -> None:
+    """Pass every row of a report (``console_row``) to ``add``, in one transaction that closes
+    whatever ``add`` does."""
+    records = reports.records(lambda: transaction(kiln, viewer.actor), q)
+    async with aclosing(records) as each:
+        async for record in each:
+            add(record)
 
 
 MonthKey = tuple[str, str, str, str]
@@ -70,8 +74,7 @@ MonthKey = tuple[str, str, str, str]
 
 def add_month(sums: dict[MonthKey, int], row: dict[str, Any]) -> None:
     """Add a report row grouped by tenant to its tenant's month."""
-    key = (row["BillingAccountName"], row["BillingAccountId"], month_label(row),
-           row["BillingCurrency"])  # fmt: skip
+    key = (row["BillingAccountName"], row["BillingAccountId"], row[MONTH], row["BillingCurrency"])
     sums[key] = sums.get(key, 0) + row["x_BilledCostMicros"]
 
 
@@ -81,14 +84,14 @@ async def report(
     """The first ``SHOWN`` rows of a report, and how many it has; in the same read, the report
     grouped by the subtotal's dimension only (few rows, the same sums) adds up ``totals`` and,
     if given (the subtotals are by tenant, every tenant's), ``months``."""
-    by = {"BillingAccountName": "tenant", "x_Model": "model", "ChargePeriodStart": "day"}
+    by = {column: group for group, column in SUBTOTAL.items()}
     also = frozenset({by[totals.key]} if totals.key else ())
     shown: list[dict[str, Any]] = []
     count = 0
 
     def add(record: Any) -> None:
         nonlocal count
-        row = columns(record)
+        row = console_row(record)
         if record.part == 0:
             shown.append(row)
             count = int(record.groups)
@@ -97,15 +100,9 @@ async def report(
         if months is not None:
             add_month(months, row)
 
-    await each_row(kiln, viewer, replace(q, limit=SHOWN, also=also), add, reports.records)
+    await each_row(kiln, viewer, replace(q, limit=SHOWN, also=also), add)
     totals.rows = count
     return shown, count
-
-
-def month_label(row: dict[str, Any]) -> str:
-    """``YYYY-MM`` of a row's billing period (the tenant's month, whatever its UTC offset)."""
-    start = datetime.fromisoformat(row["BillingPeriodStart"].replace("Z", "+00:00"))
-    return f"{start + timedelta(days=15):%Y-%m}"
 
 
 async def month_sums(kiln: Any, viewer: Viewer, f: Form) -> dict[MonthKey, int]:
@@ -113,7 +110,7 @@ async def month_sums(kiln: Any, viewer: Viewer, f: Form) -> dict[MonthKey, int]:
     is not grouped by tenant, or is filtered to one, so could not add them all up)."""
     q = reports.cost_query(viewer.actor, f.start, f.end, "tenant", None, local=True)
     sums: dict[MonthKey, int] = {}
-    await each_row(kiln, viewer, q, lambda row: add_month(sums, row))
+    await each_row(kiln, viewer, q, lambda record: add_month(sums, console_row(record)))
     return sums
 
 

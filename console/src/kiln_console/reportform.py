@@ -16,7 +16,11 @@ PERIODS = ("this-month", "last-month", "custom")
 CHOICES = ("tenant", "model", "version", "adapter", "key", "day")
 """The grouping checkboxes, in the order the table shows them (``request`` is the API's)."""
 DEFAULT = ("tenant", "model")
-SUBTOTAL = {"tenant": "BillingAccountName", "model": "x_Model", "day": "ChargePeriodStart"}
+MONTH, DAY = "Month", "Day"
+"""The console's own columns of a row: its tenant-local month (``YYYY-MM``) and, grouped by day,
+date (``YYYY-MM-DD``); the billing and charge periods' starts are instants, whose UTC dates are
+the day before east of UTC."""
+SUBTOTAL = {"tenant": "BillingAccountName", "model": "x_Model", "day": DAY}
 """The columns subtotals are keyed by: the first of these the report groups by."""
 
 
@@ -103,9 +107,7 @@ class Totals:
         self.rows += 1
         self.total.add(row)
         if self.key is not None:
-            label = str(row[self.key] or "")
-            self.by.setdefault(label[:10] if self.key == "ChargePeriodStart" else label,
-                               Sums()).add(row)  # fmt: skip
+            self.by.setdefault(str(row[self.key] or ""), Sums()).add(row)
 
 
 def totals_for(groups: tuple[str, ...]) -> Totals:

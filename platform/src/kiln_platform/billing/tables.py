@@ -242,3 +242,23 @@ class UsageChargeDaily(Base):
     list_cost_micros: Mapped[int] = mapped_column(BigInteger)
     cost_micros: Mapped[int] = mapped_column(BigInteger)
     lines: Mapped[int] = mapped_column(BigInteger)
+
+
+class UsageChargeModelDaily(Base):
+    """Charge lines summed per tenant, tenant-local day, kind, model, unit and currency: the
+    rollup of ``usage_charge_daily`` without version, adapter, key and OAuth client, one row a
+    group of a report by tenant, model and day. Kept by triggers (migration 0024) like it."""
+
+    __tablename__ = "usage_charge_model_daily"
+    tenant_id: Mapped[uuid.UUID] = mapped_column(
+        ForeignKey("tenants.id", ondelete="CASCADE"), primary_key=True
+    )
+    day: Mapped[date] = mapped_column(Date, primary_key=True)
+    kind: Mapped[str] = mapped_column(String(16), primary_key=True)
+    model: Mapped[str] = mapped_column(String(200), primary_key=True)
+    unit: Mapped[str] = mapped_column(String(16), primary_key=True)
+    currency: Mapped[str] = mapped_column(String(3), primary_key=True)
+    quantity: Mapped[Decimal] = mapped_column(Numeric)
+    list_cost_micros: Mapped[int] = mapped_column(BigInteger)
+    cost_micros: Mapped[int] = mapped_column(BigInteger)
+    lines: Mapped[int] = mapped_column(BigInteger)

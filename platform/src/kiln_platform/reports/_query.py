@@ -2,9 +2,11 @@
 
 Billing periods and days are calendar months and days in each tenant's time zone, computed by
 PostgreSQL (``timezone(zone, ts)``), so a report's month equals the tenant's statement month.
-Grouped reports read the daily rollup (``usage_charge_daily``: per tenant, local day and the
-lines' dimensions) for every local day the range covers whole, and charge lines only for the
-days it cuts (an API range in instants; a console range of local dates cuts none).
+Grouped reports read a daily rollup for every local day the range covers whole, and charge
+lines only for the days it cuts (an API range in instants; a console range of local dates cuts
+none): ``usage_charge_model_daily`` (per tenant, local day and model) when the report groups by
+tenant, model and day only, else ``usage_charge_daily`` (per tenant, local day and every
+dimension of the lines).
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from datetime import date, datetime, timedelta
 from typing import Any
 
 from sqlalchemy import (
+    ARRAY,
     BigInteger,
     CompoundSelect,
     Date,
@@ -23,6 +26,7 @@ from sqlalchemy import (
     String,
     Uuid,
     and_,
+    any_,
     cast,
     func,
     literal,
@@ -37,6 +41,7 @@ from sqlalchemy import (
 
 from kiln_platform.billing.tables import UsageCharge as C
 from kiln_platform.billing.tables import UsageChargeDaily as R
+from kiln_platform.billing.tables import UsageChargeModelDaily as M
 from kiln_platform.db.tables import Tenant
 
 
@@ -88,6 +93,9 @@ def _bounds(q: CostQuery, zone: Any) -> tuple[Any, Any]:
 ORDER = ("period_start", "day_start", "tenant_name", "tenant_id", "model", "version", "adapter",
          "api_key_id", "oauth_client_id", "kind", "unit", "currency")  # fmt: skip
 MEASURES = ("quantity", "list_cost_micros", "cost_micros", "lines")
+BY_MODEL = frozenset({"tenant", "model", "day"})
+"""The groupings ``usage_charge_model_daily`` answers; by model and day, a row of it is a group
+of ``_part``'s (no aggregate over tens of thousands of groups)."""
 EDGE = timedelta(hours=26)
 """Longer than any local day (25 h at most): a day a range cuts lies this close to an end."""
 
@@ -153,22 +161,22 @@ def _counted(query: Select[Any]) -> Select[Any]:
 def spend_select(
     first: date, after: date, period: tuple[date, date], tenant_id: uuid.UUID | None
 ) -> Select[Any]:
-    """Billed cost from the daily rollup in the local days ``[first, after)``, in one pass: per
-    currency and day (``tenant_name`` None), and per currency and tenant over ``period``'s days
-    (``day`` None; ``period_micros`` None for a tenant without lines in it)."""
-    in_period = and_(R.day >= period[0], R.day < period[1])
+    """Billed cost from the per-model daily rollup in the local days ``[first, after)``, in one
+    pass: per currency and day (``tenant_name`` None), and per currency and tenant over
+    ``period``'s days (``day`` None; ``period_micros`` None for a tenant without lines in it)."""
+    in_period = and_(M.day >= period[0], M.day < period[1])
     columns: list[Any] = [
-        R.currency,
+        M.currency,
         Tenant.name.label("tenant_name"),
-        R.day,
-        func.sum(R.cost_micros).label("micros"),
-        func.sum(R.cost_micros).filter(in_period).label("period_micros"),
+        M.day,
+        func.sum(M.cost_micros).label("micros"),
+        func.sum(M.cost_micros).filter(in_period).label("period_micros"),
     ]
     query = select(*columns)
-    query = query.select_from(R).join(Tenant, Tenant.id == R.tenant_id)
-    query = query.where(R.day >= first, R.day < after)
-    query = query if tenant_id is None else query.where(R.tenant_id == tenant_id)
-    by_day, by_tenant = tuple_(R.currency, R.day), tuple_(R.currency, Tenant.name)
+    query = query.select_from(M).join(Tenant, Tenant.id == M.tenant_id)
+    query = query.where(M.day >= first, M.day < after)
+    query = query if tenant_id is None else query.where(M.tenant_id == tenant_id)
+    by_day, by_tenant = tuple_(M.currency, M.day), tuple_(M.currency, Tenant.name)
     return query.group_by(func.grouping_sets(by_day, by_tenant))
 
 
@@ -204,9 +212,11 @@ def _whole(q: CostQuery, zone: Any, local_day: Any) -> Any:
                 _local(zone, local_day, None, "1 day") <= q.end)  # fmt: skip
 
 
-def _part(q: CostQuery, t: Any, local_day: Any, measures: list[Any]) -> Select[Any]:
+def _part(
+    q: CostQuery, t: Any, local_day: Any, measures: list[Any], *, grouped: bool = True
+) -> Select[Any]:
     """Sums per tenant, local day (or month, when the report is not by day) and the grouped
-    charge dimensions, of the lines or the rollup."""
+    charge dimensions, of the lines or a rollup (``grouped`` False: its rows are those)."""
     charge = {n: e for n, e in _charge_dims(q.groups, t).items() if e is not None}
     if "day" not in q.groups:  # fewer rows: the outer query needs only the month
         local_day = func.date_trunc(literal_column("'month'"), local_day)
@@ -214,19 +224,22 @@ def _part(q: CostQuery, t: Any, local_day: Any, measures: list[Any]) -> Select[A
             *(e.label(n) for n, e in charge.items())]  # fmt: skip
     query = select(*dims, Tenant.timezone.label("zone"), Tenant.name.label("tenant_name"),
                    *(m.label(n) for m, n in zip(measures, MEASURES, strict=True)))  # fmt: skip
-    query = query.select_from(t).join(Tenant, Tenant.id == t.tenant_id).group_by(*dims)
+    query = query.select_from(t).join(Tenant, Tenant.id == t.tenant_id)
+    query = query.group_by(*dims) if grouped else query
     return query if q.tenant_id is None else query.where(t.tenant_id == q.tenant_id)
 
 
 def _rollup(q: CostQuery) -> Select[Any]:
     """The rollup's days the range covers whole."""
-    local_day = cast(R.day, DateTime())
-    sums = [func.sum(R.quantity), func.sum(R.list_cost_micros), func.sum(R.cost_micros),
-            func.sum(R.lines)]  # fmt: skip
-    query = _part(q, R, local_day, sums)
+    t = M if q.groups <= BY_MODEL else R
+    local_day = cast(t.day, DateTime())
+    grouped = t is R or not {"model", "day"} <= q.groups
+    columns = [t.quantity, t.list_cost_micros, t.cost_micros, t.lines]
+    sums = [func.sum(c) for c in columns] if grouped else columns
+    query = _part(q, t, local_day, sums, grouped=grouped)
     if q.local:
-        return query.where(R.day >= q.start.date(), R.day < q.end.date())
-    query = query.where(R.day >= (q.start - EDGE).date(), R.day <= (q.end + EDGE).date())
+        return query.where(t.day >= q.start.date(), t.day < q.end.date())
+    query = query.where(t.day >= (q.start - EDGE).date(), t.day <= (q.end + EDGE).date())
     return query.where(_whole(q, Tenant.timezone, local_day))
 
 
@@ -252,7 +265,7 @@ def _grouped(
     s, day, tenant = inner.c, "day" in q.groups, "tenant" in q.groups
     if tenant and not exact and (coarser or not (q.local or day)):
         return _grouped(q, _per_tenant(q, inner), exact=True)
-    instants = _instants(q, inner)
+    instants = _instants(q, inner, f"{inner.name}_{'rest' if coarser else 'first'}_instants")
     z = instants.c
     dims = {
         "period_start": z.period_start,
@@ -269,16 +282,29 @@ def _grouped(
     if tenant:  # the first step's groups are the report's
         columns = [*(e.label(n) for e, n in zip(derived, names, strict=True)),
                    *(s[n].label(n) for n in MEASURES)]  # fmt: skip
-        if q.limit is not None:  # a report's rows are the first step's: count those
-            columns.append(
-                select(func.count()).select_from(inner).scalar_subquery().label("groups")
-            )
-        return _ordered(select(*_labelled(dims), *columns).select_from(joined))
+        query = select(*_labelled(dims), *columns).select_from(joined)
+        if q.limit is not None:
+            query = _first(query, q.limit, s, z)
+        return _ordered(query)
     named = [func.min(derived[0]).label(names[0]), func.max(derived[1]).label(names[1]),
              func.min(derived[2]).label(names[2])]  # fmt: skip
     totals = [func.sum(s[n]).label(n) for n in MEASURES]
     query = select(*_labelled(dims), *named, *totals).select_from(joined)
     return _ordered(query.group_by(*(e for e in dims.values() if e is not None)))
+
+
+def _first(query: Select[Any], limit: int, s: Any, z: Any) -> Select[Any]:
+    """Only the groups of the pairs (zone, local day) that hold a report's first ``limit`` rows
+    (``s``, the groups; ``z``, the pairs: ``_instants``), with how many groups it has in all.
+
+    Their local days are picked first, a test on each group's own column: the row estimates
+    (one, whatever the rollup holds: row-level security) may otherwise make PostgreSQL hash
+    every group to join them to the few pairs it keeps."""
+    first = z.before < limit
+    days = cast(select(func.array_agg(z.local_day)).where(first).scalar_subquery(),
+                ARRAY(DateTime()))  # an array (a cast is no subquery to ANY)  # fmt: skip
+    total = cast(select(func.sum(z.rows)).scalar_subquery(), BigInteger)
+    return query.add_columns(total.label("groups")).where(first, s.local_day == any_(days))
 
 
 def _per_tenant(q: CostQuery, inner: Any) -> Any:
@@ -296,20 +322,28 @@ def _per_tenant(q: CostQuery, inner: Any) -> Any:
     return select(*keys, *sums).group_by(*keys).cte("per_tenant")
 
 
-def _instants(q: CostQuery, inner: Any) -> Any:
+def _instants(q: CostQuery, inner: Any, name: str) -> Any:
     """The instants of each time zone and local day (or month) among the groups: computed once
-    a pair, not once a group (thousands of tenants share a few zones)."""
-    pairs = select(inner.c.zone, inner.c.local_day).distinct().subquery()
+    a pair, not once a group (thousands of tenants share a few zones; materialized, or
+    PostgreSQL computes them after the join, once a group). With each pair, its groups
+    (``rows``) and those of the pairs before it in the report's order (``before``): a report's
+    first rows are in the pairs with fewer than that many before them."""
+    keys = inner.c.zone, inner.c.local_day
+    pairs = select(*keys, func.count().label("rows")).group_by(*keys).subquery()
     zone, local_day = pairs.c.zone, pairs.c.local_day
     month = func.date_trunc(literal_column("'month'"), local_day)
     period = _local(zone, month, None), _local(zone, month, None, "1 month")
+    day = _local(zone, local_day, None)
     lo, hi = _bounds(q, zone)
-    return select(zone, local_day, period[0].label("period_start"),
-                  period[1].label("period_end"),
-                  _local(zone, local_day, None).label("day_start"),
+    upto = func.sum(pairs.c.rows).over(order_by=[period[0], day])  # with the pair's peers
+    peers = func.sum(pairs.c.rows).over(partition_by=[period[0], day])
+    query = select(zone, local_day, period[0].label("period_start"),
+                  period[1].label("period_end"), day.label("day_start"),
                   _local(zone, local_day, None, "1 day").label("day_end"),
                   func.greatest(period[0], lo).label("charge_start"),
-                  func.least(period[1], hi).label("charge_end")).subquery()  # fmt: skip
+                  func.least(period[1], hi).label("charge_end"), pairs.c.rows,
+                  (upto - peers).label("before"))  # fmt: skip
+    return query.cte(name).prefix_with("MATERIALIZED")
 
 
 def _ordered(query: Select[Any]) -> Select[Any]:

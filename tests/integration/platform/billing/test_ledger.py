@@ -15,10 +15,11 @@ import pytest
 from sqlalchemy import text
 
 from kiln_platform.admin.authz import Actor, Role
-from kiln_platform.billing.ledger import LedgerWriter, Usage
+from kiln_platform.billing.ledger import LedgerWriter, Usage, write
 from kiln_platform.billing.pricebooks import PriceBooks, create_book
 from kiln_platform.billing.schemas import PriceBookCreate, PriceIn
 from kiln_platform.db.database import Database
+from kiln_platform.db.engine import asyncpg_url, create_engine
 from kiln_platform.errors import ServiceUnavailable
 from kiln_platform.tenants.services import insert_tenant
 
@@ -234,3 +235,37 @@ async def test_an_unreachable_database_answers_503_and_records_it_unbilled(db: D
         r=usage.request_id,
     )  # fmt: skip
     assert rows == [(503, 0)]
+
+
+COUNTER = [
+    "CREATE TABLE line_statements (n int)",
+    "CREATE FUNCTION count_line_statement() RETURNS trigger LANGUAGE plpgsql SECURITY DEFINER"
+    " AS $$ BEGIN INSERT INTO line_statements VALUES (1); RETURN NULL; END $$",
+    "CREATE TRIGGER count_line_statements AFTER INSERT ON usage_charges FOR EACH STATEMENT"
+    " EXECUTE FUNCTION count_line_statement()",
+]
+
+
+async def test_a_batch_s_lines_are_one_statement(db: Database, database_uri: str) -> None:
+    """The charge rollups' statement triggers run once a batch, not once a line: as a
+    statement a line they cost a quarter of the ledger's throughput, and two flushers
+    upserting the same rollup rows in other orders deadlocked (bench/ledger_triggers.py)."""
+    owner = create_engine(asyncpg_url(database_uri), pool_size=1)
+    async with owner.begin() as conn:
+        for sql in COUNTER:
+            await conn.execute(text(sql))
+    try:
+        tenant = await _tenant(db)
+        async with db.sessions.begin() as session:
+            await write(session, [_usage(tenant) for _ in range(3)], [])
+        lines = await _rows(db, "SELECT count(*) FROM usage_charges WHERE tenant_id = :t", t=tenant)
+        async with owner.connect() as conn:
+            statements = await conn.scalar(text("SELECT count(*) FROM line_statements"))
+    finally:
+        async with owner.begin() as conn:
+            await conn.execute(text("DROP TRIGGER count_line_statements ON usage_charges"))
+            await conn.execute(text("DROP FUNCTION count_line_statement()"))
+            await conn.execute(text("DROP TABLE line_statements"))
+        await owner.dispose()
+    assert lines == [(12,)]  # input, output, compute and request lines of each
+    assert statements == 1

@@ -6,7 +6,7 @@ from __future__ import annotations
 import csv
 import io
 import re
-from datetime import UTC, datetime
+from datetime import UTC, date, datetime
 from decimal import Decimal
 from zoneinfo import ZoneInfo
 
@@ -98,21 +98,41 @@ async def test_the_finance_overview_never_adds_two_currencies(app: App) -> None:
     assert Decimal(euros[1]) >= Decimal("0.700007")
 
 
-async def test_a_day_is_the_tenants_local_day(app: App) -> None:
-    """A Tokyo tenant's first local day of last month is charted as that day and counted in
-    last month, although its local midnight is on the previous UTC date."""
+async def _tokyo_tenant(app: App, day: int, cost: int) -> tuple[str, date]:
+    """A Tokyo tenant with one line at 01:00 local on ``day`` of last month (16:00 UTC the day
+    before); its id and last month's first day."""
     tenant = await app.tenant()
     last = month_of(datetime.now(UTC).date(), 1)[0]
-    at = datetime(last.year, last.month, 1, 1, tzinfo=ZoneInfo("Asia/Tokyo"))
+    at = datetime(last.year, last.month, day, 1, tzinfo=ZoneInfo("Asia/Tokyo"))
     line = dict(rid=f"tokyo-{tenant}", tenant=tenant, model="emb", unit="request", qty=1,
-                cost=400_004, currency="JPY", at=at)  # fmt: skip
+                cost=cost, currency="JPY", at=at)  # fmt: skip
     async with app.kiln.db.sessions.begin() as session:
         await session.execute(text("UPDATE tenants SET timezone = 'Asia/Tokyo' WHERE id = :t"),
                               {"t": tenant})  # fmt: skip
         await session.execute(text(LINE), line)
+    return str(tenant), last
+
+
+async def test_a_day_is_the_tenants_local_day(app: App) -> None:
+    """A Tokyo tenant's first local day of last month is charted as that day and counted in
+    last month, although its local midnight is on the previous UTC date."""
+    _, last = await _tokyo_tenant(app, 1, 400_004)
     async with app.signed_in(await app.user("finance")) as (http, _):
         page = (await http.get("/console/finance?period=last-month")).text
     assert f"{last:%Y-%m-%d}: 0.400004 JPY</title>" in page
     yen = re.search(r'id="mtd-jpy".*?class="mtd-last">([0-9.]+)<', page, re.S)
     assert yen, page
     assert Decimal(yen[1]) == Decimal("0.400004")
+
+
+async def test_rows_and_subtotals_by_day_are_labelled_with_the_local_day(app: App) -> None:
+    """A Tokyo tenant's day starts at 15:00 UTC the day before: its row (month and day) and its
+    day's subtotal are labelled with its own dates, not the UTC dates of those instants."""
+    tenant, last = await _tokyo_tenant(app, 2, 500_005)
+    async with app.signed_in(await app.user("finance")) as (http, _):
+        query = f"period=last-month&group=version&group=day&tenant={tenant}"
+        page = (await http.get(f"/console/costs?{query}")).text
+    day = f"{last:%Y-%m}-02"
+    assert re.search(rf"<tr>\s*<td>{last:%Y-%m}</td>\s*<td>{day}</td>", page), page  # its month
+    assert f"Subtotal {day}</th>" in page
+    assert f"Subtotal {last:%Y-%m}-01" not in page

@@ -121,14 +121,17 @@ async def test_a_page_and_its_subtotals_come_from_one_read(admin: Admin, root: s
     """The costs page's read: the first rows with the report's row count, then the report
     grouped by the subtotal's dimension, each as the report alone gives them."""
     tenants = await _seed(admin, root, "page")
-    for local in (True, False):
+    # one tenant, or both: two zones whose days start at different instants, the first rows
+    # cut within a day's groups (7) or after several days' (60)
+    for local, tenant, limit in ((True, tenants[1], 7), (False, tenants[1], 7), (True, None, 7),
+                                 (True, None, 60), (False, None, 60)):  # fmt: skip
         q = CostQuery(START, START + timedelta(days=12), frozenset({"tenant", "model", "day"}),
-                      tenants[1], local)  # fmt: skip
+                      tenant, local)  # fmt: skip
         async with admin.kiln.db.sessions() as session:
             whole = (await session.execute(cost_select(q))).all()
             coarse = (await session.execute(cost_select(replace(q, groups=frozenset())))).all()
-            page = await session.execute(cost_select(replace(q, limit=7, also=frozenset())))
+            page = await session.execute(cost_select(replace(q, limit=limit, also=frozenset())))
             rows = page.all()
-        assert [r[:-2] for r in rows if r.part == 0] == [tuple(r) for r in whole[:7]]
+        assert [r[:-2] for r in rows if r.part == 0] == [tuple(r) for r in whole[:limit]]
         assert {r.groups for r in rows if r.part == 0} == {len(whole)}
         assert sorted(r[:-2] for r in rows if r.part == 1) == sorted(tuple(r) for r in coarse)

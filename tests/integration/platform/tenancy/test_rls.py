@@ -23,6 +23,7 @@ from kiln_platform.billing.tables import (
     Statement,
     UsageCharge,
     UsageChargeDaily,
+    UsageChargeModelDaily,
     UsageHourly,
     UsageTenantDaily,
 )
@@ -109,6 +110,9 @@ def _rows(tenant: uuid.UUID, model: uuid.UUID) -> list[Base]:
         UsageChargeDaily(tenant_id=tenant, day=date(2026, 11, 30), kind="usage", model="m",
                          version="1", unit="request", currency="USD", quantity=Decimal(1),
                          list_cost_micros=1, cost_micros=1, lines=1),
+        UsageChargeModelDaily(tenant_id=tenant, day=date(2026, 11, 30), kind="usage", model="m",
+                              unit="request", currency="USD", quantity=Decimal(1),
+                              list_cost_micros=1, cost_micros=1, lines=1),
         ModelPin(model_id=model, tenant_id=tenant, target="1"),
         file,
         batch,
