@@ -7,7 +7,7 @@ flushers, each writing batches of ``--batch`` requests with the ledger's own cod
 (``ledger.write``: the ``usage_events`` rows, then their charge lines, an input- and an
 output-token line each, one transaction a batch, as ``LedgerWriter`` flushes) for ``--seconds``
 per round. Each round runs every configuration, in a rotating order: both rollup triggers
-(migrations 0023 and 0024), 0023's only, and none (``ALTER TABLE … DISABLE TRIGGER``).
+(migrations 0023 and 0025), 0023's only, and none (``ALTER TABLE … DISABLE TRIGGER``).
 Prints requests/s per configuration (median of the rounds), the ratio to none, and how many
 batches PostgreSQL aborted as deadlocked (retried with new requests).
 
@@ -37,11 +37,11 @@ from kiln_platform.db.engine import asyncpg_url, create_engine, embedded_server,
 
 ZONES = ("UTC", "Europe/Paris", "America/New_York", "Asia/Tokyo")
 TRIGGERS = {  # configuration -> the rollup triggers enabled on usage_charges
-    "0023+0024": ("usage_charges_daily", "usage_charges_model_daily"),
+    "0023+0025": ("usage_charges_daily", "usage_charges_model_daily"),
     "0023 only": ("usage_charges_daily",),
     "none": (),
 }
-ALL = TRIGGERS["0023+0024"]
+ALL = TRIGGERS["0023+0025"]
 
 
 SEED = [
@@ -127,7 +127,7 @@ async def measure(uri: str, args: argparse.Namespace) -> None:
                 print(f"batch {batch:4}  {name:10} {rate:8.0f} requests/s  "
                       f"÷ none {rate / base:5.3f}  deadlocks {deadlocks[name]:3}  "
                       f"rounds: {rounds}", flush=True)  # fmt: skip
-        await configure(engine, "0023+0024")
+        await configure(engine, "0023+0025")
     finally:
         await engine.dispose()
 

@@ -168,7 +168,7 @@ LINES = insert(CHARGES).from_select(
     select(*(func.unnest(bindparam(n, type_=ARRAY(CHARGES.c[n].type))) for n in LINE_COLUMNS)),
 )
 """A batch's charge lines in one statement (a column an array): the charge rollups' statement
-triggers (migrations 0023, 0024) then run once a batch, upserting their rows in key order. As
+triggers (migrations 0023, 0025) then run once a batch, upserting their rows in key order. As
 many statements (``executemany``, a line each) they ran once a line, cost a quarter of the
 ledger's throughput, and two flushers upserting the same rows in other orders deadlocked
 (bench/ledger_triggers.py, docs/benchmarks.md)."""

@@ -247,7 +247,7 @@ class UsageChargeDaily(Base):
 class UsageChargeModelDaily(Base):
     """Charge lines summed per tenant, tenant-local day, kind, model, unit and currency: the
     rollup of ``usage_charge_daily`` without version, adapter, key and OAuth client, one row a
-    group of a report by tenant, model and day. Kept by triggers (migration 0024) like it."""
+    group of a report by tenant, model and day. Kept by triggers (migration 0025) like it."""
 
     __tablename__ = "usage_charge_model_daily"
     tenant_id: Mapped[uuid.UUID] = mapped_column(

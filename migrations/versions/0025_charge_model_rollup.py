@@ -8,8 +8,8 @@ statement trigger in the transaction that inserts the lines (its own trigger, so
 keeps its own), and rebuilt for a tenant whose time zone changes. Existing lines are rolled up
 from ``usage_charge_daily``.
 
-Revision ID: 0024
-Revises: 0023
+Revision ID: 0025
+Revises: 0024
 Create Date: 2026-12-02
 """
 
@@ -18,8 +18,8 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import op
 
-revision = "0024"
-down_revision = "0023"
+revision = "0025"
+down_revision = "0024"
 branch_labels = None
 depends_on = None
 
