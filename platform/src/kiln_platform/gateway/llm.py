@@ -24,6 +24,7 @@ from kiln_platform.gateway.llm_schemas import (
     CompletionRequest,
     Message,
 )
+from kiln_platform.registry.artifacts import local_tree
 from kiln_runtimes import tracing
 from kiln_runtimes.protocol import GenerateRequest
 
@@ -340,7 +341,8 @@ async def prepare(
         if adapter is None:
             raise ModelNotFound(f"The model `{request.model}` does not exist.", param="model")
     model = load_text_model(
-        kiln.store.path(version.artifact_digest), manifest.tokenizer_file or "tokenizer.json"
+        await local_tree(kiln.store, version.artifact_digest),
+        manifest.tokenizer_file or "tokenizer.json",
     )
     with tracing.span("tokenize"):
         if isinstance(request, ChatCompletionRequest):
