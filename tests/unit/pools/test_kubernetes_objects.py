@@ -43,7 +43,7 @@ WORKER_SECRET = "kube-objects-test-worker-secret"
 
 
 def settings(**changes: Any) -> Settings:
-    base = {
+    base: dict[str, Any] = {
         "data_dir": Path("/data"),
         "pool_backend": "kubernetes",
         "worker_image": "kiln/w:1",
