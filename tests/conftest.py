@@ -6,9 +6,12 @@ from __future__ import annotations
 import asyncio
 import importlib.util
 import os
+import socket
+import subprocess
 import sys
+import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -155,3 +158,53 @@ def build_cli() -> Any:
 def peft() -> Any:
     """Made-up PEFT LoRA adapters (``tests/fixtures/peft_adapters.py``)."""
     return _fixture_module("peft_adapters")
+
+
+@pytest.fixture(scope="session")
+def s3_server() -> Iterator[dict[str, str]]:
+    """moto's standalone S3 server on a free loopback port; yields the ``AWS_*`` settings that
+    reach it (boto3 in this process and in ``kiln`` processes reads them from the environment)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            break
+        except OSError:
+            assert proc.poll() is None, "moto_server exited"
+            assert time.monotonic() < deadline, "moto_server did not listen in 30 s"
+            time.sleep(0.05)
+    yield {
+        "AWS_ENDPOINT_URL": f"http://127.0.0.1:{port}",
+        "AWS_ACCESS_KEY_ID": "testing",
+        "AWS_SECRET_ACCESS_KEY": "testing",
+        "AWS_DEFAULT_REGION": "us-east-1",
+    }
+    proc.terminate()
+    proc.wait(timeout=30)
+
+
+@pytest.fixture(scope="session")
+def new_bucket(s3_server: dict[str, str]) -> Callable[[], str]:
+    """Makes a fresh bucket on the ``s3_server``; returns its ``s3://<bucket>/kiln`` store URL."""
+    import boto3
+
+    aws = s3_server
+    client = boto3.session.Session().client(
+        "s3", endpoint_url=aws["AWS_ENDPOINT_URL"], region_name=aws["AWS_DEFAULT_REGION"],
+        aws_access_key_id=aws["AWS_ACCESS_KEY_ID"],
+        aws_secret_access_key=aws["AWS_SECRET_ACCESS_KEY"],
+    )  # fmt: skip
+
+    def make() -> str:
+        name = f"kiln-{uuid.uuid4().hex[:12]}"
+        client.create_bucket(Bucket=name)
+        return f"s3://{name}/kiln"
+
+    return make

@@ -142,7 +142,7 @@ def _build(
     batches: Background,
 ) -> Kiln:  # fmt: skip
     """Every service, wired to the database, the workers' session and the ledger's engine."""
-    store = ArtifactStore(settings.store_dir)
+    store = settings.store()
     resolver = Resolver(db.sessions)
     scheduler = SchedulerConfig(policy=PolicyConfig(express=settings.scheduler_express))
     metrics = RequestMetrics(settings.metrics_tenant_labels)

@@ -8,7 +8,7 @@ import hmac
 import os
 import secrets
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import platformdirs
 from pydantic import Field, SecretStr, field_validator, model_validator
@@ -16,6 +16,9 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from kiln_platform.pools.autoscale import AutoscaleConfig
 from kiln_runtimes import cpus
+
+if TYPE_CHECKING:
+    from kiln_runtimes.store import ArtifactStore
 
 
 def _default_data_dir() -> Path:
@@ -99,7 +102,14 @@ class Settings(BaseSettings):
     kubernetes_store_claim: str | None = None
     """PersistentVolumeClaim holding the artifact store (``$KILN_DATA_DIR/store``, shared with the
     gateway, ReadWriteMany): mounted read-only at the same path in worker pods, so their
-    ``--model-dir`` is the gateway's. Required by the ``kubernetes`` backend."""
+    ``--model-dir`` is the gateway's. The ``kubernetes`` backend needs it or ``artifact_store``."""
+    artifact_store: str | None = None
+    """``s3://bucket/prefix``: the shared artifact store (endpoint and credentials from the
+    standard ``AWS_*`` settings or IRSA); ``$KILN_DATA_DIR/store`` is then its local cache, and
+    workers materialize their version's tree from it at start. Unset: the local store alone."""
+    artifact_cache_max_bytes: int = 0
+    """Blob bytes the local cache of an ``s3://`` store keeps, least recently used trees evicted
+    first (0: unbounded). Workers get the same cap for the cache they share."""
     worker_image: str | None = None
     """Container image of worker pods (``kiln-runtimes`` with the engine extras the pools'
     ``KILN_WORKER_TARGET`` needs). Required by the ``kubernetes`` backend."""
@@ -252,8 +262,10 @@ class Settings(BaseSettings):
     @model_validator(mode="after")
     def _kubernetes(self) -> Settings:
         if self.pool_backend == "kubernetes":
-            needed = ("worker_image", "kubernetes_store_claim", "worker_secret")
+            needed = ("worker_image", "worker_secret")
             missing = [f"KILN_{name.upper()}" for name in needed if getattr(self, name) is None]
+            if self.kubernetes_store_claim is None and self.artifact_store is None:
+                missing.append("KILN_KUBERNETES_STORE_CLAIM or KILN_ARTIFACT_STORE")
             if missing:
                 raise ValueError(f"the kubernetes pool backend needs {', '.join(missing)}")
         return self
@@ -271,8 +283,14 @@ class Settings(BaseSettings):
 
     @property
     def store_dir(self) -> Path:
-        """Content-addressed artifact store."""
+        """Content-addressed artifact store (the local cache of ``artifact_store``, if set)."""
         return self.data_dir / "store"
+
+    def store(self) -> ArtifactStore:
+        """The artifact store these settings name (``artifact_store`` cached in ``store_dir``)."""
+        from kiln_runtimes.store import open_store
+
+        return open_store(self.store_dir, self.artifact_store, self.artifact_cache_max_bytes)
 
     @property
     def spool_dir(self) -> Path:

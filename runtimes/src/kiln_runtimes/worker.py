@@ -10,7 +10,7 @@ import argparse
 import dataclasses
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +18,7 @@ from kiln_runtimes import _serve, _standby, cpus, tracing
 from kiln_runtimes._logging import configure_logging
 from kiln_runtimes._settings import WorkerSettings
 from kiln_runtimes.protocol import MANIFEST_NAME, WORKER_SECRET_ENV
+from kiln_runtimes.store import CACHE_MAX_ENV, STORE_ENV, open_store
 
 _ARGUMENTS: tuple[tuple[tuple[str, ...], dict[str, Any]], ...] = (
     # the model and where it is served
@@ -100,6 +101,16 @@ def parse_args(argv: Sequence[str] | None = None) -> WorkerSettings:
     )
 
 
+def materialize(model_dir: Path, environ: Mapping[str, str]) -> None:
+    """With ``$KILN_ARTIFACT_STORE`` (``s3://...``), fetch the tree ``model_dir`` names
+    (``<cache>/trees/<hex>``) from that store into the cache, verified by digest."""
+    url = environ.get(STORE_ENV)
+    if not url or model_dir.parent.name != "trees":
+        return
+    cap = int(environ.get(CACHE_MAX_ENV) or 0)
+    open_store(model_dir.parent.parent, url, cap).ensure(f"sha256:{model_dir.name}")
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     """Run a worker until it is told to stop; the exit status says how it ended.
 
@@ -115,6 +126,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     if not secret:
         raise SystemExit(f"kiln-worker: ${WORKER_SECRET_ENV} is not set (the gateway's secret)")
     settings = dataclasses.replace(parse_args(args), secret=secret)
+    materialize(settings.model_dir, os.environ)
     if settings.idle:  # before the engine's threads start: they inherit it
         cpus.run_idle()
     configure_logging(settings.log_level)

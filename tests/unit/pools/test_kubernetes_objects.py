@@ -43,9 +43,14 @@ WORKER_SECRET = "kube-objects-test-worker-secret"
 
 
 def settings(**changes: Any) -> Settings:
-    return Settings(data_dir=Path("/data"), pool_backend="kubernetes", worker_image="kiln/w:1",
-                    kubernetes_store_claim="kiln-store", worker_secret=SecretStr(WORKER_SECRET),
-                    **changes)  # fmt: skip
+    base: dict[str, Any] = {
+        "data_dir": Path("/data"),
+        "pool_backend": "kubernetes",
+        "worker_image": "kiln/w:1",
+        "kubernetes_store_claim": "kiln-store",
+        "worker_secret": SecretStr(WORKER_SECRET),
+    }
+    return Settings(**(base | changes))
 
 
 def pod_spec(doc: dict[str, Any]) -> dict[str, Any]:
@@ -127,9 +132,25 @@ def test_the_worker_secret_comes_from_a_secret_never_the_command_line() -> None:
 
 def test_kubernetes_backend_needs_an_image_and_a_store_claim() -> None:
     with pytest.raises(
-        ValueError, match="KILN_WORKER_IMAGE, KILN_KUBERNETES_STORE_CLAIM, KILN_WORKER_SECRET"
+        ValueError,
+        match="KILN_WORKER_IMAGE, KILN_WORKER_SECRET, KILN_KUBERNETES_STORE_CLAIM or KILN_ARTIFACT",
     ):
         Settings(pool_backend="kubernetes")
+
+
+def test_with_an_s3_store_the_worker_materializes_into_its_own_cache() -> None:
+    s = settings(kubernetes_store_claim=None, artifact_store="s3://bucket/kiln",
+                 artifact_cache_max_bytes=5_000)  # fmt: skip
+    doc = objects.deployment(SPEC, s, 1)
+    kubernetes_validate.validate(doc, VERSION, strict=True)
+    container = pod_spec(doc)["containers"][0]
+    assert {"name": "KILN_ARTIFACT_STORE", "value": "s3://bucket/kiln"} in container["env"]
+    assert {"name": "KILN_ARTIFACT_CACHE_MAX_BYTES", "value": "5000"} in container["env"]
+    [mount] = [m for m in container["volumeMounts"] if m["name"] == "store"]
+    assert SPEC.model_dir.is_relative_to(mount["mountPath"])
+    assert not mount["readOnly"]  # the worker writes the tree it fetches
+    [volume] = [v for v in pod_spec(doc)["volumes"] if v["name"] == "store"]
+    assert volume == {"name": "store", "emptyDir": {}}
 
 
 @pytest.mark.parametrize(

@@ -21,6 +21,7 @@ from kiln_platform.audit.services import record, snapshot
 from kiln_platform.db import after_commit
 from kiln_platform.db.tables import Adapter, Model, ModelVersion
 from kiln_platform.errors import BadRequest, Conflict, NotFound
+from kiln_platform.registry.artifacts import local_tree
 from kiln_platform.tenants.services import get_tenant
 from kiln_runtimes.lora import CONFIG_FILE, WEIGHTS_FILE, AdapterError, Dims, read_adapter
 
@@ -73,7 +74,7 @@ async def create_adapter(
     if taken is not None:
         raise Conflict(f"This tenant already has an adapter {upload.name!r} of {upload.model}.")
     dims = Dims.from_genai_config(
-        json.loads((store.path(digest) / "genai_config.json").read_text())
+        json.loads((await local_tree(store, digest) / "genai_config.json").read_text())
     )
     adapter = await asyncio.to_thread(_check, upload, dims, max_rank)
     size = upload.weights.stat().st_size + len(upload.config)

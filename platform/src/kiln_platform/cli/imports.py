@@ -54,9 +54,8 @@ async def _import(  # noqa: PLR0917 (the command's arguments, passed on)
     from kiln_platform.compiler.runner import CompileRunner
     from kiln_platform.registry import imports
     from kiln_platform.registry.upload import upload_dir, upload_version
-    from kiln_runtimes.store import ArtifactStore
 
-    store = ArtifactStore(settings.store_dir)
+    store = settings.store()
     runner = CompileRunner(db, settings)
     with tempfile.TemporaryDirectory(dir=upload_dir(settings), prefix="import-") as tmp:
         staged = await asyncio.to_thread(

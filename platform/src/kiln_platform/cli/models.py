@@ -57,7 +57,6 @@ def import_bundled(ctx: click.Context, only: tuple[str, ...]) -> None:
     from rich.progress import Progress, SpinnerColumn, TimeElapsedColumn
 
     from kiln_platform.registry import bundled
-    from kiln_runtimes.store import ArtifactStore
 
     # The converters' own progress bars and tracer warnings would drown ours.
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
@@ -74,7 +73,7 @@ def import_bundled(ctx: click.Context, only: tuple[str, ...]) -> None:
                 progress.update(tasks[name], description=f"{name}: {step}")
 
             return await bundled.import_bundled(
-                db.sessions, ArtifactStore(settings.store_dir), set(only) or None, report
+                db.sessions, settings.store(), set(only) or None, report
             )
 
     built = with_db(ctx, action)
@@ -89,10 +88,9 @@ def import_bundled(ctx: click.Context, only: tuple[str, ...]) -> None:
 def upload(ctx: click.Context, name: str, path: Path, version: str | None) -> None:
     """Validate and register an ONNX model (.onnx, .zip/.tar or folder); prints the version."""
     from kiln_platform.registry.upload import upload_version
-    from kiln_runtimes.store import ArtifactStore
 
     async def action(db: Database, settings: Settings) -> str:
-        store = ArtifactStore(settings.store_dir)
+        store = settings.store()
         done = await upload_version(
             db.sessions, store, settings, name, path, actor=cli_actor(), version=version
         )

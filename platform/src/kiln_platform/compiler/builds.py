@@ -24,6 +24,7 @@ import structlog
 from sqlalchemy import func, select, text, update
 
 from kiln_platform.db.tables import CompileJob, Model, ModelVersion
+from kiln_platform.registry.artifacts import local_tree
 from kiln_platform.registry.engine import decode
 from kiln_platform.registry.imports import build_input, source_in_use
 from kiln_platform.registry.services import register_version
@@ -65,8 +66,9 @@ async def run(
         job = await session.get(CompileJob, job_id)
     assert job is not None
     assert job.source_digest is not None
-    tree = store.path(job.source_digest)
-    if not tree.is_dir():
+    try:
+        tree = await local_tree(store, job.source_digest)
+    except FileNotFoundError:
         await _fail(db, store, job, BuildFailure(error="the source is not in the artifact store"))
         return
     scratch = upload_dir(settings) / f"build-{job.id}"

@@ -20,7 +20,6 @@ from sqlalchemy import text
 from kiln_platform.compiler import builds, services
 from kiln_platform.subprocess_env import child_environment
 from kiln_runtimes.protocol import CompileReport
-from kiln_runtimes.store import ArtifactStore
 
 if TYPE_CHECKING:
     import uuid
@@ -43,7 +42,7 @@ class CompileRunner:
         self.env = child_environment(os.environ)
         """The compiler's and builds' environment, taken once: not the gateway's secrets or
         database URL."""
-        self._store = ArtifactStore(settings.store_dir)
+        self._store = settings.store()
 
     def start(self) -> None:
         """Poll for jobs in the background."""

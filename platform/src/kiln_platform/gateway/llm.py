@@ -24,6 +24,7 @@ from kiln_platform.gateway._sampling import Sampling, sampling
 from kiln_platform.gateway._textmodel import TextModel, load_text_model
 from kiln_platform.gateway._textstream import TextStream
 from kiln_platform.gateway.llm_schemas import UNSUPPORTED, ChatCompletionRequest, CompletionRequest
+from kiln_platform.registry.artifacts import local_tree
 from kiln_runtimes import tracing
 from kiln_runtimes.protocol import GenerateRequest
 
@@ -337,7 +338,8 @@ async def prepare(
     version, adapter = await _resolve(kiln, admission, request)
     manifest = version.manifest
     model = load_text_model(
-        kiln.store.path(version.artifact_digest), manifest.tokenizer_file or "tokenizer.json"
+        await local_tree(kiln.store, version.artifact_digest),
+        manifest.tokenizer_file or "tokenizer.json",
     )
     prompts, echoes, endpoint = await _prompts.tokenize(request, model)
     stop = _prompts.stops(request.stop)

@@ -24,6 +24,7 @@ from kiln_platform.gateway.schemas import (
     EmbeddingsUsage,
     ModelCard,
 )
+from kiln_platform.registry.artifacts import local_tree
 from kiln_runtimes import tracing
 from kiln_runtimes.protocol import EmbedRequest
 
@@ -129,7 +130,7 @@ async def embed(
         raise BadRequest(
             f"'dimensions' must be {manifest.dimensions} for `{version.model}`.", param="dimensions"
         )
-    model_dir = kiln.store.path(version.artifact_digest)
+    model_dir = await local_tree(kiln.store, version.artifact_digest)
     tokenizer = load_tokenizer(model_dir / (manifest.tokenizer_file or "tokenizer.json"))
     count = count_items(request.input, _max_inputs(kiln.settings))
     kiln.workers.screen(version.pool, request_id, admission.terms, count)

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from kiln_platform.pools.backend import worker_arguments
 from kiln_runtimes.protocol import WORKER_SECRET_ENV
+from kiln_runtimes.store import CACHE_MAX_ENV, STORE_ENV
 
 if TYPE_CHECKING:
     from collections.abc import Iterable, Mapping
@@ -98,11 +99,7 @@ def deployment(spec: PoolSpec, settings: Settings, replicas: int) -> dict[str, A
         "securityContext": {"runAsNonRoot": True, "runAsUser": 10001, "runAsGroup": 10001,
                             "fsGroup": 10001, "seccompProfile": {"type": "RuntimeDefault"}},
         "containers": [_container(spec, settings, gpu)],
-        "volumes": [
-            {"name": "store", "persistentVolumeClaim": {
-                "claimName": settings.kubernetes_store_claim, "readOnly": True}},
-            {"name": "tmp", "emptyDir": {"sizeLimit": "2Gi"}},
-        ],
+        "volumes": [_store_volume(settings), {"name": "tmp", "emptyDir": {"sizeLimit": "2Gi"}}],
     }  # fmt: skip
     if gpu:
         pod["tolerations"] = [dict(GPU_TOLERATION)]
@@ -127,6 +124,22 @@ def deployment(spec: PoolSpec, settings: Settings, replicas: int) -> dict[str, A
     }
 
 
+def _store_volume(settings: Settings) -> dict[str, Any]:
+    """The shared store's claim, read-only; or, with an ``s3://`` store, the pod's own cache."""
+    if settings.artifact_store:
+        return {"name": "store", "emptyDir": {}}
+    claim = {"claimName": settings.kubernetes_store_claim, "readOnly": True}
+    return {"name": "store", "persistentVolumeClaim": claim}
+
+
+def _store_env(settings: Settings) -> list[dict[str, Any]]:
+    """An ``s3://`` store for the worker to materialize its tree from (credentials: IRSA)."""
+    if not settings.artifact_store:
+        return []
+    return [{"name": STORE_ENV, "value": settings.artifact_store},
+            {"name": CACHE_MAX_ENV, "value": str(settings.artifact_cache_max_bytes)}]  # fmt: skip
+
+
 def _container(spec: PoolSpec, settings: Settings, gpu: bool) -> dict[str, Any]:
     argv = worker_arguments(spec, settings, WORKER_PORT, host="0.0.0.0")  # noqa: S104
     argv += ["--metrics-port", str(METRICS_PORT)]
@@ -144,7 +157,7 @@ def _container(spec: PoolSpec, settings: Settings, gpu: bool) -> dict[str, Any]:
         "image": settings.worker_image,
         "imagePullPolicy": "IfNotPresent",
         "command": ["python", "-m", "kiln_runtimes", *argv],
-        "env": [{"name": WORKER_SECRET_ENV, "valueFrom": secret}],
+        "env": [{"name": WORKER_SECRET_ENV, "valueFrom": secret}, *_store_env(settings)],
         "ports": [{"name": "http", "containerPort": WORKER_PORT, "protocol": "TCP"},
                   {"name": "metrics", "containerPort": METRICS_PORT, "protocol": "TCP"}],
         # loading (and, on a cold engine cache, compiling) may take the whole start timeout
@@ -155,7 +168,8 @@ def _container(spec: PoolSpec, settings: Settings, gpu: bool) -> dict[str, Any]:
         "securityContext": {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
                             "runAsNonRoot": True, "capabilities": {"drop": ["ALL"]}},
         "volumeMounts": [
-            {"name": "store", "mountPath": str(settings.store_dir), "readOnly": True},
+            {"name": "store", "mountPath": str(settings.store_dir),
+             "readOnly": not settings.artifact_store},
             {"name": "tmp", "mountPath": "/tmp"},  # noqa: S108
         ],
     }  # fmt: skip

@@ -20,6 +20,7 @@ import msgspec
 from kiln_platform.registry.engine import EngineSettings
 from kiln_platform.subprocess_env import child_environment
 from kiln_runtimes.protocol import WORKER_SECRET_ENV, WorkerInfo
+from kiln_runtimes.store import CACHE_MAX_ENV, STORE_ENV
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Mapping
@@ -192,8 +193,14 @@ def worker_headers(settings: Settings) -> dict[str, str]:
 
 
 def worker_environment(settings: Settings, parent: Mapping[str, str]) -> dict[str, str]:
-    """A local worker's environment: the allowed part of ``parent`` and the worker secret."""
-    return child_environment(parent, **{WORKER_SECRET_ENV: settings.worker_key()})
+    """A local worker's environment: the allowed part of ``parent`` and the worker secret; with
+    an ``s3://`` store, that store and the ``AWS_*`` settings to read it with."""
+    extra = {WORKER_SECRET_ENV: settings.worker_key()}
+    if settings.artifact_store:
+        extra |= {k: v for k, v in parent.items() if k.startswith("AWS_")}
+        extra |= {STORE_ENV: settings.artifact_store,
+                  CACHE_MAX_ENV: str(settings.artifact_cache_max_bytes)}  # fmt: skip
+    return child_environment(parent, **extra)
 
 
 def credits(settings: Settings, worker: PoolWorker | None) -> int:
