@@ -20,7 +20,10 @@ from pathlib import Path
 from typing import IO, Any
 from urllib.parse import urlsplit
 
-from kiln_runtimes.store import DigestMismatch
+
+class DigestMismatch(ValueError):
+    """Bytes read or written do not have the sha256 that names them."""
+
 
 _MULTIPART = 8 << 20
 _CHUNK = 1 << 20

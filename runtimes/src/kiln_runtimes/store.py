@@ -27,6 +27,8 @@ from typing import TYPE_CHECKING
 
 import msgspec
 
+from kiln_runtimes._s3 import DigestMismatch
+
 if TYPE_CHECKING:
     from collections.abc import Iterator
 
@@ -38,10 +40,6 @@ STORE_ENV = "KILN_ARTIFACT_STORE"
 CACHE_MAX_ENV = "KILN_ARTIFACT_CACHE_MAX_BYTES"
 """A worker's cap on the blobs of its local cache (0 or unset: unbounded)."""
 _HEX64 = re.compile(r"[0-9a-f]{64}")
-
-
-class DigestMismatch(ValueError):
-    """Bytes read or written do not have the sha256 that names them."""
 
 
 def tree_hex(digest: str) -> str:

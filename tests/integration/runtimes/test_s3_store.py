@@ -12,7 +12,8 @@ from typing import TYPE_CHECKING
 import boto3
 import pytest
 
-from kiln_runtimes.store import ArtifactStore, DigestMismatch, open_store, tree_hex
+from kiln_runtimes._s3 import DigestMismatch
+from kiln_runtimes.store import ArtifactStore, open_store, tree_hex
 
 if TYPE_CHECKING:
     from collections.abc import Callable
