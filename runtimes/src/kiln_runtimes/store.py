@@ -41,11 +41,17 @@ def _sha256_file(path: Path) -> str:
 
 
 def _copy_into(src: Path, dest: Path) -> None:
-    """Copy ``src`` to ``dest`` atomically (a temporary file beside it, then a rename)."""
+    """Copy ``src`` to ``dest`` atomically (a temporary file beside it, then a rename); a
+    failed copy (a full disk) leaves neither."""
     fd, tmp = tempfile.mkstemp(dir=dest.parent, prefix=".tmp-")
     os.close(fd)
-    shutil.copyfile(src, tmp)
-    os.replace(tmp, dest)
+    try:
+        shutil.copyfile(src, tmp)
+        os.replace(tmp, dest)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
 
 
 class ArtifactStore:
@@ -58,12 +64,17 @@ class ArtifactStore:
 
     def put_file(self, src: Path) -> str:
         """Store one file; returns its hex sha256."""
+        return self._put_file(src)[0]
+
+    def _put_file(self, src: Path) -> tuple[str, bool]:
+        """Store one file: its hex sha256, and whether the store did not have it before."""
         digest = _sha256_file(src)
         dest = self._blobs / digest
-        if not dest.exists():
-            dest.parent.mkdir(parents=True, exist_ok=True)
-            _copy_into(src, dest)
-        return digest
+        if dest.exists():
+            return digest, False
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        _copy_into(src, dest)
+        return digest, True
 
     def adopt(self, src: Path, hexdigest: str) -> None:
         """Store a file whose sha256 its writer computed on the way (``hexdigest``) by moving it
@@ -81,15 +92,25 @@ class ArtifactStore:
             _copy_into(src, dest)
 
     def put_dir(self, src: Path) -> str:
-        """Store every file under ``src``; returns the tree digest ``sha256:<hex>``."""
-        entries: list[list[str | int]] = [
-            [p.relative_to(src).as_posix(), self.put_file(p), p.stat().st_size]
-            for p in sorted(src.rglob("*"))
-            if p.is_file()
-        ]
-        listing = msgspec.json.encode(entries)
-        digest = "sha256:" + hashlib.sha256(listing).hexdigest()
-        self._materialize(digest, entries)
+        """Store every file under ``src``; returns the tree digest ``sha256:<hex>``.
+
+        All or nothing: if a file cannot be stored (a full disk), the blobs this call added
+        and no tree holds are removed again before the error propagates."""
+        entries: list[list[str | int]] = []
+        added: list[str] = []
+        try:
+            for p in sorted(src.rglob("*")):
+                if p.is_file():
+                    blob, new = self._put_file(p)
+                    added += [blob] if new else []
+                    entries.append([p.relative_to(src).as_posix(), blob, p.stat().st_size])
+            listing = msgspec.json.encode(entries)
+            digest = "sha256:" + hashlib.sha256(listing).hexdigest()
+            self._materialize(digest, entries)
+        except BaseException:
+            for blob in added:
+                self.remove_blob(blob)
+            raise
         return digest
 
     def has(self, digest: str) -> bool:
@@ -110,9 +131,14 @@ class ArtifactStore:
         dest = self.root / "refs" / name
         dest.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=dest.parent, prefix=".tmp-")
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.replace(tmp, dest)
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+            os.replace(tmp, dest)
+        except BaseException:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)
+            raise
 
     def get_bytes(self, name: str) -> bytes | None:
         """Read a record written by ``put_bytes``, or None."""
@@ -161,10 +187,14 @@ class ArtifactStore:
             return
         dest.parent.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(dir=dest.parent, prefix=".tmp-"))
-        for rel, blob, _size in entries:
-            target = tmp / str(rel)
-            target.parent.mkdir(parents=True, exist_ok=True)
-            os.link(self._blobs / str(blob), target)
+        try:
+            for rel, blob, _size in entries:
+                target = tmp / str(rel)
+                target.parent.mkdir(parents=True, exist_ok=True)
+                os.link(self._blobs / str(blob), target)
+        except BaseException:  # a full disk: no half-linked tree left behind
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
         try:
             tmp.rename(dest)
         except OSError:  # another process materialized it first
