@@ -242,7 +242,7 @@ def _queued(runner: PoolRunner, request_id: str, terms: QueueTerms, cost: float)
         request_id,
         terms.tenant,
         cost,
-        timeout_s=terms.timeout_s,
+        timeout_s=terms.left_s(),
         priority=terms.priority,
         weight=terms.weight,
     )
