@@ -9,7 +9,7 @@ SHELL  := /bin/bash
 QUIET  := 2>&1 | { grep -v "is ignored: it is neither" || true; }
 
 .DEFAULT_GOAL := help
-.PHONY: help setup browser promtool up test test-unit test-integration test-e2e test-deploy lint bench-cold-start bench-embeddings bench-lora bench-import bench-tensor bench-tensor-latency bench-loop-stalls bench-console bench-shadow bench-tracing bench-batches
+.PHONY: help setup browser promtool up test test-unit test-integration test-e2e test-deploy lint bench-cold-start bench-embeddings bench-lora bench-import bench-tensor bench-tensor-latency bench-loop-stalls bench-console bench-shadow bench-tracing bench-batches bench-overload bench-soak
 
 help: ## List the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-18s %s\n", $$1, $$2}'
@@ -53,6 +53,12 @@ lint: setup ## ruff + mypy (sources and tests)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy platform/src runtimes/src console/src tests
+
+bench-overload: setup ## A burst of 10x capacity for 30 s: shed latency, admitted p99 vs deadline, recovery (docs/benchmarks.md)
+	$(PY) bench/overload.py
+
+bench-soak: setup ## An hour of mixed traffic: RSS, fds, DB connections and p99 growth (docs/reliability.md)
+	$(PY) bench/soak.py --duration-s 3600 --warmup-s 300 --sample-s 30 --rate 10
 
 bench-console: setup ## Console pages' p95 with 1M usage rows and 1,000 tenants (docs/benchmarks.md)
 	$(PY) bench/console.py --loads 50

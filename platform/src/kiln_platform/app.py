@@ -33,7 +33,15 @@ from kiln_platform.body_limit import BodyLimits, body_limit_middleware
 from kiln_platform.context import Kiln, running
 from kiln_platform.db import migrate
 from kiln_platform.db.outage import DB_UNREACHABLE, unreachable
-from kiln_platform.errors import BadRequest, KilnError, QuotaExceeded, ServiceUnavailable
+from kiln_platform.errors import (
+    DISK_FULL,
+    BadRequest,
+    InsufficientStorage,
+    KilnError,
+    QuotaExceeded,
+    ServiceUnavailable,
+    disk_full,
+)
 from kiln_platform.gateway.controllers import OpenAIController
 from kiln_platform.gateway.oip import OIPController
 from kiln_platform.gateway.schemas import ErrorBody, ErrorResponse
@@ -76,7 +84,9 @@ def _error_response(request: Request[Any, Any, Any], exc: Exception) -> Response
     """Map every error to the body its API expects: OpenAI's for `/v1`, problem details else."""
     if bad_text(exc):  # raised in a handler that has its session from admin.deps
         exc = BadRequest(BAD_TEXT_MESSAGE)
-    if unreachable(exc):  # work that needs the database during an outage (docs/reliability.md)
+    if disk_full(exc):  # before `unreachable`, which counts any OSError (docs/reliability.md)
+        exc = InsufficientStorage(DISK_FULL)
+    elif unreachable(exc):  # work that needs the database during an outage
         exc = ServiceUnavailable(DB_UNREACHABLE, retry_after=5.0)
     if isinstance(exc, KilnError):
         status, message, param, code, kind = (

@@ -2,6 +2,17 @@
 
 from __future__ import annotations
 
+import errno
+import os
+import shutil
+
+_DISK_FULL = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG})
+DISK_FULL = (
+    "Kiln's disk is full: nothing of this upload was kept. Free space on the data directory's "
+    "filesystem and retry."
+)
+"""The message of the 507 an upload or import gets when a disk it writes to fills up."""
+
 
 class KilnError(Exception):
     """Base error: ``status_code`` and ``code`` are class attributes, like Litestar's."""
@@ -110,6 +121,28 @@ class ServiceUnavailable(KilnError):
     status_code = 503
     code = "service_unavailable"
     type = "server_error"
+
+
+class InsufficientStorage(KilnError):
+    """A disk Kiln writes to is full (the data directory: uploads, the store, the spool)."""
+
+    status_code = 507
+    code = "insufficient_storage"
+    type = "server_error"
+
+
+def disk_full(exc: BaseException) -> bool:
+    """Whether ``exc`` (or what caused it) is a write refused for want of space or quota."""
+    seen: BaseException | None = exc
+    while seen is not None:
+        if isinstance(seen, OSError) and seen.errno in _DISK_FULL:
+            return True
+        if isinstance(seen, shutil.Error):  # copytree gathers its failures as strings
+            reasons = {os.strerror(code) for code in _DISK_FULL}
+            if any(reason in str(seen) for reason in reasons):
+                return True
+        seen = seen.__cause__ or seen.__context__
+    return False
 
 
 class DeadlineExceeded(KilnError):

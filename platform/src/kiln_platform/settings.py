@@ -131,6 +131,9 @@ class Settings(BaseSettings):
     """While PostgreSQL is unreachable: how long keys verified before are still served past
     their cache TTL, and how long usage is spooled to local disk (from its oldest unwritten
     row) before requests answer 503 again (``docs/reliability.md``); 0: no outage mode."""
+    db_connect_timeout_s: float = Field(default=5.0, gt=0)
+    """How long one PostgreSQL connection attempt may take (asyncpg's default: 60 s). During a
+    network partition that drops packets, requests reach the outage path after this."""
     outage_spool_max_bytes: int = Field(default=64 << 20, gt=0)
     """The most usage one gateway process spools to disk during an outage (64 MiB: ~200,000
     requests); past it requests answer 503 + Retry-After."""

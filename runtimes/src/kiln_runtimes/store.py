@@ -61,11 +61,17 @@ def _sha256_file(path: Path) -> str:
 
 
 def _copy_into(src: Path, dest: Path) -> None:
-    """Copy ``src`` to ``dest`` atomically (a temporary file beside it, then a rename)."""
+    """Copy ``src`` to ``dest`` atomically (a temporary file beside it, then a rename); a
+    failed copy (a full disk) leaves neither."""
     fd, tmp = tempfile.mkstemp(dir=dest.parent, prefix=".tmp-")
     os.close(fd)
-    shutil.copyfile(src, tmp)
-    os.replace(tmp, dest)
+    try:
+        shutil.copyfile(src, tmp)
+        os.replace(tmp, dest)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
 
 
 def open_store(root: Path, url: str | None = None, max_bytes: int = 0) -> ArtifactStore:
@@ -94,13 +100,18 @@ class ArtifactStore:
 
     def put_file(self, src: Path) -> str:
         """Store one file; returns its hex sha256."""
+        return self._put_file(src)[0]
+
+    def _put_file(self, src: Path) -> tuple[str, bool]:
+        """Store one file: its hex sha256, and whether the store did not have it before."""
         digest = _sha256_file(src)
         dest = self._blobs / digest
-        if not dest.exists():
+        new = not dest.exists()
+        if new:
             dest.parent.mkdir(parents=True, exist_ok=True)
             _copy_into(src, dest)
         self._push(digest)
-        return digest
+        return digest, new
 
     def _push(self, hexdigest: str) -> None:
         """Upload a local blob to the remote unless it has it (content-addressed: immutable)."""
@@ -124,17 +135,27 @@ class ArtifactStore:
         self._push(hexdigest)
 
     def put_dir(self, src: Path) -> str:
-        """Store every file under ``src``; returns the tree digest ``sha256:<hex>``."""
-        entries: Entries = [
-            (p.relative_to(src).as_posix(), self.put_file(p), p.stat().st_size)
-            for p in sorted(src.rglob("*"))
-            if p.is_file()
-        ]
-        listing = msgspec.json.encode(entries)
-        hexdigest = hashlib.sha256(listing).hexdigest()
-        if self.remote is not None and not self.remote.exists(f"trees/{hexdigest}"):
-            self.remote.put_bytes(f"trees/{hexdigest}", listing)  # after its blobs: never dangling
-        self._materialize(f"sha256:{hexdigest}", entries)
+        """Store every file under ``src``; returns the tree digest ``sha256:<hex>``.
+
+        All or nothing: if a file cannot be stored (a full disk), the blobs this call added
+        and no tree holds are removed again before the error propagates."""
+        entries: Entries = []
+        added: list[str] = []
+        try:
+            for p in sorted(src.rglob("*")):
+                if p.is_file():
+                    blob, new = self._put_file(p)
+                    added += [blob] if new else []
+                    entries.append((p.relative_to(src).as_posix(), blob, p.stat().st_size))
+            listing = msgspec.json.encode(entries)
+            hexdigest = hashlib.sha256(listing).hexdigest()
+            if self.remote is not None and not self.remote.exists(f"trees/{hexdigest}"):
+                self.remote.put_bytes(f"trees/{hexdigest}", listing)  # after its blobs
+            self._materialize(f"sha256:{hexdigest}", entries)
+        except BaseException:
+            for blob in added:
+                self.remove_blob(blob)
+            raise
         return f"sha256:{hexdigest}"
 
     def has(self, digest: str) -> bool:
@@ -211,9 +232,14 @@ class ArtifactStore:
         dest = self.root / "refs" / name
         dest.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=dest.parent, prefix=".tmp-")
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.replace(tmp, dest)
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+            os.replace(tmp, dest)
+        except BaseException:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)
+            raise
         if self.remote is not None:
             self.remote.put_bytes(f"refs/{name}", data)
 
@@ -272,10 +298,14 @@ class ArtifactStore:
             return
         dest.parent.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(dir=dest.parent, prefix=".tmp-"))
-        for rel, blob, _size in entries:
-            target = tmp / rel
-            target.parent.mkdir(parents=True, exist_ok=True)
-            os.link(self._blobs / blob, target)
+        try:
+            for rel, blob, _size in entries:
+                target = tmp / rel
+                target.parent.mkdir(parents=True, exist_ok=True)
+                os.link(self._blobs / blob, target)
+        except BaseException:  # a full disk: no half-linked tree left behind
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
         try:
             tmp.rename(dest)
         except OSError:  # another process materialized it first

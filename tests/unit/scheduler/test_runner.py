@@ -273,3 +273,19 @@ async def test_a_pool_starting_from_zero_queues_a_burst_instead_of_refusing_it()
     workers.slots = {"w": 2}  # the worker is ready
     planned.poke()
     assert sorted(await asyncio.gather(*tasks)) == [f"r{i}@w" for i in range(4)]
+
+
+def test_a_deadline_timer_armed_for_a_past_time_works_under_uvloop() -> None:
+    """uvloop's ``call_at`` for a time already past returns a ``Handle`` without ``when()``:
+    re-arming compared against it raised (a 500 under overload, ``bench/overload.py``)."""
+
+    async def main() -> None:
+        runner, _ = make_runner({"w": 1})
+        past = runner.now() - 1.0
+        runner.scheduler.next_expiry = lambda: past  # type: ignore[method-assign]
+        runner._arm()
+        runner._arm()  # compares with the timer armed for the past
+        runner.scheduler.next_expiry = lambda: None  # type: ignore[method-assign]
+        runner._arm()
+
+    uvloop.run(main())

@@ -75,6 +75,17 @@ class QueueTerms:
     weight: float = 1.0
     priority: Priority = Priority.INTERACTIVE
     timeout_s: float | None = None
+    arrived: float | None = None
+    """``time.monotonic()`` when the request arrived: its deadline counts from then."""
+
+    def left_s(self) -> float | None:
+        """What is left of the timeout now: the time spent before the request reached its
+        pool's queue (authenticating, tokenizing, waiting for the event loop under overload)
+        counts against the deadline, so a request that waited past it is refused at once
+        (504) instead of being served late."""
+        if self.timeout_s is None or self.arrived is None:
+            return self.timeout_s
+        return self.timeout_s - (time.monotonic() - self.arrived)
 
 
 class Admissions:
@@ -159,7 +170,9 @@ class Admission:
 
     def schedule(self, priority: Priority, timeout_s: float) -> None:
         """Set the request's class and deadline in its pool's fair queue."""
-        self.terms = dataclasses.replace(self.terms, priority=priority, timeout_s=timeout_s)
+        self.terms = dataclasses.replace(
+            self.terms, priority=priority, timeout_s=timeout_s, arrived=self._opened
+        )
 
     async def hold(
         self, version: ResolvedVersion, most: Quantities, run_s: float | None = None

@@ -34,12 +34,16 @@ async def open_database(settings: Settings, *, upgrade: bool = True) -> AsyncIte
     the app's role; refuse a role that would lift row-level security."""
     with database_urls(settings) as urls:
         if upgrade:
-            owner = create_engine(urls.owner, pool_size=1)
+            owner = create_engine(
+                urls.owner, pool_size=1, connect_timeout_s=settings.db_connect_timeout_s
+            )
             try:
                 await migrate.upgrade(owner, settings.hmac_key(), app_password=urls.app_password)
             finally:
                 await owner.dispose()
-        engine = create_engine(urls.app, role=urls.set_role)
+        engine = create_engine(
+            urls.app, role=urls.set_role, connect_timeout_s=settings.db_connect_timeout_s
+        )
         try:
             await migrate.check_app_role(engine)
             yield Database(engine, sessionmaker(engine), urls.set_role)

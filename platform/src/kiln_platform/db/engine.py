@@ -33,6 +33,9 @@ if TYPE_CHECKING:
 
     from kiln_platform.settings import Settings
 
+CONNECT_TIMEOUT_S = 5.0
+"""How long one connection attempt may take (asyncpg's own default is 60 s): during a network
+partition a request falls back to the outage path (``db.outage``) after this, not a minute."""
 APP_ROLE = "kiln_app"
 """The role the app works as: no ownership, no DDL, no ``BYPASSRLS`` (migration ``0010``)."""
 PLATFORM_SCOPE = "SELECT set_config('kiln.scope', 'platform', true)"
@@ -115,10 +118,16 @@ def database_urls(settings: Settings) -> Iterator[Urls]:
 
 
 def create_engine(
-    url: str, pool_size: int = 10, *, pre_ping: bool = True, role: str | None = None
+    url: str,
+    pool_size: int = 10,
+    *,
+    pre_ping: bool = True,
+    role: str | None = None,
+    connect_timeout_s: float = CONNECT_TIMEOUT_S,
 ) -> AsyncEngine:
     """An asyncpg-backed engine; UTC sessions; each connection as ``role`` if given (sent in
-    the start-up packet, so no round trip)."""
+    the start-up packet, so no round trip); a connection attempt gives up after
+    ``connect_timeout_s`` (``TimeoutError``, which ``db.outage.unreachable`` recognizes)."""
     server_settings = {"timezone": "UTC", "application_name": "kiln"}
     if role is not None:
         server_settings["role"] = role
@@ -127,18 +136,20 @@ def create_engine(
         pool_size=pool_size,
         max_overflow=pool_size,
         pool_pre_ping=pre_ping,
-        connect_args={"server_settings": server_settings},
+        connect_args={"server_settings": server_settings, "timeout": connect_timeout_s},
     )
 
 
-def writer_engine(engine: AsyncEngine, role: str | None = None) -> AsyncEngine:
+def writer_engine(
+    engine: AsyncEngine, role: str | None = None, connect_timeout_s: float = CONNECT_TIMEOUT_S
+) -> AsyncEngine:
     """One connection to ``engine``'s database for a single busy writer (the usage ledger).
 
     No ping before each use: the writer retries a failed batch, and a dead connection is
     replaced then; the ping would cost a round trip per batch.
     """
     url = engine.url.render_as_string(hide_password=False)
-    return create_engine(url, 1, pre_ping=False, role=role)
+    return create_engine(url, 1, pre_ping=False, role=role, connect_timeout_s=connect_timeout_s)
 
 
 class PlatformSession(Session):

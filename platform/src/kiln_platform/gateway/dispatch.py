@@ -129,9 +129,10 @@ class WorkerClient:
         """Lease a worker of ``pool`` in its fair queue and send it ``message``.
 
         A worker that turns the request away unrun (draining: a scale-down retired it between
-        the lease and the request; or not listening any more) charges nothing, and the request
-        is leased again, once, to another worker. Its tokens are not generated twice: it never
-        started.
+        the lease and the request), is not listening any more, or dies holding it before its
+        answer began (SIGKILL, the OOM killer) charges nothing, and the request is leased
+        again, once, to another worker. Nothing of it reached the client, so nothing is sent
+        or billed twice; once the answer began, the worker's death is a 503.
         """
         pool = self._pools.route(pool, terms.priority)  # batch work: the background twin
         runner = self._pools.runner(pool)
@@ -150,7 +151,7 @@ class WorkerClient:
                 except _Unreached:
                     pass
                 lease.actual_cost = 0.0
-                log.info("worker refused the request unrun; leasing again", worker=worker.url)
+                log.info("worker gave no answer; leasing the request again", worker=worker.url)
 
     @contextlib.asynccontextmanager
     async def _traced_post(
@@ -179,8 +180,10 @@ class WorkerClient:
         *,
         connect_retry: bool = False,
     ) -> AsyncIterator[aiohttp.ClientResponse]:
-        """POST to a worker; with ``connect_retry`` a worker not listening raises ``_Unreached``
-        (the request was never delivered) instead of answering 503."""
+        """POST to a worker; with ``connect_retry`` a worker gone before it answered (not
+        listening, or killed holding the request: nothing of it was delivered to the client
+        or billed) raises ``_Unreached`` instead of answering 503."""
+        answered = False
         try:
             async with self._http.post(
                 f"{worker.url}{path}",
@@ -188,12 +191,13 @@ class WorkerClient:
                 headers={"content-type": CONTENT_TYPE, "x-request-id": message.request_id},
                 timeout=limit,
             ) as resp:
+                answered = True
                 yield resp
         except aiohttp.SocketTimeoutError as exc:  # a slow read: the worker is there, not gone
             raise DeadlineExceeded("The pool did not answer in time.") from exc
         except (aiohttp.ClientConnectionError, ConnectionError) as exc:
             self._pools.mark_unreachable(worker)
-            if connect_retry and isinstance(exc, aiohttp.ClientConnectorError):
+            if connect_retry and not answered:
                 raise _Unreached from exc
             raise ServiceUnavailable(
                 f"The worker for `{pool}` went away; retry shortly.", retry_after=1.0
@@ -211,7 +215,7 @@ class Sent:
 
 
 class _Unreached(Exception):
-    """The worker was not listening: the request was never delivered."""
+    """The worker was not listening, or died before it answered: nothing was delivered."""
 
 
 async def _draining(resp: aiohttp.ClientResponse) -> bool:
@@ -239,7 +243,7 @@ def _queued(runner: PoolRunner, request_id: str, terms: QueueTerms, cost: float)
         request_id,
         terms.tenant,
         cost,
-        timeout_s=terms.timeout_s,
+        timeout_s=terms.left_s(),
         priority=terms.priority,
         weight=terms.weight,
     )

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from kiln_platform.scheduler import service
-from kiln_platform.scheduler.admission import AdmissionLimits, Decision, admit
+from kiln_platform.scheduler.admission import AdmissionLimits, Decision, RejectReason, admit
 from kiln_platform.scheduler.policy import PolicyConfig, PoolQueue
 from kiln_platform.scheduler.schemas import Priority
 from kiln_platform.scheduler.service import ServiceConfig
@@ -34,6 +34,12 @@ class SchedulerConfig:
     service: ServiceConfig = field(default_factory=ServiceConfig)
     stats_window_s: float = 60.0
     max_samples: int | None = 10_000
+    probe_after_s: float = 1.0
+    """An idle pool that completed nothing for this long forgets its service-time estimate
+    (back to the prior) rather than refuse a request as too slow for its deadline: only
+    completions correct the estimate, so an overload that inflated it (dispatch-to-completion
+    times stretched by the overload itself) made every later request a 504 at once, for good
+    (``bench/overload.py``)."""
 
 
 class PoolScheduler:
@@ -83,6 +89,20 @@ class PoolScheduler:
         return decision
 
     def _admit(self, request: Request, now: float) -> Decision:
+        decision = self._decide(request, now)
+        if decision.reason is RejectReason.DEADLINE_TOO_SHORT and self._stale(now):
+            self.model = service.prior(self.config.service)  # forget what an overload taught
+            self._line = service.line(self.model)
+            decision = self._decide(request, now)
+        return decision
+
+    def _stale(self, now: float) -> bool:
+        """Idle, and no completion for ``probe_after_s``: the estimate may be an overload's."""
+        last = self.model.last_done
+        idle = not self._in_flight and not len(self.queue)
+        return idle and last is not None and now - last >= self.config.probe_after_s
+
+    def _decide(self, request: Request, now: float) -> Decision:
         return admit(
             request,
             self.queue.backlog(now),

@@ -95,7 +95,10 @@ class PoolRunner:
         """Cost in flight, by worker (normal and express)."""
         self._express: Counter[str] = Counter()
         """Express credits in use, by worker."""
-        self._timer: asyncio.TimerHandle | None = None
+        self._timer: asyncio.Handle | None = None
+        self._timer_at = 0.0
+        """When ``_timer`` fires: uvloop's ``call_at`` for a time already past returns a plain
+        ``Handle``, which has no ``when()`` (that was a 500 under overload)."""
         self.on_wait: Callable[[Request, float], None] = lambda request, seconds: None
         """Called with each request's queue wait when it is dispatched (for metrics)."""
         self.on_done: Callable[[], None] = lambda: None
@@ -226,11 +229,12 @@ class PoolRunner:
 
     def _arm(self) -> None:
         at = self.scheduler.next_expiry()
-        if self._timer is not None and (at is None or self._timer.when() != at):
+        if self._timer is not None and (at is None or self._timer_at != at):
             self._timer.cancel()
             self._timer = None
         if at is not None and self._timer is None:
             self._timer = asyncio.get_running_loop().call_at(at, self._on_timer)
+            self._timer_at = at
 
     def _on_timer(self) -> None:
         self._timer = None

@@ -1,0 +1,239 @@
+"""Soak: steady mixed traffic for a configured time, resources sampled (docs/reliability.md).
+
+Starts its own ``kiln up`` serving all-MiniLM-L6-v2 and runs, at once: embeddings on an open
+loop (``--rate`` req/s, one sentence each, latency from the scheduled send time), a key
+rotation every 5 s through the admin API (create a key, use it, revoke it: the key cache and
+the audit log see a stream of new keys), an admin read every second (the tenant's keys),
+``/v1/models`` and ``/v2/health/ready`` every 2 s. Every ``--sample-s`` it samples, per
+process role (gateway, workers, PostgreSQL): resident memory, open file descriptors, and the
+PostgreSQL connections (its backend processes), with the embeddings p99 of that window.
+
+After ``--warmup-s`` it reports growth, first samples against last: RSS per role (goal < 5%),
+fds and connections (goal: none), p99 drift (goal < 10%); ``--json`` writes every sample.
+
+    python bench/soak.py --duration-s 3600            # the hour
+    python bench/soak.py --duration-s 180 --warmup-s 60 --json /tmp/soak.json   # CI's 3 minutes
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import statistics
+import sys
+import time
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import psutil
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _corpus import embedding_bodies, sentences
+from _kiln import CpuMeter, Kiln
+from embeddings import _model_dir, _run
+
+_PG_AUX = ("checkpointer", "background writer", "walwriter", "autovacuum launcher",
+           "logical replication launcher", "stats collector", "archiver", "startup")  # fmt: skip
+
+
+@dataclass
+class Sample:
+    """One sampling instant: seconds since the start, per-role RSS (MiB) and fds, PostgreSQL
+    connections, and the embeddings answered / p99 (ms) in the window just ended."""
+
+    t: float
+    rss_mib: dict[str, float]
+    fds: dict[str, int]
+    connections: int
+    answered: int
+    p99_ms: float
+
+
+@dataclass
+class Traffic:
+    """What the load saw: embeddings latencies of the current window, statuses of everything."""
+
+    window: list[float] = field(default_factory=list)
+    statuses: Counter[str] = field(default_factory=Counter)
+
+
+def _connections(postgres: list[psutil.Process]) -> int:
+    """PostgreSQL's client backends (``postgres: user db host(port) state``)."""
+    n = 0
+    for p in postgres:
+        with contextlib.suppress(psutil.Error):
+            title = " ".join(p.cmdline())
+            if title.startswith("postgres: ") and not any(a in title for a in _PG_AUX):
+                n += "(" in title or "[local]" in title
+    return n
+
+
+def sample(kiln: Kiln, t: float, traffic: Traffic) -> Sample:
+    """Resources of each role now, and the window's embeddings p99."""
+    rss: dict[str, float] = {}
+    fds: dict[str, int] = {}
+    roles = kiln.roles()
+    for role, procs in roles.items():
+        rss[role], fds[role] = 0.0, 0
+        for p in procs:
+            with contextlib.suppress(psutil.Error):
+                rss[role] += p.memory_info().rss / 2**20
+                fds[role] += p.num_fds()
+    window, traffic.window = traffic.window, []
+    p99 = 1000 * sorted(window)[int(0.99 * (len(window) - 1))] if window else 0.0
+    return Sample(t, rss, fds, _connections(roles["postgres"]), len(window), p99)
+
+
+async def _embeddings(http: aiohttp.ClientSession, url: str, bodies: list[bytes], *,
+                      rate: float, end: float, traffic: Traffic) -> None:  # fmt: skip
+    """An open loop at ``rate``; each latency from its scheduled send time."""
+    tasks, n, due = [], 0, time.perf_counter()
+
+    async def shot(scheduled: float, body: bytes) -> None:
+        try:
+            async with http.post(url, data=body) as resp:
+                await resp.read()
+                status = str(resp.status)
+        except aiohttp.ClientError as exc:
+            status = type(exc).__name__
+        traffic.statuses[f"embeddings {status}"] += 1
+        if status == "200":
+            traffic.window.append(time.perf_counter() - scheduled)
+
+    while due < end:
+        await asyncio.sleep(max(0.0, due - time.perf_counter()))
+        tasks.append(asyncio.create_task(shot(due, bodies[n % len(bodies)])))
+        tasks = [t for t in tasks if not t.done()]
+        n, due = n + 1, due + 1.0 / rate
+    await asyncio.gather(*tasks)
+
+
+async def _every(seconds: float, end: float, call: Any) -> None:
+    while time.perf_counter() < end:
+        await call()
+        await asyncio.sleep(seconds)
+
+
+async def _traffic(kiln: Kiln, admin_key: str, tenant: str, *, rate: float,
+                   traffic: Traffic, end: float) -> None:  # fmt: skip
+    base, model = kiln.base_url, kiln.model
+    bodies = embedding_bodies(model, sentences(500))
+    user = {"authorization": f"Bearer {kiln.key}", "content-type": "application/json"}
+    admin = {"authorization": f"Bearer {admin_key}"}
+    async with aiohttp.ClientSession(headers=user) as http:
+
+        async def get(path: str, headers: dict[str, str] | None = None) -> None:
+            async with http.get(f"{base}{path}", headers=headers) as r:
+                await r.read()
+                traffic.statuses[f"GET {path.split('/')[1]} {r.status}"] += 1
+
+        async def rotate() -> None:
+            keys = f"{base}/admin/v1/tenants/{tenant}/keys"
+            async with http.post(keys, json={"name": "soak"}, headers=admin) as r:
+                made = await r.json()
+                traffic.statuses[f"create key {r.status}"] += 1
+            used = {"authorization": f"Bearer {made['secret']}"}
+            async with http.post(f"{base}/v1/embeddings", data=bodies[0], headers=used) as r:
+                await r.read()
+                traffic.statuses[f"rotated key {r.status}"] += 1
+            async with http.delete(f"{keys}/{made['key']['id']}", headers=admin) as r:
+                traffic.statuses[f"revoke {r.status}"] += 1
+
+        await asyncio.gather(
+            _embeddings(http, f"{base}/v1/embeddings", bodies, rate=rate, end=end, traffic=traffic),
+            _every(5.0, end, rotate),
+            _every(1.0, end, lambda: get(f"/admin/v1/tenants/{tenant}/keys", admin)),
+            _every(2.0, end, lambda: get("/v1/models")),
+            _every(2.0, end, lambda: get("/v2/health/ready")),
+        )
+
+
+async def _soak(kiln: Kiln, admin_key: str, tenant: str, args: argparse.Namespace
+                ) -> tuple[list[Sample], Traffic]:  # fmt: skip
+    traffic, samples = Traffic(), []
+    start = time.perf_counter()
+    end = start + args.duration_s
+    load = asyncio.create_task(
+        _traffic(kiln, admin_key, tenant, rate=args.rate, traffic=traffic, end=end)
+    )
+    while time.perf_counter() < end:
+        await asyncio.sleep(args.sample_s)
+        now = time.perf_counter() - start
+        samples.append(await asyncio.to_thread(sample, kiln, now, traffic))
+        s = samples[-1]
+        print(f"{s.t:6.0f} s  rss {_fmt(s.rss_mib)} MiB  fds {s.fds}  conns {s.connections}  "
+              f"p99 {s.p99_ms:.1f} ms ({s.answered})", flush=True)  # fmt: skip
+    await load
+    return samples, traffic
+
+
+def _fmt(values: dict[str, float]) -> str:
+    return ", ".join(f"{k} {v:.0f}" for k, v in values.items())
+
+
+def _delta(first: list[Sample], last: list[Sample], value: Any) -> tuple[float, float]:
+    """Mean of ``value(sample)`` over the first samples and over the last ones."""
+    return statistics.fmean(map(value, first)), statistics.fmean(map(value, last))
+
+
+def growth(samples: list[Sample], warmup_s: float) -> dict[str, Any]:
+    """First samples after the warm-up against the last ones (three of each, or fewer)."""
+    steady = [s for s in samples if s.t > warmup_s]
+    k = max(1, min(3, len(steady) // 3))
+    first, last = steady[:k], steady[-k:]
+    out: dict[str, Any] = {"samples": len(steady), "compared": k}
+    for role in samples[0].rss_mib:
+        a, b = _delta(first, last, lambda s, r=role: s.rss_mib[r])
+        out[f"rss_{role}_mib"] = [round(a, 1), round(b, 1)]
+        out[f"rss_{role}_pct"] = round(100 * (b - a) / a, 2) if a else None
+        a, b = _delta(first, last, lambda s, r=role: s.fds[r])
+        out[f"fds_{role}"] = round(b - a, 1)
+    a, b = _delta(first, last, lambda s: s.connections)
+    out["connections"] = round(b - a, 1)
+    p_first = statistics.median(s.p99_ms for s in first)
+    p_last = statistics.median(s.p99_ms for s in last)
+    out["p99_first_ms"], out["p99_last_ms"] = round(p_first, 1), round(p_last, 1)
+    out["p99_drift_pct"] = round(100 * (p_last - p_first) / p_first, 1) if p_first else None
+    return out
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--duration-s", type=float, default=3600.0)
+    p.add_argument("--warmup-s", type=float, default=300.0)
+    p.add_argument("--sample-s", type=float, default=10.0)
+    p.add_argument("--rate", type=float, default=20.0, help="embeddings per second")
+    p.add_argument("--model-dir", type=Path, help="built model (default: the test cache)")
+    p.add_argument("--json", type=Path, help="write the samples and the growth here")
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    kiln = Kiln.start(_model_dir(args.model_dir))
+    try:
+        tenant = kiln.cli("tenants", "create", "soak").strip()
+        admin_key = kiln.cli("keys", "create", "--tenant", "soak", "--role", "tenant-admin",
+                             "--scope", "admin:read", "--scope", "admin:write"
+                             ).strip().splitlines()[-1]  # fmt: skip
+        with CpuMeter(kiln.processes()) as cpu:
+            samples, traffic = _run(_soak(kiln, admin_key, tenant, args))
+    finally:
+        kiln.stop()
+    out = growth(samples, args.warmup_s)
+    out["statuses"] = dict(traffic.statuses)
+    out["cpu_ours"], out["cpu_foreign"] = round(cpu.ours, 2), round(cpu.foreign, 2)
+    out["load_average"] = os.getloadavg()
+    print(json.dumps(out, indent=1))
+    if args.json:
+        args.json.write_text(json.dumps({"growth": out, "samples": [asdict(s) for s in samples]}))
+
+
+if __name__ == "__main__":
+    main()
