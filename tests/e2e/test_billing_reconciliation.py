@@ -134,7 +134,7 @@ def _workload(client: openai.OpenAI) -> tuple[list[str], list[str], list[str]]:
     errors: list[str] = []
     for call in (
         lambda: client.embeddings.create(model="no-such-model", input=["x"]),
-        lambda: client.chat.completions.create(model=SMOLLM2, messages=CHAT, n=2),
+        lambda: client.chat.completions.create(model=SMOLLM2, messages=CHAT, n=20),
         lambda: client.chat.completions.create(model=SMOLLM2, messages=CHAT, max_tokens=10**6),
     ):
         with pytest.raises(openai.APIStatusError) as failed:
