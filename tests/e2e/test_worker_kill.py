@@ -1,10 +1,10 @@
 """A worker SIGKILLed mid-batch (what the OOM killer does), with online requests in flight too.
 
-Two MiniLM workers; an embeddings batch runs while four ``openai`` clients send embeddings,
-logging each request id and status; the worker holding requests is SIGKILLed. The requests it
-held had not answered: the gateway leases each again, once, to the other worker, so every
-online request answers 200; the batch completes with each line once in its output; the ledger
-holds exactly one row per answered request and per line."""
+Two MiniLM workers (the batch twin off, so lines share them); an embeddings batch runs while
+four ``openai`` clients send embeddings, logging each request id and status; the worker holding
+requests is SIGKILLed. The requests it held had not answered: the gateway leases each again,
+once, to the other worker, so every online request answers 200; the batch completes with each
+line once in its output; the ledger holds exactly one row per answered request and per line."""
 
 from __future__ import annotations
 
@@ -37,7 +37,11 @@ FINAL = {"completed", "failed", "expired", "cancelled"}
 
 @pytest.fixture(scope="module")
 def kiln(minilm_dir: Path) -> Iterator[KilnProcess]:
-    env = TWO_WORKERS | {"KILN_BATCH_POLL_S": "0.2", "KILN_BATCH_CONCURRENCY": "2"}
+    # The twin off: batch lines and online requests share the two workers, so the one killed
+    # holds both (with the twin on, lines would run on a third, idle-priority worker).
+    env = TWO_WORKERS | {
+        "KILN_BATCH_POLL_S": "0.2", "KILN_BATCH_CONCURRENCY": "2", "KILN_BATCH_TWIN": "false"
+    }  # fmt: skip
     yield from minilm_up(minilm_dir, env)
 
 
