@@ -60,8 +60,8 @@ def console_row(record: Any) -> dict[str, Any]:
 
 
 async def each_row(kiln: Any, viewer: Viewer, q: CostQuery, add: Callable[[Any], None]) -> None:
-    """Pass every row of a report (``console_row``) to ``add``, in one transaction that closes
-    whatever ``add`` does."""
+    """Pass every record of a report (``console_row`` makes a row of one) to ``add``, in one
+    transaction that closes whatever ``add`` does."""
     records = reports.records(lambda: transaction(kiln, viewer.actor), q)
     async with aclosing(records) as each:
         async for record in each:

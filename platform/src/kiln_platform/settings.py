@@ -21,6 +21,10 @@ if TYPE_CHECKING:
     from kiln_runtimes.store import ArtifactStore
 
 
+CONNECT_TIMEOUT_S = 5.0
+"""How long one PostgreSQL connection attempt may take by default (asyncpg's own: 60 s)."""
+
+
 def _default_data_dir() -> Path:
     return Path(platformdirs.user_data_dir("kiln", appauthor=False))
 
@@ -131,7 +135,7 @@ class Settings(BaseSettings):
     """While PostgreSQL is unreachable: how long keys verified before are still served past
     their cache TTL, and how long usage is spooled to local disk (from its oldest unwritten
     row) before requests answer 503 again (``docs/reliability.md``); 0: no outage mode."""
-    db_connect_timeout_s: float = Field(default=5.0, gt=0)
+    db_connect_timeout_s: float = Field(default=CONNECT_TIMEOUT_S, gt=0)
     """How long one PostgreSQL connection attempt may take (asyncpg's default: 60 s). During a
     network partition that drops packets, requests reach the outage path after this."""
     outage_spool_max_bytes: int = Field(default=64 << 20, gt=0)

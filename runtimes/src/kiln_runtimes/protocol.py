@@ -125,6 +125,10 @@ class EmbedResult(msgspec.Struct, frozen=True, kw_only=True):
     compute_ms: float
 
 
+MAX_LOGPROBS = 20
+"""The most alternatives a ``GenerateRequest`` may ask per token (OpenAI's chat limit)."""
+
+
 class GenerateRequest(msgspec.Struct, frozen=True, kw_only=True):
     """One sequence to generate from prompt token ids."""
 
@@ -159,8 +163,9 @@ class GenerateRequest(msgspec.Struct, frozen=True, kw_only=True):
     logit_bias: dict[int, float] = {}
     """Added to the logits of these token ids before sampling."""
     logprobs: int | None = None
-    """Report each generated token's log-probability and this many top alternatives (``None``:
-    no log-probabilities). They are of the model's raw distribution (vLLM's ``raw_logprobs``)."""
+    """Report each generated token's log-probability and this many top alternatives (0 to
+    ``MAX_LOGPROBS``; ``None``: no log-probabilities). They are of the model's raw distribution
+    (vLLM's ``raw_logprobs``)."""
 
 
 class TokenLogprobs(msgspec.Struct, frozen=True, kw_only=True, array_like=True):

@@ -21,6 +21,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine, async_sessionmaker, create_async
 from sqlalchemy.orm import Session
 
 from kiln_platform.sealing import derive
+from kiln_platform.settings import CONNECT_TIMEOUT_S, Settings
 
 if TYPE_CHECKING:
     import uuid
@@ -31,11 +32,7 @@ if TYPE_CHECKING:
     from sqlalchemy.ext.asyncio import AsyncSession
     from sqlalchemy.orm import SessionTransaction
 
-    from kiln_platform.settings import Settings
 
-CONNECT_TIMEOUT_S = 5.0
-"""How long one connection attempt may take (asyncpg's own default is 60 s): during a network
-partition a request falls back to the outage path (``db.outage``) after this, not a minute."""
 APP_ROLE = "kiln_app"
 """The role the app works as: no ownership, no DDL, no ``BYPASSRLS`` (migration ``0010``)."""
 PLATFORM_SCOPE = "SELECT set_config('kiln.scope', 'platform', true)"

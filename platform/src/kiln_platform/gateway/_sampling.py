@@ -8,12 +8,12 @@ from typing import Any
 
 from kiln_platform.errors import BadRequest
 from kiln_platform.gateway.llm_schemas import ChatCompletionRequest, CompletionRequest
+from kiln_runtimes.protocol import MAX_LOGPROBS
 
 MAX_N = 16
 """Choices one request may ask for (each is its own sequence on a worker)."""
 MAX_SEQUENCES = 64
 """Sequences one request may start in all: ``n`` times its prompts."""
-MAX_LOGPROBS = 20
 MAX_LOGIT_BIAS = 300
 
 

@@ -12,14 +12,12 @@ from typing import TYPE_CHECKING
 import numpy as np
 import numpy.typing as npt
 
-from kiln_runtimes.protocol import TokenLogprobs
+from kiln_runtimes.protocol import MAX_LOGPROBS, TokenLogprobs
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
 
     from kiln_runtimes.protocol import GenerateRequest
-
-MAX_LOGPROBS = 20
 
 
 @dataclass(frozen=True, slots=True)

@@ -46,9 +46,7 @@ class Sampler:
     @classmethod
     def for_request(cls, request: GenerateRequest) -> Sampler:
         """The sampler a ``GenerateRequest`` asks for (``ValueError`` if it cannot be)."""
-        shaping = Shaping.of(request)
-        if shaping == PLAIN:
-            return cls(request.temperature, request.top_p, request.seed)
+        shaping = Shaping.of(request)  # prompt_ids are read only by a repetition penalty
         return cls(request.temperature, request.top_p, request.seed, shaping, request.prompt_ids)
 
     def sample(self, logits: npt.NDArray[np.float32]) -> int:
