@@ -18,7 +18,6 @@ from typing import Any
 import httpx
 import openai
 import pytest
-from pydantic import SecretStr
 from sqlalchemy import func, select, text
 
 from kiln_platform.context import Kiln
@@ -26,19 +25,20 @@ from kiln_platform.db.tables import UsageEvent
 from kiln_platform.quotas.batch_policy import day_of, line_tokens
 from kiln_platform.quotas.schemas import Limits
 from kiln_platform.quotas.services import set_limits
-from kiln_platform.settings import Settings
 from tests.asgi import asgi
 from tests.e2e.conftest import MINILM
 from tests.factories import CLI, make_key, make_tenant
-from tests.integration.platform.batches.test_runner_app import (
-    _finished,
-    _submit,
-    _texts,
-    _warm,
+from tests.integration.platform.batches.support import (
+    finished,
+    line_texts,
     minilm_app,
+    sdk,
+    settings_for,
+    submit,
+    warm,
 )
 
-BODY: dict[str, Any] = {"model": MINILM, "input": _texts(8)}
+BODY: dict[str, Any] = {"model": MINILM, "input": line_texts(8)}
 """Every line here: a few lines a second on one worker thread."""
 
 
@@ -53,9 +53,7 @@ class World:
             tenant = await make_tenant(session)
             key = await make_key(session, self.kiln.settings.hmac_key(), tenant)
         await self.limit(tenant, limits)
-        sdk = openai.AsyncOpenAI(base_url="http://kiln.test/v1", api_key=key.secret,
-                                 max_retries=0, http_client=self.http)  # type: ignore[arg-type]  # fmt: skip
-        return tenant, sdk
+        return tenant, sdk(self.http, key.secret)
 
     async def limit(self, tenant: uuid.UUID, limits: Limits) -> None:
         async with self.kiln.db.sessions.begin() as session:
@@ -67,33 +65,35 @@ async def world(
     database_uri: str, model_cache: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> AsyncIterator[World]:
     """The app serving MiniLM, limits read afresh on every use (no cache)."""
-    settings = Settings(
-        data_dir=tmp_path_factory.mktemp("data"), database_url=database_uri,
-        secret_key=SecretStr("batch-quota-secret"), warm_standby=False, worker_threads=1,
-        batch_concurrency=1, batch_poll_s=0.2, key_cache_ttl_s=0.0,
-    )  # fmt: skip
+    settings = settings_for(
+        tmp_path_factory,
+        database_uri,
+        "batch-quota-secret",
+        batch_concurrency=1,
+        key_cache_ttl_s=0.0,
+    )
     async with minilm_app(settings, model_cache) as made:
         transport = httpx.ASGITransport(app=asgi(made))
         async with httpx.AsyncClient(transport=transport, timeout=60) as http:
             world = World(made.state.kiln, http)
             _, sdk = await world.tenant(Limits())
-            await _warm(sdk)
+            await warm(sdk)
             yield world
 
 
 async def test_a_batch_past_the_enqueued_tokens_is_refused(world: World) -> None:
     each = line_tokens(BODY)
     _, sdk = await world.tenant(Limits(batch_enqueued_tokens=150 * each))
-    running = await _submit(sdk, [BODY] * 100)  # open while the next ones are created
+    running = await submit(sdk, [BODY] * 100)  # open while the next ones are created
     with pytest.raises(openai.RateLimitError) as refused:
-        await _submit(sdk, [BODY] * 60)
+        await submit(sdk, [BODY] * 60)
     assert refused.value.code == "token_limit_exceeded"
     assert f"batch_enqueued_tokens is {150 * each:,} tokens" in refused.value.message
     assert f"{100 * each:,} are enqueued in open batches" in refused.value.message
-    fits = await _submit(sdk, [BODY] * 50)  # exactly what is left
+    fits = await submit(sdk, [BODY] * 50)  # exactly what is left
     await sdk.batches.cancel(running.id)
-    assert (await _finished(sdk, running.id)).status == "cancelled"  # no longer enqueued
-    later = await _submit(sdk, [BODY] * 60)
+    assert (await finished(sdk, running.id)).status == "cancelled"  # no longer enqueued
+    later = await submit(sdk, [BODY] * 60)
     for batch in (fits, later):
         await sdk.batches.cancel(batch.id)
 
@@ -101,12 +101,12 @@ async def test_a_batch_past_the_enqueued_tokens_is_refused(world: World) -> None
 async def test_a_batch_past_todays_tokens_is_refused(world: World) -> None:
     _, sdk = await world.tenant(Limits(batch_tokens_per_day=10 * line_tokens(BODY) - 1))
     with pytest.raises(openai.RateLimitError) as refused:
-        await _submit(sdk, [BODY] * 10)
+        await submit(sdk, [BODY] * 10)
     assert refused.value.code == "token_limit_exceeded"
     assert "batch_tokens_per_day" in refused.value.message
     assert "per day" in refused.value.message
     assert refused.value.response.headers["retry-after"]  # until the tenant's next day
-    assert await _submit(sdk, [BODY] * 9)
+    assert await submit(sdk, [BODY] * 9)
 
 
 async def test_a_spent_day_makes_lines_wait_not_fail(world: World) -> None:
@@ -114,7 +114,7 @@ async def test_a_spent_day_makes_lines_wait_not_fail(world: World) -> None:
     no line starts, none fails, the batch stays in progress; with room again it completes."""
     total = 40
     tenant, sdk = await world.tenant(Limits(batch_tokens_per_day=10**9))
-    batch = await _submit(sdk, [BODY] * total)
+    batch = await submit(sdk, [BODY] * total)
     deadline = time.monotonic() + 30
     while (await sdk.batches.retrieve(batch.id)).request_counts.completed < 2:  # type: ignore[union-attr]
         assert time.monotonic() < deadline, "no line done"
@@ -128,7 +128,7 @@ async def test_a_spent_day_makes_lines_wait_not_fail(world: World) -> None:
     assert held.request_counts.failed == 0  # type: ignore[union-attr]
     assert held.request_counts.completed < total  # type: ignore[union-attr]
     await world.limit(tenant, Limits(batch_tokens_per_day=10**9))
-    done = await _finished(sdk, batch.id)
+    done = await finished(sdk, batch.id)
     assert (done.status, done.request_counts.completed) == ("completed", total)
     assert await _counted_today(world.kiln, tenant) == await _billed_tokens(world.kiln, batch.id)
 

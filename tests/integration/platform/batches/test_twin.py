@@ -10,21 +10,20 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import openai
 import pytest
 from prometheus_client import REGISTRY
-from pydantic import SecretStr
 
 from kiln_platform.context import Kiln
-from kiln_platform.settings import Settings
 from tests.asgi import asgi
 from tests.e2e.conftest import MINILM
 from tests.factories import make_key, make_tenant
-from tests.integration.platform.batches.test_runner_app import (
-    _finished,
-    _submit,
-    _warm,
+from tests.integration.platform.batches.support import (
+    finished,
     minilm_app,
+    sdk,
+    settings_for,
+    submit,
+    warm,
 )
 from tests.integration.platform.pools.test_local_workers import policies
 
@@ -36,11 +35,7 @@ async def app(
     database_uri: str, model_cache: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> AsyncIterator[Any]:
     """The app serving MiniLM with the default twin setting, and a tenant's key."""
-    settings = Settings(
-        data_dir=tmp_path_factory.mktemp("data"), database_url=database_uri,
-        secret_key=SecretStr("twin-secret"), warm_standby=False, worker_threads=1,
-        batch_poll_s=0.2,
-    )  # fmt: skip
+    settings = settings_for(tmp_path_factory, database_uri, "twin-secret")
     assert settings.batch_twin
     async with minilm_app(settings, model_cache) as made:
         async with made.state.kiln.db.sessions.begin() as session:
@@ -63,14 +58,15 @@ def _admitted(version: str) -> float:
 async def test_batch_lines_run_in_the_idle_twin_and_requests_in_the_served_pool(app: Any) -> None:
     kiln: Kiln = app.state.kiln
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=asgi(app)), timeout=60) as h:
-        sdk = openai.AsyncOpenAI(base_url="http://kiln.test/v1", api_key=app.state.key.secret,
-                                 max_retries=0, http_client=h)  # type: ignore[arg-type]  # fmt: skip
-        await _warm(sdk)
+        client = sdk(h, app.state.key.secret)
+        await warm(client)
         online = _admitted("1")
-        batch = await _submit(sdk, [{"model": MINILM, "input": f"line {i}"} for i in range(LINES)])
-        done = await _finished(sdk, batch.id)
+        batch = await submit(
+            client, [{"model": MINILM, "input": f"line {i}"} for i in range(LINES)]
+        )
+        done = await finished(client, batch.id)
         assert (done.status, done.request_counts.completed) == ("completed", LINES)
-        await sdk.embeddings.create(model=MINILM, input="interactive, after the batch")
+        await client.embeddings.create(model=MINILM, input="interactive, after the batch")
     assert _admitted("1+batch") == LINES
     assert _admitted("1") == online + 1  # the request after; none of the lines
     served, twin = (kiln.pools.backend.ready(f"{MINILM}@{v}") for v in ("1", "1+batch"))
