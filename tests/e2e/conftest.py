@@ -28,7 +28,6 @@ from kiln_platform.db.database import open_database
 from kiln_platform.registry.services import register_version
 from kiln_platform.settings import Settings
 from kiln_runtimes.protocol import ModelManifest
-from kiln_runtimes.store import ArtifactStore
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator
@@ -165,11 +164,12 @@ class KilnProcess:
         ]
 
 
-async def _register(settings: Settings, model_dir: Path) -> None:
+async def register_model(settings: Settings, model_dir: Path) -> None:
+    """Register a built model folder as version ``test``, in the store ``settings`` name."""
     import msgspec
 
     manifest = msgspec.json.decode((model_dir / "kiln.json").read_bytes(), type=ModelManifest)
-    digest = ArtifactStore(settings.store_dir).put_dir(model_dir)
+    digest = settings.store().put_dir(model_dir)
     async with open_database(settings) as db, db.sessions.begin() as session:
         await register_version(session, manifest, "test", digest)
 
@@ -184,11 +184,21 @@ def _start_kiln(
     env.pop("KILN_DATABASE_URL", None)
     settings = Settings(data_dir=data_dir)
     for model_dir in model_dirs:
-        asyncio.run(_register(settings, model_dir))
+        asyncio.run(register_model(settings, model_dir))
     port = free_port()
     proc = subprocess.Popen(
         [sys.executable, "-m", "kiln_console", "up", "--no-import", "--port", str(port)],
         env=env,
+    )
+    return KilnProcess(proc, f"http://127.0.0.1:{port}", env)
+
+
+def up_gateway(data_dir: Path, env: dict[str, str]) -> KilnProcess:
+    """One more ``kiln up`` with ``env`` (a shared ``KILN_DATABASE_URL``, say) on ``data_dir``."""
+    env = {**env, "KILN_DATA_DIR": str(data_dir)}
+    port = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "kiln_console", "up", "--no-import", "--port", str(port)], env=env
     )
     return KilnProcess(proc, f"http://127.0.0.1:{port}", env)
 

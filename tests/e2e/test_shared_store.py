@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import io
 import os
-import subprocess
-import sys
 import tarfile
 import time
 from pathlib import Path
@@ -17,7 +15,7 @@ import httpx
 import openai
 import pytest
 
-from tests.e2e.conftest import KilnProcess, free_port
+from tests.e2e.conftest import KilnProcess, up_gateway
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator
@@ -33,15 +31,6 @@ def _tar(folder: Path) -> bytes:
     return buffer.getvalue()
 
 
-def _up(data_dir: Path, env: dict[str, str]) -> KilnProcess:
-    env = {**env, "KILN_DATA_DIR": str(data_dir)}
-    port = free_port()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "kiln_console", "up", "--no-import", "--port", str(port)], env=env
-    )
-    return KilnProcess(proc, f"http://127.0.0.1:{port}", env)
-
-
 @pytest.fixture(scope="module")
 def gateways(
     database_uri: str, s3_server: dict[str, str], new_bucket: Callable[[], str],
@@ -51,7 +40,7 @@ def gateways(
            "KILN_ARTIFACT_STORE": new_bucket(), "KILN_SECRET_KEY": "shared-by-both-gateways",
            "KILN_LOG_LEVEL": "warning", "KILN_WARM_STANDBY": "false"}  # fmt: skip
     with kiln_data_dir() as dir_a, kiln_data_dir() as dir_b:
-        a, b = _up(dir_a, env), _up(dir_b, env)
+        a, b = up_gateway(dir_a, env), up_gateway(dir_b, env)
         try:
             a.wait_ready()
             b.wait_ready()

@@ -150,7 +150,9 @@ async def readyz(kiln: SkipValidation[Kiln]) -> Response[dict[str, Any]]:
     except Exception:  # any failure to reach the database means not ready
         current = False
     degraded = not current and kiln.ledger.degraded()
-    body = {"database": current, "degraded": degraded}
+    body: dict[str, Any] = {"database": current, "degraded": degraded}
+    if kiln.fleet is not None:  # many gateways: this one's part (leader or follower)
+        body["fleet"] = kiln.fleet.details()
     return Response(body, status_code=200 if current or degraded else 503)
 
 

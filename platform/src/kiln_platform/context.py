@@ -28,8 +28,11 @@ from kiln_platform.oauth.keys import Keyring
 from kiln_platform.oauth.verifier import TokenVerifier
 from kiln_platform.pools.backend import worker_headers
 from kiln_platform.pools.engine_metrics import EngineMetrics
+from kiln_platform.pools.fleet import Fleet
+from kiln_platform.pools.leader import LeaderElector
 from kiln_platform.pools.local import LocalPoolBackend
 from kiln_platform.pools.services import PoolManager
+from kiln_platform.pools.shared import SharedBackend
 from kiln_platform.quotas.enforcer import QuotaEnforcer
 from kiln_platform.registry.outcomes import RolloutOutcomes
 from kiln_platform.registry.resolver import Resolver
@@ -104,15 +107,48 @@ class Kiln:
     """Runs the Batches API's batches: started last and stopped first (its lines use the rest)."""
     webhooks: WebhookSender
     """Tenants' outbound webhooks: the outbox's delivery loop (``kiln_platform.webhooks``)."""
+    fleet: Fleet | None = None
+    """The gateway registry and the pool manager's leadership (``KILN_SHARED_WORKERS``)."""
 
 
 def _pool_backend(settings: Settings, http: aiohttp.ClientSession) -> PoolBackend:
-    """The backend ``KILN_POOL_BACKEND`` names (the kubernetes client is imported only for it)."""
+    """The backend ``KILN_POOL_BACKEND`` names (the kubernetes client is imported only for it),
+    shared with other gateways under ``KILN_SHARED_WORKERS``."""
     if settings.pool_backend == "kubernetes":
         from kiln_platform.pools.kubernetes import KubernetesPoolBackend
 
-        return KubernetesPoolBackend(settings, http)
-    return LocalPoolBackend(settings, http)
+        backend: PoolBackend = KubernetesPoolBackend(settings, http)
+    else:
+        backend = LocalPoolBackend(settings, http)
+    return SharedBackend(backend) if settings.shared_workers else backend
+
+
+def _pool_manager(
+    settings: Settings, http: aiohttp.ClientSession, resolver: Resolver, store: ArtifactStore,
+    metrics: RequestMetrics,
+) -> PoolManager:  # fmt: skip
+    """The pool manager on the deployment's backend (background twins with ``local`` only,
+    and not in a shared fleet: a twin is made on demand, by one gateway)."""
+    scheduler = SchedulerConfig(policy=PolicyConfig(express=settings.scheduler_express))
+    pools = PoolManager(
+        _pool_backend(settings, http), resolver, store, scheduler, scaling=settings.autoscale(),
+        observe_wait=metrics.observe_wait,
+        twins=settings.batch_twin and settings.pool_backend == "local"
+        and not settings.shared_workers,
+    )  # fmt: skip
+    if isinstance(pools.backend, SharedBackend):  # it publishes what this gateway wants
+        pools.backend.own = pools.desired
+    return pools
+
+
+def _fleet(settings: Settings, db: Database, backend: PoolBackend) -> Fleet | None:
+    """This gateway's part in a shared fleet: leadership on a connection of its own."""
+    if not isinstance(backend, SharedBackend):
+        return None
+    lock_db = writer_engine(db.engine, db.set_role, settings.db_connect_timeout_s)
+    fleet = Fleet(db.sessions, LeaderElector(lock_db, "gateway"), backend, lock_db)
+    fleet.elector.gateway = str(fleet.id)
+    return fleet
 
 
 def _worker_http(settings: Settings) -> aiohttp.ClientSession:
@@ -144,13 +180,8 @@ def _build(
     """Every service, wired to the database, the workers' session and the ledger's engine."""
     store = settings.store()
     resolver = Resolver(db.sessions)
-    scheduler = SchedulerConfig(policy=PolicyConfig(express=settings.scheduler_express))
     metrics = RequestMetrics(settings.metrics_tenant_labels)
-    pools = PoolManager(
-        _pool_backend(settings, http), resolver, store, scheduler, scaling=settings.autoscale(),
-        observe_wait=metrics.observe_wait,
-        twins=settings.batch_twin and settings.pool_backend == "local",
-    )  # fmt: skip
+    pools = _pool_manager(settings, http, resolver, store, metrics)
     quotas = QuotaEnforcer(
         db.sessions, ttl=settings.key_cache_ttl_s, lease_ttl_s=settings.lease_ttl_s,
         timeout_s=settings.request_timeout_s,
@@ -196,6 +227,7 @@ def _build(
         shadows=Mirror(resolver, pools, workers, settings.request_timeout_s),
         batches=batches,
         webhooks=WebhookSender(db.sessions, settings),
+        fleet=_fleet(settings, db, pools.backend),
     )
 
 
@@ -216,6 +248,8 @@ async def _start(kiln: Kiln) -> None:
     await kiln.ledger.start()
     await kiln.quotas.start()
     await kiln.budgets.start()
+    if kiln.fleet is not None:  # leadership known before the pools are made
+        await kiln.fleet.start()
     await kiln.pools.start()
     REGISTRY.register(kiln.engine_metrics)
     kiln.compiler.start()
@@ -238,6 +272,8 @@ async def _stop(kiln: Kiln, ledger_db: AsyncEngine) -> None:
     await kiln.compiler.stop()
     REGISTRY.unregister(kiln.engine_metrics)
     await kiln.engine_metrics.close()
+    if kiln.fleet is not None:  # hand leadership over now: another gateway takes the pools
+        await kiln.fleet.stop()
     await kiln.pools.stop()
     await kiln.ledger.stop()
     await ledger_db.dispose()

@@ -96,6 +96,10 @@ class Settings(BaseSettings):
     """A pool without requests this long falls to ``pool_min_replicas``."""
     warm_standby: bool = True
     """Keep one preloaded standby worker process, so starts skip imports (``pools.local``)."""
+    shared_workers: bool = False
+    """Gateways on one PostgreSQL share one set of workers: one of them (the leader, elected
+    through an advisory lock) runs and sizes the pools; the others dispatch to its workers,
+    found in PostgreSQL (docs/architecture.md, "Many gateways")."""
     pool_backend: Literal["local", "kubernetes"] = "local"
     """What runs workers: ``local`` subprocesses, or ``kubernetes``, one Deployment per pool
     (docs/architecture.md, "Kubernetes backend")."""

@@ -37,6 +37,14 @@ class Overloaded(WorkerError):
     status = 429
 
 
+class Busy(WorkerError):
+    """Every slot is taken (``--slots``): another worker, or this one a moment later, takes it."""
+
+    code = "busy"
+    status = 429
+    default_retry_after_s = 0.05
+
+
 class NotReady(WorkerError):
     """The model is still loading or warming up; another worker may take the request."""
 

@@ -55,15 +55,7 @@ class WorkerMetrics:
             "Backend time thrown away by preempted batches.",
             registry=registry,
         )
-        self.in_flight = Gauge(
-            "kiln_worker_in_flight", "Requests being handled.", registry=registry
-        )
-        self.queued = Gauge(
-            "kiln_worker_queued", "Queued embedding inputs or waiting sequences.", registry=registry
-        )
-        self.ready = Gauge(
-            "kiln_worker_ready", "1 while the worker accepts work.", registry=registry
-        )
+        self._gauges(registry)
         self.engine_cache = Counter(
             "kiln_worker_engine_cache",
             "Compiled-engine lookups at load: hit, miss (compiled now) or uncached.",
@@ -74,6 +66,30 @@ class WorkerMetrics:
             "kiln_worker_load_seconds",
             "Seconds from load start to ready (engine, session, warmup).",
             registry=registry,
+        )
+
+    def _gauges(self, registry: CollectorRegistry) -> None:
+        """The gauges the worker sets (or reads at scrape time): work in hand, its limit."""
+        self.in_flight = Gauge(
+            "kiln_worker_in_flight", "Requests being handled.", registry=registry
+        )
+        self.slots = Gauge(
+            "kiln_worker_slots",
+            "Requests the worker admits at once (--slots; 0: no limit); kiln_worker_in_flight "
+            "is the slots in use.",
+            registry=registry,
+        )
+        self.peak_in_flight = Gauge(
+            "kiln_worker_in_flight_peak",
+            "The most requests in flight at once since the worker started (never above "
+            "kiln_worker_slots when that is set).",
+            registry=registry,
+        )
+        self.queued = Gauge(
+            "kiln_worker_queued", "Queued embedding inputs or waiting sequences.", registry=registry
+        )
+        self.ready = Gauge(
+            "kiln_worker_ready", "1 while the worker accepts work.", registry=registry
         )
 
     def observe_batch(self, outcome: Outcome) -> None:

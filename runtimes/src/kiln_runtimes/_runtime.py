@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Literal
 import structlog
 
 from kiln_runtimes import _tensor, backends, cpus
-from kiln_runtimes._errors import Draining, NotReady
+from kiln_runtimes._errors import Busy, Draining, NotReady
 from kiln_runtimes._metrics import WorkerMetrics
 from kiln_runtimes.backends import create_backend
 from kiln_runtimes.backends.base import StreamBackend
@@ -34,6 +34,7 @@ class Worker:
         self.metrics = WorkerMetrics()
         self.phase: Phase = "loading"
         self.in_flight = 0
+        self.peak_in_flight = 0
         self.load_s = self.warmup_s = 0.0
         """How long the model's load (a tensor model's compile included) and warm-up took."""
         self._idle = asyncio.Event()
@@ -46,6 +47,8 @@ class Worker:
         self.metrics.in_flight.set_function(lambda: self.in_flight)
         self.metrics.queued.set_function(self.queued)
         self.metrics.ready.set_function(lambda: self.phase == "ready")
+        self.metrics.slots.set(settings.slots)
+        self.metrics.peak_in_flight.set_function(lambda: self.peak_in_flight)
 
     @property
     def batcher(self) -> Batcher:
@@ -112,7 +115,10 @@ class Worker:
             raise Draining("worker is draining")
         if self.phase == "loading":
             raise NotReady("model is loading")
+        if self.settings.slots and self.in_flight >= self.settings.slots:
+            raise Busy(f"all {self.settings.slots} slots are taken")
         self.in_flight += 1
+        self.peak_in_flight = max(self.peak_in_flight, self.in_flight)
         self._idle.clear()
         try:
             yield

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import signal
 from collections.abc import Coroutine
 from typing import TYPE_CHECKING, Any
@@ -66,7 +67,10 @@ async def serve(settings: WorkerSettings) -> int:
         for runner in runners:
             await runner.cleanup()
         return 1
+    orphaned = _watch_parent(worker, stop) if settings.exit_with_parent else None
     await stop.wait()
+    if orphaned is not None:
+        orphaned.cancel()
     log.info("draining", in_flight=worker.in_flight, queued=worker.queued())
     await worker.drain()
     for runner in runners:
@@ -74,6 +78,22 @@ async def serve(settings: WorkerSettings) -> int:
     await worker.close()
     log.info("stopped")
     return 0
+
+
+def _watch_parent(worker: Worker, stop: asyncio.Event) -> asyncio.Task[None]:
+    """Stop (drain, exit) once the process that started this one is gone (re-parented)."""
+    parent = os.getppid()
+
+    async def watch() -> None:
+        while True:
+            await asyncio.sleep(0.5)
+            if os.getppid() != parent:
+                break
+        log.warning("parent process gone; stopping", parent=parent)
+        worker.begin_drain()
+        stop.set()
+
+    return asyncio.create_task(watch(), name="parent-watch")
 
 
 def _on_signal(worker: Worker, stop: asyncio.Event, signum: int) -> None:

@@ -41,6 +41,11 @@ class WorkerSettings:
     idle: bool = False
     """Run at idle CPU priority (``cpus.run_idle``): a background worker's (batch lines, shadow
     copies)."""
+    slots: int = 0
+    """Requests admitted at once; one more is refused ``busy`` (retryable). 0: no limit (one
+    gateway, whose scheduler keeps within the worker's credits)."""
+    exit_with_parent: bool = False
+    """Drain and exit when the process that started it dies (a gateway's local worker)."""
     metrics_port: int = 0
     """A second port serving ``GET /metrics`` alone, without the secret (0: none)."""
     secret: str = field(default="", repr=False)

@@ -31,7 +31,13 @@ WORKER_SECRET_ENV = "KILN_WORKER_SECRET"  # noqa: S105 (a variable's name)
 
 Task = Literal["embeddings", "generate", "tensor"]
 ErrorCode = Literal[
-    "bad_request", "overloaded", "deadline_exceeded", "draining", "internal", "unauthorized"
+    "bad_request",
+    "overloaded",
+    "deadline_exceeded",
+    "draining",
+    "internal",
+    "unauthorized",
+    "busy",
 ]
 FinishReason = Literal["stop", "length", "cancelled", "error"]
 # Open Inference Protocol datatypes -> little-endian numpy dtype strings (BYTES is not served).

@@ -44,6 +44,10 @@ _ARGUMENTS: tuple[tuple[tuple[str, ...], dict[str, Any]], ...] = (
                          "requests wait for the running batch instead of stopping it"}),
     (("--max-queue",), {"type": int, "default": 1024, "help": "queued inputs (or waiting "
                         "sequences) beyond which requests get 429"}),
+    (("--slots",), {"type": int, "default": 0, "help": "requests admitted at once; more are "
+                    "refused `busy` (retryable: the gateway leases them elsewhere); 0: no limit"}),
+    (("--exit-with-parent",), {"action": "store_true", "help": "drain and exit when the "
+                               "process that started this one dies"}),
     # the engine
     (("--threads",), {"type": int, "help": "engine intra-op threads (default: one per --cpus "
                       "core, else one per core)"}),
@@ -98,6 +102,8 @@ def parse_args(argv: Sequence[str] | None = None) -> WorkerSettings:
         adapter_slots=max(0, args.adapter_slots),
         adapter_rank=args.adapter_rank,
         idle=args.idle,
+        slots=max(0, args.slots),
+        exit_with_parent=args.exit_with_parent,
     )
 
 

@@ -45,6 +45,7 @@ _ERRORS: dict[str, type[KilnError]] = {
     "overloaded": Overloaded,
     "deadline_exceeded": DeadlineExceeded,
     "draining": ServiceUnavailable,
+    "busy": Overloaded,
     "internal": KilnError,
     "unauthorized": KilnError,  # the worker does not know this gateway's secret: a 500
 }
@@ -54,6 +55,8 @@ _infer_result = msgspec.msgpack.Decoder(InferResult)
 _chunk = msgspec.msgpack.Decoder(GenerateChunk)
 _error_decoder = msgspec.msgpack.Decoder(ErrorReply)
 log = structlog.get_logger(__name__)
+BUSY_BACKOFF_S = 0.02
+"""A ``busy`` refusal's request waits this long before it is queued for a credit again."""
 
 
 class WorkerClient:
@@ -132,26 +135,38 @@ class WorkerClient:
         the lease and the request), is not listening any more, or dies holding it before its
         answer began (SIGKILL, the OOM killer) charges nothing, and the request is leased
         again, once, to another worker. Nothing of it reached the client, so nothing is sent
-        or billed twice; once the answer began, the worker's death is a 503.
+        or billed twice; once the answer began, the worker's death is a 503. A worker whose
+        every slot is taken (``busy``: gateways share it) charges nothing either; the request
+        goes back to the fair queue for its next credit, after ``BUSY_BACKOFF_S``, within its
+        deadline.
         """
         pool = self._pools.route(pool, terms.priority)  # batch work: the background twin
         runner = self._pools.runner(pool)
         post = self._traced_post if tracing.enabled() else self._post
-        for last in (False, True):
+        relet = False
+        """Leased again once already after a draining or vanished worker."""
+        while True:
             async with runner.slot(_queued(runner, message.request_id, terms, cost)) as lease:
                 worker = self._pools.worker(pool, lease.worker)
+                refused: str | None = "gone"
                 try:
                     async with post(
-                        worker, pool, path, _leased(message, lease), limit, connect_retry=not last
+                        worker, pool, path, _leased(message, lease), limit, connect_retry=not relet
                     ) as resp:
-                        if last or not await _draining(resp):
+                        refused = await _refused(resp, relet)
+                        if refused is None:
                             yield Sent(lease, resp)
                             return
-                    self._pools.mark_unreachable(worker)  # out of rotation while it drains
+                    if refused == "draining":  # out of rotation while it drains
+                        self._pools.mark_unreachable(worker)
                 except _Unreached:
                     pass
                 lease.actual_cost = 0.0
-                log.info("worker gave no answer; leasing the request again", worker=worker.url)
+                relet = relet or refused != "busy"
+                log.info("worker did not take the request; leasing it again",
+                         worker=worker.url, reason=refused)  # fmt: skip
+            if refused == "busy":
+                await asyncio.sleep(BUSY_BACKOFF_S)
 
     @contextlib.asynccontextmanager
     async def _traced_post(
@@ -218,11 +233,14 @@ class _Unreached(Exception):
     """The worker was not listening, or died before it answered: nothing was delivered."""
 
 
-async def _draining(resp: aiohttp.ClientResponse) -> bool:
-    """The worker refused the request unrun because it is draining (its body stays readable)."""
-    if resp.status != 503:
-        return False
-    return _error_decoder.decode(await resp.read()).code == "draining"
+async def _refused(resp: aiohttp.ClientResponse, relet: bool) -> str | None:
+    """Why the worker turned the request away unrun, if for a reason another lease may not
+    meet: every slot taken (``busy``: other gateways share it), or draining (unless the request
+    was leased again once already); its body stays readable."""
+    if resp.status not in (429, 503):
+        return None
+    code = _error_decoder.decode(await resp.read()).code
+    return code if code == "busy" or (code == "draining" and not relet) else None
 
 
 async def _frames(resp: aiohttp.ClientResponse, model: str) -> AsyncIterator[GenerateChunk]:

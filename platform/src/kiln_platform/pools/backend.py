@@ -18,6 +18,7 @@ import aiohttp
 import msgspec
 
 from kiln_platform.registry.engine import EngineSettings
+from kiln_platform.scheduler.runner import EXPRESS_CREDITS
 from kiln_platform.subprocess_env import child_environment
 from kiln_runtimes.protocol import WORKER_SECRET_ENV, WorkerInfo
 from kiln_runtimes.store import CACHE_MAX_ENV, STORE_ENV
@@ -177,6 +178,9 @@ def worker_arguments(
         cmd += ["--prefetch"]
     if s.worker_cpus:
         cmd += ["--cpus", s.worker_cpus]
+    if s.shared_workers:  # gateways share it: it enforces its own limit (``busy``)
+        slots = s.worker_slots or e.max_batch_size or s.worker_max_batch_size
+        cmd += ["--slots", str(slots + EXPRESS_CREDITS)]
     if not s.worker_preempt:
         cmd += ["--no-preempt"]
     slots = s.worker_adapter_slots if e.adapter_slots is None else e.adapter_slots

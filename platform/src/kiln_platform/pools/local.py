@@ -146,9 +146,7 @@ class LocalPoolBackend:
             while not self._stopping:
                 worker.port = _free_port()
                 worker.started_at = time.monotonic()
-                worker.process, warm = await self._spawn(
-                    backend.worker_arguments(worker.spec, self._settings, worker.port)
-                )
+                worker.process, warm = await self._spawn(self._arguments(worker))
                 log.info(
                     "worker started", model=worker.spec.model, pid=worker.process.pid, standby=warm
                 )
@@ -167,6 +165,12 @@ class LocalPoolBackend:
         finally:
             self._set_ready(worker, False)
             await self._terminate(worker)
+
+    def _arguments(self, worker: PoolWorker) -> list[str]:
+        """The worker's command line; shared with other gateways, it exits with this one
+        (whose successor as leader starts its own)."""
+        argv = backend.worker_arguments(worker.spec, self._settings, worker.port)
+        return [*argv, "--exit-with-parent"] if self._settings.shared_workers else argv
 
     async def _spawn(self, argv: list[str]) -> tuple[asyncio.subprocess.Process, bool]:
         """Hand ``argv`` to the standby if there is one alive, else start a new process."""

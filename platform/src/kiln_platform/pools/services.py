@@ -270,9 +270,10 @@ class PoolManager:
 
     def _resize(self, pool: str, replicas: int) -> None:
         before = len(self.backend.pools.get(pool, []))
-        self.desired[pool] = replicas
+        decided, self.desired[pool] = self.desired.get(pool), replicas
         if replicas != before:
-            log.info("pool scaled", pool=pool, replicas=replicas, was=before)
+            if replicas != decided:  # a shared fleet's leader may size it apart from this
+                log.info("pool scaled", pool=pool, replicas=replicas, was=before)
             self.backend.scale(pool, replicas)
             if pool in self.runners:  # admission's rate follows the planned size
                 self.runners[pool].poke()

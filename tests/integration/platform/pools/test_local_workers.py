@@ -19,8 +19,7 @@ from pydantic import SecretStr
 from kiln_platform.pools.backend import PoolSpec, PoolWorker, worker_headers
 from kiln_platform.pools.local import LocalPoolBackend
 from kiln_platform.settings import Settings
-from kiln_runtimes.protocol import MANIFEST_NAME, ErrorReply, ModelManifest, WorkerInfo
-from kiln_runtimes.store import ArtifactStore
+from kiln_runtimes.protocol import ErrorReply, WorkerInfo
 
 SERVER_SECRET = "server-secret-never-in-a-worker"
 DATABASE_URL = "postgresql://kiln:db-password-never-in-a-worker@db:5432/kiln"
@@ -42,16 +41,6 @@ def environ(pid: int) -> dict[str, str]:
 def cmdline(pid: int) -> bytes:
     """A running process's command line (what ``ps`` shows)."""
     return Path(f"/proc/{pid}/cmdline").read_bytes()
-
-
-@pytest.fixture
-def model_dir(tensor_models: dict[str, Path], mlp_manifest: ModelManifest, tmp_path: Path) -> Path:
-    folder = tmp_path / "mlp"
-    folder.mkdir()
-    (folder / "model.onnx").write_bytes(tensor_models["mlp"].read_bytes())
-    (folder / MANIFEST_NAME).write_bytes(msgspec.json.encode(mlp_manifest))
-    store = ArtifactStore(tmp_path / "store")
-    return store.path(store.put_dir(folder))
 
 
 @pytest.fixture
