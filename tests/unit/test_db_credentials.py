@@ -36,7 +36,7 @@ def test_a_password_file_is_read_on_every_call(tmp_path: Path) -> None:
         source()
 
 
-def test_iam_tokens_are_reused_until_the_margin_before_expiry() -> None:
+async def test_iam_tokens_are_reused_until_the_margin_before_expiry() -> None:
     now = [0.0]
     signed: list[tuple[str, int, str]] = []
 
@@ -45,11 +45,11 @@ def test_iam_tokens_are_reused_until_the_margin_before_expiry() -> None:
         return f"token-{len(signed)}"
 
     tokens = IamTokens(generate, "db", 5432, "kiln_app", clock=lambda: now[0])
-    assert [tokens(), tokens()] == ["token-1", "token-1"]
+    assert [await tokens(), await tokens()] == ["token-1", "token-1"]
     now[0] = IAM_TOKEN_REUSE_S - 1
-    assert tokens() == "token-1"
+    assert await tokens() == "token-1"
     now[0] = IAM_TOKEN_REUSE_S
-    assert tokens() == "token-2"
+    assert await tokens() == "token-2"
     assert signed == [("db", 5432, "kiln_app")] * 2
     assert IAM_TOKEN_TTL_S - IAM_TOKEN_REUSE_S >= 60  # never handed out in its last minute
 
@@ -61,12 +61,12 @@ def test_iam_source_takes_endpoint_and_user_from_the_url() -> None:
         iam_source("postgresql+asyncpg:///kiln", lambda *_: "t")
 
 
-def test_boto3_signs_a_token_for_the_url_offline(monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_boto3_signs_a_token_for_the_url_offline(monkeypatch: pytest.MonkeyPatch) -> None:
     """The real signer: local, no request to AWS (static keys stand in for the pod's role)."""
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", "AKIDEXAMPLE")
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "secret")
     monkeypatch.setenv("AWS_DEFAULT_REGION", "eu-west-1")
-    token = iam_source(APP_URL, rds_token_generator())()
+    token = await iam_source(APP_URL, rds_token_generator())()
     parts = urlsplit(f"https://{token}")
     query = parse_qs(parts.query)
     assert parts.netloc == "db.example.internal:6543"
@@ -84,7 +84,9 @@ def test_settings_choose_the_sources(tmp_path: Path) -> None:
         database_owner_url=APP_URL, database_owner_password_file=owner_file,
     )  # fmt: skip
     app, owner = password_sources(settings, APP_URL, settings.database_owner_url)
-    assert (app and app(), owner and owner()) == ("a", "o")
+    assert isinstance(app, PasswordFile)
+    assert isinstance(owner, PasswordFile)
+    assert (app(), owner()) == ("a", "o")
     alone = Settings(data_dir=tmp_path, database_url=APP_URL, database_password_file=app_file)
     app, owner = password_sources(alone, APP_URL, None)
     assert app is owner  # no owner URL: the app's URL migrates too

@@ -14,8 +14,9 @@ import pytest
 from sqlalchemy import text
 from sqlalchemy.engine import make_url
 
+from kiln_platform.db.credentials import IAM_TOKEN_REUSE_S, IamTokens
 from kiln_platform.db.database import open_database
-from kiln_platform.db.engine import APP_ROLE, writer_engine
+from kiln_platform.db.engine import APP_ROLE, asyncpg_url, create_engine, writer_engine
 from kiln_platform.settings import Settings
 
 if TYPE_CHECKING:
@@ -89,3 +90,32 @@ async def test_a_rotated_password_file_is_used_by_new_connections(
             assert await _whoami(ledger) == ROLE
         finally:
             await ledger.dispose()
+
+
+@pytest.mark.usefixtures("rotating_role")
+async def test_iam_tokens_reach_asyncpg_as_the_connections_password(database_uri: str) -> None:
+    """The IAM path's plumbing, with a signer that hands out the role's password as the token:
+    asyncpg awaits the source (signed in a thread) at each connect, reused until it expires."""
+    await _set_password(database_uri, "token-1")
+    signed: list[str] = []
+
+    def sign(host: str, port: int, user: str) -> str:
+        signed.append(user)
+        return f"token-{len(signed)}"
+
+    now = [0.0]
+    tokens = IamTokens(sign, "db.example.internal", 5432, ROLE, clock=lambda: now[0])
+    url = make_url(database_uri).set(username=ROLE).render_as_string(hide_password=False)
+    engine = create_engine(asyncpg_url(url), pool_size=1, password=tokens)
+    try:
+        assert await _whoami(engine) == ROLE
+        await engine.dispose()
+        assert await _whoami(engine) == ROLE  # a new connection, the same token
+        assert signed == [ROLE]
+        await _set_password(database_uri, "token-2")
+        now[0] = IAM_TOKEN_REUSE_S  # the first token is too old to hand out
+        await engine.dispose()
+        assert await _whoami(engine) == ROLE
+        assert signed == [ROLE, ROLE]
+    finally:
+        await engine.dispose()

@@ -13,8 +13,9 @@ a connection starts); the pool replaces them as they are recycled.
 
 from __future__ import annotations
 
+import asyncio
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -25,8 +26,8 @@ if TYPE_CHECKING:
 
     from kiln_platform.settings import Settings
 
-PasswordSource = Callable[[], str]
-"""What asyncpg calls for the password of each new connection."""
+PasswordSource = Callable[[], str | Awaitable[str]]
+"""What asyncpg calls (and awaits, if it is a coroutine) for each new connection's password."""
 TokenGenerator = Callable[[str, int, str], str]
 """``(host, port, user) -> token``: boto3's ``generate_db_auth_token`` bound to a region."""
 
@@ -56,7 +57,10 @@ class PasswordFile:
 
 @dataclass(slots=True)
 class IamTokens:
-    """RDS IAM tokens for one endpoint and user, each reused until ``reuse_s`` after signing."""
+    """RDS IAM tokens for one endpoint and user, each reused until ``reuse_s`` after signing.
+
+    Signed in a thread: boto3 may first refresh the pod's credentials over the network (STS).
+    """
 
     generate: TokenGenerator
     host: str
@@ -67,10 +71,10 @@ class IamTokens:
     _token: str | None = field(default=None, init=False)
     _signed_at: float = field(default=0.0, init=False)
 
-    def __call__(self) -> str:
+    async def __call__(self) -> str:
         now = self.clock()
         if self._token is None or now - self._signed_at >= self.reuse_s:
-            self._token = self.generate(self.host, self.port, self.user)
+            self._token = await asyncio.to_thread(self.generate, self.host, self.port, self.user)
             self._signed_at = now
         return self._token
 
