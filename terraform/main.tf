@@ -82,6 +82,8 @@ module "irsa" {
   service_account   = var.kiln_service_account
   bucket_arn        = module.artifacts.arn
   kms_key_arn       = module.kms_data.arn
+  # the gateway's KILN_DATABASE_URL user (kubernetes/gateway-config.yaml), with IAM tokens
+  database_resource_id = module.database.resource_id
 }
 
 # Kiln's own logs (gateway and workers), shipped by a node log agent such as Fluent Bit.

@@ -6,21 +6,25 @@ from __future__ import annotations
 
 import copy
 import re
-from pathlib import Path
+import tomllib
+from pathlib import Path, PurePosixPath
 from types import SimpleNamespace
 from typing import Any
+from urllib.parse import urlsplit
 
 import kubernetes_validate
 import pytest
 from pydantic import SecretStr
 
 from kiln_console.compose import create_app
+from kiln_platform.db.engine import APP_ROLE
 from kiln_platform.settings import Settings
 from kiln_runtimes import _app as worker_app
 from kiln_runtimes.protocol import WORKER_SECRET_ENV
 from kiln_runtimes.worker import parse_args
 
-TERRAFORM = Path(__file__).resolve().parents[2] / "terraform"
+REPO = Path(__file__).resolve().parents[2]
+TERRAFORM = REPO / "terraform"
 # A CRD: kubernetes-validate has no schema for it; test_pool_scaling.py checks its structure.
 NO_SCHEMA = {("keda.sh/v1alpha1", "ScaledObject")}
 
@@ -158,3 +162,55 @@ def test_service_account_is_the_irsa_subject(resources: dict[Any, Any]) -> None:
     for name in ("kiln-gateway", "kiln-pool-resnet50-1"):
         pod = resources["Deployment", name]["spec"]["template"]["spec"]
         assert pod["serviceAccountName"] == account["metadata"]["name"]
+
+
+def _image(reference: str) -> tuple[str, str]:
+    """``registry/kiln/<name>:<tag>`` -> (name, tag)."""
+    path, _, tag = reference.rpartition(":")
+    return path.rsplit("/", 1)[-1], tag
+
+
+def test_pools_run_on_the_kubernetes_backend_and_the_s3_store_from_kilns_images(
+    resources: dict[Any, Any],
+) -> None:
+    config = resources["ConfigMap", "kiln-gateway"]["data"]
+    assert config["KILN_POOL_BACKEND"] == "kubernetes"
+    assert config["KILN_ARTIFACT_STORE"].startswith("s3://")
+    gateway = resources["Deployment", "kiln-gateway"]["spec"]["template"]["spec"]
+    assert gateway["automountServiceAccountToken"] is True  # the pool manager calls the API
+    role = resources["RoleBinding", "kiln-pool-manager"]["subjects"]
+    assert {s["name"] for s in role} == {gateway["serviceAccountName"]}
+    version = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["version"]
+    images = [
+        ("platform", _container(resources, "kiln-gateway")["image"]),
+        ("runtime-gpu", config["KILN_WORKER_IMAGE"]),
+        ("runtime-gpu", _container(resources, "kiln-pool-resnet50-1")["image"]),  # KEDA's
+    ]
+    for dockerfile, reference in images:
+        name, tag = _image(reference)
+        assert name == dockerfile, reference
+        assert (REPO / "docker" / f"{name}.Dockerfile").is_file(), reference
+        assert tag == version, reference
+
+
+def test_database_roles_are_split_and_the_owner_password_is_a_mounted_secret(
+    resources: dict[Any, Any],
+) -> None:
+    config = resources["ConfigMap", "kiln-gateway"]["data"]
+    app, owner = (urlsplit(config[k]) for k in ("KILN_DATABASE_URL", "KILN_DATABASE_OWNER_URL"))
+    assert app.username == APP_ROLE  # serving: owns nothing, RLS binds it
+    assert owner.username == tf_default("db_username")  # migrations: the RDS master user
+    assert app.password is None
+    assert owner.password is None
+    assert config["KILN_DATABASE_IAM"] == "rds"
+    irsa = (TERRAFORM / "modules" / "irsa" / "variables.tf").read_text()
+    assert re.search(rf'variable "database_user" {{[^}}]*default\s*=\s*"{APP_ROLE}"', irsa)
+    path = PurePosixPath(config["KILN_DATABASE_OWNER_PASSWORD_FILE"])
+    pod = resources["Deployment", "kiln-gateway"]["spec"]["template"]["spec"]
+    mounts = pod["containers"][0]["volumeMounts"]
+    [mount] = [m for m in mounts if m["mountPath"] == str(path.parent)]
+    assert mount["readOnly"] is True
+    [volume] = [v for v in pod["volumes"] if v["name"] == mount["name"]]
+    assert "subPath" not in mount  # a subPath mount would never see the rotated file
+    assert [i["path"] for i in volume["secret"]["items"]] == [path.name]
+    assert volume["secret"]["defaultMode"] & 0o007 == 0  # not world-readable

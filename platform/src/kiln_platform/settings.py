@@ -42,6 +42,13 @@ class Settings(BaseSettings):
     database_owner_url: str | None = None
     """The tables' owner, used only to apply migrations; with it, ``database_url`` should log in
     as ``kiln_app`` (or a member of it) so the app cannot lift row-level security."""
+    database_password_file: Path | None = None
+    """The password of ``database_url``'s user, re-read on every new connection (a mounted
+    Secret rotates without a restart: ``db.credentials``); overrides one in the URL."""
+    database_owner_password_file: Path | None = None
+    """The same for ``database_owner_url``'s user (migrations)."""
+    database_iam: Literal["rds"] | None = None
+    """``rds``: ``database_url``'s user logs in with RDS IAM tokens (boto3, the ``aws`` extra)."""
     host: str = "127.0.0.1"
     port: int = 8000
     log_level: Literal["debug", "info", "warning", "error"] = "info"
@@ -269,6 +276,19 @@ class Settings(BaseSettings):
         if value is not None:
             cpus.parse(value)  # its ValueError names the bad part
         return value
+
+    @model_validator(mode="after")
+    def _credentials(self) -> Settings:
+        if self.database_iam and self.database_password_file:
+            raise ValueError("set KILN_DATABASE_IAM or KILN_DATABASE_PASSWORD_FILE, not both")
+        external = (self.database_iam, self.database_password_file)
+        if any(external) and self.database_url is None:
+            raise ValueError(
+                "KILN_DATABASE_IAM and KILN_DATABASE_PASSWORD_FILE need a database URL"
+            )
+        if self.database_owner_password_file and self.database_owner_url is None:
+            raise ValueError("KILN_DATABASE_OWNER_PASSWORD_FILE needs KILN_DATABASE_OWNER_URL")
+        return self
 
     @model_validator(mode="after")
     def _kubernetes(self) -> Settings:

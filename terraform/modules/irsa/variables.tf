@@ -32,3 +32,14 @@ variable "kms_key_arn" {
   type        = string
   description = "KMS key that encrypts the bucket."
 }
+
+variable "database_resource_id" {
+  type        = string
+  description = "DbiResourceId of the PostgreSQL instance the role may log in to with IAM tokens."
+}
+
+variable "database_user" {
+  type        = string
+  description = "The only database user the role's IAM tokens may log in as (Kiln's app role)."
+  default     = "kiln_app"
+}

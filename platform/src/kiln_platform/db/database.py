@@ -14,6 +14,7 @@ if TYPE_CHECKING:
 
     from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 
+    from kiln_platform.db.credentials import PasswordSource
     from kiln_platform.settings import Settings
 
 
@@ -26,6 +27,8 @@ class Database:
     """Sessions that declare platform scope (``db.engine.PlatformSession``)."""
     set_role: str | None = None
     """The role each connection switches to (no owner URL configured), for more engines."""
+    password: PasswordSource | None = None
+    """The app's password source (``db.credentials``), for more engines."""
 
 
 @asynccontextmanager
@@ -35,17 +38,23 @@ async def open_database(settings: Settings, *, upgrade: bool = True) -> AsyncIte
     with database_urls(settings) as urls:
         if upgrade:
             owner = create_engine(
-                urls.owner, pool_size=1, connect_timeout_s=settings.db_connect_timeout_s
+                urls.owner,
+                pool_size=1,
+                connect_timeout_s=settings.db_connect_timeout_s,
+                password=urls.owner_credentials,
             )
             try:
                 await migrate.upgrade(owner, settings.hmac_key(), app_password=urls.app_password)
             finally:
                 await owner.dispose()
         engine = create_engine(
-            urls.app, role=urls.set_role, connect_timeout_s=settings.db_connect_timeout_s
+            urls.app,
+            role=urls.set_role,
+            connect_timeout_s=settings.db_connect_timeout_s,
+            password=urls.app_credentials,
         )
         try:
             await migrate.check_app_role(engine)
-            yield Database(engine, sessionmaker(engine), urls.set_role)
+            yield Database(engine, sessionmaker(engine), urls.set_role, urls.app_credentials)
         finally:
             await engine.dispose()

@@ -20,6 +20,7 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncEngine, async_sessionmaker, create_async_engine
 from sqlalchemy.orm import Session
 
+from kiln_platform.db.credentials import PasswordSource, password_sources
 from kiln_platform.sealing import derive
 from kiln_platform.settings import CONNECT_TIMEOUT_S, Settings
 
@@ -90,6 +91,10 @@ class Urls:
     """Role each app connection switches to at connect (no owner URL: the weaker fallback)."""
     app_password: str | None = None
     """Password migrations give ``kiln_app`` (the embedded server, whose app URL logs in as it)."""
+    app_credentials: PasswordSource | None = None
+    """Asked for the app's password at each new connection (``db.credentials``)."""
+    owner_credentials: PasswordSource | None = None
+    """Asked for the owner's password at each new connection."""
 
 
 def app_password(secret: bytes) -> str:
@@ -102,10 +107,15 @@ def database_urls(settings: Settings) -> Iterator[Urls]:
     """The configured database's URLs, or the embedded server's while it is held."""
     if settings.database_url:
         app = asyncpg_url(settings.database_url)
-        if settings.database_owner_url:
-            yield Urls(owner=asyncpg_url(settings.database_owner_url), app=app)
-        else:
-            yield Urls(owner=app, app=app, set_role=APP_ROLE)
+        owner = settings.database_owner_url
+        app_source, owner_source = password_sources(settings, app, owner)
+        yield Urls(
+            owner=asyncpg_url(owner) if owner else app,
+            app=app,
+            set_role=None if owner else APP_ROLE,
+            app_credentials=app_source,
+            owner_credentials=owner_source,
+        )
         return
     with embedded_server(settings.pg_dir) as uri:
         owner = asyncpg_url(uri)
@@ -121,24 +131,33 @@ def create_engine(
     pre_ping: bool = True,
     role: str | None = None,
     connect_timeout_s: float = CONNECT_TIMEOUT_S,
+    password: PasswordSource | None = None,
 ) -> AsyncEngine:
     """An asyncpg-backed engine; UTC sessions; each connection as ``role`` if given (sent in
     the start-up packet, so no round trip); a connection attempt gives up after
-    ``connect_timeout_s`` (``TimeoutError``, which ``db.outage.unreachable`` recognizes)."""
+    ``connect_timeout_s`` (``TimeoutError``, which ``db.outage.unreachable`` recognizes);
+    ``password`` (if given) is called for each new connection's password, over the URL's."""
     server_settings = {"timezone": "UTC", "application_name": "kiln"}
     if role is not None:
         server_settings["role"] = role
+    connect_args: dict[str, Any] = {"server_settings": server_settings}
+    connect_args["timeout"] = connect_timeout_s
+    if password is not None:
+        connect_args["password"] = password  # asyncpg calls it at every connect
     return create_async_engine(
         url,
         pool_size=pool_size,
         max_overflow=pool_size,
         pool_pre_ping=pre_ping,
-        connect_args={"server_settings": server_settings, "timeout": connect_timeout_s},
+        connect_args=connect_args,
     )
 
 
 def writer_engine(
-    engine: AsyncEngine, role: str | None = None, connect_timeout_s: float = CONNECT_TIMEOUT_S
+    engine: AsyncEngine,
+    role: str | None = None,
+    connect_timeout_s: float = CONNECT_TIMEOUT_S,
+    password: PasswordSource | None = None,
 ) -> AsyncEngine:
     """One connection to ``engine``'s database for a single busy writer (the usage ledger).
 
@@ -146,7 +165,9 @@ def writer_engine(
     replaced then; the ping would cost a round trip per batch.
     """
     url = engine.url.render_as_string(hide_password=False)
-    return create_engine(url, 1, pre_ping=False, role=role, connect_timeout_s=connect_timeout_s)
+    return create_engine(
+        url, 1, pre_ping=False, role=role, connect_timeout_s=connect_timeout_s, password=password
+    )
 
 
 class PlatformSession(Session):
