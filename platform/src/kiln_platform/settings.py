@@ -49,6 +49,9 @@ class Settings(BaseSettings):
     secret_key: SecretStr | None = None
     worker_max_batch_size: int = 32
     worker_max_wait_ms: float = 5.0
+    worker_adaptive_wait: bool = True
+    """A worker's partial batch waits for company only when its arrival rate says some comes in
+    time and pays (``kiln_runtimes._arrivals``); off: it always waits ``worker_max_wait_ms``."""
     worker_max_queue: int = 2048
     """Items a batching worker queues (embedding inputs, tensor rows): also the most one request
     may carry, and what the scheduler keeps in flight per worker at most (docs/scheduler.md)."""
@@ -62,6 +65,9 @@ class Settings(BaseSettings):
     """Workers close a full batch while every runner is busy, one per runner: throughput on
     dedicated cores (its effect on the express lane is not measured apart from noise)."""
     worker_preempt: bool = True
+    worker_express_runner: bool = True
+    """Express batches start at once on a runner beyond ``worker_concurrency`` (not with
+    ``worker_prefetch``), and no normal batch starts while one runs (docs/scheduler.md)."""
     """An express request stops a worker's running batch and runs first (docs/scheduler.md)."""
     worker_slots: int | None = None
     """Requests the scheduler keeps in flight per worker (default: its max batch size)."""
