@@ -252,7 +252,10 @@ async def running(settings: Settings, batches: Background) -> AsyncIterator[Kiln
     """Start every service for serving (``batches``: the batch runner); stop them in reverse
     order."""
     async with open_database(settings) as db, _worker_http(settings) as http:
-        ledger_db = writer_engine(db.engine, db.set_role, settings.db_connect_timeout_s)
+        ledger_db = writer_engine(
+            db.engine, db.set_role, settings.db_connect_timeout_s,
+            synchronous_commit=settings.ledger_synchronous_commit,
+        )  # fmt: skip
         kiln = _build(settings, db, http, ledger_db, batches)
         await _start(kiln)
         try:

@@ -183,6 +183,12 @@ class Settings(BaseSettings):
     metering: bool = True
     """Record usage in the ledger. Off only to measure metering's overhead (``bench/``): with it
     off nothing is billed and budgets are never settled."""
+    ledger_synchronous_commit: bool = True
+    """The ledger's commits wait for their WAL to reach the disk before requests answer. Off:
+    they answer once PostgreSQL has committed the row (visible, and safe from a gateway crash:
+    ``tests/e2e/test_metering_kill.py``), and only a crash of PostgreSQL's host within
+    ``wal_writer_delay`` x 3 (0.6 s by default) could lose rows already answered; on this
+    machine's disk it takes ~10 ms off a lone request (docs/benchmarks.md, issue 22)."""
     max_embedding_inputs: int = 2048
     request_timeout_s: float = Field(default=60.0, gt=0)
     """Gateway -> worker timeout of a non-streamed call (and of each read of a stream)."""

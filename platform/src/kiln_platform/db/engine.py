@@ -121,13 +121,17 @@ def create_engine(
     pre_ping: bool = True,
     role: str | None = None,
     connect_timeout_s: float = CONNECT_TIMEOUT_S,
+    synchronous_commit: bool = True,
 ) -> AsyncEngine:
     """An asyncpg-backed engine; UTC sessions; each connection as ``role`` if given (sent in
     the start-up packet, so no round trip); a connection attempt gives up after
-    ``connect_timeout_s`` (``TimeoutError``, which ``db.outage.unreachable`` recognizes)."""
+    ``connect_timeout_s`` (``TimeoutError``, which ``db.outage.unreachable`` recognizes);
+    ``synchronous_commit=False``: a commit returns before its WAL reaches the disk."""
     server_settings = {"timezone": "UTC", "application_name": "kiln"}
     if role is not None:
         server_settings["role"] = role
+    if not synchronous_commit:
+        server_settings["synchronous_commit"] = "off"
     return create_async_engine(
         url,
         pool_size=pool_size,
@@ -138,15 +142,23 @@ def create_engine(
 
 
 def writer_engine(
-    engine: AsyncEngine, role: str | None = None, connect_timeout_s: float = CONNECT_TIMEOUT_S
+    engine: AsyncEngine,
+    role: str | None = None,
+    connect_timeout_s: float = CONNECT_TIMEOUT_S,
+    *,
+    synchronous_commit: bool = True,
 ) -> AsyncEngine:
     """One connection to ``engine``'s database for a single busy writer (the usage ledger).
 
     No ping before each use: the writer retries a failed batch, and a dead connection is
-    replaced then; the ping would cost a round trip per batch.
+    replaced then; the ping would cost a round trip per batch. ``synchronous_commit=False``
+    (``KILN_LEDGER_SYNCHRONOUS_COMMIT``) sets it in the start-up packet: no round trip either.
     """
     url = engine.url.render_as_string(hide_password=False)
-    return create_engine(url, 1, pre_ping=False, role=role, connect_timeout_s=connect_timeout_s)
+    return create_engine(
+        url, 1, pre_ping=False, role=role, connect_timeout_s=connect_timeout_s,
+        synchronous_commit=synchronous_commit,
+    )  # fmt: skip
 
 
 class PlatformSession(Session):
