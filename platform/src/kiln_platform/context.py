@@ -289,8 +289,9 @@ async def running(settings: Settings, batches: Background) -> AsyncIterator[Kiln
     order."""
     async with open_database(settings) as db, _worker_http(settings) as http:
         ledger_db = writer_engine(
-            db.engine, db.set_role, settings.db_connect_timeout_s, db.password
-        )
+            db.engine, db.set_role, settings.db_connect_timeout_s, db.password,
+            synchronous_commit=settings.ledger_synchronous_commit,
+        )  # fmt: skip
         kiln = _build(settings, db, http, ledger_db, batches)
         await _start(kiln)
         try:

@@ -56,6 +56,9 @@ class Settings(BaseSettings):
     secret_key: SecretStr | None = None
     worker_max_batch_size: int = 32
     worker_max_wait_ms: float = 5.0
+    worker_adaptive_wait: bool = True
+    """A worker's partial batch waits for company only when its arrival rate says some comes in
+    time and pays (``kiln_runtimes._arrivals``); off: it always waits ``worker_max_wait_ms``."""
     worker_max_queue: int = 2048
     """Items a batching worker queues (embedding inputs, tensor rows): also the most one request
     may carry, and what the scheduler keeps in flight per worker at most (docs/scheduler.md)."""
@@ -69,6 +72,9 @@ class Settings(BaseSettings):
     """Workers close a full batch while every runner is busy, one per runner: throughput on
     dedicated cores (its effect on the express lane is not measured apart from noise)."""
     worker_preempt: bool = True
+    worker_express_runner: bool = True
+    """Express batches start at once on a runner beyond ``worker_concurrency`` (not with
+    ``worker_prefetch``), and no normal batch starts while one runs (docs/scheduler.md)."""
     """An express request stops a worker's running batch and runs first (docs/scheduler.md)."""
     worker_slots: int | None = None
     """Requests the scheduler keeps in flight per worker (default: its max batch size)."""
@@ -188,6 +194,12 @@ class Settings(BaseSettings):
     metering: bool = True
     """Record usage in the ledger. Off only to measure metering's overhead (``bench/``): with it
     off nothing is billed and budgets are never settled."""
+    ledger_synchronous_commit: bool = True
+    """The ledger's commits wait for their WAL to reach the disk before requests answer. Off:
+    they answer once PostgreSQL has committed the row (visible, and safe from a gateway crash:
+    ``tests/e2e/test_metering_kill.py``), and only a crash of PostgreSQL's host within
+    ``wal_writer_delay`` x 3 (0.6 s by default) could lose rows already answered; on this
+    machine's disk it takes ~10 ms off a lone request (docs/benchmarks.md, issue 22)."""
     max_embedding_inputs: int = 2048
     request_timeout_s: float = Field(default=60.0, gt=0)
     """Gateway -> worker timeout of a non-streamed call (and of each read of a stream)."""

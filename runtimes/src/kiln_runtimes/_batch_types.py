@@ -11,7 +11,7 @@ import numpy.typing as npt
 if TYPE_CHECKING:
     from kiln_runtimes._errors import WorkerError
 
-CloseReason = Literal["size", "wait", "deadline"]
+CloseReason = Literal["size", "wait", "deadline", "alone"]
 Rows = npt.NDArray[np.float32]
 # What a backend returns for a batch: float32 rows (embeddings), or one entry per item (tensors).
 BatchResult = Rows | list[Any]

@@ -32,6 +32,10 @@ class WorkerSettings:
     """Express requests stop a running normal batch (``batch_queue``)."""
     prefetch: bool = False
     """A full batch may close while every runner is busy (``BatchPolicy.prefetch``)."""
+    adaptive: bool = True
+    express_lane: bool = True
+    """Express batches run on a runner of their own (``BatchPolicy.express_lane``)."""
+    """A partial batch waits only for company that is expected (``BatchPolicy.adaptive``)."""
     cpus: frozenset[int] | None = None
     """Cores for the engine's threads; the event loop keeps off them (``kiln_runtimes.cpus``)."""
     adapter_slots: int = 0
@@ -71,5 +75,12 @@ class WorkerSettings:
         """The batcher's knobs; ``batching=False`` keeps one item per batch."""
         size = self.max_batch_size if batching else 1
         return BatchPolicy(
-            size, self.max_wait, self.max_queue, self.concurrency, self.preempt, self.prefetch
+            size,
+            self.max_wait,
+            self.max_queue,
+            self.concurrency,
+            self.preempt,
+            self.prefetch,
+            self.adaptive,
+            self.express_lane,
         )

@@ -2,16 +2,20 @@
 
 ``BatchQueue`` decides and never sleeps. A batch closes when it holds ``max_batch_size`` items,
 when its oldest item has waited ``max_wait`` seconds, or early when the tightest deadline's slack
-is no more than the predicted execution time of the batch at its current size. Queued items whose
-deadline can no longer be met (``now + t(1) > deadline``) are expired, also while a batch runs.
+is no more than the predicted execution time of the batch at its current size; with ``adaptive``
+it closes at once (``alone``) when the arrival rate says no company comes in time or waiting for
+it would cost more than it saves (``_arrivals``). Queued items whose deadline can no longer be
+met (``now + t(1) > deadline``) are expired, also while a batch runs.
 Express requests (the gateway's express lane) queue ahead of normal ones, behind earlier express
-ones, and a batch never mixes the two. When every runner is busy, an express request *preempts* a
-normal batch that has at least as long left to run as it has run (so the work thrown away is
-never more than the wait saved): the backend stops it at its next operator and its items go back
-to the head of the normal queue, marked so that they are not stopped twice. With ``prefetch`` a
-full normal batch may also close while every runner is busy (one per runner, only if its
-deadlines survive the wait), so a runner never waits for the event loop between batches; express
-arrivals stop those for free. ``batcher.Batcher`` drives a queue.
+ones, and a batch never mixes the two. Express batches have a runner of their own beyond
+``concurrency`` (``express_lane``; not with ``prefetch``): one starts at once beside running
+normal batches, and no normal batch starts while it runs. When every runner is busy, an express
+request also *preempts* a normal batch that has at least as long left to run as it has run (so
+the work thrown away is never more than the wait saved): the backend stops it at its next
+operator and its items go back to the head of the normal queue, marked so that they are not
+stopped twice. With ``prefetch`` a full normal batch may also close while every runner is busy
+(one per runner, only if its deadlines survive the wait), so a runner never waits for the event
+loop between batches; express arrivals stop those for free. ``batcher.Batcher`` drives a queue.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from typing import Any
 
 import numpy as np
 
+from kiln_runtimes._arrivals import ArrivalRate, worth_waiting
 from kiln_runtimes._attribution import shares
 from kiln_runtimes._batch_types import Batch, BatchResult, CloseReason, Item, Outcome, Ticket
 from kiln_runtimes._errors import DeadlineExceeded, Internal, Overloaded, WorkerError
@@ -34,9 +39,10 @@ Clock = Callable[[], float]
 
 @dataclass(frozen=True, slots=True)
 class BatchPolicy:
-    """The knobs: items per batch, seconds the oldest item may wait, items the queue holds,
-    how many batches run at once, whether express requests preempt normal batches, and whether a
-    full batch may be closed ahead of a free runner (``prefetch``, at most one per runner)."""
+    """The knobs: items per batch, seconds the oldest item may wait at most, items the queue
+    holds, how many batches run at once, whether express requests preempt normal batches, whether
+    a full batch may be closed ahead of a free runner (``prefetch``, at most one per runner), and
+    whether a partial batch waits only for company that is expected (``adaptive``)."""
 
     max_batch_size: int = 32
     max_wait: float = 0.005
@@ -44,6 +50,21 @@ class BatchPolicy:
     concurrency: int = 1
     preempt: bool = True
     prefetch: bool = False
+    adaptive: bool = True
+    """Wait for company only when the arrival rate says it comes in time and pays
+    (``_arrivals.worth_waiting``); off: every partial batch waits ``max_wait``."""
+    express_lane: bool = True
+    """One runner beyond ``concurrency`` for express batches (not with ``prefetch``)."""
+
+    @property
+    def express_runner(self) -> bool:
+        """Whether express batches have a runner of their own (``runners`` counts it)."""
+        return self.express_lane and not self.prefetch
+
+    @property
+    def runners(self) -> int:
+        """Threads the driver needs: ``concurrency``, plus the express runner."""
+        return self.concurrency + self.express_runner
 
 
 def close_reason(
@@ -54,14 +75,21 @@ def close_reason(
     size: int,
     oldest_enqueued_at: float,
     tightest_deadline: float | None,
+    next_arrival: float | None = None,
 ) -> CloseReason | None:
-    """Decide whether a candidate batch of ``size >= 1`` items closes now."""
+    """Decide whether a candidate batch of ``size >= 1`` items closes now; ``next_arrival`` is
+    the seconds until the next request is expected (``_arrivals``; ``None``: unknown)."""
     if size >= policy.max_batch_size:
         return "size"
     if tightest_deadline is not None and tightest_deadline - now <= model.predict(size):
         return "deadline"
-    if now - oldest_enqueued_at >= policy.max_wait:
+    waited = now - oldest_enqueued_at
+    if waited >= policy.max_wait:
         return "wait"
+    if policy.adaptive and not worth_waiting(
+        model, size=size, waited=waited, budget=policy.max_wait, gap=next_arrival
+    ):
+        return "alone"
     return None
 
 
@@ -82,6 +110,7 @@ class BatchQueue:
     """Prefetched batches (also in ``running``) that no runner has taken yet, oldest first."""
     _began: dict[int, float] = field(default_factory=dict)
     """When a prefetched batch started (the runner before it finished), by ``id``."""
+    _arrivals: ArrivalRate = field(default_factory=ArrivalRate)
 
     @property
     def queued(self) -> int:
@@ -105,6 +134,7 @@ class BatchQueue:
             drain = batches * self.model.predict(self.policy.max_batch_size)
             raise Overloaded("worker queue is full", retry_after_s=round(drain, 3))
         now = self.clock()
+        self._arrivals.observe(now)
         deadline = None if time_budget is None else now + time_budget
         n = len(inputs)
         ticket = Ticket(request_id, n, now, deadline, [None] * n, n, express=express)
@@ -158,7 +188,7 @@ class BatchQueue:
         if not self._items:
             return None, expired
         candidate = list(self._candidate())
-        ahead = not self._free()
+        ahead = not self._free(candidate[0].ticket.express)
         if ahead:
             reason: CloseReason | None = "size" if self._may_prefetch(candidate, now) else None
         else:
@@ -169,6 +199,7 @@ class BatchQueue:
                 size=len(candidate),
                 oldest_enqueued_at=candidate[0].ticket.enqueued_at,
                 tightest_deadline=_tightest(candidate),
+                next_arrival=self._arrivals.expected_gap(now),
             )
         if reason is None:
             return None, expired
@@ -187,7 +218,7 @@ class BatchQueue:
         """The clock time at which ``poll`` may next decide something without new input."""
         t1 = self.model.predict(1)
         times = [t.deadline - t1 for t in self._waiting if t.deadline is not None]
-        if self._free() and self._items:
+        if self._items and self._free(self._items[0].ticket.express):
             candidate = list(self._candidate())
             times.append(candidate[0].ticket.enqueued_at + self.policy.max_wait)
             tightest = _tightest(candidate)
@@ -265,8 +296,16 @@ class BatchQueue:
         self._items.extendleft(reversed(items))
         self._items.rotate(at)
 
-    def _free(self) -> bool:
-        return len(self.running) - len(self._ahead) < self.policy.concurrency
+    def _free(self, express: bool = False) -> bool:
+        """Whether a batch of the kind may start: a normal one on a normal runner (none while an
+        express batch has the express runner), an express one on the express runner."""
+        if not self.policy.express_runner:
+            return len(self.running) - len(self._ahead) < self.policy.concurrency
+        started = self._started()
+        fast = sum(b.express for b in started)
+        if express:
+            return not fast and len(started) <= self.policy.concurrency
+        return not fast and len(started) < self.policy.concurrency
 
     def _express_queued(self) -> int:
         n = 0

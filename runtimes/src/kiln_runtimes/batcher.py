@@ -59,7 +59,7 @@ class Batcher:
         self._waiters: dict[Ticket, asyncio.Future[None]] = {}
         self._wake = asyncio.Event()
         self._executor = ThreadPoolExecutor(
-            policy.concurrency, "kiln-batch", initializer=pin_thread, initargs=(cpus,)
+            policy.runners, "kiln-batch", initializer=pin_thread, initargs=(cpus,)
         )
         self._tasks: set[asyncio.Task[None]] = set()
 

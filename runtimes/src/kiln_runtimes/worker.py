@@ -35,6 +35,9 @@ _ARGUMENTS: tuple[tuple[tuple[str, ...], dict[str, Any]], ...] = (
                              "(embeddings) or concurrent sequences (generation)"}),
     (("--max-wait-ms",), {"type": float, "default": 5.0, "help": "longest time the oldest "
                           "queued item waits for a batch to fill"}),
+    (("--fixed-wait",), {"dest": "adaptive", "action": "store_false", "help": "every partial "
+                         "batch waits --max-wait-ms, even when the arrival rate says no company "
+                         "comes in time"}),
     (("--concurrency",), {"type": int, "default": 1, "help": "batches run at once, each on "
                           "--threads engine threads (embeddings, tensors)"}),
     (("--prefetch",), {"action": "store_true", "help": "close a full batch while every runner "
@@ -42,6 +45,9 @@ _ARGUMENTS: tuple[tuple[tuple[str, ...], dict[str, Any]], ...] = (
                        "waiting for the event loop"}),
     (("--no-preempt",), {"dest": "preempt", "action": "store_false", "help": "express "
                          "requests wait for the running batch instead of stopping it"}),
+    (("--no-express-runner",), {"dest": "express_lane", "action": "store_false", "help":
+                                "express batches share the --concurrency runners instead of "
+                                "starting at once on one of their own"}),
     (("--max-queue",), {"type": int, "default": 1024, "help": "queued inputs (or waiting "
                         "sequences) beyond which requests get 429"}),
     (("--slots",), {"type": int, "default": 0, "help": "requests admitted at once; more are "
@@ -94,6 +100,8 @@ def parse_args(argv: Sequence[str] | None = None) -> WorkerSettings:
         concurrency=args.concurrency,
         preempt=args.preempt,
         prefetch=args.prefetch,
+        adaptive=args.adaptive,
+        express_lane=args.express_lane,
         cpus=args.cpus,
         max_queue=args.max_queue,
         log_level=args.log_level,

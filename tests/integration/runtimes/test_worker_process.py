@@ -330,8 +330,10 @@ async def test_worker_that_cannot_load_exits_1(
 async def test_sigterm_drains_in_flight_requests_then_exits_0(
     model_dir: tuple[Path, Table], tmp_path: Path, session: aiohttp.ClientSession
 ) -> None:
-    # A long max wait keeps the requests queued while the signal arrives.
-    drained = start_worker(model_dir, tmp_path / "drain.log", "--max-wait-ms", "400")
+    # A long fixed wait keeps the requests queued while the signal arrives.
+    drained = start_worker(
+        model_dir, tmp_path / "drain.log", "--max-wait-ms", "400", "--fixed-wait"
+    )
     try:
         await wait_ready(session, drained)
         requests = [

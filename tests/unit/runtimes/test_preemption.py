@@ -30,8 +30,9 @@ class FakeClock:
 
 
 def make_queue(clock: FakeClock, *, preempt: bool = True, concurrency: int = 1) -> BatchQueue:
-    """Batches of up to 4 items, predicted at 10 ms an item + 20 ms (60 ms for 4)."""
-    policy = BatchPolicy(4, 0.0, 64, concurrency, preempt)
+    """Batches of up to 4 items, predicted at 10 ms an item + 20 ms (60 ms for 4); express
+    batches share the runners (the express runner: test_express_runner.py)."""
+    policy = BatchPolicy(4, 0.0, 64, concurrency, preempt, express_lane=False)
     return BatchQueue(policy, clock, LatencyModel(0.010, 0.020))
 
 
@@ -169,7 +170,7 @@ async def test_driver_runs_an_express_request_before_the_batch_it_stops() -> Non
     backend, seen = StoppableBackend(), list[Outcome]()
     batcher = Batcher(
         backend.run,
-        BatchPolicy(max_batch_size=4, max_wait=0.0),
+        BatchPolicy(max_batch_size=4, max_wait=0.0, express_lane=False),
         stopper=backend.stop_handle,
         model=LatencyModel(0.5, 1.0),  # predicted long: the flood batch is worth stopping
         on_batch=seen.append,
@@ -204,7 +205,8 @@ async def test_driver_runs_an_express_request_before_the_batch_it_stops() -> Non
 
 async def test_without_a_stopper_express_waits_for_the_running_batch() -> None:
     backend = StoppableBackend()
-    batcher = Batcher(backend.run, BatchPolicy(max_batch_size=4, max_wait=0.0))
+    policy = BatchPolicy(max_batch_size=4, max_wait=0.0, express_lane=False)
+    batcher = Batcher(backend.run, policy)
     batcher.start()
     try:
         flood = asyncio.create_task(batcher.submit("a", [[1]], None))

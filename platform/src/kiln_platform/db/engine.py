@@ -132,14 +132,18 @@ def create_engine(
     role: str | None = None,
     connect_timeout_s: float = CONNECT_TIMEOUT_S,
     password: PasswordSource | None = None,
+    synchronous_commit: bool = True,
 ) -> AsyncEngine:
     """An asyncpg-backed engine; UTC sessions; each connection as ``role`` if given (sent in
     the start-up packet, so no round trip); a connection attempt gives up after
     ``connect_timeout_s`` (``TimeoutError``, which ``db.outage.unreachable`` recognizes);
-    ``password`` (if given) is called for each new connection's password, over the URL's."""
+    ``password`` (if given) is called for each new connection's password, over the URL's;
+    ``synchronous_commit=False``: a commit returns before its WAL reaches the disk."""
     server_settings = {"timezone": "UTC", "application_name": "kiln"}
     if role is not None:
         server_settings["role"] = role
+    if not synchronous_commit:
+        server_settings["synchronous_commit"] = "off"
     connect_args: dict[str, Any] = {"server_settings": server_settings}
     connect_args["timeout"] = connect_timeout_s
     if password is not None:
@@ -158,16 +162,20 @@ def writer_engine(
     role: str | None = None,
     connect_timeout_s: float = CONNECT_TIMEOUT_S,
     password: PasswordSource | None = None,
+    *,
+    synchronous_commit: bool = True,
 ) -> AsyncEngine:
     """One connection to ``engine``'s database for a single busy writer (the usage ledger).
 
     No ping before each use: the writer retries a failed batch, and a dead connection is
-    replaced then; the ping would cost a round trip per batch.
+    replaced then; the ping would cost a round trip per batch. ``synchronous_commit=False``
+    (``KILN_LEDGER_SYNCHRONOUS_COMMIT``) sets it in the start-up packet: no round trip either.
     """
     url = engine.url.render_as_string(hide_password=False)
     return create_engine(
-        url, 1, pre_ping=False, role=role, connect_timeout_s=connect_timeout_s, password=password
-    )
+        url, 1, pre_ping=False, role=role, connect_timeout_s=connect_timeout_s,
+        password=password, synchronous_commit=synchronous_commit,
+    )  # fmt: skip
 
 
 class PlatformSession(Session):

@@ -183,6 +183,10 @@ def worker_arguments(
         cmd += ["--slots", str(slots + EXPRESS_CREDITS)]
     if not s.worker_preempt:
         cmd += ["--no-preempt"]
+    if not s.worker_express_runner:
+        cmd += ["--no-express-runner"]
+    if not s.worker_adaptive_wait:
+        cmd += ["--fixed-wait"]
     slots = s.worker_adapter_slots if e.adapter_slots is None else e.adapter_slots
     if slots:
         cmd += ["--adapter-slots", str(slots)]

@@ -19,7 +19,7 @@ from kiln_platform.billing.ledger import LedgerWriter, Usage, write
 from kiln_platform.billing.pricebooks import PriceBooks, create_book
 from kiln_platform.billing.schemas import PriceBookCreate, PriceIn
 from kiln_platform.db.database import Database
-from kiln_platform.db.engine import asyncpg_url, create_engine
+from kiln_platform.db.engine import asyncpg_url, create_engine, writer_engine
 from kiln_platform.errors import ServiceUnavailable
 from kiln_platform.tenants.services import insert_tenant
 
@@ -269,3 +269,21 @@ async def test_a_batch_s_lines_are_one_statement(db: Database, database_uri: str
         await owner.dispose()
     assert lines == [(12,)]  # input, output, compute and request lines of each
     assert statements == 1
+
+
+async def test_the_ledger_connection_may_commit_without_waiting_for_the_disk(
+    db: Database,
+) -> None:
+    """``KILN_LEDGER_SYNCHRONOUS_COMMIT=false`` reaches the ledger's one connection in its
+    start-up packet (the suite's server runs without fsync anyway: the source shows who set it)."""
+    query = text("SELECT setting, source FROM pg_settings WHERE name = 'synchronous_commit'")
+    shown = []
+    for synchronous in (True, False):
+        engine = writer_engine(db.engine, synchronous_commit=synchronous)
+        try:
+            async with engine.connect() as conn:
+                shown.append(tuple((await conn.execute(query)).one()))
+        finally:
+            await engine.dispose()
+    assert shown[0][1] != "client"
+    assert shown[1] == ("off", "client")
