@@ -206,6 +206,10 @@ class Settings(BaseSettings):
     version at idle CPU priority (``SCHED_IDLE``), started when such work comes and scaled to
     zero when idle, so it takes only the CPU time interactive work leaves (local backend; on
     Kubernetes a pool's pods have CPU of their own and batch work shares them)."""
+    batch_record_s: float = Field(default=0.1, ge=0)
+    """How long a group of finished batch lines waits for more before its transaction is
+    written (``batches.recorder``; 0: only the lines that finished during the last write):
+    fewer, larger writes cost the gateway's event loop and PostgreSQL less a line."""
     batch_lease_s: float = Field(default=30.0, gt=0)
     """A gateway's claim on a running batch; renewed every third of it, so a killed gateway's
     batch is taken over by another after it lapses."""
