@@ -4,7 +4,7 @@
 
 A transaction per line cost the gateway's event loop more than running the line did (on the
 loop interactive requests share: BEGIN, a ping, the inserts, COMMIT, a round trip each) and
-PostgreSQL ~2 ms of CPU (``bench/batches.py``, docs/benchmarks.md). With two lines in flight
+PostgreSQL ~2 ms of CPU (``bench/batches.py``, docs/benchmarks.md). With one or two lines in flight
 a group of only the lines finishing during a write is one or two lines, so a group waits
 ``KILN_BATCH_RECORD_S`` (0.1 s) for more after its first: the lines that finish meanwhile
 share its transaction. A line's ``record`` answers once its group is committed, so what a
