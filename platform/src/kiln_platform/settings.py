@@ -219,16 +219,20 @@ class Settings(BaseSettings):
     """Largest file `POST /v1/files` stores (OpenAI's batch input limit, 200 MB)."""
     max_batch_lines: int = Field(default=50_000, gt=0)
     """Most lines (requests) in one batch input file (OpenAI's limit)."""
-    batch_concurrency: int = Field(default=2, ge=0)
+    batch_concurrency: int = Field(default=1, ge=0)
     """Lines of batches each gateway keeps in its pools' fair queues at once (class ``batch``,
     behind interactive work); 0: this gateway runs no batches. More lines raise interactive
-    latency beside a batch (docs/benchmarks.md: on 2 cores A's p99 4.2x at 8, 1.8x at 2; 1.3x at
-    2 with the background twin, ``batch_twin``)."""
+    latency beside a batch (docs/benchmarks.md: on 2 cores A's p99 4.2x at 8, 1.8x at 2; with
+    the background twin and grouped records 1.33x at 2, 1.1-1.18x at 1)."""
     batch_twin: bool = True
     """Batch-class work (batch lines) runs in each pool's background twin: workers of the same
     version at idle CPU priority (``SCHED_IDLE``), started when such work comes and scaled to
     zero when idle, so it takes only the CPU time interactive work leaves (local backend; on
     Kubernetes a pool's pods have CPU of their own and batch work shares them)."""
+    batch_record_s: float = Field(default=0.1, ge=0)
+    """How long a group of finished batch lines waits for more before its transaction is
+    written (``batches.recorder``; 0: only the lines that finished during the last write):
+    fewer, larger writes cost the gateway's event loop and PostgreSQL less a line."""
     batch_lease_s: float = Field(default=30.0, gt=0)
     """A gateway's claim on a running batch; renewed every third of it, so a killed gateway's
     batch is taken over by another after it lapses."""

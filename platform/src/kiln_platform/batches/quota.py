@@ -6,7 +6,8 @@ day's count is spent; each recorded line's tokens are added to the day's count.
 The limits and their subject (the key with its own override, else the tenant) are the quota
 enforcer's, cached like the others. The day's count is a ``quota_counters`` row per subject
 (``batch-day:<subject>``) whose window starts at the tenant-local midnight; lines in flight
-when the count runs out finish, so a day may overshoot by the lines one gateway runs at once.
+when the count runs out finish, so a day may overshoot by the lines one gateway runs or holds
+unrecorded at once.
 """
 
 from __future__ import annotations

@@ -15,7 +15,6 @@ import os
 import socket
 import time
 import uuid
-from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING
 
@@ -24,9 +23,10 @@ import structlog
 from sqlalchemy import func, select, update
 
 from kiln_platform.batches import events, lines, metrics, quota
+from kiln_platform.batches.claims import Claim
 from kiln_platform.batches.files import public_id, store_output
 from kiln_platform.batches.jsonl import check_line
-from kiln_platform.batches.recorder import LineRecorder
+from kiln_platform.batches.recorder import GROUP, LineRecorder
 from kiln_platform.batches.schemas import OPEN
 from kiln_platform.batches.tables import BatchJob, BatchLine, StoredFile
 from kiln_platform.batches.validation import check_batch, read_lines
@@ -46,23 +46,6 @@ HELD = 32
 """Batches one gateway runs at once, one per tenant (other gateways claim the rest)."""
 
 
-@dataclass(slots=True)
-class Claim:
-    """A batch this gateway holds: what the lease renewal last saw of it."""
-
-    job: BatchJob
-    status: str
-    lost: bool = False
-    revoked: bool = False
-    """The API key or OAuth client the batch runs as was revoked (or deleted)."""
-
-    def stopping(self) -> bool:
-        """No new line may start: cancelled, expired, its key or client revoked, or the lease
-        was lost."""
-        expired = datetime.now(UTC) >= self.job.expires_at
-        return self.lost or self.revoked or self.status != "in_progress" or expired
-
-
 class BatchRunner:
     """Runs batches in this gateway, ``concurrency`` lines at a time (class ``batch``): one
     open batch per tenant at once, whose lines take the slots in turn (fair between tenants).
@@ -75,6 +58,7 @@ class BatchRunner:
 
     def __init__(self, settings: Settings) -> None:
         self._concurrency = settings.batch_concurrency
+        self._record_s = settings.batch_record_s
         self._lease = timedelta(seconds=settings.batch_lease_s)
         self._poll_s = min(settings.batch_poll_s, settings.batch_lease_s / 3)
         self.owner = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"[:64]
@@ -92,8 +76,9 @@ class BatchRunner:
     def start(self, kiln: Kiln) -> None:
         """Work for ``kiln``; start claiming batches (none with ``KILN_BATCH_CONCURRENCY=0``)."""
         self._kiln = kiln
-        self._recorder = LineRecorder(kiln)
+        self._recorder = LineRecorder(kiln, self._record_s)
         self._free = asyncio.Semaphore(self._concurrency)
+        self._unrecorded = asyncio.Semaphore(max(GROUP, self._concurrency))
         if self._concurrency > 0:
             self._task = asyncio.create_task(self._loop(), name="batch-runner")
 
@@ -287,9 +272,11 @@ class BatchRunner:
                     continue
                 await quota.within_day(self._kiln, principal, item.body, claim.stopping,
                                        self._poll_s)  # fmt: skip
+                await self._unrecorded.acquire()  # bounds the lines the recorder holds
                 await free.acquire()
                 if claim.stopping():
                     free.release()
+                    self._unrecorded.release()
                     break
                 line = lines.Line(job.id, job.tenant_id, job.endpoint, n, item.custom_id, item.body)
                 started.append(group.create_task(self._line(claim, principal, line, free)))
@@ -315,31 +302,46 @@ class BatchRunner:
     async def _line(
         self, claim: Claim, principal: Principal, line: lines.Line, free: asyncio.Semaphore
     ) -> bool:
-        """Run and record one line; False if it could not be (it runs again later)."""
-        job, kiln, n, began = claim.job, self._kiln, line.n, time.monotonic()
+        """Run and record one line; False if it could not be (it runs again later). Its slot
+        is free once it ran: the next line starts while its group is recorded."""
+        began = time.monotonic()
         try:
-            for attempt in range(RETRIES):
-                timeout_s = max(1.0, (job.expires_at - datetime.now(UTC)).total_seconds())
-                try:
-                    outcome = await lines.run(kiln, principal, line, timeout_s)
-                    break
-                except lines.TRANSIENT as exc:
-                    if claim.lost or attempt == RETRIES - 1:
-                        log.warning("batch line not run", batch=str(job.id), line=n, error=exc.code)
-                        return False
-                    if claim.stopping():  # cancelled, expired, revoked: the line ends unrun
-                        return True
-                    await asyncio.sleep(min(30.0, exc.retry_after or 2.0**attempt))
+            try:
+                outcome = await self._attempts(claim, principal, line)
+            finally:
+                free.release()
+            if isinstance(outcome, bool):
+                return outcome
             if not claim.lost and await self._recorder.record(line, outcome):
                 metrics.LINES.labels("ok" if outcome.ok else "error").inc()
                 metrics.LINE_SECONDS.observe(time.monotonic() - began)
-                await quota.count(kiln, principal, outcome.usage)
+                await quota.count(self._kiln, principal, outcome.usage)
         except Exception:
-            log.exception("batch line not recorded", batch=str(job.id), line=n)
+            log.exception("batch line not recorded", batch=str(claim.job.id), line=line.n)
             return False
         finally:
-            free.release()
+            self._unrecorded.release()
         return True
+
+    async def _attempts(
+        self, claim: Claim, principal: Principal, line: lines.Line
+    ) -> lines.Outcome | bool:
+        """The line's outcome, tried again after a transient error; else whether it may count
+        as done (True: the batch stops, the line ends unrun; False: it runs again later)."""
+        job = claim.job
+        for attempt in range(RETRIES):
+            timeout_s = max(1.0, (job.expires_at - datetime.now(UTC)).total_seconds())
+            try:
+                return await lines.run(self._kiln, principal, line, timeout_s)
+            except lines.TRANSIENT as exc:
+                if claim.lost or attempt == RETRIES - 1:
+                    log.warning("batch line not run", batch=str(job.id), line=line.n,
+                                error=exc.code)  # fmt: skip
+                    return False
+                if claim.stopping():  # cancelled, expired, revoked: the line ends unrun
+                    return True
+                await asyncio.sleep(min(30.0, exc.retry_after or 2.0**attempt))
+        return False
 
     async def _finalize(self, claim: Claim) -> None:
         """Write the output and error files and end the batch (completed, cancelled, expired)."""

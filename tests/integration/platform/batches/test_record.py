@@ -1,9 +1,10 @@
 """Recording batch lines on a real PostgreSQL, a group in one transaction: a line another run
 recorded first gives this run's budget hold back at once and is not billed again; the others
-of its group are recorded and billed."""
+of its group are recorded and billed; lines finishing apart share a group within the linger."""
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from datetime import UTC, datetime, timedelta
 from types import SimpleNamespace
@@ -11,6 +12,7 @@ from types import SimpleNamespace
 from sqlalchemy import text
 
 from kiln_platform.batches import lines
+from kiln_platform.batches.recorder import LineRecorder
 from kiln_platform.batches.tables import BatchJob, BatchLine
 from kiln_platform.billing.ledger import LedgerWriter, Usage
 from kiln_platform.billing.pricebooks import PriceBooks, create_book
@@ -37,14 +39,20 @@ async def _reserved(db: Database, tenant: uuid.UUID) -> int:
     return int(held or 0)
 
 
-async def test_a_line_recorded_before_gives_its_hold_back_its_group_is_recorded(
-    db: Database,
-) -> None:
+def _kiln(db: Database) -> SimpleNamespace:
+    """What ``lines.record`` uses of the Kiln: the database, price books, budgets, ledger."""
     books = PriceBooks(db.sessions, 60.0)
     quotas = QuotaEnforcer(db.sessions, ttl=60.0, lease_ttl_s=60.0, timeout_s=60.0)
     budgets = Budgets(db.sessions, quotas, books, timeout_s=0.0, ttl_s=60.0)
-    kiln = SimpleNamespace(db=db, books=books, budgets=budgets,
+    return SimpleNamespace(db=db, books=books, budgets=budgets,
                            ledger=LedgerWriter(db.sessions, books, retry_s=0.05))  # fmt: skip
+
+
+async def test_a_line_recorded_before_gives_its_hold_back_its_group_is_recorded(
+    db: Database,
+) -> None:
+    kiln = _kiln(db)
+    budgets = kiln.budgets
     async with db.sessions.begin() as session:
         await create_book(session, CLI, EMB_PRICE)
         tenant = await make_tenant(session)
@@ -84,3 +92,33 @@ async def test_a_line_recorded_before_gives_its_hold_back_its_group_is_recorded(
         )
     assert [tuple(row) for row in billed] == [(fresh.request_id, 7)]  # one transaction, grouped
     assert recorded == {"a", "b"}
+
+
+async def test_lines_finishing_within_the_linger_share_one_transaction(db: Database) -> None:
+    kiln = _kiln(db)
+    async with db.sessions.begin() as session:
+        tenant = await make_tenant(session)
+        job = BatchJob(tenant_id=tenant, endpoint="/v1/embeddings", completion_window="24h",
+                       status="in_progress", principal={},
+                       expires_at=datetime.now(UTC) + timedelta(days=1))  # fmt: skip
+        session.add(job)
+    recorder = LineRecorder(kiln, linger_s=0.3)  # type: ignore[arg-type]
+
+    async def finish(n: int, after_s: float) -> bool:
+        await asyncio.sleep(after_s)
+        line = lines.Line(job.id, tenant, "/v1/embeddings", n, f"c{n}", {})
+        usage = Usage(line.request_id, tenant, None, "emb", "1", "embeddings", 200, input_tokens=n)
+        return await recorder.record(line, lines.Outcome(True, "{}", usage))
+
+    recorded = await asyncio.gather(finish(1, 0.0), finish(2, 0.1), finish(3, 0.2))
+    assert list(recorded) == [True, True, True]
+    async with db.sessions() as session:
+        xids = set((await session.execute(text(
+            "SELECT xmin::text FROM batch_lines WHERE batch_id = :b"), {"b": job.id}
+        )).scalars())  # fmt: skip
+        billed = await session.scalar(
+            text("SELECT count(*) FROM usage_events WHERE tenant_id = :t"), {"t": tenant}
+        )
+    assert len(xids) == 1  # one transaction for the three lines, 0.1 s apart
+    assert billed == 3
+    await recorder.stop()

@@ -6,7 +6,8 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 from types import SimpleNamespace
 
-from kiln_platform.batches.runner import BatchRunner, Claim
+from kiln_platform.batches.claims import Claim
+from kiln_platform.batches.runner import BatchRunner
 from kiln_platform.batches.tables import BatchJob
 from kiln_platform.db.database import Database
 from kiln_platform.settings import Settings
