@@ -1,7 +1,7 @@
 """Adapter slots in a GenAI decoder graph, and the buffers behind them (``kiln_runtimes.lora``).
 
 ``patch`` rewrites each attention projection of the builder's graph, ``/model/layers.N/attn/
-{qkv,q,k,v,o}_proj/MatMul[_Q4]``, into ``y + ((x·A) ⊙ lora_mask)·B`` with ``A``/``B`` as graph
+{qkv,q,k,v,o}_proj/MatMul[_Q4|_Q8]``, into ``y + ((x·A) ⊙ lora_mask)·B`` with ``A``/``B`` as graph
 inputs. ``AdapterSlots`` owns those inputs' buffers (bound by address, written in place between
 steps) and builds each run's mask.
 """
@@ -24,7 +24,7 @@ if TYPE_CHECKING:
 
 MASK = "lora_mask"
 _NODE = re.compile(
-    r"^/model/layers\.(\d+)/attn/(qkv_proj|q_proj|k_proj|v_proj|o_proj)/MatMul(?:_Q4)?$"
+    r"^/model/layers\.(\d+)/attn/(qkv_proj|q_proj|k_proj|v_proj|o_proj)/MatMul(?:_Q4|_Q8)?$"
 )
 
 
