@@ -140,9 +140,10 @@ class WorkerClient:
         for last in (False, True):
             async with runner.slot(_queued(runner, message.request_id, terms, cost)) as lease:
                 worker = self._pools.worker(pool, lease.worker)
+                sent, bound = _bounded(_leased(message, lease), limit, terms.left_s())
                 try:
                     async with post(
-                        worker, pool, path, _leased(message, lease), limit, connect_retry=not last
+                        worker, pool, path, sent, bound, connect_retry=not last
                     ) as resp:
                         if last or not await _draining(resp):
                             yield Sent(lease, resp)
@@ -193,7 +194,8 @@ class WorkerClient:
             ) as resp:
                 answered = True
                 yield resp
-        except aiohttp.SocketTimeoutError as exc:  # a slow read: the worker is there, not gone
+        except (aiohttp.SocketTimeoutError, aiohttp.ConnectionTimeoutError) as exc:
+            # a slow read, or the deadline's bound while connecting: the worker is not gone
             raise DeadlineExceeded("The pool did not answer in time.") from exc
         except (aiohttp.ClientConnectionError, ConnectionError) as exc:
             self._pools.mark_unreachable(worker)
@@ -269,6 +271,23 @@ def _leased(message: M, lease: Lease) -> M:
         return message
     timing("express", 0.0)
     return msgspec.structs.replace(message, express=True)
+
+
+def _bounded(
+    message: M, limit: aiohttp.ClientTimeout, left_s: float | None
+) -> tuple[M, aiohttp.ClientTimeout]:
+    """``message`` carrying what is left of its deadline, and its call bounded by it: the
+    worker's batcher drops it unrun once it cannot finish in time, and an answer that would
+    come later is a 504 at the deadline, not a late 200. A generation keeps its own bounds
+    (its stream deadline, ``gateway.llm``)."""
+    if left_s is None or isinstance(message, GenerateRequest):
+        return message, limit
+    left_ms = max(1, int(left_s * 1000))
+    if message.timeout_ms is not None:
+        left_ms = min(left_ms, message.timeout_ms)
+    total = left_ms / 1000 if limit.total is None else min(limit.total, left_ms / 1000)
+    bound = aiohttp.ClientTimeout(total=total)
+    return msgspec.structs.replace(message, timeout_ms=left_ms), bound
 
 
 def _error(body: bytes) -> KilnError:
