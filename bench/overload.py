@@ -6,7 +6,8 @@ latency counted from its *scheduled* send time, so a client that falls behind do
 queueing): the baseline at half the capacity, the burst at ten times it, then half again. Every
 request carries a deadline (``x-kiln-timeout``). Reports:
 
-- shed latency: how fast refused requests (429, 503, 504) are refused, p50/p99;
+- shed latency: how fast refused requests (429, 503 + Retry-After) are refused, p50/p99; and
+  apart, the 504s (a deadline too short at admission, or expired while queued or computing);
 - admitted latency during the burst, p50/p99 and how many 200s came after their deadline;
 - recovery: seconds from the burst's end to the first 1 s window from which every window's p99
   is within 1.5x the baseline p99 (and the throughput back to the offered rate).
@@ -36,7 +37,10 @@ from _corpus import sentences
 from _kiln import CpuMeter, Kiln
 from embeddings import _load, _model_dir, _run
 
-SHED = (429, 503, 504)
+REFUSED = (429, 503)
+"""Shed at the door with a Retry-After; a 504 (deadline too short at admission, or expired
+while queued or on the worker) is reported apart: one that waited its deadline out is slow by
+design."""
 
 
 @dataclass
@@ -47,6 +51,8 @@ class Shot:
     due: float
     seconds: float
     status: int
+    server_s: float = 0.0
+    """The gateway's own time to the response headers (``Server-Timing: total``)."""
 
 
 @dataclass
@@ -77,9 +83,10 @@ async def _open_loop(
                 async with http.post(url, data=body) as resp:
                     await resp.read()
                     status = resp.status
+                    server = _server_total(resp.headers.get("server-timing", ""))
             except aiohttp.ClientError:
-                status = 0
-            loop.shots.append(Shot(due, time.perf_counter() - started - due, status))
+                status, server = 0, 0.0
+            loop.shots.append(Shot(due, time.perf_counter() - started - due, status, server))
 
         start, due, n = time.perf_counter(), 0.0, 0
         for rate, seconds in phases:
@@ -95,6 +102,15 @@ async def _open_loop(
                 due += 1.0 / rate
         await asyncio.gather(*tasks)
     return loop
+
+
+def _server_total(header: str) -> float:
+    """Seconds of ``total;dur=<ms>`` in a ``Server-Timing`` header (0 without one)."""
+    for part in header.split(","):
+        name, _, dur = part.strip().partition(";dur=")
+        if name == "total":
+            return float(dur) / 1000
+    return 0.0
 
 
 def _q(values: list[float], q: float) -> float:
@@ -134,9 +150,10 @@ def report(
     b0, b1 = args.baseline_s, args.baseline_s + args.burst_s
     burst = [s for s in loop.shots if b0 <= s.due < b1]
     statuses = Counter(s.status for s in burst)
-    shed = [s.seconds for s in burst if s.status in SHED]
+    shed = [s.seconds for s in burst if s.status in REFUSED]
+    timed_out = [s.seconds for s in burst if s.status == 504]
     admitted = [s.seconds for s in burst if s.status == 200]
-    late = sum(1 for t in admitted if t > args.deadline)
+    late = [s for s in burst if s.status == 200 and s.seconds > args.deadline]
     windows = _windows(loop.shots, b1, b1 + args.after_s)
     after = Counter(s.status for s in loop.shots if s.due >= b1)
     recovered = _recovery(windows, b1, 1.5 * base_p99, capacity * args.base_share)
@@ -145,9 +162,14 @@ def report(
         "offered_rps": round(capacity * args.factor, 1), "sent": len(burst),
         "statuses": dict(statuses), "admitted_rps": round(len(admitted) / args.burst_s, 1),
         "shed_p50_ms": round(_q(shed, 50), 1), "shed_p99_ms": round(_q(shed, 99), 1),
+        "504_p50_ms": round(_q(timed_out, 50), 1), "504_p99_ms": round(_q(timed_out, 99), 1),
         "admitted_p50_ms": round(_q(admitted, 50), 1),
         "admitted_p99_ms": round(_q(admitted, 99), 1),
-        "deadline_ms": args.deadline * 1000, "admitted_past_deadline": late,
+        "deadline_ms": args.deadline * 1000, "admitted_past_deadline": len(late),
+        # where the late ones spent their time: in the gateway (from its first middleware to
+        # the response headers), or outside it (before the app saw them, and the body's way out)
+        "late_server_p50_ms": round(_q([s.server_s for s in late], 50), 1),
+        "late_outside_p50_ms": round(_q([s.seconds - s.server_s for s in late], 50), 1),
         "recovery_s": recovered, "after_statuses": dict(after),
         "client_late_sends": loop.late_sends,
         "after_windows": [(round(t - b1), round(p, 1), n) for t, p, n in windows],

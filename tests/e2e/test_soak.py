@@ -25,6 +25,9 @@ def test_three_minutes_of_mixed_traffic_leak_nothing(tmp_path: Path) -> None:
         check=True, timeout=300,
     )  # fmt: skip
     growth = json.loads(out.read_text())["growth"]
+    # p99 drift is reported, asserted only loosely: 10 s windows on a shared machine are noisy
+    first, last, drift = growth["p99_first_ms"], growth["p99_last_ms"], growth["p99_drift_pct"]
+    print(f"p99 {first} -> {last} ms (drift {drift}%), RSS gateway {growth['rss_gateway_pct']}%")
     failed = {k: n for k, n in growth["statuses"].items() if not k.endswith(("200", "201"))}
     assert failed == {}, f"requests failed during the soak: {failed}"
     assert growth["statuses"]["rotated key 200"] >= 30
@@ -33,3 +36,4 @@ def test_three_minutes_of_mixed_traffic_leak_nothing(tmp_path: Path) -> None:
     assert growth["connections"] <= 1, "PostgreSQL connections grew"
     assert growth["rss_gateway_pct"] < 5.0, growth
     assert growth["rss_worker_pct"] < 5.0, growth
+    assert last < 3 * first + 50, f"latency drifted up: p99 {first} -> {last} ms"

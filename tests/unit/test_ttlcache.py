@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+from types import SimpleNamespace
 
-from kiln_platform._ttlcache import TTLCache
+import pytest
+
+from kiln_platform._ttlcache import SWEEP_EVERY_S, TTLCache
 
 
 async def test_concurrent_misses_share_one_load_and_hits_do_not_load() -> None:
@@ -95,3 +98,27 @@ async def test_a_stale_value_is_kept_within_its_grace_only() -> None:
     assert cache.stale("k", 60) == (None,), "a cached None is a value"
     await asyncio.sleep(0.01)
     assert cache.stale("k", 0) is None
+
+
+async def test_values_never_asked_again_are_swept_after_their_keep_time(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A revoked or rotated key's entry does not stay until the cache is full (the soak's
+    steady gateway growth, issue 23): a later write drops what expired ``keep_s`` ago."""
+    now = [1000.0]
+    clock = SimpleNamespace(monotonic=lambda: now[0])
+    monkeypatch.setattr("kiln_platform._ttlcache.time", clock)
+    cache: TTLCache[str, int] = TTLCache(ttl=5, keep_s=60)
+
+    async def one() -> int:
+        return 1
+
+    for i in range(100):
+        await cache.get(f"old-{i}", one)
+    now[0] += 5 + 30  # expired, still within keep_s: kept (a stale key in an outage)
+    await cache.get("k1", one)
+    assert len(cache) == 101
+    assert cache.stale("old-0", grace=60) == (1,)
+    now[0] += 40 + SWEEP_EVERY_S  # expired past keep_s
+    await cache.get("k2", one)
+    assert len(cache) == 2  # k1 expired too, but within its keep time

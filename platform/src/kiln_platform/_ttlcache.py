@@ -16,14 +16,27 @@ K = TypeVar("K", bound=Hashable)
 V = TypeVar("V")
 
 
-class TTLCache(Generic[K, V]):
-    """Values kept ``ttl`` seconds; cleared wholesale past ``max_size`` entries."""
+SWEEP_EVERY_S = 10.0
+"""At most how often a cache that is written to drops its long-expired values."""
 
-    def __init__(self, ttl: float, max_size: int = 100_000) -> None:
+
+class TTLCache(Generic[K, V]):
+    """Values fresh for ``ttl`` seconds and held ``keep_s`` seconds more (for :meth:`stale` and
+    :meth:`peek` while the database is unreachable), then dropped by a sweep that runs with a
+    write at most every ``SWEEP_EVERY_S``: keys that are never asked again (revoked and rotated
+    API keys, a tenant's old OAuth clients) do not pile up. Cleared wholesale past ``max_size``
+    entries."""
+
+    def __init__(self, ttl: float, max_size: int = 100_000, *, keep_s: float = 300.0) -> None:
         self._ttl = ttl
+        self._keep_s = keep_s
         self._max_size = max_size
         self._values: dict[K, tuple[float, V]] = {}
         self._loading: dict[K, asyncio.Future[V]] = {}
+        self._swept = time.monotonic()
+
+    def __len__(self) -> int:
+        return len(self._values)
 
     async def get(self, key: K, load: Callable[[], Awaitable[V]]) -> V:
         """The cached value, or the result of one shared ``load()``."""
@@ -44,6 +57,11 @@ class TTLCache(Generic[K, V]):
         for key in [k for k, (_, v) in self._values.items() if stale(v)]:
             self._values.pop(key, None)
 
+    def fresh(self, key: K) -> V | None:
+        """The value held for ``key`` if it has not expired, without loading."""
+        hit = self._values.get(key)
+        return None if hit is None or hit[0] < time.monotonic() else hit[1]
+
     def peek(self, key: K) -> V | None:
         """The value held for ``key``, fresh or not, without loading."""
         hit = self._values.get(key)
@@ -60,9 +78,18 @@ class TTLCache(Generic[K, V]):
     async def _load(self, key: K, load: Callable[[], Awaitable[V]]) -> V:
         try:
             value = await load()
+            now = time.monotonic()
             if len(self._values) >= self._max_size:
                 self._values.clear()
-            self._values[key] = (time.monotonic() + self._ttl, value)
+            elif now - self._swept >= SWEEP_EVERY_S:
+                self._sweep(now)
+            self._values[key] = (now + self._ttl, value)
             return value
         finally:
             del self._loading[key]
+
+    def _sweep(self, now: float) -> None:
+        """Drop the values expired more than ``keep_s`` ago."""
+        self._swept, oldest = now, now - self._keep_s
+        for key in [k for k, (expires, _) in self._values.items() if expires < oldest]:
+            del self._values[key]

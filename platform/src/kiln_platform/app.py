@@ -24,6 +24,7 @@ from litestar.plugins.prometheus import PrometheusConfig
 
 from kiln_platform.adapters.controllers import AdaptersController
 from kiln_platform.admin.deps import BAD_TEXT_MESSAGE, bad_text
+from kiln_platform.admission.gate import shed_middleware
 from kiln_platform.admission.middleware import admission_middleware
 from kiln_platform.audit.controllers import AuditController
 from kiln_platform.batches.controllers import BatchesController, FilesController
@@ -185,6 +186,8 @@ def _middleware(
             limits=BodyLimits.from_settings(settings),
             errors=_error_response,
         ),
+        # before anything else of a request runs: a pool's recent refusal, repeated cheaply
+        DefineMiddleware(shed_middleware, errors=_error_response),
         DefineMiddleware(idempotency_middleware, errors=_error_response),
         DefineMiddleware(admission_middleware),
     ]

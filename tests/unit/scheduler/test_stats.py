@@ -62,6 +62,16 @@ def test_sliding_sums_forget_old_events() -> None:
     assert sums.totals(100.0) == {}
 
 
+def test_sliding_sums_stay_bounded_when_never_read() -> None:
+    """Without a metrics scrape nothing reads the sums: an hour of requests must not be kept
+    (issue 23's soak: the gateway grew ~0.4 MiB/min)."""
+    sums = SlidingSums(60.0)
+    for i in range(3600 * 10):  # an hour at 10 requests/s, tenants coming and going
+        sums.add(i / 10, f"tenant-{i // 6000}", 1.0)
+    assert len(sums) <= 601
+    assert list(sums.totals(3600.0)) == ["tenant-5"]  # the others left the window
+
+
 def test_pool_stats_snapshot(make_request: MakeRequest) -> None:
     stats = PoolStats(window_s=60.0, max_samples=100)
     for i in range(10):

@@ -10,6 +10,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from typing import Any
 
 from litestar import Request
@@ -24,9 +25,10 @@ from kiln_platform.scheduler.schemas import Priority
 _PRIORITIES = {"interactive": Priority.INTERACTIVE, "batch": Priority.BATCH}
 
 
-def _timeout(request: Request[Any, Any, Any], default: float) -> float:
+def timeout_of(headers: Mapping[str, str], default: float) -> float:
+    """The request's timeout in seconds, from its headers (``BadRequest`` if malformed)."""
     for header in ("x-kiln-timeout", "x-stainless-read-timeout"):
-        raw = request.headers.get(header)
+        raw = headers.get(header)
         if raw is None:
             continue
         try:
@@ -57,10 +59,16 @@ async def provide_scheduled(
 ) -> Admission:
     """The admission of a request that goes to a worker: quotas, then class and deadline."""
     admission = await provide_admission(request, principal)
-    raw = request.headers.get("x-kiln-priority", "interactive").lower()
+    timeout_s = timeout_of(request.headers, kiln.settings.request_timeout_s)
+    admission.schedule(priority_of(request.headers), timeout_s)
+    return admission
+
+
+def priority_of(headers: Mapping[str, str]) -> Priority:
+    """The request's class, from ``x-kiln-priority`` (``BadRequest`` if unknown)."""
+    raw = headers.get("x-kiln-priority", "interactive").lower()
     if raw not in _PRIORITIES:
         raise BadRequest(
             "Header 'x-kiln-priority' must be 'interactive' or 'batch'.", param="x-kiln-priority"
         )
-    admission.schedule(_PRIORITIES[raw], _timeout(request, kiln.settings.request_timeout_s))
-    return admission
+    return _PRIORITIES[raw]

@@ -27,13 +27,14 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol, Self
 
+from kiln_platform.admission.shed import RecentRefusals
 from kiln_platform.errors import KilnError
 from kiln_platform.quotas.enforcer import QuotaGrant
 from kiln_platform.scheduler.schemas import Priority
 from kiln_runtimes import tracing
 
 if TYPE_CHECKING:
-    from collections.abc import AsyncIterator, Awaitable, Callable
+    from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
     from types import TracebackType
 
     from kiln_platform.billing.ledger import Usage
@@ -110,6 +111,8 @@ class Admissions:
         """The per-request series by model, version and tenant."""
         self.outcomes = outcomes
         """Each request's outcome, counted for its model's running rollout (in memory)."""
+        self.refusals = RecentRefusals()
+        """The pools' recent refusals, repeated by the shed gate (``admission.gate``)."""
 
     def open(self, state: dict[str, object]) -> Admission:
         """The request's admission, kept in its ASGI state (``state["request_id"]`` is its id)."""
@@ -173,6 +176,17 @@ class Admission:
         self.terms = dataclasses.replace(
             self.terms, priority=priority, timeout_s=timeout_s, arrived=self._opened
         )
+
+    @contextlib.contextmanager
+    def screening(self, model: str) -> Iterator[None]:
+        """Around a pool's early screen of the request (for ``model`` as requested): a refusal
+        with a retry time is held for the requests that follow (``admission.shed``)."""
+        try:
+            yield
+        except KilnError as exc:
+            terms = self.terms
+            self._desk.refusals.hold((terms.tenant, model, terms.priority), terms.timeout_s, exc)
+            raise
 
     async def hold(
         self, version: ResolvedVersion, most: Quantities, run_s: float | None = None

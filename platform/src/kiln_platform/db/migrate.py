@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -36,8 +37,11 @@ def _config(connection: Connection | None = None, secret: bytes | None = None) -
     return cfg
 
 
+@functools.cache
 def head_revision() -> str | None:
-    """The newest revision in the migration scripts."""
+    """The newest revision in the migration scripts (read once: they do not change under a
+    running process, and reading them loads every script: readiness probes, every few
+    seconds, did that each time)."""
     return ScriptDirectory.from_config(_config()).get_current_head()
 
 
@@ -72,10 +76,15 @@ async def upgrade(
         await conn.run_sync(_upgrade, secret, app_password, revision)
 
 
+_VERSION = text("SELECT version_num FROM alembic_version")
+
+
 async def is_current(engine: AsyncEngine) -> bool:
-    """Whether the database is reachable and at the head revision."""
+    """Whether the database is reachable and at the head revision (raises if it is not
+    reachable, or not migrated at all). One cached statement: alembic's ``MigrationContext``
+    builds a new table object per call, each compiled anew into the engine's statement cache."""
     async with engine.connect() as conn:
-        return await conn.run_sync(current_revision) == head_revision()
+        return bool(await conn.scalar(_VERSION) == head_revision())
 
 
 class UnsafeDatabaseRole(RuntimeError):

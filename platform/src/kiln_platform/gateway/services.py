@@ -133,7 +133,8 @@ async def embed(
     model_dir = await local_tree(kiln.store, version.artifact_digest)
     tokenizer = load_tokenizer(model_dir / (manifest.tokenizer_file or "tokenizer.json"))
     count = count_items(request.input, _max_inputs(kiln.settings))
-    kiln.workers.screen(version.pool, request_id, admission.terms, count)
+    with admission.screening(request.model):
+        kiln.workers.screen(version.pool, request_id, admission.terms, count)
     with tracing.span("tokenize", {"kiln.inputs": count}):
         ids = await off_loop(
             _chars(request.input, count), tokenize_input, request.input, tokenizer,

@@ -228,7 +228,7 @@ class KeyVerifier:
     ) -> None:  # fmt: skip
         self._sessions = sessions
         self._hmac_key = hmac_key
-        self._cache: TTLCache[bytes, Principal | None] = TTLCache(ttl)
+        self._cache: TTLCache[bytes, Principal | None] = TTLCache(ttl, keep_s=outage_s)
         self._outage_s = outage_s
 
     async def verify(self, secret: str) -> Principal:
@@ -254,6 +254,16 @@ class KeyVerifier:
         )
         if principal is None or expired:
             raise Unauthorized("Incorrect API key provided.")
+        return principal
+
+    def cached(self, secret: str) -> Principal | None:
+        """The principal of a key verified within the TTL and not expired, without loading
+        (``None`` otherwise: the request path verifies it)."""
+        principal = self._cache.fresh(key_digest(self._hmac_key, secret))
+        if principal is None or (
+            principal.expires_at is not None and principal.expires_at <= datetime.now(UTC)
+        ):
+            return None
         return principal
 
     def forget(self, key_id: uuid.UUID) -> None:

@@ -62,25 +62,40 @@ def fairness(
 
 
 class SlidingSums:
-    """Sums of values per key over the last ``window_s`` seconds."""
+    """Sums of values per key over the last ``window_s`` seconds.
+
+    Events leave the window as new ones are added, not only when the sums are read: read only
+    by a metrics scrape, the events of every request since the last scrape were kept (with no
+    scraper, for good: the gateway's steady memory growth in issue 23's hour-long soak)."""
 
     def __init__(self, window_s: float) -> None:
         self.window_s = window_s
         self._events: deque[tuple[float, str, float]] = deque()
         self._sums: defaultdict[str, float] = defaultdict(float)
 
+    def __len__(self) -> int:
+        """Events held (those of the window, and of keys not yet pruned)."""
+        return len(self._events)
+
     def add(self, now: float, key: str, value: float) -> None:
         """Count ``value`` for ``key`` at ``now``."""
+        self._prune(now)
         self._events.append((now, key, value))
         self._sums[key] += value
 
     def totals(self, now: float) -> dict[str, float]:
         """The sums over ``(now - window_s, now]``."""
-        events = self._events
+        self._prune(now)
+        return {k: max(v, 0.0) for k, v in self._sums.items() if v > 1e-9}
+
+    def _prune(self, now: float) -> None:
+        """Drop the events that left the window, and the keys left with nothing in it."""
+        events, sums = self._events, self._sums
         while events and events[0][0] <= now - self.window_s:
             _, key, value = events.popleft()
-            self._sums[key] -= value
-        return {k: max(v, 0.0) for k, v in self._sums.items() if v > 1e-9}
+            sums[key] -= value
+            if sums[key] <= 1e-9:
+                del sums[key]
 
 
 @dataclass(frozen=True, slots=True)
