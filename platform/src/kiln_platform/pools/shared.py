@@ -149,7 +149,9 @@ class SharedBackend:
 
     def discover(self, rows: list[FleetReplica]) -> None:
         """Follower: the registered workers become the pools (kept by URL, so a lease's worker
-        stays the same object while it is registered)."""
+        stays the same object while it is registered). The pools are replaced before anyone
+        hears of a change: a runner poked about a new worker reads ``ready`` from the new ones
+        (poked earlier, a request queued before the first discovery waited for the next one)."""
         if self.leader:
             return
         found: dict[str, list[PoolWorker]] = {}
@@ -159,13 +161,15 @@ class SharedBackend:
                 found.setdefault(row.pool, []).append(self._worker(spec, row))
         before = {w.url: w for pool in self._remote.values() for w in pool}
         self._remote = self.pools = found
-        after = {w.url for pool in found.values() for w in pool}
-        for url, worker in before.items():
-            if url not in after and worker.ready:
-                worker.ready = False
-                self.on_change(worker)
+        after = {w.url: w for pool in found.values() for w in pool}
+        changed = [w for url, w in before.items() if url not in after and w.ready]
+        changed += [w for w in after.values() if not w.ready]
+        for worker in changed:
+            worker.ready = not worker.ready
+            self.on_change(worker)
 
     def _worker(self, spec: PoolSpec, row: FleetReplica) -> PoolWorker:
+        """The registered worker, described by its row (ready once the pools are replaced)."""
         known = self.find(row.pool, row.url)
         worker = known or PoolWorker(spec, *_host_port(row.url))
         worker.info = WorkerInfo(
@@ -173,9 +177,6 @@ class SharedBackend:
             ready=True, draining=False, in_flight=0, queued=0, free_slots=row.slots,
             max_batch_size=row.max_batch_size, max_queue=row.max_queue,
         )  # fmt: skip
-        if not worker.ready:
-            worker.ready = True
-            self.on_change(worker)
         return worker
 
 
