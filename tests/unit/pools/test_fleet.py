@@ -120,6 +120,15 @@ def test_a_follower_tells_of_a_worker_only_once_its_pools_list_it() -> None:
     assert seen[-1] == []
 
 
+def test_each_gateway_keeps_its_share_of_a_workers_express_credits_too() -> None:
+    shared = SharedBackend(Backend())  # type: ignore[arg-type]
+    assert shared.express() == 3
+    shared.gateways = 2
+    assert shared.express() == 2
+    shared.gateways = 3
+    assert shared.express() == 1  # three gateways hold the worker's 3 together, not 9
+
+
 def test_a_new_leader_makes_every_pool_as_big_as_the_fleet_wants_and_a_lost_one_stops() -> None:
     local = Backend()
     shared = SharedBackend(local)  # type: ignore[arg-type]

@@ -16,6 +16,7 @@ import structlog
 
 from kiln_platform.pools.backend import PoolWorker
 from kiln_platform.pools.fleet_policy import fleet_replicas, gateway_share
+from kiln_platform.scheduler.runner import EXPRESS_CREDITS
 from kiln_runtimes.protocol import WorkerInfo
 
 if TYPE_CHECKING:
@@ -119,6 +120,11 @@ class SharedBackend:
     def credits(self, worker: PoolWorker | None) -> int:
         """This gateway's share of the worker's credits."""
         return gateway_share(self.local.credits(worker), self.gateways)
+
+    def express(self) -> int:
+        """This gateway's share of a worker's express credits (the worker holds
+        ``EXPRESS_CREDITS`` beyond its slots for all the gateways together)."""
+        return gateway_share(EXPRESS_CREDITS, self.gateways)
 
     def retry_after(self, worker: PoolWorker) -> float:
         """Seconds a caller should wait for this worker to become ready."""
