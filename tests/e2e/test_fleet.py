@@ -3,8 +3,9 @@ on one PostgreSQL and an ``s3://`` store on moto's loopback server share the lea
 
 The openai SDK works through each; only the leader runs workers; no worker ever holds more
 requests than its slots (its own gauges, read during and after load); two tenants of equal
-weight share the workers evenly across the three gateways; a rate limit holds across them; and
-when the leader is SIGKILLed another takes the pool manager over within 5 s and serves again.
+weight share the workers evenly across the three gateways; a rate limit holds across them; a
+fourth gateway that joins the serving fleet answers its first request at once; and when the
+leader is SIGKILLed another takes the pool manager over within 5 s and serves again.
 """
 
 from __future__ import annotations
@@ -195,6 +196,26 @@ def test_a_rate_limit_holds_across_the_three_gateways(fleet: list[KilnProcess]) 
             pass
     print(f"{ok} of 45 requests answered under rpm=30")
     assert 29 <= ok <= 31, ok
+
+
+def test_a_gateway_joining_a_serving_fleet_answers_its_first_request_within_3s(
+    fleet: list[KilnProcess], kiln_data_dir: Callable[[], Any]
+) -> None:
+    with kiln_data_dir() as late_dir:
+        late = up_gateway(late_dir, fleet[0].env)
+        try:
+            late.wait_ready()
+            sdk = openai.OpenAI(base_url=f"{late.base_url}/v1", api_key=late.key,
+                                max_retries=0, timeout=10)  # fmt: skip
+            started = time.monotonic()
+            out = sdk.embeddings.create(model=MODEL, input=["a late joiner"])
+            took = time.monotonic() - started
+            print(f"the late gateway's first request took {took:.2f} s")
+            assert len(out.data[0].embedding) == 384
+            assert took < 3, took  # its first discovery comes within a second (ttl: 5 s)
+            assert not late.workers()  # it dispatches to the leader's worker
+        finally:
+            late.stop()
 
 
 def test_when_the_leader_dies_another_takes_over_within_5s_and_serves(

@@ -138,6 +138,7 @@ def _pool_manager(
     )  # fmt: skip
     if isinstance(pools.backend, SharedBackend):  # it publishes what this gateway wants
         pools.backend.own = pools.desired
+        pools.express = pools.backend.express
     return pools
 
 

@@ -107,6 +107,28 @@ def test_a_follower_starts_nothing_and_dispatches_to_the_registered_workers() ->
     assert not worker.ready
 
 
+def test_a_follower_tells_of_a_worker_only_once_its_pools_list_it() -> None:
+    """A runner poked about a discovered worker finds it ready (a request queued before the
+    first discovery was otherwise stuck until another poke: issue 21's late joiner)."""
+    shared = SharedBackend(Backend())  # type: ignore[arg-type]
+    seen: list[list[PoolWorker]] = []
+    shared.on_change = lambda worker: seen.append(shared.ready(worker.spec.key))
+    shared.ensure(SPEC)
+    shared.discover([_row("http://127.0.0.1:7001")])
+    assert [[w.url for w in ready] for ready in seen] == [["http://127.0.0.1:7001"]]
+    shared.discover([])
+    assert seen[-1] == []
+
+
+def test_each_gateway_keeps_its_share_of_a_workers_express_credits_too() -> None:
+    shared = SharedBackend(Backend())  # type: ignore[arg-type]
+    assert shared.express() == 3
+    shared.gateways = 2
+    assert shared.express() == 2
+    shared.gateways = 3
+    assert shared.express() == 1  # three gateways hold the worker's 3 together, not 9
+
+
 def test_a_new_leader_makes_every_pool_as_big_as_the_fleet_wants_and_a_lost_one_stops() -> None:
     local = Backend()
     shared = SharedBackend(local)  # type: ignore[arg-type]

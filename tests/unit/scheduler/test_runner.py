@@ -46,6 +46,7 @@ def make_runner(
     express: bool = False,
     service_s: float = 0.01,
     max_tenant_queue: int | None = None,
+    spare: int = 3,
 ) -> tuple[PoolRunner, FakeWorkers]:
     """A runner over fake workers; the express lane is off unless a test is about it.
 
@@ -60,7 +61,7 @@ def make_runner(
     )
     config = SchedulerConfig(policy=policy, limits=limits,
                              service=ServiceConfig(prior_a=service_s))  # fmt: skip
-    return PoolRunner(PoolScheduler(config), lambda: workers.slots), workers
+    return PoolRunner(PoolScheduler(config), lambda: workers.slots, express=lambda: spare), workers
 
 
 async def test_requests_run_without_overfilling_any_worker() -> None:
@@ -235,6 +236,26 @@ async def test_light_tenants_run_on_the_express_credits() -> None:
     await asyncio.gather(*flood, *tasks)
     assert sorted(i for i, _ in leases) == ["a0", "a1", "a2", "a3", "b1", "c1", "d1", "e1"]
     assert runner.scheduler.in_flight == 0
+
+
+async def test_a_runner_holds_only_the_express_credits_it_is_given() -> None:
+    """A gateway in a fleet of three keeps 1 of a worker's 3 express credits (``express``)."""
+    runner, workers = make_runner({"w": 1}, express=True, spare=1)
+    workers.release.clear()
+    leases: list[bool] = []
+
+    async def hold(request_id: str, tenant: str) -> None:
+        async with runner.slot(runner.request(request_id, tenant, 1.0, timeout_s=None)) as lease:
+            leases.append(lease.express)
+            await workers.release.wait()
+
+    tasks = [asyncio.ensure_future(hold(t, t)) for t in ("b", "c", "d")]
+    await asyncio.sleep(0.001)
+    assert leases == [True, False]  # one express credit, then the worker's one slot
+    assert runner.scheduler.in_flight == 2
+    workers.release.set()
+    await asyncio.gather(*tasks)
+    assert len(leases) == 3
 
 
 def test_queue_waits_are_measured_finer_than_uvloops_millisecond_clock() -> None:

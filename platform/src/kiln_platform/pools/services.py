@@ -26,7 +26,7 @@ from kiln_platform.pools.backend import BACKGROUND, PoolSize, PoolSpec, PoolWork
 from kiln_platform.pools.coldstart import ColdStarts
 from kiln_platform.registry.engine import worker_settings
 from kiln_platform.scheduler.core import PoolScheduler, SchedulerConfig
-from kiln_platform.scheduler.runner import PoolRunner
+from kiln_platform.scheduler.runner import EXPRESS_CREDITS, PoolRunner
 from kiln_platform.scheduler.schemas import Priority
 
 if TYPE_CHECKING:
@@ -91,6 +91,8 @@ class PoolManager:
         self._sizer: asyncio.Task[None] | None = None
         self.cold_starts = ColdStarts()
         self._twins = twins
+        self.express: Callable[[], int] = lambda: EXPRESS_CREDITS
+        """Express credits per worker (a shared fleet's backend divides them, ``_pool_manager``)."""
         """Batch-class work runs in each pool's background twin (``route``)."""
         backend.on_change = self._worker_changed
 
@@ -289,12 +291,16 @@ class PoolManager:
             partial(self._credits, key),
             partial(self._capacity, key),
             planned=lambda: self.desired.get(key, 0) * self._per_replica(key),
+            express=self._spare,
         )
         if self._observe_wait is not None:
             on_wait = partial(self._observe_wait, spec.model, spec.label)
             runner.on_wait = lambda request, seconds: on_wait(request.tenant, seconds)
         runner.on_done = partial(self.cold_starts.responded, spec.model, spec.label, key)
         return runner
+
+    def _spare(self) -> int:
+        return self.express()  # read now: the composition root may set it after a runner is made
 
     def _credits(self, pool: str) -> dict[str, int]:
         return {w.url: self.backend.credits(w) for w in self.backend.ready(pool)}

@@ -16,6 +16,7 @@ import structlog
 
 from kiln_platform.pools.backend import PoolWorker
 from kiln_platform.pools.fleet_policy import fleet_replicas, gateway_share
+from kiln_platform.scheduler.runner import EXPRESS_CREDITS
 from kiln_runtimes.protocol import WorkerInfo
 
 if TYPE_CHECKING:
@@ -120,6 +121,11 @@ class SharedBackend:
         """This gateway's share of the worker's credits."""
         return gateway_share(self.local.credits(worker), self.gateways)
 
+    def express(self) -> int:
+        """This gateway's share of a worker's express credits (the worker holds
+        ``EXPRESS_CREDITS`` beyond its slots for all the gateways together)."""
+        return gateway_share(EXPRESS_CREDITS, self.gateways)
+
     def retry_after(self, worker: PoolWorker) -> float:
         """Seconds a caller should wait for this worker to become ready."""
         return self.local.retry_after(worker)
@@ -149,7 +155,9 @@ class SharedBackend:
 
     def discover(self, rows: list[FleetReplica]) -> None:
         """Follower: the registered workers become the pools (kept by URL, so a lease's worker
-        stays the same object while it is registered)."""
+        stays the same object while it is registered). The pools are replaced before anyone
+        hears of a change: a runner poked about a new worker reads ``ready`` from the new ones
+        (poked earlier, a request queued before the first discovery waited for the next one)."""
         if self.leader:
             return
         found: dict[str, list[PoolWorker]] = {}
@@ -159,13 +167,15 @@ class SharedBackend:
                 found.setdefault(row.pool, []).append(self._worker(spec, row))
         before = {w.url: w for pool in self._remote.values() for w in pool}
         self._remote = self.pools = found
-        after = {w.url for pool in found.values() for w in pool}
-        for url, worker in before.items():
-            if url not in after and worker.ready:
-                worker.ready = False
-                self.on_change(worker)
+        after = {w.url: w for pool in found.values() for w in pool}
+        changed = [w for url, w in before.items() if url not in after and w.ready]
+        changed += [w for w in after.values() if not w.ready]
+        for worker in changed:
+            worker.ready = not worker.ready
+            self.on_change(worker)
 
     def _worker(self, spec: PoolSpec, row: FleetReplica) -> PoolWorker:
+        """The registered worker, described by its row (ready once the pools are replaced)."""
         known = self.find(row.pool, row.url)
         worker = known or PoolWorker(spec, *_host_port(row.url))
         worker.info = WorkerInfo(
@@ -173,9 +183,6 @@ class SharedBackend:
             ready=True, draining=False, in_flight=0, queued=0, free_slots=row.slots,
             max_batch_size=row.max_batch_size, max_queue=row.max_queue,
         )  # fmt: skip
-        if not worker.ready:
-            worker.ready = True
-            self.on_change(worker)
         return worker
 
 

@@ -68,8 +68,8 @@ class PoolRunner:
 
     ``slots()`` returns the ready workers and the credits each advertises; the runner subtracts
     what it has in flight on each, so a worker is never sent more than it advertised. With the
-    express lane on (``PolicyConfig.express``) each worker also holds ``EXPRESS_CREDITS`` spare
-    express credits, counted apart, for requests of tenants holding no normal credit.
+    express lane on (``PolicyConfig.express``) each worker also holds ``express()`` spare express
+    credits (``EXPRESS_CREDITS``), counted apart, for requests of tenants holding no normal credit.
 
     ``capacity()`` returns the cost (items) each worker's queue holds, where it is bounded: a
     worker is sent a request only if its cost fits beside what is in flight there, or if nothing
@@ -82,11 +82,15 @@ class PoolRunner:
         slots: Callable[[], Mapping[str, int]],
         capacity: Callable[[], Mapping[str, float]] = dict,
         planned: Callable[[], int] = lambda: 0,
+        express: Callable[[], int] = lambda: EXPRESS_CREDITS,
     ) -> None:
         self.scheduler = scheduler
         self._slots = slots
         self._capacity = capacity
         self._planned = planned
+        self._spare = express
+        """Express credits per worker: ``EXPRESS_CREDITS``, or this gateway's share of them in a
+        shared fleet (``SharedBackend.express``)."""
         """Slots the pool will have once its starting workers are ready (admission's rate while
         none is: a pool starting from zero admits what it will serve, not nothing)."""
         self._waiting: dict[str, asyncio.Future[Dispatch]] = {}
@@ -183,12 +187,12 @@ class PoolRunner:
     def poke(self) -> None:
         """Fill free credits now (call it too when a worker becomes ready or changes slots)."""
         now, wasted = self.now(), True
-        slots, capacity = self._slots(), self._capacity()
+        slots, capacity, spare = self._slots(), self._capacity(), self._spare()
         self.scheduler.slots = sum(slots.values()) or self._planned()
         while wasted:
             wasted = False
             credits = [
-                Credit(w, n - self._in_flight[w], EXPRESS_CREDITS - self._express[w],
+                Credit(w, n - self._in_flight[w], spare - self._express[w],
                        cap - self._cost.get(w, 0.0), cap)
                 for w, n in slots.items()
                 for cap in [capacity.get(w, math.inf)]
