@@ -185,7 +185,7 @@ def worker_arguments(
         cmd += ["--no-preempt"]
     if not s.worker_express_runner:
         cmd += ["--no-express-runner"]
-    if not s.worker_adaptive_wait:
+    if not s.worker_adaptive_wait or spec.background:  # a twin's lines gain nothing by haste
         cmd += ["--fixed-wait"]
     slots = s.worker_adapter_slots if e.adapter_slots is None else e.adapter_slots
     if slots:
