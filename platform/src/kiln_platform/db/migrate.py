@@ -8,7 +8,6 @@ from typing import TYPE_CHECKING
 
 from alembic import command
 from alembic.config import Config
-from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from sqlalchemy import text
 
@@ -43,11 +42,6 @@ def head_revision() -> str | None:
     running process, and reading them loads every script: readiness probes, every few
     seconds, did that each time)."""
     return ScriptDirectory.from_config(_config()).get_current_head()
-
-
-def current_revision(connection: Connection) -> str | None:
-    """The revision the database is at."""
-    return MigrationContext.configure(connection).get_current_revision()
 
 
 def _upgrade(

@@ -83,8 +83,10 @@ class Fleet:
         await self._lock_db.dispose()
 
     def details(self) -> dict[str, object]:
-        """What readiness reports of the fleet."""
-        return {"gateway": str(self.id), "leader": self.elector.leader, "gateways": self.gateways}
+        """What readiness reports of the fleet: this gateway's part, and each pool's size as
+        the leader applied it (``fleet_pools``, read at every beat)."""
+        return {"gateway": str(self.id), "leader": self.elector.leader,
+                "gateways": self.gateways, "pools": dict(self.desired)}  # fmt: skip
 
     async def beat(self) -> None:
         """One round: leadership, heartbeat, then register (leader) or discover (follower)."""
