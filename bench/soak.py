@@ -1,17 +1,20 @@
 """Soak: steady mixed traffic for a configured time, resources sampled (docs/reliability.md).
 
-Starts its own ``kiln up`` serving all-MiniLM-L6-v2 and runs, at once: embeddings on an open
-loop (``--rate`` req/s, one sentence each, latency from the scheduled send time), a key
-rotation every 5 s through the admin API (create a key, use it, revoke it: the key cache and
-the audit log see a stream of new keys), an admin read every second (the tenant's keys),
-``/v1/models`` and ``/v2/health/ready`` every 2 s. Every ``--sample-s`` it samples, per
+Starts its own ``kiln up`` serving all-MiniLM-L6-v2 and a small tensor model in two versions
+(uploaded through the admin API), and runs, at once: embeddings on an open loop (``--rate``
+req/s, one sentence each, latency from the scheduled send time), a key rotation every 5 s
+through the admin API (create a key, use it, revoke it: the key cache and the audit log see a
+stream of new keys), an admin read every second (the tenant's keys), ``/v1/models`` and
+``/v2/health/ready`` every 2 s, OIP ``/v2`` inference on the tensor model every second, its
+canary share changed every 30 s through the admin API (``_soak_mix``), and with ``--chat`` a
+streamed chat on the bundled SmolLM2 every 5 s (8 tokens). Every ``--sample-s`` it samples, per
 process role (gateway, workers, PostgreSQL): resident memory, open file descriptors, and the
 PostgreSQL connections (its backend processes), with the embeddings p99 of that window.
 
 After ``--warmup-s`` it reports growth, first samples against last: RSS per role (goal < 5%),
 fds and connections (goal: none), p99 drift (goal < 10%); ``--json`` writes every sample.
 
-    python bench/soak.py --duration-s 3600            # the hour
+    python bench/soak.py --duration-s 3600 --chat     # the hour
     python bench/soak.py --duration-s 180 --warmup-s 60 --json /tmp/soak.json   # CI's 3 minutes
 """
 
@@ -35,8 +38,19 @@ import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _corpus import embedding_bodies, sentences
-from _kiln import CpuMeter, Kiln
+from _kiln import CpuMeter, Kiln, register_as
+from _soak_mix import (
+    CANARY_EVERY_S,
+    CHAT,
+    CHAT_EVERY_S,
+    V2_EVERY_S,
+    Mix,
+    chat_model_dir,
+    upload_versions,
+)
 from embeddings import _model_dir, _run
+
+from kiln_platform.pools.connections import StackConnector
 
 _PG_AUX = ("checkpointer", "background writer", "walwriter", "autovacuum launcher",
            "logical replication launcher", "stats collector", "archiver", "startup")  # fmt: skip
@@ -57,10 +71,12 @@ class Sample:
 
 @dataclass
 class Traffic:
-    """What the load saw: embeddings latencies of the current window, statuses of everything."""
+    """What the load saw: embeddings latencies of the current window, statuses of everything,
+    the tensor model's versions that answered ``/v2``."""
 
     window: list[float] = field(default_factory=list)
     statuses: Counter[str] = field(default_factory=Counter)
+    versions: Counter[str] = field(default_factory=Counter)
 
 
 def _connections(postgres: list[psutil.Process]) -> int:
@@ -120,13 +136,18 @@ async def _every(seconds: float, end: float, call: Any) -> None:
         await asyncio.sleep(seconds)
 
 
-async def _traffic(kiln: Kiln, admin_key: str, tenant: str, *, rate: float,
-                   traffic: Traffic, end: float) -> None:  # fmt: skip
+async def _traffic(kiln: Kiln, keys: tuple[str, str], tenant: str, *, rate: float,
+                   traffic: Traffic, end: float, chat: str | None) -> None:  # fmt: skip
+    """Everything at once until ``end``; ``keys``: the tenant admin's and the platform's."""
     base, model = kiln.base_url, kiln.model
     bodies = embedding_bodies(model, sentences(500))
     user = {"authorization": f"Bearer {kiln.key}", "content-type": "application/json"}
-    admin = {"authorization": f"Bearer {admin_key}"}
-    async with aiohttp.ClientSession(headers=user) as http:
+    admin = {"authorization": f"Bearer {keys[0]}"}
+    # most recent connection first, idle ones closed before the gateway's 5 s: the gateway's
+    # inbound keep-alives follow the load's concurrency of the last seconds, not its peak
+    connector = StackConnector(keepalive_timeout=4.0)
+    async with aiohttp.ClientSession(headers=user, connector=connector) as http:
+        mix = Mix(http, base, keys[1], (traffic.statuses, traffic.versions), chat)
 
         async def get(path: str, headers: dict[str, str] | None = None) -> None:
             async with http.get(f"{base}{path}", headers=headers) as r:
@@ -151,16 +172,22 @@ async def _traffic(kiln: Kiln, admin_key: str, tenant: str, *, rate: float,
             _every(1.0, end, lambda: get(f"/admin/v1/tenants/{tenant}/keys", admin)),
             _every(2.0, end, lambda: get("/v1/models")),
             _every(2.0, end, lambda: get("/v2/health/ready")),
+            _every(V2_EVERY_S, end, mix.infer),
+            _every(CANARY_EVERY_S, end, mix.canary),
+            *([_every(CHAT_EVERY_S, end, mix.chat)] if chat else []),
         )
 
 
-async def _soak(kiln: Kiln, admin_key: str, tenant: str, args: argparse.Namespace
-                ) -> tuple[list[Sample], Traffic]:  # fmt: skip
+async def _soak(kiln: Kiln, keys: tuple[str, str], tenant: str, args: argparse.Namespace,
+                chat: str | None) -> tuple[list[Sample], Traffic]:  # fmt: skip
+    await upload_versions(kiln.base_url, keys[1])
+    if chat:
+        await _warm_chat(kiln, chat)
     traffic, samples = Traffic(), []
     start = time.perf_counter()
     end = start + args.duration_s
     load = asyncio.create_task(
-        _traffic(kiln, admin_key, tenant, rate=args.rate, traffic=traffic, end=end)
+        _traffic(kiln, keys, tenant, rate=args.rate, traffic=traffic, end=end, chat=chat)
     )
     while time.perf_counter() < end:
         await asyncio.sleep(args.sample_s)
@@ -171,6 +198,21 @@ async def _soak(kiln: Kiln, admin_key: str, tenant: str, args: argparse.Namespac
               f"p99 {s.p99_ms:.1f} ms ({s.answered})", flush=True)  # fmt: skip
     await load
     return samples, traffic
+
+
+async def _warm_chat(kiln: Kiln, model: str, timeout_s: float = 300.0) -> None:
+    """Wait until the chat model answers (its worker starts on the first request)."""
+    headers = {"authorization": f"Bearer {kiln.key}"}
+    deadline = time.monotonic() + timeout_s
+    async with aiohttp.ClientSession(headers=headers) as http:
+        while True:
+            body = {**CHAT, "model": model, "stream": False}
+            async with http.post(f"{kiln.base_url}/v1/chat/completions", json=body) as r:
+                if r.status == 200:
+                    return
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"{model}: {r.status} {await r.text()}")
+            await asyncio.sleep(2.0)
 
 
 def _fmt(values: dict[str, float]) -> str:
@@ -211,6 +253,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--rate", type=float, default=20.0, help="embeddings per second")
     p.add_argument("--model-dir", type=Path, help="built model (default: the test cache)")
     p.add_argument("--json", type=Path, help="write the samples and the growth here")
+    p.add_argument("--chat", action="store_true", help="stream chats on SmolLM2 too")
     return p.parse_args(argv)
 
 
@@ -222,12 +265,18 @@ def main(argv: list[str] | None = None) -> None:
         admin_key = kiln.cli("keys", "create", "--tenant", "soak", "--role", "tenant-admin",
                              "--scope", "admin:read", "--scope", "admin:write"
                              ).strip().splitlines()[-1]  # fmt: skip
+        kiln.cli("tenants", "create", "ops")
+        ops_key = kiln.cli("keys", "create", "--tenant", "ops", "--role", "platform-admin",
+                           "--scope", "admin:write", "--scope", "inference"
+                           ).strip().splitlines()[-1]  # fmt: skip
+        chat = register_as(kiln.env, kiln.data_dir, chat_model_dir()) if args.chat else None
         with CpuMeter(kiln.processes()) as cpu:
-            samples, traffic = _run(_soak(kiln, admin_key, tenant, args))
+            samples, traffic = _run(_soak(kiln, (admin_key, ops_key), tenant, args, chat))
     finally:
         kiln.stop()
     out = growth(samples, args.warmup_s)
     out["statuses"] = dict(traffic.statuses)
+    out["v2_versions"] = dict(traffic.versions)
     out["cpu_ours"], out["cpu_foreign"] = round(cpu.ours, 2), round(cpu.foreign, 2)
     out["load_average"] = os.getloadavg()
     print(json.dumps(out, indent=1))

@@ -19,14 +19,14 @@ from kiln_platform.billing.rollup import Rollups
 from kiln_platform.billing.spool import UsageSpool
 from kiln_platform.compiler.runner import CompileRunner
 from kiln_platform.db.database import Database, open_database
-from kiln_platform.db.engine import sessionmaker, writer_engine
+from kiln_platform.db.engine import fill, sessionmaker, writer_engine
 from kiln_platform.gateway.dispatch import WorkerClient
 from kiln_platform.gateway.metrics import RequestMetrics
 from kiln_platform.idempotency.services import IdempotencyStore
 from kiln_platform.keys.services import KeyVerifier
 from kiln_platform.oauth.keys import Keyring
 from kiln_platform.oauth.verifier import TokenVerifier
-from kiln_platform.pools.backend import worker_headers
+from kiln_platform.pools.connections import worker_session
 from kiln_platform.pools.engine_metrics import EngineMetrics
 from kiln_platform.pools.fleet import Fleet
 from kiln_platform.pools.leader import LeaderElector
@@ -150,14 +150,6 @@ def _fleet(settings: Settings, db: Database, backend: PoolBackend) -> Fleet | No
     fleet = Fleet(db.sessions, LeaderElector(lock_db, "gateway"), backend, lock_db)
     fleet.elector.gateway = str(fleet.id)
     return fleet
-
-
-def _worker_http(settings: Settings) -> aiohttp.ClientSession:
-    """The HTTP session to workers (used for nothing else): every call carries the secret."""
-    return aiohttp.ClientSession(
-        connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=60),
-        headers=worker_headers(settings),
-    )
 
 
 def _spool(settings: Settings) -> UsageSpool[Usage] | None:
@@ -288,7 +280,8 @@ async def _stop(kiln: Kiln, ledger_db: AsyncEngine) -> None:
 async def running(settings: Settings, batches: Background) -> AsyncIterator[Kiln]:
     """Start every service for serving (``batches``: the batch runner); stop them in reverse
     order."""
-    async with open_database(settings) as db, _worker_http(settings) as http:
+    async with open_database(settings) as db, worker_session(settings) as http:
+        await fill(db.engine)  # every connection its pool keeps, opened now
         ledger_db = writer_engine(
             db.engine, db.set_role, settings.db_connect_timeout_s, db.password,
             synchronous_commit=settings.ledger_synchronous_commit,

@@ -9,6 +9,7 @@ for one tenant, or ``kiln.scope = 'platform'`` for platform work (the session fa
 
 from __future__ import annotations
 
+import asyncio
 import warnings
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -17,8 +18,14 @@ from urllib.parse import urlsplit
 
 from sqlalchemy import event, text
 from sqlalchemy.engine import make_url
-from sqlalchemy.ext.asyncio import AsyncEngine, async_sessionmaker, create_async_engine
+from sqlalchemy.ext.asyncio import (
+    AsyncConnection,
+    AsyncEngine,
+    async_sessionmaker,
+    create_async_engine,
+)
 from sqlalchemy.orm import Session
+from sqlalchemy.pool import QueuePool
 
 from kiln_platform.db.credentials import PasswordSource, password_sources
 from kiln_platform.sealing import derive
@@ -155,6 +162,23 @@ def create_engine(
         pool_pre_ping=pre_ping,
         connect_args=connect_args,
     )
+
+
+async def fill(engine: AsyncEngine) -> None:
+    """Open ``engine``'s pool to its ``pool_size`` now: serving starts with every connection the
+    pool keeps, so no early request pays a connection's set-up and the count stays flat; those
+    a burst opens past the size (its overflow) close as they are returned."""
+    pool = engine.sync_engine.pool
+    size = pool.size() if isinstance(pool, QueuePool) else 0
+    opened = await asyncio.gather(
+        *(engine.connect().start() for _ in range(size)), return_exceptions=True
+    )
+    for conn in opened:
+        if isinstance(conn, AsyncConnection):
+            await conn.close()  # back to the pool, kept open
+    for failed in opened:
+        if isinstance(failed, BaseException):
+            raise failed
 
 
 def writer_engine(
