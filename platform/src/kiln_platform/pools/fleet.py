@@ -68,7 +68,8 @@ class Fleet:
         self._task = asyncio.create_task(self._loop(), name="fleet")
 
     async def stop(self) -> None:
-        """Leave: stop beating, give leadership up, remove this gateway's rows."""
+        """Leave: stop beating, give leadership up, remove this gateway's rows (its workers'
+        too, unless they outlive it: pods stay registered until the next leader's beat)."""
         if self._task is not None:
             REGISTRY.unregister(self._collector)
             self._task.cancel()
@@ -76,8 +77,9 @@ class Fleet:
                 await self._task
         with contextlib.suppress(Exception):
             async with self._sessions.begin() as session:
-                mine = FleetReplica.gateway_id == self.id
-                await session.execute(delete(FleetReplica).where(mine))
+                if not self._backend.workers_outlive_gateway:  # pods serve on: rows stay
+                    mine = FleetReplica.gateway_id == self.id
+                    await session.execute(delete(FleetReplica).where(mine))
                 await session.execute(delete(FleetGateway).where(FleetGateway.id == self.id))
         await self.elector.release()
         await self._lock_db.dispose()
