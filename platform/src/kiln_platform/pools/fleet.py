@@ -92,7 +92,7 @@ class Fleet:
 
     async def beat(self) -> None:
         """One round: leadership, heartbeat, then register (leader) or discover (follower)."""
-        leader = await self.elector.check()
+        was, leader = self.elector.leader, await self.elector.check()
         async with self._sessions.begin() as session:
             await self._heartbeat(session, leader)
             alive = FleetGateway.heartbeat_at > func.now() - self._ttl
@@ -104,7 +104,10 @@ class Fleet:
             self._backend.wishes = [dict(w) for w in others]
             if leader:
                 self._backend.apply()
-                await self._register(session)
+                if was or not self._backend.workers_outlive_gateway:
+                    await self._register(session)
+                # else a new term over pods that outlived the last leader: its rows stand one
+                # beat more while ours are checked (registering none yet would empty the pools)
             else:
                 rows = await session.scalars(
                     select(FleetReplica).where(FleetReplica.heartbeat_at > func.now() - self._ttl)

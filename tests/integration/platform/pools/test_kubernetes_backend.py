@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import os
 import time
+import uuid
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,13 +24,19 @@ import pytest
 from aiohttp import web
 from lightkube import KubeConfig
 from pydantic import SecretStr
+from sqlalchemy import select
 
 from kiln_platform.batches.runner import BatchRunner
 from kiln_platform.context import running
+from kiln_platform.db.database import Database
+from kiln_platform.db.engine import writer_engine
 from kiln_platform.pools._kube_objects import deployment_name
 from kiln_platform.pools.backend import PoolSpec, PoolWorker, worker_headers
+from kiln_platform.pools.fleet import Fleet
 from kiln_platform.pools.kubernetes import KubernetesPoolBackend, check_store
+from kiln_platform.pools.leader import LeaderElector
 from kiln_platform.pools.shared import SharedBackend
+from kiln_platform.pools.tables import FleetReplica
 from kiln_platform.settings import Settings
 from kiln_runtimes import _app as worker_app
 from kiln_runtimes.protocol import WorkerInfo
@@ -304,6 +311,62 @@ async def test_a_leader_hand_over_keeps_the_deployments_and_their_pods(
             for shared in (a, b):
                 await shared.stop()
     assert NAME in kube.deployments  # a gateway's stop leaves them too
+
+
+@pytest.mark.integration
+async def test_a_fleet_hand_over_keeps_the_pods_registered_throughout(
+    db: Database, kube: FakeKubeAPI, workers: StubWorkers, tmp_path: Path
+) -> None:
+    """Two gateways' fleet parts on PostgreSQL, each with the kubernetes backend: the leader
+    registers its pods (pod IP, port 9000 here the stub's); it stops, and its rows stay (pods
+    outlive it); the next leader's first beat leaves them while it checks the adopted pods (here
+    not passed yet: registering only checked pods would empty the registry), and its next
+    registers the same pods as its own."""
+    settings = Settings(data_dir=tmp_path, pool_backend="kubernetes", worker_image="kiln/w:1",
+                        kubernetes_store_claim="kiln-store", worker_secret=SecretStr(SECRET),
+                        shared_workers=True)  # fmt: skip
+    config = KubeConfig.from_dict(kube.kubeconfig())
+
+    async def rows() -> list[tuple[str, uuid.UUID]]:
+        async with db.sessions() as session:
+            found = await session.execute(select(FleetReplica.url, FleetReplica.gateway_id))
+            return sorted((url, gateway) for url, gateway in found.all())
+
+    async with aiohttp.ClientSession(headers=worker_headers(settings)) as http:
+        fleets = []
+        for _ in range(2):
+            shared = SharedBackend(KubernetesPoolBackend(settings, http, config, poll_s=0.05,
+                                                         port=workers.port))  # fmt: skip
+            shared.own = {SPEC.key: 2}
+            shared.ensure(SPEC)
+            lock_db = writer_engine(db.engine, db.set_role)
+            fleets.append(Fleet(db.sessions, LeaderElector(lock_db, "gw", retry_s=0.2), shared,
+                                lock_db))  # fmt: skip
+        a, b = fleets
+        try:
+            await a.beat()
+            await until(lambda: replicas(kube) == 2)
+            kube.add_pod(NAME, "p0", POD_IPS[0])
+            kube.add_pod(NAME, "p1", POD_IPS[1])
+            await until(lambda: len(a._backend.ready(SPEC.key)) == 2)
+            await a.beat()
+            urls = sorted(f"http://{ip}:{workers.port}" for ip in POD_IPS)
+            assert await rows() == [(url, a.id) for url in urls]
+            await a.stop()
+            workers.ready = False  # the new leader's check of the pods has not passed yet
+            await b.beat()
+            assert b.elector.leader
+            assert await rows() == [(url, a.id) for url in urls]  # the pods still serve
+            workers.ready = True
+            await until(lambda: len(b._backend.ready(SPEC.key)) == 2)
+            await b.beat()
+            assert await rows() == [(url, b.id) for url in urls]
+            assert replicas(kube) == 2
+            assert not [r for r in kube.requests if r[0] == "DELETE"]
+        finally:
+            await b.stop()
+            for fleet in fleets:
+                await fleet._backend.stop()
 
 
 async def test_a_gateway_whose_store_is_not_the_claim_refuses_to_start(
