@@ -193,6 +193,32 @@ def test_pools_run_on_the_kubernetes_backend_and_the_s3_store_from_kilns_images(
         assert tag == version, reference
 
 
+def test_gateways_are_one_fleet_of_two_or_more_that_drains_one_at_a_time(
+    resources: dict[Any, Any],
+) -> None:
+    """Shared workers on; the HPA alone sizes the gateways (the Deployment names no replicas,
+    so an apply never resets them), never below 2, on CPU; the PDB lets a drain take one (and
+    any unready one) at a time; the pool manager may list the Deployments a new leader adopts."""
+    config = resources["ConfigMap", "kiln-gateway"]["data"]
+    assert Settings.model_validate({"shared_workers": config["KILN_SHARED_WORKERS"]}).shared_workers
+    gateway = resources["Deployment", "kiln-gateway"]
+    assert "replicas" not in gateway["spec"]
+    hpa = resources["HorizontalPodAutoscaler", "kiln-gateway"]["spec"]
+    assert hpa["scaleTargetRef"] == {"apiVersion": "apps/v1", "kind": "Deployment",
+                                     "name": "kiln-gateway"}  # fmt: skip
+    assert 2 <= hpa["minReplicas"] < hpa["maxReplicas"]
+    assert [m["resource"]["name"] for m in hpa["metrics"]] == ["cpu"]
+    pdb = resources["PodDisruptionBudget", "kiln-gateway"]["spec"]
+    assert pdb["maxUnavailable"] == 1
+    assert "minAvailable" not in pdb
+    assert pdb["unhealthyPodEvictionPolicy"] == "AlwaysAllow"
+    labels = gateway["spec"]["template"]["metadata"]["labels"]
+    assert pdb["selector"]["matchLabels"].items() <= labels.items()
+    [deployments] = [r for r in resources["Role", "kiln-pool-manager"]["rules"]
+                     if "deployments" in r["resources"]]  # fmt: skip
+    assert {"get", "list", "create", "patch", "delete"} <= set(deployments["verbs"])
+
+
 def test_database_roles_are_split_and_the_owner_password_is_a_mounted_secret(
     resources: dict[Any, Any],
 ) -> None:

@@ -115,8 +115,9 @@ def _pool_backend(settings: Settings, http: aiohttp.ClientSession) -> PoolBacken
     """The backend ``KILN_POOL_BACKEND`` names (the kubernetes client is imported only for it),
     shared with other gateways under ``KILN_SHARED_WORKERS``."""
     if settings.pool_backend == "kubernetes":
-        from kiln_platform.pools.kubernetes import KubernetesPoolBackend
+        from kiln_platform.pools.kubernetes import KubernetesPoolBackend, check_store
 
+        check_store(settings)  # the gateway's store must be the one its pods read
         backend: PoolBackend = KubernetesPoolBackend(settings, http)
     else:
         backend = LocalPoolBackend(settings, http)

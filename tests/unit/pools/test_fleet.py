@@ -61,6 +61,11 @@ class Backend:
     specs: dict[str, PoolSpec] = field(default_factory=dict)
     on_change: object = None
     scaled: list[tuple[str, int]] = field(default_factory=list)
+    workers_outlive_gateway: bool = False
+
+    def step_down(self) -> None:  # as the local backend: its workers stop
+        for key in list(self.pools):
+            self.remove(key)
 
     def ensure(self, spec: PoolSpec) -> None:
         self.specs[spec.key] = spec

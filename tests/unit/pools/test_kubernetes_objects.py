@@ -171,7 +171,9 @@ def test_any_registrable_name_gives_valid_distinct_names_and_labels(
                for v in labels.values())  # fmt: skip
     # the API server requires the selector to select the template (no schema checks it)
     assert doc["spec"]["selector"]["matchLabels"].items() <= labels.items()
-    assert doc["metadata"]["annotations"] == {"kiln.dev/model": model, "kiln.dev/version": version}
+    annotations = doc["metadata"]["annotations"]
+    assert annotations.pop(objects.TEMPLATE_ANNOTATION)
+    assert annotations == {"kiln.dev/model": model, "kiln.dev/version": version}
 
 
 def test_names_that_clean_alike_stay_apart() -> None:
@@ -212,3 +214,18 @@ def test_keep_prefers_ready_then_oldest_and_drops_terminating() -> None:
     assert [p.name for p in objects.keep(pods, 4)] == ["old", "new", "starting"]
     assert [p.name for p in objects.keep(pods, 2)] == ["old", "new"]
     assert objects.keep(pods, 0) == []
+
+
+def test_adoption_changes_only_replicas_while_the_template_is_the_same() -> None:
+    """A new leader adopting a previous one's Deployment: no rollout for a hand-over (replicas
+    only, or nothing), a rolling update once the template changed (another image)."""
+    found = objects.deployment(SPEC, settings(), 2)
+    assert objects.adoption(found, objects.deployment(SPEC, settings(), 2)) is None
+    assert objects.adoption(found, objects.deployment(SPEC, settings(), 3)) == {
+        "spec": {"replicas": 3}
+    }
+    upgraded = objects.deployment(SPEC, settings(worker_image="kiln/w:2"), 2)
+    assert objects.adoption(found, upgraded) == upgraded
+    key = objects.TEMPLATE_ANNOTATION
+    assert found["metadata"]["annotations"][key] != upgraded["metadata"]["annotations"][key]
+    assert key not in found["spec"]["template"]["metadata"]["annotations"]  # no rollout by it

@@ -11,6 +11,7 @@ the worker secret: ``KILN_WORKER_SECRET`` from a Secret, never a flag) and ``:90
 from __future__ import annotations
 
 import hashlib
+import json
 import math
 import re
 from dataclasses import dataclass
@@ -33,6 +34,8 @@ METRICS_PORT = 9090
 """Where a worker pod serves ``GET /metrics`` alone (no tenant labels, no secret)."""
 MANAGED_BY = "kiln-pool-manager"
 POOL_LABEL = "kiln.dev/pool"
+TEMPLATE_ANNOTATION = "kiln.dev/template"
+"""The digest of the pod template a Deployment was made or last updated with (``adoption``)."""
 NODE_CLASS_LABEL = "kiln.dev/node-class"
 """The node groups' label (``terraform/modules/eks/nodes.tf``): ``cpu`` or ``gpu``."""
 GPU_TOLERATION = {"key": "nvidia.com/gpu", "operator": "Equal", "value": "true",
@@ -105,6 +108,9 @@ def deployment(spec: PoolSpec, settings: Settings, replicas: int) -> dict[str, A
         pod["tolerations"] = [dict(GPU_TOLERATION)]
     prometheus = {"prometheus.io/scrape": "true", "prometheus.io/port": str(METRICS_PORT),
                   "prometheus.io/path": "/metrics"}  # fmt: skip
+    template = {"metadata": {"labels": pod_labels(spec), "annotations": annotations | prometheus},
+                "spec": pod}  # fmt: skip
+    metadata["annotations"] = annotations | {TEMPLATE_ANNOTATION: _digest(template)}
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
@@ -113,15 +119,30 @@ def deployment(spec: PoolSpec, settings: Settings, replicas: int) -> dict[str, A
             "replicas": replicas,
             "revisionHistoryLimit": 5,
             "selector": {"matchLabels": selector(spec)},
-            "template": {
-                "metadata": {
-                    "labels": pod_labels(spec),
-                    "annotations": annotations | prometheus,
-                },
-                "spec": pod,
-            },
+            "template": template,
         },
     }
+
+
+def _digest(template: Mapping[str, Any]) -> str:
+    return hashlib.sha256(json.dumps(template, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def adoption(found: Mapping[str, Any], body: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The merge patch that makes ``found``, a pool's Deployment a previous leader made, the one
+    ``body`` describes: its replicas only while the pod template is the same (no rollout: the
+    pods keep serving through a hand-over), the whole of ``body`` once the template changed (new
+    settings or image: a rolling update); None when there is nothing to change."""
+    meta = found.get("metadata") or {}
+    same = (meta.get("annotations") or {}).get(TEMPLATE_ANNOTATION) == (
+        body["metadata"]["annotations"][TEMPLATE_ANNOTATION]
+    )
+    if not same:
+        return dict(body)
+    replicas = body["spec"]["replicas"]
+    if (found.get("spec") or {}).get("replicas") == replicas:
+        return None
+    return {"spec": {"replicas": replicas}}
 
 
 def _store_volume(settings: Settings) -> dict[str, Any]:

@@ -108,6 +108,8 @@ class PoolBackend(Protocol):
     pools: dict[str, list[PoolWorker]]
     specs: dict[str, PoolSpec]
     on_change: Callable[[PoolWorker], None]
+    workers_outlive_gateway: bool
+    """Its workers go on serving after this gateway stops (pods, not child processes)."""
 
     def ensure(self, spec: PoolSpec) -> None:
         """Have a pool for ``spec`` (empty until ``scale``)."""
@@ -117,6 +119,10 @@ class PoolBackend(Protocol):
 
     def scale(self, key: str, replicas: int) -> None:
         """Make the pool ``replicas`` workers big."""
+
+    def step_down(self) -> None:
+        """Stop managing every pool (a fleet leader stepping down): workers that are this
+        gateway's own stop; what outlives it (Deployments) stays for the next leader."""
 
     def ready(self, key: str) -> list[PoolWorker]:
         """The pool's workers that take requests."""

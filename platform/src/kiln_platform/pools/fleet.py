@@ -68,7 +68,8 @@ class Fleet:
         self._task = asyncio.create_task(self._loop(), name="fleet")
 
     async def stop(self) -> None:
-        """Leave: stop beating, give leadership up, remove this gateway's rows."""
+        """Leave: stop beating, give leadership up, remove this gateway's rows (its workers'
+        too, unless they outlive it: pods stay registered until the next leader's beat)."""
         if self._task is not None:
             REGISTRY.unregister(self._collector)
             self._task.cancel()
@@ -76,8 +77,9 @@ class Fleet:
                 await self._task
         with contextlib.suppress(Exception):
             async with self._sessions.begin() as session:
-                mine = FleetReplica.gateway_id == self.id
-                await session.execute(delete(FleetReplica).where(mine))
+                if not self._backend.workers_outlive_gateway:  # pods serve on: rows stay
+                    mine = FleetReplica.gateway_id == self.id
+                    await session.execute(delete(FleetReplica).where(mine))
                 await session.execute(delete(FleetGateway).where(FleetGateway.id == self.id))
         await self.elector.release()
         await self._lock_db.dispose()
@@ -90,7 +92,7 @@ class Fleet:
 
     async def beat(self) -> None:
         """One round: leadership, heartbeat, then register (leader) or discover (follower)."""
-        leader = await self.elector.check()
+        was, leader = self.elector.leader, await self.elector.check()
         async with self._sessions.begin() as session:
             await self._heartbeat(session, leader)
             alive = FleetGateway.heartbeat_at > func.now() - self._ttl
@@ -102,7 +104,10 @@ class Fleet:
             self._backend.wishes = [dict(w) for w in others]
             if leader:
                 self._backend.apply()
-                await self._register(session)
+                if was or not self._backend.workers_outlive_gateway:
+                    await self._register(session)
+                # else a new term over pods that outlived the last leader: its rows stand one
+                # beat more while ours are checked (registering none yet would empty the pools)
             else:
                 rows = await session.scalars(
                     select(FleetReplica).where(FleetReplica.heartbeat_at > func.now() - self._ttl)

@@ -2,7 +2,11 @@
 
 The pool manager still decides each pool's size; ``scale`` records it and the backend's one
 background loop patches the Deployment's ``spec.replicas`` (the pool manager is the only writer:
-do not also apply a KEDA ScaledObject to these Deployments). The same loop lists the worker
+do not also apply a KEDA ScaledObject to these Deployments). The Deployments are the desired
+state and outlive the gateway that made them: a gateway that stops, or a fleet leader that
+steps down (``step_down``), leaves them as they are, and the next one adopts them (found by
+Kiln's labels; ``_kube_objects.adoption``), changing only their replicas unless its pod
+template differs. The same loop lists the worker
 pods of every pool by label, about once a second, and keeps each pool's workers: a pod is a
 worker the scheduler may use when its Ready condition is true, it has an IP, and the gateway's
 own ``GET /health`` on ``http://<podIP>:9000`` answered ready (once when it turns Ready, and
@@ -16,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import time
 from typing import TYPE_CHECKING, Any, cast
 
@@ -41,8 +46,28 @@ log = structlog.get_logger("kiln.pools")
 _FIELD_MANAGER = "kiln"
 
 
+def check_store(settings: Settings, ismount: Callable[[str], bool] = os.path.ismount) -> None:
+    """Refuse to start where worker pods (and the other gateways) cannot read what this gateway
+    stores: without ``KILN_ARTIFACT_STORE`` the store is the claim, which pods mount at
+    ``$KILN_DATA_DIR/store``, so the gateway must have it mounted there too (else models land
+    on the pod's own disk and every worker fails to load them)."""
+    if settings.artifact_store or ismount(str(settings.store_dir)):
+        return
+    shared = " (and, with KILN_SHARED_WORKERS=true, no other gateway)"
+    shared = shared if settings.shared_workers else ""
+    raise ValueError(
+        f"KILN_KUBERNETES_STORE_CLAIM={settings.kubernetes_store_claim} is not mounted at "
+        f"KILN_DATA_DIR/store ({settings.store_dir}): models stored here would be on this pod's "
+        f"own disk, where no worker pod{shared} reads them. Mount the claim (ReadWriteMany) "
+        "there in every gateway, or set KILN_ARTIFACT_STORE=s3://bucket/prefix"
+    )
+
+
 class KubernetesPoolBackend:
     """Keeps one Deployment per pool at the pool manager's size and tracks its pods."""
+
+    workers_outlive_gateway = True
+    """Pods serve on after this gateway stops (``pools.fleet`` keeps their rows)."""
 
     def __init__(
         self,
@@ -78,6 +103,8 @@ class KubernetesPoolBackend:
         self._crashed: set[str] = set()
         self._doomed: set[str] = set()
         """Deployments of removed pools still to delete."""
+        self._found: dict[str, dict[str, Any]] | None = None
+        """Kiln's Deployments as this term's first sync found them (None: not listed yet)."""
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
 
@@ -145,6 +172,22 @@ class KubernetesPoolBackend:
         """Seconds a caller should wait for this worker to become ready (a rough estimate)."""
         return backend.retry_after(self._settings, worker)
 
+    def step_down(self) -> None:
+        """Stop managing the pools (a fleet leader stepping down): their workers leave this
+        gateway's rotation; their Deployments stay as they are, neither resized nor deleted from
+        here again, for the next leader to adopt (the pods serve through the hand-over)."""
+        for workers in self.pools.values():
+            for worker in workers:
+                self._set_ready(worker, False)
+        for state in (self.specs, self.pools, self._replicas, self._applied, self._pods):
+            state.clear()
+        self._crashed.clear()
+        self._doomed.clear()
+        self._found = None
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+
     async def stop(self) -> None:
         """Stop syncing. Deployments stay as they are: workers keep serving through a gateway
         restart, and the next gateway adopts them."""
@@ -172,10 +215,16 @@ class KubernetesPoolBackend:
     async def sync(self) -> None:
         """One round: delete removed pools' Deployments, create or resize the others, then
         read every pool's pods."""
+        if self._found is None:  # a new term: what a previous leader (or gateway) left
+            listed = self._client.list(Deployment, labels=dict(objects.WORKER_SELECTOR))
+            self._found = {
+                d.metadata.name: d.to_dict() async for d in listed if d.metadata and d.metadata.name
+            }
         for name in list(self._doomed):
             with contextlib.suppress(ApiError):  # already gone: same outcome
                 await self._client.delete(Deployment, name)
             self._doomed.discard(name)
+            self._found.pop(name, None)  # made anew if the pool comes back
         for key, spec in list(self.specs.items()):
             replicas = self._replicas.get(key, 0)
             if self._applied.get(key) != replicas:
@@ -188,8 +237,8 @@ class KubernetesPoolBackend:
         await self._observe([p for p in pods if isinstance(p, dict)])
 
     async def _apply(self, spec: PoolSpec, replicas: int) -> None:
-        """Create the pool's Deployment, or, if it exists (a previous gateway's), bring its
-        template and size to ours; later changes patch the size only."""
+        """Create the pool's Deployment, or adopt it if it exists (a previous leader's or
+        gateway's: ``objects.adoption``); later changes patch the size only."""
         name = objects.deployment_name(spec)
         if spec.key in self._applied:
             patch = {"spec": {"replicas": replicas}}
@@ -197,14 +246,22 @@ class KubernetesPoolBackend:
             log.info("pool deployment scaled", pool=spec.key, deployment=name, replicas=replicas)
             return
         body = objects.deployment(spec, self._settings, replicas)
-        try:
-            await self._client.create(cast("Deployment", Deployment.from_dict(body)))
-            log.info("pool deployment created", pool=spec.key, deployment=name, replicas=replicas)
-        except ApiError as exc:
-            if exc.status.code != 409:
-                raise
-            await self._client.patch(Deployment, name, body, patch_type=PatchType.MERGE)
-            log.info("pool deployment adopted", pool=spec.key, deployment=name, replicas=replicas)
+        found: dict[str, Any] | None = (self._found or {}).get(name)
+        if found is None:
+            try:
+                await self._client.create(cast("Deployment", Deployment.from_dict(body)))
+                log.info("pool deployment created", pool=spec.key, deployment=name,
+                         replicas=replicas)  # fmt: skip
+                return
+            except ApiError as exc:  # made since the list, or without Kiln's labels
+                if exc.status.code != 409:
+                    raise
+                found = (await self._client.get(Deployment, name)).to_dict()
+        change = objects.adoption(found, body)
+        if change is not None:
+            await self._client.patch(Deployment, name, change, patch_type=PatchType.MERGE)
+        log.info("pool deployment adopted", pool=spec.key, deployment=name, replicas=replicas,
+                 template_updated=change is not None and "metadata" in change)  # fmt: skip
 
     async def _observe(self, pods: list[dict[str, Any]]) -> None:
         """Rebuild each pool's workers from its pods; health-check the pods that turned Ready."""

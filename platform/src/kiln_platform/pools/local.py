@@ -48,6 +48,9 @@ def _free_port() -> int:
 class LocalPoolBackend:
     """Starts, watches and restarts worker subprocesses on this machine."""
 
+    workers_outlive_gateway = False
+    """Its workers are its children (in a shared fleet they exit with it)."""
+
     def __init__(self, settings: Settings, http: aiohttp.ClientSession) -> None:
         self._settings = settings
         self._http = http
@@ -74,6 +77,12 @@ class LocalPoolBackend:
         self.scale(key, 0)
         self.specs.pop(key, None)
         self.pools.pop(key, None)
+
+    def step_down(self) -> None:
+        """Stop managing the pools (a fleet leader stepping down): its workers are its own
+        processes, so they drain and stop; the next leader starts its own."""
+        for key in list(self.pools):
+            self.remove(key)
 
     def scale(self, key: str, replicas: int) -> None:
         """Start or stop workers until the pool has ``replicas`` (starting ones go first)."""

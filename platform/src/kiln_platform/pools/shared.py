@@ -33,6 +33,7 @@ class SharedBackend:
 
     def __init__(self, local: PoolBackend) -> None:
         self.local = local
+        self.workers_outlive_gateway = local.workers_outlive_gateway
         self.leader = False
         self.specs: dict[str, PoolSpec] = {}
         self._remote: dict[str, list[PoolWorker]] = {}
@@ -134,8 +135,13 @@ class SharedBackend:
         """Stop the leader's backend (a follower's has nothing running)."""
         await self.local.stop()
 
+    def step_down(self) -> None:
+        """Become a follower (``lead(False)``)."""
+        self.lead(False)
+
     def lead(self, leader: bool) -> None:
-        """Become the leader (make every pool, sized now) or a follower (stop our workers)."""
+        """Become the leader (make or adopt every pool, sized now) or a follower (the backend
+        steps down: local workers stop, Deployments stay for the next leader)."""
         if leader == self.leader:
             return
         if leader:
@@ -149,8 +155,7 @@ class SharedBackend:
                 self.local.ensure(spec)
             self.apply()
             return
-        for key in list(self.local.pools):
-            self.local.remove(key)
+        self.local.step_down()
         self.leader, self.pools = False, self._remote
 
     def discover(self, rows: list[FleetReplica]) -> None:

@@ -75,6 +75,7 @@ class FakeKubeAPI:
         app = web.Application(middlewares=[self._record])
         one = DEPLOYMENTS + "/{name}"
         app.router.add_post(DEPLOYMENTS, self._create)
+        app.router.add_get(DEPLOYMENTS, self._list_deployments)
         app.router.add_get(one, self._get)
         app.router.add_patch(one, self._patch)
         app.router.add_delete(one, self._delete)
@@ -125,14 +126,22 @@ class FakeKubeAPI:
         return web.json_response({"kind": "Status", "apiVersion": "v1", "status": "Success"})
 
     async def _list_pods(self, request: web.Request) -> web.Response:
+        return self._list(request, "v1", "PodList", self.pods)
+
+    async def _list_deployments(self, request: web.Request) -> web.Response:
+        return self._list(request, "apps/v1", "DeploymentList", self.deployments)
+
+    def _list(
+        self, request: web.Request, api: str, kind: str, objects: dict[str, dict[str, Any]]
+    ) -> web.Response:
         wanted = dict(
             term.split("=", 1) for term in request.query.get("labelSelector", "").split(",") if term
         )
         items = [
-            pod for pod in self.pods.values()
-            if wanted.items() <= pod["metadata"]["labels"].items()
+            obj for obj in objects.values()
+            if wanted.items() <= (obj["metadata"].get("labels") or {}).items()
         ]  # fmt: skip
-        return web.json_response({"apiVersion": "v1", "kind": "PodList",
+        return web.json_response({"apiVersion": api, "kind": kind,
                                   "metadata": {"resourceVersion": str(self._version)},
                                   "items": items})  # fmt: skip
 

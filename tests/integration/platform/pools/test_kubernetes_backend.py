@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import os
 import time
+import uuid
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,10 +24,19 @@ import pytest
 from aiohttp import web
 from lightkube import KubeConfig
 from pydantic import SecretStr
+from sqlalchemy import select
 
+from kiln_platform.batches.runner import BatchRunner
+from kiln_platform.context import running
+from kiln_platform.db.database import Database
+from kiln_platform.db.engine import writer_engine
 from kiln_platform.pools._kube_objects import deployment_name
 from kiln_platform.pools.backend import PoolSpec, PoolWorker, worker_headers
-from kiln_platform.pools.kubernetes import KubernetesPoolBackend
+from kiln_platform.pools.fleet import Fleet
+from kiln_platform.pools.kubernetes import KubernetesPoolBackend, check_store
+from kiln_platform.pools.leader import LeaderElector
+from kiln_platform.pools.shared import SharedBackend
+from kiln_platform.pools.tables import FleetReplica
 from kiln_platform.settings import Settings
 from kiln_runtimes import _app as worker_app
 from kiln_runtimes.protocol import WorkerInfo
@@ -239,14 +249,144 @@ async def test_remove_deletes_the_deployment_and_takes_its_workers_out(
 async def test_an_existing_deployment_is_adopted_with_our_template_and_size(
     backend: KubernetesPoolBackend, kube: FakeKubeAPI
 ) -> None:
+    """Without Kiln's labels the list does not find it: the create's conflict does."""
     kube.deployments[NAME] = {"apiVersion": "apps/v1", "kind": "Deployment",
                               "metadata": {"name": NAME, "namespace": "kiln"},
-                              "spec": {"replicas": 5, "template": {"spec": {"containers": [
-                                  {"name": "worker", "image": "old"}]}}}}  # fmt: skip
+                              "spec": {"replicas": 5, "selector": {"matchLabels": {"a": "b"}},
+                                       "template": {"spec": {"containers": [
+                                           {"name": "worker", "image": "old"}]}}}}  # fmt: skip
     await sized(backend, kube, 1)
     assert kube.deployments[NAME]["spec"]["template"]["spec"]["containers"][0]["image"] == (
         "kiln/w:1"
     )
+
+
+async def test_a_leader_hand_over_keeps_the_deployments_and_their_pods(
+    kube: FakeKubeAPI, workers: StubWorkers, tmp_path: Path
+) -> None:
+    """Two gateways of a shared fleet: the leader steps down and leaves its Deployment as it is
+    (no delete, no more writes); the next adopts it by Kiln's labels without a create or a
+    template patch, serves the same pods, and from then on patches only the replicas."""
+    settings = Settings(data_dir=tmp_path, pool_backend="kubernetes", worker_image="kiln/w:1",
+                        kubernetes_store_claim="kiln-store", worker_secret=SecretStr(SECRET),
+                        shared_workers=True)  # fmt: skip
+    config = KubeConfig.from_dict(kube.kubeconfig())
+    async with aiohttp.ClientSession(headers=worker_headers(settings)) as http:
+        a, b = (
+            SharedBackend(KubernetesPoolBackend(settings, http, config, poll_s=0.05, port=port))
+            for port in (workers.port, workers.port)
+        )
+        try:
+            for shared in (a, b):
+                shared.own = {SPEC.key: 2}
+                shared.ensure(SPEC)
+            a.lead(True)
+            await until(lambda: replicas(kube) == 2)
+            kube.add_pod(NAME, "p0", POD_IPS[0])
+            kube.add_pod(NAME, "p1", POD_IPS[1])
+            await until(lambda: len(a.ready(SPEC.key)) == 2)
+            urls = sorted(w.url for w in a.ready(SPEC.key))
+            template = kube.deployments[NAME]["spec"]["template"]
+            a.lead(False)
+            assert a.ready(SPEC.key) == []
+            seen = len(kube.requests)
+            await asyncio.sleep(0.3)  # the old leader neither syncs nor writes any more
+            assert kube.requests[seen:] == []
+            b.lead(True)
+            await until(lambda: len(b.ready(SPEC.key)) == 2)
+            assert sorted(w.url for w in b.ready(SPEC.key)) == urls
+            b.own = {SPEC.key: 3}
+            b.apply()
+            await until(lambda: replicas(kube) == 3)
+            assert kube.deployments[NAME]["spec"]["template"] == template
+            writes = [(m, p) for m, p, _ in kube.requests[seen:] if m in ("POST", "DELETE")]
+            assert writes == []
+            assert [m for m, _, _ in kube.requests[seen:]].count("PATCH") == 1
+            b.remove(SPEC.key)  # an adopted pool retired, then served again: made anew
+            await until(lambda: NAME not in kube.deployments)
+            b.ensure(SPEC)
+            b.apply()
+            await until(lambda: replicas(kube) == 3)
+        finally:
+            for shared in (a, b):
+                await shared.stop()
+    assert NAME in kube.deployments  # a gateway's stop leaves them too
+
+
+@pytest.mark.integration
+async def test_a_fleet_hand_over_keeps_the_pods_registered_throughout(
+    db: Database, kube: FakeKubeAPI, workers: StubWorkers, tmp_path: Path
+) -> None:
+    """Two gateways' fleet parts on PostgreSQL, each with the kubernetes backend: the leader
+    registers its pods (pod IP, port 9000 here the stub's); it stops, and its rows stay (pods
+    outlive it); the next leader's first beat leaves them while it checks the adopted pods (here
+    not passed yet: registering only checked pods would empty the registry), and its next
+    registers the same pods as its own."""
+    settings = Settings(data_dir=tmp_path, pool_backend="kubernetes", worker_image="kiln/w:1",
+                        kubernetes_store_claim="kiln-store", worker_secret=SecretStr(SECRET),
+                        shared_workers=True)  # fmt: skip
+    config = KubeConfig.from_dict(kube.kubeconfig())
+
+    async def rows() -> list[tuple[str, uuid.UUID]]:
+        async with db.sessions() as session:
+            found = await session.execute(select(FleetReplica.url, FleetReplica.gateway_id))
+            return sorted((url, gateway) for url, gateway in found.all())
+
+    async with aiohttp.ClientSession(headers=worker_headers(settings)) as http:
+        fleets = []
+        for _ in range(2):
+            shared = SharedBackend(KubernetesPoolBackend(settings, http, config, poll_s=0.05,
+                                                         port=workers.port))  # fmt: skip
+            shared.own = {SPEC.key: 2}
+            shared.ensure(SPEC)
+            lock_db = writer_engine(db.engine, db.set_role)
+            fleets.append(Fleet(db.sessions, LeaderElector(lock_db, "gw", retry_s=0.2), shared,
+                                lock_db))  # fmt: skip
+        a, b = fleets
+        try:
+            await a.beat()
+            await until(lambda: replicas(kube) == 2)
+            kube.add_pod(NAME, "p0", POD_IPS[0])
+            kube.add_pod(NAME, "p1", POD_IPS[1])
+            await until(lambda: len(a._backend.ready(SPEC.key)) == 2)
+            await a.beat()
+            urls = sorted(f"http://{ip}:{workers.port}" for ip in POD_IPS)
+            assert await rows() == [(url, a.id) for url in urls]
+            await a.stop()
+            workers.ready = False  # the new leader's check of the pods has not passed yet
+            await b.beat()
+            assert b.elector.leader
+            assert await rows() == [(url, a.id) for url in urls]  # the pods still serve
+            workers.ready = True
+            await until(lambda: len(b._backend.ready(SPEC.key)) == 2)
+            await b.beat()
+            assert await rows() == [(url, b.id) for url in urls]
+            assert replicas(kube) == 2
+            assert not [r for r in kube.requests if r[0] == "DELETE"]
+        finally:
+            await b.stop()
+            for fleet in fleets:
+                await fleet._backend.stop()
+
+
+async def test_a_gateway_whose_store_is_not_the_claim_refuses_to_start(
+    database_uri: str, tmp_path: Path
+) -> None:
+    """Without an s3 store, the claim the pods mount at ``$KILN_DATA_DIR/store`` must be
+    mounted there in the gateway: else it stores models where no pod and no other gateway of a
+    shared fleet reads them. The gateway refuses to start, naming the settings."""
+    settings = Settings(data_dir=tmp_path, database_url=database_uri, pool_backend="kubernetes",
+                        worker_image="kiln/w:1", kubernetes_store_claim="kiln-store",
+                        worker_secret=SecretStr(SECRET), shared_workers=True)  # fmt: skip
+    refused = (
+        r"KILN_KUBERNETES_STORE_CLAIM=kiln-store is not mounted at KILN_DATA_DIR/store "
+        r".*KILN_SHARED_WORKERS=true.*KILN_ARTIFACT_STORE=s3://"
+    )
+    with pytest.raises(ValueError, match=refused):
+        async with running(settings, BatchRunner(settings)):
+            pass
+    check_store(settings, ismount=lambda path: path == str(tmp_path / "store"))  # mounted
+    check_store(settings.model_copy(update={"artifact_store": "s3://bucket/kiln"}))
 
 
 @pytest.mark.skipif(
