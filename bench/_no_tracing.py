@@ -31,7 +31,11 @@ def enabled() -> bool:
     return False
 
 
-def span(name: str, attributes: Any = None, *, parent: Any = None, server: bool = False) -> Any:
+def span(name: str, attributes: Any = None) -> Any:
+    return _NULL
+
+
+def server(name: str, incoming: str | None, attributes: Any = None) -> Any:
     return _NULL
 
 
@@ -52,8 +56,4 @@ def traceparent() -> str | None:
 
 
 def extract(value: str | None) -> None:
-    return None
-
-
-def trace_id() -> str | None:
     return None

@@ -167,6 +167,7 @@ def _py_spy(kiln: Kiln, args: argparse.Namespace) -> list[subprocess.Popen[bytes
 _TRACING = (
     "kiln_runtimes/tracing.py",
     "kiln_runtimes/_spans.py",
+    "kiln_runtimes/_sampling.py",
     "tracing_middleware",
     "_server_span",
 )

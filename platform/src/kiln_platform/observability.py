@@ -10,7 +10,7 @@ import re
 import sys
 import time
 import uuid
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import structlog
 
@@ -156,7 +156,7 @@ def request_id_middleware(app: ASGIApp) -> ASGIApp:
     return middleware
 
 
-def _server_span(scope: Scope) -> contextlib.AbstractContextManager[Any]:
+def _server_span(scope: Scope) -> contextlib.AbstractContextManager[tracing.Served | None]:
     """The server span of an API request, its parent the client's ``traceparent`` (if any)."""
     method, path = str(scope.get("method", "")), str(scope.get("path", ""))
     incoming = next(
@@ -168,33 +168,34 @@ def _server_span(scope: Scope) -> contextlib.AbstractContextManager[Any]:
         "url.path": path,
         "kiln.request_id": str(scope.get("state", {}).get("request_id", "")),
     }
-    parent = tracing.extract(incoming)
-    return tracing.span(f"{method} {path}", attributes, parent=parent, server=True)
+    return tracing.server(f"{method} {path}", incoming, attributes)
 
 
 def tracing_middleware(app: ASGIApp) -> ASGIApp:
     """The server span of an API request (installed only when tracing is on), inside
     ``request_id_middleware``: a client's ``traceparent`` is its parent, the response echoes the
-    server span's, and its trace id joins the request id in every log line."""
+    server span's, and its trace id joins the request id in every log line. A request the
+    sampler leaves out gets its ids and ``traceparent`` but no span (``tracing.server``)."""
 
     async def middleware(scope: Scope, receive: Receive, send: Send) -> None:
         path = str(scope.get("path", ""))
         if scope["type"] != "http" or not path.startswith(TRACED_PREFIXES):  # type: ignore[comparison-overlap]
             await app(scope, receive, send)
             return
-        with _server_span(scope) as span:
-            trace_id, echoed = tracing.trace_id(), tracing.traceparent()
-            if trace_id:
-                structlog.contextvars.bind_contextvars(trace_id=trace_id)
+        with _server_span(scope) as served:
+            if served is None:  # tracing turned off since the app was built (a test's)
+                await app(scope, receive, send)
+                return
+            structlog.contextvars.bind_contextvars(trace_id=served.trace_id)
+            span, echoed = served.span, served.traceparent.encode()
 
             async def send_traced(message: Message) -> None:
                 if message["type"] == "http.response.start":
                     if span is not None:
                         span.set_attribute("http.response.status_code", message["status"])
-                    if echoed:
-                        headers = list(message.get("headers", []))
-                        headers.append((TRACEPARENT_HEADER.encode(), echoed.encode()))
-                        message["headers"] = headers
+                    headers = list(message.get("headers", []))
+                    headers.append((TRACEPARENT_HEADER.encode(), echoed))
+                    message["headers"] = headers
                 await send(message)
 
             try:

@@ -117,8 +117,9 @@ class EmbedRequest(msgspec.Struct, frozen=True, kw_only=True):
     """Sent on the gateway's express credit: run ahead of queued requests, in a batch of its own
     (a tenant with nothing else in flight; docs/scheduler.md)."""
     traceparent: str | None = None
-    """The W3C ``traceparent`` of the gateway's dispatch span, when that trace is sampled: the
-    worker's spans are its children (``kiln_runtimes.tracing``)."""
+    """The W3C ``traceparent`` of the gateway's dispatch span (the worker's spans are its
+    children), or, unsampled flag, of a request the gateway's sampler left out: the worker makes
+    no span for it (``kiln_runtimes.tracing``). ``None``: tracing off."""
 
 
 class EmbedResult(msgspec.Struct, frozen=True, kw_only=True):
@@ -153,8 +154,9 @@ class GenerateRequest(msgspec.Struct, frozen=True, kw_only=True):
     """A LoRA adapter to generate with: the digest of its folder in the worker's artifact store
     (``adapter_config.json``, ``adapter_model.safetensors``), loaded on first use."""
     traceparent: str | None = None
-    """The W3C ``traceparent`` of the gateway's dispatch span, when that trace is sampled: the
-    worker's spans are its children (``kiln_runtimes.tracing``)."""
+    """The W3C ``traceparent`` of the gateway's dispatch span (the worker's spans are its
+    children), or, unsampled flag, of a request the gateway's sampler left out: the worker makes
+    no span for it (``kiln_runtimes.tracing``). ``None``: tracing off."""
     top_k: int = 0
     """Draw among the ``top_k`` most probable tokens only (0: all)."""
     min_p: float = 0.0
@@ -219,8 +221,9 @@ class InferRequest(msgspec.Struct, frozen=True, kw_only=True):
     """Sent on the gateway's express credit: run ahead of queued requests, in a batch of its own
     (a tenant with nothing else in flight; docs/scheduler.md)."""
     traceparent: str | None = None
-    """The W3C ``traceparent`` of the gateway's dispatch span, when that trace is sampled: the
-    worker's spans are its children (``kiln_runtimes.tracing``)."""
+    """The W3C ``traceparent`` of the gateway's dispatch span (the worker's spans are its
+    children), or, unsampled flag, of a request the gateway's sampler left out: the worker makes
+    no span for it (``kiln_runtimes.tracing``). ``None``: tracing off."""
 
 
 class InferResult(msgspec.Struct, frozen=True, kw_only=True):

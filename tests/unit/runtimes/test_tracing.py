@@ -126,3 +126,72 @@ def test_an_unsampled_request_keeps_its_ids_but_records_nothing(
     assert seen["stage"] is tracing.span("tokenize")  # the shared null context
     assert dict(sent[0]["headers"])[b"traceparent"].decode().endswith("-00")
     assert exporter.get_finished_spans() == ()
+
+
+def _request(headers: list[tuple[bytes, bytes]]) -> tuple[dict[str, Any], str]:
+    """One API request through the server-span middleware: what its handler saw (log context,
+    the current span, the ``traceparent`` a dispatch would send), and the echoed header."""
+    seen: dict[str, Any] = {}
+    sent: list[dict[str, Any]] = []
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        seen.update(structlog.contextvars.get_contextvars())
+        seen["span"], seen["dispatched"] = trace.get_current_span(), tracing.traceparent()
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+
+    async def send(message: Any) -> None:
+        sent.append(message)
+
+    scope = {"type": "http", "method": "POST", "path": "/v1/embeddings", "headers": headers,
+             "state": {}}  # fmt: skip
+    asyncio.run(tracing_middleware(app)(scope, None, send))  # type: ignore[arg-type]
+    return seen, dict(sent[0]["headers"])[b"traceparent"].decode()
+
+
+def test_a_request_the_sampler_leaves_out_makes_no_span(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("OTEL_TRACES_SAMPLER", "parentbased_traceidratio")
+    monkeypatch.setenv("OTEL_TRACES_SAMPLER_ARG", "0")
+    memory = InMemorySpanExporter()
+    tracing.configure({}, "test", exporter=memory)
+    try:
+        seen, echoed = _request([])
+        assert seen["span"] is trace.INVALID_SPAN  # no span object, no context attached
+        assert echoed == seen["dispatched"]  # the worker gets what the client gets
+        version, trace_id, span_id, flags = echoed.split("-")
+        assert (version, flags, seen["trace_id"]) == ("00", "02", trace_id)  # random, unsampled
+        assert int(trace_id, 16)
+        assert int(span_id, 16)
+        assert tracing.traceparent() is None  # the request's own ended with it
+
+        # the worker follows the unsampled flag: no span, the trace id still in its logs
+        async def handler() -> None:
+            with tracing.continued("worker /embed", echoed) as span:
+                assert span is None
+            assert structlog.contextvars.get_contextvars()["trace_id"] == trace_id
+
+        asyncio.run(handler())
+        assert memory.get_finished_spans() == ()
+    finally:
+        tracing.shutdown()
+
+
+def test_a_sampled_root_span_keeps_the_id_the_sampler_was_asked_about(
+    exporter: InMemorySpanExporter,
+) -> None:
+    seen, echoed = _request([])
+    (span,) = exporter.get_finished_spans()
+    assert span.context is not None
+    assert seen["trace_id"] == f"{span.context.trace_id:032x}"
+    assert echoed == f"00-{seen['trace_id']}-{span.context.span_id:016x}-03"  # sampled, random
+    assert seen["dispatched"] == echoed
+
+
+@pytest.mark.parametrize("header", ["junk", "00-" + "0" * 32 + "-00f067aa0ba902b7-01"])
+def test_an_invalid_traceparent_starts_a_new_trace(
+    exporter: InMemorySpanExporter, header: str
+) -> None:
+    seen, echoed = _request([(b"traceparent", header.encode())])
+    (span,) = exporter.get_finished_spans()
+    assert span.parent is None
+    assert span.context is not None
+    assert echoed.split("-")[1] == seen["trace_id"] == f"{span.context.trace_id:032x}" != "0" * 32
