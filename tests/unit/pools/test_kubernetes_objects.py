@@ -229,3 +229,31 @@ def test_adoption_changes_only_replicas_while_the_template_is_the_same() -> None
     key = objects.TEMPLATE_ANNOTATION
     assert found["metadata"]["annotations"][key] != upgraded["metadata"]["annotations"][key]
     assert key not in found["spec"]["template"]["metadata"]["annotations"]  # no rollout by it
+
+
+def test_orphans_are_the_deployments_no_pool_wants_once_past_the_grace() -> None:
+    """A new leader, the registry read: what it wants stays whatever its age; what it does not
+    want goes once old enough (younger may be a pool the previous leader just made)."""
+
+    def made(at: str | None) -> dict[str, Any]:
+        return {"metadata": {"creationTimestamp": at} if at else {}}
+
+    now = 1_767_225_660.0  # 2026-01-01T00:01:00Z
+    found = {
+        "kiln-pool-wanted-1": made("2025-06-01T00:00:00Z"),
+        "kiln-pool-retired-1": made("2025-06-01T00:00:00Z"),
+        "kiln-pool-at-grace-1": made("2026-01-01T00:00:00Z"),
+        "kiln-pool-young-1": made("2026-01-01T00:00:01Z"),
+        "kiln-pool-undated-1": made(None),
+    }
+    assert objects.orphans({"kiln-pool-wanted-1"}, found, now, 60.0) == [
+        "kiln-pool-at-grace-1",
+        "kiln-pool-retired-1",
+    ]
+    assert objects.orphans({"kiln-pool-wanted-1"}, found, now + 1, 60.0) == [
+        "kiln-pool-at-grace-1",
+        "kiln-pool-retired-1",
+        "kiln-pool-young-1",
+    ]
+    assert objects.orphans(set(found), found, now + 3600, 60.0) == []
+    assert objects.orphans(set(), {}, now, 0.0) == []

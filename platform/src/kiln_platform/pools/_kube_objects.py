@@ -23,7 +23,7 @@ from kiln_runtimes.protocol import WORKER_SECRET_ENV
 from kiln_runtimes.store import CACHE_MAX_ENV, STORE_ENV
 
 if TYPE_CHECKING:
-    from collections.abc import Iterable, Mapping
+    from collections.abc import Collection, Iterable, Mapping
 
     from kiln_platform.pools.backend import PoolSpec
     from kiln_platform.settings import Settings
@@ -36,6 +36,8 @@ MANAGED_BY = "kiln-pool-manager"
 POOL_LABEL = "kiln.dev/pool"
 TEMPLATE_ANNOTATION = "kiln.dev/template"
 """The digest of the pod template a Deployment was made or last updated with (``adoption``)."""
+ORPHAN_GRACE_S = 60.0
+"""A Deployment no pool wants is deleted only once at least this old (``orphans``)."""
 NODE_CLASS_LABEL = "kiln.dev/node-class"
 """The node groups' label (``terraform/modules/eks/nodes.tf``): ``cpu`` or ``gpu``."""
 GPU_TOLERATION = {"key": "nvidia.com/gpu", "operator": "Equal", "value": "true",
@@ -143,6 +145,22 @@ def adoption(found: Mapping[str, Any], body: Mapping[str, Any]) -> dict[str, Any
     if (found.get("spec") or {}).get("replicas") == replicas:
         return None
     return {"spec": {"replicas": replicas}}
+
+
+def orphans(
+    desired: Collection[str], found: Mapping[str, Mapping[str, Any]], now: float, grace_s: float
+) -> list[str]:
+    """The Deployments to delete: of Kiln's ``found`` (by name, as the API server lists them),
+    those no pool wants (not in ``desired``, the Deployment names of every pool the registry
+    serves) that were made at least ``grace_s`` seconds before ``now`` (epoch seconds). A younger
+    one may be a pool the previous leader made after this leader read the registry: the next
+    reconcile wants it, or a later call deletes it. One without a creation time is kept."""
+    doomed = []
+    for name, deployment in found.items():
+        created = (deployment.get("metadata") or {}).get("creationTimestamp")
+        if name not in desired and created and now - _epoch(created) >= grace_s:
+            doomed.append(name)
+    return sorted(doomed)
 
 
 def _store_volume(settings: Settings) -> dict[str, Any]:

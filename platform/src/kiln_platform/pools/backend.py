@@ -124,6 +124,10 @@ class PoolBackend(Protocol):
         """Stop managing every pool (a fleet leader stepping down): workers that are this
         gateway's own stop; what outlives it (Deployments) stays for the next leader."""
 
+    def reconciled(self) -> None:
+        """The pool manager has ensured every pool the registry serves (a reconcile ended): what
+        outlives a gateway (Deployments) and no pool wants may be deleted."""
+
     def ready(self, key: str) -> list[PoolWorker]:
         """The pool's workers that take requests."""
         ...

@@ -6,7 +6,10 @@ do not also apply a KEDA ScaledObject to these Deployments). The Deployments are
 state and outlive the gateway that made them: a gateway that stops, or a fleet leader that
 steps down (``step_down``), leaves them as they are, and the next one adopts them (found by
 Kiln's labels; ``_kube_objects.adoption``), changing only their replicas unless its pod
-template differs. The same loop lists the worker
+template differs. Once the pool manager has reconciled with the registry (``reconciled``), the
+Deployments it found that no pool wants (pools retired while no leader ran, or a removal the
+last leader left pending) are deleted, if not younger than a grace (``_kube_objects.orphans``).
+The same loop lists the worker
 pods of every pool by label, about once a second, and keeps each pool's workers: a pod is a
 worker the scheduler may use when its Ready condition is true, it has an IP, and the gateway's
 own ``GET /health`` on ``http://<podIP>:9000`` answered ready (once when it turns Ready, and
@@ -77,9 +80,11 @@ class KubernetesPoolBackend:
         *,
         poll_s: float = 1.0,
         port: int = objects.WORKER_PORT,
+        orphan_grace_s: float = objects.ORPHAN_GRACE_S,
     ) -> None:
         """``config``: the API server to use (default: in-cluster, else the kubeconfig);
-        ``port``: where workers listen (tests point it at a stand-in)."""
+        ``port``: where workers listen (tests point it at a stand-in); ``orphan_grace_s``: the
+        age below which a Deployment no pool wants is kept (``_kube_objects.orphans``)."""
         self._settings = settings
         self._http = http
         self._client = AsyncClient(
@@ -89,6 +94,7 @@ class KubernetesPoolBackend:
         )
         self._poll_s = poll_s
         self._port = port
+        self._orphan_grace_s = orphan_grace_s
         self.pools: dict[str, list[PoolWorker]] = {}
         """Each pool's workers (by ``PoolSpec.key``): its pods, then placeholders for pods the
         Deployment has not made yet, as many as the pool's replicas."""
@@ -104,7 +110,10 @@ class KubernetesPoolBackend:
         self._doomed: set[str] = set()
         """Deployments of removed pools still to delete."""
         self._found: dict[str, dict[str, Any]] | None = None
-        """Kiln's Deployments as this term's first sync found them (None: not listed yet)."""
+        """Kiln's Deployments as this term's first sync found them (None: not listed yet),
+        less those deleted since."""
+        self._settled = False
+        """The pool manager reconciled in this term: ``specs`` is every pool it wants."""
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
 
@@ -141,6 +150,13 @@ class KubernetesPoolBackend:
             workers.remove(worker)
             self._set_ready(worker, False)
         self._kick()
+
+    def reconciled(self) -> None:
+        """Every pool the registry serves is ensured: from the next sync on, the Deployments
+        this term found that no pool wants are deleted (their pods get SIGTERM and drain)."""
+        if not self._settled:
+            self._settled = True
+            self._kick()
 
     def ready(self, key: str) -> list[PoolWorker]:
         """The pool's workers that take requests."""
@@ -182,8 +198,9 @@ class KubernetesPoolBackend:
         for state in (self.specs, self.pools, self._replicas, self._applied, self._pods):
             state.clear()
         self._crashed.clear()
-        self._doomed.clear()
+        self._doomed.clear()  # the next leader deletes them: no pool of its wants them
         self._found = None
+        self._settled = False
         task, self._task = self._task, None
         if task is not None:
             task.cancel()
@@ -213,18 +230,21 @@ class KubernetesPoolBackend:
                 await asyncio.wait_for(self._wake.wait(), self._poll_s)
 
     async def sync(self) -> None:
-        """One round: delete removed pools' Deployments, create or resize the others, then
-        read every pool's pods."""
+        """One round: delete removed pools' Deployments (and, once reconciled, those no pool
+        wants), create or resize the others, then read every pool's pods."""
         if self._found is None:  # a new term: what a previous leader (or gateway) left
             listed = self._client.list(Deployment, labels=dict(objects.WORKER_SELECTOR))
             self._found = {
                 d.metadata.name: d.to_dict() async for d in listed if d.metadata and d.metadata.name
             }
         for name in list(self._doomed):
-            with contextlib.suppress(ApiError):  # already gone: same outcome
-                await self._client.delete(Deployment, name)
-            self._doomed.discard(name)
-            self._found.pop(name, None)  # made anew if the pool comes back
+            if await self._delete(name):
+                self._doomed.discard(name)
+        if self._settled:
+            desired = {objects.deployment_name(spec) for spec in self.specs.values()}
+            for name in objects.orphans(desired, self._found, time.time(), self._orphan_grace_s):
+                if await self._delete(name):
+                    log.info("orphaned pool deployment deleted", deployment=name)
         for key, spec in list(self.specs.items()):
             replicas = self._replicas.get(key, 0)
             if self._applied.get(key) != replicas:
@@ -235,6 +255,19 @@ class KubernetesPoolBackend:
             async for pod in self._client.list(Pod, labels=dict(objects.WORKER_SELECTOR))
         ]
         await self._observe([p for p in pods if isinstance(p, dict)])
+
+    async def _delete(self, name: str) -> bool:
+        """Delete a Deployment (its pods get SIGTERM and drain); already gone is the same.
+        False on any other error: the next round tries again, and the pools still sync."""
+        try:
+            await self._client.delete(Deployment, name)
+        except ApiError as exc:
+            if exc.status.code != 404:
+                log.warning("pool deployment not deleted", deployment=name, error=str(exc))
+                return False
+        if self._found is not None:
+            self._found.pop(name, None)  # made anew if the pool comes back
+        return True
 
     async def _apply(self, spec: PoolSpec, replicas: int) -> None:
         """Create the pool's Deployment, or adopt it if it exists (a previous leader's or

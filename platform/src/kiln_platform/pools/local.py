@@ -84,6 +84,9 @@ class LocalPoolBackend:
         for key in list(self.pools):
             self.remove(key)
 
+    def reconciled(self) -> None:
+        """Nothing to sweep: this backend's workers are its own processes, none outlives it."""
+
     def scale(self, key: str, replicas: int) -> None:
         """Start or stop workers until the pool has ``replicas`` (starting ones go first)."""
         workers = self.pools.setdefault(key, [])

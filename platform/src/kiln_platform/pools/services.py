@@ -114,7 +114,8 @@ class PoolManager:
         await self.backend.stop()
 
     async def reconcile(self) -> None:
-        """A pool for every served version; pools no route serves any more are retired."""
+        """A pool for every served version; pools no route serves any more are retired. Then
+        the backend knows every pool wanted (``reconciled``: it may delete what none wants)."""
         served = {v.pool: v for v in await self._resolver.refresh()}
         for version in served.values():
             self._adopt(version)
@@ -130,6 +131,7 @@ class PoolManager:
             self._last_request.pop(key, None)
             del self.runners[key]
             self.backend.remove(key)
+        self.backend.reconciled()
 
     def _adopt(self, version: ResolvedVersion) -> None:
         """Give a served version its pool, sized by the policy's initial rule; its bounds

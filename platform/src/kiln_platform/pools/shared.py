@@ -70,6 +70,11 @@ class SharedBackend:
         if self.leader:
             self.local.remove(key)
 
+    def reconciled(self) -> None:
+        """Every served pool is ensured (only the leader's backend deletes what none wants)."""
+        if self.leader:
+            self.local.reconciled()
+
     def scale(self, key: str, replicas: int) -> None:
         """The leader applies the fleet's size (this gateway's, ``replicas``, is published)."""
         if self.leader:

@@ -16,6 +16,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -30,6 +31,7 @@ from kiln_platform.batches.runner import BatchRunner
 from kiln_platform.context import running
 from kiln_platform.db.database import Database
 from kiln_platform.db.engine import writer_engine
+from kiln_platform.pools import _kube_objects as objects
 from kiln_platform.pools._kube_objects import deployment_name
 from kiln_platform.pools.backend import PoolSpec, PoolWorker, worker_headers
 from kiln_platform.pools.fleet import Fleet
@@ -311,6 +313,62 @@ async def test_a_leader_hand_over_keeps_the_deployments_and_their_pods(
             for shared in (a, b):
                 await shared.stop()
     assert NAME in kube.deployments  # a gateway's stop leaves them too
+
+
+async def test_a_new_leader_deletes_the_deployments_no_pool_wants_once_reconciled(
+    kube: FakeKubeAPI, workers: StubWorkers, tmp_path: Path
+) -> None:
+    """A hand-over while a pool is retired: the old leader's removal is still pending when it
+    steps down (its Deployment stays). The new leader deletes nothing until the pool manager
+    has reconciled (it may not know every pool yet); then the retired pool's Deployment goes
+    and the wanted one stays untouched. A Deployment younger than the grace (a pool the old
+    leader may just have made) waits out the grace first."""
+    settings = Settings(data_dir=tmp_path, pool_backend="kubernetes", worker_image="kiln/w:1",
+                        kubernetes_store_claim="kiln-store", worker_secret=SecretStr(SECRET),
+                        shared_workers=True)  # fmt: skip
+    config = KubeConfig.from_dict(kube.kubeconfig())
+    retired = PoolSpec("resnet50", "2", Path("/data/store/trees/def"))
+    async with aiohttp.ClientSession(headers=worker_headers(settings)) as http:
+        a, b = (
+            SharedBackend(KubernetesPoolBackend(settings, http, config, poll_s=0.05,
+                                                port=workers.port, orphan_grace_s=2.0))
+            for _ in range(2)
+        )  # fmt: skip
+        try:
+            a.own = {SPEC.key: 1, retired.key: 1}
+            for spec in (SPEC, retired):
+                a.ensure(spec)
+            a.lead(True)
+            await until(lambda: deployment_name(retired) in kube.deployments and replicas(kube))
+            a.reconciled()  # its registry read: both wanted, nothing to delete
+            await asyncio.sleep(0.2)
+            assert {NAME, deployment_name(retired)} <= set(kube.deployments)
+            a.remove(retired.key)  # retired, and the leader steps down before its next sync
+            a.lead(False)
+            assert deployment_name(retired) in kube.deployments
+            now = datetime.now(UTC).isoformat().replace("+00:00", "Z")
+            meta = {"name": "kiln-pool-young-1", "labels": objects.selector(retired),
+                    "creationTimestamp": now}  # fmt: skip
+            kube.deployments["kiln-pool-young-1"] = dict(kube.deployments[NAME], metadata=meta)
+            seen = len(kube.requests)
+            b.own = {SPEC.key: 1}
+            b.ensure(SPEC)  # its registry no longer serves the retired version
+            b.lead(True)
+            await asyncio.sleep(0.3)  # not reconciled yet: the new leader deletes nothing
+            assert {NAME, deployment_name(retired), "kiln-pool-young-1"} <= set(kube.deployments)
+            b.reconciled()
+            await until(lambda: deployment_name(retired) not in kube.deployments)
+            assert "kiln-pool-young-1" in kube.deployments  # younger than the grace: kept
+            await until(lambda: "kiln-pool-young-1" not in kube.deployments)
+            assert replicas(kube) == 1
+            writes = [(m, p.rsplit("/", 1)[-1]) for m, p, _ in kube.requests[seen:]
+                      if m in ("POST", "PATCH", "DELETE")]  # fmt: skip
+            assert sorted(writes) == [
+                ("DELETE", deployment_name(retired)), ("DELETE", "kiln-pool-young-1")
+            ]  # fmt: skip
+        finally:
+            for shared in (a, b):
+                await shared.stop()
 
 
 @pytest.mark.integration
