@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
 
 from kiln_runtimes._batch_types import Outcome
 from kiln_runtimes._nvml import gpu_collector
+from kiln_runtimes.backends.base import PrefixStats
 
 _SECONDS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 
@@ -121,6 +124,42 @@ class WorkerMetrics:
             registry=self.registry,
         ).set_function(read)  # fmt: skip
 
+    def watch_prefix_cache(self, stats: Callable[[], PrefixStats | None]) -> None:
+        """Expose a generation worker's prefix cache: lookups by result, blocks and bytes held."""
+        self.registry.register(_PrefixCollector(stats))
+
     def render(self) -> bytes:
         """Return the Prometheus text exposition."""
         return generate_latest(self.registry)
+
+
+class _PrefixCollector(Collector):
+    """The prefix cache's counts, read at scrape time."""
+
+    def __init__(self, stats: Callable[[], PrefixStats | None]) -> None:
+        self._stats = stats
+
+    def collect(self) -> Iterator[Metric]:
+        stats = self._stats()
+        if stats is None:
+            return
+        lookups = CounterMetricFamily(
+            "kiln_worker_prefix_cache_blocks",
+            "Prompt blocks looked up in the prefix cache, by result (hit: its KV was reused).",
+            labels=["result"],
+        )
+        lookups.add_metric(["hit"], stats.hit_blocks)
+        lookups.add_metric(["miss"], stats.miss_blocks)
+        yield lookups
+        yield CounterMetricFamily(
+            "kiln_worker_prefix_cache_evicted_blocks",
+            "Blocks dropped from the prefix cache (least recently used) to stay in its bound.",
+            value=stats.evicted_blocks,
+        )
+        for name, text, value in (
+            ("held_blocks", "Blocks the prefix cache holds.", stats.blocks),
+            ("bytes", "Bytes the prefix cache holds.", stats.bytes),
+            ("max_bytes", "The prefix cache's bound (--prefix-cache-mb).", stats.max_bytes),
+            ("block_tokens", "Prompt tokens in one prefix-cache block.", stats.block_tokens),
+        ):
+            yield GaugeMetricFamily(f"kiln_worker_prefix_cache_{name}", text, value=value)

@@ -102,6 +102,8 @@ class Worker:
         self.metrics.watch_generation(
             lambda: engine.health().running, lambda: engine.health().waiting
         )
+        if engine.health().prefix_cache is not None:
+            self.metrics.watch_prefix_cache(lambda: engine.health().prefix_cache)
         if self.settings.adapter_slots:
             self.metrics.watch_adapters(
                 lambda: engine.health().adapters_in_slots,

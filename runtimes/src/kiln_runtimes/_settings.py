@@ -42,6 +42,8 @@ class WorkerSettings:
     """LoRA adapters a generation worker holds at once (0: none)."""
     adapter_rank: int = 16
     """Columns of one adapter slot (q, k and v of an adapter share them)."""
+    prefix_cache_mb: int = 256
+    """MiB of KV blocks of prompt prefixes a generation worker keeps for reuse (0: none)."""
     idle: bool = False
     """Run at idle CPU priority (``cpus.run_idle``): a background worker's (batch lines, shadow
     copies)."""
@@ -69,6 +71,7 @@ class WorkerSettings:
             optimized=optimized,
             adapter_slots=self.adapter_slots,
             adapter_rank=self.adapter_rank,
+            prefix_cache_bytes=self.prefix_cache_mb << 20,
         )
 
     def batch_policy(self, batching: bool = True) -> BatchPolicy:

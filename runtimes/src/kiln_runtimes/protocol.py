@@ -174,6 +174,11 @@ class GenerateRequest(msgspec.Struct, frozen=True, kw_only=True):
     """Report each generated token's log-probability and this many top alternatives (0 to
     ``MAX_LOGPROBS``; ``None``: no log-probabilities). They are of the model's raw distribution
     (vLLM's ``raw_logprobs``)."""
+    tenant: str = ""
+    """Whose request: the worker's prefix cache shares KV blocks only among one tenant's
+    requests, except those within ``public_prefix``."""
+    public_prefix: int = 0
+    """Leading prompt tokens any tenant may share in the prefix cache (a public system prompt)."""
 
 
 class TokenLogprobs(msgspec.Struct, frozen=True, kw_only=True, array_like=True):

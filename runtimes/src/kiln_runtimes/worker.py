@@ -63,6 +63,8 @@ _ARGUMENTS: tuple[tuple[tuple[str, ...], dict[str, Any]], ...] = (
                             "worker holds at once, loaded on demand (0: none)"}),
     (("--adapter-rank",), {"type": int, "default": 16, "help": "columns of one adapter slot; "
                            "an adapter's q, k and v ranks add up in it"}),
+    (("--prefix-cache-mb",), {"type": int, "default": 256, "help": "memory for KV blocks of "
+                              "prompt prefixes reused across a tenant's requests (0: none)"}),
     (("--idle",), {"action": "store_true", "help": "run at idle CPU priority (SCHED_IDLE): a "
                    "background worker's, for batch lines and shadow copies, which then use "
                    "only the cores other work leaves idle"}),
@@ -109,6 +111,7 @@ def parse_args(argv: Sequence[str] | None = None) -> WorkerSettings:
         precision=args.precision,
         adapter_slots=max(0, args.adapter_slots),
         adapter_rank=args.adapter_rank,
+        prefix_cache_mb=max(0, args.prefix_cache_mb),
         idle=args.idle,
         slots=max(0, args.slots),
         exit_with_parent=args.exit_with_parent,

@@ -348,6 +348,7 @@ async def prepare(
         request, admission.request_id, prompts=prompts, echoes=echoes, plan=plan,
         context=version.context_length,
         stop_token_ids=sorted({*model.eos_token_ids, *manifest.stop_token_ids}), adapter=adapter,
+        tenant=str(admission.principal.tenant_id),
     )  # fmt: skip
     prompt_tokens = sum(len(prompt) for prompt in prompts)
     most = Quantities(

@@ -28,6 +28,7 @@ if TYPE_CHECKING:
     from kiln_runtimes.backends._genai_runner import ModelRunner
     from kiln_runtimes.backends._genai_sampling import Sampler
     from kiln_runtimes.backends._genai_scheduler import Scheduler
+    from kiln_runtimes.backends.base import PrefixStats
     from kiln_runtimes.protocol import GenerateRequest, TokenLogprobs
 
 log = structlog.get_logger(__name__)
@@ -91,6 +92,8 @@ class EngineCore:
             max_tokens=request.max_tokens,
             stop_ids=self.spec.eos_token_ids | frozenset(request.stop_token_ids),
             express=request.express,
+            tenant=request.tenant,
+            public_prefix=request.public_prefix,
         )
 
     def submit(self, seq: Sequence, sink: Sink) -> None:
@@ -108,6 +111,10 @@ class EngineCore:
 
     def waiting(self) -> int:
         return len(self._joining) + len(self._scheduler.waiting)
+
+    def prefix_stats(self) -> PrefixStats | None:
+        prefix = self._scheduler.prefix
+        return prefix.stats() if prefix else None
 
     def adapters_in_slots(self) -> int:
         table = self._scheduler.adapters
@@ -193,6 +200,8 @@ def _validate(request: GenerateRequest, spec: ModelSpec) -> None:
         raise ValueError("prompt_ids is empty")
     if request.max_tokens < 1:
         raise ValueError("max_tokens must be at least 1")
+    if request.public_prefix < 0:
+        raise ValueError("public_prefix must not be negative")
     if prompt + request.max_tokens > spec.context_length:
         raise ValueError(
             f"prompt ({prompt} tokens) plus max_tokens ({request.max_tokens}) exceeds "

@@ -6,6 +6,8 @@ over rows ``0..n-1`` is a single ONNX Runtime call on a contiguous view and a pr
 one row. Sequence lengths travel in ``attention_mask``; rows never move, and neither do buffers:
 each is mapped once at full size (``_kv_area``) and costs memory only where positions were written,
 so a sequence never waits for the cache to grow. ``shrink`` hands the written pages back when idle.
+A plan's ``restores`` copy prefix-cache blocks into a row; a prefill's ``saves`` copy the blocks
+it completes out of the row into the cache.
 """
 
 from __future__ import annotations
@@ -23,7 +25,8 @@ from kiln_runtimes.backends._genai_lora import MASK, AdapterSlots, patch
 
 if TYPE_CHECKING:
     from kiln_runtimes.backends._genai_config import ModelSpec
-    from kiln_runtimes.backends._genai_scheduler import PrefillWork, StepPlan
+    from kiln_runtimes.backends._genai_prefix import Block, PrefixCache
+    from kiln_runtimes.backends._genai_scheduler import PrefillWork, Restore, StepPlan
 
 SHRINK_ABOVE = 256
 """``shrink`` releases pages only after a row held more positions than this."""
@@ -43,8 +46,11 @@ class ModelRunner:
     def __init__(
         self, spec: ModelSpec, max_sequences: int, threads: int = 0, spin: bool = True,
         *, adapter_slots: int = 0, adapter_rank: int = 16,
+        prefix: PrefixCache[Block] | None = None,
     ) -> None:  # fmt: skip
-        """``adapter_slots``: LoRA adapters held at once (0: the graph as built, no adapters)."""
+        """``adapter_slots``: LoRA adapters held at once (0: the graph as built, no adapters);
+        ``prefix``: where prefills keep the blocks their plan says to save."""
+        self.prefix = prefix
         options = ort.SessionOptions()
         options.intra_op_num_threads = threads
         # Spinning workers win ~25% per step on idle cores and lose badly on oversubscribed ones.
@@ -87,8 +93,11 @@ class ModelRunner:
         logits: dict[int, npt.NDArray[np.float32]] = {}
         for slot, adapter in plan.adapter_loads:
             self._slots_of_adapters().load(slot, adapter)
+        for restore in plan.restores:
+            self._restore(restore)
         for work in plan.prefills:
             row = self._prefill(work)
+            self._save(work)
             if work.last:
                 logits[work.slot] = row
         if plan.decode_slots:
@@ -118,6 +127,22 @@ class ModelRunner:
         mask = np.ones((1, end), dtype=self._mask_type)
         logits: npt.NDArray[np.float32] = self._run(binding, ids, mask, [work.adapter])[0, -1]
         return logits
+
+    def _restore(self, restore: Restore) -> None:
+        end = 0
+        for block in restore.blocks:
+            start, end = end, end + block[0].shape[1]
+            self._track(end)
+            for buffer, part in zip(self._kv, block, strict=True):
+                buffer[restore.slot, :, start:end] = part
+
+    def _save(self, work: PrefillWork) -> None:
+        if self.prefix is None:
+            return
+        for start, key in work.saves:
+            end = start + self.prefix.block
+            block = tuple(buffer[work.slot, :, start:end].copy() for buffer in self._kv)
+            self.prefix.put(key, block, sum(part.nbytes for part in block))
 
     def _decode(
         self, tokens: tuple[int, ...], lengths: tuple[int, ...], adapters: tuple[int, ...]

@@ -2,6 +2,11 @@
 
 Pure Python, no ONNX Runtime: the engine loop asks ``schedule()`` for a ``StepPlan`` (plain data),
 runs it, samples one token per ready slot and hands the tokens back to ``update()``.
+
+With a prefix cache, a prompt is prefilled in whole blocks of ``prefill_chunk`` tokens (its last
+chunk may be shorter), whatever else is prefilling: every prompt is cut at the same positions, so
+a block restored from the cache holds exactly what prefilling it would have written, and greedy
+output is the same with or without the cache.
 """
 
 from __future__ import annotations
@@ -12,11 +17,13 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
 from kiln_runtimes._attribution import shares_by
+from kiln_runtimes.backends._genai_prefix import block_keys, usable_blocks
 from kiln_runtimes.lora import SlotTable
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
 
+    from kiln_runtimes.backends._genai_prefix import Block, PrefixCache
     from kiln_runtimes.lora import Adapter
     from kiln_runtimes.protocol import FinishReason
 
@@ -43,6 +50,13 @@ class Sequence:
     adapter_key: str = ""
     """Which adapter (its artifact digest); ``adapter_slot`` is where it is loaded."""
     adapter_slot: int = -1
+    tenant: str = ""
+    public_prefix: int = 0
+    """Leading prompt tokens any tenant may share in the prefix cache."""
+    prefix_keys: tuple[bytes, ...] = ()
+    """Prefix-cache keys of its prompt's whole blocks (``Scheduler.add``)."""
+    cached_tokens: int = 0
+    """Prompt tokens restored from the prefix cache instead of prefilled."""
 
     @property
     def prefill_done(self) -> bool:
@@ -63,6 +77,16 @@ class PrefillWork:
     last: bool
     adapter: int = -1
     """The sequence's adapter slot (``-1``: the base model)."""
+    saves: tuple[tuple[int, bytes], ...] = ()
+    """Blocks this chunk completes to keep in the prefix cache: (first position, key)."""
+
+
+@dataclass(frozen=True)
+class Restore:
+    """Prefix-cache blocks to copy into ``slot``'s row, from position 0 on."""
+
+    slot: int
+    blocks: tuple[Block, ...]
 
 
 @dataclass(frozen=True)
@@ -71,7 +95,8 @@ class StepPlan:
 
     ``decode_lengths`` is how many KV positions each row already holds (the new token is written
     there); rows that are not decoding get a throwaway token at a position overwritten later.
-    ``adapter_loads`` are written into their adapter slots before the step runs.
+    ``adapter_loads`` are written into their adapter slots and ``restores`` into their rows
+    before the step runs.
     """
 
     prefills: tuple[PrefillWork, ...] = ()
@@ -80,6 +105,7 @@ class StepPlan:
     decode_lengths: tuple[int, ...] = ()
     decode_adapters: tuple[int, ...] = ()
     adapter_loads: tuple[tuple[int, Adapter], ...] = ()
+    restores: tuple[Restore, ...] = ()
 
     @property
     def empty(self) -> bool:
@@ -138,10 +164,14 @@ class Scheduler:
 
     def __init__(
         self, max_sequences: int, prefill_chunk: int, context_length: int, pad_token_id: int,
-        adapter_slots: int = 0,
+        adapter_slots: int = 0, *, prefix: PrefixCache[Block] | None = None,
     ) -> None:  # fmt: skip
+        """``prefix``: the prefix cache, its blocks ``prefill_chunk`` tokens long."""
         if max_sequences < 1 or prefill_chunk < 1:
             raise ValueError("max_sequences and prefill_chunk must be positive")
+        if prefix is not None and prefix.block != prefill_chunk:
+            raise ValueError("prefix cache blocks must be prefill_chunk tokens long")
+        self.prefix = prefix
         self.adapters = SlotTable(adapter_slots) if adapter_slots else None
         self.slots: list[Sequence | None] = [None] * max_sequences
         self.waiting: deque[Sequence] = deque()
@@ -163,6 +193,11 @@ class Scheduler:
             raise ValueError("prompt plus max_tokens exceeds the context length")
         if seq.adapter is not None and self.adapters is None:
             raise ValueError("this worker has no adapter slots")
+        if self.prefix is not None:
+            seq.prefix_keys = block_keys(
+                seq.prompt_ids, self.prefix.block, scope=seq.tenant, adapter=seq.adapter_key,
+                public=seq.public_prefix,
+            )  # fmt: skip
         if not seq.express:
             self.waiting.append(seq)
             return
@@ -183,9 +218,9 @@ class Scheduler:
 
     def schedule(self) -> StepPlan:
         """Admit waiting sequences into free slots, then plan prefill chunks and one decode."""
-        loads = self._admit()
+        loads, restores = self._admit()
         prefills = self._plan_prefills()
-        return replace(self._plan_decode(prefills), adapter_loads=loads)
+        return replace(self._plan_decode(prefills), adapter_loads=loads, restores=restores)
 
     def charge(self, plan: StepPlan, seconds: float) -> None:
         """Share a step's time among its sequences, in proportion to the tokens each processed
@@ -207,8 +242,9 @@ class Scheduler:
             outputs.append(output(seq, () if reason == "stop" else (token,), reason))
         return outputs
 
-    def _admit(self) -> tuple[tuple[int, Adapter], ...]:
+    def _admit(self) -> tuple[tuple[tuple[int, Adapter], ...], tuple[Restore, ...]]:
         loads: list[tuple[int, Adapter]] = []
+        restores: list[Restore] = []
         for seq in list(self.waiting):
             if None not in self.slots:
                 break
@@ -218,7 +254,17 @@ class Scheduler:
             seq.queue_s = time.monotonic() - seq.created_at
             seq.slot = self.slots.index(None)
             self.slots[seq.slot] = seq
-        return tuple(loads)
+            restores.extend(self._restore(seq))
+        return tuple(loads), tuple(restores)
+
+    def _restore(self, seq: Sequence) -> tuple[Restore, ...]:
+        """Start ``seq`` past the blocks of its prompt the prefix cache holds."""
+        if self.prefix is None:
+            return ()
+        usable = seq.prefix_keys[: usable_blocks(len(seq.prompt_ids), self.prefix.block)]
+        blocks = self.prefix.lookup(usable)
+        seq.prefilled = seq.cached_tokens = len(blocks) * self.prefix.block
+        return (Restore(_slot(seq), tuple(blocks)),) if blocks else ()
 
     def _place_adapter(self, seq: Sequence, loads: list[tuple[int, Adapter]]) -> bool:
         placed = self.adapters.acquire(seq.adapter_key) if self.adapters else None
@@ -236,11 +282,26 @@ class Scheduler:
             if budget == 0:
                 break
             end = min(len(seq.prompt_ids), seq.prefilled + budget)
+            if self.prefix is not None and end < len(seq.prompt_ids):
+                end -= end % self.prefix.block  # whole blocks only: the same cuts every time
+                if end <= seq.prefilled:
+                    continue
             chunk = tuple(seq.prompt_ids[seq.prefilled : end])
             last = end == len(seq.prompt_ids)
-            works.append(PrefillWork(_slot(seq), seq.prefilled, chunk, last, seq.adapter_slot))
+            saves = self._saves(seq, end)
+            works.append(
+                PrefillWork(_slot(seq), seq.prefilled, chunk, last, seq.adapter_slot, saves)
+            )
             budget -= len(chunk)
         return tuple(works)
+
+    def _saves(self, seq: Sequence, end: int) -> tuple[tuple[int, bytes], ...]:
+        """The blocks a chunk of ``seq`` ending at ``end`` completes that the cache lacks."""
+        if self.prefix is None:
+            return ()
+        size, keys = self.prefix.block, seq.prefix_keys
+        done = range(seq.prefilled // size, min(end // size, len(keys)))
+        return tuple((i * size, keys[i]) for i in done if keys[i] not in self.prefix)
 
     def _plan_decode(self, prefills: tuple[PrefillWork, ...]) -> StepPlan:
         ready = [s for s in self.slots if s is not None and s.prefill_done and s.output_ids]

@@ -36,6 +36,21 @@ class EngineOptions:
     """LoRA adapters held at once (generation)."""
     adapter_rank: int = 16
     """Columns of one adapter slot."""
+    prefix_cache_bytes: int = 0
+    """Memory for KV blocks of prompt prefixes reused across requests (generation; 0: none)."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PrefixStats:
+    """A generation backend's prefix cache: blocks looked up (hit or miss) and held."""
+
+    hit_blocks: int
+    miss_blocks: int
+    evicted_blocks: int
+    blocks: int
+    bytes: int
+    max_bytes: int
+    block_tokens: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,6 +64,8 @@ class EngineHealth:
     """Sequences waiting for a slot."""
     adapters_in_slots: int = 0
     adapters_in_memory: int = 0
+    prefix_cache: PrefixStats | None = None
+    """``None``: the backend keeps no prefix cache."""
 
 
 class Stop(Protocol):

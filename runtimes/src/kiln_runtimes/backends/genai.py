@@ -21,6 +21,7 @@ import structlog
 
 from kiln_runtimes.backends._genai_config import load_spec
 from kiln_runtimes.backends._genai_engine import EngineCore, Sink
+from kiln_runtimes.backends._genai_prefix import PrefixCache
 from kiln_runtimes.backends._genai_runner import ModelRunner
 from kiln_runtimes.backends._genai_sampling import Sampler
 from kiln_runtimes.backends._genai_scheduler import PrefillWork, Scheduler, StepPlan
@@ -34,6 +35,7 @@ if TYPE_CHECKING:
     from pathlib import Path
 
     from kiln_runtimes.backends._genai_config import ModelSpec
+    from kiln_runtimes.backends._genai_prefix import Block
     from kiln_runtimes.backends._genai_scheduler import Sequence
     from kiln_runtimes.protocol import GenerateRequest, ModelManifest
 
@@ -73,13 +75,16 @@ class GenAIGenerationBackend:
             raise RuntimeError("backend is already loaded")
         o = self._options
         spec = load_spec(model_dir, manifest)
+        prefix: PrefixCache[Block] | None = None
+        if o.prefix_cache_bytes:
+            prefix = PrefixCache(self._prefill_chunk, o.prefix_cache_bytes)
         runner = ModelRunner(
             spec, o.max_batch_size, o.threads, self._spin,
-            adapter_slots=o.adapter_slots, adapter_rank=o.adapter_rank,
+            adapter_slots=o.adapter_slots, adapter_rank=o.adapter_rank, prefix=prefix,
         )  # fmt: skip
         scheduler = Scheduler(
             o.max_batch_size, self._prefill_chunk, spec.context_length, spec.pad_token_id,
-            o.adapter_slots,
+            o.adapter_slots, prefix=prefix,
         )  # fmt: skip
         owner = ArtifactStore.owning(model_dir)
         self._store = owner[0] if owner else None
@@ -129,6 +134,7 @@ class GenAIGenerationBackend:
             waiting=core.waiting(),
             adapters_in_slots=core.adapters_in_slots(),
             adapters_in_memory=len(self._adapters),
+            prefix_cache=core.prefix_stats(),
         )
 
     def unload(self) -> None:
