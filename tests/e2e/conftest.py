@@ -38,12 +38,15 @@ SMOLLM2 = "smollm2-135m-instruct"
 
 
 def build_cached(cache: Path, module: str, package: str) -> Path:
-    """Build a bundled model once per (package, version) into the test cache; returns its folder."""
+    """Build a bundled model once per (package version, and precision where its importer names
+    one: ``cache_name``) into the test cache; returns its folder."""
     import importlib
 
-    out = cache / f"{module}-{metadata.version(package)}"
+    importer = importlib.import_module(f"kiln_runtimes.importers.{module}")
+    name = getattr(importer, "cache_name", lambda: f"{module}-{metadata.version(package)}")()
+    out = cache / name
     if not (out / "kiln.json").exists():
-        importlib.import_module(f"kiln_runtimes.importers.{module}").build(out)
+        importer.build(out)
     return out
 
 

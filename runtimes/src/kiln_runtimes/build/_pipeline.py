@@ -12,6 +12,7 @@ import msgspec
 
 from kiln_runtimes.build import _checks, _genai
 from kiln_runtimes.build._options import (
+    GENERATE_PRECISION,
     BuildError,
     BuildOptions,
     check_generate_precision,
@@ -93,7 +94,7 @@ def _hf_generate(
     from kiln_runtimes.build import _accuracy
 
     hf = hf_dir or Path(found.path)
-    precision = options.precision or "int4"
+    precision = options.precision or GENERATE_PRECISION
     check_generate_precision(precision, options.target)
     architecture = _checks.check_architecture(first_architecture(read_json(hf / "config.json")))
     _checks.check_tokenizer(hf, chat=True)
@@ -127,9 +128,10 @@ def _gguf(
     from kiln_runtimes.build import _gguf
 
     path = Path(found.path)
-    check_generate_precision(options.precision or "int4", options.target)
+    precision = options.precision or GENERATE_PRECISION
+    check_generate_precision(precision, options.target)
     parameters = _gguf.inspect(path)
-    check_memory(parameters, options.precision or "int4", options.max_memory_bytes, path.name)
+    check_memory(parameters, precision, options.max_memory_bytes, path.name)
     say("converting", 10, f"dequantizing {path.name} with transformers")
     hf_dir = work / "hf"
     _gguf.to_hf(path, hf_dir)

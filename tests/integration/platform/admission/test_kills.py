@@ -57,10 +57,13 @@ STORY = [{"role": "user", "content": "Write a very long, detailed story about a 
 
 
 def _built(cache: Path, module: str, package: str) -> Path:
-    """A bundled model built once per (package, version) into the test cache (as e2e does)."""
-    out = cache / f"{module}-{metadata.version(package)}"
+    """A bundled model built once per (package version, precision) into the test cache (as e2e
+    does: the same folder)."""
+    importer = importlib.import_module(f"kiln_runtimes.importers.{module}")
+    name = getattr(importer, "cache_name", lambda: f"{module}-{metadata.version(package)}")()
+    out = cache / name
     if not (out / "kiln.json").exists():
-        importlib.import_module(f"kiln_runtimes.importers.{module}").build(out)
+        importer.build(out)
     return out
 
 
