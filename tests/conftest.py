@@ -49,11 +49,20 @@ def model_cache() -> Path:
 _NO_FSYNC = ("fsync", "synchronous_commit", "full_page_writes")
 
 
-async def _create_template(uri: str) -> None:
+async def no_fsync(uri: str) -> None:
+    """Turn durability off on the server at ``uri`` (from its next reload or start)."""
     conn = await asyncpg.connect(uri)
     try:
         for setting in _NO_FSYNC:
             await conn.execute(f"ALTER SYSTEM SET {setting} = off")
+    finally:
+        await conn.close()
+
+
+async def _create_template(uri: str) -> None:
+    await no_fsync(uri)
+    conn = await asyncpg.connect(uri)
+    try:
         await conn.execute("SELECT pg_reload_conf()")
         await conn.execute(f'DROP DATABASE IF EXISTS "{TEMPLATE}"')
         await conn.execute(f'CREATE DATABASE "{TEMPLATE}"')

@@ -29,6 +29,8 @@ from kiln_platform.registry.services import register_version
 from kiln_platform.settings import Settings
 from kiln_runtimes.protocol import ModelManifest
 
+from .pgdata import copy_migrated_pg, remove_template
+
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator
     from contextlib import AbstractContextManager
@@ -167,14 +169,19 @@ class KilnProcess:
         ]
 
 
-async def register_model(settings: Settings, model_dir: Path) -> None:
-    """Register a built model folder as version ``test``, in the store ``settings`` name."""
+async def register_model(settings: Settings, *model_dirs: Path) -> None:
+    """Register built model folders as version ``test``, in the store ``settings`` name (one
+    database start for all of them)."""
     import msgspec
 
-    manifest = msgspec.json.decode((model_dir / "kiln.json").read_bytes(), type=ModelManifest)
-    digest = settings.store().put_dir(model_dir)
-    async with open_database(settings) as db, db.sessions.begin() as session:
-        await register_version(session, manifest, "test", digest)
+    async with open_database(settings) as db:
+        for model_dir in model_dirs:
+            manifest = msgspec.json.decode(
+                (model_dir / "kiln.json").read_bytes(), type=ModelManifest
+            )
+            digest = settings.store().put_dir(model_dir)
+            async with db.sessions.begin() as session:
+                await register_version(session, manifest, "test", digest)
 
 
 def _start_kiln(
@@ -185,9 +192,8 @@ def _start_kiln(
     env["KILN_WARM_STANDBY"] = "false"  # workers are found by cmdline; test_standby.py turns it on
     env.update(extra_env or {})
     env.pop("KILN_DATABASE_URL", None)
-    settings = Settings(data_dir=data_dir)
-    for model_dir in model_dirs:
-        asyncio.run(register_model(settings, model_dir))
+    if model_dirs:
+        asyncio.run(register_model(Settings(data_dir=data_dir), *model_dirs))
     port = free_port()
     proc = subprocess.Popen(
         [sys.executable, "-m", "kiln_console", "up", "--no-import", "--port", str(port)],
@@ -238,17 +244,27 @@ def start_kiln() -> Callable[..., KilnProcess]:
 
 
 @contextmanager
-def data_dir() -> Iterator[Path]:
-    """A fresh Kiln data directory under /tmp.
+def data_dir(migrated: bool = True) -> Iterator[Path]:
+    """A fresh Kiln data directory under /tmp, its database already migrated (``pgdata``)
+    unless ``migrated`` is false.
 
     Not pytest's tmp_path: as root, pgserver runs PostgreSQL as an unprivileged user that must
     traverse every parent directory, and pytest keeps its base temp directory at mode 0700.
     """
     path = Path(tempfile.mkdtemp(prefix="kiln-e2e-"))
     try:
+        if migrated:
+            copy_migrated_pg(Settings(data_dir=path).pg_dir)
         yield path
     finally:
         shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _pg_template() -> Iterator[None]:
+    """Remove the session's migrated PostgreSQL template at the end."""
+    yield
+    remove_template()
 
 
 @pytest.fixture(scope="session")
@@ -259,8 +275,8 @@ def kiln_data_dir() -> Callable[[], AbstractContextManager[Path]]:
 
 @pytest.fixture
 def fresh_data_dir() -> Iterator[Path]:
-    """A fresh Kiln data directory (see ``data_dir``)."""
-    with data_dir() as path:
+    """An empty Kiln data directory (see ``data_dir``): ``kiln`` makes its database there."""
+    with data_dir(migrated=False) as path:
         yield path
 
 

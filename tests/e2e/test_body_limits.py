@@ -19,6 +19,8 @@ import pytest
 
 from kiln_runtimes.protocol import MANIFEST_NAME
 
+from .pgdata import copy_migrated_pg
+
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator
 
@@ -49,6 +51,8 @@ def kiln(
     (model / MANIFEST_NAME).write_bytes(msgspec.json.encode(manifest))
     shutil.copyfile(tensor_models["mlp"], model / manifest.model_file)
     env = {"KILN_POOL_INITIAL_REPLICAS": "0", "KILN_MAX_TENSOR_BODY_BYTES": str(TENSOR_LIMIT)}
+    (path / "data").mkdir()
+    copy_migrated_pg(path / "data" / "pg")
     proc = start_kiln(path / "data", [model], env)
     try:
         proc.cli("tenants", "create", "operators")

@@ -5,10 +5,13 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Iterator
+from pathlib import Path
 
 import httpx
+import pytest
 
-from .conftest import MINILM, KilnProcess
+from .conftest import MINILM, KilnProcess, minilm_up
 
 SENTENCES = [f"sentence {i} about concurrency caps shared through PostgreSQL" for i in range(16)]
 
@@ -24,9 +27,15 @@ def _in_flight(text: str) -> float:
     return float(line.split()[-1])
 
 
+@pytest.fixture(scope="module")
+def kiln_up(minilm_dir: Path) -> Iterator[KilnProcess]:
+    """``kiln up`` with all-MiniLM-L6-v2, caching limits for 0.5 s (not 5 s to wait out)."""
+    yield from minilm_up(minilm_dir, {"KILN_KEY_CACHE_TTL_S": "0.5"})
+
+
 def test_concurrency_cap_holds_inside_the_worker(kiln_up: KilnProcess) -> None:
     assert "concurrency=5" in kiln_up.cli("quotas", "set", "--tenant", "acme", "--concurrency", "5")
-    time.sleep(5.5)  # the gateway caches limits for KILN_KEY_CACHE_TTL_S
+    time.sleep(1.0)  # the gateway caches limits for KILN_KEY_CACHE_TTL_S
     metrics = _worker_metrics_url(kiln_up)
     headers = {"authorization": f"Bearer {kiln_up.key}"}
     body = {"model": MINILM, "input": SENTENCES}

@@ -23,6 +23,8 @@ import httpx
 import numpy as np
 import pytest
 
+from .pgdata import copy_migrated_pg
+
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator
 
@@ -102,6 +104,7 @@ def kiln(sources: dict[str, Path], start_kiln: Callable[..., KilnProcess]) -> It
     """``kiln up`` with no model, a platform-admin key that may also infer, and every tiny
     model imported through the API (the builds queue up behind each other)."""
     path = Path(tempfile.mkdtemp(prefix="kiln-e2e-"))
+    copy_migrated_pg(path / "pg")
     kiln = start_kiln(path, [], {"KILN_WORKER_MAX_MEMORY_BYTES": str(MEMORY_LIMIT)})
     try:
         kiln.wait_ready()

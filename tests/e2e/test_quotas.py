@@ -22,6 +22,7 @@ import pytest
 from kiln_platform.db.engine import embedded_server
 
 from .conftest import KilnProcess, free_port
+from .pgdata import copy_migrated_pg
 
 
 def _gateway(uri: str, env_extra: dict[str, str]) -> KilnProcess:
@@ -43,7 +44,7 @@ def _gateway(uri: str, env_extra: dict[str, str]) -> KilnProcess:
 
 @pytest.fixture(scope="module")
 def gateways() -> Iterator[tuple[KilnProcess, KilnProcess]]:
-    pg = Path(tempfile.mkdtemp(prefix="kiln-sharedpg-"))
+    pg = copy_migrated_pg(Path(tempfile.mkdtemp(prefix="kiln-sharedpg-")) / "pg")
     with embedded_server(pg) as uri:
         pair = (_gateway(uri, {}), _gateway(uri, {}))
         try:

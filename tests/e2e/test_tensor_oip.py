@@ -15,6 +15,8 @@ import pytest
 import tritonclient.http as triton
 from tritonclient.utils import InferenceServerException
 
+from .pgdata import copy_migrated_pg
+
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator
 
@@ -32,6 +34,7 @@ def tensor_up(
     """``kiln up`` with no model; a tenant, a platform-admin key (inference too: it calls `/v2`),
     and the MLP uploaded (model writes are platform-admin only)."""
     path = Path(tempfile.mkdtemp(prefix="kiln-e2e-"))
+    copy_migrated_pg(path / "pg")
     with pytest.MonkeyPatch.context() as env:
         env.setenv("KILN_MAX_UPLOAD_BYTES", str(UPLOAD_LIMIT))
         kiln = start_kiln(path, [])
