@@ -6,6 +6,7 @@ import asyncio
 import json
 import re
 import time
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -263,3 +264,30 @@ def test_over_long_prompt_message_has_both_numbers(client: openai.OpenAI) -> Non
     message = err.value.body["message"]  # type: ignore[index]
     assert "8192" in message
     assert re.search(r"\d{4,} in the messages, 10 for the completion", message)
+
+
+def test_a_repeated_long_prompt_reports_its_cached_prefix(client: openai.OpenAI) -> None:
+    """The worker's prefix cache (128-token blocks, per tenant) serves the second request's
+    first block: ``prompt_tokens_details.cached_tokens`` says so, streamed and not; the first
+    request, its opening unique (a nonce), found nothing."""
+    nonce = uuid.uuid4().hex
+    text = f"{nonce}. " + " ".join(f"Item {i} is a small red box." for i in range(30))
+    messages: list[ChatCompletionMessageParam] = [{"role": "user", "content": text}]
+    first = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=2)
+    second = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=2)
+    streamed = list(client.chat.completions.create(
+        model=MODEL, messages=messages, max_tokens=2, stream=True,
+        stream_options={"include_usage": True},
+    ))  # fmt: skip
+    assert first.usage is not None
+    assert second.usage is not None
+    assert first.usage.prompt_tokens > 128
+    assert first.usage.prompt_tokens_details is not None
+    assert first.usage.prompt_tokens_details.cached_tokens == 0
+    for usage in (second.usage, streamed[-1].usage):
+        assert usage is not None
+        assert usage.prompt_tokens_details is not None
+        cached = usage.prompt_tokens_details.cached_tokens
+        assert cached is not None
+        assert 128 <= cached < usage.prompt_tokens
+        assert cached % 128 == 0

@@ -86,10 +86,11 @@ class Settings(BaseSettings):
     worker_precision: str = "fp32"
     """Engine precision of tensor workers: fp32, int8 (cpu) or fp16 (GPU targets)."""
     worker_adapter_slots: int = 0
-    """LoRA adapters a generation worker holds at once (0: the model's graph as built, no
-    adapters). Slots cost every step, adapter or not: measured in docs/benchmarks.md."""
+    """LoRA adapters a generation worker holds (0: none); each costs every step: benchmarks.md."""
     worker_adapter_rank: int = 16
     """Columns of one adapter slot: an adapter's rank times its q/k/v modules must fit."""
+    worker_prefix_cache_mb: int = Field(default=256, ge=0)
+    """MiB a generation worker keeps for KV blocks of a tenant's prompt prefixes (0: no cache)."""
     worker_start_timeout_s: float = 120.0
     worker_max_memory_bytes: int | None = Field(default=None, gt=0)
     """Memory a worker has for a model's weights: an import whose built weights (parameters x
@@ -321,9 +322,8 @@ class Settings(BaseSettings):
         """The pools' autoscaling policy configuration."""
         return AutoscaleConfig(
             min_replicas=self.pool_min_replicas, max_replicas=self.pool_max_replicas,
-            initial_replicas=self.pool_initial_replicas,
+            initial_replicas=self.pool_initial_replicas, warm_replicas=self.pool_warm_replicas,
             target_utilization=self.pool_target_utilization,
-            warm_replicas=self.pool_warm_replicas,
             scale_down_delay_s=self.pool_scale_down_delay_s,
             idle_to_zero_s=self.pool_idle_to_zero_s,
         )  # fmt: skip

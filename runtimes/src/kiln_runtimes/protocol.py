@@ -197,6 +197,8 @@ class GenerateChunk(msgspec.Struct, frozen=True, kw_only=True):
     finish_reason: FinishReason | None = None
     prompt_tokens: int = 0
     completion_tokens: int = 0
+    cached_tokens: int = 0
+    """Leading prompt tokens whose KV came from the prefix cache rather than a prefill."""
     queue_ms: float = 0.0
     """How long the sequence waited for a slot."""
     compute_ms: float = 0.0

@@ -18,6 +18,7 @@ from kiln_platform.gateway.llm_schemas import (
     ChatCompletionChunk,
     ChunkChoice,
     Delta,
+    PromptTokensDetails,
     TextChoice,
     TextCompletion,
     TextLogprobs,
@@ -46,7 +47,10 @@ def streamed(gen: Generation, events: AsyncGenerator[bytes, None]) -> Stream:
 
 def _usage(gen: Generation) -> Usage:
     prompt, completion, total = gen.usage_counts()
-    return Usage(prompt_tokens=prompt, completion_tokens=completion, total_tokens=total)
+    return Usage(
+        prompt_tokens=prompt, completion_tokens=completion, total_tokens=total,
+        prompt_tokens_details=PromptTokensDetails(cached_tokens=gen.cached_tokens),
+    )  # fmt: skip
 
 
 def _id(prefix: str, gen: Generation) -> str:

@@ -65,6 +65,10 @@ class Choice:
     queue_ms: float = 0.0
     tokens: list[int] | None = None
     """The tokens generated, kept only for a shadow's comparison."""
+    cached_tokens: int = 0
+    """Leading prompt tokens the worker took from its prefix cache instead of prefilling."""
+    counts_prompt: bool = True
+    """The first choice of its prompt: the one whose prompt ``prompt_tokens`` counts."""
 
 
 @dataclass(slots=True)
@@ -93,6 +97,12 @@ class Generation:
     def request(self) -> GenerateRequest:
         """The first choice's sequence (its ``request_id`` is the request's)."""
         return self.choices[0].request
+
+    @property
+    def cached_tokens(self) -> int:
+        """Prompt tokens the prefix caches served, of each prompt's first choice (the prompt
+        tokens counted): reported as OpenAI does, billed as any prompt token."""
+        return sum(choice.cached_tokens for choice in self.choices if choice.counts_prompt)
 
     @property
     def completion_tokens(self) -> int:
@@ -243,6 +253,7 @@ class Generation:
                 arrived()
                 ids = tuple(chunk.token_ids)
                 choice.completion_tokens += len(ids)
+                choice.cached_tokens = max(choice.cached_tokens, chunk.cached_tokens)
                 if choice.tokens is not None:
                     choice.tokens.extend(ids)
                 choice.compute_ms = max(choice.compute_ms, chunk.compute_ms)
@@ -325,7 +336,7 @@ def _choices(
                 prompt_ids=prompt, max_tokens=limit, seed=plan.seed_of(index),
                 **shared, **plan.fields,
             )  # fmt: skip
-            choices.append(Choice(index, sequence, echo))
+            choices.append(Choice(index, sequence, echo, counts_prompt=j == 0))
     return choices
 
 

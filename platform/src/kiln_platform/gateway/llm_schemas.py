@@ -110,12 +110,19 @@ UNSUPPORTED: dict[str, tuple[Any, ...]] = {
 }
 
 
+class PromptTokensDetails(msgspec.Struct, kw_only=True):
+    """Of the prompt tokens, those whose KV the worker's prefix cache held (billed alike)."""
+
+    cached_tokens: int = 0
+
+
 class Usage(msgspec.Struct, kw_only=True):
     """Token counts."""
 
     prompt_tokens: int
     completion_tokens: int
     total_tokens: int
+    prompt_tokens_details: PromptTokensDetails = msgspec.field(default_factory=PromptTokensDetails)
 
 
 class AssistantMessage(msgspec.Struct, kw_only=True, omit_defaults=False):

@@ -201,7 +201,7 @@ def worker_arguments(
     if slots:
         cmd += ["--adapter-slots", str(slots)]
         cmd += ["--adapter-rank", str(s.worker_adapter_rank)]
-    return cmd
+    return [*cmd, "--prefix-cache-mb", str(s.worker_prefix_cache_mb)]
 
 
 def worker_headers(settings: Settings) -> dict[str, str]:

@@ -222,6 +222,7 @@ def _chunk(
         finish_reason=out.finish_reason,
         prompt_tokens=out.prompt_tokens,
         completion_tokens=out.completion_tokens,
+        cached_tokens=out.cached_tokens,
         queue_ms=out.queue_s * 1000,
         compute_ms=out.compute_s * 1000,
         logprobs=logprobs,

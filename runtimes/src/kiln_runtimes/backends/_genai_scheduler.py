@@ -121,6 +121,7 @@ class SequenceOutput:
     finish_reason: FinishReason | None
     prompt_tokens: int
     completion_tokens: int
+    cached_tokens: int = 0
     queue_s: float = 0.0
     compute_s: float = 0.0
 
@@ -144,6 +145,7 @@ def output(
         finish_reason=reason,
         prompt_tokens=len(seq.prompt_ids),
         completion_tokens=len(seq.output_ids),
+        cached_tokens=seq.cached_tokens,
         queue_s=seq.queue_s,
         compute_s=seq.compute_s,
     )

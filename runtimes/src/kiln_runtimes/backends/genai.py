@@ -211,6 +211,7 @@ async def _next_chunk(queue: asyncio.Queue[GenerateChunk | BaseException]) -> Ge
         finish_reason=last.finish_reason,
         prompt_tokens=last.prompt_tokens,
         completion_tokens=last.completion_tokens,
+        cached_tokens=last.cached_tokens,
         queue_ms=last.queue_ms,
         compute_ms=last.compute_ms,
         logprobs=logprobs,
