@@ -225,7 +225,9 @@ def _delta(first: list[Sample], last: list[Sample], value: Any) -> tuple[float, 
 
 
 def growth(samples: list[Sample], warmup_s: float) -> dict[str, Any]:
-    """First samples after the warm-up against the last ones (three of each, or fewer)."""
+    """First samples after the warm-up against the last ones (three of each, or fewer); fds
+    also as the lowest count of the first and of the last third (keep-alives follow the load's
+    recent concurrency, so a spike lifts a sample; a leak lifts the floor)."""
     steady = [s for s in samples if s.t > warmup_s]
     k = max(1, min(3, len(steady) // 3))
     first, last = steady[:k], steady[-k:]
@@ -236,6 +238,9 @@ def growth(samples: list[Sample], warmup_s: float) -> dict[str, Any]:
         out[f"rss_{role}_pct"] = round(100 * (b - a) / a, 2) if a else None
         a, b = _delta(first, last, lambda s, r=role: s.fds[r])
         out[f"fds_{role}"] = round(b - a, 1)
+        third = max(1, len(steady) // 3)  # the floor: what stays open between bursts
+        floor = [min(s.fds[role] for s in part) for part in (steady[:third], steady[-third:])]
+        out[f"fds_{role}_floor"] = floor
     a, b = _delta(first, last, lambda s: s.connections)
     out["connections"] = round(b - a, 1)
     p_first = statistics.median(s.p99_ms for s in first)
