@@ -115,9 +115,8 @@ def _pool_backend(settings: Settings, http: aiohttp.ClientSession) -> PoolBacken
     """The backend ``KILN_POOL_BACKEND`` names (the kubernetes client is imported only for it),
     shared with other gateways under ``KILN_SHARED_WORKERS``."""
     if settings.pool_backend == "kubernetes":
-        from kiln_platform.pools.kubernetes import KubernetesPoolBackend, check_store
+        from kiln_platform.pools.kubernetes import KubernetesPoolBackend
 
-        check_store(settings)  # the gateway's store must be the one its pods read
         backend: PoolBackend = KubernetesPoolBackend(settings, http)
     else:
         backend = LocalPoolBackend(settings, http)
@@ -175,7 +174,11 @@ def _build(
     store = settings.store()
     resolver = Resolver(db.sessions)
     metrics = RequestMetrics(settings.metrics_tenant_labels)
-    pools = _pool_manager(settings, http, resolver, store, metrics)
+    try:
+        pools = _pool_manager(settings, http, resolver, store, metrics)
+    except BaseException:
+        metrics.close()  # registered process-wide: a gateway that cannot start leaves none
+        raise
     quotas = QuotaEnforcer(
         db.sessions, ttl=settings.key_cache_ttl_s, lease_ttl_s=settings.lease_ttl_s,
         timeout_s=settings.request_timeout_s,
@@ -281,6 +284,10 @@ async def _stop(kiln: Kiln, ledger_db: AsyncEngine) -> None:
 async def running(settings: Settings, batches: Background) -> AsyncIterator[Kiln]:
     """Start every service for serving (``batches``: the batch runner); stop them in reverse
     order."""
+    if settings.pool_backend == "kubernetes":
+        from kiln_platform.pools.kubernetes import check_store
+
+        check_store(settings)  # the gateway's store must be the one its pods read
     async with open_database(settings) as db, worker_session(settings) as http:
         await fill(db.engine)  # every connection its pool keeps, opened now
         ledger_db = writer_engine(

@@ -31,6 +31,7 @@ from kiln_platform.batches.runner import BatchRunner
 from kiln_platform.context import running
 from kiln_platform.db.database import Database
 from kiln_platform.db.engine import writer_engine
+from kiln_platform.gateway.metrics import RequestMetrics
 from kiln_platform.pools import _kube_objects as objects
 from kiln_platform.pools._kube_objects import deployment_name
 from kiln_platform.pools.backend import PoolSpec, PoolWorker, worker_headers
@@ -443,6 +444,7 @@ async def test_a_gateway_whose_store_is_not_the_claim_refuses_to_start(
     with pytest.raises(ValueError, match=refused):
         async with running(settings, BatchRunner(settings)):
             pass
+    RequestMetrics(False).close()  # the refusal left no series registered process-wide
     check_store(settings, ismount=lambda path: path == str(tmp_path / "store"))  # mounted
     check_store(settings.model_copy(update={"artifact_store": "s3://bucket/kiln"}))
 
