@@ -71,5 +71,7 @@ async def test_first_in_first_out_reuse_keeps_the_burst_open(
     server: tuple[str, web.Server],
 ) -> None:
     """Why ``StackConnector`` exists: in aiohttp's own order each of the 8 is used every
-    0.4 s, so none ever idles out."""
-    assert await _kept_after_a_burst(aiohttp.TCPConnector(keepalive_timeout=IDLE_S), *server) == 8
+    0.4 s, so none idles out (all 8 stay when the loop runs steadily; a stall of the loop can
+    let a few close, as a full-suite run saw once: 2 left). Most-recent-first keeps exactly 1."""
+    kept = await _kept_after_a_burst(aiohttp.TCPConnector(keepalive_timeout=IDLE_S), *server)
+    assert kept > 1
