@@ -217,8 +217,9 @@ def default_model_dir() -> Path:
 def ensure_model_dir(path: Path) -> Path:
     if not (path / "kiln.json").is_file():
         from kiln_runtimes.importers import smollm2
+        from kiln_runtimes.protocol import GENERATE_PRECISION
 
-        print(f"building {path} (SmolLM2 -> GenAI {smollm2.PRECISION}) ...", flush=True)
+        print(f"building {path} (SmolLM2 -> GenAI {GENERATE_PRECISION}) ...", flush=True)
         smollm2.build(path, progress=lambda m: print("  " + m, flush=True))
     return path
 

@@ -20,7 +20,7 @@ Worker endpoints:
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Final, Literal
 
 import msgspec
 
@@ -30,6 +30,9 @@ WORKER_SECRET_ENV = "KILN_WORKER_SECRET"  # noqa: S105 (a variable's name)
 """The environment variable a worker reads its secret from (never a flag: ``ps`` shows those)."""
 
 Task = Literal["embeddings", "generate", "tensor"]
+GENERATE_PRECISION: Final = "int8"
+"""A generation build's precision when none is asked for (the build library and the import API
+both read it): int4 drifts from the source (docs/benchmarks.md, "Bundled chat model quality")."""
 ErrorCode = Literal[
     "bad_request",
     "overloaded",

