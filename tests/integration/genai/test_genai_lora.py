@@ -8,12 +8,13 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import msgspec
 import pytest
 
 from kiln_runtimes.lora import Dims
-from kiln_runtimes.protocol import MANIFEST_NAME, GenerateRequest, ModelManifest, TokenLogprobs
+from kiln_runtimes.protocol import GenerateRequest, TokenLogprobs
 from kiln_runtimes.store import ArtifactStore
+
+from .chat import start_backend
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator
@@ -67,15 +68,11 @@ def adapters(
 
 @pytest.fixture(scope="module")
 async def backend(store: ArtifactStore, smollm2_dir: Path) -> AsyncIterator[GenAIGenerationBackend]:
-    from kiln_runtimes import backends
     from kiln_runtimes.backends.base import EngineOptions
-    from kiln_runtimes.backends.genai import GenAIGenerationBackend
 
     folder = store.path(store.put_dir(smollm2_dir))  # adapters come from the model's store
-    manifest = msgspec.json.decode((folder / MANIFEST_NAME).read_bytes(), type=ModelManifest)
     options = EngineOptions(max_batch_size=4, adapter_slots=2, adapter_rank=16)
-    generation = GenAIGenerationBackend(options)
-    await backends.start(generation, folder, manifest, None)
+    generation = await start_backend(folder, options)
     yield generation
     generation.unload()
 

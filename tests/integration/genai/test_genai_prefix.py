@@ -4,15 +4,14 @@ are never another's unless they lie in the request's public prefix."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-import msgspec
 import pytest
-from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-from kiln_runtimes.protocol import MANIFEST_NAME, GenerateRequest, ModelManifest
+from kiln_runtimes.protocol import GenerateRequest
+
+from .chat import ChatPrompt, start_backend
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator
@@ -29,16 +28,11 @@ SYSTEM = (
 
 
 async def _backend(folder: Path, cache_bytes: int) -> GenAIGenerationBackend:
-    pytest.importorskip("onnxruntime")
-    from kiln_runtimes import backends
     from kiln_runtimes.backends.base import EngineOptions
-    from kiln_runtimes.backends.genai import GenAIGenerationBackend
 
-    manifest = msgspec.json.decode((folder / MANIFEST_NAME).read_bytes(), type=ModelManifest)
-    options = EngineOptions(max_batch_size=2, prefix_cache_bytes=cache_bytes)
-    generation = GenAIGenerationBackend(options)
-    await backends.start(generation, folder, manifest, None)
-    return generation
+    return await start_backend(
+        folder, EngineOptions(max_batch_size=2, prefix_cache_bytes=cache_bytes)
+    )
 
 
 @pytest.fixture(scope="module")
@@ -56,24 +50,8 @@ async def uncached(smollm2_dir: Path) -> AsyncIterator[GenAIGenerationBackend]:
 
 
 @pytest.fixture(scope="module")
-def prompt(smollm2_dir: Path) -> Prompt:
-    return Prompt(smollm2_dir)
-
-
-class Prompt:
-    """The chat template and tokenizer, as the gateway applies them."""
-
-    def __init__(self, folder: Path) -> None:
-        from tokenizers import Tokenizer
-
-        config = json.loads((folder / "tokenizer_config.json").read_text())
-        self.template = ImmutableSandboxedEnvironment().from_string(config["chat_template"])
-        self.tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
-
-    def ids(self, question: str) -> list[int]:
-        messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": question}]
-        text = self.template.render(messages=messages, add_generation_prompt=True)
-        return list(self.tokenizer.encode(text, add_special_tokens=False).ids)
+def prompt(smollm2_dir: Path) -> ChatPrompt:
+    return ChatPrompt(smollm2_dir, system=SYSTEM)
 
 
 async def generate(
@@ -96,7 +74,7 @@ def stats(backend: GenAIGenerationBackend) -> PrefixStats:
 
 
 async def test_greedy_output_is_the_same_with_the_cache_and_the_second_request_hits(
-    cached: GenAIGenerationBackend, uncached: GenAIGenerationBackend, prompt: Prompt
+    cached: GenAIGenerationBackend, uncached: GenAIGenerationBackend, prompt: ChatPrompt
 ) -> None:
     assert uncached.health().prefix_cache is None
     first, second = prompt.ids("How do I rotate a key?"), prompt.ids("What does a token cost?")
@@ -113,7 +91,7 @@ async def test_greedy_output_is_the_same_with_the_cache_and_the_second_request_h
 
 
 async def test_a_tenant_never_reuses_another_tenants_blocks_outside_the_public_prefix(
-    cached: GenAIGenerationBackend, uncached: GenAIGenerationBackend, prompt: Prompt
+    cached: GenAIGenerationBackend, uncached: GenAIGenerationBackend, prompt: ChatPrompt
 ) -> None:
     ids = prompt.ids("Where is my bill?")
     expected = await generate(uncached, ids)

@@ -8,15 +8,15 @@ otherwise), the folder the e2e tests use.
 from __future__ import annotations
 
 import asyncio
-import json
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import msgspec
 import pytest
-from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-from kiln_runtimes.protocol import MANIFEST_NAME, GenerateChunk, GenerateRequest, ModelManifest
+from kiln_runtimes.protocol import GenerateChunk, GenerateRequest
+
+from .chat import ChatPrompt, start_backend
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Callable
@@ -30,14 +30,9 @@ MAX_SEQUENCES = 8
 
 @pytest.fixture(scope="module")
 async def backend(smollm2_dir: Path) -> AsyncIterator[GenAIGenerationBackend]:
-    pytest.importorskip("onnxruntime")
-    from kiln_runtimes import backends
     from kiln_runtimes.backends.base import EngineOptions
-    from kiln_runtimes.backends.genai import GenAIGenerationBackend
 
-    manifest = msgspec.json.decode((smollm2_dir / MANIFEST_NAME).read_bytes(), type=ModelManifest)
-    generation = GenAIGenerationBackend(EngineOptions(max_batch_size=MAX_SEQUENCES))
-    await backends.start(generation, smollm2_dir, manifest, None)
+    generation = await start_backend(smollm2_dir, EngineOptions(max_batch_size=MAX_SEQUENCES))
     yield generation
     generation.unload()
 
@@ -45,25 +40,6 @@ async def backend(smollm2_dir: Path) -> AsyncIterator[GenAIGenerationBackend]:
 @pytest.fixture(scope="module")
 def chat(smollm2_dir: Path) -> ChatPrompt:
     return ChatPrompt(smollm2_dir)
-
-
-class ChatPrompt:
-    """What the gateway does: chat template (jinja2), then ``tokenizers`` without special tokens."""
-
-    def __init__(self, folder: Path) -> None:
-        from tokenizers import Tokenizer
-
-        config = json.loads((folder / "tokenizer_config.json").read_text())
-        self.template = ImmutableSandboxedEnvironment().from_string(config["chat_template"])
-        self.tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
-
-    def ids(self, question: str) -> list[int]:
-        messages = [{"role": "user", "content": question}]
-        text = self.template.render(messages=messages, add_generation_prompt=True)
-        return list(self.tokenizer.encode(text, add_special_tokens=False).ids)
-
-    def text(self, ids: list[int]) -> str:
-        return str(self.tokenizer.decode(ids))
 
 
 def greedy(rid: str, prompt: list[int], max_tokens: int = 48, **sampling: float) -> GenerateRequest:
