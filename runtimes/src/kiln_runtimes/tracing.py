@@ -28,21 +28,21 @@ import time
 from typing import TYPE_CHECKING, NamedTuple
 
 import structlog
-from opentelemetry import trace
-from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 if TYPE_CHECKING:
     from collections.abc import Iterator, Mapping
 
+    from opentelemetry import trace
     from opentelemetry.context import Context
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.sdk.trace.export import SpanExporter
+    from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
     from opentelemetry.util.types import Attributes
 
     from kiln_runtimes._sampling import SettableIds
 
 _NULL: contextlib.nullcontext[None] = contextlib.nullcontext()
-_propagator = TraceContextTextMapPropagator()
+_propagator: TraceContextTextMapPropagator | None = None
 _tracer: trace.Tracer | None = None
 _provider: TracerProvider | None = None
 _ids: SettableIds | None = None
@@ -79,17 +79,20 @@ def configure(
 ) -> bool:
     """Install Kiln's tracer if ``environ`` names an exporter (or ``exporter`` is given, which is
     then the only one, exporting synchronously); whether tracing is on."""
-    from opentelemetry.sdk.resources import Resource
-    from opentelemetry.sdk.trace import TracerProvider
-    from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor
-
-    from kiln_runtimes._sampling import SettableIds
-
-    global _tracer, _provider, _ids  # noqa: PLW0603
+    global _tracer, _provider, _ids, _propagator, trace  # noqa: PLW0603
     shutdown()
     names = [] if exporter is not None else exporter_names(environ)
     if exporter is None and not names:
         return False
+    from opentelemetry import trace
+    from opentelemetry.sdk.resources import Resource
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor
+    from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+    from kiln_runtimes._sampling import SettableIds
+
+    _propagator = TraceContextTextMapPropagator()
     name = environ.get("OTEL_SERVICE_NAME") or service
     _ids = SettableIds()
     provider = TracerProvider(resource=Resource.create({"service.name": name}), id_generator=_ids)
@@ -115,10 +118,10 @@ def _exporter(kind: str) -> SpanExporter:
 
 def shutdown() -> None:
     """Export what is buffered and turn tracing off."""
-    global _tracer, _provider, _ids  # noqa: PLW0603
+    global _tracer, _provider, _ids, _propagator  # noqa: PLW0603
     if _provider is not None:
         _provider.shutdown()
-    _tracer = _provider = _ids = None
+    _tracer = _provider = _ids = _propagator = None
 
 
 def flush() -> None:
@@ -263,12 +266,13 @@ def traceparent() -> str | None:
     if unsampled is not None:
         return unsampled
     carrier: dict[str, str] = {}
-    _propagator.inject(carrier)
+    if _propagator is not None:
+        _propagator.inject(carrier)
     return carrier.get("traceparent")
 
 
 def extract(value: str | None) -> Context | None:
     """The remote parent a ``traceparent`` names (``None``: start a new trace)."""
-    if _tracer is None or not value:
+    if _tracer is None or _propagator is None or not value:
         return None
     return _propagator.extract({"traceparent": value})

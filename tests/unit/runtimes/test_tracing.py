@@ -4,6 +4,8 @@ the log context of the gateway's server span and the worker's continued span."""
 from __future__ import annotations
 
 import asyncio
+import subprocess
+import sys
 from collections.abc import Iterator
 from typing import Any
 
@@ -55,6 +57,21 @@ def test_off_no_provider_and_no_span_work() -> None:
         assert tracing.traceparent() is None
     assert tracing.continued("worker /embed", PARENT) is first
     assert isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider)  # no SDK installed
+
+
+def test_off_the_gateway_and_worker_never_import_opentelemetry() -> None:
+    """Off costs nothing at start-up either: the processes hold none of the API or the SDK."""
+    code = (
+        "import sys\n"
+        "from kiln_platform import app\n"
+        "from kiln_runtimes import tracing, worker\n"
+        "assert not tracing.configure({'OTEL_SERVICE_NAME': 'kiln'}, 'kiln')\n"
+        "with tracing.span('auth'), tracing.continued('embed', '" + PARENT + "'):\n"
+        "    assert tracing.traceparent() is None and tracing.extract('" + PARENT + "') is None\n"
+        "print(sorted(m for m in sys.modules if m.startswith('opentelemetry')))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
 
 
 def test_worker_continues_the_trace_with_its_id_in_the_logs(
