@@ -78,7 +78,7 @@ bench-import: setup ## Import time of the SmolLM2 GGUF, and serving it imported 
 	$(PY) bench/import_model.py --rounds 4 --duration 20
 
 bench-tracing: setup ## Embeddings throughput, tracing off and on at 1%, vs HEAD with tracing compiled out (docs/benchmarks.md)
-	$(PY) bench/tracing.py --rounds 6
+	$(PY) bench/tracing.py --rounds 24 --duration 6 --warmup 2
 
 bench-shadow: setup ## Client latency p99 with shadow traffic at 20% on vs off, same run (docs/benchmarks.md)
 	$(PY) bench/shadow.py --rounds 6
