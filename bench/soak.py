@@ -14,8 +14,8 @@ PostgreSQL connections (its backend processes), with the embeddings p99 of that 
 After ``--warmup-s`` it reports growth, first samples against last: RSS per role (goal < 5%),
 fds and connections (goal: none), and p99 drift (goal < 10%): the p99 of every embeddings
 latency in the first third of the steady samples against the last third's (a 30 s window at
-10 req/s holds 300 latencies, whose p99 is the third-largest and moves +-25% window to window
-on a quiet machine; a third of the hour holds 12,000); ``--json`` writes every sample.
+10 req/s holds 300 latencies, whose p99 is the fourth-largest: on a quiet machine 5-minute
+medians of it moved +-25%; a third of the hour holds ~11,000); ``--json`` writes every sample.
 
     python bench/soak.py --duration-s 3600 --chat     # the hour
     python bench/soak.py --duration-s 180 --warmup-s 60 --json /tmp/soak.json   # CI's 3 minutes
@@ -62,16 +62,17 @@ _PG_AUX = ("checkpointer", "background writer", "walwriter", "autovacuum launche
 @dataclass
 class Sample:
     """One sampling instant: seconds since the start, per-role RSS (MiB) and fds, PostgreSQL
-    connections, and the embeddings answered / p99 (ms) in the window just ended, with its
-    latencies (ms)."""
+    connections, and the latencies (ms) of the embeddings answered in the window just ended."""
 
     t: float
     rss_mib: dict[str, float]
     fds: dict[str, int]
     connections: int
-    answered: int
-    p99_ms: float
     latencies_ms: list[float] = field(default_factory=list, repr=False)
+
+    @property
+    def p99_ms(self) -> float:
+        return _p99(self.latencies_ms)
 
 
 @dataclass
@@ -108,7 +109,7 @@ def sample(kiln: Kiln, t: float, traffic: Traffic) -> Sample:
                 fds[role] += p.num_fds()
     window, traffic.window = traffic.window, []
     ms = [round(1000 * w, 2) for w in window]
-    return Sample(t, rss, fds, _connections(roles["postgres"]), len(ms), _p99(ms), ms)
+    return Sample(t, rss, fds, _connections(roles["postgres"]), ms)
 
 
 def _p99(latencies: list[float]) -> float:
@@ -204,7 +205,7 @@ async def _soak(kiln: Kiln, keys: tuple[str, str], tenant: str, args: argparse.N
         samples.append(await asyncio.to_thread(sample, kiln, now, traffic))
         s = samples[-1]
         print(f"{s.t:6.0f} s  rss {_fmt(s.rss_mib)} MiB  fds {s.fds}  conns {s.connections}  "
-              f"p99 {s.p99_ms:.1f} ms ({s.answered})", flush=True)  # fmt: skip
+              f"p99 {s.p99_ms:.1f} ms ({len(s.latencies_ms)})", flush=True)  # fmt: skip
     await load
     return samples, traffic
 
