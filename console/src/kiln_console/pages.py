@@ -149,7 +149,7 @@ class Pages(Controller):
 async def _keys(session: AsyncSession, viewer: Viewer, tenant_id: uuid.UUID) -> dict[str, Any]:
     """The keys page's context, read in the caller's transaction (after its change, if any)."""
     tenant = await tenants.get_tenant(session, viewer.actor, tenant_id)
-    rows = await api_keys.list_keys(session, viewer.actor, tenant_id)
+    rows = await api_keys.list_keys(session, viewer.actor, tenant_id, revoked=True)
     daily = await usage.daily_requests(session, [k.id for k in rows])
     now = datetime.now(UTC)
     return {"viewer": viewer, "tenant": tenant, "keys": rows, "usage": daily, "now": now,

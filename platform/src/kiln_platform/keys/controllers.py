@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import uuid
+from typing import Annotated
 
 from litestar import delete, get, post
+from litestar.params import Parameter
 
 from kiln_platform.admin.deps import AdminController, CallDep
 from kiln_platform.keys import services
@@ -17,9 +19,18 @@ class KeysController(AdminController):
     opt = {"resource": "keys"}  # noqa: RUF012 (admin.deps.authorize reads it)
 
     @get("/tenants/{tenant_id:uuid}/keys")
-    async def list_keys(self, call: CallDep, tenant_id: uuid.UUID) -> list[KeyView]:
-        """A tenant's API keys (prefix, label, role, scopes, created, last used, expiry)."""
-        return await services.list_keys(await call.session(), call.actor, tenant_id)
+    async def list_keys(
+        self, call: CallDep, tenant_id: uuid.UUID, revoked: bool = False,
+        limit: Annotated[int, Parameter(ge=1, le=services.MAX_PAGE)] = services.MAX_PAGE,
+        before: uuid.UUID | None = None,
+    ) -> list[KeyView]:  # fmt: skip
+        """A tenant's API keys (prefix, label, role, scopes, created, last used, expiry), newest
+        first: at most ``limit``, older than key ``before`` (the next page: the last key's id),
+        revoked ones only with ``revoked=true``."""
+        session = await call.session()
+        return await services.list_keys(
+            session, call.actor, tenant_id, revoked=revoked, limit=limit, before=before
+        )
 
     @post("/tenants/{tenant_id:uuid}/keys", status_code=201)
     async def create_key(self, call: CallDep, tenant_id: uuid.UUID, data: KeyCreate) -> KeyCreated:

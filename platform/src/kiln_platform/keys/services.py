@@ -15,7 +15,7 @@ from datetime import UTC, datetime, timedelta
 from hashlib import sha256
 from typing import TYPE_CHECKING
 
-from sqlalchemy import select, update
+from sqlalchemy import select, tuple_, update
 
 from kiln_platform._ttlcache import TTLCache
 from kiln_platform.admin.authz import Actor, Role, check_tenant, grantable, require
@@ -102,13 +102,27 @@ async def insert_key(
     return key, secret
 
 
-async def list_keys(session: AsyncSession, actor: Actor, tenant_id: uuid.UUID) -> list[KeyView]:
-    """A tenant's keys, newest first: prefix, label, role, scopes, dates; never secrets."""
+MAX_PAGE = 200
+
+
+async def list_keys(
+    session: AsyncSession, actor: Actor, tenant_id: uuid.UUID, *, revoked: bool = False,
+    limit: int = MAX_PAGE, before: uuid.UUID | None = None,
+) -> list[KeyView]:  # fmt: skip
+    """A tenant's keys, newest first: prefix, label, role, scopes, dates; never secrets. At
+    most ``limit``; ``before``: only keys older than that one (the last of the previous page);
+    revoked keys only with ``revoked`` (they stay in the audit log): a tenant that rotates
+    keys all day must not make its own key list slower to read by the hour."""
     await get_tenant(session, actor, tenant_id)
     require(actor, "keys")
-    rows = await session.scalars(
-        select(ApiKey).where(ApiKey.tenant_id == tenant_id).order_by(ApiKey.created_at.desc())
-    )
+    query = select(ApiKey).where(ApiKey.tenant_id == tenant_id)
+    if not revoked:
+        query = query.where(ApiKey.revoked_at.is_(None))
+    if before is not None:
+        last = select(ApiKey.created_at).where(ApiKey.id == before).scalar_subquery()
+        query = query.where(tuple_(ApiKey.created_at, ApiKey.id) < tuple_(last, before))
+    order = (ApiKey.created_at.desc(), ApiKey.id.desc())
+    rows = await session.scalars(query.order_by(*order).limit(min(limit, MAX_PAGE)))
     return [key_view(k) for k in rows]
 
 

@@ -52,6 +52,31 @@ async def test_tenant_and_key_lifecycle(admin: Admin, root: str) -> None:
     assert (await admin.call("GET", f"/admin/v1/tenants/{tenant}", root)).status_code == 404
 
 
+async def test_the_key_list_pages_newest_first_and_leaves_revoked_keys_out(
+    admin: Admin, root: str
+) -> None:
+    tenant = await admin.tenant(root, "key-pages")
+    url = f"/admin/v1/tenants/{tenant}/keys"
+    made = [(await admin.call("POST", url, root, json={"name": f"k{i}"})).json()["key"]
+            for i in range(4)]  # fmt: skip
+    assert (await admin.call("DELETE", f"{url}/{made[1]['id']}", root)).status_code == 200
+
+    async def names(query: str) -> list[str]:
+        r = await admin.call("GET", f"{url}?{query}", root)
+        assert r.status_code == 200, r.text
+        return [k["name"] for k in r.json()]
+
+    assert await names("") == ["k3", "k2", "k0"]
+    assert await names("revoked=true") == ["k3", "k2", "k1", "k0"]
+    assert await names("limit=2") == ["k3", "k2"]
+    assert await names(f"limit=2&before={made[2]['id']}") == ["k0"]
+    assert await names(f"revoked=true&before={made[2]['id']}") == ["k1", "k0"]
+    for bad in ("limit=0", "limit=201", "before=nope"):
+        r = await admin.call("GET", f"{url}?{bad}", root)
+        assert r.status_code == 400, bad
+        assert bad.split("=")[0] in r.text, r.text
+
+
 async def test_scopes_and_roles(admin: Admin, root: str) -> None:
     tenant = await admin.tenant(root, "scopes")
     inference = await admin.key(root, tenant)
