@@ -29,6 +29,7 @@ import contextlib
 import json
 import os
 import statistics
+import subprocess
 import sys
 import time
 from collections import Counter
@@ -62,13 +63,22 @@ _PG_AUX = ("checkpointer", "background writer", "walwriter", "autovacuum launche
 @dataclass
 class Sample:
     """One sampling instant: seconds since the start, per-role RSS (MiB) and fds, PostgreSQL
-    connections, and the latencies (ms) of the embeddings answered in the window just ended."""
+    connections, the latencies (ms) of the embeddings answered in the window just ended, and
+    where their time went: per ``Server-Timing`` phase, its median and p99 (``gateway``: the
+    total less the queues and compute; ``client``: the latency less the total). To tell Kiln
+    from the machine when latency moves: CPU seconds so far per role (its live processes), the
+    host's steal so far, and ``probe_ms``: the CPU time of a fixed pure-Python loop in a fresh
+    process (the machine's speed: it rises if a neighbour slows the cores)."""
 
     t: float
     rss_mib: dict[str, float]
     fds: dict[str, int]
     connections: int
     latencies_ms: list[float] = field(default_factory=list, repr=False)
+    phases_ms: dict[str, tuple[float, float]] = field(default_factory=dict)
+    cpu_s: dict[str, float] = field(default_factory=dict)
+    steal_s: float = 0.0
+    probe_ms: float = 0.0
 
     @property
     def p99_ms(self) -> float:
@@ -81,6 +91,7 @@ class Traffic:
     the tensor model's versions that answered ``/v2``."""
 
     window: list[float] = field(default_factory=list)
+    phases: list[dict[str, float]] = field(default_factory=list)
     statuses: Counter[str] = field(default_factory=Counter)
     versions: Counter[str] = field(default_factory=Counter)
 
@@ -100,16 +111,55 @@ def sample(kiln: Kiln, t: float, traffic: Traffic) -> Sample:
     """Resources of each role now, and the window's embeddings p99."""
     rss: dict[str, float] = {}
     fds: dict[str, int] = {}
+    cpu: dict[str, float] = {}
     roles = kiln.roles()
     for role, procs in roles.items():
-        rss[role], fds[role] = 0.0, 0
+        rss[role], fds[role], cpu[role] = 0.0, 0, 0.0
         for p in procs:
             with contextlib.suppress(psutil.Error):
                 rss[role] += p.memory_info().rss / 2**20
                 fds[role] += p.num_fds()
+                cpu[role] += sum(p.cpu_times()[:2])
     window, traffic.window = traffic.window, []
+    phases, traffic.phases = traffic.phases, []
     ms = [round(1000 * w, 2) for w in window]
-    return Sample(t, rss, fds, _connections(roles["postgres"]), ms)
+    return Sample(
+        t, rss, fds, _connections(roles["postgres"]), ms, _phase_stats(phases),
+        {r: round(c, 2) for r, c in cpu.items()}, psutil.cpu_times().steal, _probe_ms(),
+    )  # fmt: skip
+
+
+_PROBE = "import time\nt = time.process_time()\nsum(i * i for i in range(300_000))\n" \
+    "print(1000 * (time.process_time() - t))"  # fmt: skip
+
+
+def _probe_ms() -> float:
+    """The CPU time of a fixed loop, best of three fresh processes (the machine's speed)."""
+    runs = [subprocess.run([sys.executable, "-c", _PROBE], capture_output=True, text=True,
+                           check=True).stdout for _ in range(3)]  # fmt: skip
+    return round(min(map(float, runs)), 2)
+
+
+def phases(server_timing: str, latency_ms: float) -> dict[str, float]:
+    """A response's ``Server-Timing`` as ms per phase, with the gateway's own share (the total
+    less every other phase) and the client's (the latency less the total)."""
+    out: dict[str, float] = {}
+    for part in server_timing.split(","):
+        name, _, dur = part.strip().partition(";dur=")
+        with contextlib.suppress(ValueError):
+            out[name] = float(dur)
+    total = out.pop("total", None)
+    if total is None:
+        return {}
+    out["gateway"] = total - sum(out.values())
+    out["client"] = latency_ms - total
+    return out
+
+
+def _phase_stats(window: list[dict[str, float]]) -> dict[str, tuple[float, float]]:
+    names = sorted({name for p in window for name in p})
+    values = {name: [p.get(name, 0.0) for p in window] for name in names}
+    return {n: (round(statistics.median(v), 2), round(_p99(v), 2)) for n, v in values.items()}
 
 
 def _p99(latencies: list[float]) -> float:
@@ -122,15 +172,18 @@ async def _embeddings(http: aiohttp.ClientSession, url: str, bodies: list[bytes]
     tasks, n, due = [], 0, time.perf_counter()
 
     async def shot(scheduled: float, body: bytes) -> None:
+        timing = ""
         try:
             async with http.post(url, data=body) as resp:
                 await resp.read()
-                status = str(resp.status)
+                status, timing = str(resp.status), resp.headers.get("server-timing", "")
         except aiohttp.ClientError as exc:
             status = type(exc).__name__
         traffic.statuses[f"embeddings {status}"] += 1
         if status == "200":
-            traffic.window.append(time.perf_counter() - scheduled)
+            latency = time.perf_counter() - scheduled
+            traffic.window.append(latency)
+            traffic.phases.append(phases(timing, 1000 * latency))
 
     while due < end:
         await asyncio.sleep(max(0.0, due - time.perf_counter()))
@@ -205,7 +258,9 @@ async def _soak(kiln: Kiln, keys: tuple[str, str], tenant: str, args: argparse.N
         samples.append(await asyncio.to_thread(sample, kiln, now, traffic))
         s = samples[-1]
         print(f"{s.t:6.0f} s  rss {_fmt(s.rss_mib)} MiB  fds {s.fds}  conns {s.connections}  "
-              f"p99 {s.p99_ms:.1f} ms ({len(s.latencies_ms)})", flush=True)  # fmt: skip
+              f"probe {s.probe_ms:.1f} ms  steal {s.steal_s:.1f} s  cpu {_fmt(s.cpu_s)} s  "
+              f"p99 {s.p99_ms:.1f} ms ({len(s.latencies_ms)})  p50/p99 "
+              f"{_fmt_phases(s.phases_ms)}", flush=True)  # fmt: skip
     await load
     return samples, traffic
 
@@ -223,6 +278,10 @@ async def _warm_chat(kiln: Kiln, model: str, timeout_s: float = 300.0) -> None:
                 if time.monotonic() > deadline:
                     raise TimeoutError(f"{model}: {r.status} {await r.text()}")
             await asyncio.sleep(2.0)
+
+
+def _fmt_phases(stats: dict[str, tuple[float, float]]) -> str:
+    return ", ".join(f"{k} {p50:.1f}/{p99:.1f}" for k, (p50, p99) in stats.items())
 
 
 def _fmt(values: dict[str, float]) -> str:
@@ -258,9 +317,28 @@ def growth(samples: list[Sample], warmup_s: float) -> dict[str, Any]:
                        for part in (steady[:third], steady[-third:]))  # fmt: skip
     out["p99_first_ms"], out["p99_last_ms"] = round(p_first, 1), round(p_last, 1)
     out["p99_drift_pct"] = round(100 * (p_last - p_first) / p_first, 1) if p_first else None
+    names = sorted({n for s in steady for n in s.phases_ms})
+    out["phases_p50_first_last_ms"] = {  # where a drift went: each phase's median, both thirds
+        n: [round(statistics.median(s.phases_ms.get(n, (0.0, 0.0))[0] for s in part), 2)
+            for part in (steady[:third], steady[-third:])]
+        for n in names
+    }  # fmt: skip
+    thirds = (steady[:third], steady[-third:])
+    probes = [statistics.median(s.probe_ms for s in part) for part in thirds]
+    out["probe_ms_first_last"] = [round(p, 2) for p in probes]
+    out["cpu_cores_first_last"] = {  # per role, and the host's steal: cores over each third
+        r: [_rate(p, lambda s, r=r: s.cpu_s.get(r, 0.0)) for p in thirds] for r in samples[0].cpu_s
+    }  # fmt: skip
+    out["cpu_cores_first_last"]["steal"] = [_rate(p, lambda s: s.steal_s) for p in thirds]
     windows = [statistics.median(s.p99_ms for s in part) for part in (first, last)]
     out["p99_windows_first_last_ms"] = [round(w, 1) for w in windows]  # the earlier statistic
     return out
+
+
+def _rate(part: list[Sample], value: Any) -> float:
+    """How fast ``value(sample)`` grew over ``part``, per second (0 over a single sample)."""
+    span = part[-1].t - part[0].t
+    return round((value(part[-1]) - value(part[0])) / span, 3) if span > 0 else 0.0
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
