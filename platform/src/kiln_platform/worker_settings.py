@@ -52,6 +52,9 @@ class WorkerSettings(BaseSettings):
     """Columns of one adapter slot: an adapter's rank times its q/k/v modules must fit."""
     worker_prefix_cache_mb: int = Field(default=256, ge=0)
     """MiB a generation worker keeps for KV blocks of a tenant's prompt prefixes (0: no cache)."""
+    worker_decoding_prefill: int = Field(default=24, ge=2, le=128)
+    """Prompt tokens a generation worker prefills per step while other sequences decode: every
+    running stream's next token waits for that step (docs/llm-engine.md)."""
     worker_start_timeout_s: float = 120.0
     worker_max_memory_bytes: int | None = Field(default=None, gt=0)
     """Memory a worker has for a model's weights: an import whose built weights (parameters x

@@ -44,6 +44,8 @@ class WorkerSettings:
     """Columns of one adapter slot (q, k and v of an adapter share them)."""
     prefix_cache_mb: int = 256
     """MiB of KV blocks of prompt prefixes a generation worker keeps for reuse (0: none)."""
+    decoding_prefill: int = 24
+    """Prompt tokens a generation worker prefills per step while sequences decode."""
     idle: bool = False
     """Run at idle CPU priority (``cpus.run_idle``): a background worker's (batch lines, shadow
     copies)."""
@@ -72,6 +74,7 @@ class WorkerSettings:
             adapter_slots=self.adapter_slots,
             adapter_rank=self.adapter_rank,
             prefix_cache_bytes=self.prefix_cache_mb << 20,
+            decoding_prefill=self.decoding_prefill,
         )
 
     def batch_policy(self, batching: bool = True) -> BatchPolicy:

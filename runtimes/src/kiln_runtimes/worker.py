@@ -65,6 +65,10 @@ _ARGUMENTS: tuple[tuple[tuple[str, ...], dict[str, Any]], ...] = (
                            "an adapter's q, k and v ranks add up in it"}),
     (("--prefix-cache-mb",), {"type": int, "default": 256, "help": "memory for KV blocks of "
                               "prompt prefixes reused across a tenant's requests (0: none)"}),
+    (("--decoding-prefill",), {"type": int, "default": 24, "help": "prompt tokens a "
+                               "generation worker prefills per step while sequences decode "
+                               "(2 to 128): smaller keeps streams' token gaps even, larger "
+                               "gives new prompts their first token sooner"}),
     (("--idle",), {"action": "store_true", "help": "run at idle CPU priority (SCHED_IDLE): a "
                    "background worker's, for batch lines and shadow copies, which then use "
                    "only the cores other work leaves idle"}),
@@ -74,7 +78,9 @@ _ARGUMENTS: tuple[tuple[tuple[str, ...], dict[str, Any]], ...] = (
                         "int8, fp16"}),
 )  # fmt: skip
 """The worker's flags, as ``argparse.add_argument`` calls (the help texts are ``--help``)."""
-_AT_LEAST_ONE = ("max_batch_size", "threads", "max_queue", "concurrency", "adapter_rank")
+_AT_LEAST_ONE = (
+    "max_batch_size", "threads", "max_queue", "concurrency", "adapter_rank",
+)  # fmt: skip
 
 
 def parse_args(argv: Sequence[str] | None = None) -> WorkerSettings:
@@ -89,6 +95,8 @@ def parse_args(argv: Sequence[str] | None = None) -> WorkerSettings:
     for name in _AT_LEAST_ONE:
         if getattr(args, name) is not None and getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be at least 1")
+    if not 2 <= args.decoding_prefill <= 128:  # a 1-token budget never cuts a chunk
+        parser.error("--decoding-prefill must be from 2 to 128")
     return WorkerSettings(
         model_dir=args.model_dir,
         model=args.model,
@@ -112,6 +120,7 @@ def parse_args(argv: Sequence[str] | None = None) -> WorkerSettings:
         adapter_slots=max(0, args.adapter_slots),
         adapter_rank=args.adapter_rank,
         prefix_cache_mb=max(0, args.prefix_cache_mb),
+        decoding_prefill=args.decoding_prefill,
         idle=args.idle,
         slots=max(0, args.slots),
         exit_with_parent=args.exit_with_parent,

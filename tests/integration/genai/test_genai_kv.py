@@ -1,6 +1,7 @@
 """The worker's KV cache on the real SmolLM2 graph: a sequence grows past 256, 512 and 1024
-positions without the cache being reallocated, copied or rebound, reads back what prefill wrote,
-and ``shrink`` hands the written pages back without moving anything."""
+positions without the cache being reallocated, copied or rebound, reads back what prefill wrote
+(bit for bit the same however the prompt was chunked), and ``shrink`` hands the written pages back
+without moving anything."""
 
 from __future__ import annotations
 
@@ -74,6 +75,32 @@ def test_a_decode_past_the_boundaries_reads_what_prefill_wrote(runner: ModelRunn
     # The two paths differ by ~0.3 at any length (logits ~30; the same before the cache was
     # mapped at full size); a row that never saw the prefix is off by ~27.
     assert float(np.abs(stepped - whole).max()) < 1.0
+
+
+def test_the_kv_a_prompt_leaves_is_the_same_bit_for_bit_however_it_is_cut(
+    runner: ModelRunner,
+) -> None:
+    """What lets the scheduler end chunks wherever a step's budget does, with a prefix cache:
+    a block restored from it holds what prefilling it under any other cuts would write."""
+    from kiln_runtimes.backends._genai_scheduler import PrefillWork, StepPlan
+
+    tokens = np.random.default_rng(3).integers(3, runner.spec.vocab_size, 300).tolist()
+    # Row: chunk lengths, all of two tokens or more. A one-token chunk runs other kernels (with
+    # [.., 1, ..] the last logits moved by up to 0.4), so the scheduler never cuts one.
+    cuts = {0: [300], 1: [37] * 9, 2: [32, 32, 2, 30, 128, 76], 3: [3, 2, 295]}
+    logits = {}
+    for row, lengths in cuts.items():
+        start = 0
+        for length in lengths:
+            end = min(start + length, len(tokens))
+            work = PrefillWork(row, start, tuple(tokens[start:end]), end == len(tokens))
+            out = runner.execute(StepPlan(prefills=(work,)))
+            start = end
+        logits[row] = out[row]
+    for row in (1, 2, 3):
+        assert np.array_equal(logits[row], logits[0]), row
+        for buffer in runner._kv:
+            assert np.array_equal(buffer[row, :, :300], buffer[0, :, :300]), row
 
 
 def test_shrink_hands_pages_back_and_keeps_buffers_and_bindings(runner: ModelRunner) -> None:

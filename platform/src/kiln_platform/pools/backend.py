@@ -201,6 +201,7 @@ def worker_arguments(
     if slots:
         cmd += ["--adapter-slots", str(slots)]
         cmd += ["--adapter-rank", str(s.worker_adapter_rank)]
+    cmd += ["--decoding-prefill", str(s.worker_decoding_prefill)]
     return [*cmd, "--prefix-cache-mb", str(s.worker_prefix_cache_mb)]
 
 

@@ -50,9 +50,10 @@ def block_keys(
 
 
 def usable_blocks(prompt_length: int, block: int) -> int:
-    """Blocks a prompt may take from the cache: at least its last token is prefilled, since that
-    prefill yields the logits of the first output token."""
-    return (prompt_length - 1) // block
+    """Blocks a prompt may take from the cache: at least its last two tokens are prefilled, since
+    that prefill yields the logits of the first output token, and a one-token prefill would run
+    other kernels than the same tokens prefilled without the cache (see ``chunk_length``)."""
+    return max(0, (prompt_length - 2) // block)
 
 
 class PrefixCache(Generic[T]):

@@ -3,10 +3,13 @@
 Pure Python, no ONNX Runtime: the engine loop asks ``schedule()`` for a ``StepPlan`` (plain data),
 runs it, samples one token per ready slot and hands the tokens back to ``update()``.
 
-With a prefix cache, a prompt is prefilled in whole blocks of ``prefill_chunk`` tokens (its last
-chunk may be shorter), whatever else is prefilling: every prompt is cut at the same positions, so
-a block restored from the cache holds exactly what prefilling it would have written, and greedy
-output is the same with or without the cache.
+The prompt tokens of one step are bounded by a budget: ``prefill_chunk`` while nothing decodes
+(a new prompt's first token comes soonest), ``decoding_budget`` while some sequence decodes (each
+running stream's next token waits for the step, so a small budget keeps its gaps even). Chunks
+end wherever the budget does, but none is a single token of a longer prompt: on ONNX Runtime's
+CPU kernels the KV a prompt leaves is bit for bit the same however it was cut into chunks of two
+tokens or more (``tests/integration/genai/test_genai_kv.py``), so a block restored from the
+prefix cache holds what prefilling it would have written.
 """
 
 from __future__ import annotations
@@ -159,6 +162,18 @@ def step_tokens(plan: StepPlan) -> dict[int, int]:
     return tokens
 
 
+def chunk_length(rest: int, budget: int) -> int:
+    """Prompt tokens to prefill now out of ``rest``: never one token of a longer rest nor all but
+    one, since a one-token chunk runs other kernels and writes slightly different KV. At most
+    ``budget``, or one more when that takes a rest of two or three tokens whole; 0 (wait for
+    the next step) when a budget of 1 is left. A budget of 2 or more always makes progress."""
+    if rest <= budget:
+        return rest
+    if rest == budget + 1:
+        return budget - 1 if budget >= 3 else rest
+    return budget if budget >= 2 else 0
+
+
 class Scheduler:
     """FIFO admission into free slots (express sequences first); a per-step prompt-token budget
     bounds prefill stalls. A sequence whose adapter finds no adapter slot (all pinned by running
@@ -167,10 +182,16 @@ class Scheduler:
     def __init__(
         self, max_sequences: int, prefill_chunk: int, context_length: int, pad_token_id: int,
         adapter_slots: int = 0, *, prefix: PrefixCache[Block] | None = None,
+        decoding_budget: int | None = None,
     ) -> None:  # fmt: skip
-        """``prefix``: the prefix cache, its blocks ``prefill_chunk`` tokens long."""
-        if max_sequences < 1 or prefill_chunk < 1:
-            raise ValueError("max_sequences and prefill_chunk must be positive")
+        """``prefix``: the prefix cache, its blocks ``prefill_chunk`` tokens long;
+        ``decoding_budget``: prompt tokens per step while a sequence decodes (default
+        ``prefill_chunk``)."""
+        decoding_budget = prefill_chunk if decoding_budget is None else decoding_budget
+        if max_sequences < 1 or prefill_chunk < 2 or decoding_budget < 2:
+            raise ValueError(
+                "max_sequences must be positive, prefill_chunk and decoding_budget at least 2"
+            )
         if prefix is not None and prefix.block != prefill_chunk:
             raise ValueError("prefix cache blocks must be prefill_chunk tokens long")
         self.prefix = prefix
@@ -178,6 +199,7 @@ class Scheduler:
         self.slots: list[Sequence | None] = [None] * max_sequences
         self.waiting: deque[Sequence] = deque()
         self.prefill_chunk = prefill_chunk
+        self.decoding_budget = min(decoding_budget, prefill_chunk)
         self.context_length = context_length
         self.pad_token_id = pad_token_id
 
@@ -278,16 +300,16 @@ class Scheduler:
         return True
 
     def _plan_prefills(self) -> tuple[PrefillWork, ...]:
-        budget, works = self.prefill_chunk, []
+        decoding = any(s is not None and s.output_ids for s in self.slots)
+        budget = self.decoding_budget if decoding else self.prefill_chunk
+        works: list[PrefillWork] = []
         pending = sorted((s for s in self.slots if s and not s.prefill_done), key=_seq_id)
         for seq in pending:
-            if budget == 0:
+            if budget < 1:
                 break
-            end = min(len(seq.prompt_ids), seq.prefilled + budget)
-            if self.prefix is not None and end < len(seq.prompt_ids):
-                end -= end % self.prefix.block  # whole blocks only: the same cuts every time
-                if end <= seq.prefilled:
-                    continue
+            end = seq.prefilled + chunk_length(len(seq.prompt_ids) - seq.prefilled, budget)
+            if end == seq.prefilled:
+                continue
             chunk = tuple(seq.prompt_ids[seq.prefilled : end])
             last = end == len(seq.prompt_ids)
             saves = self._saves(seq, end)

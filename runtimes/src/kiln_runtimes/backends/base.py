@@ -38,6 +38,9 @@ class EngineOptions:
     """Columns of one adapter slot."""
     prefix_cache_bytes: int = 0
     """Memory for KV blocks of prompt prefixes reused across requests (generation; 0: none)."""
+    decoding_prefill: int = 24
+    """Prompt tokens prefilled per step while sequences decode (generation): each running
+    stream's next token waits for that step. Nothing decoding, a step prefills up to 128."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -41,8 +41,9 @@ if TYPE_CHECKING:
 
 log = structlog.get_logger(__name__)
 
-# Prompt tokens prefilled per step across all joining sequences: bounds how long one step (and so
-# every running stream's inter-token gap) can stall behind a long prompt.
+# Prompt tokens prefilled per step across all joining sequences while nothing decodes (and the
+# prefix cache's block); while sequences decode, ``EngineOptions.decoding_prefill`` bounds how
+# long a step (every running stream's inter-token gap) can stall behind a prompt.
 PREFILL_CHUNK = 128
 WARMUP_PROMPT = 8
 ADAPTERS_IN_MEMORY = 32
@@ -84,7 +85,7 @@ class GenAIGenerationBackend:
         )  # fmt: skip
         scheduler = Scheduler(
             o.max_batch_size, self._prefill_chunk, spec.context_length, spec.pad_token_id,
-            o.adapter_slots, prefix=prefix,
+            o.adapter_slots, prefix=prefix, decoding_budget=o.decoding_prefill,
         )  # fmt: skip
         owner = ArtifactStore.owning(model_dir)
         self._store = owner[0] if owner else None

@@ -36,10 +36,11 @@ def test_keys_differ_by_tenant_and_adapter_except_within_the_public_prefix() -> 
     assert not set(block_keys(tokens, BLOCK, scope="")) & set(public_a)
 
 
-def test_usable_blocks_leave_the_last_token_to_prefill() -> None:
-    assert usable_blocks(8, BLOCK) == 1
-    assert usable_blocks(9, BLOCK) == 2
+def test_usable_blocks_leave_the_last_two_tokens_to_prefill() -> None:
+    assert usable_blocks(9, BLOCK) == 1
+    assert usable_blocks(10, BLOCK) == 2
     assert usable_blocks(3, BLOCK) == 0
+    assert usable_blocks(1, BLOCK) == 0
 
 
 def test_lookup_returns_the_leading_run_and_counts_hits_and_misses() -> None:
@@ -134,13 +135,18 @@ def test_another_tenant_finds_nothing() -> None:
     assert plan.prefills[0].start == 0
 
 
-def test_with_a_cache_chunks_are_cut_at_block_boundaries_whatever_runs_beside() -> None:
-    prefix: PrefixCache[Any] = PrefixCache(BLOCK, 0)  # holds nothing: only the cutting shows
-    scheduler = make(prefix)
-    scheduler.add(seq(1, list(range(5))))
-    scheduler.add(seq(2, list(range(100, 110))))
-    # Without the rule, sequence 2 would get 3 tokens beside sequence 1's last one.
-    assert prefill_all(scheduler, prefix) == [(0, 4), (4, 1), (0, 4), (4, 4), (8, 2)]
+def test_a_block_is_saved_by_the_chunk_that_completes_it_wherever_chunks_end() -> None:
+    prefix: PrefixCache[Any] = PrefixCache(BLOCK, 100)
+    scheduler = Scheduler(3, BLOCK, 64, PAD, prefix=prefix, decoding_budget=3)
+    scheduler.add(seq(1, [90]))  # decodes from the second step on: 3-token chunks beside it
+    scheduler.add(seq(2, list(range(10))))
+    # 3-token chunks, but the one that would leave a single token behind takes 2.
+    assert prefill_all(scheduler, prefix) == [(0, 1), (0, 3), (3, 3), (6, 2), (8, 2)]
+    assert prefix.stats().blocks == 2  # each saved once positions 0-3, then 4-7, were written
+    scheduler.add(seq(3, [*range(8), 50, 51]))
+    plan = scheduler.schedule()
+    restored: list[Any] = [(r.slot, r.blocks) for r in plan.restores]
+    assert restored == [(2, ("block@0", "block@4"))]
 
 
 def test_the_worker_exports_the_cache_counts() -> None:

@@ -4,7 +4,13 @@ from __future__ import annotations
 
 import pytest
 
-from kiln_runtimes.backends._genai_scheduler import Scheduler, Sequence, StepPlan, finish_reason
+from kiln_runtimes.backends._genai_scheduler import (
+    Scheduler,
+    Sequence,
+    StepPlan,
+    chunk_length,
+    finish_reason,
+)
 
 EOS = 2
 PAD = 0
@@ -76,10 +82,51 @@ def test_prefill_budget_is_shared_and_chunks_long_prompts() -> None:
     assert batch.decode_slots == (0,)
     scheduler.update(batch, sampled)
     batch = scheduler.schedule()
+    # One token of the budget is left: sequence 3 waits rather than prefill a 1-token chunk.
     assert [(w.slot, w.start, len(w.token_ids), w.last) for w in batch.prefills] == [
-        (1, 16, 9, True),
-        (2, 0, 1, False),
+        (1, 16, 9, True)
     ]
+
+
+@pytest.mark.parametrize(
+    ("rest", "budget", "length"),
+    [(5, 8, 5), (1, 8, 1), (9, 8, 7), (10, 8, 8), (3, 1, 0), (3, 2, 3), (2, 1, 2), (4, 2, 2)],
+)
+def test_a_chunk_is_never_one_token_of_a_longer_rest(rest: int, budget: int, length: int) -> None:
+    assert chunk_length(rest, budget) == length
+    assert rest - length != 1
+
+
+def test_a_budget_of_two_or_more_always_moves_a_prompt_on() -> None:
+    for budget in range(2, 12):
+        for rest in range(2, 40):
+            assert 2 <= chunk_length(rest, budget) <= budget + 1, (rest, budget)
+
+
+def test_while_a_sequence_decodes_prompts_get_the_smaller_budget() -> None:
+    scheduler = Scheduler(3, 10, 128, PAD, decoding_budget=3)
+    scheduler.add(make_seq(1, prompt=4))
+    scheduler.add(make_seq(2, prompt=12))
+    batch, sampled = run_step(scheduler)  # nothing decodes yet: the full 10
+    assert [(w.slot, w.start, len(w.token_ids)) for w in batch.prefills] == [(0, 0, 4), (1, 0, 6)]
+    scheduler.update(batch, sampled)
+    batch, sampled = run_step(scheduler)  # sequence 1 decodes now: 3 prompt tokens a step
+    assert batch.decode_slots == (0,)
+    assert [(w.slot, w.start, len(w.token_ids)) for w in batch.prefills] == [(1, 6, 3)]
+    scheduler.update(batch, sampled)
+    scheduler.abort(1)
+    batch = scheduler.schedule()  # nothing decodes again: the rest of the prompt at once
+    assert batch.decode_slots == ()
+    assert [(w.slot, w.start, len(w.token_ids), w.last) for w in batch.prefills] == [
+        (1, 9, 3, True)
+    ]
+
+
+def test_the_decoding_budget_is_positive_and_at_most_the_chunk() -> None:
+    assert Scheduler(1, 8, 64, PAD, decoding_budget=50).decoding_budget == 8
+    assert Scheduler(1, 8, 64, PAD).decoding_budget == 8
+    with pytest.raises(ValueError, match="decoding_budget"):
+        Scheduler(1, 8, 64, PAD, decoding_budget=1)
 
 
 def test_decode_rows_cover_the_highest_ready_slot_with_lengths() -> None:
