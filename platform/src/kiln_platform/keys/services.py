@@ -119,7 +119,11 @@ async def list_keys(
     if not revoked:
         query = query.where(ApiKey.revoked_at.is_(None))
     if before is not None:
-        last = select(ApiKey.created_at).where(ApiKey.id == before).scalar_subquery()
+        last = (
+            select(ApiKey.created_at)
+            .where(ApiKey.id == before, ApiKey.tenant_id == tenant_id)
+            .scalar_subquery()
+        )  # another tenant's key is no cursor: nothing is older than no key
         query = query.where(tuple_(ApiKey.created_at, ApiKey.id) < tuple_(last, before))
     order = (ApiKey.created_at.desc(), ApiKey.id.desc())
     rows = await session.scalars(query.order_by(*order).limit(min(limit, MAX_PAGE)))

@@ -71,6 +71,9 @@ async def test_the_key_list_pages_newest_first_and_leaves_revoked_keys_out(
     assert await names("limit=2") == ["k3", "k2"]
     assert await names(f"limit=2&before={made[2]['id']}") == ["k0"]
     assert await names(f"revoked=true&before={made[2]['id']}") == ["k1", "k0"]
+    other = await admin.tenant(root, "key-pages-other")
+    theirs = (await admin.call("POST", f"/admin/v1/tenants/{other}/keys", root, json={})).json()
+    assert await names(f"before={theirs['key']['id']}") == []
     for bad in ("limit=0", "limit=201", "before=nope"):
         r = await admin.call("GET", f"{url}?{bad}", root)
         assert r.status_code == 400, bad
