@@ -31,6 +31,7 @@ from kiln_platform.batches.controllers import BatchesController, FilesController
 from kiln_platform.batches.runner import BatchRunner
 from kiln_platform.billing.controllers import PriceBooksController
 from kiln_platform.body_limit import BodyLimits, body_limit_middleware
+from kiln_platform.client_limits import refusal_middleware
 from kiln_platform.context import Kiln, running
 from kiln_platform.db import migrate
 from kiln_platform.db.outage import DB_UNREACHABLE, unreachable
@@ -180,6 +181,8 @@ def _middleware(
         prometheus.middleware,
         DefineMiddleware(request_id_middleware),
         *([DefineMiddleware(tracing_middleware)] if traced else []),
+        # a connection past its address's limit gets its 429 before any other work
+        DefineMiddleware(refusal_middleware, errors=_error_response),
         # the first reader of every body: nothing after it reads past the route's limit
         DefineMiddleware(
             body_limit_middleware,

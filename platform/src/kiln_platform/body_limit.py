@@ -1,4 +1,5 @@
-"""Request bodies bounded before they are read: the outermost reader of every route's body.
+"""Request bodies bounded in size and time before they are read: the outermost reader of every
+route's body.
 
 Each route has one limit (:meth:`BodyLimits.of`). A declared ``Content-Length`` above it is
 refused before a byte is read; otherwise the ``receive`` every later middleware and the route
@@ -11,17 +12,21 @@ The connection is kept: uvicorn discards the rest of the body as it arrives (nev
 so a client that sends its whole body before reading (httpx, the openai SDK) still gets the
 413. ``Connection: close`` would make uvicorn close with unread data, which resets the
 connection and loses the answer: the SDKs then see a network error and send the body again.
+
+A body that stalls, or trickles slower than ``MIN_BODY_RATE`` once ``KILN_BODY_TIMEOUT_S`` has
+passed, is answered 408 with ``Connection: close``: the client holds no worker or memory longer.
 """
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from litestar import Request
 from litestar.types import Empty
 
-from kiln_platform.errors import PayloadTooLarge
+from kiln_platform.errors import PayloadTooLarge, RequestTimeout
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -35,6 +40,8 @@ if TYPE_CHECKING:
 
 SMALL_BODY_BYTES = 1 << 20
 """Every route that is not `/v1`, `/v2` or an upload: `/admin/v1` and `/oauth` JSON, forms."""
+MIN_BODY_RATE = 1024
+"""Bytes a second a request body must average once ``KILN_BODY_TIMEOUT_S`` has passed."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,6 +55,8 @@ class BodyLimits:
     upload: int
     """Routes that stream a file (``request_max_body_size=None``): ``KILN_MAX_UPLOAD_BYTES``."""
     small: int = SMALL_BODY_BYTES
+    timeout_s: float = 30.0
+    """``KILN_BODY_TIMEOUT_S``: the grace before a body must arrive at ``MIN_BODY_RATE``."""
 
     @classmethod
     def from_settings(cls, settings: Settings) -> BodyLimits:
@@ -56,6 +65,7 @@ class BodyLimits:
             json=settings.max_json_body_bytes,
             tensor=settings.max_tensor_body_bytes,
             upload=settings.max_upload_bytes,
+            timeout_s=settings.body_timeout_s,
         )
 
     def of(self, scope: Scope) -> int:
@@ -79,29 +89,33 @@ class BodyLimits:
 
 
 def body_limit_middleware(app: ASGIApp, limits: BodyLimits, errors: ErrorRenderer) -> ASGIApp:
-    """Wrap the app; ``errors`` renders the 413 in the shape of the API it answers for."""
+    """Wrap the app; ``errors`` renders the 413 or 408 in the shape of the API it answers for."""
 
     async def middleware(scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":  # type: ignore[comparison-overlap]
             await app(scope, receive, send)
             return
         limit = limits.of(scope)
+        body = _Body(receive, limit, limits.timeout_s)
         started = False
 
         async def send_noting(message: Message) -> None:
             nonlocal started
-            started = started or message["type"] == "http.response.start"
+            if message["type"] == "http.response.start":
+                started = True
+                if body.stalled:  # the client may still trickle: answer, then close
+                    message["headers"] = [*message.get("headers", ()), (b"connection", b"close")]
             await send(message)
 
         try:
             if _declared(scope) > limit:
                 raise _too_large(limit)
-            await app(scope, _counting(receive, limit), send_noting)
-        except PayloadTooLarge as exc:
+            await app(scope, body.receive, send_noting)
+        except (PayloadTooLarge, RequestTimeout) as exc:
             if started:  # the route answered before reading on; nothing more to say
                 return
             request: Request[Any, Any, Any] = Request(scope)
-            await errors(request, exc).to_asgi_response(None, request)(scope, receive, send)
+            await errors(request, exc).to_asgi_response(None, request)(scope, receive, send_noting)
 
     return middleware
 
@@ -114,22 +128,42 @@ def _declared(scope: Scope) -> int:
     return 0
 
 
-def _counting(receive: Receive, limit: int) -> Receive:
-    """``receive``, raising ``PayloadTooLarge`` once the body passes ``limit`` bytes."""
-    seen = 0
+class _Body:
+    """``receive``, raising ``PayloadTooLarge`` once the body passes ``limit`` bytes and
+    ``RequestTimeout`` once its next bytes are later than ``timeout_s`` plus a second per
+    ``MIN_BODY_RATE`` bytes already in (from its first read): a stalled body and a trickled
+    one both end there, a body sent at any usable speed never does."""
 
-    async def counted() -> ReceiveMessage:
-        nonlocal seen
-        if seen > limit:
-            raise _too_large(limit)
-        message = await receive()
+    def __init__(self, receive: Receive, limit: int, timeout_s: float) -> None:
+        self._receive, self._limit, self._timeout_s = receive, limit, timeout_s
+        self.seen = 0
+        self._began: float | None = None
+        self._done = False
+        self.stalled = False
+
+    async def receive(self) -> ReceiveMessage:
+        if self.seen > self._limit:
+            raise _too_large(self._limit)
+        if self._done:  # the body is in: what is left to receive is the client hanging up
+            return await self._receive()
+        now = asyncio.get_running_loop().time()
+        self._began = now if self._began is None else self._began
+        due = self._began + self._timeout_s + self.seen / MIN_BODY_RATE
+        try:
+            async with asyncio.timeout_at(due):
+                message = await self._receive()
+        except TimeoutError:
+            self.stalled = True
+            raise RequestTimeout(
+                f"The request body stalled: {self.seen} bytes in {due - self._began:.0f} s "
+                f"(after {self._timeout_s:g} s it must average {MIN_BODY_RATE} bytes a second)."
+            ) from None
+        self._done = message["type"] != "http.request" or not message.get("more_body", False)
         if message["type"] == "http.request":
-            seen += len(message.get("body", b""))
-            if seen > limit:
-                raise _too_large(limit)
+            self.seen += len(message.get("body", b""))
+            if self.seen > self._limit:
+                raise _too_large(self._limit)
         return message
-
-    return counted
 
 
 def _too_large(limit: int) -> PayloadTooLarge:

@@ -46,6 +46,14 @@ class PayloadTooLarge(KilnError):
     type = "invalid_request_error"
 
 
+class RequestTimeout(KilnError):
+    """The request body stalled or trickled past its deadline (``KILN_BODY_TIMEOUT_S``)."""
+
+    status_code = 408
+    code = "request_timeout"
+    type = "invalid_request_error"
+
+
 class Unauthorized(KilnError):
     """Missing, unknown, revoked or expired credentials."""
 

@@ -166,6 +166,20 @@ class Settings(WorkerSettings):
     stream_timeout_s: float = Field(default=300.0, gt=0)
     """A generation's total deadline from admission (queue, generation, sending): past it the
     worker's sequence is cancelled and the response ends with ``finish_reason: "length"``."""
+    header_timeout_s: float = Field(default=10.0, gt=0)
+    """A request's line and headers must arrive within this of its connection opening (or of
+    the first byte of a kept-alive connection's next request): else 408, connection closed."""
+    body_timeout_s: float = Field(default=30.0, gt=0)
+    """A request body must arrive within this plus a second per KiB (``MIN_BODY_RATE``): a
+    body that stalls or trickles is answered 408 and its connection closed."""
+    send_timeout_s: float = Field(default=30.0, gt=0)
+    """A response's write that waits this long for the client to take bytes (it stopped
+    reading) drops the connection as if the client had hung up: a stream's generation is
+    cancelled, its worker slot freed, and it is billed for the tokens it made."""
+    max_connections_per_client: int = Field(default=1024, ge=0)
+    """Connections one client address may hold open at once (0: no limit); a request on one
+    past it is answered 429 and that connection closed. Trusted proxies
+    (``KILN_FORWARDED_ALLOW_IPS``) are not counted."""
     lease_ttl_s: float = Field(default=30.0, gt=0)
     """Concurrency leases and budget holds live as long as the server lets their request run plus
     this, and are renewed every third of it while it runs; a killed gateway's lapse after that."""

@@ -53,6 +53,8 @@ def serve(create_app: AppFactory, settings: Settings) -> None:
     cleanly)."""
     import uvicorn
 
+    from kiln_platform.client_limits import ClientLimits, protocol
+
     click.echo(
         f"Kiln serving on http://{settings.host}:{settings.port} (data: {settings.data_dir})"
     )
@@ -66,6 +68,9 @@ def serve(create_app: AppFactory, settings: Settings) -> None:
         log_level="warning",
         access_log=False,
         timeout_graceful_shutdown=30,
+        # header and send timeouts, connections per client (uvicorn bounds none of them)
+        http=protocol(ClientLimits.from_settings(settings)),
+        ws="none",  # Kiln serves no websockets: an upgrade request is plain HTTP
         # X-Forwarded-* only from KILN_FORWARDED_ALLOW_IPS (never uvicorn's FORWARDED_ALLOW_IPS
         # environment default, which trusts any local process)
         proxy_headers=bool(settings.forwarded_allow_ips.strip()),
