@@ -7,6 +7,7 @@ from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from kiln_runtimes import cpus
+from kiln_runtimes.backends.base import DECODING_PREFILL, MIN_DECODING_PREFILL, PREFILL_CHUNK
 
 
 class WorkerSettings(BaseSettings):
@@ -52,7 +53,9 @@ class WorkerSettings(BaseSettings):
     """Columns of one adapter slot: an adapter's rank times its q/k/v modules must fit."""
     worker_prefix_cache_mb: int = Field(default=256, ge=0)
     """MiB a generation worker keeps for KV blocks of a tenant's prompt prefixes (0: no cache)."""
-    worker_decoding_prefill: int = Field(default=24, ge=2, le=128)
+    worker_decoding_prefill: int = Field(
+        default=DECODING_PREFILL, ge=MIN_DECODING_PREFILL, le=PREFILL_CHUNK
+    )
     """Prompt tokens a generation worker prefills per step while other sequences decode: every
     running stream's next token waits for that step (docs/llm-engine.md)."""
     worker_start_timeout_s: float = 120.0

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from kiln_runtimes.backends.base import EngineOptions
+from kiln_runtimes.backends.base import DECODING_PREFILL, EngineOptions
 from kiln_runtimes.batch_queue import BatchPolicy
 
 
@@ -44,7 +44,7 @@ class WorkerSettings:
     """Columns of one adapter slot (q, k and v of an adapter share them)."""
     prefix_cache_mb: int = 256
     """MiB of KV blocks of prompt prefixes a generation worker keeps for reuse (0: none)."""
-    decoding_prefill: int = 24
+    decoding_prefill: int = DECODING_PREFILL
     """Prompt tokens a generation worker prefills per step while sequences decode."""
     idle: bool = False
     """Run at idle CPU priority (``cpus.run_idle``): a background worker's (batch lines, shadow

@@ -17,6 +17,7 @@ from typing import Any
 from kiln_runtimes import _serve, _standby, cpus, tracing
 from kiln_runtimes._logging import configure_logging
 from kiln_runtimes._settings import WorkerSettings
+from kiln_runtimes.backends.base import DECODING_PREFILL, MIN_DECODING_PREFILL, PREFILL_CHUNK
 from kiln_runtimes.protocol import MANIFEST_NAME, WORKER_SECRET_ENV
 from kiln_runtimes.store import CACHE_MAX_ENV, STORE_ENV, open_store
 
@@ -65,10 +66,11 @@ _ARGUMENTS: tuple[tuple[tuple[str, ...], dict[str, Any]], ...] = (
                            "an adapter's q, k and v ranks add up in it"}),
     (("--prefix-cache-mb",), {"type": int, "default": 256, "help": "memory for KV blocks of "
                               "prompt prefixes reused across a tenant's requests (0: none)"}),
-    (("--decoding-prefill",), {"type": int, "default": 24, "help": "prompt tokens a "
-                               "generation worker prefills per step while sequences decode "
-                               "(2 to 128): smaller keeps streams' token gaps even, larger "
-                               "gives new prompts their first token sooner"}),
+    (("--decoding-prefill",), {"type": int, "default": DECODING_PREFILL, "help": "prompt "
+                               "tokens a generation worker prefills per step while sequences "
+                               f"decode ({MIN_DECODING_PREFILL} to {PREFILL_CHUNK}): smaller "
+                               "keeps streams' token gaps even, larger gives new prompts "
+                               "their first token sooner"}),
     (("--idle",), {"action": "store_true", "help": "run at idle CPU priority (SCHED_IDLE): a "
                    "background worker's, for batch lines and shadow copies, which then use "
                    "only the cores other work leaves idle"}),
@@ -95,8 +97,8 @@ def parse_args(argv: Sequence[str] | None = None) -> WorkerSettings:
     for name in _AT_LEAST_ONE:
         if getattr(args, name) is not None and getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be at least 1")
-    if not 2 <= args.decoding_prefill <= 128:  # a 1-token budget never cuts a chunk
-        parser.error("--decoding-prefill must be from 2 to 128")
+    if not MIN_DECODING_PREFILL <= args.decoding_prefill <= PREFILL_CHUNK:
+        parser.error(f"--decoding-prefill must be from {MIN_DECODING_PREFILL} to {PREFILL_CHUNK}")
     return WorkerSettings(
         model_dir=args.model_dir,
         model=args.model,

@@ -19,6 +19,14 @@ if TYPE_CHECKING:
     from kiln_runtimes._batch_types import BatchResult
     from kiln_runtimes.protocol import GenerateChunk, GenerateRequest, ModelManifest
 
+PREFILL_CHUNK = 128
+"""Prompt tokens a generation step prefills while nothing decodes (and the prefix cache's block)."""
+DECODING_PREFILL = 24
+"""Prompt tokens a generation step prefills while sequences decode, by default
+(``EngineOptions.decoding_prefill``; from 2 to ``PREFILL_CHUNK``)."""
+MIN_DECODING_PREFILL = 2
+"""A 1-token chunk cut from a longer prompt changes its logits (docs/llm-engine.md)."""
+
 
 @dataclass(frozen=True, slots=True)
 class EngineOptions:
@@ -38,9 +46,10 @@ class EngineOptions:
     """Columns of one adapter slot."""
     prefix_cache_bytes: int = 0
     """Memory for KV blocks of prompt prefixes reused across requests (generation; 0: none)."""
-    decoding_prefill: int = 24
+    decoding_prefill: int = DECODING_PREFILL
     """Prompt tokens prefilled per step while sequences decode (generation): each running
-    stream's next token waits for that step. Nothing decoding, a step prefills up to 128."""
+    stream's next token waits for that step. Nothing decoding, a step prefills up to
+    ``PREFILL_CHUNK``."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

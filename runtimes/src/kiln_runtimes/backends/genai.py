@@ -25,7 +25,7 @@ from kiln_runtimes.backends._genai_prefix import PrefixCache
 from kiln_runtimes.backends._genai_runner import ModelRunner
 from kiln_runtimes.backends._genai_sampling import Sampler
 from kiln_runtimes.backends._genai_scheduler import PrefillWork, Scheduler, StepPlan
-from kiln_runtimes.backends.base import EngineHealth, EngineOptions
+from kiln_runtimes.backends.base import PREFILL_CHUNK, EngineHealth, EngineOptions
 from kiln_runtimes.lora import Adapter, load_adapter
 from kiln_runtimes.protocol import GenerateChunk
 from kiln_runtimes.store import ArtifactStore
@@ -41,10 +41,10 @@ if TYPE_CHECKING:
 
 log = structlog.get_logger(__name__)
 
-# Prompt tokens prefilled per step across all joining sequences while nothing decodes (and the
-# prefix cache's block); while sequences decode, ``EngineOptions.decoding_prefill`` bounds how
-# long a step (every running stream's inter-token gap) can stall behind a prompt.
-PREFILL_CHUNK = 128
+# ``PREFILL_CHUNK``: prompt tokens prefilled per step across all joining sequences while nothing
+# decodes (and the prefix cache's block); while sequences decode,
+# ``EngineOptions.decoding_prefill`` bounds how long a step (every running stream's inter-token
+# gap) can stall behind a prompt.
 WARMUP_PROMPT = 8
 ADAPTERS_IN_MEMORY = 32
 """Adapters kept read (host memory) beyond those in slots; reading one again takes a few ms."""
