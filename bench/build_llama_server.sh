@@ -6,7 +6,7 @@
 #
 # Idempotent: a binary already built for this llama-cpp-python version is reused.
 # Env: KILN_BENCH_CACHE (default ~/.cache/kiln-bench), PYTHON (default .venv/bin/python or python3),
-#      JOBS (default 2).
+#      JOBS (default 2), LLAMA_CPP_PYTHON_VERSION (default: the installed one, else 0.3.36).
 set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -15,7 +15,9 @@ python="${PYTHON:-}"
 if [[ -z "$python" ]]; then
     if [[ -x "$repo/.venv/bin/python" ]]; then python="$repo/.venv/bin/python"; else python=python3; fi
 fi
-version="$("$python" -c 'import importlib.metadata as m; print(m.version("llama_cpp_python"))')"
+# the installed llama-cpp-python's version; the one the benchmarks were run with when it is not
+# installed (it is not in uv.lock: only its sdist's vendored llama.cpp is needed here)
+version="${LLAMA_CPP_PYTHON_VERSION:-$("$python" -c 'import importlib.metadata as m; print(m.version("llama_cpp_python"))' 2>/dev/null || echo 0.3.36)}"
 cache="${KILN_BENCH_CACHE:-$HOME/.cache/kiln-bench}"
 root="$cache/llama-cpp-python-$version"
 binary="$root/build/bin/llama-server"
