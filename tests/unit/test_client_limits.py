@@ -29,6 +29,8 @@ def _limits(proxies: str, most: int = 8) -> ClientLimits:
         ("10.0.0.0/8, 192.168.1.5", 8, "10.2.3.4", False),  # a trusted proxy's clients are many
         ("10.0.0.0/8, 192.168.1.5", 8, "192.168.1.5", False),
         ("10.0.0.0/8, 192.168.1.5", 8, "192.168.1.6", True),
+        ("10.0.0.0/8", 8, "::ffff:10.2.3.4", False),  # on a dual-stack listener
+        ("10.0.0.0/8", 8, "::ffff:11.2.3.4", True),
         ("unix:/run/kiln.sock,10.0.0.1", 8, "10.0.0.2", True),  # a path is no address
         ("*", 8, "203.0.113.9", False),
         ("", 0, "203.0.113.9", False),  # no limit

@@ -94,6 +94,8 @@ class ClientLimits:
             address = ipaddress.ip_address(host)
         except ValueError:  # a unix socket's peer: one local process
             return False
+        if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped:
+            address = address.ipv4_mapped  # a dual-stack listener's IPv4 client
         return not any(address in network for network in self.trusted)
 
 
