@@ -49,13 +49,15 @@ _COMMON = {
     401: "Missing, unknown, revoked or expired credential",
     403: "The credential's scope or role does not allow this",
     404: "No such model (or object)",
+    408: "The request body stalled or trickled (KILN_BODY_TIMEOUT_S); the connection is closed",
     413: "The request body is larger than this route accepts",
 }
 _SERVING = {
     **_COMMON,
     409: "A request with this Idempotency-Key is still running",
     422: "This Idempotency-Key was used with another body",
-    429: "A rate limit or the month's budget (Retry-After says when to retry)",
+    429: "A rate limit, the month's budget, or too many connections from the client's address "
+    "(Retry-After says when to retry)",
     503: "No worker can take the request now (Retry-After says when to retry)",
     504: "The worker did not answer in time",
 }
