@@ -17,9 +17,10 @@ one address may open any number of connections. :func:`protocol` is uvicorn's
   (trusted proxies excepted: their clients are many); a request on one past it is refused by
   :func:`refusal_middleware` (429, in its API's error shape) and its connection closed.
 
-A refused connection is closed the way nginx does it ("lingering close"): the answer sent, the
-write side shut, what the client still sends read and dropped for ``LINGER_S``, so its own
-unread bytes do not reset the connection before the client reads the answer.
+A connection refused for its headers is closed the way nginx does it ("lingering close"): the
+answer sent, the write side shut, what the client still sends read and dropped for
+``LINGER_S``, so its own unread bytes do not reset the connection before the client reads the
+answer.
 
 The request body's timeout lives with its size limit (:mod:`kiln_platform.body_limit`).
 """
