@@ -65,6 +65,7 @@ class ApiKey(Base):
     """An API key: the display prefix is the lookup index, the secret survives only as an HMAC."""
 
     __tablename__ = "api_keys"
+    __table_args__ = (Index("ix_api_keys_tenant_created", "tenant_id", "created_at", "id"),)  # 0027
     id: Mapped[uuid.UUID] = _uuid_pk()
     tenant_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("tenants.id", ondelete="CASCADE"))
     name: Mapped[str] = mapped_column(String(100), default="")
