@@ -23,6 +23,7 @@ import httpx
 import psutil
 import pytest
 from playwright.sync_api import Browser, Page, expect, sync_playwright
+from sqlalchemy import text
 
 from kiln_platform.db.database import open_database
 from kiln_platform.registry.services import register_version
@@ -159,6 +160,21 @@ class KilnProcess:
         r = httpx.get(f"{self.base_url}/metrics", headers=headers, timeout=10)
         r.raise_for_status()
         return r.text
+
+    def metric(self, prefix: str) -> float:
+        """The sum of the ``/metrics`` samples whose line starts with ``prefix``."""
+        lines = [x for x in self.metrics().splitlines() if x.startswith(prefix)]
+        return sum(float(x.split()[-1]) for x in lines)
+
+    def sql(self, query: str, **params: Any) -> list[Any]:
+        """The rows of one SQL statement on this process's database, as its owner."""
+
+        async def read() -> list[Any]:
+            settings = Settings(data_dir=Path(self.env["KILN_DATA_DIR"]))
+            async with open_database(settings, upgrade=False) as db, db.sessions() as session:
+                return list(await session.execute(text(query), params))
+
+        return asyncio.run(read())
 
     def workers(self) -> list[psutil.Process]:
         """Worker subprocesses of this Kiln."""

@@ -8,7 +8,6 @@ Settings: ``KILN_SEND_TIMEOUT_S=2``, ``KILN_HEADER_TIMEOUT_S=2``, ``KILN_BODY_TI
 
 from __future__ import annotations
 
-import asyncio
 import json
 import socket
 import time
@@ -18,10 +17,6 @@ from typing import Any
 
 import psutil
 import pytest
-from sqlalchemy import text
-
-from kiln_platform.db.database import open_database
-from kiln_platform.settings import Settings
 
 from .conftest import SMOLLM2, KilnProcess, _start_kiln, data_dir, serve_model
 
@@ -33,8 +28,13 @@ ENV = {
     "KILN_BODY_TIMEOUT_S": "1",
     "KILN_MAX_CONNECTIONS_PER_CLIENT": "8",
 }
-MAX_TOKENS = 600
 CHOICES = 16
+EVENT_BYTES = 1500
+"""At least this many bytes per streamed event of the slow-reader case (20 top logprobs)."""
+SEND_BUFFER = int(Path("/proc/sys/net/ipv4/tcp_wmem").read_text().split()[2])
+"""The most the server's kernel buffers for one socket (``tcp_wmem``'s max; 4 MiB here)."""
+MAX_TOKENS = min(max(600, 4 * SEND_BUFFER // (CHOICES * EVENT_BYTES)), 7000)
+"""Enough that the stream outgrows the send buffer four times over, so the gateway's send waits."""
 NO_END = {"0": -100, "1": -100, "2": -100}
 """SmolLM2's special tokens banned: every choice runs to ``max_tokens`` unless cut."""
 
@@ -99,20 +99,6 @@ def _head(head: bytes) -> tuple[int, dict[str, str]]:
     return int(first.split()[1]), headers
 
 
-def _query(kiln: KilnProcess, sql: str, **params: Any) -> list[Any]:
-    async def read() -> list[Any]:
-        settings = Settings(data_dir=Path(kiln.env["KILN_DATA_DIR"]))
-        async with open_database(settings, upgrade=False) as db, db.sessions() as session:
-            return list(await session.execute(text(sql), params))
-
-    return asyncio.run(read())
-
-
-def _metric(kiln: KilnProcess, prefix: str) -> float:
-    lines = [x for x in kiln.metrics().splitlines() if x.startswith(prefix)]
-    return sum(float(x.split()[-1]) for x in lines)
-
-
 def _gateway_connections(kiln: KilnProcess) -> list[Any]:
     """The gateway's established connections on its listening port."""
     port = _address(kiln)[1]
@@ -122,9 +108,9 @@ def _gateway_connections(kiln: KilnProcess) -> list[Any]:
 
 def test_a_stream_whose_reader_stops_is_cut_freed_and_billed(kiln: KilnProcess) -> None:
     """The client reads the response head, then nothing: once the socket buffers are full (up
-    to 4 MiB the server's kernel takes, ``tcp_wmem``) the gateway's send waits, and after the
-    send timeout it drops the connection; the generation is cancelled short of its
-    ``max_tokens`` and billed (499) for the tokens it made."""
+    to ``SEND_BUFFER``) the gateway's send waits, and after the send timeout it drops the
+    connection; the generation is cancelled short of its ``max_tokens`` and billed (499) for
+    the tokens it made."""
     body = json.dumps({
         "model": SMOLLM2, "max_tokens": MAX_TOKENS, "n": CHOICES, "temperature": 0.9, "seed": 7,
         "messages": [{"role": "user", "content": "Write a very long story about a lighthouse."}],
@@ -139,21 +125,22 @@ def test_a_stream_whose_reader_stops_is_cut_freed_and_billed(kiln: KilnProcess) 
     status, headers = _head(head.split(b"\r\n\r\n")[0])
     assert status == 200
     request_id, start = headers["x-request-id"], time.monotonic()
-    cuts = _metric(kiln, 'kiln_http_clients_cut_total{reason="send_timeout"}')
+    cuts = kiln.metric('kiln_http_clients_cut_total{reason="send_timeout"}')
     rows: list[Any] = []
-    while not rows and time.monotonic() - start < 60:
+    wait = 60 + SEND_BUFFER / 100_000  # filling the buffer at ~150 events/s takes a while
+    while not rows and time.monotonic() - start < wait:
         time.sleep(0.5)
         sql = "SELECT status, output_tokens FROM usage_events WHERE request_id = :id"
-        rows = _query(kiln, sql, id=request_id)
+        rows = kiln.sql(sql, id=request_id)
     elapsed = time.monotonic() - start
-    assert rows, "no usage row a minute after the reader stopped"
+    assert rows, f"no usage row {wait:.0f} s after the reader stopped"
     ((billed_status, tokens),) = rows
     assert billed_status == 499, (billed_status, tokens, elapsed)  # cut, not finished
     assert 0 < tokens < MAX_TOKENS * CHOICES
     local_port = sock.getsockname()[1]
     assert all(c.raddr.port != local_port for c in _gateway_connections(kiln))  # dropped
-    assert _metric(kiln, 'kiln_http_clients_cut_total{reason="send_timeout"}') == cuts + 1
-    assert _metric(kiln, "kiln_llm_active_generations") == 0  # its slot freed
+    assert kiln.metric('kiln_http_clients_cut_total{reason="send_timeout"}') == cuts + 1
+    assert kiln.metric("kiln_llm_active_generations") == 0  # its slot freed
     sock.close()
 
 

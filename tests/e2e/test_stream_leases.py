@@ -11,7 +11,6 @@ the worker has nothing in flight, and the tenant's next request is admitted.
 
 from __future__ import annotations
 
-import asyncio
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,10 +20,6 @@ import httpx
 import openai
 import pytest
 from openai.types.chat import ChatCompletionMessageParam
-from sqlalchemy import text
-
-from kiln_platform.db.database import open_database
-from kiln_platform.settings import Settings
 
 from .conftest import SMOLLM2, KilnProcess, _start_kiln, data_dir, serve_model
 
@@ -62,16 +57,10 @@ def kiln(smollm2_dir: Path) -> Iterator[KilnProcess]:
             yield proc
 
 
-async def _count(kiln: KilnProcess, sql: str) -> int:
-    settings = Settings(data_dir=Path(kiln.env["KILN_DATA_DIR"]))
-    async with open_database(settings, upgrade=False) as db, db.sessions() as session:
-        return int(await session.scalar(text(sql)) or 0)
-
-
 def _held(kiln: KilnProcess) -> tuple[int, int]:
     """(concurrency leases, budget holds) in the database."""
-    leases = asyncio.run(_count(kiln, "SELECT count(*) FROM quota_leases"))
-    holds = asyncio.run(_count(kiln, "SELECT count(*) FROM budget_reservations"))
+    ((leases,),) = kiln.sql("SELECT count(*) FROM quota_leases")
+    ((holds,),) = kiln.sql("SELECT count(*) FROM budget_reservations")
     return leases, holds
 
 
@@ -123,7 +112,7 @@ def test_a_stream_keeps_its_lease_and_hold_until_its_deadline(kiln: KilnProcess)
     assert 0 < usage.completion_tokens < 2000
     assert usage.completion_tokens >= streamed - 1  # every piece counted (a piece may be 2 tokens)
     billed = "SELECT sum(output_tokens) FROM usage_events WHERE status = 200 AND output_tokens > 1"
-    cost = asyncio.run(_count(kiln, billed))
+    ((cost,),) = kiln.sql(billed)
     assert cost == usage.completion_tokens  # billed for what it produced
     deadline = time.monotonic() + 5
     while _held(kiln) != (0, 0) and time.monotonic() < deadline:
