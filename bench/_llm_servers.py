@@ -185,10 +185,13 @@ class Kiln(Server):
         return list(dict.fromkeys(procs))
 
     def pids(self) -> dict[str, int]:
+        """The gateway's pid and the serving worker's: not the ``--standby`` spare the pool keeps
+        warm, which serves nothing (picking it made the worker's CPU column read 0.00)."""
         out = {"gateway": self.proc.pid} if self.proc is not None else {}
         for p in self.owned():
             with contextlib.suppress(psutil.Error):
-                if "kiln_runtimes" in " ".join(p.cmdline()):
+                line = " ".join(p.cmdline())
+                if "kiln_runtimes" in line and "--standby" not in line:
                     out["worker"] = p.pid
         return out
 
