@@ -140,7 +140,11 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--batch", default="1,16,128", help="requests per transaction (list)")
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--seconds", type=float, default=5.0, help="per configuration and round")
-    args = p.parse_args(argv)
+    on_embedded(measure, p.parse_args(argv))
+
+
+def on_embedded(measure: Any, args: argparse.Namespace) -> None:
+    """Run ``measure(uri, args)`` on a fresh embedded PostgreSQL, removed afterwards."""
     work = Path(mkdtemp(prefix="kiln-bench-ledger-"))
     try:
         with embedded_server(work / "pg") as uri:

@@ -19,7 +19,7 @@ from kiln_platform.billing.rollup import Rollups
 from kiln_platform.billing.spool import UsageSpool
 from kiln_platform.compiler.runner import CompileRunner
 from kiln_platform.db.database import Database, open_database
-from kiln_platform.db.engine import fill, sessionmaker, writer_engine
+from kiln_platform.db.engine import fill, writer_engine, writer_sessions
 from kiln_platform.gateway.dispatch import WorkerClient
 from kiln_platform.gateway.metrics import RequestMetrics
 from kiln_platform.idempotency.services import IdempotencyStore
@@ -188,7 +188,7 @@ def _build(
         db.sessions, quotas, books, timeout_s=settings.request_timeout_s,
         ttl_s=settings.lease_ttl_s,
     )  # fmt: skip
-    ledger = LedgerWriter(sessionmaker(ledger_db), books, enabled=settings.metering,
+    ledger = LedgerWriter(writer_sessions(ledger_db), books, enabled=settings.metering,
                           rollups=Rollups(db.sessions), spool=_spool(settings))  # fmt: skip
     slis, outcomes = SliRecorder(settings.slo_bucket_s), RolloutOutcomes()
     slos = SloMonitor(db.sessions, slis, settings, partial(crashloop.health, pools.backend))
@@ -292,7 +292,7 @@ async def running(settings: Settings, batches: Background) -> AsyncIterator[Kiln
         await fill(db.engine)  # every connection its pool keeps, opened now
         ledger_db = writer_engine(
             db.engine, db.set_role, settings.db_connect_timeout_s, db.password,
-            synchronous_commit=settings.ledger_synchronous_commit,
+            synchronous_commit=settings.ledger_synchronous_commit, platform_scope=True,
         )  # fmt: skip
         kiln = _build(settings, db, http, ledger_db, batches)
         await _start(kiln)

@@ -13,7 +13,7 @@ import uuid
 from collections import defaultdict
 from dataclasses import dataclass
 from datetime import date, datetime, time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 from zoneinfo import ZoneInfo
 
 from sqlalchemy import text
@@ -38,13 +38,16 @@ _MOVE = text(
     VALUES (:t, :p, :spent, 0)
     ON CONFLICT (tenant_id, period) DO UPDATE
         SET spent_micros = b.spent_micros + :spent, reserved_micros = b.reserved_micros - :held
-    RETURNING spent_micros
+    RETURNING spent_micros,
+        (SELECT monthly_budget_micros FROM quotas
+         WHERE tenant_id = b.tenant_id AND api_key_id IS NULL) AS limit_micros,
+        (SELECT budget_alert_percents FROM quotas
+         WHERE tenant_id = b.tenant_id AND api_key_id IS NULL) AS percents
     """
 )
-_LIMITS = text(
-    "SELECT tenant_id, monthly_budget_micros, budget_alert_percents FROM quotas"
-    " WHERE tenant_id = ANY(:ts) AND api_key_id IS NULL AND monthly_budget_micros IS NOT NULL"
-)
+"""Moves one period's money; returns its new spent total with the tenant's budget and alert
+thresholds (its tenant-wide quota row: at most one), so that settling reads them without a
+statement of its own (a lone request's ledger flush is a handful of round trips; this was one)."""
 _CROSSED = """
     WITH event AS (
     INSERT INTO budget_events (tenant_id, period, threshold_percent, spent_micros, limit_micros)
@@ -60,6 +63,15 @@ _CROSSED = """
 _EVENT = text(_CROSSED + fan_out("budget.threshold_reached"))
 
 Key = tuple[uuid.UUID, date]
+
+
+class Period(NamedTuple):
+    """A (tenant, period)'s spend after a move, and the tenant's budget (None: none) and alert
+    thresholds in percent."""
+
+    spent: int
+    limit: int | None
+    percents: Sequence[int]
 
 
 def period_of(timezone: str, when: datetime) -> date:
@@ -120,8 +132,9 @@ async def take(session: AsyncSession, request_ids: list[str]) -> dict[Key, int]:
 
 async def move(
     session: AsyncSession, spent: dict[Key, int], held: dict[Key, int]
-) -> dict[Key, int]:
-    """Add ``spent`` and subtract ``held`` per (tenant, period); returns the new spent totals.
+) -> dict[Key, Period]:
+    """Add ``spent`` and subtract ``held`` per (tenant, period); returns each period's new spent
+    total with its tenant's budget and alert thresholds.
 
     Rows are updated in key order, so concurrent settlements cannot deadlock.
     """
@@ -129,7 +142,8 @@ async def move(
     for key in sorted(spent.keys() | held.keys()):
         tenant, period = key
         params = {"t": tenant, "p": period, "spent": spent.get(key, 0), "held": held.get(key, 0)}
-        totals[key] = int(await session.scalar(_MOVE, params) or 0)
+        row = (await session.execute(_MOVE, params)).one()
+        totals[key] = Period(int(row[0]), row[1], row[2] or ())
     return totals
 
 
@@ -140,16 +154,14 @@ def _held(taken: Iterable[Any]) -> dict[Key, int]:
     return held
 
 
-async def _thresholds(session: AsyncSession, totals: dict[Key, int]) -> None:
+async def _thresholds(session: AsyncSession, totals: dict[Key, Period]) -> None:
     """Record each alert threshold a period's spend has reached (once per tenant and period)."""
-    tenants = sorted({t for t, _ in totals})
-    limits = {r[0]: (r[1], r[2]) for r in await session.execute(_LIMITS, {"ts": tenants})}
     events = [
-        {"t": tenant, "p": period, "pct": pct, "spent": spent, "limit": limits[tenant][0]}
-        for (tenant, period), spent in totals.items()
-        if tenant in limits
-        for pct in limits[tenant][1]
-        if spent * 100 >= limits[tenant][0] * pct
+        {"t": tenant, "p": period, "pct": pct, "spent": total.spent, "limit": total.limit}
+        for (tenant, period), total in totals.items()
+        if total.limit is not None
+        for pct in total.percents
+        if total.spent * 100 >= total.limit * pct
     ]
     if events:
         await session.execute(_EVENT, events)

@@ -43,8 +43,6 @@ from kiln_platform.db.tables import UsageEvent
 from kiln_platform.errors import ServiceUnavailable
 
 if TYPE_CHECKING:
-    from collections.abc import Iterable
-
     from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
     from kiln_platform.billing.pricebooks import PriceBooks
@@ -54,7 +52,6 @@ if TYPE_CHECKING:
     from kiln_platform.registry.services import ResolvedVersion
 
 log = structlog.get_logger("kiln.ledger")
-CHUNK = 1000
 EVENTS = UsageEvent.metadata.tables["usage_events"]
 CHARGES = UsageCharge.metadata.tables["usage_charges"]
 _NOT_COLUMNS = ("plan", "timezone", "at", "held", "batch")
@@ -160,23 +157,46 @@ def priced(usage: Usage, book: PriceList | None) -> tuple[dict[str, Any], list[d
     return event, rows
 
 
+EVENT_COLUMNS = tuple(c.name for c in EVENTS.columns if c.name != "id")
 LINE_COLUMNS = ("request_id", "tenant_id", "api_key_id", "oauth_client_id", "model", "version",
                 "adapter", "unit", "quantity", "unit_price_micros", "list_cost_micros",
                 "cost_micros", "currency", "price_book_version", "charged_at")  # fmt: skip
-LINES = insert(CHARGES).from_select(
-    LINE_COLUMNS,
-    select(*(func.unnest(bindparam(n, type_=ARRAY(CHARGES.c[n].type))) for n in LINE_COLUMNS)),
+
+
+def _arrays(table: Any, columns: tuple[str, ...], prefix: str) -> Any:
+    """``SELECT unnest(:<prefix><column>), …``: rows passed as one array per column."""
+    return select(*(
+        func.unnest(bindparam(prefix + n, type_=ARRAY(table.c[n].type))).label(n) for n in columns
+    ))  # fmt: skip
+
+
+_INSERTED = (
+    pg_insert(EVENTS)
+    .from_select(EVENT_COLUMNS, _arrays(EVENTS, EVENT_COLUMNS, "e_"))
+    .on_conflict_do_nothing(index_elements=["request_id"])
+    .returning(EVENTS.c.request_id)
+    .cte("inserted")
 )
-"""A batch's charge lines in one statement (a column an array): the charge rollups' statement
-triggers (migrations 0023, 0025) then run once a batch, upserting their rows in key order. As
-many statements (``executemany``, a line each) they ran once a line, cost a quarter of the
-ledger's throughput, and two flushers upserting the same rows in other orders deadlocked
-(bench/ledger_triggers.py, docs/benchmarks.md)."""
+_LINES = _arrays(CHARGES, LINE_COLUMNS, "l_").subquery("line")
+WRITE = select(_INSERTED.c.request_id).add_cte(
+    insert(CHARGES)
+    .from_select(
+        LINE_COLUMNS,
+        select(*_LINES.c).where(_LINES.c.request_id.in_(select(_INSERTED.c.request_id))),
+    )
+    .cte("charged")
+)
+"""A batch in one statement: its ``usage_events`` rows (a column an array, so the statement is
+the same for any batch size, prepared once), and the charge lines of the rows it inserted (a
+duplicate request id adds neither). The charge rollups' statement triggers (migrations 0023,
+0025) then run once a batch, upserting their rows in key order: as a statement a line they cost
+a quarter of the ledger's throughput, and two flushers upserting the same rows in other orders
+deadlocked (bench/ledger_triggers.py, docs/benchmarks.md). One statement instead of two is a
+round trip less for a lone request (bench/ledger_flush.py)."""
 
 
-def _chunks(rows: list[dict[str, Any]]) -> Iterable[list[dict[str, Any]]]:
-    for i in range(0, len(rows), CHUNK):
-        yield rows[i : i + CHUNK]
+def _columns(rows: list[dict[str, Any]], columns: tuple[str, ...], prefix: str) -> dict[str, Any]:
+    return {prefix + n: [row[n] for row in rows] for n in columns}
 
 
 async def write(
@@ -187,17 +207,10 @@ async def write(
     for u in usages:
         unique.setdefault(u.request_id, u)
     priced_rows = {rid: priced(u, book_at(books, u.at)) for rid, u in unique.items()}
-    stmt = (
-        pg_insert(EVENTS)
-        .on_conflict_do_nothing(index_elements=["request_id"])
-        .returning(EVENTS.c.request_id)
-    )
-    inserted: set[str] = set()
-    for chunk in _chunks([event for event, _ in priced_rows.values()]):
-        inserted.update(await session.scalars(stmt, chunk))
-    lines = [line for rid in inserted for line in priced_rows[rid][1]]
-    if lines:
-        await session.execute(LINES, {n: [line[n] for line in lines] for n in LINE_COLUMNS})
+    events = [event for event, _ in priced_rows.values()]
+    lines = [line for _, rows in priced_rows.values() for line in rows]
+    params = _columns(events, EVENT_COLUMNS, "e_") | _columns(lines, LINE_COLUMNS, "l_")
+    inserted = set(await session.scalars(WRITE, params))
     done = [u for rid, u in unique.items() if rid in inserted]
     settled = [
         Settled(u.request_id, u.tenant_id, u.timezone, priced_rows[u.request_id][0]["cost_micros"],

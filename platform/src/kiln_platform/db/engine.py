@@ -140,17 +140,22 @@ def create_engine(
     connect_timeout_s: float = CONNECT_TIMEOUT_S,
     password: PasswordSource | None = None,
     synchronous_commit: bool = True,
+    platform_scope: bool = False,
 ) -> AsyncEngine:
     """An asyncpg-backed engine; UTC sessions; each connection as ``role`` if given (sent in
     the start-up packet, so no round trip); a connection attempt gives up after
     ``connect_timeout_s`` (``TimeoutError``, which ``db.outage.unreachable`` recognizes);
     ``password`` (if given) is called for each new connection's password, over the URL's;
-    ``synchronous_commit=False``: a commit returns before its WAL reaches the disk."""
+    ``synchronous_commit=False``: a commit returns before its WAL reaches the disk;
+    ``platform_scope``: every transaction on its connections is platform-scoped (``kiln.scope``
+    in the start-up packet, for ``writer_sessions``)."""
     server_settings = {"timezone": "UTC", "application_name": "kiln"}
     if role is not None:
         server_settings["role"] = role
     if not synchronous_commit:
         server_settings["synchronous_commit"] = "off"
+    if platform_scope:
+        server_settings["kiln.scope"] = "platform"
     connect_args: dict[str, Any] = {"server_settings": server_settings}
     connect_args["timeout"] = connect_timeout_s
     if password is not None:
@@ -188,6 +193,7 @@ def writer_engine(
     password: PasswordSource | None = None,
     *,
     synchronous_commit: bool = True,
+    platform_scope: bool = False,
 ) -> AsyncEngine:
     """One connection to ``engine``'s database for a single busy writer (the usage ledger).
 
@@ -198,7 +204,7 @@ def writer_engine(
     url = engine.url.render_as_string(hide_password=False)
     return create_engine(
         url, 1, pre_ping=False, role=role, connect_timeout_s=connect_timeout_s,
-        password=password, synchronous_commit=synchronous_commit,
+        password=password, synchronous_commit=synchronous_commit, platform_scope=platform_scope,
     )  # fmt: skip
 
 
@@ -217,3 +223,10 @@ def sessionmaker(engine: AsyncEngine) -> async_sessionmaker[AsyncSession]:
     commit. A tenant-confined transaction switches to ``kiln_tenant`` (``admin.deps``), where
     the platform scope has no policy."""
     return async_sessionmaker(engine, expire_on_commit=False, sync_session_class=PlatformSession)
+
+
+def writer_sessions(engine: AsyncEngine) -> async_sessionmaker[AsyncSession]:
+    """Session factory for a ``writer_engine(..., platform_scope=True)``: its connections are
+    platform-scoped from the start, so a transaction skips ``PlatformSession``'s declaration,
+    a round trip each (the ledger's batch is a handful of statements; this was one of them)."""
+    return async_sessionmaker(engine, expire_on_commit=False)
