@@ -86,7 +86,7 @@ def kiln(
     start_kiln: Callable[..., KilnProcess],
     kiln_data_dir: Callable[[], AbstractContextManager[Path]],
 ) -> Iterator[KilnProcess]:
-    """``kiln up``: versions 1 (healthy), 2 (fails for 5 % of inputs), 3 (healthy), stable 1,
+    """``kiln up``: versions 1 (healthy) and 2 (fails for 5 % of inputs), both warm, stable 1,
     and an alert receiver on loopback."""
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Receiver)
     threading.Thread(target=server.serve_forever, daemon=True).start()
@@ -95,22 +95,26 @@ def kiln(
         try:
             use_platform_admin_key(kiln)
             kiln.wait_ready()
-            for version, threshold in (("1", 1e9), ("2", THRESHOLD), ("3", 1e9)):
-                r = admin_call(kiln, "POST", f"/models/{MODEL}/versions",
-                               content=_graph(threshold), params={"version": version})  # fmt: skip
-                assert r.status_code == 201, r.text
+            for version, threshold in (("1", 1e9), ("2", THRESHOLD)):
+                _upload(kiln, version, threshold)
             r = admin_call(kiln, "PUT", f"/models/{MODEL}/route", json={"stable_version": "1"})
             assert r.is_success, r.text
             url = f"http://127.0.0.1:{server.server_address[1]}/hook"
             r = admin_call(kiln, "POST", "/alert-receivers", json={"name": "hook", "url": url})
             assert r.status_code == 201, r.text
-            for address in (MODEL, f"{MODEL}@2", f"{MODEL}@3"):  # every version warm
+            for address in (MODEL, f"{MODEL}@2"):  # both warm
                 wait_for(partial(_answers, kiln, address), 120)
             yield kiln
         finally:
             server.shutdown()
             if kiln.proc.poll() is None:
                 kiln.stop()
+
+
+def _upload(kiln: KilnProcess, version: str, threshold: float) -> None:
+    r = admin_call(kiln, "POST", f"/models/{MODEL}/versions", content=_graph(threshold),
+                   params={"version": version})  # fmt: skip
+    assert r.status_code == 201, r.text
 
 
 def _infer(kiln: KilnProcess, model: str, first: float) -> tuple[int, str]:
@@ -193,6 +197,10 @@ def test_a_canary_failing_5_percent_is_rolled_back_within_its_bound(kiln: KilnPr
 
 
 def test_a_healthy_canary_is_promoted_through_every_step(kiln: KilnProcess) -> None:
+    """Version 3 is new: no worker of it runs when its rollout starts. The split serves stable
+    until the canary's worker is ready, so its start is neither a wait nor a p99 latency held
+    against it (the plan allows 5x the stable's)."""
+    _upload(kiln, "3", 1e9)
     plan = {"steps": [20, 50, 100], "split": "request", "min_requests": 60, "min_seconds": 0.5,
             "max_latency_ratio": 5.0}  # fmt: skip
     r = admin_call(kiln, "PUT", f"/models/{MODEL}/rollout",
@@ -200,7 +208,7 @@ def test_a_healthy_canary_is_promoted_through_every_step(kiln: KilnProcess) -> N
     assert r.status_code == 200, r.text
     _drive(kiln, lambda: _rollout(kiln)["state"] != "running", most=3000)
     rollout = _rollout(kiln)
-    assert rollout["state"] == "completed", rollout
+    assert rollout["state"] == "completed", rollout["history"][-1]
     steps = [(h["action"], h["step"]) for h in rollout["history"]]
     assert steps == [("start", 0), ("promote", 20), ("complete", 50)]
     for h in rollout["history"][1:]:

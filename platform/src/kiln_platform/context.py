@@ -179,6 +179,7 @@ def _build(
     except BaseException:
         metrics.close()  # registered process-wide: a gateway that cannot start leaves none
         raise
+    resolver.warming = pools.warming
     quotas = QuotaEnforcer(
         db.sessions, ttl=settings.key_cache_ttl_s, lease_ttl_s=settings.lease_ttl_s,
         timeout_s=settings.request_timeout_s,

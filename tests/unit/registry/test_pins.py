@@ -68,3 +68,23 @@ def test_only_the_routes_draw_is_a_rollouts_evidence() -> None:
     assert not resolver.split("m@2", "other")
     assert not resolver.split("m@canary", "other")
     assert not _resolver("1", None).split("m", "other")  # no route: no rollout to feed
+
+
+async def test_a_warming_canarys_draws_are_served_by_stable_and_are_no_evidence() -> None:
+    """While the canary's pool has no ready worker, the tenants the split draws for it get the
+    stable version and do not count for the rollout; a pinned tenant and ``@canary`` wait."""
+    resolver, asked = _resolver("canary", Route("1", "2", 100)), list[str]()
+
+    def warming(pool: str) -> bool:
+        asked.append(pool)
+        return True
+
+    resolver.warming = warming
+    assert (await resolver.resolve("m", "other")).version == "1"
+    assert not resolver.split("m", "other")
+    assert asked == ["m@2", "m@2"]  # asking is the pool manager's demand: it starts the pool
+    assert (await resolver.resolve("m", "t")).version == "2"  # pinned to the canary
+    assert (await resolver.resolve("m@canary", "other")).version == "2"
+    resolver.warming = lambda _: False  # ready
+    assert (await resolver.resolve("m", "other")).version == "2"
+    assert resolver.split("m", "other")

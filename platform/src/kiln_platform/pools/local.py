@@ -143,6 +143,7 @@ class LocalPoolBackend:
         tasks: list[asyncio.Future[Any]] = [
             w.task for pool in self.pools.values() for w in pool if w.task is not None
         ]
+        tasks += self._rechecks  # readiness re-checks: the session they use closes next
         for task in tasks:
             task.cancel()
         tasks += self._retiring  # already cancelled, draining: cancelling again cuts the drain
@@ -164,9 +165,11 @@ class LocalPoolBackend:
                 )
                 deadline = worker.started_at + self._settings.worker_start_timeout_s
                 watcher = asyncio.create_task(self._watch_ready(worker, deadline))
-                code = await worker.process.wait()
+                try:
+                    code = await worker.process.wait()
+                finally:  # stop() cancels this task: the watcher's session closes next
+                    watcher.cancel()
                 self._set_ready(worker, False)
-                watcher.cancel()
                 if self.stopping():  # stop() may have run while we waited
                     return
                 lived = time.monotonic() - worker.started_at

@@ -210,12 +210,8 @@ class PoolManager:
         A pool at zero is started now; the request then waits in the pool's queue for the
         worker. A pool whose every worker crashed answers 503 at once instead.
         """
-        if pool not in self._states:  # resolved before the next reconcile: adopt it now
-            model, _, version = pool.rpartition("@")
-            served = self._resolver.served.get(model, {}).get(version)
-            if served is None:
-                raise ServiceUnavailable(f"No worker pool for `{pool}` yet.", retry_after=2.0)
-            self._adopt(served)
+        if not self._adopted(pool):
+            raise ServiceUnavailable(f"No worker pool for `{pool}` yet.", retry_after=2.0)
         runner = self.runners[pool]
         self._last_request[pool] = time.monotonic()
         if self.backend.ready(pool):
@@ -229,6 +225,30 @@ class PoolManager:
             self.cold_starts.arrived(pool, request_started())
             self.autoscale(pool, arriving=1)
         return runner
+
+    def warming(self, pool: str) -> bool:
+        """Whether a served pool is starting: no worker of it ready, none crashed. Asking counts
+        as demand, as a request would (it is kept from idling out, started now if at zero), but
+        no request waits on it: a rollout's split serves stable until its canary is ready
+        (``Resolver.resolve``). A crashed canary is not warming: its requests fail and its
+        rollout rolls back."""
+        if not self._adopted(pool) or self.backend.ready(pool) or self.backend.crashed(pool):
+            return False
+        self._last_request[pool] = time.monotonic()
+        if not self.backend.pools.get(pool):
+            self.autoscale(pool, arriving=1)
+        return True
+
+    def _adopted(self, pool: str) -> bool:
+        """``pool`` has its state, adopted now if it was resolved before the next reconcile
+        (false: no version it names is served)."""
+        if pool not in self._states:
+            model, _, version = pool.rpartition("@")
+            served = self._resolver.served.get(model, {}).get(version)
+            if served is None:
+                return False
+            self._adopt(served)
+        return True
 
     def sizes(self) -> dict[str, PoolSize]:
         """Every pool's workers: as decided, running, ready, draining."""

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import math
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import select
@@ -104,6 +105,10 @@ a reload waits for the next one) and concurrent misses share one reload: a flood
 model names costs the database one reload per 250 ms, not one per request."""
 
 
+def _never(_: str) -> bool:
+    return False
+
+
 class Resolver:
     """Model address -> the version that serves a request, from an in-memory copy of the
     catalog refreshed from the database (no round trip per request).
@@ -125,6 +130,9 @@ class Resolver:
         self.candidates: set[tuple[str, str]] = set()
         """(model, version) of pools that serve only as a shadow's candidate."""
         self.served: Catalog = {}
+        self.warming: Callable[[str], bool] = _never
+        """Whether a pool (``model@version``) is still starting, no worker of it ready yet (set
+        by the pool manager, for whom asking counts as demand: it starts a pool at zero)."""
         """Each model's served versions, by version."""
         self._demanded: dict[tuple[str, str], float] = {}
         """Versions asked for by number that nothing else serves, and when they last were."""
@@ -182,7 +190,19 @@ class Resolver:
             found = self._lookup(name, suffix, sticky)
         if found is None:
             raise ModelNotFound(f"The model `{model}` does not exist.", param="model")
+        if suffix is None and self._canary_warming(name, sticky) == found.version:
+            found = self.catalog[name].get(self.routes[name].stable, found)
         return self._serve(refuse_retired(found))
+
+    def _canary_warming(self, name: str, sticky: str) -> str | None:
+        """The canary ``name``'s split may draw for ``sticky`` while its pool is still starting.
+        Such a draw is served by the stable version, as Flagger shifts traffic only to a ready
+        canary: the canary's start is then no request's wait, nor a latency its rollout
+        compares (a pinned tenant, and ``@canary``, wait for it)."""
+        route = self.routes.get(name)
+        if route is None or route.canary is None or sticky in self.pins.get(name, {}):
+            return None
+        return route.canary if self.warming(f"{name}@{route.canary}") else None
 
     def listed(self, sticky: str) -> list[ResolvedVersion]:
         """What each model's plain name gives ``sticky`` now (``/v1/models``), without reloads;
@@ -208,11 +228,13 @@ class Resolver:
 
     def split(self, model: str, sticky: str) -> bool:
         """Whether ``model`` (an address) reaches ``sticky`` through its route's split: a plain
-        name, a route, and no pin for the tenant. Only such requests are a rollout's evidence:
-        ones that name a version, an alias or ``@canary``, or come from a pinned tenant, did not
-        land on their arm by the split's draw, so they would bias the comparison."""
+        name, a route, no pin for the tenant, and the canary's pool ready. Only such requests
+        are a rollout's evidence: ones that name a version, an alias or ``@canary``, come from
+        a pinned tenant or were kept on stable while the canary started did not land on their
+        arm by the split's draw, so they would bias the comparison."""
         name, suffix = address(model)
-        return suffix is None and name in self.routes and sticky not in self.pins.get(name, {})
+        return (suffix is None and name in self.routes and sticky not in self.pins.get(name, {})
+                and self._canary_warming(name, sticky) is None)  # fmt: skip
 
     def _serve(self, version: ResolvedVersion) -> ResolvedVersion:
         """Make sure ``version`` has a pool (the pool manager adopts it on first use)."""

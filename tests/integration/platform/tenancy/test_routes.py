@@ -123,10 +123,18 @@ async def test_a_canary_takes_its_share_sticky_and_rollback_retires_it(
     assert r.status_code == 200, r.text
     assert (await admin.call("GET", path, root)).json() == {**body, "model": MODEL, "routed": True}
     resolver, pools = admin.kiln.resolver, admin.kiln.pools
-    chosen = [(await resolver.resolve(MODEL, t)).version for t in TENANTS]
-    assert set(chosen) == {"1", "2"}
-    assert abs(chosen.count("2") / len(TENANTS) - 0.30) < 0.05
-    assert [(await resolver.resolve(MODEL, t)).version for t in TENANTS] == chosen  # sticky
+    await resolver.refresh()
+    drawn = [getattr(resolver._lookup(MODEL, None, t), "version", None) for t in TENANTS]
+    assert set(drawn) == {"1", "2"}
+    assert abs(drawn.count("2") / len(TENANTS) - 0.30) < 0.05
+    assert [getattr(resolver._lookup(MODEL, None, t), "version", None) for t in TENANTS] == drawn
+    # no worker of version 2 is ready (its files are made up): its draws are served by stable,
+    # are no rollout's evidence, and start the canary's pool
+    canary = TENANTS[drawn.index("2")]
+    assert not pools.is_ready(f"{MODEL}@2")
+    assert (await resolver.resolve(MODEL, canary)).version == "1"
+    assert not resolver.split(MODEL, canary)
+    assert pools.desired[f"{MODEL}@2"] >= 1
     assert {k for k in pools.desired if k.startswith(MODEL)} == {f"{MODEL}@1", f"{MODEL}@2"}
     assert (await resolver.resolve(f"{MODEL}@2")).version == "2"
     with pytest.raises(ModelNotFound):
