@@ -167,7 +167,8 @@ class KilnProcess:
         return sum(float(x.split()[-1]) for x in lines)
 
     def sql(self, query: str, **params: Any) -> list[Any]:
-        """The rows of one SQL statement on this process's database, as its owner."""
+        """The rows of one SQL statement on this process's database: the app role in the
+        platform scope (every tenant's rows), as the gateway's own platform work reads them."""
 
         async def read() -> list[Any]:
             settings = Settings(data_dir=Path(self.env["KILN_DATA_DIR"]))

@@ -34,15 +34,15 @@ _TAKE = text(
 )
 _MOVE = text(
     """
+    WITH moved AS (
     INSERT INTO budget_periods AS b (tenant_id, period, spent_micros, reserved_micros)
     VALUES (:t, :p, :spent, 0)
     ON CONFLICT (tenant_id, period) DO UPDATE
         SET spent_micros = b.spent_micros + :spent, reserved_micros = b.reserved_micros - :held
-    RETURNING spent_micros,
-        (SELECT monthly_budget_micros FROM quotas
-         WHERE tenant_id = b.tenant_id AND api_key_id IS NULL) AS limit_micros,
-        (SELECT budget_alert_percents FROM quotas
-         WHERE tenant_id = b.tenant_id AND api_key_id IS NULL) AS percents
+    RETURNING tenant_id, spent_micros
+    )
+    SELECT m.spent_micros, q.monthly_budget_micros, q.budget_alert_percents
+    FROM moved m LEFT JOIN quotas q ON q.tenant_id = m.tenant_id AND q.api_key_id IS NULL
     """
 )
 """Moves one period's money; returns its new spent total with the tenant's budget and alert
