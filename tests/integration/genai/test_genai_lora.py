@@ -77,11 +77,14 @@ async def backend(store: ArtifactStore, smollm2_dir: Path) -> AsyncIterator[GenA
     generation.unload()
 
 
-NEAR_TIE = 0.3
+NEAR_TIE = 0.45
 """Log-probability slack of an adapter row batched against its solo run. The LoRA path's fp32
 MatMul sums in another order for 4 rows than for 1 (~5e-6 apart), and the int8 graph's
 quantized activations can turn that into a different rounding: up to 0.19 apart on 16 tokens
-(docs/architecture.md, "LoRA adapters"). Rows without an adapter stay bit-identical."""
+here, 0.33 in one CI run (docs/architecture.md, "LoRA adapters"). That is about as far as
+these adapters are from one another (``qv`` and ``o`` 0.02-0.42 on their shared first ten
+tokens), so a row is also checked to be nearer its own solo run than any other's
+(``nearest``). Rows without an adapter stay bit-identical."""
 
 
 async def generate(
@@ -121,6 +124,23 @@ def assert_same_run(
     assert len(batched) == len(solo)
 
 
+def nearest(
+    batched: list[tuple[int, TokenLogprobs]], solos: dict[str, list[tuple[int, TokenLogprobs]]]
+) -> str:
+    """The solo run ``batched`` is nearest: the most leading tokens in common, then the least
+    mean log-probability gap over them (a mixed-up adapter is nearer another adapter's run)."""
+
+    def distance(solo: list[tuple[int, TokenLogprobs]]) -> tuple[int, float]:
+        gaps = []
+        for (token, scores), (alone, alone_scores) in zip(batched, solo, strict=False):
+            if token != alone:
+                break
+            gaps.append(abs(scores.logprob - alone_scores.logprob))
+        return -len(gaps), sum(gaps) / max(len(gaps), 1)
+
+    return min(solos, key=lambda name: distance(solos[name]))
+
+
 async def test_an_adapter_with_zero_b_generates_what_the_base_model_does(
     backend: GenAIGenerationBackend, adapters: dict[str, str], prompt: list[int]
 ) -> None:
@@ -153,11 +173,13 @@ async def test_rows_of_three_adapters_and_none_in_two_slots_match_their_solo_run
             for i, name in enumerate(names)
         )
     )
+    solos = {str(name): run for name, run in zip(names, solo, strict=True)}
     for name, batched, alone in zip(names, together, solo, strict=True):
         if name is None:
             assert batched == alone  # no adapter: bit for bit
         else:
             assert_same_run(batched, alone)
+            assert nearest(batched, solos) == name
     health = backend.health()
     assert (health.running, health.waiting) == (0, 0)
     in_slots, in_memory = health.adapters_in_slots, health.adapters_in_memory
