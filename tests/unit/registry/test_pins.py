@@ -88,3 +88,8 @@ async def test_a_warming_canarys_draws_are_served_by_stable_and_are_no_evidence(
     resolver.warming = lambda _: False  # ready
     assert (await resolver.resolve("m", "other")).version == "2"
     assert resolver.split("m", "other")
+    idle, asked[:] = _resolver("1", Route("1", "2", 0)), []
+    idle.warming = warming
+    assert (await idle.resolve("m", "other")).version == "1"
+    assert idle.split("m", "other")
+    assert asked == []  # a canary at 0 % is no demand

@@ -130,10 +130,10 @@ class Resolver:
         self.candidates: set[tuple[str, str]] = set()
         """(model, version) of pools that serve only as a shadow's candidate."""
         self.served: Catalog = {}
+        """Each model's served versions, by version."""
         self.warming: Callable[[str], bool] = _never
         """Whether a pool (``model@version``) is still starting, no worker of it ready yet (set
         by the pool manager, for whom asking counts as demand: it starts a pool at zero)."""
-        """Each model's served versions, by version."""
         self._demanded: dict[tuple[str, str], float] = {}
         """Versions asked for by number that nothing else serves, and when they last were."""
         self._refreshed_at = -math.inf
@@ -200,7 +200,9 @@ class Resolver:
         canary: the canary's start is then no request's wait, nor a latency its rollout
         compares (a pinned tenant, and ``@canary``, wait for it)."""
         route = self.routes.get(name)
-        if route is None or route.canary is None or sticky in self.pins.get(name, {}):
+        if route is None or route.canary is None or route.canary_percent <= 0:
+            return None
+        if sticky in self.pins.get(name, {}):
             return None
         return route.canary if self.warming(f"{name}@{route.canary}") else None
 
