@@ -171,12 +171,17 @@ class Kiln:
         return out
 
     def roles(self) -> dict[str, list[psutil.Process]]:
-        """This ``kiln up``'s processes by role: gateway, worker, postgres."""
-        out: dict[str, list[psutil.Process]] = {"gateway": [], "worker": [], "postgres": []}
+        """This ``kiln up``'s processes by role: gateway, worker, standby (the preloaded spare
+        that serves nothing: a worker's figures, its growth over a soak, are the serving
+        ones'), postgres."""
+        out: dict[str, list[psutil.Process]] = {
+            "gateway": [], "worker": [], "standby": [], "postgres": [],
+        }  # fmt: skip
         for p in self.processes():
             with contextlib.suppress(psutil.Error):
                 line = " ".join(p.cmdline())
                 role = "worker" if "kiln_runtimes" in line else "gateway"
+                role = "standby" if "--standby" in line else role
                 role = "postgres" if "postgres" in line or p.name() == "postgres" else role
                 out[role].append(p)
         return out

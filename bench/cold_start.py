@@ -51,7 +51,7 @@ def _running(kiln: Kiln) -> float | None:
 
 
 def _standby_alive(kiln: Kiln) -> bool:
-    return any("--standby" in " ".join(p.cmdline()) for p in kiln.roles()["worker"])
+    return bool(kiln.roles()["standby"])
 
 
 def _wait(probe: Callable[[], bool], timeout: float = 120) -> None:

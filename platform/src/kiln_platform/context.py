@@ -139,6 +139,7 @@ def _pool_manager(
     if isinstance(pools.backend, SharedBackend):  # it publishes what this gateway wants
         pools.backend.own = pools.desired
         pools.express = pools.backend.express
+    resolver.warming = pools.warming  # a canary's draws wait for its pool on stable
     return pools
 
 
@@ -179,7 +180,6 @@ def _build(
     except BaseException:
         metrics.close()  # registered process-wide: a gateway that cannot start leaves none
         raise
-    resolver.warming = pools.warming
     quotas = QuotaEnforcer(
         db.sessions, ttl=settings.key_cache_ttl_s, lease_ttl_s=settings.lease_ttl_s,
         timeout_s=settings.request_timeout_s,
