@@ -171,9 +171,8 @@ class Kiln:
         return out
 
     def roles(self) -> dict[str, list[psutil.Process]]:
-        """This ``kiln up``'s processes by role: gateway, worker, standby (the preloaded spare
-        that serves nothing: a worker's figures, its growth over a soak, are the serving
-        ones'), postgres."""
+        """This ``kiln up``'s processes by role: gateway, worker, standby (the preloaded spare,
+        which serves nothing, kept out of the workers' figures), postgres."""
         out: dict[str, list[psutil.Process]] = {
             "gateway": [], "worker": [], "standby": [], "postgres": [],
         }  # fmt: skip

@@ -82,7 +82,7 @@ async def test_a_warming_canarys_draws_are_served_by_stable_and_are_no_evidence(
     resolver.warming = warming
     assert (await resolver.resolve("m", "other")).version == "1"
     assert not resolver.split("m", "other")
-    assert asked == ["m@2", "m@2"]  # asking is the pool manager's demand: it starts the pool
+    assert set(asked) == {"m@2"}  # asking is the pool manager's demand: it starts the pool
     assert (await resolver.resolve("m", "t")).version == "2"  # pinned to the canary
     assert (await resolver.resolve("m@canary", "other")).version == "2"
     resolver.warming = lambda _: False  # ready
