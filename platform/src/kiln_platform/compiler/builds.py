@@ -195,7 +195,14 @@ def _relative(failure: BuildFailure, tree: Path) -> BuildFailure:
 
 
 async def _fail(db: Database, store: ArtifactStore, job: CompileJob, failure: BuildFailure) -> None:
-    """The job failed: say why and where; the source goes unless something still needs it."""
+    """The job failed: the source goes unless something still needs it, then the job says why
+    and where (so a client that reads ``failed`` finds nothing of it left; a restart between the
+    two fails the job again, its source missing)."""
+    assert job.source_digest is not None
+    async with db.sessions() as session:
+        needed = await source_in_use(session, job.source_digest, job.id)
+    if not needed:
+        await asyncio.to_thread(store.remove_tree, job.source_digest)
     async with db.sessions.begin() as session:
         await session.execute(
             update(CompileJob)
@@ -207,8 +214,3 @@ async def _fail(db: Database, store: ArtifactStore, job: CompileJob, failure: Bu
         )  # fmt: skip
     log.info("build failed", job=str(job.id), error=failure.error, file=failure.file,
              field=failure.field)  # fmt: skip
-    assert job.source_digest is not None
-    async with db.sessions() as session:
-        needed = await source_in_use(session, job.source_digest, job.id)
-    if not needed:
-        await asyncio.to_thread(store.remove_tree, job.source_digest)
