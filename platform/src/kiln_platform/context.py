@@ -172,8 +172,8 @@ def _build(
     batches: Background,
 ) -> Kiln:  # fmt: skip
     """Every service, wired to the database, the workers' session and the ledger's engine."""
-    store = settings.store()
-    resolver = Resolver(db.sessions)
+    store, outcomes = settings.store(), RolloutOutcomes()
+    resolver = Resolver(db.sessions, deferred=outcomes.deferred)
     metrics = RequestMetrics(settings.metrics_tenant_labels)
     try:
         pools = _pool_manager(settings, http, resolver, store, metrics)
@@ -191,7 +191,7 @@ def _build(
     )  # fmt: skip
     ledger = LedgerWriter(writer_sessions(ledger_db), books, enabled=settings.metering,
                           rollups=Rollups(db.sessions), spool=_spool(settings))  # fmt: skip
-    slis, outcomes = SliRecorder(settings.slo_bucket_s), RolloutOutcomes()
+    slis = SliRecorder(settings.slo_bucket_s)
     slos = SloMonitor(db.sessions, slis, settings, partial(crashloop.health, pools.backend))
     workers = WorkerClient(pools, http, settings.request_timeout_s)
     return Kiln(

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import uuid
 from dataclasses import replace
 from datetime import UTC, datetime
 
 import pytest
 
+from kiln_platform.registry.outcomes import RolloutOutcomes, Watched
 from kiln_platform.registry.resolver import Resolver
 from kiln_platform.registry.routes import Route
 from kiln_platform.registry.services import ResolvedVersion
@@ -21,8 +23,12 @@ V1 = ResolvedVersion(
 V2 = replace(V1, version="2", created_at=datetime(2026, 2, 1, tzinfo=UTC))
 
 
-def _resolver(pin: str, route: Route | None, aliases: dict[str, str] | None = None) -> Resolver:
-    resolver = Resolver(None)  # type: ignore[arg-type]  # lookups never open a session
+def _resolver(
+    pin: str, route: Route | None, aliases: dict[str, str] | None = None,
+    outcomes: RolloutOutcomes | None = None,
+) -> Resolver:  # fmt: skip
+    deferred = {} if outcomes is None else {"deferred": outcomes.deferred}
+    resolver = Resolver(None, **deferred)  # type: ignore[arg-type]  # lookups open no session
     resolver.catalog = {"m": {"1": V1, "2": V2}}
     resolver.routes = {} if route is None else {"m": route}
     resolver.aliases = {"m": aliases or {}}
@@ -73,7 +79,9 @@ def test_only_the_routes_draw_is_a_rollouts_evidence() -> None:
 async def test_a_warming_canarys_draws_are_served_by_stable_and_are_no_evidence() -> None:
     """While the canary's pool has no ready worker, the tenants the split draws for it get the
     stable version and do not count for the rollout; a pinned tenant and ``@canary`` wait."""
-    resolver, asked = _resolver("canary", Route("1", "2", 100)), list[str]()
+    outcomes, rollout = RolloutOutcomes(), uuid.uuid4()
+    outcomes.watch([Watched(rollout, "m", 0, "1", "2")])
+    resolver, asked = _resolver("canary", Route("1", "2", 100), outcomes=outcomes), list[str]()
 
     def warming(pool: str) -> bool:
         asked.append(pool)
@@ -85,6 +93,8 @@ async def test_a_warming_canarys_draws_are_served_by_stable_and_are_no_evidence(
     assert set(asked) == {"m@2"}  # asking is the pool manager's demand: it starts the pool
     assert (await resolver.resolve("m", "t")).version == "2"  # pinned to the canary
     assert (await resolver.resolve("m@canary", "other")).version == "2"
+    counts = outcomes.snapshot()  # the draw kept on stable counts toward the progress deadline
+    assert {k: v.total for k, v in counts.items()} == {(rollout, 0, "deferred"): 1}
     resolver.warming = lambda _: False  # ready
     assert (await resolver.resolve("m", "other")).version == "2"
     assert resolver.split("m", "other")

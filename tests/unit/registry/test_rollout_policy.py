@@ -53,6 +53,19 @@ def test_step_end_bounds(canary: Arm, reason: str) -> None:
     assert got.reason.startswith(reason)
 
 
+def test_a_canary_never_ready_is_rolled_back_at_the_progress_deadline() -> None:
+    """Draws kept on stable (the canary's pool not ready) hold the step until the deadline;
+    a canary that served, or drew nothing, is not rolled back for it."""
+    plan = RolloutPlan(steps=[10, 100], min_requests=100, min_seconds=5.0, progress_deadline_s=60)
+    assert decide(plan, 0, arm(0), arm(900), elapsed_s=59.9, deferred=90).action is Action.HOLD
+    got = decide(plan, 0, arm(0), arm(900), elapsed_s=60, deferred=90)
+    assert (got.action, got.figures["deferred"]) == (Action.ROLLBACK, 90)
+    assert "progress_deadline_s" in got.reason
+    assert decide(plan, 0, arm(0), arm(900), elapsed_s=600).action is Action.HOLD  # no draws
+    late = decide(plan, 0, arm(50), arm(900), elapsed_s=600, deferred=90)  # ready, but slow
+    assert late.action is Action.HOLD
+
+
 def test_p99_is_the_bucket_bound() -> None:
     a = Arm()
     for ms in range(1, 101):

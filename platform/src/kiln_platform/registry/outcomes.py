@@ -15,7 +15,8 @@ from dataclasses import dataclass
 from kiln_platform.registry.rollout_policy import Arm, bucket
 
 ArmKey = tuple[uuid.UUID, int, str]
-"""(rollout, step index, ``canary`` or ``stable``)."""
+"""(rollout, step index, ``canary``, ``stable`` or ``deferred``: the canary's draws served by the
+stable version while its pool started, only ``total`` counted)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,6 +66,14 @@ class RolloutOutcomes:
         arm.latency[bucket(latency_s)] += 1
         if failed and name == "canary":
             self.failed.set()
+
+    def deferred(self, model: str) -> None:
+        """A draw of ``model``'s canary served by its stable version while the canary's pool was
+        starting (``Resolver.resolve``): evidence of neither arm, but demand the canary did not
+        meet (``RolloutPlan.progress_deadline_s``)."""
+        watched = self._watched.get(model)
+        if watched is not None:
+            self._arms.setdefault((watched.rollout, watched.step, "deferred"), Arm()).total += 1
 
     def snapshot(self) -> dict[ArmKey, Arm]:
         """This gateway's counts so far, per running step and arm (copies)."""

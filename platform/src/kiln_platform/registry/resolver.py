@@ -109,6 +109,10 @@ def _never(_: str) -> bool:
     return False
 
 
+def _ignore(_: str) -> None:
+    return None
+
+
 class Resolver:
     """Model address -> the version that serves a request, from an in-memory copy of the
     catalog refreshed from the database (no round trip per request).
@@ -118,8 +122,14 @@ class Resolver:
     ``model@3``: that version. Served versions (one pool each) are the routed or default ones,
     alias targets, and versions requested by number since this process started."""
 
-    def __init__(self, sessions: async_sessionmaker[AsyncSession]) -> None:
+    def __init__(
+        self, sessions: async_sessionmaker[AsyncSession],
+        deferred: Callable[[str], None] = _ignore,
+    ) -> None:  # fmt: skip
         self._sessions = sessions
+        self._deferred = deferred
+        """Told of each draw of a model's canary served by its stable version while the canary's
+        pool started (``RolloutOutcomes.deferred``: a canary never ready is rolled back)."""
         self.catalog: Catalog = {}
         self.routes: dict[str, Route] = {}
         self.aliases: Named = {}
@@ -191,6 +201,7 @@ class Resolver:
         if found is None:
             raise ModelNotFound(f"The model `{model}` does not exist.", param="model")
         if suffix is None and self._canary_warming(name, sticky) == found.version:
+            self._deferred(name)
             found = self.catalog[name].get(self.routes[name].stable, found)
         return self._serve(refuse_retired(found))
 

@@ -150,9 +150,9 @@ class RolloutMonitor:
             log.warning("rollout counts not stored", exc_info=True)
 
 
-async def step_arms(session: AsyncSession, rollout: ModelRollout) -> tuple[Arm, Arm]:
-    """The current step's (canary, stable) counts, summed over every gateway."""
-    arms = {"canary": Arm(), "stable": Arm()}
+async def step_arms(session: AsyncSession, rollout: ModelRollout) -> tuple[Arm, Arm, Arm]:
+    """The current step's (canary, stable, deferred) counts, summed over every gateway."""
+    arms = {"canary": Arm(), "stable": Arm(), "deferred": Arm()}
     rows = await session.scalars(
         select(RolloutCount).where(
             RolloutCount.rollout_id == rollout.id, RolloutCount.step == rollout.step
@@ -160,16 +160,17 @@ async def step_arms(session: AsyncSession, rollout: ModelRollout) -> tuple[Arm, 
     )
     for row in rows:
         arms[row.arm].add(Arm(row.total, row.errors, row.degenerate, list(row.latency)))
-    return arms["canary"], arms["stable"]
+    return arms["canary"], arms["stable"], arms["deferred"]
 
 
 async def _evaluate(session: AsyncSession, rollout: ModelRollout, name: str) -> bool:
     """Decide one rollout and apply the decision; whether anything changed."""
     plan = msgspec.convert(rollout.plan, RolloutPlan)
-    canary, stable = await step_arms(session, rollout)
+    canary, stable, deferred = await step_arms(session, rollout)
     now = datetime.now(UTC)
     decision = decide(plan, rollout.step, canary, stable,
-                      (now - rollout.step_started_at).total_seconds())  # fmt: skip
+                      (now - rollout.step_started_at).total_seconds(),
+                      deferred=deferred.total)  # fmt: skip
     if decision.action is Action.HOLD:
         return False
     await apply(session, rollout, name, plan, decision, now)

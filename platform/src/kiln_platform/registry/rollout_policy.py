@@ -8,6 +8,8 @@ promote, complete or roll back (``decide``), and the worst-case failures a plan 
   canary's error rate exceeds the stable's by more than ``max_error_excess``, its p99 latency
   is more than ``max_latency_ratio`` times the stable's, or its share of empty or truncated
   generations exceeds the stable's by more than ``max_degenerate_excess``;
+- roll back a canary that served none of its step's draws for ``progress_deadline_s`` while
+  some were made (each served by the stable version because the canary's pool was not ready);
 - else **promote** to the next step, or **complete** (the canary made stable) after the last
   step below 100 %.
 """
@@ -91,8 +93,11 @@ class Decision:
     figures: dict[str, Any]
 
 
-def decide(plan: RolloutPlan, step: int, canary: Arm, stable: Arm, elapsed_s: float) -> Decision:
-    """The decision for step index ``step`` after ``elapsed_s`` seconds of it."""
+def decide(
+    plan: RolloutPlan, step: int, canary: Arm, stable: Arm, elapsed_s: float, *, deferred: int = 0
+) -> Decision:
+    """The decision for step index ``step`` after ``elapsed_s`` seconds of it, ``deferred``
+    of the canary's draws having been served by the stable version (its pool not ready)."""
     share = plan.steps[step] / 100 if plan.split == "request" else None  # known when drawn
     verdict = sequential.sprt(canary.total, canary.errors, stable.total, stable.errors,
                               alpha=plan.alpha, ratio=plan.error_ratio, share=share)  # fmt: skip
@@ -101,9 +106,13 @@ def decide(plan: RolloutPlan, step: int, canary: Arm, stable: Arm, elapsed_s: fl
         "canary": canary.summary(), "stable": stable.summary(),
         "llr": round(verdict.llr, 4), "threshold": round(verdict.threshold, 4),
         "share": round(verdict.share, 4), "alpha": plan.alpha, "error_ratio": plan.error_ratio,
+        "deferred": deferred,
     }  # fmt: skip
     if verdict.worse:
         return Decision(Action.ROLLBACK, "error rate: the sequential test rejects", figures)
+    if deferred and not canary.total and elapsed_s >= plan.progress_deadline_s:
+        return Decision(Action.ROLLBACK, "the canary was not ready within progress_deadline_s",
+                        figures)  # fmt: skip
     if canary.total < plan.min_requests or elapsed_s < plan.min_seconds:
         return Decision(Action.HOLD, "step minimum not reached", figures)
     breach = _step_end_breach(plan, canary, stable)

@@ -90,6 +90,9 @@ class RolloutPlan(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     """At a step's end: canary p99 latency (TTFT for generation) over the stable's, at most."""
     max_degenerate_excess: Annotated[float, msgspec.Meta(ge=0, le=1)] = 0.05
     """At a step's end (generation): the excess share of empty or length-truncated outputs."""
+    progress_deadline_s: Annotated[float, msgspec.Meta(gt=0)] = 600.0
+    """A step whose canary drew requests but served none for this long (its pool never ready,
+    never crashed: no capacity, a load that hangs) rolls back, as Flagger's progress deadline."""
 
 
 class RolloutStart(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):

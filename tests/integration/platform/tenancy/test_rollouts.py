@@ -5,6 +5,7 @@ workers is ``tests/e2e/test_rollouts.py``.)"""
 
 from __future__ import annotations
 
+import asyncio
 from typing import TYPE_CHECKING, Any, cast
 
 import pytest
@@ -56,6 +57,7 @@ async def versions(admin: Admin, root: str) -> None:
         ({"canary_version": "1"}, "canary_version"),  # the stable one
         ({"canary_version": "2", "plan": {"steps": [50, 20, 100]}}, "plan.steps"),
         ({"canary_version": "2", "plan": {"steps": [20, 50]}}, "plan.steps"),
+        ({"canary_version": "2", "plan": {"progress_deadline_s": 0}}, "plan.progress_deadline_s"),
     ],
 )
 async def test_a_bad_rollout_names_its_field(
@@ -110,6 +112,31 @@ async def test_a_rollout_owns_the_route_survives_a_restart_and_aborts(
     assert [h["action"] for h in history] == ["start", "abort"]
     r = await admin.call("GET", "/admin/v1/audit", root, params={"action": "model.rollout"})
     assert [a["after"].get("state", "running") for a in r.json()["data"]] == ["aborted", "running"]
+
+
+async def test_a_canary_never_ready_rolls_back_at_its_progress_deadline(
+    admin: Admin, root: str, versions: None
+) -> None:
+    """Draws kept on stable while the canary's pool starts, counted by one gateway, roll the
+    rollout back once its step passes the deadline with none served by the canary."""
+    plan = {"steps": [10, 100], "split": "request", "min_seconds": 3600,
+            "progress_deadline_s": 0.5}  # fmt: skip
+    r = await admin.call("PUT", PATH, root, json={"canary_version": "2", "plan": plan})
+    assert r.status_code == 200, r.text
+    outcomes = RolloutOutcomes()
+    monitor = RolloutMonitor(admin.kiln.db.sessions, outcomes, 1.0, _nothing, _nothing)
+    await monitor.reload()
+    for _ in range(3):
+        outcomes.deferred(MODEL)  # as Resolver.resolve does while the canary warms
+    await asyncio.sleep(0.5)  # holding before the deadline: tests/unit/registry
+    await monitor.tick()
+    got = (await admin.call("GET", PATH, root)).json()
+    assert got["state"] == "rolled_back", got
+    last = got["history"][-1]
+    assert "progress_deadline_s" in last["reason"]
+    assert (last["figures"]["deferred"], last["figures"]["canary"]["requests"]) == (3, 0)
+    await admin.kiln.pools.reconcile()
+    assert admin.kiln.resolver.routes[MODEL] == Route("1")
 
 
 class _CountedSessions:
