@@ -100,6 +100,8 @@ def _error_response(request: Request[Any, Any, Any], exc: Exception) -> Response
         code = kind = "invalid_request_error" if status < 500 else "server_error"
         if isinstance(exc, ValidationException) and exc.extra:
             message, param = _validation_message(exc)
+        elif status in (404, 405) and message in ("Not Found", "Method Not Allowed"):  # routing's
+            message = f"{message}: {request.method} {request.url.path}"
     else:
         log.exception("unhandled error", path=request.url.path)
         status, message, param, retry_after = 500, "Internal server error.", None, None
