@@ -10,13 +10,19 @@ import gc
 import os
 import re
 from contextlib import asynccontextmanager
+from http import HTTPStatus
 from typing import TYPE_CHECKING, Any
 
 import structlog
 from litestar import Litestar, MediaType, Request, Response, get
 from litestar.datastructures import State
 from litestar.di import Provide
-from litestar.exceptions import HTTPException, ValidationException
+from litestar.exceptions import (
+    HTTPException,
+    MethodNotAllowedException,
+    NotFoundException,
+    ValidationException,
+)
 from litestar.middleware import DefineMiddleware
 from litestar.openapi import OpenAPIConfig
 from litestar.params import SkipValidation
@@ -100,7 +106,9 @@ def _error_response(request: Request[Any, Any, Any], exc: Exception) -> Response
         code = kind = "invalid_request_error" if status < 500 else "server_error"
         if isinstance(exc, ValidationException) and exc.extra:
             message, param = _validation_message(exc)
-        elif status in (404, 405) and message in ("Not Found", "Method Not Allowed"):  # routing's
+        elif isinstance(exc, NotFoundException | MethodNotAllowedException) and (
+            message == HTTPStatus(status).phrase  # the router's, no handler's own detail
+        ):
             message = f"{message}: {request.method} {request.url.path}"
     else:
         log.exception("unhandled error", path=request.url.path)

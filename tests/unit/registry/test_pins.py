@@ -27,8 +27,8 @@ def _resolver(
     pin: str, route: Route | None, aliases: dict[str, str] | None = None,
     outcomes: RolloutOutcomes | None = None,
 ) -> Resolver:  # fmt: skip
-    deferred = {} if outcomes is None else {"deferred": outcomes.deferred}
-    resolver = Resolver(None, **deferred)  # type: ignore[arg-type]  # lookups open no session
+    deferred = (outcomes or RolloutOutcomes()).deferred  # one watching nothing counts nothing
+    resolver = Resolver(None, deferred)  # type: ignore[arg-type]  # lookups open no session
     resolver.catalog = {"m": {"1": V1, "2": V2}}
     resolver.routes = {} if route is None else {"m": route}
     resolver.aliases = {"m": aliases or {}}
