@@ -29,6 +29,7 @@ from .conftest import MINILM, SMOLLM2, KilnProcess, restart_kiln
 
 CHAT: Any = "/v1/chat/completions"
 EMBED: Any = "/v1/embeddings"
+RESPONSES: Any = "/v1/responses"
 FINAL = {"completed", "failed", "expired", "cancelled"}
 CONCURRENCY = 2
 """KILN_BATCH_CONCURRENCY of the module's gateway: lines one batch runs at a time."""
@@ -155,6 +156,27 @@ def test_chat_and_embeddings_batches_equal_the_same_requests_online(
     listed = client.batches.list(limit=1)
     assert [b.id for b in listed.data] == [embed_batch.id]
     assert listed.has_more
+
+
+def test_a_responses_batch_answers_as_the_online_responses(
+    client: openai.OpenAI, kiln: KilnProcess
+) -> None:
+    bodies: list[dict[str, Any]] = [
+        {"model": SMOLLM2, "input": q, "temperature": 0, "max_output_tokens": 12}
+        for q in QUESTIONS[:2]
+    ]
+    batch = _submit(client, _jsonl(RESPONSES, bodies), RESPONSES)
+    done = _finished(client, batch.id)
+    assert (done.status, _counts(done).completed) == ("completed", 2)
+    out = _output(client, done.output_file_id)
+    for i, body in enumerate(bodies):
+        online = client.responses.create(**body)
+        got = out[f"r{i}"]["response"]["body"]
+        assert got["object"] == "response"
+        assert got["output"][0]["content"][0]["text"] == online.output_text
+        assert online.usage is not None
+        assert got["usage"]["output_tokens"] == online.usage.output_tokens
+    assert {status for _, status, _ in _ledger(kiln, batch.id)} == {200}
 
 
 def test_cancel_mid_run_stops_new_lines_and_keeps_finished_ones(

@@ -21,6 +21,7 @@ from tokenizers import Tokenizer
 from kiln_platform.db.database import open_database
 from kiln_platform.db.tables import UsageEvent
 from kiln_platform.settings import Settings
+from tests.e2e.conftest import wait_for
 
 MODEL = "smollm2-135m-instruct"
 # The source model answers this one with a clear margin at every token (the bare question is a
@@ -291,3 +292,105 @@ def test_a_repeated_long_prompt_reports_its_cached_prefix(client: openai.OpenAI)
         assert cached is not None
         assert 128 <= cached < usage.prompt_tokens
         assert cached % 128 == 0
+
+
+INSTRUCTIONS = "You answer in one short sentence."
+
+
+def test_a_response_answers_as_the_chat_path_does(client: openai.OpenAI, llm_up: Any) -> None:
+    """``/v1/responses`` is the chat path: the same answer and input tokens as a chat with
+    ``instructions`` as its system message, recorded under its own endpoint."""
+    raw = client.responses.with_raw_response.create(
+        model=MODEL, instructions=INSTRUCTIONS, input=QUESTION, temperature=0,
+        max_output_tokens=40,
+    )  # fmt: skip
+    done = raw.parse()
+    chat = _chat(
+        client, temperature=0, max_tokens=40,
+        messages=[{"role": "system", "content": INSTRUCTIONS}, *PARIS],
+    )  # fmt: skip
+    assert (done.object, done.status, done.model) == ("response", "completed", MODEL)
+    assert done.id.startswith("resp-")
+    assert done.output_text == chat.choices[0].message.content
+    assert "Paris" in done.output_text
+    assert done.usage is not None
+    assert done.usage.input_tokens == chat.usage.prompt_tokens
+    assert done.usage.output_tokens == chat.usage.completion_tokens
+    assert done.usage.total_tokens == done.usage.input_tokens + done.usage.output_tokens
+    request_id = raw.headers["x-request-id"]
+    rows = wait_for(lambda: llm_up.sql(
+        "SELECT endpoint, output_tokens FROM usage_events WHERE request_id = :r", r=request_id
+    ))  # fmt: skip
+    assert [tuple(row) for row in rows] == [("responses", done.usage.output_tokens)]
+
+
+def test_a_streamed_response_is_the_responses_event_sequence(client: openai.OpenAI) -> None:
+    full = client.responses.create(model=MODEL, input=QUESTION, temperature=0, max_output_tokens=32)
+    events = list(client.responses.create(
+        model=MODEL, input=QUESTION, temperature=0, max_output_tokens=32, stream=True
+    ))  # fmt: skip
+    kinds = [e.type for e in events]
+    deltas = [e.delta for e in events if e.type == "response.output_text.delta"]
+    assert kinds == [
+        "response.created", "response.in_progress", "response.output_item.added",
+        "response.content_part.added", *["response.output_text.delta"] * len(deltas),
+        "response.output_text.done", "response.content_part.done", "response.output_item.done",
+        f"response.{full.status}",
+    ]  # fmt: skip
+    assert [e.sequence_number for e in events] == list(range(len(events)))
+    assert len(deltas) > 3
+    assert "".join(deltas) == full.output_text
+    last = events[-1].response  # type: ignore[union-attr]
+    assert last.output_text == full.output_text
+    assert last.usage is not None
+    assert full.usage is not None
+    assert last.usage.output_tokens == full.usage.output_tokens
+
+
+def test_a_conversation_goes_on_from_the_output_items(client: openai.OpenAI) -> None:
+    """Kiln keeps no responses: the next turn sends the last one's output items back as input,
+    and a cut answer is ``incomplete`` for ``max_output_tokens``."""
+    turn: list[Any] = [{"role": "user", "content": QUESTION}]
+    first = client.responses.create(model=MODEL, input=turn, temperature=0, max_output_tokens=40)
+    turn += [item.model_dump(exclude_none=True) for item in first.output]
+    turn.append({"role": "user", "content": [{"type": "input_text", "text": "And of Italy?"}]})
+    second = client.responses.create(model=MODEL, input=turn, temperature=0, max_output_tokens=3)
+    assert first.usage is not None
+    assert second.usage is not None
+    assert second.usage.input_tokens > first.usage.input_tokens + first.usage.output_tokens
+    assert (second.status, second.usage.output_tokens) == ("incomplete", 3)
+    assert second.incomplete_details is not None
+    assert second.incomplete_details.reason == "max_output_tokens"
+    assert second.output[0].status == "incomplete"  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize(
+    ("extra", "param"),
+    [
+        ({"previous_response_id": "resp-1"}, "previous_response_id"),
+        ({"store": True}, "store"),
+        ({"tools": [{"type": "web_search"}]}, "tools"),
+        ({"frobnicate": 1}, "frobnicate"),
+        ({"input": ""}, "input"),
+        ({"input": [{"type": "function_call_output", "call_id": "c", "output": "x"}]},
+         "input[0].type"),
+        ({"input": [{"role": "wizard", "content": "hi"}]}, "input[0].role"),
+        ({"input": [{"role": "user", "content": [{"type": "input_image"}]}]},
+         "input[0].content[0].type"),
+        ({"input": "hello " * 9000}, "input"),
+        ({"max_output_tokens": 9000}, "max_output_tokens"),
+        ({"max_output_tokens": 0}, "max_output_tokens"),
+        ({"temperature": 3}, "temperature"),
+    ],
+)  # fmt: skip
+def test_bad_responses_are_400_naming_the_field(
+    llm_up: Any, extra: dict[str, Any], param: str
+) -> None:
+    r = httpx.post(
+        f"{llm_up.base_url}/v1/responses", json={"model": MODEL, "input": QUESTION, **extra},
+        headers={"authorization": f"Bearer {llm_up.key}"}, timeout=30,
+    )  # fmt: skip
+    assert r.status_code == 400, r.text
+    error = r.json()["error"]
+    assert error["param"] == param, error
+    assert param.split(".", maxsplit=1)[0].split("[", maxsplit=1)[0] in error["message"]

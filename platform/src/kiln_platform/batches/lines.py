@@ -23,8 +23,9 @@ from kiln_platform.errors import (
     Overloaded,
     ServiceUnavailable,
 )
-from kiln_platform.gateway import completions, llm, services
+from kiln_platform.gateway import completions, llm, responses, services
 from kiln_platform.gateway.llm_schemas import ChatCompletionRequest, CompletionRequest
+from kiln_platform.gateway.responses_schemas import ResponsesRequest
 from kiln_platform.gateway.schemas import EmbeddingsRequest
 
 if TYPE_CHECKING:
@@ -104,21 +105,26 @@ class Line:
         return f"batch_{self.batch_id.hex}_{self.n}"
 
 
+_SHAPES: dict[str, type[ChatCompletionRequest | CompletionRequest | ResponsesRequest]] = {
+    "/v1/chat/completions": ChatCompletionRequest,
+    "/v1/completions": CompletionRequest,
+    "/v1/responses": ResponsesRequest,
+}
+
+
 async def _call(kiln: Kiln, admission: Any, endpoint: str, body: dict[str, Any]) -> Any:
     """The online handler's response to ``body``."""
-    request: ChatCompletionRequest | CompletionRequest
     try:
         if endpoint == "/v1/embeddings":
             embed = msgspec.convert(body, EmbeddingsRequest)
             return (await services.embed(kiln, admission, embed))[0]
-        if endpoint == "/v1/chat/completions":
-            request = msgspec.convert(body, ChatCompletionRequest)
-        else:
-            request = msgspec.convert(body, CompletionRequest)
+        request = msgspec.convert(body, _SHAPES[endpoint])
     except msgspec.ValidationError as exc:
         raise BadRequest(f"{exc} (in 'body').", param="body") from None
     if request.stream:
         raise BadRequest("'stream' is not supported in a batch.", param="body.stream")
+    if isinstance(request, ResponsesRequest):
+        return await responses.complete(await responses.prepare(kiln, admission, request), request)
     gen = await llm.prepare(kiln, admission, request)
     if isinstance(request, ChatCompletionRequest):
         return await completions.complete_chat(gen)

@@ -53,7 +53,8 @@ def _usage(gen: Generation) -> Usage:
     )  # fmt: skip
 
 
-def _id(prefix: str, gen: Generation) -> str:
+def ident(prefix: str, gen: Generation) -> str:
+    """The object id a response of ``gen`` carries: ``<prefix>-<request id>``."""
     return f"{prefix}-{gen.request.request_id.removeprefix('req_')}"
 
 
@@ -67,8 +68,8 @@ class _Answer:
     logprobs: list[TokenLogprobs] | None = None
 
 
-async def _collect(gen: Generation) -> list[_Answer]:
-    """Every choice's answer, by index."""
+async def collect(gen: Generation) -> list[_Answer]:
+    """Every choice's answer, by index (the whole generation, billed)."""
     asked = gen.request.logprobs is not None
     answers = [_Answer(logprobs=[] if asked else None) for _ in gen.choices]
     async for piece in gen.pieces():
@@ -83,7 +84,7 @@ async def _collect(gen: Generation) -> list[_Answer]:
 
 async def complete_chat(gen: Generation) -> ChatCompletion:
     """A non-streamed chat completion."""
-    answers = await _collect(gen)
+    answers = await collect(gen)
     choices = []
     for i, a in enumerate(answers):
         logprobs = None
@@ -93,7 +94,7 @@ async def complete_chat(gen: Generation) -> ChatCompletion:
         choices.append(ChatChoice(index=i, message=message, finish_reason=a.finish,
                                   logprobs=logprobs))  # fmt: skip
     return ChatCompletion(
-        id=_id("chatcmpl", gen),
+        id=ident("chatcmpl", gen),
         created=int(time.time()),
         model=gen.name,
         system_fingerprint=fingerprint(gen.version),
@@ -104,7 +105,7 @@ async def complete_chat(gen: Generation) -> ChatCompletion:
 
 async def complete_text(gen: Generation) -> TextCompletion:
     """A non-streamed text completion (``echo`` puts each prompt before its answers)."""
-    answers = await _collect(gen)
+    answers = await collect(gen)
     choices = []
     for choice, a in zip(gen.choices, answers, strict=True):
         logprobs = None
@@ -114,7 +115,7 @@ async def complete_text(gen: Generation) -> TextCompletion:
         choices.append(TextChoice(text=text, finish_reason=a.finish, index=choice.index,
                                   logprobs=logprobs))  # fmt: skip
     return TextCompletion(
-        id=_id("cmpl", gen),
+        id=ident("cmpl", gen),
         created=int(time.time()),
         model=gen.name,
         system_fingerprint=fingerprint(gen.version),
@@ -134,7 +135,7 @@ def _error_event(exc: KilnError) -> bytes:
 async def stream_chat(gen: Generation, include_usage: bool) -> AsyncGenerator[bytes, None]:
     """``chat.completion.chunk`` events, choices interleaved by ``index``, then usage (if
     asked) and ``[DONE]``."""
-    cid, created, model = _id("chatcmpl", gen), int(time.time()), gen.name
+    cid, created, model = ident("chatcmpl", gen), int(time.time()), gen.name
     mark = fingerprint(gen.version)
 
     def chunk(piece: Piece, delta: Delta, finish: str | None = None) -> bytes:
@@ -166,7 +167,7 @@ async def stream_chat(gen: Generation, include_usage: bool) -> AsyncGenerator[by
 async def stream_text(gen: Generation, include_usage: bool) -> AsyncGenerator[bytes, None]:
     """``text_completion`` events, choices interleaved by ``index`` (each opening with its
     ``echo``), then usage (if asked) and ``[DONE]``."""
-    cid, created, model = _id("cmpl", gen), int(time.time()), gen.name
+    cid, created, model = ident("cmpl", gen), int(time.time()), gen.name
     offsets = {choice.index: len(choice.echo) for choice in gen.choices}
 
     def event(index: int, text: str, finish: str | None, logprobs: TextLogprobs | None) -> bytes:

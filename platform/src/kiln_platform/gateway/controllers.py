@@ -10,7 +10,7 @@ from litestar.response import Stream
 from kiln_platform.admission.deps import provide_admission, provide_scheduled
 from kiln_platform.admission.services import Admission
 from kiln_platform.context import Kiln
-from kiln_platform.gateway import completions, llm, services
+from kiln_platform.gateway import completions, llm, responses, services
 from kiln_platform.gateway.auth import provide_principal
 from kiln_platform.gateway.llm_schemas import (
     ChatCompletion,
@@ -18,6 +18,7 @@ from kiln_platform.gateway.llm_schemas import (
     CompletionRequest,
     TextCompletion,
 )
+from kiln_platform.gateway.responses_schemas import ResponseObject, ResponsesRequest
 from kiln_platform.gateway.schemas import (
     EmbeddingsRequest,
     EmbeddingsResponse,
@@ -90,4 +91,16 @@ class OpenAIController(DocumentedController):
             include_usage = bool(data.stream_options and data.stream_options.include_usage)
             return completions.streamed(gen, completions.stream_text(gen, include_usage))
         body = await completions.complete_text(gen)
+        return Response(body, media_type=MediaType.JSON, headers=lifecycle.headers(gen.version))
+
+    @post("/responses", status_code=200, media_type=SSE, dependencies=SCHEDULED)
+    async def create_response(
+        self, kiln: KilnDep, admission: AdmissionDep, data: ResponsesRequest
+    ) -> Response[ResponseObject] | Stream:
+        """Create a model response (the Responses API on the chat path; ``stream: true`` for
+        its typed server-sent events). Nothing is stored: send the history as input items."""
+        gen = await responses.prepare(kiln, admission, data)
+        if data.stream:
+            return completions.streamed(gen, responses.stream(gen, data))
+        body = await responses.complete(gen, data)
         return Response(body, media_type=MediaType.JSON, headers=lifecycle.headers(gen.version))

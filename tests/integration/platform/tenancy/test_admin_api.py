@@ -207,9 +207,9 @@ async def test_audit_log_filters_and_pages(admin: Admin, root: str) -> None:
 
 
 async def test_an_unknown_path_or_method_is_named_in_the_error(admin: Admin, root: str) -> None:
-    r = await admin.call("POST", "/v1/responses", root, json={})
+    r = await admin.call("POST", "/v1/audio/speech", root, json={})
     assert r.status_code == 404
-    assert r.json()["error"]["message"] == "Not Found: POST /v1/responses"
+    assert r.json()["error"]["message"] == "Not Found: POST /v1/audio/speech"
     r = await admin.call("DELETE", "/v1/embeddings", root)
     assert (r.status_code, r.json()["error"]["type"]) == (405, "invalid_request_error")
     assert r.json()["error"]["message"] == "Method Not Allowed: DELETE /v1/embeddings"

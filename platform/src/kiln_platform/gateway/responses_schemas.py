@@ -1,0 +1,171 @@
+"""OpenAI Responses API shapes (msgspec): text in, one assistant message out.
+
+As with chat completions, parameters Kiln knows but does not serve are declared so that a
+request using them gets a 400 naming them (``UNSUPPORTED``); anything unknown is rejected by
+``forbid_unknown_fields``. Kiln keeps no responses (``store`` must be false or absent), so there
+is no ``previous_response_id`` or conversation state: the client sends the history as input
+items, as a stateless Responses client does.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+
+
+class InputPart(msgspec.Struct, kw_only=True):
+    """One part of an input message's content: ``input_text`` (or ``output_text`` in an
+    assistant message sent back as history)."""
+
+    type: str
+    text: str | None = None
+
+
+class InputItem(msgspec.Struct, kw_only=True):
+    """One input item; only messages (``type: message``, the default) are served. Other
+    fields an item carries (``id``, ``status``) are ignored."""
+
+    type: str = "message"
+    role: str | None = None
+    content: str | list[InputPart] | None = None
+
+
+class ResponsesRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """``POST /v1/responses``."""
+
+    model: str
+    input: str | list[InputItem]
+    instructions: str | None = None
+    max_output_tokens: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    stream: bool = False
+    stream_options: dict[str, Any] | None = None
+    user: str | None = None
+    safety_identifier: str | None = None
+    metadata: dict[str, str] | None = None
+    prompt_cache_key: str | None = None
+    """A routing hint for OpenAI's cache; Kiln's prefix cache needs none (accepted, unused)."""
+    parallel_tool_calls: bool | None = None
+    store: Any = None
+    previous_response_id: Any = None
+    conversation: Any = None
+    tools: Any = None
+    tool_choice: Any = None
+    max_tool_calls: Any = None
+    reasoning: Any = None
+    text: Any = None
+    include: Any = None
+    truncation: Any = None
+    top_logprobs: Any = None
+    background: Any = None
+    prompt: Any = None
+    service_tier: Any = None
+
+
+# field -> the value(s) that mean "not used"
+UNSUPPORTED: dict[str, tuple[Any, ...]] = {
+    "store": (None, False),
+    "previous_response_id": (None,),
+    "conversation": (None,),
+    "tools": (None, []),
+    "tool_choice": (None, "none", "auto"),
+    "max_tool_calls": (None,),
+    "reasoning": (None,),
+    "text": (None, {}, {"format": {"type": "text"}}),
+    "include": (None, []),
+    "truncation": (None, "disabled"),
+    "top_logprobs": (None, 0),
+    "background": (None, False),
+    "prompt": (None,),
+    "service_tier": (None, "auto", "default"),
+}
+
+
+class OutputText(msgspec.Struct, kw_only=True, omit_defaults=False):
+    """The message's text."""
+
+    text: str
+    type: str = "output_text"
+    annotations: list[Any] = []
+    logprobs: list[Any] = []
+
+
+class OutputMessage(msgspec.Struct, kw_only=True, omit_defaults=False):
+    """The generated assistant message (the response's one output item)."""
+
+    id: str
+    status: str
+    content: list[OutputText]
+    type: str = "message"
+    role: str = "assistant"
+
+
+class InputTokensDetails(msgspec.Struct, kw_only=True):
+    """Of the input tokens, those whose KV the worker's prefix cache held (billed alike)."""
+
+    cached_tokens: int = 0
+
+
+class OutputTokensDetails(msgspec.Struct, kw_only=True):
+    """No reasoning tokens: Kiln's models answer directly."""
+
+    reasoning_tokens: int = 0
+
+
+class ResponseUsage(msgspec.Struct, kw_only=True):
+    """Token counts."""
+
+    input_tokens: int
+    output_tokens: int
+    total_tokens: int
+    input_tokens_details: InputTokensDetails
+    output_tokens_details: OutputTokensDetails = msgspec.field(default_factory=OutputTokensDetails)
+
+
+class IncompleteDetails(msgspec.Struct, kw_only=True):
+    """Why the response stopped short: ``max_output_tokens`` (the limit, or the server's
+    deadline)."""
+
+    reason: str
+
+
+class ResponseError(msgspec.Struct, kw_only=True):
+    """Why a streamed response failed after it started."""
+
+    code: str
+    message: str
+
+
+class ResponseObject(msgspec.Struct, kw_only=True, omit_defaults=False):
+    """``response``: its ``status`` is ``completed``, ``incomplete`` (see
+    ``incomplete_details``), ``failed`` (a stream's last event) or ``in_progress`` (a stream's
+    first events)."""
+
+    id: str
+    created_at: int
+    model: str
+    status: str
+    output: list[OutputMessage]
+    instructions: str | None
+    max_output_tokens: int | None
+    temperature: float
+    top_p: float
+    usage: ResponseUsage | None
+    user: str | None
+    metadata: dict[str, str]
+    error: ResponseError | None = None
+    incomplete_details: IncompleteDetails | None = None
+    completed_at: int | None = None
+    system_fingerprint: str | None = None
+    """``kiln-<version>-<build digest>``: which version answered (a Kiln extension)."""
+    object: str = "response"
+    store: bool = False
+    background: bool = False
+    previous_response_id: None = None
+    parallel_tool_calls: bool = True
+    tool_choice: str = "auto"
+    tools: list[Any] = []
+    truncation: str = "disabled"
+    text: dict[str, Any] = msgspec.field(default_factory=lambda: {"format": {"type": "text"}})

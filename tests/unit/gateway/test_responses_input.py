@@ -1,0 +1,73 @@
+"""``responses.to_chat``: a Responses request becomes the chat completion it is, or a 400 naming
+the Responses field."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+import pytest
+
+from kiln_platform.errors import BadRequest
+from kiln_platform.gateway.llm_schemas import ContentPart
+from kiln_platform.gateway.responses import to_chat
+from kiln_platform.gateway.responses_schemas import ResponsesRequest
+
+
+def _request(**fields: Any) -> ResponsesRequest:
+    return msgspec.convert({"model": "m", "input": "hi", **fields}, ResponsesRequest)
+
+
+def test_instructions_lead_and_a_string_is_one_user_message() -> None:
+    chat = to_chat(_request(instructions="Be brief.", max_output_tokens=7, temperature=0.5))
+    assert [(m.role, m.content) for m in chat.messages] == [
+        ("system", "Be brief."), ("user", "hi")
+    ]  # fmt: skip
+    assert (chat.max_completion_tokens, chat.temperature, chat.max_tokens) == (7, 0.5, None)
+
+
+def test_items_keep_their_roles_and_text_parts_and_ignore_output_fields() -> None:
+    history = [
+        {"role": "developer", "content": "Rules."},
+        {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "a"},
+                                                        {"type": "input_text", "text": "b"}]},
+        {"id": "msg-1", "type": "message", "role": "assistant", "status": "completed",
+         "content": [{"type": "output_text", "text": "c", "annotations": [], "logprobs": []}]},
+    ]  # fmt: skip
+    chat = to_chat(_request(input=history, safety_identifier="u-1"))
+    assert [m.role for m in chat.messages] == ["developer", "user", "assistant"]
+    assert chat.messages[1].content == [ContentPart(type="text", text="a"),
+                                        ContentPart(type="text", text="b")]  # fmt: skip
+    assert chat.messages[2].content == [ContentPart(type="text", text="c")]
+    assert chat.user == "u-1"
+
+
+@pytest.mark.parametrize(
+    ("fields", "param"),
+    [
+        ({"input": []}, "input"),
+        ({"input": [{"type": "function_call_output", "call_id": "c"}]}, "input[0].type"),
+        ({"input": [{"role": "tool", "content": "x"}]}, "input[0].role"),
+        ({"input": [{"role": "user"}]}, "input[0].content"),
+        ({"input": [{"role": "user", "content": [{"type": "input_file"}]}]},
+         "input[0].content[0].type"),
+        ({"store": True}, "store"),
+        ({"previous_response_id": "resp-1"}, "previous_response_id"),
+        ({"tool_choice": "required"}, "tool_choice"),
+        ({"text": {"format": {"type": "json_object"}}}, "text"),
+        ({"truncation": "auto"}, "truncation"),
+        ({"reasoning": {"effort": "low"}}, "reasoning"),
+    ],
+)  # fmt: skip
+def test_what_it_cannot_map_is_a_400_naming_the_field(fields: dict[str, Any], param: str) -> None:
+    with pytest.raises(BadRequest) as refused:
+        to_chat(_request(**fields))
+    assert refused.value.param == param
+    assert param.split("[", maxsplit=1)[0].split(".", maxsplit=1)[0] in refused.value.message
+
+
+def test_what_means_unused_is_accepted() -> None:
+    chat = to_chat(_request(store=False, tools=[], tool_choice="auto", include=[],
+                            text={"format": {"type": "text"}}, truncation="disabled",
+                            service_tier="auto", prompt_cache_key="k"))  # fmt: skip
+    assert [m.content for m in chat.messages] == ["hi"]
