@@ -228,7 +228,11 @@ def test_disconnect_frees_slot_and_bills_partial_tokens(llm_up: Any) -> None:
         ({"n": 20}, "n"),
         ({"best_of": 2}, "best_of"),
         ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
-        ({"response_format": {"type": "json_object"}}, "response_format"),
+        ({"response_format": {"type": "xml"}}, "response_format.type"),
+        (
+            {"response_format": {"type": "json_schema", "json_schema": {"schema": {"type": "x"}}}},
+            "response_format.json_schema.schema",
+        ),
         ({"frobnicate": 1}, "frobnicate"),
         ({"messages": []}, "messages"),
         ({"messages": [{"role": "wizard", "content": "hi"}]}, "messages[0].role"),
@@ -381,6 +385,9 @@ def test_a_conversation_goes_on_from_the_output_items(client: openai.OpenAI) -> 
         ({"max_output_tokens": 9000}, "max_output_tokens"),
         ({"max_output_tokens": 0}, "max_output_tokens"),
         ({"temperature": 3}, "temperature"),
+        ({"text": {"format": {"type": "json_schema", "name": "p", "schema": {"type": "x"}}}},
+         "text.format.schema"),
+        ({"text": {"verbosity": "high"}}, "text"),
     ],
 )  # fmt: skip
 def test_bad_responses_are_400_naming_the_field(
@@ -394,3 +401,65 @@ def test_bad_responses_are_400_naming_the_field(
     error = r.json()["error"]
     assert error["param"] == param, error
     assert param.split(".", maxsplit=1)[0].split("[", maxsplit=1)[0] in error["message"]
+
+
+PERSON = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string", "maxLength": 12},
+        "age": {"type": "integer", "minimum": 0, "maximum": 120},
+        "likes_cats": {"type": "boolean"},
+    },
+    "required": ["name", "age", "likes_cats"],
+    "additionalProperties": False,
+}
+ASK_PERSON = [{"role": "user", "content": "Describe a person as JSON."}]
+
+
+def _person(text: str) -> None:
+    value = json.loads(text)
+    assert set(value) == {"name", "age", "likes_cats"}, value
+    assert isinstance(value["name"], str)
+    assert len(value["name"]) <= 12
+    assert type(value["age"]) is int
+    assert 0 <= value["age"] <= 120
+    assert isinstance(value["likes_cats"], bool)
+
+
+def test_a_json_schema_response_format_is_followed_when_sampling(client: openai.OpenAI) -> None:
+    """Structured outputs: four sampled choices at temperature 1.2 (the free model writes prose
+    and code fences) each parse and fit the schema, and end on their own."""
+    fmt: Any = {"type": "json_schema", "json_schema": {"name": "person", "schema": PERSON}}
+    done = _chat(
+        client, messages=ASK_PERSON, response_format=fmt, temperature=1.2, seed=5, n=4,
+        max_tokens=60,
+    )  # fmt: skip
+    assert [c.finish_reason for c in done.choices] == ["stop"] * 4
+    for choice in done.choices:
+        _person(choice.message.content or "")
+    greedy = _chat(client, messages=ASK_PERSON, response_format=fmt, temperature=0, max_tokens=60)
+    streamed = _chat(
+        client, messages=ASK_PERSON, response_format=fmt, temperature=0, max_tokens=60,
+        stream=True,
+    )  # fmt: skip
+    text = "".join(c.choices[0].delta.content or "" for c in streamed if c.choices)
+    assert text == greedy.choices[0].message.content
+    _person(text)
+    anything = _chat(client, messages=ASK_PERSON, response_format={"type": "json_object"},
+                     temperature=0, max_tokens=60)  # fmt: skip
+    if anything.choices[0].finish_reason == "stop":
+        assert isinstance(json.loads(anything.choices[0].message.content or ""), dict)
+    else:
+        assert (anything.choices[0].message.content or "").startswith("{")
+
+
+def test_a_response_text_format_is_a_json_schema_too(client: openai.OpenAI) -> None:
+    fmt: Any = {"format": {"type": "json_schema", "name": "person", "schema": PERSON}}
+    done = client.responses.create(
+        model=MODEL, input=ASK_PERSON[0]["content"], text=fmt, temperature=1, max_output_tokens=60
+    )
+    assert done.status == "completed"
+    _person(done.output_text)
+    assert done.text is not None
+    assert done.text.format is not None
+    assert done.text.format.type == "json_schema"

@@ -182,6 +182,9 @@ class GenerateRequest(msgspec.Struct, frozen=True, kw_only=True):
     requests, except those within ``public_prefix``."""
     public_prefix: int = 0
     """Leading prompt tokens any tenant may share in the prefix cache (a public system prompt)."""
+    grammar: str | None = None
+    """Structured output: an llguidance grammar (its JSON form, e.g. compiled from a JSON schema)
+    the generated text must follow; it ends on a stop token once the grammar is complete."""
 
 
 class TokenLogprobs(msgspec.Struct, frozen=True, kw_only=True, array_like=True):

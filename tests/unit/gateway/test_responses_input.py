@@ -54,7 +54,8 @@ def test_items_keep_their_roles_and_text_parts_and_ignore_output_fields() -> Non
         ({"store": True}, "store"),
         ({"previous_response_id": "resp-1"}, "previous_response_id"),
         ({"tool_choice": "required"}, "tool_choice"),
-        ({"text": {"format": {"type": "json_object"}}}, "text"),
+        ({"text": {"verbosity": "high"}}, "text"),
+        ({"text": {"format": {"type": "text"}, "stop": "x"}}, "text"),
         ({"truncation": "auto"}, "truncation"),
         ({"reasoning": {"effort": "low"}}, "reasoning"),
     ],
@@ -71,3 +72,12 @@ def test_what_means_unused_is_accepted() -> None:
                             text={"format": {"type": "text"}}, truncation="disabled",
                             service_tier="auto", prompt_cache_key="k"))  # fmt: skip
     assert [m.content for m in chat.messages] == ["hi"]
+
+
+def test_a_json_schema_text_format_is_chats_response_format() -> None:
+    schema = {"type": "object"}
+    fmt = {"type": "json_schema", "name": "p", "schema": schema, "strict": True}
+    chat = to_chat(_request(text={"format": fmt, "verbosity": "medium"}))
+    assert chat.response_format == {"type": "json_schema", "json_schema": {"schema": schema}}
+    chat = to_chat(_request(text={"format": {"type": "json_object"}}))
+    assert chat.response_format == {"type": "json_object"}

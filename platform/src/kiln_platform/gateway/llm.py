@@ -18,7 +18,7 @@ from kiln_platform.adapters.directory import slot_rank, split
 from kiln_platform.billing.ledger import Usage, usage_of
 from kiln_platform.billing.pricing import Quantities
 from kiln_platform.errors import BadRequest, DeadlineExceeded, KilnError, ModelNotFound
-from kiln_platform.gateway import _prompts, metrics
+from kiln_platform.gateway import _prompts, _structured, metrics
 from kiln_platform.gateway._prompts import chat_prompt
 from kiln_platform.gateway._sampling import Sampling, sampling
 from kiln_platform.gateway._textmodel import TextModel, load_text_model
@@ -346,6 +346,9 @@ async def prepare(
     """Everything up to dispatch: validation, templating, tokenization, limits, and the budget
     hold; the admission is held to the generation's deadline."""
     _reject_unsupported(request)
+    grammar = None
+    if isinstance(request, ChatCompletionRequest):
+        grammar = _structured.grammar(request.response_format)
     version, adapter = await _resolve(kiln, admission, request)
     manifest = version.manifest
     model = load_text_model(
@@ -359,7 +362,7 @@ async def prepare(
         request, admission.request_id, prompts=prompts, echoes=echoes, plan=plan,
         context=version.context_length,
         stop_token_ids=sorted({*model.eos_token_ids, *manifest.stop_token_ids}), adapter=adapter,
-        tenant=str(admission.principal.tenant_id),
+        tenant=str(admission.principal.tenant_id), grammar=grammar,
     )  # fmt: skip
     prompt_tokens = sum(len(prompt) for prompt in prompts)
     most = Quantities(

@@ -39,8 +39,11 @@ if TYPE_CHECKING:
 
 TEXT_PARTS = {"input_text", "output_text", "text"}
 # The chat path's names for the Responses API's fields, in its error messages.
-_RENAMED = {"max_completion_tokens": "max_output_tokens", "messages": "input"}
-_NAMES = re.compile(r"\b(max_completion_tokens|messages)\b")
+_RENAMED = {
+    "max_completion_tokens": "max_output_tokens", "messages": "input",
+    "response_format.json_schema": "text.format", "response_format": "text.format",
+}  # fmt: skip
+_NAMES = re.compile(r"\b(max_completion_tokens|messages|response_format(?:\.json_schema)?)\b")
 
 
 def _reject_unsupported(request: ResponsesRequest) -> None:
@@ -86,6 +89,20 @@ def _message(i: int, item: InputItem) -> Message:
     return Message(role=item.role, content=_content(i, item))
 
 
+def _response_format(text: dict[str, Any] | None) -> dict[str, Any] | None:
+    """``text.format`` as chat's ``response_format`` (a ``json_schema`` format is flat here)."""
+    if text is None:
+        return None
+    if set(text) - {"format", "verbosity"} or text.get("verbosity") not in (None, "medium"):
+        raise BadRequest(
+            "'text' takes 'format' and 'verbosity' (medium only) in Kiln.", param="text"
+        )
+    given = text.get("format")
+    if not isinstance(given, dict) or given.get("type") != "json_schema":
+        return given
+    return {"type": "json_schema", "json_schema": {"schema": given.get("schema", {})}}
+
+
 def to_chat(request: ResponsesRequest) -> ChatCompletionRequest:
     """The chat completion a response is: ``instructions`` as the first (system) message, then
     the input (a string is one user message)."""
@@ -102,6 +119,7 @@ def to_chat(request: ResponsesRequest) -> ChatCompletionRequest:
         model=request.model, messages=messages, max_completion_tokens=request.max_output_tokens,
         temperature=request.temperature, top_p=request.top_p, stream=request.stream,
         user=request.user or request.safety_identifier,
+        response_format=_response_format(request.text),
     )  # fmt: skip
 
 
@@ -135,6 +153,7 @@ def _response(
         temperature=1.0 if request.temperature is None else request.temperature,
         top_p=1.0 if request.top_p is None else request.top_p, user=request.user,
         metadata=request.metadata or {}, system_fingerprint=fingerprint(gen.version),
+        text=request.text or {"format": {"type": "text"}},
         **{"status": "in_progress", "output": [], "usage": None, **fields},
     )  # fmt: skip
 

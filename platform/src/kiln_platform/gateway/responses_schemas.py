@@ -55,7 +55,9 @@ class ResponsesRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True)
     tool_choice: Any = None
     max_tool_calls: Any = None
     reasoning: Any = None
-    text: Any = None
+    text: dict[str, Any] | None = None
+    """``format`` (``text``, ``json_object`` or ``json_schema``: structured output, as chat's
+    ``response_format``) and ``verbosity`` (``medium`` only)."""
     include: Any = None
     truncation: Any = None
     top_logprobs: Any = None
@@ -73,7 +75,6 @@ UNSUPPORTED: dict[str, tuple[Any, ...]] = {
     "tool_choice": (None, "none", "auto"),
     "max_tool_calls": (None,),
     "reasoning": (None,),
-    "text": (None, {}, {"format": {"type": "text"}}),
     "include": (None, []),
     "truncation": (None, "disabled"),
     "top_logprobs": (None, 0),

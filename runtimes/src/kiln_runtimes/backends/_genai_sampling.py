@@ -11,6 +11,7 @@ import numpy.typing as npt
 from kiln_runtimes.backends._genai_logits import Processor, Shaping, token_logprobs
 
 if TYPE_CHECKING:
+    from kiln_runtimes.backends._genai_grammar import Constraint
     from kiln_runtimes.protocol import GenerateRequest, TokenLogprobs
 
 # Candidates examined before widening the search for the nucleus (exact either way).
@@ -25,12 +26,14 @@ class Sampler:
 
     ``shaping`` adds penalties, logit bias, ``top_k``, ``min_p`` and log-probabilities; the
     log-probabilities are of the raw logits the step produced, before any of it (vLLM's default
-    ``logprobs_mode="raw_logprobs"``). Without shaping the draw is exactly what it always was.
+    ``logprobs_mode="raw_logprobs"``). A ``constraint`` (structured output) masks the shaped
+    logits to what its grammar allows. Without either the draw is exactly what it always was.
     """
 
     def __init__(
         self, temperature: float, top_p: float, seed: int | None,
         shaping: Shaping = PLAIN, prompt_ids: list[int] | tuple[int, ...] = (),
+        *, constraint: Constraint | None = None,
     ) -> None:  # fmt: skip
         if temperature < 0 or not 0 < top_p <= 1:
             raise ValueError("temperature must be >= 0 and top_p in (0, 1]")
@@ -39,24 +42,33 @@ class Sampler:
         self.top_p = top_p
         self.shaping = shaping
         self._rng = np.random.default_rng(seed)
-        self._plain = temperature == 0 and not shaping.processes and shaping.logprobs is None
+        self._plain = (
+            temperature == 0 and not shaping.processes and shaping.logprobs is None
+            and constraint is None
+        )  # fmt: skip
         self._processor = Processor(shaping, prompt_ids) if shaping.processes else None
+        self._constraint = constraint
         self._logprobs: list[TokenLogprobs] = []
 
     @classmethod
-    def for_request(cls, request: GenerateRequest) -> Sampler:
-        """The sampler a ``GenerateRequest`` asks for (``ValueError`` if it cannot be)."""
+    def for_request(cls, request: GenerateRequest, constraint: Constraint | None = None) -> Sampler:
+        """The sampler a ``GenerateRequest`` asks for (``ValueError`` if it cannot be), its
+        grammar's ``constraint`` built by the caller."""
         shaping = Shaping.of(request)  # prompt_ids are read only by a repetition penalty
-        return cls(request.temperature, request.top_p, request.seed, shaping, request.prompt_ids)
+        return cls(request.temperature, request.top_p, request.seed, shaping, request.prompt_ids,
+                   constraint=constraint)  # fmt: skip
 
     def sample(self, logits: npt.NDArray[np.float32]) -> int:
         """Pick the next token id from one row of logits."""
         if self._plain:
             return int(np.argmax(logits))
-        processor = self._processor
-        token = self._choose(logits if processor is None else processor.apply(logits))
+        processor, constraint = self._processor, self._constraint
+        shaped = logits if processor is None else processor.apply(logits)
+        token = self._choose(shaped if constraint is None else constraint.apply(shaped))
         if processor is not None:
             processor.record(token)
+        if constraint is not None:
+            constraint.consume(token)
         if self.shaping.logprobs is not None:
             self._logprobs.append(token_logprobs(logits, token, self.shaping.logprobs))
         return token

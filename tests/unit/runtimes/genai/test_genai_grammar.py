@@ -1,0 +1,115 @@
+"""Structured outputs in the worker: a grammar's mask keeps every draw inside it, whatever the
+sampling settings, and a sequence ends on a stop token once the grammar is complete. A small
+byte-level BPE tokenizer trained here stands in for a model's."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import llguidance
+import numpy as np
+import pytest
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+from kiln_runtimes.backends._genai_grammar import Grammars
+from kiln_runtimes.backends._genai_logits import Shaping
+from kiln_runtimes.backends._genai_sampling import Sampler
+from kiln_runtimes.protocol import GenerateRequest
+
+EOS = 0
+SCHEMA = {
+    "type": "object",
+    "properties": {"ok": {"type": "boolean"}, "n": {"type": "integer", "minimum": 0,
+                                                     "maximum": 99}},
+    "required": ["ok", "n"], "additionalProperties": False,
+}  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tmp_path_factory: pytest.TempPathFactory) -> tuple[Tokenizer, Path]:
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=400, special_tokens=["<eos>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )  # fmt: skip
+    tok.train_from_iterator(['{"ok": true, "n": 42}', "hello world 123 false null"] * 50, trainer)
+    path = tmp_path_factory.mktemp("tok") / "tokenizer.json"
+    tok.save(str(path))
+    return tok, path
+
+
+def _request(grammar: str | None, stops: list[int] | None = None) -> GenerateRequest:
+    return GenerateRequest(
+        request_id="r", prompt_ids=[1], max_tokens=200, grammar=grammar,
+        stop_token_ids=[EOS] if stops is None else stops,
+    )  # fmt: skip
+
+
+def _grammar() -> str:
+    return llguidance.LLMatcher.grammar_from_json_schema(
+        SCHEMA, overrides={"whitespace_flexible": False}
+    )
+
+
+def _generate(tokenizer: tuple[Tokenizer, Path], **kw: object) -> str:
+    tok, path = tokenizer
+    vocab = tok.get_vocab_size()
+    constraint = Grammars(path, vocab).constraint(_request(_grammar()))
+    sampler = Sampler(constraint=constraint, **kw)  # type: ignore[arg-type]
+    rng, ids = np.random.default_rng(7), list[int]()
+    for _ in range(200):
+        token = sampler.sample(rng.normal(0, 3, vocab).astype(np.float32))
+        if token == EOS:
+            return str(tok.decode(ids))
+        ids.append(token)
+    raise AssertionError(f"no stop token after 200 draws: {tok.decode(ids)!r}")
+
+
+@pytest.mark.parametrize(
+    "kw",
+    [
+        {"temperature": 0.0, "top_p": 1.0, "seed": None},
+        *({"temperature": 1.5, "top_p": 1.0, "seed": seed} for seed in range(8)),
+        {"temperature": 1.0, "top_p": 0.5, "seed": 1, "shaping": Shaping(top_k=5, min_p=0.1)},
+        {"temperature": 1.0, "top_p": 1.0, "seed": 2,
+         "shaping": Shaping(logit_bias={EOS: 100.0}, presence_penalty=1.0)},
+    ],
+)  # fmt: skip
+def test_random_logits_still_write_the_schema(
+    tokenizer: tuple[Tokenizer, Path], kw: dict[str, object]
+) -> None:
+    """Noise for logits (and a bias that would end the text at once): every answer parses and
+    fits the schema, and ends on the stop token."""
+    value = json.loads(_generate(tokenizer, **kw))
+    assert set(value) == {"ok", "n"}
+    assert isinstance(value["ok"], bool)
+    assert type(value["n"]) is int
+    assert 0 <= value["n"] <= 99
+
+
+def test_no_grammar_no_constraint_and_a_bad_one_is_a_value_error(
+    tokenizer: tuple[Tokenizer, Path],
+) -> None:
+    tok, path = tokenizer
+    grammars = Grammars(path, tok.get_vocab_size())
+    assert grammars.constraint(_request(None)) is None
+    with pytest.raises(ValueError, match="stop_token_ids"):
+        grammars.constraint(_request(_grammar(), stops=[]))
+    with pytest.raises(ValueError, match="grammar"):
+        grammars.constraint(_request('{"grammars": [{"json_schema": {"type": "frob"}}]}'))
+
+
+def test_a_matcher_in_error_allows_only_the_stop_tokens(
+    tokenizer: tuple[Tokenizer, Path],
+) -> None:
+    tok, path = tokenizer
+    constraint = Grammars(path, tok.get_vocab_size()).constraint(_request(_grammar(), [EOS, 3]))
+    assert constraint is not None
+    first = constraint.allowed()
+    assert 0 < first.sum() < first.size
+    forbidden = int(np.flatnonzero(~first)[-1])
+    constraint.consume(forbidden)
+    assert list(np.flatnonzero(constraint.allowed())) == [EOS, 3]
