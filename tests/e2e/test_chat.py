@@ -463,3 +463,29 @@ def test_a_response_text_format_is_a_json_schema_too(client: openai.OpenAI) -> N
     assert done.text is not None
     assert done.text.format is not None
     assert done.text.format.type == "json_schema"
+
+
+def test_vllm_structured_outputs_choice_regex_and_grammar(client: openai.OpenAI) -> None:
+    """vLLM's ``structured_outputs`` (and its older ``guided_*``) on chat and text completions."""
+    asked = client.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "Is the sky blue? Say yes or no."}],
+        temperature=1.2, seed=3, n=4, max_tokens=10,
+        extra_body={"structured_outputs": {"choice": ["yes", "no", "maybe not"]}},
+    )  # fmt: skip
+    assert [c.finish_reason for c in asked.choices] == ["stop"] * 4
+    assert {c.message.content for c in asked.choices} <= {"yes", "no", "maybe not"}
+    phone = client.completions.create(
+        model=MODEL, prompt="My phone number is ", max_tokens=20, temperature=1, seed=1,
+        extra_body={"guided_regex": r"\d{3}-\d{4}"},
+    )  # fmt: skip
+    assert re.fullmatch(r"\d{3}-\d{4}", phone.choices[0].text)
+    assert phone.choices[0].finish_reason == "stop"
+    fruit = client.completions.create(
+        model=MODEL, prompt="Fruit: ", max_tokens=12, temperature=1, seed=2,
+        extra_body={"structured_outputs": {"grammar": 'start: F (", " F)*\nF: "apple" | "plum"'}},
+    )  # fmt: skip
+    text = fruit.choices[0].text  # whole items, then (cut at max_tokens) part of the next one
+    items = re.match(r"(?:apple|plum)(?:, (?:apple|plum))*", text)
+    rest = text[items.end() :] if items else text
+    assert any(way.startswith(rest) for way in (", apple", ", plum", "apple", "plum")), text
+    assert (fruit.choices[0].finish_reason, rest) in {("stop", ""), ("length", rest)}

@@ -1,65 +1,122 @@
-"""Structured outputs: a chat request's ``response_format`` as the grammar its sequences follow.
+"""Structured outputs: the grammar a completion's sequences follow, from OpenAI's
+``response_format`` (chat) or vLLM's ``structured_outputs`` / ``guided_*`` (chat and text).
 
-``json_object`` is any JSON object; ``json_schema`` is its ``schema`` (any JSON value if none).
-Both compile to llguidance's grammar form here, where a schema it cannot run is a 400 naming
-it, before anything is held or dispatched; the worker masks each step's logits with it. The
-JSON has fixed separators (``", "``, ``": "``) and no other whitespace between tokens, so a
-sampled answer cannot drift into blank lines.
+``json_object`` is any JSON object; a JSON schema (``response_format.json_schema.schema``,
+``structured_outputs.json``) is its schema (any JSON value if none); ``regex`` a regular
+expression, ``choice`` one of some strings, ``grammar`` a Lark grammar. Each compiles to
+llguidance's grammar form here, where one it cannot run is a 400 naming the field, before
+anything is held or dispatched; the worker masks each step's logits with it. JSON has fixed
+separators (``", "``, ``": "``) and no other whitespace between tokens, so a sampled answer
+cannot drift into blank lines.
 """
 
 from __future__ import annotations
 
-from typing import Any
+import json
+from typing import TYPE_CHECKING, Any
 
 import llguidance
 
 from kiln_platform.errors import BadRequest
 
+if TYPE_CHECKING:
+    from kiln_platform.gateway.llm_schemas import ChatCompletionRequest, CompletionRequest
+
 FORMATS = ("text", "json_object", "json_schema")
+KINDS = ("json", "regex", "choice", "grammar", "json_object")
+_LEGACY = {"guided_json": "json", "guided_regex": "regex", "guided_choice": "choice",
+           "guided_grammar": "grammar"}  # fmt: skip
 
 
-def _schema(response_format: dict[str, Any], param: str) -> Any:
-    kind = response_format.get("type")
-    if kind not in FORMATS:
-        raise BadRequest(
-            f"'{param}.type' is {kind!r}; Kiln supports {', '.join(FORMATS)}.",
-            param=f"{param}.type",
-        )
-    if kind == "json_object":
-        return {"type": "object"}
-    spec = response_format.get("json_schema")
-    if not isinstance(spec, dict):
-        raise BadRequest(
-            f"'{param}.json_schema' must be an object with a 'schema'.",
-            param=f"{param}.json_schema",
-        )
-    schema = spec.get("schema", {})
+def _json(schema: Any, where: str) -> str:
+    if isinstance(schema, str):
+        try:
+            schema = json.loads(schema)
+        except ValueError:
+            raise BadRequest(f"'{where}' is not JSON.", param=where) from None
     if not isinstance(schema, dict):
-        raise BadRequest(
-            f"'{param}.json_schema.schema' must be a JSON schema object.",
-            param=f"{param}.json_schema.schema",
-        )
-    return schema
-
-
-def grammar(response_format: Any, param: str = "response_format") -> str | None:
-    """The llguidance grammar ``response_format`` asks for (``None``: free text)."""
-    if response_format is None:
-        return None
-    if not isinstance(response_format, dict):
-        raise BadRequest(f"'{param}' must be an object with a 'type'.", param=param)
-    if response_format.get("type") == "text":
-        return None
-    schema = _schema(response_format, param)
-    where = f"{param}.json_schema.schema" if response_format["type"] == "json_schema" else param
+        raise BadRequest(f"'{where}' must be a JSON schema object.", param=where)
     try:
-        compiled = llguidance.LLMatcher.grammar_from_json_schema(
+        return llguidance.LLMatcher.grammar_from_json_schema(
             schema,
             overrides={"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "},
         )
     except ValueError as exc:
         raise BadRequest(f"'{where}' is not a usable JSON schema: {exc}", param=where) from None
-    error = llguidance.LLMatcher.validate_grammar(compiled)
+
+
+def _compile(kind: str, value: Any, where: str) -> str:
+    """The grammar of one constraint (``BadRequest`` naming ``where`` if it cannot be)."""
+    if kind == "json":
+        return _json(value, where)
+    if kind == "json_object":
+        return _json({"type": "object"}, where)
+    if kind == "choice":
+        if not isinstance(value, list) or not value or not all(isinstance(c, str) for c in value):
+            raise BadRequest(f"'{where}' must be a non-empty list of strings.", param=where)
+        alternatives = " | ".join(json.dumps(choice) for choice in value)
+        return llguidance.LLMatcher.grammar_from_lark(f"start: {alternatives}")
+    if not isinstance(value, str) or not value:
+        raise BadRequest(f"'{where}' must be a non-empty string.", param=where)
+    if kind == "regex":
+        return llguidance.LLMatcher.grammar_from_regex(value)
+    return llguidance.LLMatcher.grammar_from_lark(value)
+
+
+def _checked(grammar: str, where: str) -> str:
+    error = llguidance.LLMatcher.validate_grammar(grammar)
     if error:
-        raise BadRequest(f"'{where}' is not a usable JSON schema: {error}", param=where)
-    return compiled
+        raise BadRequest(f"'{where}' cannot be followed: {error}", param=where)
+    return grammar
+
+
+def _response_format(value: Any, param: str = "response_format") -> tuple[str, Any, str] | None:
+    """OpenAI's ``response_format`` as (kind, value, field); ``None`` for free text."""
+    if not isinstance(value, dict):
+        raise BadRequest(f"'{param}' must be an object with a 'type'.", param=param)
+    kind = value.get("type")
+    if kind not in FORMATS:
+        raise BadRequest(
+            f"'{param}.type' is {kind!r}; Kiln supports {', '.join(FORMATS)}.",
+            param=f"{param}.type",
+        )
+    if kind == "text":
+        return None
+    if kind == "json_object":
+        return "json_object", True, param
+    spec = value.get("json_schema")
+    if not isinstance(spec, dict):
+        raise BadRequest(
+            f"'{param}.json_schema' must be an object with a 'schema'.",
+            param=f"{param}.json_schema",
+        )
+    return "json", spec.get("schema", {}), f"{param}.json_schema.schema"
+
+
+def _asked(request: ChatCompletionRequest | CompletionRequest) -> list[tuple[str, Any, str]]:
+    """Every constraint the request sets, as (kind, value, field)."""
+    asked = []
+    response_format = getattr(request, "response_format", None)
+    if response_format is not None and (found := _response_format(response_format)):
+        asked.append(found)
+    given = request.structured_outputs or {}
+    unknown = sorted(set(given) - set(KINDS))
+    if unknown:
+        where = f"structured_outputs.{unknown[0]}"
+        raise BadRequest(f"'{where}' is not one of {', '.join(KINDS)}.", param=where)
+    asked += [(k, v, f"structured_outputs.{k}") for k, v in given.items() if v not in (None, False)]
+    asked += [(kind, getattr(request, field), field) for field, kind in _LEGACY.items()
+              if getattr(request, field) is not None]  # fmt: skip
+    return asked
+
+
+def grammar(request: ChatCompletionRequest | CompletionRequest) -> str | None:
+    """The llguidance grammar the request asks its text to follow (``None``: free text)."""
+    asked = _asked(request)
+    if len(asked) > 1:
+        fields = ", ".join(f"'{where}'" for _, _, where in asked)
+        raise BadRequest(f"Set one structured output, not {fields}.", param=asked[1][2])
+    if not asked:
+        return None
+    kind, value, where = asked[0]
+    return _checked(_compile(kind, value, where), where)

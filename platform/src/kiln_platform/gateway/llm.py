@@ -346,9 +346,7 @@ async def prepare(
     """Everything up to dispatch: validation, templating, tokenization, limits, and the budget
     hold; the admission is held to the generation's deadline."""
     _reject_unsupported(request)
-    grammar = None
-    if isinstance(request, ChatCompletionRequest):
-        grammar = _structured.grammar(request.response_format)
+    grammar = _structured.grammar(request)
     version, adapter = await _resolve(kiln, admission, request)
     manifest = version.manifest
     model = load_text_model(

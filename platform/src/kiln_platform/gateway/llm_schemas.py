@@ -55,6 +55,14 @@ class _Sampling(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """vLLM's: drop tokens less probable than ``min_p`` times the most probable one."""
     repetition_penalty: float | None = None
     """vLLM's: divide the logits of prompt and output tokens by it (1: off)."""
+    structured_outputs: dict[str, Any] | None = None
+    """vLLM's structured outputs: one of ``json`` (a schema), ``regex``, ``choice`` (strings),
+    ``grammar`` (Lark) or ``json_object: true`` (``gateway/_structured.py``)."""
+    guided_json: Any = None
+    """vLLM's older spelling of ``structured_outputs.json`` (likewise the three below)."""
+    guided_regex: str | None = None
+    guided_choice: list[str] | None = None
+    guided_grammar: str | None = None
     service_tier: Any = None
     store: Any = None
     metadata: Any = None
