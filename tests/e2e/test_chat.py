@@ -227,7 +227,14 @@ def test_disconnect_frees_slot_and_bills_partial_tokens(llm_up: Any) -> None:
     [
         ({"n": 20}, "n"),
         ({"best_of": 2}, "best_of"),
-        ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
+        ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tool_choice"),
+        (
+            {
+                "tools": [{"type": "function", "function": {"name": "a b"}}],
+                "tool_choice": "required",
+            },
+            "tools[0].function.name",
+        ),
         ({"response_format": {"type": "xml"}}, "response_format.type"),
         (
             {"response_format": {"type": "json_schema", "json_schema": {"schema": {"type": "x"}}}},
@@ -489,3 +496,59 @@ def test_vllm_structured_outputs_choice_regex_and_grammar(client: openai.OpenAI)
     rest = text[items.end() :] if items else text
     assert any(way.startswith(rest) for way in (", apple", ", plum", "apple", "plum")), text
     assert (fruit.choices[0].finish_reason, rest) in {("stop", ""), ("length", rest)}
+
+
+WEATHER = {
+    "type": "object",
+    "properties": {"city": {"type": "string", "maxLength": 20}, "unit": {"enum": ["c", "f"]}},
+    "required": ["city", "unit"],
+    "additionalProperties": False,
+}
+TOOLS: Any = [
+    {"type": "function", "function": {"name": "get_weather", "parameters": WEATHER}},
+    {"type": "function", "function": {"name": "get_time", "parameters": {"type": "object"}}},
+]
+ASK_WEATHER: Any = [{"role": "user", "content": "What is the weather in Paris?"}]
+
+
+def _weather(arguments: str) -> None:
+    value = json.loads(arguments)
+    assert set(value) == {"city", "unit"}
+    assert isinstance(value["city"], str)
+    assert len(value["city"]) <= 20
+    assert value["unit"] in ("c", "f")
+
+
+def test_tools_are_called_with_arguments_that_fit_their_schema(client: openai.OpenAI) -> None:
+    """``tool_choice`` required and named: sampled calls parse and fit the function's
+    ``parameters``; streamed, the calls come whole with the same finish reason; the calls and
+    the tool's answer go back as history."""
+    named: Any = {"type": "function", "function": {"name": "get_weather"}}
+    chosen = _chat(client, messages=ASK_WEATHER, tools=TOOLS, tool_choice=named,
+                   temperature=1.2, seed=4, n=3, max_tokens=40)  # fmt: skip
+    for choice in chosen.choices:
+        assert (choice.finish_reason, choice.message.content) == ("stop", None)
+        (call,) = choice.message.tool_calls or []
+        assert call.function.name == "get_weather"
+        _weather(call.function.arguments)
+    required = _chat(client, messages=ASK_WEATHER, tools=TOOLS, tool_choice="required",
+                     parallel_tool_calls=False, temperature=0, max_tokens=60)  # fmt: skip
+    message = required.choices[0].message
+    assert required.choices[0].finish_reason == "tool_calls"
+    (call,) = message.tool_calls or []
+    assert call.function.name in ("get_weather", "get_time")
+    assert isinstance(json.loads(call.function.arguments), dict)
+    streamed = list(
+        _chat(client, messages=ASK_WEATHER, tools=TOOLS, tool_choice="required",
+              parallel_tool_calls=False, temperature=0, max_tokens=60, stream=True)
+    )  # fmt: skip
+    deltas = [d for c in streamed if c.choices for d in c.choices[0].delta.tool_calls or []]
+    assert [(d.function.name, d.function.arguments) for d in deltas] == [
+        (call.function.name, call.function.arguments)
+    ]
+    assert [c.choices[0].finish_reason for c in streamed if c.choices][-1] == "tool_calls"
+    history = [*ASK_WEATHER, message.model_dump(exclude_none=True),
+               {"role": "tool", "tool_call_id": call.id, "content": "18 C and sunny"}]  # fmt: skip
+    answer = _chat(client, messages=history, tools=TOOLS, tool_choice="none", max_tokens=8)
+    assert answer.choices[0].message.content
+    assert answer.usage.prompt_tokens > required.usage.prompt_tokens

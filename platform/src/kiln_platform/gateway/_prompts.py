@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from typing import TYPE_CHECKING, Any
 
 from kiln_platform.errors import BadRequest
@@ -13,20 +14,23 @@ if TYPE_CHECKING:
     from kiln_platform.gateway._textmodel import TextModel
 
 ROLES = {"system", "developer", "user", "assistant"}
+CHAT_ROLES = ROLES | {"tool"}
 MAX_STOP = 4
 MAX_PROMPTS = 16
 """Prompts one text completion may carry (each is generated as its own sequences)."""
 
 
 def _message_text(i: int, message: Message) -> str:
-    if message.role not in ROLES:
+    if message.role not in CHAT_ROLES:
         raise BadRequest(
-            f"'messages[{i}].role' is '{message.role}'; Kiln supports system, developer, user "
-            "and assistant.",
+            f"'messages[{i}].role' is '{message.role}'; Kiln supports system, developer, user, "
+            "assistant and tool.",
             param=f"messages[{i}].role",
         )
     if isinstance(message.content, str):
         return message.content
+    if message.content is None and message.tool_calls:
+        return ""
     if message.content is None:
         raise BadRequest(f"'messages[{i}].content' is required.", param=f"messages[{i}].content")
     parts = []
@@ -40,15 +44,49 @@ def _message_text(i: int, message: Message) -> str:
     return "".join(parts)
 
 
-def chat_prompt(request: ChatCompletionRequest, model: TextModel) -> list[int]:
-    """Validate the messages, render the model's chat template, tokenize."""
+def _turn(i: int, message: Message, model: TextModel) -> dict[str, Any]:
+    """One message as the template takes it: an assistant's calls in Hugging Face's shape
+    (arguments parsed), or, for a template that does not render calls, as the JSON text the
+    tool grammar writes (``_tools``)."""
+    role = "system" if message.role == "developer" else message.role
+    turn: dict[str, Any] = {"role": role, "content": _message_text(i, message)}
+    if message.tool_call_id is not None:
+        turn["tool_call_id"] = message.tool_call_id
+    if message.tool_calls:
+        calls = _calls(i, message.tool_calls)
+        if model.tool_aware:
+            turn["tool_calls"] = [{"type": "function", "function": c} for c in calls]
+        else:
+            said = [{"name": c["name"], "parameters": c["arguments"]} for c in calls]
+            turn["content"] = (turn["content"] + " " + json.dumps(said)).strip()
+    return turn
+
+
+def _calls(i: int, calls: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``messages[i].tool_calls`` as name and parsed arguments."""
+    parsed = []
+    for j, call in enumerate(calls):
+        function: Any = call.get("function")
+        try:
+            name, arguments = function["name"], json.loads(function.get("arguments") or "{}")
+        except (TypeError, KeyError, ValueError, AttributeError):
+            raise BadRequest(
+                f"'messages[{i}].tool_calls[{j}].function' must have a 'name' and JSON "
+                "'arguments'.",
+                param=f"messages[{i}].tool_calls[{j}].function",
+            ) from None
+        parsed.append({"name": name, "arguments": arguments})
+    return parsed
+
+
+def chat_prompt(
+    request: ChatCompletionRequest, model: TextModel, tools: list[dict[str, Any]] | None = None
+) -> list[int]:
+    """Validate the messages, render the model's chat template (with ``tools``), tokenize."""
     if not request.messages:
         raise BadRequest("'messages' must contain at least one message.", param="messages")
-    messages = [
-        {"role": "system" if m.role == "developer" else m.role, "content": _message_text(i, m)}
-        for i, m in enumerate(request.messages)
-    ]
-    return model.encode(model.render(messages))
+    messages = [_turn(i, m, model) for i, m in enumerate(request.messages)]
+    return model.encode(model.render(messages, tools))
 
 
 def chat_chars(request: ChatCompletionRequest) -> int:
@@ -150,7 +188,7 @@ async def tokenize(
     with tracing.span("tokenize"):
         if isinstance(request, ChatCompletionRequest):
             chars = chat_chars(request)
-            prompt = await off_loop(chars, chat_prompt, request, model)
+            prompt = await off_loop(chars, chat_prompt, request, model, request.tools or None)
             return [prompt], [""], "chat.completions"
         chars = prompt_chars(request)
         prompts = await off_loop(chars, completion_prompts, request, model)

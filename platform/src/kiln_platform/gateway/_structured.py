@@ -20,6 +20,7 @@ import llguidance
 from kiln_platform.errors import BadRequest
 
 if TYPE_CHECKING:
+    from kiln_platform.gateway._tools import ToolPlan
     from kiln_platform.gateway.llm_schemas import ChatCompletionRequest, CompletionRequest
 
 FORMATS = ("text", "json_object", "json_schema")
@@ -110,9 +111,14 @@ def _asked(request: ChatCompletionRequest | CompletionRequest) -> list[tuple[str
     return asked
 
 
-def grammar(request: ChatCompletionRequest | CompletionRequest) -> str | None:
-    """The llguidance grammar the request asks its text to follow (``None``: free text)."""
+def grammar(
+    request: ChatCompletionRequest | CompletionRequest, tools: ToolPlan | None = None
+) -> str | None:
+    """The llguidance grammar the request asks its text to follow (``None``: free text); a
+    tool plan's calls are one more constraint."""
     asked = _asked(request)
+    if tools is not None:
+        asked.append(("json", tools.schema(), "tools"))
     if len(asked) > 1:
         fields = ", ".join(f"'{where}'" for _, _, where in asked)
         raise BadRequest(f"Set one structured output, not {fields}.", param=asked[1][2])

@@ -52,6 +52,8 @@ class TextModel:
     bos_token: str
     eos_token: str
     eos_token_ids: tuple[int, ...]
+    tool_aware: bool = False
+    """The chat template renders assistant ``tool_calls`` itself."""
     _bytes: dict[int, bytes] = field(default_factory=dict, compare=False, repr=False)
 
     def token_bytes(self, token_id: int) -> bytes:
@@ -69,13 +71,17 @@ class TextModel:
             self._bytes[token_id] = found
         return found
 
-    def render(self, messages: list[dict[str, str]]) -> str:
-        """The prompt text for a conversation, ending with the assistant's turn."""
+    def render(
+        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None
+    ) -> str:
+        """The prompt text for a conversation (and the tools it may call, for templates that
+        show them), ending with the assistant's turn."""
         if self.template is None:
             raise BadRequest("This model has no chat template; use /v1/completions.", param="model")
         try:
             return self.template.render(
                 messages=messages,
+                tools=tools,
                 add_generation_prompt=True,
                 bos_token=self.bos_token,
                 eos_token=self.eos_token,
@@ -125,4 +131,5 @@ def load_text_model(model_dir: Path, tokenizer_file: str) -> TextModel:
         bos_token=_token(config.get("bos_token")),
         eos_token=eos_token,
         eos_token_ids=tuple(sorted(eos_ids)),
+        tool_aware=bool(source and "tool_calls" in source),
     )

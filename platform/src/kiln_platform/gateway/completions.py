@@ -22,6 +22,8 @@ from kiln_platform.gateway.llm_schemas import (
     TextChoice,
     TextCompletion,
     TextLogprobs,
+    ToolCall,
+    ToolCallDelta,
     Usage,
 )
 from kiln_platform.gateway.schemas import ErrorBody, ErrorResponse
@@ -29,7 +31,7 @@ from kiln_platform.registry import lifecycle
 from kiln_platform.registry.lifecycle import fingerprint
 
 if TYPE_CHECKING:
-    from collections.abc import AsyncGenerator
+    from collections.abc import AsyncGenerator, Callable
 
     from kiln_runtimes.protocol import TokenLogprobs
 
@@ -82,6 +84,14 @@ async def collect(gen: Generation) -> list[_Answer]:
     return answers
 
 
+def _calls(gen: Generation, index: int, text: str, finish: str) -> list[ToolCall] | None:
+    """A choice's answer as the tool calls the request asked for (``None``: it is text, or
+    was cut before the call was whole)."""
+    if gen.tools is None or finish != "stop":
+        return None
+    return gen.tools.calls(text, f"{ident('call', gen)}_{index}")
+
+
 async def complete_chat(gen: Generation) -> ChatCompletion:
     """A non-streamed chat completion."""
     answers = await collect(gen)
@@ -90,8 +100,14 @@ async def complete_chat(gen: Generation) -> ChatCompletion:
         logprobs = None
         if a.logprobs is not None:
             logprobs = _logprobs.chat(gen.model, a.token_ids, a.logprobs)
-        message = AssistantMessage(content="".join(a.parts))
-        choices.append(ChatChoice(index=i, message=message, finish_reason=a.finish,
+        text, finish = "".join(a.parts), a.finish
+        message = AssistantMessage(content=text)
+        if (calls := _calls(gen, i, text, finish)) is not None and gen.tools is not None:
+            message, finish = (
+                AssistantMessage(content=None, tool_calls=calls),
+                gen.tools.finish_reason,
+            )
+        choices.append(ChatChoice(index=i, message=message, finish_reason=finish,
                                   logprobs=logprobs))  # fmt: skip
     return ChatCompletion(
         id=ident("chatcmpl", gen),
@@ -147,14 +163,19 @@ async def stream_chat(gen: Generation, include_usage: bool) -> AsyncGenerator[by
         return sse(ChatCompletionChunk(id=cid, created=created, model=model, choices=[choice],
                                        system_fingerprint=mark))  # fmt: skip
 
+    held = {choice.index: "" for choice in gen.choices}  # tool calls are sent whole
     for choice in gen.choices:
         yield chunk(Piece("", index=choice.index), Delta(role="assistant", content=""))
     try:
         async for piece in gen.pieces():
-            if piece.text or piece.logprobs:
+            if gen.tools is not None:
+                held[piece.index] += piece.text
+                if piece.finish_reason:
+                    yield _held(gen, piece, held[piece.index], chunk)
+            elif piece.text or piece.logprobs:
                 yield chunk(piece, Delta(content=piece.text))
             if piece.finish_reason:
-                yield chunk(piece, Delta(), piece.finish_reason)
+                yield chunk(piece, Delta(), _finish(gen, piece, held[piece.index]))
     except KilnError as exc:
         yield _error_event(exc)
     if include_usage:
@@ -162,6 +183,24 @@ async def stream_chat(gen: Generation, include_usage: bool) -> AsyncGenerator[by
             ChatCompletionChunk(id=cid, created=created, model=model, choices=[], usage=_usage(gen))
         )
     yield DONE
+
+
+def _finish(gen: Generation, piece: Piece, held: str) -> str:
+    reason = piece.finish_reason or "stop"
+    if gen.tools is not None and _calls(gen, piece.index, held, reason) is not None:
+        return gen.tools.finish_reason
+    return reason
+
+
+def _held(
+    gen: Generation, piece: Piece, text: str, chunk: Callable[[Piece, Delta], bytes]
+) -> bytes:
+    """A tool-call choice's whole answer, in one chunk: its calls, or its text if cut."""
+    calls = _calls(gen, piece.index, text, piece.finish_reason or "stop")
+    if calls is None:
+        return chunk(piece, Delta(content=text))
+    deltas = [ToolCallDelta(index=i, id=c.id, function=c.function) for i, c in enumerate(calls)]
+    return chunk(piece, Delta(tool_calls=deltas))
 
 
 async def stream_text(gen: Generation, include_usage: bool) -> AsyncGenerator[bytes, None]:

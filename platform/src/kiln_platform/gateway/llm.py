@@ -18,7 +18,7 @@ from kiln_platform.adapters.directory import slot_rank, split
 from kiln_platform.billing.ledger import Usage, usage_of
 from kiln_platform.billing.pricing import Quantities
 from kiln_platform.errors import BadRequest, DeadlineExceeded, KilnError, ModelNotFound
-from kiln_platform.gateway import _prompts, _structured, metrics
+from kiln_platform.gateway import _prompts, _structured, _tools, metrics
 from kiln_platform.gateway._prompts import chat_prompt
 from kiln_platform.gateway._sampling import Sampling, sampling
 from kiln_platform.gateway._textmodel import TextModel, load_text_model
@@ -92,6 +92,8 @@ class Generation:
     """The outcome so far: 499 (client went away) until generation finishes or fails."""
     shadow: Plan | None = None
     """The copy to make once the generation is recorded (``kiln_platform.shadow``)."""
+    tools: _tools.ToolPlan | None = None
+    """How a chat's answer becomes tool calls (``None``: it is text)."""
 
     @property
     def request(self) -> GenerateRequest:
@@ -346,7 +348,10 @@ async def prepare(
     """Everything up to dispatch: validation, templating, tokenization, limits, and the budget
     hold; the admission is held to the generation's deadline."""
     _reject_unsupported(request)
-    grammar = _structured.grammar(request)
+    tools = None
+    if isinstance(request, ChatCompletionRequest):
+        tools = _tools.plan(request.tools, request.tool_choice, request.parallel_tool_calls)
+    grammar = _structured.grammar(request, tools)
     version, adapter = await _resolve(kiln, admission, request)
     manifest = version.manifest
     model = load_text_model(
@@ -371,7 +376,7 @@ async def prepare(
     await admission.hold(version, most, run_s)
     admission.deadline = deadline
     gen = Generation(kiln, admission, version, request.model, model, choices, stop, endpoint,
-                     deadline, prompt_tokens)  # fmt: skip
+                     deadline, prompt_tokens, tools=tools)  # fmt: skip
     if adapter is None:  # a tenant's adapter is served by the primary's pool alone
         gen.shadow = kiln.shadows.plan(version, admission.request_id)
         choices[0].tokens = None if gen.shadow is None else []

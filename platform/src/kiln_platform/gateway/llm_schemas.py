@@ -25,6 +25,10 @@ class Message(msgspec.Struct, kw_only=True):
     role: str
     content: str | list[ContentPart] | None = None
     name: str | None = None
+    tool_calls: list[dict[str, Any]] | None = None
+    """An assistant message's calls (OpenAI's shape), sent back as history."""
+    tool_call_id: str | None = None
+    """A ``tool`` message's answer to that call."""
 
 
 class StreamOptions(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -102,11 +106,8 @@ class CompletionRequest(_Sampling, kw_only=True, forbid_unknown_fields=True):
 UNSUPPORTED: dict[str, tuple[Any, ...]] = {
     "service_tier": (None, "auto", "default"),
     "store": (None, False),
-    "tools": (None, []),
-    "tool_choice": (None, "none"),
     "functions": (None, []),
     "function_call": (None, "none"),
-    "parallel_tool_calls": (None,),
     "audio": (None,),
     "modalities": (None, ["text"]),
     "prediction": (None,),
@@ -132,12 +133,37 @@ class Usage(msgspec.Struct, kw_only=True):
     prompt_tokens_details: PromptTokensDetails = msgspec.field(default_factory=PromptTokensDetails)
 
 
-class AssistantMessage(msgspec.Struct, kw_only=True, omit_defaults=False):
-    """The generated message."""
+class FunctionCall(msgspec.Struct, kw_only=True):
+    """A function and its arguments (a JSON text)."""
 
-    content: str
+    name: str
+    arguments: str
+
+
+class ToolCall(msgspec.Struct, kw_only=True):
+    """One call of a tool the request offered."""
+
+    id: str
+    function: FunctionCall
+    type: str = "function"
+
+
+class ToolCallDelta(msgspec.Struct, kw_only=True):
+    """A streamed tool call (Kiln sends each whole, in one chunk)."""
+
+    index: int
+    id: str
+    function: FunctionCall
+    type: str = "function"
+
+
+class AssistantMessage(msgspec.Struct, kw_only=True, omit_defaults=False):
+    """The generated message: text, or (with ``tools``) calls and no text."""
+
+    content: str | None
     role: str = "assistant"
     refusal: None = None
+    tool_calls: list[ToolCall] | None = None
 
 
 class TopLogprob(msgspec.Struct, kw_only=True, omit_defaults=False):
@@ -200,6 +226,7 @@ class Delta(msgspec.Struct, kw_only=True, omit_defaults=True):
 
     role: str | None = None
     content: str | None = None
+    tool_calls: list[ToolCallDelta] | None = None
 
 
 class ChunkChoice(msgspec.Struct, kw_only=True, omit_defaults=False):

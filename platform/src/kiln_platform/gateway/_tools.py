@@ -1,0 +1,123 @@
+"""Tool calls (OpenAI's ``tools``), model-agnostic: the structured-output grammar holds the
+answer to a call and its text becomes ``tool_calls``.
+
+``tool_choice: "required"`` writes a JSON list of ``{"name", "parameters"}`` (one item unless
+``parallel_tool_calls``), each function's ``parameters`` schema enforced; a named function
+writes that function's arguments alone; ``"none"`` ignores the tools. ``"auto"`` (OpenAI's
+default when tools are given) would need a parser for each model family's own call format, as
+vLLM's ``--tool-call-parser``: it is a 400 saying so. The tools are passed to the chat template
+(``tools``), as Hugging Face's ``apply_chat_template`` does; a template that ignores them leaves
+the model to go by the function names and the grammar.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from kiln_platform.errors import BadRequest
+from kiln_platform.gateway.llm_schemas import FunctionCall, ToolCall
+
+NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
+ANY_OBJECT: dict[str, Any] = {"type": "object"}
+AUTO = (
+    "'tool_choice' 'auto' (the default with tools) needs a parser of the model's own call "
+    "format, which Kiln does not have: set 'tool_choice' to 'required', to "
+    "{'type': 'function', 'function': {'name': ...}}, or to 'none'."
+)
+
+
+@dataclass(frozen=True, slots=True)
+class ToolPlan:
+    """The functions a request offers and how the model must call them."""
+
+    functions: dict[str, dict[str, Any]]
+    """Name -> ``parameters`` schema."""
+    named: str | None
+    """The function ``tool_choice`` names (its arguments are the whole answer), else ``None``."""
+    parallel: bool
+
+    @property
+    def finish_reason(self) -> str:
+        """OpenAI's: ``tool_calls`` when the model chose, ``stop`` for a named function."""
+        return "stop" if self.named else "tool_calls"
+
+    def schema(self) -> dict[str, Any]:
+        """The JSON schema the answer is held to."""
+        if self.named is not None:
+            return self.functions[self.named]
+        calls = [
+            {"type": "object", "properties": {"name": {"const": name}, "parameters": params},
+             "required": ["name", "parameters"], "additionalProperties": False}
+            for name, params in self.functions.items()
+        ]  # fmt: skip
+        items = calls[0] if len(calls) == 1 else {"anyOf": calls}
+        return {"type": "array", "items": items, "minItems": 1} | (
+            {} if self.parallel else {"maxItems": 1}
+        )
+
+    def calls(self, text: str, call_id: str) -> list[ToolCall] | None:
+        """The answer as tool calls (``None`` if it is not a whole call: cut by ``max_tokens``)."""
+        try:
+            value = json.loads(text)
+        except ValueError:
+            return None
+        if self.named:
+            pairs = [(self.named, value)]
+        else:
+            pairs = [(call["name"], call["parameters"]) for call in value]
+        return [
+            ToolCall(id=f"{call_id}_{i}", function=FunctionCall(name=n, arguments=json.dumps(a)))
+            for i, (n, a) in enumerate(pairs)
+        ]
+
+
+def _functions(tools: list[Any]) -> dict[str, dict[str, Any]]:
+    functions: dict[str, dict[str, Any]] = {}
+    for i, tool in enumerate(tools):
+        spec = tool.get("function") if isinstance(tool, dict) else None
+        if not isinstance(spec, dict) or tool.get("type") != "function":
+            raise BadRequest(
+                f"'tools[{i}]' must be {{'type': 'function', 'function': {{...}}}}.",
+                param=f"tools[{i}]",
+            )
+        name, params = spec.get("name"), spec.get("parameters", ANY_OBJECT)
+        if not isinstance(name, str) or not NAME.fullmatch(name) or name in functions:
+            raise BadRequest(
+                f"'tools[{i}].function.name' must be a unique name of 1-64 letters, digits, "
+                "'_' or '-'.",
+                param=f"tools[{i}].function.name",
+            )
+        if not isinstance(params, dict):
+            raise BadRequest(
+                f"'tools[{i}].function.parameters' must be a JSON schema object.",
+                param=f"tools[{i}].function.parameters",
+            )
+        functions[name] = params
+    return functions
+
+
+def plan(tools: list[Any] | None, choice: Any, parallel: bool | None) -> ToolPlan | None:
+    """How the request calls its tools (``None``: it answers in text), or a 400 naming why not."""
+    if not tools:
+        if choice not in (None, "none"):
+            raise BadRequest("'tool_choice' needs 'tools'.", param="tool_choice")
+        return None
+    functions = _functions(tools)
+    if choice == "none":
+        return None
+    if choice in (None, "auto"):
+        raise BadRequest(AUTO, param="tool_choice")
+    named = None
+    if choice != "required":
+        spec = choice.get("function") if isinstance(choice, dict) else None
+        named = spec.get("name") if isinstance(spec, dict) else None
+        if named not in functions:
+            raise BadRequest(
+                "'tool_choice' must be 'none', 'required' or {'type': 'function', 'function': "
+                "{'name': <one of the tools>}}.",
+                param="tool_choice",
+            )
+    return ToolPlan(functions, named, parallel is not False)

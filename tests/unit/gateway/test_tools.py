@@ -1,0 +1,99 @@
+"""Tool calls: the plan a request's ``tools`` and ``tool_choice`` make, the schema its answer is
+held to, the answer read back as calls, and calls sent back as history."""
+
+from __future__ import annotations
+
+import json
+from types import SimpleNamespace
+from typing import Any
+
+import llguidance
+import pytest
+
+from kiln_platform.errors import BadRequest
+from kiln_platform.gateway._prompts import _turn
+from kiln_platform.gateway._tools import plan
+from kiln_platform.gateway.llm_schemas import Message
+
+ARGS = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
+TOOLS = [{"type": "function", "function": {"name": "weather", "parameters": ARGS}},
+         {"type": "function", "function": {"name": "time"}}]  # fmt: skip
+
+
+def test_required_is_a_list_of_named_calls_each_with_its_own_schema() -> None:
+    made = plan(TOOLS, "required", None)
+    assert made is not None
+    assert (made.named, made.finish_reason) == (None, "tool_calls")
+    schema = made.schema()
+    assert "maxItems" not in schema
+    names = [c["properties"]["name"]["const"] for c in schema["items"]["anyOf"]]
+    params = [c["properties"]["parameters"] for c in schema["items"]["anyOf"]]
+    assert (names, params) == (["weather", "time"], [ARGS, {"type": "object"}])
+    assert plan(TOOLS, "required", False).schema()["maxItems"] == 1  # type: ignore[union-attr]
+    grammar = llguidance.LLMatcher.grammar_from_json_schema(schema)
+    assert llguidance.LLMatcher.validate_grammar(grammar) == ""
+    text = json.dumps([{"name": "weather", "parameters": {"city": "Oslo"}},
+                       {"name": "time", "parameters": {}}])  # fmt: skip
+    calls = made.calls(text, "call-1")
+    assert [(c.id, c.function.name, json.loads(c.function.arguments)) for c in calls or []] == [
+        ("call-1_0", "weather", {"city": "Oslo"}), ("call-1_1", "time", {})
+    ]  # fmt: skip
+    assert made.calls('[{"name": "weather", "param', "call-1") is None
+
+
+def test_a_named_function_writes_its_arguments_alone() -> None:
+    made = plan(TOOLS, {"type": "function", "function": {"name": "weather"}}, True)
+    assert made is not None
+    assert (made.schema(), made.finish_reason) == (ARGS, "stop")
+    (call,) = made.calls('{"city": "Rome"}', "c") or []
+    assert (call.function.name, call.function.arguments) == ("weather", '{"city": "Rome"}')
+
+
+def test_none_or_no_tools_is_text() -> None:
+    assert plan(None, None, None) is None
+    assert plan([], "none", None) is None
+    assert plan(TOOLS, "none", None) is None
+
+
+@pytest.mark.parametrize(
+    ("tools", "choice", "param", "words"),
+    [
+        (TOOLS, None, "tool_choice", "'auto'"),
+        (TOOLS, "auto", "tool_choice", "'required'"),
+        (None, "required", "tool_choice", "needs 'tools'"),
+        (TOOLS, {"type": "function", "function": {"name": "nope"}}, "tool_choice", "one of"),
+        ([{"type": "function"}], "required", "tools[0]", "'function'"),
+        ([{"type": "retrieval", "function": {"name": "a"}}], "required", "tools[0]", "'type'"),
+        ([TOOLS[0], TOOLS[0]], "required", "tools[1].function.name", "unique"),
+        ([{"type": "function", "function": {"name": "a", "parameters": []}}], "required",
+         "tools[0].function.parameters", "JSON schema"),
+    ],
+)  # fmt: skip
+def test_what_cannot_be_called_is_a_400_naming_it(
+    tools: Any, choice: Any, param: str, words: str
+) -> None:
+    with pytest.raises(BadRequest) as refused:
+        plan(tools, choice, None)
+    assert refused.value.param == param
+    assert words in refused.value.message
+
+
+def test_calls_go_back_as_the_template_can_show_them() -> None:
+    said = Message(role="assistant", content=None, tool_calls=[
+        {"id": "c", "type": "function",
+         "function": {"name": "weather", "arguments": '{"city": "Oslo"}'}}
+    ])  # fmt: skip
+    aware: Any = SimpleNamespace(tool_aware=True)
+    plain: Any = SimpleNamespace(tool_aware=False)
+    assert _turn(0, said, aware) == {"role": "assistant", "content": "", "tool_calls": [
+        {"type": "function", "function": {"name": "weather", "arguments": {"city": "Oslo"}}}
+    ]}  # fmt: skip
+    assert json.loads(_turn(0, said, plain)["content"]) == [
+        {"name": "weather", "parameters": {"city": "Oslo"}}
+    ]
+    answer = Message(role="tool", content="12 C", tool_call_id="c")
+    assert _turn(1, answer, plain) == {"role": "tool", "content": "12 C", "tool_call_id": "c"}
+    broken = Message(role="assistant", tool_calls=[{"function": {"name": "w", "arguments": "{"}}])
+    with pytest.raises(BadRequest) as refused:
+        _turn(2, broken, plain)
+    assert refused.value.param == "messages[2].tool_calls[0].function"
