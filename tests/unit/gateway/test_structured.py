@@ -11,7 +11,7 @@ import msgspec
 import pytest
 
 from kiln_platform.errors import BadRequest
-from kiln_platform.gateway._structured import grammar
+from kiln_platform.gateway._structured import compiled, grammar
 from kiln_platform.gateway.llm_schemas import ChatCompletionRequest, CompletionRequest
 
 SCHEMA = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
@@ -89,3 +89,11 @@ def test_what_cannot_run_is_a_400_naming_it(fields: dict[str, Any], param: str) 
         grammar(_chat(**fields))
     assert refused.value.param == param
     assert f"'{param}'" in refused.value.message
+
+
+async def test_compiled_off_the_loop_only_when_a_constraint_is_set() -> None:
+    assert await compiled(_chat(), None) is None
+    fmt = {"type": "json_schema", "json_schema": {"schema": SCHEMA}}
+    assert await compiled(_chat(response_format=fmt), None) == grammar(_chat(response_format=fmt))
+    with pytest.raises(BadRequest):
+        await compiled(_chat(guided_regex="("), None)

@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 from typing import TYPE_CHECKING, Any
 
+import anyio.to_thread
 import llguidance
 
 from kiln_platform.errors import BadRequest
@@ -109,6 +110,18 @@ def _asked(request: ChatCompletionRequest | CompletionRequest) -> list[tuple[str
     asked += [(kind, getattr(request, field), field) for field, kind in _LEGACY.items()
               if getattr(request, field) is not None]  # fmt: skip
     return asked
+
+
+async def compiled(
+    request: ChatCompletionRequest | CompletionRequest, tools: ToolPlan | None
+) -> str | None:
+    """``grammar``, in a thread when the request sets a constraint: compiling and checking
+    takes ~1 ms per KB of schema (50 ms for a 49 KB one, measured), and llguidance lets the
+    event loop run meanwhile."""
+    fields = ("response_format", "structured_outputs", *_LEGACY)
+    if tools is None and all(getattr(request, name, None) is None for name in fields):
+        return None
+    return await anyio.to_thread.run_sync(grammar, request, tools)
 
 
 def grammar(
