@@ -15,6 +15,7 @@ import jinja2
 import openai
 import pytest
 from openai.types.chat import ChatCompletionChunk, ChatCompletionMessageParam
+from openai.types.responses import ResponseFunctionToolCall
 from sqlalchemy import select
 from tokenizers import Tokenizer
 
@@ -380,10 +381,12 @@ def test_a_conversation_goes_on_from_the_output_items(client: openai.OpenAI) -> 
     [
         ({"previous_response_id": "resp-1"}, "previous_response_id"),
         ({"store": True}, "store"),
-        ({"tools": [{"type": "web_search"}]}, "tools"),
+        ({"tools": [{"type": "web_search"}]}, "tools[0].type"),
+        ({"tools": [{"type": "function", "name": "a b"}], "tool_choice": "required"},
+         "tools[0].name"),
         ({"frobnicate": 1}, "frobnicate"),
         ({"input": ""}, "input"),
-        ({"input": [{"type": "function_call_output", "call_id": "c", "output": "x"}]},
+        ({"input": [{"type": "computer_call_output", "call_id": "c", "output": "x"}]},
          "input[0].type"),
         ({"input": [{"role": "wizard", "content": "hi"}]}, "input[0].role"),
         ({"input": [{"role": "user", "content": [{"type": "input_image"}]}]},
@@ -552,3 +555,35 @@ def test_tools_are_called_with_arguments_that_fit_their_schema(client: openai.Op
     answer = _chat(client, messages=history, tools=TOOLS, tool_choice="none", max_tokens=8)
     assert answer.choices[0].message.content
     assert answer.usage.prompt_tokens > required.usage.prompt_tokens
+
+
+def test_a_response_calls_a_function_and_takes_its_output(client: openai.OpenAI) -> None:
+    """Function tools on ``/v1/responses``: a ``function_call`` item whose arguments fit the
+    schema, the same items streamed, and the call with its output sent back as input."""
+    tools: Any = [{"type": "function", "name": "get_weather", "parameters": WEATHER}]
+    asked: Any = {"type": "function", "name": "get_weather"}
+    done = client.responses.create(model=MODEL, input=ASK_WEATHER, tools=tools, tool_choice=asked,
+                                   temperature=0, max_output_tokens=40)  # fmt: skip
+    (call,) = done.output
+    assert isinstance(call, ResponseFunctionToolCall)
+    assert (done.status, call.type, call.name) == ("completed", "function_call", "get_weather")
+    _weather(call.arguments)
+    events = list(client.responses.create(
+        model=MODEL, input=ASK_WEATHER, tools=tools, tool_choice=asked, temperature=0,
+        max_output_tokens=40, stream=True,
+    ))  # fmt: skip
+    kinds = [e.type for e in events]
+    assert kinds == ["response.created", "response.in_progress", "response.output_item.added",
+                     "response.function_call_arguments.delta",
+                     "response.function_call_arguments.done", "response.output_item.done",
+                     "response.completed"]  # fmt: skip
+    last: Any = events[-1]
+    assert [(o.name, o.arguments) for o in last.response.output] == [(call.name, call.arguments)]
+    history = [*ASK_WEATHER, call.model_dump(exclude_none=True),
+               {"type": "function_call_output", "call_id": call.call_id,
+                "output": "18 C and sunny"}]  # fmt: skip
+    answer = client.responses.create(model=MODEL, input=history, max_output_tokens=8)
+    assert answer.output_text
+    assert answer.usage is not None
+    assert done.usage is not None
+    assert answer.usage.input_tokens > done.usage.input_tokens

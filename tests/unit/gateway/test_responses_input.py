@@ -46,14 +46,17 @@ def test_items_keep_their_roles_and_text_parts_and_ignore_output_fields() -> Non
     ("fields", "param"),
     [
         ({"input": []}, "input"),
-        ({"input": [{"type": "function_call_output", "call_id": "c"}]}, "input[0].type"),
+        ({"input": [{"type": "computer_call_output", "call_id": "c"}]}, "input[0].type"),
+        ({"input": [{"type": "function_call_output", "call_id": "c"}]}, "input[0].output"),
+        ({"input": [{"type": "function_call", "call_id": "c", "name": "f"}]},
+         "input[0].arguments"),
+        ({"tools": [{"type": "web_search"}]}, "tools[0].type"),
         ({"input": [{"role": "tool", "content": "x"}]}, "input[0].role"),
         ({"input": [{"role": "user"}]}, "input[0].content"),
         ({"input": [{"role": "user", "content": [{"type": "input_file"}]}]},
          "input[0].content[0].type"),
         ({"store": True}, "store"),
         ({"previous_response_id": "resp-1"}, "previous_response_id"),
-        ({"tool_choice": "required"}, "tool_choice"),
         ({"text": {"verbosity": "high"}}, "text"),
         ({"text": {"format": {"type": "text"}, "stop": "x"}}, "text"),
         ({"truncation": "auto"}, "truncation"),
@@ -81,3 +84,25 @@ def test_a_json_schema_text_format_is_chats_response_format() -> None:
     assert chat.response_format == {"type": "json_schema", "json_schema": {"schema": schema}}
     chat = to_chat(_request(text={"format": {"type": "json_object"}}))
     assert chat.response_format == {"type": "json_object"}
+
+
+def test_function_calls_and_their_outputs_are_chat_history() -> None:
+    tools = [{"type": "function", "name": "f", "parameters": {"type": "object"}}]
+    chat = to_chat(_request(tools=tools, tool_choice={"type": "function", "name": "f"},
+                            parallel_tool_calls=False, input=[
+        {"role": "user", "content": "go"},
+        {"type": "function_call", "call_id": "a", "name": "f", "arguments": "{}", "id": "fc-1"},
+        {"type": "function_call", "call_id": "b", "name": "f", "arguments": '{"x": 1}'},
+        {"type": "function_call_output", "call_id": "a", "output": "one"},
+        {"type": "function_call_output", "call_id": "b",
+         "output": [{"type": "input_text", "text": "tw"}, {"type": "input_text", "text": "o"}]},
+    ]))  # fmt: skip
+    assert chat.tools == [
+        {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
+    ]
+    assert (chat.tool_choice, chat.parallel_tool_calls) == (
+        {"type": "function", "function": {"name": "f"}}, False
+    )  # fmt: skip
+    assert [m.role for m in chat.messages] == ["user", "assistant", "tool", "tool"]
+    assert [c["id"] for c in chat.messages[1].tool_calls or []] == ["a", "b"]
+    assert [(m.tool_call_id, m.content) for m in chat.messages[2:]] == [("a", "one"), ("b", "two")]

@@ -102,7 +102,7 @@ def _functions(tools: list[Any]) -> dict[str, dict[str, Any]]:
 def plan(tools: list[Any] | None, choice: Any, parallel: bool | None) -> ToolPlan | None:
     """How the request calls its tools (``None``: it answers in text), or a 400 naming why not."""
     if not tools:
-        if choice not in (None, "none"):
+        if choice not in (None, "none", "auto"):
             raise BadRequest("'tool_choice' needs 'tools'.", param="tool_choice")
         return None
     functions = _functions(tools)

@@ -84,7 +84,7 @@ async def collect(gen: Generation) -> list[_Answer]:
     return answers
 
 
-def _calls(gen: Generation, index: int, text: str, finish: str) -> list[ToolCall] | None:
+def tool_calls(gen: Generation, index: int, text: str, finish: str) -> list[ToolCall] | None:
     """A choice's answer as the tool calls the request asked for (``None``: it is text, or
     was cut before the call was whole)."""
     if gen.tools is None or finish != "stop":
@@ -102,7 +102,7 @@ async def complete_chat(gen: Generation) -> ChatCompletion:
             logprobs = _logprobs.chat(gen.model, a.token_ids, a.logprobs)
         text, finish = "".join(a.parts), a.finish
         message = AssistantMessage(content=text)
-        if (calls := _calls(gen, i, text, finish)) is not None and gen.tools is not None:
+        if (calls := tool_calls(gen, i, text, finish)) is not None and gen.tools is not None:
             message, finish = (
                 AssistantMessage(content=None, tool_calls=calls),
                 gen.tools.finish_reason,
@@ -187,7 +187,7 @@ async def stream_chat(gen: Generation, include_usage: bool) -> AsyncGenerator[by
 
 def _finish(gen: Generation, piece: Piece, held: str) -> str:
     reason = piece.finish_reason or "stop"
-    if gen.tools is not None and _calls(gen, piece.index, held, reason) is not None:
+    if gen.tools is not None and tool_calls(gen, piece.index, held, reason) is not None:
         return gen.tools.finish_reason
     return reason
 
@@ -196,7 +196,7 @@ def _held(
     gen: Generation, piece: Piece, text: str, chunk: Callable[[Piece, Delta], bytes]
 ) -> bytes:
     """A tool-call choice's whole answer, in one chunk: its calls, or its text if cut."""
-    calls = _calls(gen, piece.index, text, piece.finish_reason or "stop")
+    calls = tool_calls(gen, piece.index, text, piece.finish_reason or "stop")
     if calls is None:
         return chunk(piece, Delta(content=text))
     deltas = [ToolCallDelta(index=i, id=c.id, function=c.function) for i, c in enumerate(calls)]

@@ -12,14 +12,13 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 
 from kiln_platform.errors import BadRequest, KilnError
-from kiln_platform.gateway import llm
-from kiln_platform.gateway._prompts import ROLES
-from kiln_platform.gateway.completions import collect, ident
-from kiln_platform.gateway.llm_schemas import ChatCompletionRequest, ContentPart, Message
+from kiln_platform.gateway import _response_input, llm
+from kiln_platform.gateway.completions import collect, ident, tool_calls
+from kiln_platform.gateway.llm_schemas import ChatCompletionRequest, Message
 from kiln_platform.gateway.responses_schemas import (
     UNSUPPORTED,
+    FunctionCallItem,
     IncompleteDetails,
-    InputItem,
     InputTokensDetails,
     OutputMessage,
     OutputText,
@@ -37,13 +36,15 @@ if TYPE_CHECKING:
     from kiln_platform.context import Kiln
     from kiln_platform.gateway.llm import Generation
 
-TEXT_PARTS = {"input_text", "output_text", "text"}
 # The chat path's names for the Responses API's fields, in its error messages.
 _RENAMED = {
     "max_completion_tokens": "max_output_tokens", "messages": "input",
     "response_format.json_schema": "text.format", "response_format": "text.format",
+    ".function": "",
 }  # fmt: skip
-_NAMES = re.compile(r"\b(max_completion_tokens|messages|response_format(?:\.json_schema)?)\b")
+_NAMES = re.compile(
+    r"\b(max_completion_tokens|messages|response_format(?:\.json_schema)?)\b|(?<=\])(\.function)\b"
+)
 
 
 def _reject_unsupported(request: ResponsesRequest) -> None:
@@ -56,37 +57,6 @@ def _reject_unsupported(request: ResponsesRequest) -> None:
     for field, unused in UNSUPPORTED.items():
         if getattr(request, field) not in unused:
             raise BadRequest(f"The parameter '{field}' is not supported by Kiln.", param=field)
-
-
-def _content(i: int, item: InputItem) -> str | list[ContentPart]:
-    if isinstance(item.content, str):
-        return item.content
-    if item.content is None:
-        raise BadRequest(f"'input[{i}].content' is required.", param=f"input[{i}].content")
-    parts = []
-    for j, part in enumerate(item.content):
-        if part.type not in TEXT_PARTS or part.text is None:
-            raise BadRequest(
-                f"'input[{i}].content[{j}]' has type '{part.type}'; only text is supported.",
-                param=f"input[{i}].content[{j}].type",
-            )
-        parts.append(ContentPart(type="text", text=part.text))
-    return parts
-
-
-def _message(i: int, item: InputItem) -> Message:
-    if item.type != "message":
-        raise BadRequest(
-            f"'input[{i}]' has type '{item.type}'; Kiln serves message items only.",
-            param=f"input[{i}].type",
-        )
-    if item.role not in ROLES:
-        raise BadRequest(
-            f"'input[{i}].role' is '{item.role}'; Kiln supports system, developer, user and "
-            "assistant.",
-            param=f"input[{i}].role",
-        )
-    return Message(role=item.role, content=_content(i, item))
 
 
 def _response_format(text: dict[str, Any] | None) -> dict[str, Any] | None:
@@ -110,9 +80,10 @@ def to_chat(request: ResponsesRequest) -> ChatCompletionRequest:
     if not request.input:
         raise BadRequest("'input' must not be empty.", param="input")
     given = request.input
-    messages = [Message(role="user", content=given)] if isinstance(given, str) else [
-        _message(i, item) for i, item in enumerate(given)
-    ]  # fmt: skip
+    messages = (
+        [Message(role="user", content=given)] if isinstance(given, str)
+        else _response_input.messages(given)
+    )  # fmt: skip
     if request.instructions:
         messages.insert(0, Message(role="system", content=request.instructions))
     return ChatCompletionRequest(
@@ -120,6 +91,9 @@ def to_chat(request: ResponsesRequest) -> ChatCompletionRequest:
         temperature=request.temperature, top_p=request.top_p, stream=request.stream,
         user=request.user or request.safety_identifier,
         response_format=_response_format(request.text),
+        tools=_response_input.chat_tools(request.tools),
+        tool_choice=_response_input.chat_tool_choice(request.tool_choice),
+        parallel_tool_calls=request.parallel_tool_calls,
     )  # fmt: skip
 
 
@@ -129,8 +103,8 @@ async def prepare(kiln: Kiln, admission: Admission, request: ResponsesRequest) -
     try:
         gen = await llm.prepare(kiln, admission, to_chat(request))
     except BadRequest as exc:
-        message = _NAMES.sub(lambda m: _RENAMED[m.group(1)], exc.message)
-        param = exc.param and _NAMES.sub(lambda m: _RENAMED[m.group(1)], exc.param)
+        message = _NAMES.sub(lambda m: _RENAMED[m.group(0)], exc.message)
+        param = exc.param and _NAMES.sub(lambda m: _RENAMED[m.group(0)], exc.param)
         raise BadRequest(message, param=param) from exc
     gen.endpoint = "responses"
     return gen
@@ -153,7 +127,8 @@ def _response(
         temperature=1.0 if request.temperature is None else request.temperature,
         top_p=1.0 if request.top_p is None else request.top_p, user=request.user,
         metadata=request.metadata or {}, system_fingerprint=fingerprint(gen.version),
-        text=request.text or {"format": {"type": "text"}},
+        text=request.text or {"format": {"type": "text"}}, tools=request.tools or [],
+        tool_choice=request.tool_choice or "auto",
         **{"status": "in_progress", "output": [], "usage": None, **fields},
     )  # fmt: skip
 
@@ -161,12 +136,21 @@ def _response(
 def _answered(
     gen: Generation, request: ResponsesRequest, created: int, text: str, finish: str
 ) -> ResponseObject:
-    """The finished response: ``incomplete`` if the text was cut at the token limit."""
+    """The finished response: its calls, if the request's tools were called, else its text
+    (``incomplete`` if cut at the token limit)."""
     status = "completed" if finish == "stop" else "incomplete"
-    message = OutputMessage(id=ident("msg", gen), status=status, content=[OutputText(text=text)])
+    output: list[OutputMessage | FunctionCallItem]
+    if (calls := tool_calls(gen, 0, text, finish)) is not None:
+        output = [
+            FunctionCallItem(id=f"fc-{c.id}", call_id=c.id, name=c.function.name,
+                             arguments=c.function.arguments) for c in calls
+        ]  # fmt: skip
+    else:
+        output = [OutputMessage(id=ident("msg", gen), status=status,
+                                content=[OutputText(text=text)])]  # fmt: skip
     details = None if status == "completed" else IncompleteDetails(reason="max_output_tokens")
     return _response(
-        gen, request, created, status=status, output=[message], usage=_usage(gen),
+        gen, request, created, status=status, output=output, usage=_usage(gen),
         incomplete_details=details, completed_at=int(time.time()),
     )  # fmt: skip
 
@@ -182,7 +166,8 @@ async def stream(gen: Generation, request: ResponsesRequest) -> AsyncGenerator[b
     """The Responses stream: ``response.created``, ``response.in_progress``, the message's item
     and part, its ``response.output_text.delta`` events, their ``done`` events, then
     ``response.completed`` (or ``response.incomplete``); a failure after the start is an
-    ``error`` event and ``response.failed``."""
+    ``error`` event and ``response.failed``. Tool calls are sent whole once the answer is: each
+    ``function_call`` item added, its arguments (one delta), done."""
     created, numbers, item = int(time.time()), itertools.count(), ident("msg", gen)
     at = {"item_id": item, "output_index": 0, "content_index": 0}
 
@@ -193,15 +178,17 @@ async def stream(gen: Generation, request: ResponsesRequest) -> AsyncGenerator[b
     shell = _response(gen, request, created)
     yield event("response.created", response=shell)
     yield event("response.in_progress", response=shell)
-    opened = OutputMessage(id=item, status="in_progress", content=[])
-    yield event("response.output_item.added", output_index=0, item=opened)
-    yield event("response.content_part.added", **at, part=OutputText(text=""))
+    if gen.tools is None:
+        opened = OutputMessage(id=item, status="in_progress", content=[])
+        yield event("response.output_item.added", output_index=0, item=opened)
+        yield event("response.content_part.added", **at, part=OutputText(text=""))
     parts, finish = [], "stop"
     try:
         async for piece in gen.pieces():
             if piece.text:
                 parts.append(piece.text)
-                yield event("response.output_text.delta", **at, delta=piece.text, logprobs=[])
+                if gen.tools is None:
+                    yield event("response.output_text.delta", **at, delta=piece.text, logprobs=[])
             finish = piece.finish_reason or finish
     except KilnError as exc:
         yield event("error", code=exc.code, message=exc.message, param=exc.param)
@@ -210,8 +197,37 @@ async def stream(gen: Generation, request: ResponsesRequest) -> AsyncGenerator[b
         yield event("response.failed", response=failed)
         return
     done = _answered(gen, request, created, "".join(parts), finish)
-    message = done.output[0]
-    yield event("response.output_text.done", **at, text=message.content[0].text, logprobs=[])
-    yield event("response.content_part.done", **at, part=message.content[0])
-    yield event("response.output_item.done", output_index=0, item=message)
+    for index, out in enumerate(done.output):
+        for kind, fields in _item_events(out, index, opened=gen.tools is None):
+            yield event(kind, **fields)
     yield event(f"response.{done.status}", response=done)
+
+
+def _item_events(
+    item: OutputMessage | FunctionCallItem, index: int, *, opened: bool
+) -> list[tuple[str, dict[str, Any]]]:
+    """The events that finish one output item (and, unless its text was streamed as it came,
+    open it and carry its text in one delta)."""
+    at = {"item_id": item.id, "output_index": index}
+    events: list[tuple[str, dict[str, Any]]] = []
+    if isinstance(item, FunctionCallItem):
+        started = msgspec.structs.replace(item, status="in_progress", arguments="")
+        events += [
+            ("response.output_item.added", {"output_index": index, "item": started}),
+            ("response.function_call_arguments.delta", {**at, "delta": item.arguments}),
+            ("response.function_call_arguments.done", {**at, "arguments": item.arguments}),
+        ]
+    else:
+        part, at = item.content[0], {**at, "content_index": 0}
+        if not opened:
+            start = msgspec.structs.replace(item, status="in_progress", content=[])
+            events += [
+                ("response.output_item.added", {"output_index": index, "item": start}),
+                ("response.content_part.added", {**at, "part": OutputText(text="")}),
+                ("response.output_text.delta", {**at, "delta": part.text, "logprobs": []}),
+            ]
+        events += [
+            ("response.output_text.done", {**at, "text": part.text, "logprobs": []}),
+            ("response.content_part.done", {**at, "part": part}),
+        ]
+    return [*events, ("response.output_item.done", {"output_index": index, "item": item})]

@@ -23,12 +23,18 @@ class InputPart(msgspec.Struct, kw_only=True):
 
 
 class InputItem(msgspec.Struct, kw_only=True):
-    """One input item; only messages (``type: message``, the default) are served. Other
-    fields an item carries (``id``, ``status``) are ignored."""
+    """One input item: a message (``type: message``, the default), a function call sent back
+    (``function_call``: ``call_id``, ``name``, ``arguments``) or its result
+    (``function_call_output``: ``call_id``, ``output``). Other fields an item carries (``id``,
+    ``status``) are ignored."""
 
     type: str = "message"
     role: str | None = None
     content: str | list[InputPart] | None = None
+    call_id: Any = None
+    name: Any = None
+    arguments: Any = None
+    output: Any = None
 
 
 class ResponsesRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -71,8 +77,6 @@ UNSUPPORTED: dict[str, tuple[Any, ...]] = {
     "store": (None, False),
     "previous_response_id": (None,),
     "conversation": (None,),
-    "tools": (None, []),
-    "tool_choice": (None, "none", "auto"),
     "max_tool_calls": (None,),
     "reasoning": (None,),
     "include": (None, []),
@@ -93,14 +97,25 @@ class OutputText(msgspec.Struct, kw_only=True, omit_defaults=False):
     logprobs: list[Any] = []
 
 
-class OutputMessage(msgspec.Struct, kw_only=True, omit_defaults=False):
-    """The generated assistant message (the response's one output item)."""
+class OutputMessage(msgspec.Struct, kw_only=True, omit_defaults=False, tag="message",
+                    tag_field="type"):  # fmt: skip
+    """The generated assistant message (the output item of a text answer)."""
 
     id: str
     status: str
     content: list[OutputText]
-    type: str = "message"
     role: str = "assistant"
+
+
+class FunctionCallItem(msgspec.Struct, kw_only=True, omit_defaults=False, tag="function_call",
+                       tag_field="type"):  # fmt: skip
+    """One call of a function tool (the output items of a tool-call answer)."""
+
+    id: str
+    call_id: str
+    name: str
+    arguments: str
+    status: str = "completed"
 
 
 class InputTokensDetails(msgspec.Struct, kw_only=True):
@@ -148,7 +163,7 @@ class ResponseObject(msgspec.Struct, kw_only=True, omit_defaults=False):
     created_at: int
     model: str
     status: str
-    output: list[OutputMessage]
+    output: list[OutputMessage | FunctionCallItem]
     instructions: str | None
     max_output_tokens: int | None
     temperature: float
@@ -166,7 +181,7 @@ class ResponseObject(msgspec.Struct, kw_only=True, omit_defaults=False):
     background: bool = False
     previous_response_id: None = None
     parallel_tool_calls: bool = True
-    tool_choice: str = "auto"
+    tool_choice: Any = "auto"
     tools: list[Any] = []
     truncation: str = "disabled"
     text: dict[str, Any] = msgspec.field(default_factory=lambda: {"format": {"type": "text"}})

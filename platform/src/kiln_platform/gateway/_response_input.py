@@ -1,0 +1,119 @@
+"""A Responses request's input items and function tools in the chat path's terms.
+
+Message items become chat messages; ``function_call`` items (a previous response's calls, sent
+back) become an assistant message's ``tool_calls`` (consecutive ones, one message), and
+``function_call_output`` items ``tool`` messages. Function tools, flat here, take chat's nested
+shape; other tool types (web search, file search…) are 400s.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from kiln_platform.errors import BadRequest
+from kiln_platform.gateway._prompts import ROLES
+from kiln_platform.gateway.llm_schemas import ContentPart, Message
+from kiln_platform.gateway.responses_schemas import InputItem
+
+TEXT_PARTS = {"input_text", "output_text", "text"}
+ITEMS = ("message", "function_call", "function_call_output")
+
+
+def _content(i: int, item: InputItem) -> str | list[ContentPart]:
+    if isinstance(item.content, str):
+        return item.content
+    if item.content is None:
+        raise BadRequest(f"'input[{i}].content' is required.", param=f"input[{i}].content")
+    parts = []
+    for j, part in enumerate(item.content):
+        if part.type not in TEXT_PARTS or part.text is None:
+            raise BadRequest(
+                f"'input[{i}].content[{j}]' has type '{part.type}'; only text is supported.",
+                param=f"input[{i}].content[{j}].type",
+            )
+        parts.append(ContentPart(type="text", text=part.text))
+    return parts
+
+
+def _required(i: int, item: InputItem, *fields: str) -> list[str]:
+    values = []
+    for name in fields:
+        value = getattr(item, name)
+        if not isinstance(value, str):
+            where = f"input[{i}].{name}"
+            raise BadRequest(f"'{where}' is required (a string).", param=where)
+        values.append(value)
+    return values
+
+
+def _output(i: int, item: InputItem) -> str:
+    """A ``function_call_output``'s text: a string, or its text parts joined."""
+    if isinstance(item.output, str):
+        return item.output
+    parts: list[Any] = item.output if isinstance(item.output, list) else [None]
+    if not all(isinstance(p, dict) and p.get("type") in TEXT_PARTS for p in parts):
+        where = f"input[{i}].output"
+        raise BadRequest(f"'{where}' must be a string or text parts.", param=where)
+    return "".join(str(p.get("text", "")) for p in parts)
+
+
+def _message(i: int, item: InputItem) -> Message:
+    if item.role not in ROLES:
+        raise BadRequest(
+            f"'input[{i}].role' is '{item.role}'; Kiln supports system, developer, user and "
+            "assistant.",
+            param=f"input[{i}].role",
+        )
+    return Message(role=item.role, content=_content(i, item))
+
+
+def messages(items: list[InputItem]) -> list[Message]:
+    """The chat messages the input items are."""
+    out: list[Message] = []
+    for i, item in enumerate(items):
+        if item.type not in ITEMS:
+            raise BadRequest(
+                f"'input[{i}]' has type '{item.type}'; Kiln serves {', '.join(ITEMS)} items.",
+                param=f"input[{i}].type",
+            )
+        if item.type == "message":
+            out.append(_message(i, item))
+        elif item.type == "function_call_output":
+            (call_id,) = _required(i, item, "call_id")
+            out.append(Message(role="tool", tool_call_id=call_id, content=_output(i, item)))
+        else:
+            call_id, name, arguments = _required(i, item, "call_id", "name", "arguments")
+            call = {"id": call_id, "type": "function",
+                    "function": {"name": name, "arguments": arguments}}  # fmt: skip
+            last = out[-1] if out else None
+            if last is not None and last.role == "assistant" and last.tool_calls:
+                last.tool_calls.append(call)
+            else:
+                out.append(Message(role="assistant", tool_calls=[call]))
+    return out
+
+
+def chat_tools(tools: Any) -> list[dict[str, Any]] | None:
+    """Function tools in chat's shape (``{"type": "function", "function": {...}}``)."""
+    if tools is None:
+        return None
+    if not isinstance(tools, list):
+        raise BadRequest("'tools' must be a list.", param="tools")
+    nested = []
+    for i, tool in enumerate(tools):
+        kind = tool.get("type") if isinstance(tool, dict) else None
+        if kind != "function":
+            raise BadRequest(
+                f"'tools[{i}]' has type {kind!r}; Kiln serves function tools only.",
+                param=f"tools[{i}].type",
+            )
+        fields = {k: tool[k] for k in ("name", "description", "parameters") if k in tool}
+        nested.append({"type": "function", "function": fields})
+    return nested
+
+
+def chat_tool_choice(choice: Any) -> Any:
+    """``{"type": "function", "name": …}`` in chat's nested shape; the strings as they are."""
+    if isinstance(choice, dict) and choice.get("type") == "function":
+        return {"type": "function", "function": {"name": choice.get("name")}}
+    return choice
