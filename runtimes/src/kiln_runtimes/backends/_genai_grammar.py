@@ -45,7 +45,8 @@ class Constraint:
 
     def apply(self, logits: npt.NDArray[np.float32]) -> npt.NDArray[np.float32]:
         """A copy of ``logits`` with every token the grammar forbids at ``-inf``."""
-        return np.where(self.allowed(), logits, np.float32(-np.inf)).astype(np.float32)
+        masked: npt.NDArray[np.float32] = np.where(self.allowed(), logits, np.float32(-np.inf))
+        return masked
 
     def consume(self, token: int) -> None:
         """Advance past a drawn token (a stop token ends the grammar's part)."""
