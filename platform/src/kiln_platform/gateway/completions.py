@@ -170,12 +170,13 @@ async def stream_chat(gen: Generation, include_usage: bool) -> AsyncGenerator[by
         async for piece in gen.pieces():
             if gen.tools is not None:
                 held[piece.index] += piece.text
-                if piece.finish_reason:
-                    yield _held(gen, piece, held[piece.index], chunk)
-            elif piece.text or piece.logprobs:
+                for event in _held(gen, piece, held[piece.index], chunk):
+                    yield event
+                continue
+            if piece.text or piece.logprobs:
                 yield chunk(piece, Delta(content=piece.text))
             if piece.finish_reason:
-                yield chunk(piece, Delta(), _finish(gen, piece, held[piece.index]))
+                yield chunk(piece, Delta(), piece.finish_reason)
     except KilnError as exc:
         yield _error_event(exc)
     if include_usage:
@@ -185,22 +186,16 @@ async def stream_chat(gen: Generation, include_usage: bool) -> AsyncGenerator[by
     yield DONE
 
 
-def _finish(gen: Generation, piece: Piece, held: str) -> str:
-    reason = piece.finish_reason or "stop"
-    if gen.tools is not None and tool_calls(gen, piece.index, held, reason) is not None:
-        return gen.tools.finish_reason
-    return reason
-
-
-def _held(
-    gen: Generation, piece: Piece, text: str, chunk: Callable[[Piece, Delta], bytes]
-) -> bytes:
-    """A tool-call choice's whole answer, in one chunk: its calls, or its text if cut."""
-    calls = tool_calls(gen, piece.index, text, piece.finish_reason or "stop")
+def _held(gen: Generation, piece: Piece, text: str, chunk: Callable[..., bytes]) -> list[bytes]:
+    """A tool-call choice's chunks: none until it finishes, then its whole answer in one chunk
+    (its calls, or its text if cut before they were whole) and its finish chunk."""
+    if gen.tools is None or piece.finish_reason is None:
+        return []
+    calls = tool_calls(gen, piece.index, text, piece.finish_reason)
     if calls is None:
-        return chunk(piece, Delta(content=text))
+        return [chunk(piece, Delta(content=text)), chunk(piece, Delta(), piece.finish_reason)]
     deltas = [ToolCallDelta(index=i, id=c.id, function=c.function) for i, c in enumerate(calls)]
-    return chunk(piece, Delta(tool_calls=deltas))
+    return [chunk(piece, Delta(tool_calls=deltas)), chunk(piece, Delta(), gen.tools.finish_reason)]
 
 
 async def stream_text(gen: Generation, include_usage: bool) -> AsyncGenerator[bytes, None]:
