@@ -9,6 +9,8 @@ import uuid
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
 from kiln_platform.admin.authz import Actor, Role
 from kiln_platform.keys import services as key_services
 from kiln_platform.keys.schemas import KeyCreate
@@ -77,3 +79,17 @@ async def make_root_key(
     return await make_key(
         session, hmac_key, op, ROOT_SCOPES, role="platform-admin", name="root", actor=actor
     )
+
+
+def byte_bpe(texts: Sequence[str], vocab_size: int = 400) -> Tokenizer:
+    """A small byte-level BPE trained on ``texts`` (token 0 is ``<eos>``): it writes any byte
+    string, as a model's tokenizer does, for grammar tests."""
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size, special_tokens=["<eos>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )  # fmt: skip
+    tok.train_from_iterator(texts, trainer)
+    return tok

@@ -228,7 +228,10 @@ def test_disconnect_frees_slot_and_bills_partial_tokens(llm_up: Any) -> None:
     [
         ({"n": 20}, "n"),
         ({"best_of": 2}, "best_of"),
-        ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tool_choice"),
+        (
+            {"tools": [{"type": "function", "function": {"name": "f"}}], "tool_choice": "any"},
+            "tool_choice",
+        ),
         (
             {
                 "tools": [{"type": "function", "function": {"name": "a b"}}],
@@ -592,3 +595,56 @@ def test_a_response_calls_a_function_and_takes_its_output(client: openai.OpenAI)
     assert answer.usage is not None
     assert done.usage is not None
     assert answer.usage.input_tokens > done.usage.input_tokens
+
+
+def test_auto_tools_let_the_model_answer_in_text_or_call(
+    client: openai.OpenAI, smollm2_dir: Path
+) -> None:
+    """``tools`` without ``tool_choice`` (the SDK's call, OpenAI's ``auto``): the model reads
+    the tools (shown in a system message: more prompt tokens) and answers in text, streamed as
+    it comes; pushed to open with ``<`` (``logit_bias``), it must call, and the call fits."""
+    plain = _chat(client, messages=ASK_WEATHER, temperature=0, max_tokens=30)
+    text = _chat(client, messages=ASK_WEATHER, tools=TOOLS, temperature=0, max_tokens=30)
+    (choice,) = text.choices
+    assert choice.message.tool_calls is None
+    assert choice.message.content
+    assert not choice.message.content.startswith("<")
+    assert text.usage.prompt_tokens > plain.usage.prompt_tokens + 100
+    chunks = list(_chat(client, messages=ASK_WEATHER, tools=TOOLS, temperature=0, max_tokens=30,
+                        stream=True))  # fmt: skip
+    pieces = [
+        c.choices[0].delta.content for c in chunks if c.choices and c.choices[0].delta.content
+    ]
+    assert len(pieces) > 1  # streamed as it came, not held
+    assert "".join(pieces) == choice.message.content
+    tokenizer = Tokenizer.from_file(str(smollm2_dir / "tokenizer.json"))
+    push = {str(tokenizer.token_to_id("<")): 30}
+    for stream in (False, True):
+        called = _chat(client, messages=ASK_WEATHER, tools=TOOLS, temperature=0, max_tokens=80,
+                       logit_bias=push, parallel_tool_calls=False, stream=stream)  # fmt: skip
+        if stream:
+            called = list(called)
+            deltas = [d for c in called if c.choices for d in c.choices[0].delta.tool_calls or []]
+            assert [c.choices[0].finish_reason for c in called if c.choices][-1] == "tool_calls"
+            assert not any(c.choices[0].delta.content for c in called if c.choices)
+            (call,) = deltas
+        else:
+            assert called.choices[0].finish_reason == "tool_calls"
+            assert called.choices[0].message.content is None
+            (call,) = called.choices[0].message.tool_calls or []
+        assert call.function.name == "get_weather"
+        _weather(call.function.arguments)
+    tools: Any = [{"type": "function", "name": "get_weather", "parameters": WEATHER}]
+    done = client.responses.create(model=MODEL, input=ASK_WEATHER, tools=tools, temperature=0,
+                                   max_output_tokens=30)  # fmt: skip
+    assert [o.type for o in done.output] == ["message"]
+    events: list[Any] = list(
+        client.responses.create(model=MODEL, input=ASK_WEATHER, tools=tools, temperature=0,
+                                max_output_tokens=30, stream=True)
+    )  # fmt: skip
+    kinds = [e.type for e in events]
+    assert kinds[:4] == ["response.created", "response.in_progress", "response.output_item.added",
+                         "response.content_part.added"]  # fmt: skip
+    deltas = [e.delta for e in events if e.type == "response.output_text.delta"]
+    assert len(deltas) > 1
+    assert "".join(deltas) == done.output_text

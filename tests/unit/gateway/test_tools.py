@@ -1,5 +1,5 @@
-"""Tool calls: the plan a request's ``tools`` and ``tool_choice`` make, the schema its answer is
-held to, the answer read back as calls, and calls sent back as history."""
+"""Tool calls: the plan a request's ``tools`` and ``tool_choice`` make, the schema or grammar its
+answer is held to, the answer read back as calls, and calls sent back as history."""
 
 from __future__ import annotations
 
@@ -9,11 +9,13 @@ from typing import Any
 
 import llguidance
 import pytest
+from tokenizers import Tokenizer
 
 from kiln_platform.errors import BadRequest
-from kiln_platform.gateway._prompts import _turn
-from kiln_platform.gateway._tools import plan
+from kiln_platform.gateway._prompts import _briefed, _turn
+from kiln_platform.gateway._tools import brief, plan
 from kiln_platform.gateway.llm_schemas import Message
+from tests.factories import byte_bpe
 
 ARGS = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
 TOOLS = [{"type": "function", "function": {"name": "weather", "parameters": ARGS}},
@@ -58,8 +60,7 @@ def test_none_or_no_tools_is_text() -> None:
 @pytest.mark.parametrize(
     ("tools", "choice", "param", "words"),
     [
-        (TOOLS, None, "tool_choice", "'auto'"),
-        (TOOLS, "auto", "tool_choice", "'required'"),
+        (TOOLS, "sometimes", "tool_choice", "'auto'"),
         (None, "required", "tool_choice", "needs 'tools'"),
         (TOOLS, {"type": "function", "function": {"name": "nope"}}, "tool_choice", "one of"),
         ([{"type": "function"}], "required", "tools[0]", "'function'"),
@@ -88,12 +89,80 @@ def test_calls_go_back_as_the_template_can_show_them() -> None:
     assert _turn(0, said, aware) == {"role": "assistant", "content": "", "tool_calls": [
         {"type": "function", "function": {"name": "weather", "arguments": {"city": "Oslo"}}}
     ]}  # fmt: skip
-    assert json.loads(_turn(0, said, plain)["content"]) == [
-        {"name": "weather", "parameters": {"city": "Oslo"}}
-    ]
+    shown = _turn(0, said, plain)["content"]
+    assert shown == '<tool_call>\n{"name": "weather", "arguments": {"city": "Oslo"}}\n</tool_call>'
+    assert plan(TOOLS, "auto", None).calls(shown, "c") is not None  # type: ignore[union-attr]
     answer = Message(role="tool", content="12 C", tool_call_id="c")
     assert _turn(1, answer, plain) == {"role": "tool", "content": "12 C", "tool_call_id": "c"}
     broken = Message(role="assistant", tool_calls=[{"function": {"name": "w", "arguments": "{"}}])
     with pytest.raises(BadRequest) as refused:
         _turn(2, broken, plain)
     assert refused.value.param == "messages[2].tool_calls[0].function"
+
+
+WEATHER_CALL = '<tool_call>\n{"name": "weather", "arguments": {"city": "Oslo"}}\n</tool_call>'
+TIME_CALL = '<tool_call>\n{"name": "time", "arguments": {}}\n</tool_call>'
+
+
+@pytest.fixture(scope="module")
+def matcher_tokenizer() -> tuple[Tokenizer, llguidance.LLTokenizer]:
+    """A byte-level BPE trained here (any byte string can be written in its tokens)."""
+    tok = byte_bpe([WEATHER_CALL, TIME_CALL, "It is sunny in Oslo."] * 20)
+    return tok, llguidance.LLTokenizer(tok.to_str(), eos_token=0)
+
+
+def _follows(tokenizer: tuple[Tokenizer, llguidance.LLTokenizer], grammar: str, text: str) -> bool:
+    tok, ll = tokenizer
+    matcher = llguidance.LLMatcher(ll, grammar, log_level=0)
+    ids = tok.encode(text, add_special_tokens=False).ids
+    return matcher.consume_tokens(ids) and matcher.is_accepting()
+
+
+@pytest.mark.parametrize(
+    ("text", "parallel", "follows"),
+    [
+        ("It is sunny in Oslo.", True, True),
+        ("\nSunny <b>today</b>", True, True),
+        (WEATHER_CALL, True, True),
+        (f"{WEATHER_CALL}\n{TIME_CALL}", True, True),
+        (f"{WEATHER_CALL}\n{TIME_CALL}", False, False),
+        ("<b>Sunny</b>", True, False),
+        ('<tool_call>\n{"name": "weather", "arguments": {}}\n</tool_call>', True, False),
+        ('<tool_call>\n{"name": "nope", "arguments": {}}\n</tool_call>', True, False),
+        ('<tool_call>\n{"name":"time","arguments":{}}\n</tool_call>', True, False),
+    ],
+)
+def test_auto_is_text_or_hermes_calls_each_held_to_its_schema(
+    matcher_tokenizer: Any, text: str, parallel: bool, follows: bool
+) -> None:
+    made = plan(TOOLS, None if parallel else "auto", None if parallel else False)
+    assert made is not None
+    assert (made.auto, made.parallel, made.finish_reason) == (True, parallel, "tool_calls")
+    kind, lark = made.constraint()
+    grammar = llguidance.LLMatcher.grammar_from_lark(lark)
+    assert (kind, llguidance.LLMatcher.validate_grammar(grammar)) == ("grammar", "")
+    assert _follows(matcher_tokenizer, grammar, text) is follows
+
+
+def test_auto_reads_calls_back_and_text_as_text() -> None:
+    made = plan(TOOLS, "auto", None)
+    assert made is not None
+    calls = made.calls(f"{WEATHER_CALL}\n{TIME_CALL}", "call-1")
+    assert [(c.id, c.function.name, json.loads(c.function.arguments)) for c in calls or []] == [
+        ("call-1_0", "weather", {"city": "Oslo"}), ("call-1_1", "time", {})
+    ]  # fmt: skip
+    assert made.calls("It is sunny.", "c") is None
+    assert made.calls(WEATHER_CALL[:30], "c") is None  # cut by max_tokens: its text
+
+
+def test_auto_shows_the_tools_to_a_template_that_does_not() -> None:
+    text = brief(TOOLS)
+    assert "<tools>" in text
+    assert json.dumps(TOOLS[0]) in text
+    assert '{"name": <function-name>, "arguments": <args-json-object>}' in text
+    user = {"role": "user", "content": "Weather?"}
+    assert _briefed([user], text) == [{"role": "system", "content": text}, user]
+    system = {"role": "system", "content": "Be brief."}
+    assert _briefed([system, user], text) == [
+        {"role": "system", "content": f"Be brief.\n\n{text}"}, user
+    ]  # fmt: skip

@@ -6,12 +6,14 @@ import json
 from typing import TYPE_CHECKING, Any
 
 from kiln_platform.errors import BadRequest
+from kiln_platform.gateway import _tools
 from kiln_platform.gateway._offload import off_loop
 from kiln_platform.gateway.llm_schemas import ChatCompletionRequest, CompletionRequest, Message
 from kiln_runtimes import tracing
 
 if TYPE_CHECKING:
     from kiln_platform.gateway._textmodel import TextModel
+    from kiln_platform.gateway._tools import ToolPlan
 
 ROLES = {"system", "developer", "user", "assistant"}
 CHAT_ROLES = ROLES | {"tool"}
@@ -46,8 +48,8 @@ def _message_text(i: int, message: Message) -> str:
 
 def _turn(i: int, message: Message, model: TextModel) -> dict[str, Any]:
     """One message as the template takes it: an assistant's calls in Hugging Face's shape
-    (arguments parsed), or, for a template that does not render calls, as the JSON text the
-    tool grammar writes (``_tools``)."""
+    (arguments parsed), or, for a template that does not render calls, as Hermes
+    ``<tool_call>`` blocks after its text (the format ``tool_choice: "auto"`` writes)."""
     role = "system" if message.role == "developer" else message.role
     turn: dict[str, Any] = {"role": role, "content": _message_text(i, message)}
     if message.tool_call_id is not None:
@@ -57,8 +59,8 @@ def _turn(i: int, message: Message, model: TextModel) -> dict[str, Any]:
         if model.tool_aware:
             turn["tool_calls"] = [{"type": "function", "function": c} for c in calls]
         else:
-            said = [{"name": c["name"], "parameters": c["arguments"]} for c in calls]
-            turn["content"] = (turn["content"] + " " + json.dumps(said)).strip()
+            said = [f"<tool_call>\n{json.dumps(c)}\n</tool_call>" for c in calls]
+            turn["content"] = "\n".join([turn["content"], *said]).strip()
     return turn
 
 
@@ -80,13 +82,26 @@ def _calls(i: int, calls: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def chat_prompt(
-    request: ChatCompletionRequest, model: TextModel, tools: list[dict[str, Any]] | None = None
+    request: ChatCompletionRequest, model: TextModel, plan: ToolPlan | None = None
 ) -> list[int]:
-    """Validate the messages, render the model's chat template (with ``tools``), tokenize."""
+    """Validate the messages, render the model's chat template (with the request's ``tools``),
+    tokenize; when the model may choose to call them and its template does not show them,
+    a system message does (``_tools.brief``)."""
     if not request.messages:
         raise BadRequest("'messages' must contain at least one message.", param="messages")
     messages = [_turn(i, m, model) for i, m in enumerate(request.messages)]
+    tools = request.tools or None
+    if tools and plan is not None and plan.auto and not model.shows_tools:
+        messages = _briefed(messages, _tools.brief(tools))
     return model.encode(model.render(messages, tools))
+
+
+def _briefed(messages: list[dict[str, Any]], brief: str) -> list[dict[str, Any]]:
+    """``brief`` after the first system message's text, or as a system message of its own."""
+    if messages[0]["role"] == "system":
+        first = messages[0] | {"content": f"{messages[0]['content']}\n\n{brief}".strip()}
+        return [first, *messages[1:]]
+    return [{"role": "system", "content": brief}, *messages]
 
 
 def chat_chars(request: ChatCompletionRequest) -> int:
@@ -182,13 +197,13 @@ def _echoes(request: CompletionRequest, prompts: list[list[int]], model: TextMod
 
 
 async def tokenize(
-    request: ChatCompletionRequest | CompletionRequest, model: TextModel
+    request: ChatCompletionRequest | CompletionRequest, model: TextModel, plan: ToolPlan | None
 ) -> tuple[list[list[int]], list[str], str]:
     """The prompts' token ids, their ``echo`` texts and the usage endpoint."""
     with tracing.span("tokenize"):
         if isinstance(request, ChatCompletionRequest):
             chars = chat_chars(request)
-            prompt = await off_loop(chars, chat_prompt, request, model, request.tools or None)
+            prompt = await off_loop(chars, chat_prompt, request, model, plan)
             return [prompt], [""], "chat.completions"
         chars = prompt_chars(request)
         prompts = await off_loop(chars, completion_prompts, request, model)

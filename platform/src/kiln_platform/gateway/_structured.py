@@ -21,11 +21,18 @@ import llguidance
 from kiln_platform.errors import BadRequest
 
 if TYPE_CHECKING:
-    from kiln_platform.gateway._tools import ToolPlan
+    from llguidance._lib import JsonCompileOptions
+
     from kiln_platform.gateway.llm_schemas import ChatCompletionRequest, CompletionRequest
 
 FORMATS = ("text", "json_object", "json_schema")
 KINDS = ("json", "regex", "choice", "grammar", "json_object")
+JSON_STYLE: JsonCompileOptions = {
+    "whitespace_flexible": False,
+    "item_separator": ", ",
+    "key_separator": ": ",
+}
+"""llguidance's JSON options: fixed separators, no free whitespace."""
 _LEGACY = {"guided_json": "json", "guided_regex": "regex", "guided_choice": "choice",
            "guided_grammar": "grammar"}  # fmt: skip
 
@@ -41,7 +48,7 @@ def _json(schema: Any, where: str) -> str:
     try:
         return llguidance.LLMatcher.grammar_from_json_schema(
             schema,
-            overrides={"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "},
+            overrides=JSON_STYLE,
         )
     except ValueError as exc:
         raise BadRequest(f"'{where}' is not a usable JSON schema: {exc}", param=where) from None
@@ -113,7 +120,7 @@ def _asked(request: ChatCompletionRequest | CompletionRequest) -> list[tuple[str
 
 
 async def compiled(
-    request: ChatCompletionRequest | CompletionRequest, tools: ToolPlan | None
+    request: ChatCompletionRequest | CompletionRequest, tools: tuple[str, Any] | None
 ) -> str | None:
     """``grammar``, in a thread when the request sets a constraint: compiling and checking
     takes ~1 ms per KB of schema (50 ms for a 49 KB one, measured), and llguidance lets the
@@ -125,13 +132,13 @@ async def compiled(
 
 
 def grammar(
-    request: ChatCompletionRequest | CompletionRequest, tools: ToolPlan | None = None
+    request: ChatCompletionRequest | CompletionRequest, tools: tuple[str, Any] | None = None
 ) -> str | None:
-    """The llguidance grammar the request asks its text to follow (``None``: free text); a
-    tool plan's calls are one more constraint."""
+    """The llguidance grammar the request asks its text to follow (``None``: free text); the
+    tool plan's constraint (``ToolPlan.constraint``: kind, value) is one more."""
     asked = _asked(request)
     if tools is not None:
-        asked.append(("json", tools.schema(), "tools"))
+        asked.append((*tools, "tools"))
     if len(asked) > 1:
         fields = ", ".join(f"'{where}'" for _, _, where in asked)
         raise BadRequest(f"Set one structured output, not {fields}.", param=asked[1][2])

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import TYPE_CHECKING, Any
@@ -54,6 +55,8 @@ class TextModel:
     eos_token_ids: tuple[int, ...]
     tool_aware: bool = False
     """The chat template renders assistant ``tool_calls`` itself."""
+    shows_tools: bool = False
+    """The chat template renders the ``tools`` a request offers."""
     _bytes: dict[int, bytes] = field(default_factory=dict, compare=False, repr=False)
 
     def token_bytes(self, token_id: int) -> bytes:
@@ -132,4 +135,5 @@ def load_text_model(model_dir: Path, tokenizer_file: str) -> TextModel:
         eos_token=eos_token,
         eos_token_ids=tuple(sorted(eos_ids)),
         tool_aware=bool(source and "tool_calls" in source),
+        shows_tools=bool(source and re.search(r"\btools\b", source)),
     )

@@ -4,10 +4,13 @@ answer to a call and its text becomes ``tool_calls``.
 ``tool_choice: "required"`` writes a JSON list of ``{"name", "parameters"}`` (one item unless
 ``parallel_tool_calls``), each function's ``parameters`` schema enforced; a named function
 writes that function's arguments alone; ``"none"`` ignores the tools. ``"auto"`` (OpenAI's
-default when tools are given) would need a parser for each model family's own call format, as
-vLLM's ``--tool-call-parser``: it is a 400 saying so. The tools are passed to the chat template
-(``tools``), as Hugging Face's ``apply_chat_template`` does; a template that ignores them leaves
-the model to go by the function names and the grammar.
+default when tools are given) lets the model choose: text that does not start with ``<``, or
+calls in the Hermes format that Qwen's, Hermes' and SmolLM3's templates teach
+(``<tool_call>\n{"name": …, "arguments": …}\n</tool_call>``, a block per call), each held to
+its function's schema, so the answer's first character says which it is. The tools are passed
+to the chat template (``tools``), as Hugging Face's ``apply_chat_template`` does; for a
+template that does not show them, ``"auto"`` shows them, and the format, in a system message
+(``brief``).
 """
 
 from __future__ import annotations
@@ -18,15 +21,30 @@ from dataclasses import dataclass
 from typing import Any
 
 from kiln_platform.errors import BadRequest
+from kiln_platform.gateway._structured import JSON_STYLE
 from kiln_platform.gateway.llm_schemas import FunctionCall, ToolCall
 
 NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
 ANY_OBJECT: dict[str, Any] = {"type": "object"}
-AUTO = (
-    "'tool_choice' 'auto' (the default with tools) needs a parser of the model's own call "
-    "format, which Kiln does not have: set 'tool_choice' to 'required', to "
-    "{'type': 'function', 'function': {'name': ...}}, or to 'none'."
-)
+CALL = re.compile(r"<tool_call>\n(.*?)\n</tool_call>", re.DOTALL)
+BRIEF = """# Tools
+
+You may call one or more functions to assist with the user query.
+
+You are provided with function signatures within <tools></tools> XML tags:
+<tools>
+{tools}
+</tools>
+
+For each function call, return a json object with function name and arguments within \
+<tool_call></tool_call> XML tags:
+<tool_call>
+{{"name": <function-name>, "arguments": <args-json-object>}}
+</tool_call>"""
+TEXT_OR_CALLS = r"""start: TEXT | call{more}
+TEXT: /[^<](.|\n)*/
+call: "<tool_call>\n" %json {schema} "\n</tool_call>"
+"""
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,6 +56,8 @@ class ToolPlan:
     named: str | None
     """The function ``tool_choice`` names (its arguments are the whole answer), else ``None``."""
     parallel: bool
+    auto: bool = False
+    """The model chooses between text and calls (``tool_choice: "auto"``)."""
 
     @property
     def finish_reason(self) -> str:
@@ -58,20 +78,36 @@ class ToolPlan:
             {} if self.parallel else {"maxItems": 1}
         )
 
+    def constraint(self) -> tuple[str, Any]:
+        """The structured output the answer follows, as (kind, value): the calls' JSON schema,
+        or, for ``auto``, a Lark grammar of text or Hermes calls."""
+        if not self.auto:
+            return "json", self.schema()
+        calls = [
+            {"type": "object", "properties": {"name": {"const": name}, "arguments": params},
+             "required": ["name", "arguments"], "additionalProperties": False}
+            for name, params in self.functions.items()
+        ]  # fmt: skip
+        schema = json.dumps({"anyOf": calls, "x-guidance": JSON_STYLE})
+        more = r' ("\n" call)*' if self.parallel else ""
+        return "grammar", TEXT_OR_CALLS.format(more=more, schema=schema)
+
     def calls(self, text: str, call_id: str) -> list[ToolCall] | None:
-        """The answer as tool calls (``None`` if it is not a whole call: cut by ``max_tokens``)."""
+        """The answer as tool calls (``None`` if it is text, or calls cut by ``max_tokens``)."""
         try:
-            value = json.loads(text)
+            if self.auto:
+                said = CALL.findall(text) if text.startswith("<tool_call>") else []
+                pairs = [(c["name"], c["arguments"]) for c in map(json.loads, said)]
+            elif self.named:
+                pairs = [(self.named, json.loads(text))]
+            else:
+                pairs = [(call["name"], call["parameters"]) for call in json.loads(text)]
         except ValueError:
             return None
-        if self.named:
-            pairs = [(self.named, value)]
-        else:
-            pairs = [(call["name"], call["parameters"]) for call in value]
         return [
             ToolCall(id=f"{call_id}_{i}", function=FunctionCall(name=n, arguments=json.dumps(a)))
             for i, (n, a) in enumerate(pairs)
-        ]
+        ] or None
 
 
 def _functions(tools: list[Any]) -> dict[str, dict[str, Any]]:
@@ -109,15 +145,21 @@ def plan(tools: list[Any] | None, choice: Any, parallel: bool | None) -> ToolPla
     if choice == "none":
         return None
     if choice in (None, "auto"):
-        raise BadRequest(AUTO, param="tool_choice")
+        return ToolPlan(functions, None, parallel is not False, auto=True)
     named = None
     if choice != "required":
         spec = choice.get("function") if isinstance(choice, dict) else None
         named = spec.get("name") if isinstance(spec, dict) else None
         if named not in functions:
             raise BadRequest(
-                "'tool_choice' must be 'none', 'required' or {'type': 'function', 'function': "
-                "{'name': <one of the tools>}}.",
+                "'tool_choice' must be 'none', 'auto', 'required' or {'type': 'function', "
+                "'function': {'name': <one of the tools>}}.",
                 param="tool_choice",
             )
     return ToolPlan(functions, named, parallel is not False)
+
+
+def brief(tools: list[dict[str, Any]]) -> str:
+    """The system text that shows ``tools`` and the Hermes call format to a model whose chat
+    template does not (the words of Qwen2.5's template)."""
+    return BRIEF.format(tools="\n".join(json.dumps(tool) for tool in tools))

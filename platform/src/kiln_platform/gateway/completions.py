@@ -163,16 +163,20 @@ async def stream_chat(gen: Generation, include_usage: bool) -> AsyncGenerator[by
         return sse(ChatCompletionChunk(id=cid, created=created, model=model, choices=[choice],
                                        system_fingerprint=mark))  # fmt: skip
 
-    held = {choice.index: "" for choice in gen.choices}  # tool calls are sent whole
+    held: dict[int, list[Piece]] = {c.index: [] for c in gen.choices if gen.tools is not None}
     for choice in gen.choices:
         yield chunk(Piece("", index=choice.index), Delta(role="assistant", content=""))
     try:
-        async for piece in gen.pieces():
-            if gen.tools is not None:
-                held[piece.index] += piece.text
-                for event in _held(gen, piece, held[piece.index], chunk):
-                    yield event
-                continue
+        async for arrived in gen.pieces():
+            piece = arrived
+            if piece.index in held:  # tool calls are sent whole
+                held[piece.index].append(piece)
+                text = "".join(p.text for p in held[piece.index])
+                if not is_text(gen, text):
+                    for event in _held(gen, piece, text, chunk):
+                        yield event
+                    continue
+                piece = _joined(held.pop(piece.index))  # the model chose text: streamed as is
             if piece.text or piece.logprobs:
                 yield chunk(piece, Delta(content=piece.text))
             if piece.finish_reason:
@@ -184,6 +188,22 @@ async def stream_chat(gen: Generation, include_usage: bool) -> AsyncGenerator[by
             ChatCompletionChunk(id=cid, created=created, model=model, choices=[], usage=_usage(gen))
         )
     yield DONE
+
+
+def is_text(gen: Generation, text: str) -> bool:
+    """Whether an answer begun with ``text`` is text the model chose over calls (``auto``:
+    a call starts with ``<``, text never does)."""
+    return gen.tools is not None and gen.tools.auto and text[:1] not in ("", "<")
+
+
+def _joined(pieces: list[Piece]) -> Piece:
+    """Held pieces of one choice as one."""
+    last, logprobs = pieces[-1], [p.logprobs for p in pieces if p.logprobs is not None]
+    return Piece(
+        "".join(p.text for p in pieces), last.finish_reason, last.index,
+        tuple(t for p in pieces for t in p.token_ids),
+        tuple(lp for group in logprobs for lp in group) if logprobs else None,
+    )  # fmt: skip
 
 
 def _held(gen: Generation, piece: Piece, text: str, chunk: Callable[..., bytes]) -> list[bytes]:

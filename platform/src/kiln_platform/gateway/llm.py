@@ -351,14 +351,14 @@ async def prepare(
     tools = None
     if isinstance(request, ChatCompletionRequest):
         tools = _tools.plan(request.tools, request.tool_choice, request.parallel_tool_calls)
-    grammar = await _structured.compiled(request, tools)
+    grammar = await _structured.compiled(request, tools.constraint() if tools else None)
     version, adapter = await _resolve(kiln, admission, request)
     manifest = version.manifest
     model = load_text_model(
         await local_tree(kiln.store, version.artifact_digest),
         manifest.tokenizer_file or "tokenizer.json",
     )
-    prompts, echoes, endpoint = await _prompts.tokenize(request, model)
+    prompts, echoes, endpoint = await _prompts.tokenize(request, model, tools)
     stop = _prompts.stops(request.stop)
     plan = sampling(request, model.tokenizer.get_vocab_size(), len(prompts))
     choices = _choices(

@@ -13,7 +13,7 @@ import msgspec
 
 from kiln_platform.errors import BadRequest, KilnError
 from kiln_platform.gateway import _response_input, llm
-from kiln_platform.gateway.completions import collect, ident, tool_calls
+from kiln_platform.gateway.completions import collect, ident, is_text, tool_calls
 from kiln_platform.gateway.llm_schemas import ChatCompletionRequest, Message
 from kiln_platform.gateway.responses_schemas import (
     UNSUPPORTED,
@@ -178,17 +178,21 @@ async def stream(gen: Generation, request: ResponsesRequest) -> AsyncGenerator[b
     shell = _response(gen, request, created)
     yield event("response.created", response=shell)
     yield event("response.in_progress", response=shell)
-    if gen.tools is None:
-        opened = OutputMessage(id=item, status="in_progress", content=[])
-        yield event("response.output_item.added", output_index=0, item=opened)
+    opened, parts, finish = gen.tools is None, [], "stop"
+    if opened:  # text from the start (with tools, once the model chose text: ``is_text``)
+        yield event("response.output_item.added", output_index=0, item=_opened(item))
         yield event("response.content_part.added", **at, part=OutputText(text=""))
-    parts, finish = [], "stop"
     try:
         async for piece in gen.pieces():
             if piece.text:
                 parts.append(piece.text)
-                if gen.tools is None:
-                    yield event("response.output_text.delta", **at, delta=piece.text, logprobs=[])
+                delta = piece.text
+                if not opened and is_text(gen, delta := "".join(parts)):
+                    opened = True
+                    yield event("response.output_item.added", output_index=0, item=_opened(item))
+                    yield event("response.content_part.added", **at, part=OutputText(text=""))
+                if opened:
+                    yield event("response.output_text.delta", **at, delta=delta, logprobs=[])
             finish = piece.finish_reason or finish
     except KilnError as exc:
         yield event("error", code=exc.code, message=exc.message, param=exc.param)
@@ -198,9 +202,13 @@ async def stream(gen: Generation, request: ResponsesRequest) -> AsyncGenerator[b
         return
     done = _answered(gen, request, created, "".join(parts), finish)
     for index, out in enumerate(done.output):
-        for kind, fields in _item_events(out, index, opened=gen.tools is None):
+        for kind, fields in _item_events(out, index, opened=opened):
             yield event(kind, **fields)
     yield event(f"response.{done.status}", response=done)
+
+
+def _opened(item: str) -> OutputMessage:
+    return OutputMessage(id=item, status="in_progress", content=[])
 
 
 def _item_events(

@@ -10,12 +10,13 @@ from pathlib import Path
 import llguidance
 import numpy as np
 import pytest
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from tokenizers import Tokenizer
 
 from kiln_runtimes.backends._genai_grammar import Grammars
 from kiln_runtimes.backends._genai_logits import Shaping
 from kiln_runtimes.backends._genai_sampling import Sampler
 from kiln_runtimes.protocol import GenerateRequest
+from tests.factories import byte_bpe
 
 EOS = 0
 SCHEMA = {
@@ -28,14 +29,7 @@ SCHEMA = {
 
 @pytest.fixture(scope="module")
 def tokenizer(tmp_path_factory: pytest.TempPathFactory) -> tuple[Tokenizer, Path]:
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=400, special_tokens=["<eos>"],
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-    )  # fmt: skip
-    tok.train_from_iterator(['{"ok": true, "n": 42}', "hello world 123 false null"] * 50, trainer)
+    tok = byte_bpe(['{"ok": true, "n": 42}', "hello world 123 false null"] * 50)
     path = tmp_path_factory.mktemp("tok") / "tokenizer.json"
     tok.save(str(path))
     return tok, path
