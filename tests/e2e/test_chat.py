@@ -602,7 +602,8 @@ def test_auto_tools_let_the_model_answer_in_text_or_call(
 ) -> None:
     """``tools`` without ``tool_choice`` (the SDK's call, OpenAI's ``auto``): the model reads
     the tools (shown in a system message: more prompt tokens) and answers in text, streamed as
-    it comes; pushed to open with ``<`` (``logit_bias``), it must call, and the call fits."""
+    it comes; pushed to open with ``<`` (``logit_bias``), it must call, and the call fits. With
+    a ``response_format`` schema too, the answer is that schema's JSON or a call."""
     plain = _chat(client, messages=ASK_WEATHER, temperature=0, max_tokens=30)
     text = _chat(client, messages=ASK_WEATHER, tools=TOOLS, temperature=0, max_tokens=30)
     (choice,) = text.choices
@@ -634,6 +635,18 @@ def test_auto_tools_let_the_model_answer_in_text_or_call(
             (call,) = called.choices[0].message.tool_calls or []
         assert call.function.name == "get_weather"
         _weather(call.function.arguments)
+    fmt: Any = {"type": "json_schema", "json_schema": {"name": "person", "schema": PERSON}}
+    for bias, finish in ((-100, "stop"), (30, "tool_calls")):  # a person's JSON, or a call
+        both = _chat(client, messages=ASK_PERSON, tools=TOOLS, response_format=fmt,
+                     logit_bias={next(iter(push)): bias},
+                     parallel_tool_calls=False, temperature=0, max_tokens=60)  # fmt: skip
+        (choice,) = both.choices
+        assert choice.finish_reason == finish
+        if finish == "stop":
+            _person(choice.message.content)
+        else:
+            (call,) = choice.message.tool_calls or []
+            _weather(call.function.arguments)
     tools: Any = [{"type": "function", "name": "get_weather", "parameters": WEATHER}]
     done = client.responses.create(model=MODEL, input=ASK_WEATHER, tools=tools, temperature=0,
                                    max_output_tokens=30)  # fmt: skip

@@ -8,13 +8,15 @@ from types import SimpleNamespace
 from typing import Any
 
 import llguidance
+import msgspec
 import pytest
 from tokenizers import Tokenizer
 
 from kiln_platform.errors import BadRequest
 from kiln_platform.gateway._prompts import _briefed, _turn
+from kiln_platform.gateway._structured import grammar
 from kiln_platform.gateway._tools import brief, plan
-from kiln_platform.gateway.llm_schemas import Message
+from kiln_platform.gateway.llm_schemas import ChatCompletionRequest, Message
 from tests.factories import byte_bpe
 
 ARGS = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
@@ -166,3 +168,45 @@ def test_auto_shows_the_tools_to_a_template_that_does_not() -> None:
     assert _briefed([system, user], text) == [
         {"role": "system", "content": f"Be brief.\n\n{text}"}, user
     ]  # fmt: skip
+
+
+def _chat(**fields: Any) -> ChatCompletionRequest:
+    body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], **fields}
+    return msgspec.convert(body, ChatCompletionRequest)
+
+
+ANSWER = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"],
+          "additionalProperties": False}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("text", "follows"),
+    [('{"a": 1}', True), (WEATHER_CALL, True), ("It is sunny.", False), ('{"b": 1}', False)],
+)
+def test_auto_with_a_json_schema_answers_that_json_or_calls(
+    matcher_tokenizer: Any, text: str, follows: bool
+) -> None:
+    """OpenAI takes ``response_format`` with ``tools``: the answer is the schema's JSON or
+    calls."""
+    made = plan(TOOLS, "auto", None)
+    fmt = {"type": "json_schema", "json_schema": {"schema": ANSWER}}
+    compiled = grammar(_chat(response_format=fmt), made)
+    assert compiled is not None
+    assert _follows(matcher_tokenizer, compiled, text) is follows
+
+
+@pytest.mark.parametrize(
+    ("choice", "fields", "param"),
+    [
+        ("required", {"response_format": {"type": "json_object"}}, "tools"),
+        ("auto", {"guided_regex": "a+"}, "tools"),
+        ("auto", {"response_format": {"type": "json_schema", "json_schema": {"schema": {
+            "type": "x"}}}}, "response_format.json_schema.schema"),
+    ],
+)  # fmt: skip
+def test_tools_and_another_constraint_are_a_400_naming_one(
+    choice: str, fields: dict[str, Any], param: str
+) -> None:
+    with pytest.raises(BadRequest) as refused:
+        grammar(_chat(**fields), plan(TOOLS, choice, None))
+    assert refused.value.param == param

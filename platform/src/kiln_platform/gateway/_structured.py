@@ -13,7 +13,7 @@ cannot drift into blank lines.
 from __future__ import annotations
 
 import json
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import anyio.to_thread
 import llguidance
@@ -37,7 +37,8 @@ _LEGACY = {"guided_json": "json", "guided_regex": "regex", "guided_choice": "cho
            "guided_grammar": "grammar"}  # fmt: skip
 
 
-def _json(schema: Any, where: str) -> str:
+def _schema(schema: Any, where: str) -> dict[str, Any]:
+    """A JSON schema given as an object or as its text."""
     if isinstance(schema, str):
         try:
             schema = json.loads(schema)
@@ -45,10 +46,22 @@ def _json(schema: Any, where: str) -> str:
             raise BadRequest(f"'{where}' is not JSON.", param=where) from None
     if not isinstance(schema, dict):
         raise BadRequest(f"'{where}' must be a JSON schema object.", param=where)
+    return schema
+
+
+class Tools(Protocol):
+    """What a tool plan (``_tools.ToolPlan``) gives the grammar."""
+
+    @property
+    def auto(self) -> bool: ...
+
+    def constraint(self, answer: dict[str, Any] | None = None) -> tuple[str, Any]: ...
+
+
+def _json(schema: Any, where: str) -> str:
     try:
         return llguidance.LLMatcher.grammar_from_json_schema(
-            schema,
-            overrides=JSON_STYLE,
+            _schema(schema, where), overrides=JSON_STYLE
         )
     except ValueError as exc:
         raise BadRequest(f"'{where}' is not a usable JSON schema: {exc}", param=where) from None
@@ -120,7 +133,7 @@ def _asked(request: ChatCompletionRequest | CompletionRequest) -> list[tuple[str
 
 
 async def compiled(
-    request: ChatCompletionRequest | CompletionRequest, tools: tuple[str, Any] | None
+    request: ChatCompletionRequest | CompletionRequest, tools: Tools | None
 ) -> str | None:
     """``grammar``, in a thread when the request sets a constraint: compiling and checking
     takes ~1 ms per KB of schema (50 ms for a 49 KB one, measured), and llguidance lets the
@@ -131,14 +144,26 @@ async def compiled(
     return await anyio.to_thread.run_sync(grammar, request, tools)
 
 
+def _with_tools(asked: list[tuple[str, Any, str]], tools: Tools) -> list[tuple[str, Any, str]]:
+    """The constraints with the tool plan's: one more, but with ``auto`` tools a JSON answer
+    (mode or schema, checked alone first) is the answer the model may give instead of calls
+    (OpenAI takes both together)."""
+    if tools.auto and len(asked) == 1 and asked[0][0] in ("json", "json_object"):
+        kind, value, where = asked[0]
+        answer = _schema({"type": "object"} if kind == "json_object" else value, where)
+        _checked(_json(answer, where), where)
+        return [(*tools.constraint(answer), "tools")]
+    return [*asked, (*tools.constraint(), "tools")]
+
+
 def grammar(
-    request: ChatCompletionRequest | CompletionRequest, tools: tuple[str, Any] | None = None
+    request: ChatCompletionRequest | CompletionRequest, tools: Tools | None = None
 ) -> str | None:
-    """The llguidance grammar the request asks its text to follow (``None``: free text); the
-    tool plan's constraint (``ToolPlan.constraint``: kind, value) is one more."""
+    """The llguidance grammar the request asks its text to follow (``None``: free text); a
+    tool plan's calls are one more constraint."""
     asked = _asked(request)
     if tools is not None:
-        asked.append((*tools, "tools"))
+        asked = _with_tools(asked, tools)
     if len(asked) > 1:
         fields = ", ".join(f"'{where}'" for _, _, where in asked)
         raise BadRequest(f"Set one structured output, not {fields}.", param=asked[1][2])

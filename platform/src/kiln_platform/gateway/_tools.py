@@ -41,10 +41,11 @@ For each function call, return a json object with function name and arguments wi
 <tool_call>
 {{"name": <function-name>, "arguments": <args-json-object>}}
 </tool_call>"""
-TEXT_OR_CALLS = r"""start: TEXT | call{more}
-TEXT: /[^<](.|\n)*/
+TEXT_OR_CALLS = r"""start: {answer} | call{more}
+{answer_rule}
 call: "<tool_call>\n" %json {schema} "\n</tool_call>"
 """
+FREE_TEXT = r"TEXT: /[^<](.|\n)*/"
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,9 +79,10 @@ class ToolPlan:
             {} if self.parallel else {"maxItems": 1}
         )
 
-    def constraint(self) -> tuple[str, Any]:
+    def constraint(self, answer: dict[str, Any] | None = None) -> tuple[str, Any]:
         """The structured output the answer follows, as (kind, value): the calls' JSON schema,
-        or, for ``auto``, a Lark grammar of text or Hermes calls."""
+        or, for ``auto``, a Lark grammar of text (or JSON following ``answer``, a schema) or
+        Hermes calls."""
         if not self.auto:
             return "json", self.schema()
         calls = [
@@ -90,7 +92,14 @@ class ToolPlan:
         ]  # fmt: skip
         schema = json.dumps({"anyOf": calls, "x-guidance": JSON_STYLE})
         more = r' ("\n" call)*' if self.parallel else ""
-        return "grammar", TEXT_OR_CALLS.format(more=more, schema=schema)
+        name, rule = (
+            ("TEXT", FREE_TEXT)
+            if answer is None
+            else ("answer", f"answer: %json {json.dumps(answer | {'x-guidance': JSON_STYLE})}")
+        )
+        return "grammar", TEXT_OR_CALLS.format(
+            answer=name, answer_rule=rule, more=more, schema=schema
+        )
 
     def calls(self, text: str, call_id: str) -> list[ToolCall] | None:
         """The answer as tool calls (``None`` if it is text, or calls cut by ``max_tokens``)."""

@@ -351,7 +351,7 @@ async def prepare(
     tools = None
     if isinstance(request, ChatCompletionRequest):
         tools = _tools.plan(request.tools, request.tool_choice, request.parallel_tool_calls)
-    grammar = await _structured.compiled(request, tools.constraint() if tools else None)
+    grammar = await _structured.compiled(request, tools)
     version, adapter = await _resolve(kiln, admission, request)
     manifest = version.manifest
     model = load_text_model(
