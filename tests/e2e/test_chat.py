@@ -661,3 +661,16 @@ def test_auto_tools_let_the_model_answer_in_text_or_call(
     deltas = [e.delta for e in events if e.type == "response.output_text.delta"]
     assert len(deltas) > 1
     assert "".join(deltas) == done.output_text
+
+
+def test_fields_recent_openai_clients_send_are_taken(client: openai.OpenAI) -> None:
+    """``prompt_cache_key``, ``safety_identifier`` and ``verbosity: medium`` are accepted;
+    ``top_p: 0`` (OpenAI takes it) is the most probable token alone, so a sampled answer
+    equals the greedy one."""
+    greedy = _chat(client, temperature=0, max_tokens=12)
+    nucleus = _chat(client, temperature=1.5, top_p=0, max_tokens=12, prompt_cache_key="paris",
+                    safety_identifier="user-7", verbosity="medium")  # fmt: skip
+    assert nucleus.choices[0].message.content == greedy.choices[0].message.content
+    with pytest.raises(openai.BadRequestError) as refused:
+        _chat(client, max_tokens=4, verbosity="high")
+    assert "verbosity" in str(refused.value)

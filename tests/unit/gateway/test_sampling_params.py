@@ -44,6 +44,11 @@ def test_logprobs_shapes() -> None:
     assert sampling(text, VOCAB).fields["logprobs"] == 3
 
 
+def test_top_p_0_is_the_most_probable_token_alone() -> None:
+    plan = sampling(chat(top_p=0, top_k=40), VOCAB)
+    assert (plan.fields["top_p"], plan.fields["top_k"]) == (1.0, 1)
+
+
 def test_logit_bias_keys_become_token_ids_and_top_k_minus_1_is_off() -> None:
     plan = sampling(chat(logit_bias={"7": -100, "12": 5.5}, top_k=-1), VOCAB)
     assert plan.fields["logit_bias"] == {7: -100.0, 12: 5.5}
@@ -62,6 +67,8 @@ def test_logit_bias_keys_become_token_ids_and_top_k_minus_1_is_off() -> None:
         ({"presence_penalty": -2.1}, "presence_penalty", 1),
         ({"min_p": -0.1}, "min_p", 1),
         ({"repetition_penalty": 2.5}, "repetition_penalty", 1),
+        ({"top_p": 1.01}, "top_p", 1),
+        ({"top_p": -0.1}, "top_p", 1),
     ],
 )
 def test_out_of_range_names_the_field(fields: dict[str, Any], param: str, prompts: int) -> None:

@@ -110,8 +110,11 @@ def sampling(
     """Validate every sampling parameter; a 400 names the first one out of range."""
     temperature = _between("temperature", request.temperature, 0, 2, 1.0)
     top_p = 1.0 if request.top_p is None else request.top_p
-    if not 0.0 < top_p <= 1.0:
-        raise BadRequest("'top_p' must be greater than 0 and at most 1.", param="top_p")
+    if not 0.0 <= top_p <= 1.0:
+        raise BadRequest("'top_p' must be between 0 and 1.", param="top_p")
+    top_k = _top_k(request.top_k)
+    if top_p == 0:  # OpenAI takes it: the smallest nucleus, the most probable token alone
+        top_p, top_k = 1.0, 1
     repetition = 1.0 if request.repetition_penalty is None else request.repetition_penalty
     if not 0 < repetition <= 2:
         raise BadRequest(
@@ -121,7 +124,7 @@ def sampling(
     fields = {
         "temperature": temperature,
         "top_p": top_p,
-        "top_k": _top_k(request.top_k),
+        "top_k": top_k,
         "min_p": _between("min_p", request.min_p, 0, 1, 0.0),
         "presence_penalty": _between("presence_penalty", request.presence_penalty, -2, 2, 0.0),
         "frequency_penalty": _between("frequency_penalty", request.frequency_penalty, -2, 2, 0.0),

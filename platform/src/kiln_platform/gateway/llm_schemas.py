@@ -90,6 +90,12 @@ class ChatCompletionRequest(_Sampling, kw_only=True, forbid_unknown_fields=True)
     prediction: Any = None
     reasoning_effort: Any = None
     web_search_options: Any = None
+    verbosity: Any = None
+    prompt_cache_key: str | None = None
+    """OpenAI's cache-routing hint: accepted and unused (the prefix cache is automatic and
+    shared within a tenant only)."""
+    safety_identifier: str | None = None
+    """OpenAI's end-user id for abuse detection (``user``'s successor): accepted, unused."""
 
 
 class CompletionRequest(_Sampling, kw_only=True, forbid_unknown_fields=True):
@@ -112,6 +118,7 @@ UNSUPPORTED: dict[str, tuple[Any, ...]] = {
     "modalities": (None, ["text"]),
     "prediction": (None,),
     "reasoning_effort": (None,),
+    "verbosity": (None, "medium"),
     "web_search_options": (None,),
     "suffix": (None, ""),
     "best_of": (None, 1),
