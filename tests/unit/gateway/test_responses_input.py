@@ -73,7 +73,8 @@ def test_what_it_cannot_map_is_a_400_naming_the_field(fields: dict[str, Any], pa
 def test_what_means_unused_is_accepted() -> None:
     chat = to_chat(_request(store=False, tools=[], tool_choice="auto", include=[],
                             text={"format": {"type": "text"}}, truncation="disabled",
-                            service_tier="auto", prompt_cache_key="k"))  # fmt: skip
+                            service_tier="auto", prompt_cache_key="k", max_tool_calls=3,
+                            reasoning={"effort": None}))  # fmt: skip
     assert [m.content for m in chat.messages] == ["hi"]
 
 
