@@ -13,7 +13,7 @@ from aiohttp.typedefs import Middleware
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from kiln_runtimes import _embed, _generate, _tensor, tracing
-from kiln_runtimes._errors import BadRequest, Internal, Unauthorized, WorkerError
+from kiln_runtimes._errors import BadRequest, Internal, Unauthorized, Unsupported, WorkerError
 from kiln_runtimes._runtime import Worker
 from kiln_runtimes.protocol import (
     CONTENT_TYPE,
@@ -166,6 +166,12 @@ async def _infer_handler(request: web.Request) -> web.Response:
 def _decode(body: bytes, kind: type[T]) -> T:
     try:
         return msgspec.msgpack.decode(body, type=kind)
+    except msgspec.ValidationError as exc:
+        if str(exc).startswith("Object contains unknown field"):
+            raise Unsupported(
+                f"This worker is older than the gateway: {kind.__name__}: {exc}"
+            ) from None
+        raise BadRequest(f"cannot decode {kind.__name__}: {exc}") from None
     except msgspec.DecodeError as exc:
         raise BadRequest(f"cannot decode {kind.__name__}: {exc}") from None
 

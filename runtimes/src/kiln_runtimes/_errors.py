@@ -30,6 +30,15 @@ class BadRequest(WorkerError):
     status = 400
 
 
+class Unsupported(WorkerError):
+    """The request uses a field this worker does not know: the gateway is newer (a rolling
+    upgrade). Another worker may know it."""
+
+    code = "unsupported"
+    status = 503
+    default_retry_after_s = 1.0
+
+
 class Overloaded(WorkerError):
     """The queue is full; retry after the predicted drain time."""
 

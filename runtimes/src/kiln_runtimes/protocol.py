@@ -41,6 +41,7 @@ ErrorCode = Literal[
     "internal",
     "unauthorized",
     "busy",
+    "unsupported",
 ]
 FinishReason = Literal["stop", "length", "cancelled", "error"]
 # Open Inference Protocol datatypes -> little-endian numpy dtype strings (BYTES is not served).
@@ -110,7 +111,16 @@ class WorkerInfo(msgspec.Struct, frozen=True, kw_only=True):
     """Seconds its warm-up took (the gateway's cold-start phases, ``pools.coldstart``)."""
 
 
-class EmbedRequest(msgspec.Struct, frozen=True, kw_only=True):
+class _Call(
+    msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True, omit_defaults=True
+):
+    """A gateway-to-worker request. Fields left at their defaults are not sent, and a field
+    the worker does not know is refused (``unsupported``), not ignored: during a rolling
+    upgrade a worker older than the gateway refuses a request that uses a feature it lacks
+    (a ``grammar``, say) instead of answering it without, and serves every other."""
+
+
+class EmbedRequest(_Call, frozen=True, kw_only=True):
     """Token ids of one API request's inputs (tokenized in the gateway, unpadded)."""
 
     request_id: str
@@ -139,7 +149,7 @@ MAX_LOGPROBS = 20
 """The most alternatives a ``GenerateRequest`` may ask per token (OpenAI's chat limit)."""
 
 
-class GenerateRequest(msgspec.Struct, frozen=True, kw_only=True):
+class GenerateRequest(_Call, frozen=True, kw_only=True):
     """One sequence to generate from prompt token ids."""
 
     request_id: str
@@ -223,7 +233,7 @@ class Tensor(msgspec.Struct, frozen=True, kw_only=True):
     data: bytes
 
 
-class InferRequest(msgspec.Struct, frozen=True, kw_only=True):
+class InferRequest(_Call, frozen=True, kw_only=True):
     """Named input tensors of one request; batched along dim 0 when the model allows it."""
 
     request_id: str

@@ -13,6 +13,8 @@ import msgspec
 import pytest
 from aiohttp import web
 
+from kiln_platform.errors import ServiceUnavailable
+from kiln_platform.gateway import dispatch
 from kiln_runtimes import _runtime
 from kiln_runtimes._app import create_app, metrics_app
 from kiln_runtimes._errors import Overloaded, WorkerError
@@ -325,4 +327,33 @@ async def test_the_metrics_port_serves_metrics_alone_without_the_secret(
         async with session.post(f"http://{host}:{port}/generate", data=generate_body(1)) as r:
             assert r.status == 404
     await runner.cleanup()
+    await server.close()
+
+
+def test_fields_left_at_their_defaults_are_not_sent() -> None:
+    """So a worker older than the gateway refuses only requests that use what it lacks."""
+    sent = msgspec.msgpack.decode(generate_body(3))
+    assert sent == {"request_id": "gen-1", "prompt_ids": [1, 2, 3], "max_tokens": 3}
+
+
+async def test_a_field_the_worker_does_not_know_is_refused_and_leased_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A newer gateway's field (a rolling upgrade) is ``unsupported``, not ignored: the
+    gateway leases the request again once, then answers 503 naming the field."""
+    _, server = await start(tmp_path, monkeypatch, FakeGenerator())
+    newer = msgspec.msgpack.decode(generate_body(3)) | {"speculation": {"tokens": 4}}
+    async with aiohttp.ClientSession(headers=GATEWAY) as session:
+        for relet, refused in ((False, "unsupported"), (True, None)):
+            async with session.post(
+                server.make_url("/generate"), data=msgspec.msgpack.encode(newer)
+            ) as response:
+                assert response.status == 503
+                assert await dispatch._refused(response, relet) == refused
+                error = dispatch._error(await response.read())
+        assert isinstance(error, ServiceUnavailable)
+        assert "`speculation`" in error.message
+        async with session.post(server.make_url("/generate"), data=generate_body(2)) as response:
+            assert response.status == 200
+            assert len(parse_frames(await response.read())) == 2
     await server.close()

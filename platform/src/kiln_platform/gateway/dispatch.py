@@ -46,6 +46,7 @@ _ERRORS: dict[str, type[KilnError]] = {
     "deadline_exceeded": DeadlineExceeded,
     "draining": ServiceUnavailable,
     "busy": Overloaded,
+    "unsupported": ServiceUnavailable,  # a worker older than this gateway: retry shortly
     "internal": KilnError,
     "unauthorized": KilnError,  # the worker does not know this gateway's secret: a 500
 }
@@ -237,12 +238,14 @@ class _Unreached(Exception):
 
 async def _refused(resp: aiohttp.ClientResponse, relet: bool) -> str | None:
     """Why the worker turned the request away unrun, if for a reason another lease may not
-    meet: every slot taken (``busy``: other gateways share it), or draining (unless the request
-    was leased again once already); its body stays readable."""
+    meet: every slot taken (``busy``: other gateways share it), draining, or older than this
+    gateway (``unsupported``: a rolling upgrade), the last two unless the request was leased
+    again once already; its body stays readable."""
     if resp.status not in (429, 503):
         return None
     code = _error_decoder.decode(await resp.read()).code
-    return code if code == "busy" or (code == "draining" and not relet) else None
+    again = code in ("draining", "unsupported") and not relet
+    return code if code == "busy" or again else None
 
 
 async def _frames(resp: aiohttp.ClientResponse, model: str) -> AsyncIterator[GenerateChunk]:
