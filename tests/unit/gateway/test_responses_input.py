@@ -55,8 +55,6 @@ def test_items_keep_their_roles_and_text_parts_and_ignore_output_fields() -> Non
         ({"input": [{"role": "user"}]}, "input[0].content"),
         ({"input": [{"role": "user", "content": [{"type": "input_file"}]}]},
          "input[0].content[0].type"),
-        ({"store": True}, "store"),
-        ({"previous_response_id": "resp-1"}, "previous_response_id"),
         ({"text": {"verbosity": "high"}}, "text"),
         ({"text": {"format": {"type": "text"}, "stop": "x"}}, "text"),
         ({"truncation": "auto"}, "truncation"),

@@ -124,7 +124,8 @@ async def _call(kiln: Kiln, admission: Any, endpoint: str, body: dict[str, Any])
     if request.stream:
         raise BadRequest("'stream' is not supported in a batch.", param="body.stream")
     if isinstance(request, ResponsesRequest):
-        return await responses.complete(await responses.prepare(kiln, admission, request), request)
+        gen, history = await responses.prepare(kiln, admission, request)
+        return await responses.complete(gen, request, history)
     gen = await llm.prepare(kiln, admission, request)
     if isinstance(request, ChatCompletionRequest):
         return await completions.complete_chat(gen)

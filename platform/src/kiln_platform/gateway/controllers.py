@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from litestar import MediaType, Response, get, post
+from typing import Any
+
+from litestar import MediaType, Response, delete, get, post
 from litestar.di import Provide
 from litestar.params import SkipValidation
 from litestar.response import Stream
@@ -10,7 +12,7 @@ from litestar.response import Stream
 from kiln_platform.admission.deps import provide_admission, provide_scheduled
 from kiln_platform.admission.services import Admission
 from kiln_platform.context import Kiln
-from kiln_platform.gateway import completions, llm, responses, services
+from kiln_platform.gateway import completions, llm, response_store, responses, services
 from kiln_platform.gateway.auth import provide_principal
 from kiln_platform.gateway.llm_schemas import (
     ChatCompletion,
@@ -98,9 +100,24 @@ class OpenAIController(DocumentedController):
         self, kiln: KilnDep, admission: AdmissionDep, data: ResponsesRequest
     ) -> Response[ResponseObject] | Stream:
         """Create a model response (the Responses API on the chat path; ``stream: true`` for
-        its typed server-sent events). Nothing is stored: send the history as input items."""
-        gen = await responses.prepare(kiln, admission, data)
+        its typed server-sent events). Kept only with ``store: true`` (then
+        ``previous_response_id`` goes on from it); else send the history as input items."""
+        gen, history = await responses.prepare(kiln, admission, data)
         if data.stream:
-            return completions.streamed(gen, responses.stream(gen, data))
-        body = await responses.complete(gen, data)
+            return completions.streamed(gen, responses.stream(gen, data, history))
+        body = await responses.complete(gen, data, history)
         return Response(body, media_type=MediaType.JSON, headers=lifecycle.headers(gen.version))
+
+    @get("/responses/{response_id:str}")
+    async def get_response(
+        self, kiln: KilnDep, admission: AdmissionDep, response_id: str
+    ) -> dict[str, Any]:
+        """A response created with ``store: true``."""
+        return await response_store.fetch(kiln, admission.principal.tenant_id, response_id)
+
+    @delete("/responses/{response_id:str}", status_code=200)
+    async def delete_response(
+        self, kiln: KilnDep, admission: AdmissionDep, response_id: str
+    ) -> dict[str, Any]:
+        """Delete a stored response."""
+        return await response_store.remove(kiln, admission.principal.tenant_id, response_id)

@@ -12,13 +12,14 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 
 from kiln_platform.errors import BadRequest, KilnError
-from kiln_platform.gateway import _response_input, llm
+from kiln_platform.gateway import _response_input, llm, response_store
 from kiln_platform.gateway.completions import collect, ident, is_text, tool_calls
 from kiln_platform.gateway.llm_schemas import ChatCompletionRequest, Message
 from kiln_platform.gateway.responses_schemas import (
     UNSUPPORTED,
     FunctionCallItem,
     IncompleteDetails,
+    InputItem,
     InputTokensDetails,
     OutputMessage,
     OutputText,
@@ -48,12 +49,6 @@ _NAMES = re.compile(
 
 
 def _reject_unsupported(request: ResponsesRequest) -> None:
-    if request.store not in UNSUPPORTED["store"]:
-        raise BadRequest(
-            "Kiln keeps no responses: set 'store' to false (or leave it out) and send the "
-            "conversation so far as input items.",
-            param="store",
-        )
     for field, unused in UNSUPPORTED.items():
         if getattr(request, field) not in unused:
             raise BadRequest(f"The parameter '{field}' is not supported by Kiln.", param=field)
@@ -73,14 +68,16 @@ def _response_format(text: dict[str, Any] | None) -> dict[str, Any] | None:
     return {"type": "json_schema", "json_schema": {"schema": given.get("schema", {})}}
 
 
-def to_chat(request: ResponsesRequest) -> ChatCompletionRequest:
-    """The chat completion a response is: ``instructions`` as the first (system) message, then
-    the input (a string is one user message)."""
+def to_chat(
+    request: ResponsesRequest, history: list[InputItem] | None = None
+) -> ChatCompletionRequest:
+    """The chat completion a response is: ``instructions`` as the first (system) message, the
+    ``history`` it goes on from, then the input (a string is one user message)."""
     _reject_unsupported(request)
     if not request.input:
         raise BadRequest("'input' must not be empty.", param="input")
     given = request.input
-    messages = (
+    messages = _response_input.messages(history or []) + (
         [Message(role="user", content=given)] if isinstance(given, str)
         else _response_input.messages(given)
     )  # fmt: skip
@@ -97,17 +94,39 @@ def to_chat(request: ResponsesRequest) -> ChatCompletionRequest:
     )  # fmt: skip
 
 
-async def prepare(kiln: Kiln, admission: Admission, request: ResponsesRequest) -> Generation:
-    """The chat path's ``prepare``, its errors naming the Responses API's fields; usage is
-    recorded under the ``responses`` endpoint."""
+async def prepare(
+    kiln: Kiln, admission: Admission, request: ResponsesRequest
+) -> tuple[Generation, list[dict[str, Any]]]:
+    """The chat path's ``prepare`` (after the stored response ``previous_response_id`` names,
+    if any), its errors naming the Responses API's fields; usage is recorded under the
+    ``responses`` endpoint. Also the input items the response answers, to store with it."""
+    history: list[dict[str, Any]] = []
+    if request.previous_response_id is not None:
+        tenant = admission.principal.tenant_id
+        history = await response_store.conversation(kiln, tenant, request.previous_response_id)
     try:
-        gen = await llm.prepare(kiln, admission, to_chat(request))
+        chat = to_chat(request, msgspec.convert(history, list[InputItem]))
+        gen = await llm.prepare(kiln, admission, chat)
     except BadRequest as exc:
         message = _NAMES.sub(lambda m: _RENAMED[m.group(0)], exc.message)
         param = exc.param and _NAMES.sub(lambda m: _RENAMED[m.group(0)], exc.param)
         raise BadRequest(message, param=param) from exc
     gen.endpoint = "responses"
-    return gen
+    given = request.input
+    own = (
+        [{"type": "message", "role": "user", "content": given}]
+        if isinstance(given, str)
+        else (msgspec.to_builtins(given))
+    )
+    return gen, [*history, *own]
+
+
+async def _kept(gen: Generation, request: ResponsesRequest, response: ResponseObject,
+                history: list[dict[str, Any]]) -> ResponseObject:  # fmt: skip
+    """``response``, stored first if the request asked (``store: true``)."""
+    if request.store:
+        await response_store.save(gen.kiln, gen.admission.principal.tenant_id, response, history)
+    return response
 
 
 def _usage(gen: Generation) -> ResponseUsage:
@@ -128,7 +147,8 @@ def _response(
         top_p=1.0 if request.top_p is None else request.top_p, user=request.user,
         metadata=request.metadata or {}, system_fingerprint=fingerprint(gen.version),
         text=request.text or {"format": {"type": "text"}}, tools=request.tools or [],
-        tool_choice=request.tool_choice or "auto",
+        tool_choice=request.tool_choice or "auto", store=bool(request.store),
+        previous_response_id=request.previous_response_id,
         **{"status": "in_progress", "output": [], "usage": None, **fields},
     )  # fmt: skip
 
@@ -155,14 +175,19 @@ def _answered(
     )  # fmt: skip
 
 
-async def complete(gen: Generation, request: ResponsesRequest) -> ResponseObject:
-    """A non-streamed response."""
+async def complete(
+    gen: Generation, request: ResponsesRequest, history: list[dict[str, Any]]
+) -> ResponseObject:
+    """A non-streamed response (stored before it is sent, if asked)."""
     created = int(time.time())
     (answer,) = await collect(gen)
-    return _answered(gen, request, created, "".join(answer.parts), answer.finish)
+    done = _answered(gen, request, created, "".join(answer.parts), answer.finish)
+    return await _kept(gen, request, done, history)
 
 
-async def stream(gen: Generation, request: ResponsesRequest) -> AsyncGenerator[bytes, None]:
+async def stream(
+    gen: Generation, request: ResponsesRequest, history: list[dict[str, Any]]
+) -> AsyncGenerator[bytes, None]:
     """The Responses stream: ``response.created``, ``response.in_progress``, the message's item
     and part, its ``response.output_text.delta`` events, their ``done`` events, then
     ``response.completed`` (or ``response.incomplete``); a failure after the start is an
@@ -200,7 +225,8 @@ async def stream(gen: Generation, request: ResponsesRequest) -> AsyncGenerator[b
         failed = _response(gen, request, created, status="failed", error=failure)
         yield event("response.failed", response=failed)
         return
-    done = _answered(gen, request, created, "".join(parts), finish)
+    done = await _kept(gen, request, _answered(gen, request, created, "".join(parts), finish),
+                       history)  # fmt: skip
     for index, out in enumerate(done.output):
         for kind, fields in _item_events(out, index, opened=opened):
             yield event(kind, **fields)

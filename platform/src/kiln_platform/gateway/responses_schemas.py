@@ -2,9 +2,9 @@
 
 As with chat completions, parameters Kiln knows but does not serve are declared so that a
 request using them gets a 400 naming them (``UNSUPPORTED``); anything unknown is rejected by
-``forbid_unknown_fields``. Kiln keeps no responses (``store`` must be false or absent), so there
-is no ``previous_response_id`` or conversation state: the client sends the history as input
-items, as a stateless Responses client does.
+``forbid_unknown_fields``. A response is kept only when asked (``store: true``,
+``response_store``); a later request goes on from it with ``previous_response_id``, or sends
+the history as input items, as a stateless Responses client does.
 """
 
 from __future__ import annotations
@@ -54,8 +54,10 @@ class ResponsesRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True)
     prompt_cache_key: str | None = None
     """A routing hint for OpenAI's cache; Kiln's prefix cache needs none (accepted, unused)."""
     parallel_tool_calls: bool | None = None
-    store: Any = None
-    previous_response_id: Any = None
+    store: bool | None = None
+    """Keep the response (``responses_ttl_days``) for ``GET`` and ``previous_response_id``;
+    absent is false (OpenAI's default is true: Kiln keeps nothing unasked)."""
+    previous_response_id: str | None = None
     conversation: Any = None
     tools: Any = None
     tool_choice: Any = None
@@ -74,8 +76,6 @@ class ResponsesRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True)
 
 # field -> the value(s) that mean "not used"
 UNSUPPORTED: dict[str, tuple[Any, ...]] = {
-    "store": (None, False),
-    "previous_response_id": (None,),
     "conversation": (None,),
     "reasoning": (None, {}, {"effort": None}, {"effort": None, "summary": None}),
     "include": (None, []),
@@ -178,7 +178,7 @@ class ResponseObject(msgspec.Struct, kw_only=True, omit_defaults=False):
     object: str = "response"
     store: bool = False
     background: bool = False
-    previous_response_id: None = None
+    previous_response_id: str | None = None
     parallel_tool_calls: bool = True
     tool_choice: Any = "auto"
     tools: list[Any] = []
