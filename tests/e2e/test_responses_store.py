@@ -1,6 +1,6 @@
 """Stored responses through the openai SDK against a real ``kiln up``: ``store: true`` keeps a
 response, ``previous_response_id`` goes on from it exactly as sending the history would, and it
-can be read back and deleted."""
+can be read back (its input items too) and deleted."""
 
 from __future__ import annotations
 
@@ -44,6 +44,9 @@ def test_a_stored_response_is_gone_on_from_as_its_history(client: openai.OpenAI)
     assert third.usage.input_tokens > then.usage.input_tokens + then.usage.output_tokens
     with pytest.raises(openai.NotFoundError):
         client.responses.retrieve(third.id)  # not stored: store was absent
+    items = client.responses.input_items.list(then.id, order="asc")
+    said = [(i.type, getattr(i, "role", None)) for i in items.data]
+    assert said == [("message", "user"), ("message", "assistant"), ("message", "user")]
 
 
 def test_a_streamed_response_is_stored_before_its_last_event(client: openai.OpenAI) -> None:

@@ -66,3 +66,32 @@ async def test_an_expired_response_is_gone_and_dropped_by_the_next_save(db: Data
             select(StoredResponse.id).where(StoredResponse.tenant_id == tenant)
         )
         assert list(kept) == ["resp-new"]
+
+
+async def test_input_items_are_listed_in_pages_with_ids(db: Database) -> None:
+    async with db.sessions.begin() as session:
+        tenant = await make_tenant(session)
+    kiln = _kiln(db, 30)
+    asked: list[dict[str, Any]] = [
+        {"type": "message", "role": "user", "content": f"Question {i}?", "call_id": None}
+        for i in range(3)
+    ]
+    await response_store.save(kiln, tenant, _response("resp-list"), asked)
+
+    async def page(**how: Any) -> dict[str, Any]:
+        return await response_store.input_items(
+            kiln, tenant, "resp-list", **{"after": None, "limit": 20, "order": "desc"} | how
+        )
+
+    newest = await page(limit=2)
+    assert [i["id"] for i in newest["data"]] == ["resp-list-in-2", "resp-list-in-1"]
+    assert newest["data"][0]["content"] == [{"type": "input_text", "text": "Question 2?"}]
+    assert "call_id" not in newest["data"][0]
+    assert (newest["has_more"], newest["last_id"]) == (True, "resp-list-in-1")
+    rest = await page(limit=2, after=newest["last_id"])
+    assert ([i["id"] for i in rest["data"]], rest["has_more"]) == (["resp-list-in-0"], False)
+    oldest = await page(order="asc", limit=1)
+    assert oldest["first_id"] == "resp-list-in-0"
+    with pytest.raises(NotFound) as unknown:
+        await page(after="nope")
+    assert unknown.value.param == "after"

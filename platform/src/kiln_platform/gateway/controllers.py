@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any, Literal
 
 from litestar import MediaType, Response, delete, get, post
 from litestar.di import Provide
-from litestar.params import SkipValidation
+from litestar.params import Parameter, SkipValidation
 from litestar.response import Stream
 
 from kiln_platform.admission.deps import provide_admission, provide_scheduled
@@ -114,6 +114,17 @@ class OpenAIController(DocumentedController):
     ) -> dict[str, Any]:
         """A response created with ``store: true``."""
         return await response_store.fetch(kiln, admission.principal.tenant_id, response_id)
+
+    @get("/responses/{response_id:str}/input_items")
+    async def response_input_items(
+        self, kiln: KilnDep, admission: AdmissionDep, response_id: str, *,
+        after: str | None = None, limit: Annotated[int, Parameter(ge=1, le=100)] = 20,
+        order: Literal["asc", "desc"] = "desc",
+    ) -> dict[str, Any]:  # fmt: skip
+        """The input items a stored response answered (those it went on from first)."""
+        return await response_store.input_items(
+            kiln, admission.principal.tenant_id, response_id, after=after, limit=limit, order=order
+        )
 
     @delete("/responses/{response_id:str}", status_code=200)
     async def delete_response(

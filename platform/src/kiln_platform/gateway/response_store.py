@@ -92,6 +92,40 @@ async def fetch(kiln: Kiln, tenant_id: uuid.UUID, response_id: str) -> dict[str,
         return (await _row(session, tenant_id, response_id, "response_id")).body
 
 
+def _listed(response_id: str, history: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Input items as the API lists them: each with an id (its own, or ``<response>-in-<i>``)
+    and a message's text as a content part."""
+    items = []
+    for i, given in enumerate(history):
+        item = {"id": f"{response_id}-in-{i}"} | {k: v for k, v in given.items() if v is not None}
+        if item.get("type", "message") == "message" and isinstance(item.get("content"), str):
+            part = "output_text" if item.get("role") == "assistant" else "input_text"
+            item["content"] = [{"type": part, "text": item["content"]}]
+        items.append(item)
+    return items
+
+
+async def input_items(
+    kiln: Kiln, tenant_id: uuid.UUID, response_id: str, *, after: str | None, limit: int,
+    order: str,
+) -> dict[str, Any]:  # fmt: skip
+    """A page of the input items a stored response answered (those it went on from first),
+    ``GET /v1/responses/{id}/input_items``: newest first unless ``order`` is ``asc``."""
+    async with _tenant_tx(kiln, tenant_id) as session:
+        row = await _row(session, tenant_id, response_id, "response_id")
+    items = _listed(response_id, row.history)[:: -1 if order == "desc" else 1]
+    if after is not None:
+        ids = [item["id"] for item in items]
+        if after not in ids:
+            raise NotFound(f"'after' names no input item of '{response_id}'.", param="after")
+        items = items[ids.index(after) + 1 :]
+    page = items[:limit]
+    return {
+        "object": "list", "data": page, "has_more": len(items) > limit,
+        "first_id": page[0]["id"] if page else None, "last_id": page[-1]["id"] if page else None,
+    }  # fmt: skip
+
+
 async def remove(kiln: Kiln, tenant_id: uuid.UUID, response_id: str) -> dict[str, Any]:
     """Delete a stored response (``DELETE /v1/responses/{id}``)."""
     async with _tenant_tx(kiln, tenant_id) as session:
