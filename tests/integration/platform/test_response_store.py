@@ -1,9 +1,11 @@
 """Stored responses in PostgreSQL: a tenant reads only its own, an expired one is gone (and
-dropped when the tenant stores the next), a deleted one is gone."""
+dropped when the tenant stores the next), a deleted one is gone, and one the database refuses
+is answered anyway, marked not stored."""
 
 from __future__ import annotations
 
 import asyncio
+import uuid
 from types import SimpleNamespace
 from typing import Any
 
@@ -12,9 +14,14 @@ from sqlalchemy import select
 
 from kiln_platform.db.database import Database
 from kiln_platform.errors import NotFound
-from kiln_platform.gateway import response_store
+from kiln_platform.gateway import response_store, responses
 from kiln_platform.gateway.response_store import StoredResponse
-from kiln_platform.gateway.responses_schemas import OutputMessage, OutputText, ResponseObject
+from kiln_platform.gateway.responses_schemas import (
+    OutputMessage,
+    OutputText,
+    ResponseObject,
+    ResponsesRequest,
+)
 from tests.factories import make_tenant
 
 
@@ -95,3 +102,12 @@ async def test_input_items_are_listed_in_pages_with_ids(db: Database) -> None:
     with pytest.raises(NotFound) as unknown:
         await page(after="nope")
     assert unknown.value.param == "after"
+
+
+async def test_an_answer_that_cannot_be_stored_is_sent_marked_not_stored(db: Database) -> None:
+    """It is made and billed already: failing it would bill the client's retry again."""
+    nobody = SimpleNamespace(principal=SimpleNamespace(tenant_id=uuid.uuid4()))  # no such tenant
+    gen: Any = SimpleNamespace(kiln=_kiln(db, 30), admission=nobody)
+    asked = ResponsesRequest(model="m", input="A colour?", store=True)
+    kept = await responses._kept(gen, asked, _response("resp-orphan"), [])
+    assert (kept.id, kept.store) == ("resp-orphan", False)

@@ -10,6 +10,8 @@ import time
 from typing import TYPE_CHECKING, Any
 
 import msgspec
+import structlog
+from sqlalchemy.exc import SQLAlchemyError
 
 from kiln_platform.errors import BadRequest, KilnError
 from kiln_platform.gateway import _response_input, llm, response_store
@@ -37,6 +39,7 @@ if TYPE_CHECKING:
     from kiln_platform.context import Kiln
     from kiln_platform.gateway.llm import Generation
 
+log = structlog.get_logger(__name__)
 # The chat path's names for the Responses API's fields, in its error messages.
 _RENAMED = {
     "max_completion_tokens": "max_output_tokens", "messages": "input",
@@ -123,9 +126,17 @@ async def prepare(
 
 async def _kept(gen: Generation, request: ResponsesRequest, response: ResponseObject,
                 history: list[dict[str, Any]]) -> ResponseObject:  # fmt: skip
-    """``response``, stored first if the request asked (``store: true``)."""
-    if request.store:
+    """``response``, stored first if the request asked (``store: true``). The answer is made
+    and billed by now (the ledger spools through a database outage), so a store that fails
+    answers it anyway, marked ``store: false``, rather than fail a request a retry would bill
+    again."""
+    if not request.store:
+        return response
+    try:
         await response_store.save(gen.kiln, gen.admission.principal.tenant_id, response, history)
+    except (SQLAlchemyError, OSError):
+        log.warning("response not stored", response_id=response.id, exc_info=True)
+        return msgspec.structs.replace(response, store=False)
     return response
 
 
