@@ -1,6 +1,7 @@
 """Stored responses: ``/v1/responses`` with ``store: true`` keeps the response and the input
-items it answered, so a later request goes on from it (``previous_response_id``) and its tenant
-can read or delete it (row-level security by tenant, as on every tenant table).
+items it answered (sealed: tenant data), so a later request goes on from it
+(``previous_response_id``) and its tenant can read or delete it (row-level security by tenant,
+as on every tenant table).
 
 Revision ID: 0028
 Revises: 0027
@@ -11,7 +12,6 @@ from __future__ import annotations
 
 import sqlalchemy as sa
 from alembic import op
-from sqlalchemy.dialects import postgresql
 
 revision = "0028"
 down_revision = "0027"
@@ -33,8 +33,7 @@ def upgrade() -> None:
             "tenant_id", sa.Uuid(), sa.ForeignKey("tenants.id", ondelete="CASCADE"),
             nullable=False,
         ),
-        sa.Column("body", postgresql.JSONB(), nullable=False),
-        sa.Column("history", postgresql.JSONB(), nullable=False),
+        sa.Column("sealed", sa.LargeBinary(), nullable=False),
         sa.Column("created_at", _TZ, server_default=sa.func.now(), nullable=False),
         sa.Column("expires_at", _TZ, nullable=False),
     )  # fmt: skip

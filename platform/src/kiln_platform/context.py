@@ -22,6 +22,7 @@ from kiln_platform.db.database import Database, open_database
 from kiln_platform.db.engine import fill, writer_engine, writer_sessions
 from kiln_platform.gateway.dispatch import WorkerClient
 from kiln_platform.gateway.metrics import RequestMetrics
+from kiln_platform.gateway.response_store import ResponseStore
 from kiln_platform.idempotency.services import IdempotencyStore
 from kiln_platform.keys.services import KeyVerifier
 from kiln_platform.oauth.keys import Keyring
@@ -91,6 +92,8 @@ class Kiln:
     """OAuth JWT access tokens: signing keys, local verification, the jti denylist."""
     idempotency: IdempotencyStore
     """Idempotency-Key claims and stored responses (``kiln_platform.idempotency``)."""
+    responses: ResponseStore
+    """``/v1/responses`` answers kept with ``store: true`` (``gateway.response_store``)."""
     adapters: AdapterDirectory
     """Tenants' LoRA adapters by ``<model>:<adapter>`` name, cached."""
     slos: SloMonitor
@@ -194,6 +197,7 @@ def _build(
     slis = SliRecorder(settings.slo_bucket_s)
     slos = SloMonitor(db.sessions, slis, settings, partial(crashloop.health, pools.backend))
     workers = WorkerClient(pools, http, settings.request_timeout_s)
+    idempotency, responses = _sealing_stores(settings, db)
     return Kiln(
         settings=settings,
         db=db,
@@ -210,12 +214,8 @@ def _build(
         admissions=Admissions(quotas, budgets, ledger, slis, metrics, outcomes=outcomes),
         tokens=_tokens(settings, db),
         adapters=AdapterDirectory(db.sessions, settings.key_cache_ttl_s),
-        idempotency=IdempotencyStore(
-            db.sessions,
-            settings.hmac_key(),
-            ttl_s=settings.idempotency_ttl_s,
-            lock_s=settings.idempotency_lock_s,
-        ),
+        idempotency=idempotency,
+        responses=responses,
         slos=slos,
         rollouts=RolloutMonitor(
             db.sessions, outcomes, settings.rollout_interval_s, pools.reconcile, slos.deliver
@@ -227,6 +227,15 @@ def _build(
         webhooks=WebhookSender(db.sessions, settings),
         fleet=_fleet(settings, db, pools.backend),
     )
+
+
+def _sealing_stores(settings: Settings, db: Database) -> tuple[IdempotencyStore, ResponseStore]:
+    """The stores that seal what they keep under the server secret."""
+    secret = settings.hmac_key()
+    idempotency = IdempotencyStore(
+        db.sessions, secret, ttl_s=settings.idempotency_ttl_s, lock_s=settings.idempotency_lock_s
+    )
+    return idempotency, ResponseStore(db.sessions, secret, settings.responses_ttl_days)
 
 
 def _tokens(settings: Settings, db: Database) -> TokenVerifier:

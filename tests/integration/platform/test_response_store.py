@@ -1,6 +1,7 @@
-"""Stored responses in PostgreSQL: a tenant reads only its own, an expired one is gone (and
-dropped when the tenant stores the next), a deleted one is gone, and one the database refuses
-is answered anyway, marked not stored."""
+"""Stored responses in PostgreSQL: a tenant reads only its own, sealed at rest (a sealed value
+moved to another row does not open); an expired one is gone (and dropped when the tenant stores
+the next), a deleted one is gone, and one the database refuses is answered anyway, marked not
+stored."""
 
 from __future__ import annotations
 
@@ -10,12 +11,13 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
-from sqlalchemy import select
+from cryptography.exceptions import InvalidTag
+from sqlalchemy import select, update
 
 from kiln_platform.db.database import Database
 from kiln_platform.errors import NotFound
-from kiln_platform.gateway import response_store, responses
-from kiln_platform.gateway.response_store import StoredResponse
+from kiln_platform.gateway import responses
+from kiln_platform.gateway.response_store import ResponseStore, StoredResponse
 from kiln_platform.gateway.responses_schemas import (
     OutputMessage,
     OutputText,
@@ -23,6 +25,8 @@ from kiln_platform.gateway.responses_schemas import (
     ResponsesRequest,
 )
 from tests.factories import make_tenant
+
+SECRET = b"a server secret for tests"
 
 
 def _response(ident: str) -> ResponseObject:
@@ -33,41 +37,61 @@ def _response(ident: str) -> ResponseObject:
     )  # fmt: skip
 
 
-def _kiln(db: Database, ttl_days: float) -> Any:
-    return SimpleNamespace(db=db, settings=SimpleNamespace(responses_ttl_days=ttl_days))
+def _store(db: Database, ttl_days: float = 30) -> ResponseStore:
+    return ResponseStore(db.sessions, SECRET, ttl_days)
 
 
-async def test_a_tenant_reads_its_own_and_goes_on_from_it(db: Database) -> None:
+async def test_a_tenant_reads_its_own_sealed_and_goes_on_from_it(db: Database) -> None:
     async with db.sessions.begin() as session:
         owner, other = await make_tenant(session), await make_tenant(session)
-    kiln = _kiln(db, 30)
-    asked = [{"type": "message", "role": "user", "content": "A colour?"}]
-    await response_store.save(kiln, owner, _response("resp-own"), asked)
-    assert (await response_store.fetch(kiln, owner, "resp-own"))["output"][0][
-        "id"
-    ] == "msg-resp-own"
-    history = await response_store.conversation(kiln, owner, "resp-own")
-    assert [(h["type"], h["role"]) for h in history] == [
-        ("message", "user"),
-        ("message", "assistant"),
-    ]
-    for call in (response_store.fetch, response_store.remove, response_store.conversation):
+    store = _store(db)
+    asked = [{"type": "message", "role": "user", "content": "A colour for Zanzibar?"}]
+    await store.save(owner, _response("resp-own"), asked)
+    body = await store.fetch(owner, "resp-own")
+    assert body["output"][0]["id"] == "msg-resp-own"
+    history = await store.conversation(owner, "resp-own")
+    said = [(h["type"], h["role"]) for h in history]
+    assert said == [("message", "user"), ("message", "assistant")]
+    for call in (store.fetch, store.remove, store.conversation):
         with pytest.raises(NotFound):
-            await call(kiln, other, "resp-own")
-    assert (await response_store.remove(kiln, owner, "resp-own"))["deleted"] is True
+            await call(other, "resp-own")
+    async with db.sessions.begin() as session:  # the platform's scope: every tenant's rows
+        sealed = await session.scalar(select(StoredResponse.sealed))
+    assert sealed is not None
+    assert b"Zanzibar" not in sealed
+    assert b"Red." not in sealed
+    assert (await store.remove(owner, "resp-own"))["deleted"] is True
     with pytest.raises(NotFound) as gone:
-        await response_store.conversation(kiln, owner, "resp-own")
+        await store.conversation(owner, "resp-own")
     assert gone.value.param == "previous_response_id"
+
+
+async def test_a_sealed_response_moved_to_another_row_does_not_open(db: Database) -> None:
+    async with db.sessions.begin() as session:
+        tenant = await make_tenant(session)
+    store = _store(db)
+    await store.save(tenant, _response("resp-a"), [])
+    await store.save(tenant, _response("resp-b"), [])
+    async with db.sessions.begin() as session:
+        moved = await session.scalar(
+            select(StoredResponse.sealed).where(StoredResponse.id == "resp-a")
+        )
+        await session.execute(
+            update(StoredResponse).where(StoredResponse.id == "resp-b").values(sealed=moved)
+        )
+    with pytest.raises(InvalidTag):
+        await store.fetch(tenant, "resp-b")
+    assert (await store.fetch(tenant, "resp-a"))["id"] == "resp-a"
 
 
 async def test_an_expired_response_is_gone_and_dropped_by_the_next_save(db: Database) -> None:
     async with db.sessions.begin() as session:
         tenant = await make_tenant(session)
-    await response_store.save(_kiln(db, 0.1 / 86_400), tenant, _response("resp-old"), [])
+    await _store(db, 0.1 / 86_400).save(tenant, _response("resp-old"), [])
     await asyncio.sleep(0.2)
     with pytest.raises(NotFound):
-        await response_store.fetch(_kiln(db, 30), tenant, "resp-old")
-    await response_store.save(_kiln(db, 30), tenant, _response("resp-new"), [])
+        await _store(db).fetch(tenant, "resp-old")
+    await _store(db).save(tenant, _response("resp-new"), [])
     async with db.sessions.begin() as session:  # the platform's scope: every tenant's rows
         kept = await session.scalars(
             select(StoredResponse.id).where(StoredResponse.tenant_id == tenant)
@@ -78,16 +102,16 @@ async def test_an_expired_response_is_gone_and_dropped_by_the_next_save(db: Data
 async def test_input_items_are_listed_in_pages_with_ids(db: Database) -> None:
     async with db.sessions.begin() as session:
         tenant = await make_tenant(session)
-    kiln = _kiln(db, 30)
+    store = _store(db)
     asked: list[dict[str, Any]] = [
         {"type": "message", "role": "user", "content": f"Question {i}?", "call_id": None}
         for i in range(3)
     ]
-    await response_store.save(kiln, tenant, _response("resp-list"), asked)
+    await store.save(tenant, _response("resp-list"), asked)
 
     async def page(**how: Any) -> dict[str, Any]:
-        return await response_store.input_items(
-            kiln, tenant, "resp-list", **{"after": None, "limit": 20, "order": "desc"} | how
+        return await store.input_items(
+            tenant, "resp-list", **{"after": None, "limit": 20, "order": "desc"} | how
         )
 
     newest = await page(limit=2)
@@ -107,7 +131,7 @@ async def test_input_items_are_listed_in_pages_with_ids(db: Database) -> None:
 async def test_an_answer_that_cannot_be_stored_is_sent_marked_not_stored(db: Database) -> None:
     """It is made and billed already: failing it would bill the client's retry again."""
     nobody = SimpleNamespace(principal=SimpleNamespace(tenant_id=uuid.uuid4()))  # no such tenant
-    gen: Any = SimpleNamespace(kiln=_kiln(db, 30), admission=nobody)
+    gen: Any = SimpleNamespace(kiln=SimpleNamespace(responses=_store(db)), admission=nobody)
     asked = ResponsesRequest(model="m", input="A colour?", store=True)
     kept = await responses._kept(gen, asked, _response("resp-orphan"), [])
     assert (kept.id, kept.store) == ("resp-orphan", False)

@@ -12,7 +12,7 @@ from litestar.response import Stream
 from kiln_platform.admission.deps import provide_admission, provide_scheduled
 from kiln_platform.admission.services import Admission
 from kiln_platform.context import Kiln
-from kiln_platform.gateway import completions, llm, response_store, responses, services
+from kiln_platform.gateway import completions, llm, responses, services
 from kiln_platform.gateway.auth import provide_principal
 from kiln_platform.gateway.llm_schemas import (
     ChatCompletion,
@@ -113,7 +113,7 @@ class OpenAIController(DocumentedController):
         self, kiln: KilnDep, admission: AdmissionDep, response_id: str
     ) -> dict[str, Any]:
         """A response created with ``store: true``."""
-        return await response_store.fetch(kiln, admission.principal.tenant_id, response_id)
+        return await kiln.responses.fetch(admission.principal.tenant_id, response_id)
 
     @get("/responses/{response_id:str}/input_items")
     async def response_input_items(
@@ -122,8 +122,8 @@ class OpenAIController(DocumentedController):
         order: Literal["asc", "desc"] = "desc",
     ) -> dict[str, Any]:  # fmt: skip
         """The input items a stored response answered (those it went on from first)."""
-        return await response_store.input_items(
-            kiln, admission.principal.tenant_id, response_id, after=after, limit=limit, order=order
+        return await kiln.responses.input_items(
+            admission.principal.tenant_id, response_id, after=after, limit=limit, order=order
         )
 
     @delete("/responses/{response_id:str}", status_code=200)
@@ -131,4 +131,4 @@ class OpenAIController(DocumentedController):
         self, kiln: KilnDep, admission: AdmissionDep, response_id: str
     ) -> dict[str, Any]:
         """Delete a stored response."""
-        return await response_store.remove(kiln, admission.principal.tenant_id, response_id)
+        return await kiln.responses.remove(admission.principal.tenant_id, response_id)

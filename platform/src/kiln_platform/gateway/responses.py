@@ -14,7 +14,7 @@ import structlog
 from sqlalchemy.exc import SQLAlchemyError
 
 from kiln_platform.errors import BadRequest, KilnError
-from kiln_platform.gateway import _response_input, llm, response_store
+from kiln_platform.gateway import _response_input, llm
 from kiln_platform.gateway.completions import collect, ident, is_text, tool_calls
 from kiln_platform.gateway.llm_schemas import ChatCompletionRequest, Message
 from kiln_platform.gateway.responses_schemas import (
@@ -106,7 +106,7 @@ async def prepare(
     history: list[dict[str, Any]] = []
     if request.previous_response_id is not None:
         tenant = admission.principal.tenant_id
-        history = await response_store.conversation(kiln, tenant, request.previous_response_id)
+        history = await kiln.responses.conversation(tenant, request.previous_response_id)
     try:
         chat = to_chat(request, msgspec.convert(history, list[InputItem]))
         gen = await llm.prepare(kiln, admission, chat)
@@ -133,7 +133,7 @@ async def _kept(gen: Generation, request: ResponsesRequest, response: ResponseOb
     if not request.store:
         return response
     try:
-        await response_store.save(gen.kiln, gen.admission.principal.tenant_id, response, history)
+        await gen.kiln.responses.save(gen.admission.principal.tenant_id, response, history)
     except (SQLAlchemyError, OSError):
         log.warning("response not stored", response_id=response.id, exc_info=True)
         return msgspec.structs.replace(response, store=False)

@@ -118,7 +118,7 @@ def _rows(tenant: uuid.UUID, model: uuid.UUID) -> list[Base]:
         file,
         batch,
         BatchLine(batch_id=batch.id, custom_id="c", tenant_id=tenant, line=1, ok=True, output="{}"),
-        StoredResponse(id=f"resp-{n}", tenant_id=tenant, body={"output": []}, history=[],
+        StoredResponse(id=f"resp-{n}", tenant_id=tenant, sealed=b"\0",
                        expires_at=NOW + timedelta(days=1)),
         hook,
         delivery,
