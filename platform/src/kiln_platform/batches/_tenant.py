@@ -5,7 +5,7 @@ from __future__ import annotations
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING
 
-from kiln_platform.db.engine import confine
+from kiln_platform.db.engine import tenant_transaction
 
 if TYPE_CHECKING:
     import uuid
@@ -20,6 +20,5 @@ if TYPE_CHECKING:
 async def tenant_tx(kiln: Kiln, tenant_id: uuid.UUID) -> AsyncIterator[AsyncSession]:
     """A transaction as ``kiln_tenant`` with ``kiln.tenant_id`` set: it sees and writes only the
     tenant's rows, even from a query that forgot its filter."""
-    async with kiln.db.sessions.begin() as session:
-        await confine(session, tenant_id)
+    async with tenant_transaction(kiln.db.sessions, tenant_id) as session:
         yield session

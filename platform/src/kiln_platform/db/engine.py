@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import warnings
-from contextlib import contextmanager
+from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
@@ -33,7 +33,7 @@ from kiln_platform.settings import CONNECT_TIMEOUT_S, Settings
 
 if TYPE_CHECKING:
     import uuid
-    from collections.abc import Iterator
+    from collections.abc import AsyncIterator, Iterator
     from pathlib import Path
 
     from sqlalchemy.engine import Connection
@@ -57,6 +57,16 @@ async def confine(session: AsyncSession, tenant_id: uuid.UUID) -> None:
     set sees and writes only that tenant's rows, even from a query that forgot its filter."""
     await session.execute(text(f"SET LOCAL ROLE {TENANT_ROLE}"))
     await session.execute(TENANT_CONTEXT, {"t": str(tenant_id)})
+
+
+@asynccontextmanager
+async def tenant_transaction(
+    sessions: async_sessionmaker[AsyncSession], tenant_id: uuid.UUID
+) -> AsyncIterator[AsyncSession]:
+    """A transaction confined to one tenant (``confine``): row-level security's second wall."""
+    async with sessions.begin() as session:
+        await confine(session, tenant_id)
+        yield session
 
 
 @contextmanager

@@ -5,7 +5,7 @@ answer to a call and its text becomes ``tool_calls``.
 ``parallel_tool_calls``), each function's ``parameters`` schema enforced; a named function
 writes that function's arguments alone; ``"none"`` ignores the tools. ``"auto"`` (OpenAI's
 default when tools are given) lets the model choose: text that does not start with ``<``, or
-calls in the Hermes format that Qwen's, Hermes' and SmolLM3's templates teach
+calls in the Hermes format that Qwen's and Hermes' templates teach
 (``<tool_call>\n{"name": …, "arguments": …}\n</tool_call>``, a block per call), each held to
 its function's schema, so the answer's first character says which it is. The tools are passed
 to the chat template (``tools``), as Hugging Face's ``apply_chat_template`` does; for a
@@ -69,15 +69,20 @@ class ToolPlan:
         """The JSON schema the answer is held to."""
         if self.named is not None:
             return self.functions[self.named]
-        calls = [
-            {"type": "object", "properties": {"name": {"const": name}, "parameters": params},
-             "required": ["name", "parameters"], "additionalProperties": False}
-            for name, params in self.functions.items()
-        ]  # fmt: skip
+        calls = self._call_schemas("parameters")
         items = calls[0] if len(calls) == 1 else {"anyOf": calls}
         return {"type": "array", "items": items, "minItems": 1} | (
             {} if self.parallel else {"maxItems": 1}
         )
+
+    def _call_schemas(self, arguments: str) -> list[dict[str, Any]]:
+        """One schema per function: its ``name`` and, under ``arguments`` (the key the format
+        names them by), its parameters."""
+        return [
+            {"type": "object", "properties": {"name": {"const": name}, arguments: params},
+             "required": ["name", arguments], "additionalProperties": False}
+            for name, params in self.functions.items()
+        ]  # fmt: skip
 
     def constraint(self, answer: dict[str, Any] | None = None) -> tuple[str, Any]:
         """The structured output the answer follows, as (kind, value): the calls' JSON schema,
@@ -85,12 +90,7 @@ class ToolPlan:
         Hermes calls."""
         if not self.auto:
             return "json", self.schema()
-        calls = [
-            {"type": "object", "properties": {"name": {"const": name}, "arguments": params},
-             "required": ["name", "arguments"], "additionalProperties": False}
-            for name, params in self.functions.items()
-        ]  # fmt: skip
-        schema = json.dumps({"anyOf": calls, "x-guidance": JSON_STYLE})
+        schema = json.dumps({"anyOf": self._call_schemas("arguments"), "x-guidance": JSON_STYLE})
         more = r' ("\n" call)*' if self.parallel else ""
         name, rule = (
             ("TEXT", FREE_TEXT)

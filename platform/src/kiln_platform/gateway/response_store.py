@@ -9,7 +9,6 @@ data: a sealed value moved to another row does not open."""
 from __future__ import annotations
 
 import uuid
-from contextlib import asynccontextmanager
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
@@ -17,14 +16,12 @@ import msgspec
 from sqlalchemy import DateTime, ForeignKey, LargeBinary, String, delete, func
 from sqlalchemy.orm import Mapped, mapped_column
 
-from kiln_platform.db.engine import confine
+from kiln_platform.db.engine import tenant_transaction
 from kiln_platform.db.tables import Base
 from kiln_platform.errors import NotFound
 from kiln_platform.sealing import Seal
 
 if TYPE_CHECKING:
-    from collections.abc import AsyncIterator
-
     from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
     from kiln_platform.gateway.responses_schemas import ResponseObject
@@ -43,7 +40,9 @@ class StoredResponse(Base):
     expires_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
 
 
-class _Kept(msgspec.Struct):
+class _Sealed(msgspec.Struct):
+    """What a row's ``sealed`` holds, opened."""
+
     body: dict[str, Any]
     history: list[dict[str, Any]]
 
@@ -80,22 +79,16 @@ class ResponseStore:
         self._seal = Seal(secret, b"kiln stored responses v1")
         self._ttl = timedelta(days=ttl_days)
 
-    @asynccontextmanager
-    async def _tenant_tx(self, tenant_id: uuid.UUID) -> AsyncIterator[AsyncSession]:
-        async with self._sessions.begin() as session:
-            await confine(session, tenant_id)
-            yield session
-
-    async def _kept(self, tenant_id: uuid.UUID, response_id: str, param: str) -> _Kept:
-        async with self._tenant_tx(tenant_id) as session:
+    async def _open(self, tenant_id: uuid.UUID, response_id: str, param: str) -> _Sealed:
+        async with tenant_transaction(self._sessions, tenant_id) as session:
             row = await _row(session, tenant_id, response_id, param)
         plain = self._seal.open(row.sealed, f"{tenant_id}/{response_id}".encode())
-        return msgspec.json.decode(plain, type=_Kept)
+        return msgspec.json.decode(plain, type=_Sealed)
 
     async def conversation(self, tenant_id: uuid.UUID, response_id: str) -> list[dict[str, Any]]:
         """What a request with ``previous_response_id`` goes on from: the stored response's
         input items, then its output items (which read as input items too)."""
-        kept = await self._kept(tenant_id, response_id, "previous_response_id")
+        kept = await self._open(tenant_id, response_id, "previous_response_id")
         return [*kept.history, *kept.body["output"]]
 
     async def save(
@@ -105,7 +98,7 @@ class ResponseStore:
         now = datetime.now(UTC)
         plain = msgspec.json.encode({"body": response, "history": history})
         sealed = self._seal.seal(plain, f"{tenant_id}/{response.id}".encode())
-        async with self._tenant_tx(tenant_id) as session:
+        async with tenant_transaction(self._sessions, tenant_id) as session:
             await session.execute(
                 delete(StoredResponse).where(
                     StoredResponse.tenant_id == tenant_id, StoredResponse.expires_at <= now
@@ -116,7 +109,7 @@ class ResponseStore:
 
     async def fetch(self, tenant_id: uuid.UUID, response_id: str) -> dict[str, Any]:
         """The stored response object (``GET /v1/responses/{id}``)."""
-        return (await self._kept(tenant_id, response_id, "response_id")).body
+        return (await self._open(tenant_id, response_id, "response_id")).body
 
     async def input_items(
         self, tenant_id: uuid.UUID, response_id: str, *, after: str | None, limit: int,
@@ -125,7 +118,7 @@ class ResponseStore:
         """A page of the input items a stored response answered (those it went on from
         first), ``GET /v1/responses/{id}/input_items``: newest first unless ``order`` is
         ``asc``."""
-        kept = await self._kept(tenant_id, response_id, "response_id")
+        kept = await self._open(tenant_id, response_id, "response_id")
         items = _listed(response_id, kept.history)[:: -1 if order == "desc" else 1]
         if after is not None:
             ids = [item["id"] for item in items]
@@ -141,6 +134,6 @@ class ResponseStore:
 
     async def remove(self, tenant_id: uuid.UUID, response_id: str) -> dict[str, Any]:
         """Delete a stored response (``DELETE /v1/responses/{id}``)."""
-        async with self._tenant_tx(tenant_id) as session:
+        async with tenant_transaction(self._sessions, tenant_id) as session:
             await session.delete(await _row(session, tenant_id, response_id, "response_id"))
         return {"id": response_id, "object": "response", "deleted": True}
