@@ -344,9 +344,12 @@ class BuildReport(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class ErrorReply(msgspec.Struct, frozen=True, kw_only=True):
-    """A worker-side refusal or failure; ``retry_after_s`` is set for transient ones."""
+    """A worker-side refusal or failure; ``retry_after_s`` is set for transient ones.
 
-    code: ErrorCode
+    ``code`` is one of ``ErrorCode`` when written; it is read as any string so that a gateway
+    older than its worker (a rolling upgrade) reads a newer code rather than failing on it."""
+
+    code: str
     message: str
     retry_after_s: float | None = None
 

@@ -243,7 +243,7 @@ async def _refused(resp: aiohttp.ClientResponse, relet: bool) -> str | None:
     again once already; its body stays readable."""
     if resp.status not in (429, 503):
         return None
-    code = _error_decoder.decode(await resp.read()).code
+    code = _reply(await resp.read()).code
     again = code in ("draining", "unsupported") and not relet
     return code if code == "busy" or again else None
 
@@ -317,5 +317,18 @@ def _bounded(
 
 
 def _error(body: bytes) -> KilnError:
-    reply = _error_decoder.decode(body)
-    return _ERRORS[reply.code](reply.message, retry_after=reply.retry_after_s)
+    """The refusal as the error its client sees; a code this gateway does not know (a newer
+    worker's) is a 503 if the worker said when to retry, else a 500."""
+    reply = _reply(body)
+    transient = ServiceUnavailable if reply.retry_after_s is not None else KilnError
+    return _ERRORS.get(reply.code, transient)(reply.message, retry_after=reply.retry_after_s)
+
+
+def _reply(body: bytes) -> ErrorReply:
+    """The worker's ``ErrorReply``, or an ``internal`` one for a body that is not one (a proxy's
+    page in front of the worker, a truncated answer)."""
+    try:
+        return _error_decoder.decode(body)
+    except msgspec.DecodeError:  # ValidationError included
+        log.warning("worker_reply_unreadable", body=body[:200])
+        return ErrorReply(code="internal", message="The worker's answer could not be read.")
