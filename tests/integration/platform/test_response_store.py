@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 from cryptography.exceptions import InvalidTag
+from prometheus_client import REGISTRY
 from sqlalchemy import select, update
 
 from kiln_platform.db.database import Database
@@ -131,7 +132,10 @@ async def test_input_items_are_listed_in_pages_with_ids(db: Database) -> None:
 async def test_an_answer_that_cannot_be_stored_is_sent_marked_not_stored(db: Database) -> None:
     """It is made and billed already: failing it would bill the client's retry again."""
     nobody = SimpleNamespace(principal=SimpleNamespace(tenant_id=uuid.uuid4()))  # no such tenant
-    gen: Any = SimpleNamespace(kiln=SimpleNamespace(responses=_store(db)), admission=nobody)
-    asked = ResponsesRequest(model="m", input="A colour?", store=True)
+    kiln = SimpleNamespace(responses=_store(db))
+    gen: Any = SimpleNamespace(kiln=kiln, admission=nobody, name="m-orphan")
+    asked = ResponsesRequest(model="m-orphan", input="A colour?", store=True)
     kept = await responses._kept(gen, asked, _response("resp-orphan"), [])
     assert (kept.id, kept.store) == ("resp-orphan", False)
+    counted = REGISTRY.get_sample_value("kiln_responses_not_stored_total", {"model": "m-orphan"})
+    assert counted == 1.0

@@ -22,6 +22,11 @@ DEADLINE_CUTS = Counter(
 )
 ACTIVE_STREAMS = Gauge("kiln_llm_active_generations", "Generations in flight.", ["model"])
 EMBEDDED_ITEMS = Counter("kiln_embeddings_items", "Inputs embedded.", ["model"])
+RESPONSES_NOT_STORED = Counter(
+    "kiln_responses_not_stored",
+    "Responses asked to be stored that the database did not take (sent with store: false).",
+    ["model"],
+)
 
 
 class RequestMetrics:

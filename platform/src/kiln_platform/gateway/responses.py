@@ -14,7 +14,7 @@ import structlog
 from sqlalchemy.exc import SQLAlchemyError
 
 from kiln_platform.errors import BadRequest, KilnError
-from kiln_platform.gateway import _response_input, llm
+from kiln_platform.gateway import _response_input, llm, metrics
 from kiln_platform.gateway.completions import collect, ident, is_text, tool_calls
 from kiln_platform.gateway.llm_schemas import ChatCompletionRequest, Message
 from kiln_platform.gateway.responses_schemas import (
@@ -136,6 +136,7 @@ async def _kept(gen: Generation, request: ResponsesRequest, response: ResponseOb
         await gen.kiln.responses.save(gen.admission.principal.tenant_id, response, history)
     except (SQLAlchemyError, OSError):
         log.warning("response not stored", response_id=response.id, exc_info=True)
+        metrics.RESPONSES_NOT_STORED.labels(gen.name).inc()
         return msgspec.structs.replace(response, store=False)
     return response
 
