@@ -515,6 +515,14 @@ TOOLS: Any = [
     {"type": "function", "function": {"name": "get_time", "parameters": {"type": "object"}}},
 ]
 ASK_WEATHER: Any = [{"role": "user", "content": "What is the weather in Paris?"}]
+OSLO: Any = {"name": "get_weather", "arguments": '{"city": "Oslo", "unit": "c"}'}
+SHOWN_A_CALL: Any = [
+    {"role": "user", "content": "What is the weather in Oslo?"},
+    {"role": "assistant", "tool_calls": [{"id": "c1", "type": "function", "function": OSLO}]},
+    {"role": "tool", "tool_call_id": "c1", "content": "Sunny, 21 C"},
+    {"role": "assistant", "content": "It is sunny in Oslo, 21 C."},
+    *ASK_WEATHER,
+]
 
 
 def _weather(arguments: str) -> None:
@@ -601,8 +609,9 @@ def test_auto_tools_let_the_model_answer_in_text_or_call(
 ) -> None:
     """``tools`` without ``tool_choice`` (the SDK's call, OpenAI's ``auto``): the model reads
     the tools (shown in a system message: more prompt tokens) and answers in text, streamed as
-    it comes; pushed to open with ``<`` (``logit_bias``), it must call, and the call fits. With
-    a ``response_format`` schema too, the answer is that schema's JSON or a call."""
+    it comes, even when it opens with ``<`` (``logit_bias``); shown a call in the history, it
+    calls, and the call fits. With a ``response_format`` schema too, the answer is that
+    schema's JSON or a call (``<`` opens only a call there)."""
     plain = _chat(client, messages=ASK_WEATHER, temperature=0, max_tokens=30)
     text = _chat(client, messages=ASK_WEATHER, tools=TOOLS, temperature=0, max_tokens=30)
     (choice,) = text.choices
@@ -619,9 +628,31 @@ def test_auto_tools_let_the_model_answer_in_text_or_call(
     assert "".join(pieces) == choice.message.content
     tokenizer = Tokenizer.from_file(str(smollm2_dir / "tokenizer.json"))
     push = {str(tokenizer.token_to_id("<")): 30}
+    tagged = _chat(client, messages=ASK_WEATHER, tools=TOOLS, temperature=0, max_tokens=12,
+                   logit_bias=push)  # fmt: skip
+    assert tagged.choices[0].message.content.startswith("<")  # text, not a call cut short
+    assert tagged.choices[0].message.tool_calls is None
+    streamed = _chat(client, messages=ASK_WEATHER, tools=TOOLS, temperature=0, max_tokens=12,
+                     logit_bias=push, stream=True)  # fmt: skip
+    said = [c.choices[0].delta.content or "" for c in streamed if c.choices]
+    assert "".join(said) == tagged.choices[0].message.content
+    cut = list(
+        _chat(
+            client,
+            messages=SHOWN_A_CALL,
+            tools=TOOLS,
+            temperature=0,
+            max_tokens=3,
+            logprobs=True,
+            stream=True,
+        )
+    )  # fmt: skip: cut while it may be a call
+    held = [c.choices[0] for c in cut if c.choices and c.choices[0].delta.content]
+    assert [h.delta.content for h in held] == ["<tool_"]  # its text, sent whole at the cut
+    assert [t.token for t in held[0].logprobs.content] == ["<", "tool", "_"]
     for stream in (False, True):
-        called = _chat(client, messages=ASK_WEATHER, tools=TOOLS, temperature=0, max_tokens=80,
-                       logit_bias=push, parallel_tool_calls=False, stream=stream)  # fmt: skip
+        called = _chat(client, messages=SHOWN_A_CALL, tools=TOOLS, temperature=0, max_tokens=80,
+                       parallel_tool_calls=False, stream=stream)  # fmt: skip
         if stream:
             called = list(called)
             deltas = [d for c in called if c.choices for d in c.choices[0].delta.tool_calls or []]

@@ -128,7 +128,9 @@ def _follows(tokenizer: tuple[Tokenizer, llguidance.LLTokenizer], grammar: str, 
         (WEATHER_CALL, True, True),
         (f"{WEATHER_CALL}\n{TIME_CALL}", True, True),
         (f"{WEATHER_CALL}\n{TIME_CALL}", False, False),
-        ("<b>Sunny</b>", True, False),
+        ("<b>Sunny</b> in Oslo", True, True),
+        ("<tool_callback>", True, True),
+        ("<tool_call>\nSunny", True, False),
         ('<tool_call>\n{"name": "weather", "arguments": {}}\n</tool_call>', True, False),
         ('<tool_call>\n{"name": "nope", "arguments": {}}\n</tool_call>', True, False),
         ('<tool_call>\n{"name":"time","arguments":{}}\n</tool_call>', True, False),
@@ -154,7 +156,20 @@ def test_auto_reads_calls_back_and_text_as_text() -> None:
         ("call-1_0", "weather", {"city": "Oslo"}), ("call-1_1", "time", {})
     ]  # fmt: skip
     assert made.calls("It is sunny.", "c") is None
+    assert made.calls("<b>Sunny</b>", "c") is None
     assert made.calls(WEATHER_CALL[:30], "c") is None  # cut by max_tokens: its text
+
+
+@pytest.mark.parametrize(
+    ("begun", "text"),
+    [("", False), ("<", False), ("<tool_ca", False), ("<tool_call>\n{", False),
+     ("Sun", True), ("<b", True), ("<tool_cab", True), (" <tool_call>", True)],
+)  # fmt: skip
+def test_auto_streams_text_once_it_cannot_be_a_call(begun: str, text: bool) -> None:
+    """A stream holds an answer's first pieces only while they may still open a call."""
+    made = plan(TOOLS, "auto", None)
+    assert made is not None
+    assert made.is_text(begun) is text
 
 
 def test_auto_shows_the_tools_to_a_template_that_does_not() -> None:

@@ -26,6 +26,7 @@ from kiln_platform.gateway.llm_schemas import FunctionCall, ToolCall
 
 NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
 ANY_OBJECT: dict[str, Any] = {"type": "object"}
+OPEN = "<tool_call>"
 CALL = re.compile(r"<tool_call>\n(.*?)\n</tool_call>", re.DOTALL)
 BRIEF = """# Tools
 
@@ -45,7 +46,8 @@ TEXT_OR_CALLS = r"""start: {answer} | call{more}
 {answer_rule}
 call: "<tool_call>\n" %json {schema} "\n</tool_call>"
 """
-FREE_TEXT = r"TEXT: /[^<](.|\n)*/"
+FREE_TEXT = r"TEXT: /(.|\n)+/ & ~/<tool_call>(.|\n)*/"
+"""Any text but a call (llguidance's `&` and `~` on a lexeme): HTML and XML answers too."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,11 +103,16 @@ class ToolPlan:
             answer=name, answer_rule=rule, more=more, schema=schema
         )
 
+    def is_text(self, begun: str) -> bool:
+        """Whether an answer begun with ``begun`` is text the model chose over calls (``auto``):
+        known once it is neither empty nor still spelling (or past) ``<tool_call>``."""
+        return self.auto and not (OPEN.startswith(begun) or begun.startswith(OPEN))
+
     def calls(self, text: str, call_id: str) -> list[ToolCall] | None:
         """The answer as tool calls (``None`` if it is text, or calls cut by ``max_tokens``)."""
         try:
             if self.auto:
-                said = CALL.findall(text) if text.startswith("<tool_call>") else []
+                said = CALL.findall(text) if text.startswith(OPEN) else []
                 pairs = [(c["name"], c["arguments"]) for c in map(json.loads, said)]
             elif self.named:
                 pairs = [(self.named, json.loads(text))]

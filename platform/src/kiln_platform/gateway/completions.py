@@ -171,12 +171,13 @@ async def stream_chat(gen: Generation, include_usage: bool) -> AsyncGenerator[by
             piece = arrived
             if piece.index in held:  # tool calls are sent whole
                 held[piece.index].append(piece)
-                text = "".join(p.text for p in held[piece.index])
-                if not is_text(gen, text):
-                    for event in _held(gen, piece, text, chunk):
+                joined = _joined(held[piece.index])
+                if not is_text(gen, joined.text):
+                    for event in _held(gen, joined, chunk):
                         yield event
                     continue
-                piece = _joined(held.pop(piece.index))  # the model chose text: streamed as is
+                piece = joined  # the model chose text: streamed as is
+                del held[piece.index]
             if piece.text or piece.logprobs:
                 yield chunk(piece, Delta(content=piece.text))
             if piece.finish_reason:
@@ -191,9 +192,8 @@ async def stream_chat(gen: Generation, include_usage: bool) -> AsyncGenerator[by
 
 
 def is_text(gen: Generation, text: str) -> bool:
-    """Whether an answer begun with ``text`` is text the model chose over calls (``auto``:
-    a call starts with ``<``, text never does)."""
-    return gen.tools is not None and gen.tools.auto and text[:1] not in ("", "<")
+    """Whether an answer begun with ``text`` is text the model chose over calls (``auto``)."""
+    return gen.tools is not None and gen.tools.is_text(text)
 
 
 def _joined(pieces: list[Piece]) -> Piece:
@@ -206,14 +206,16 @@ def _joined(pieces: list[Piece]) -> Piece:
     )  # fmt: skip
 
 
-def _held(gen: Generation, piece: Piece, text: str, chunk: Callable[..., bytes]) -> list[bytes]:
-    """A tool-call choice's chunks: none until it finishes, then its whole answer in one chunk
-    (its calls, or its text if cut before they were whole) and its finish chunk."""
+def _held(gen: Generation, piece: Piece, chunk: Callable[..., bytes]) -> list[bytes]:
+    """A tool-call choice's chunks (``piece``: all it has said so far): none until it
+    finishes, then its whole answer in one chunk (its calls, or its text, logprobs and all, if
+    cut before they were whole) and its finish chunk."""
     if gen.tools is None or piece.finish_reason is None:
         return []
-    calls = tool_calls(gen, piece.index, text, piece.finish_reason)
+    calls = tool_calls(gen, piece.index, piece.text, piece.finish_reason)
     if calls is None:
-        return [chunk(piece, Delta(content=text)), chunk(piece, Delta(), piece.finish_reason)]
+        text = Delta(content=piece.text)
+        return [chunk(piece, text), chunk(piece, Delta(), piece.finish_reason)]
     deltas = [ToolCallDelta(index=i, id=c.id, function=c.function) for i, c in enumerate(calls)]
     return [chunk(piece, Delta(tool_calls=deltas)), chunk(piece, Delta(), gen.tools.finish_reason)]
 
