@@ -636,19 +636,11 @@ def test_auto_tools_let_the_model_answer_in_text_or_call(
                      logit_bias=push, stream=True)  # fmt: skip
     said = [c.choices[0].delta.content or "" for c in streamed if c.choices]
     assert "".join(said) == tagged.choices[0].message.content
-    cut = list(
-        _chat(
-            client,
-            messages=SHOWN_A_CALL,
-            tools=TOOLS,
-            temperature=0,
-            max_tokens=3,
-            logprobs=True,
-            stream=True,
-        )
-    )  # fmt: skip: cut while it may be a call
+    # cut while it may still be a call: its text, sent whole, logprobs and all
+    cut = list(_chat(client, messages=SHOWN_A_CALL, tools=TOOLS, temperature=0, max_tokens=3,
+                     logprobs=True, stream=True))  # fmt: skip
     held = [c.choices[0] for c in cut if c.choices and c.choices[0].delta.content]
-    assert [h.delta.content for h in held] == ["<tool_"]  # its text, sent whole at the cut
+    assert [h.delta.content for h in held] == ["<tool_"]
     assert [t.token for t in held[0].logprobs.content] == ["<", "tool", "_"]
     for stream in (False, True):
         called = _chat(client, messages=SHOWN_A_CALL, tools=TOOLS, temperature=0, max_tokens=80,
