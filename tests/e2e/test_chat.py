@@ -362,6 +362,75 @@ def test_a_streamed_response_is_the_responses_event_sequence(client: openai.Open
     assert last.usage.output_tokens == full.usage.output_tokens
 
 
+def _text_part(response: Any) -> Any:
+    return response.output[0].content[0]
+
+
+def _scores(logprobs: Any) -> list[tuple[str, float, list[str]]]:
+    return [(t.token, t.logprob, [a.token for a in t.top_logprobs or []]) for t in logprobs]
+
+
+def test_a_response_carries_logprobs_when_included(client: openai.OpenAI) -> None:
+    """``include: ["message.output_text.logprobs"]`` with ``top_logprobs``: the text's tokens,
+    each with its alternatives, as chat's ``logprobs`` has them; streamed, spread over the
+    deltas in order, and whole in the ``done`` event. Not asked, there are none."""
+    asked: Any = {"model": MODEL, "input": QUESTION, "temperature": 0, "max_output_tokens": 12,
+                  "include": ["message.output_text.logprobs"], "top_logprobs": 2}  # fmt: skip
+    done = client.responses.create(**asked)
+    chat = _chat(client, temperature=0, max_tokens=12, logprobs=True, top_logprobs=2)
+    want = _scores(chat.choices[0].logprobs.content)
+    got = _scores(_text_part(done).logprobs)
+    assert [(t, tops) for t, _, tops in got] == [(t, tops) for t, _, tops in want]
+    assert [lp for _, lp, _ in got] == pytest.approx([lp for _, lp, _ in want], abs=1e-3)
+    assert done.usage is not None
+    assert len(got) == done.usage.output_tokens == len(want) > 3
+    assert all(len(tops) == 2 for _, _, tops in got)
+    assert "".join(t for t, _, _ in got) == done.output_text
+    events = list(client.responses.create(**asked, stream=True))
+    deltas = [e for e in events if e.type == "response.output_text.delta"]
+    assert [t for e in deltas for t, _, _ in _scores(e.logprobs)] == [t for t, _, _ in want]
+    assert sum(bool(e.logprobs) for e in deltas) > 1
+    (text_done,) = [e for e in events if e.type == "response.output_text.done"]
+    assert len(text_done.logprobs) == len(want)
+    plain = client.responses.create(model=MODEL, input=QUESTION, temperature=0,
+                                    max_output_tokens=4)  # fmt: skip
+    assert _text_part(plain).logprobs == []
+
+
+def test_truncation_auto_drops_the_oldest_turns_until_the_input_fits(
+    client: openai.OpenAI,
+) -> None:
+    """A conversation longer than the context leaves (8192 tokens less ``max_output_tokens``)
+    is a 400 as it stands; with ``truncation: auto`` its oldest whole turns go, the developer
+    message first kept, and only as many as must."""
+    turns: list[Any] = []
+    for i in range(6):
+        turns += [{"role": "user", "content": f"Note {i}: " + "the sky is blue. " * 12},
+                  {"role": "assistant", "content": f"Noted {i}."}]  # fmt: skip
+    lead: Any = [{"role": "developer", "content": "Answer in one short sentence."}]
+    room = 8192 - 300  # leaves 300 tokens for the input
+
+    def conversation(kept: int) -> Any:
+        return [*lead, *turns[len(turns) - 2 * kept :], *PARIS]
+
+    with pytest.raises(openai.BadRequestError) as refused:
+        client.responses.create(model=MODEL, input=conversation(6), max_output_tokens=room)
+    assert "8192" in refused.value.message
+    done = client.responses.create(model=MODEL, input=conversation(6), max_output_tokens=room,
+                                   truncation="auto", temperature=0)  # fmt: skip
+    assert (done.status, done.truncation) == ("completed", "auto")
+    assert "Paris" in done.output_text
+    assert done.usage is not None
+    sizes = [
+        client.responses.create(model=MODEL, input=conversation(k), max_output_tokens=1).usage
+        for k in range(7)
+    ]
+    kept = [k for k, usage in enumerate(sizes) if usage and usage.input_tokens <= 300]
+    assert kept == list(range(len(kept))), sizes  # each turn kept costs tokens
+    assert 0 < len(kept) < 6
+    assert done.usage.input_tokens == sizes[kept[-1]].input_tokens  # type: ignore[union-attr]
+
+
 def test_a_conversation_goes_on_from_the_output_items(client: openai.OpenAI) -> None:
     """Kiln keeps no responses: the next turn sends the last one's output items back as input,
     and a cut answer is ``incomplete`` for ``max_output_tokens``."""
@@ -400,6 +469,9 @@ def test_a_conversation_goes_on_from_the_output_items(client: openai.OpenAI) -> 
         ({"text": {"format": {"type": "json_schema", "name": "p", "schema": {"type": "x"}}}},
          "text.format.schema"),
         ({"text": {"verbosity": "high"}}, "text"),
+        ({"include": ["file_search_call.everything"]}, "include[0]"),
+        ({"include": "message.output_text.logprobs"}, "include"),
+        ({"top_logprobs": 21}, "top_logprobs"),
     ],
 )  # fmt: skip
 def test_bad_responses_are_400_naming_the_field(

@@ -57,8 +57,9 @@ def test_items_keep_their_roles_and_text_parts_and_ignore_output_fields() -> Non
          "input[0].content[0].type"),
         ({"text": {"verbosity": "high"}}, "text"),
         ({"text": {"format": {"type": "text"}, "stop": "x"}}, "text"),
-        ({"truncation": "auto"}, "truncation"),
+        ({"truncation": "middle"}, "truncation"),
         ({"reasoning": {"effort": "low"}}, "reasoning"),
+        ({"include": ["message.output_text.logprobs", "output_text.everything"]}, "include[1]"),
     ],
 )  # fmt: skip
 def test_what_it_cannot_map_is_a_400_naming_the_field(fields: dict[str, Any], param: str) -> None:
@@ -74,6 +75,23 @@ def test_what_means_unused_is_accepted() -> None:
                             service_tier="auto", prompt_cache_key="k", max_tool_calls=3,
                             reasoning={"effort": None}))  # fmt: skip
     assert [m.content for m in chat.messages] == ["hi"]
+
+
+@pytest.mark.parametrize(
+    ("fields", "logprobs", "top"),
+    [
+        ({"include": ["message.output_text.logprobs"]}, True, None),
+        ({"include": ["message.output_text.logprobs"], "top_logprobs": 3}, True, 3),
+        ({"top_logprobs": 2}, True, 2),
+        ({"top_logprobs": 0}, None, 0),
+        ({"include": ["reasoning.encrypted_content", "file_search_call.results"]}, None, None),
+    ],
+)  # fmt: skip
+def test_included_logprobs_are_chats(fields: dict[str, Any], logprobs: Any, top: Any) -> None:
+    """``include`` asks for the text's log-probabilities; what names items Kiln never makes
+    (reasoning, hosted tools' results) is taken, with nothing to include."""
+    chat = to_chat(_request(**fields))
+    assert (chat.logprobs, chat.top_logprobs) == (logprobs, top)
 
 
 def test_a_json_schema_text_format_is_chats_response_format() -> None:

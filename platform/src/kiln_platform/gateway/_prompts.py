@@ -162,6 +162,15 @@ def stops(value: str | list[str] | None) -> tuple[str, ...]:
     return tuple(stops)
 
 
+class ContextTooLong(BadRequest):
+    """The prompt and the completion asked for do not fit the model's context: ``prompt``
+    tokens where ``allowed`` would."""
+
+    def __init__(self, message: str, *, param: str, prompt: int, allowed: int) -> None:
+        super().__init__(message, param=param)
+        self.prompt, self.allowed = prompt, allowed
+
+
 def max_tokens(
     request: ChatCompletionRequest | CompletionRequest, prompt: int, context: int
 ) -> int:
@@ -175,12 +184,13 @@ def max_tokens(
         raise BadRequest(f"'{field}' must be at least 1.", param=field)
     wanted = requested if requested is not None else max(1, context - prompt)
     if prompt + wanted > context:
-        raise BadRequest(
+        raise ContextTooLong(
             f"This model's maximum context length is {context} tokens. However, you requested "
             f"{prompt + wanted} tokens ({prompt} in the {source}, {wanted} for the completion). "
             f"Shorten the {source} or lower '{field}'.",
             param=field if requested is not None and prompt < context else source,
-        )
+            prompt=prompt, allowed=context - (requested or 1),
+        )  # fmt: skip
     return wanted
 
 

@@ -61,7 +61,7 @@ def ident(prefix: str, gen: Generation) -> str:
 
 
 @dataclass(slots=True)
-class _Answer:
+class Answer:
     """One choice's text, finish reason, and tokens with log-probabilities (when asked)."""
 
     parts: list[str] = field(default_factory=list)
@@ -69,18 +69,23 @@ class _Answer:
     token_ids: list[int] = field(default_factory=list)
     logprobs: list[TokenLogprobs] | None = None
 
+    @classmethod
+    def of(cls, gen: Generation) -> Answer:
+        return cls(logprobs=[] if gen.request.logprobs is not None else None)
 
-async def collect(gen: Generation) -> list[_Answer]:
+    def add(self, piece: Piece) -> None:
+        self.parts.append(piece.text)
+        self.finish = piece.finish_reason or self.finish
+        if self.logprobs is not None and piece.logprobs is not None:
+            self.token_ids.extend(piece.token_ids)
+            self.logprobs.extend(piece.logprobs)
+
+
+async def collect(gen: Generation) -> list[Answer]:
     """Every choice's answer, by index (the whole generation, billed)."""
-    asked = gen.request.logprobs is not None
-    answers = [_Answer(logprobs=[] if asked else None) for _ in gen.choices]
+    answers = [Answer.of(gen) for _ in gen.choices]
     async for piece in gen.pieces():
-        answer = answers[piece.index]
-        answer.parts.append(piece.text)
-        answer.finish = piece.finish_reason or answer.finish
-        if answer.logprobs is not None and piece.logprobs is not None:
-            answer.token_ids.extend(piece.token_ids)
-            answer.logprobs.extend(piece.logprobs)
+        answers[piece.index].add(piece)
     return answers
 
 

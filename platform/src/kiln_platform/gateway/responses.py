@@ -14,10 +14,13 @@ import structlog
 from sqlalchemy.exc import SQLAlchemyError
 
 from kiln_platform.errors import BadRequest, KilnError
-from kiln_platform.gateway import _response_input, llm, metrics
-from kiln_platform.gateway.completions import collect, ident, is_text, tool_calls
-from kiln_platform.gateway.llm_schemas import ChatCompletionRequest, Message
+from kiln_platform.gateway import _logprobs, _response_input, llm, metrics
+from kiln_platform.gateway._prompts import ContextTooLong
+from kiln_platform.gateway.completions import Answer, collect, ident, is_text, tool_calls
+from kiln_platform.gateway.llm_schemas import ChatCompletionRequest, Message, TokenLogprob
 from kiln_platform.gateway.responses_schemas import (
+    LOGPROBS,
+    NOTHING_TO_INCLUDE,
     UNSUPPORTED,
     FunctionCallItem,
     IncompleteDetails,
@@ -57,6 +60,15 @@ def _reject_unsupported(request: ResponsesRequest) -> None:
             raise BadRequest(f"The parameter '{field}' is not supported by Kiln.", param=field)
 
 
+def _logprobs_asked(request: ResponsesRequest) -> bool:
+    """Whether ``include`` asks for the text's log-probabilities (400 naming it for a value
+    it cannot take)."""
+    for i, name in enumerate(request.include or []):
+        if name != LOGPROBS and name not in NOTHING_TO_INCLUDE:
+            raise BadRequest(f"'include[{i}]' cannot be {name!r}.", param=f"include[{i}]")
+    return LOGPROBS in (request.include or []) or bool(request.top_logprobs)
+
+
 def _response_format(text: dict[str, Any] | None) -> dict[str, Any] | None:
     """``text.format`` as chat's ``response_format`` (a ``json_schema`` format is flat here)."""
     if text is None:
@@ -94,6 +106,7 @@ def to_chat(
         tools=_response_input.chat_tools(request.tools),
         tool_choice=_response_input.chat_tool_choice(request.tool_choice),
         parallel_tool_calls=request.parallel_tool_calls,
+        logprobs=_logprobs_asked(request) or None, top_logprobs=request.top_logprobs,
     )  # fmt: skip
 
 
@@ -109,7 +122,7 @@ async def prepare(
         history = await kiln.responses.conversation(tenant, request.previous_response_id)
     try:
         chat = to_chat(request, msgspec.convert(history, list[InputItem]))
-        gen = await llm.prepare(kiln, admission, chat)
+        gen = await _fitted(kiln, admission, chat, auto=request.truncation == "auto")
     except BadRequest as exc:
         message = _NAMES.sub(lambda m: _RENAMED[m.group(0)], exc.message)
         param = exc.param and _NAMES.sub(lambda m: _RENAMED[m.group(0)], exc.param)
@@ -122,6 +135,35 @@ async def prepare(
         else (msgspec.to_builtins(given))
     )
     return gen, [*history, *own]
+
+
+async def _fitted(
+    kiln: Kiln, admission: Admission, chat: ChatCompletionRequest, *, auto: bool
+) -> Generation:
+    """``llm.prepare``; with ``truncation: auto``, a conversation too long for the model's
+    context loses whole turns (each from a user message on) after its leading system and
+    developer messages, the oldest first and never the last, until it fits (OpenAI drops
+    items in the middle). The first turns tried are skipped by an estimate from the text's
+    size, so a long history takes a few tokenizations, not one per turn."""
+    try:
+        return await llm.prepare(kiln, admission, chat)
+    except ContextTooLong as exc:
+        if not auto:
+            raise
+        short = exc
+    messages = chat.messages
+    head = next((i for i, m in enumerate(messages) if m.role not in ("system", "developer")), 0)
+    sizes = list(itertools.accumulate(len(msgspec.json.encode(m)) for m in messages[head:]))
+    need = sizes[-1] * (short.prompt - short.allowed) / short.prompt * 0.9
+    for cut in (i for i in range(head + 1, len(messages)) if messages[i].role == "user"):
+        if sizes[cut - head - 1] < need:
+            continue
+        kept = msgspec.structs.replace(chat, messages=[*messages[:head], *messages[cut:]])
+        try:
+            return await llm.prepare(kiln, admission, kept)
+        except ContextTooLong as exc:
+            short = exc
+    raise short
 
 
 async def _kept(gen: Generation, request: ResponsesRequest, response: ResponseObject,
@@ -160,16 +202,19 @@ def _response(
         metadata=request.metadata or {}, system_fingerprint=fingerprint(gen.version),
         text=request.text or {"format": {"type": "text"}}, tools=request.tools or [],
         tool_choice=request.tool_choice or "auto", store=bool(request.store),
+        parallel_tool_calls=request.parallel_tool_calls is not False,
+        truncation=request.truncation or "disabled",
         previous_response_id=request.previous_response_id,
         **{"status": "in_progress", "output": [], "usage": None, **fields},
     )  # fmt: skip
 
 
 def _answered(
-    gen: Generation, request: ResponsesRequest, created: int, text: str, finish: str
+    gen: Generation, request: ResponsesRequest, created: int, answer: Answer
 ) -> ResponseObject:
     """The finished response: its calls, if the request's tools were called, else its text
-    (``incomplete`` if cut at the token limit)."""
+    (``incomplete`` if cut at the token limit) and, if asked, its log-probabilities."""
+    text, finish = "".join(answer.parts), answer.finish
     status = "completed" if finish == "stop" else "incomplete"
     output: list[OutputMessage | FunctionCallItem]
     if (calls := tool_calls(gen, 0, text, finish)) is not None:
@@ -178,8 +223,8 @@ def _answered(
                              arguments=c.function.arguments) for c in calls
         ]  # fmt: skip
     else:
-        output = [OutputMessage(id=ident("msg", gen), status=status,
-                                content=[OutputText(text=text)])]  # fmt: skip
+        said = OutputText(text=text, logprobs=_scored(gen, answer, 0))
+        output = [OutputMessage(id=ident("msg", gen), status=status, content=[said])]
     details = None if status == "completed" else IncompleteDetails(reason="max_output_tokens")
     return _response(
         gen, request, created, status=status, output=output, usage=_usage(gen),
@@ -193,8 +238,15 @@ async def complete(
     """A non-streamed response (stored before it is sent, if asked)."""
     created = int(time.time())
     (answer,) = await collect(gen)
-    done = _answered(gen, request, created, "".join(answer.parts), answer.finish)
-    return await _kept(gen, request, done, history)
+    return await _kept(gen, request, _answered(gen, request, created, answer), history)
+
+
+def _scored(gen: Generation, answer: Answer, start: int) -> list[TokenLogprob]:
+    """The answer's log-probabilities from token ``start`` on (none unless asked)."""
+    if not answer.logprobs:
+        return []
+    ids, entries = answer.token_ids[start:], answer.logprobs[start:]
+    return _logprobs.chat(gen.model, ids, entries).content or []
 
 
 async def stream(
@@ -215,30 +267,29 @@ async def stream(
     shell = _response(gen, request, created)
     yield event("response.created", response=shell)
     yield event("response.in_progress", response=shell)
-    opened, parts, finish = gen.tools is None, [], "stop"
+    opened, answer, sent = gen.tools is None, Answer.of(gen), 0
     if opened:  # text from the start (with tools, once the model chose text: ``is_text``)
         yield event("response.output_item.added", output_index=0, item=_opened(item))
         yield event("response.content_part.added", **at, part=OutputText(text=""))
     try:
         async for piece in gen.pieces():
-            if piece.text:
-                parts.append(piece.text)
-                delta = piece.text
-                if not opened and is_text(gen, delta := "".join(parts)):
-                    opened = True
-                    yield event("response.output_item.added", output_index=0, item=_opened(item))
-                    yield event("response.content_part.added", **at, part=OutputText(text=""))
-                if opened:
-                    yield event("response.output_text.delta", **at, delta=delta, logprobs=[])
-            finish = piece.finish_reason or finish
+            delta = piece.text if opened else "".join(answer.parts) + piece.text  # all, if held
+            answer.add(piece)
+            if delta and not opened and is_text(gen, delta):
+                opened = True
+                yield event("response.output_item.added", output_index=0, item=_opened(item))
+                yield event("response.content_part.added", **at, part=OutputText(text=""))
+            if delta and opened:
+                scored = _scored(gen, answer, sent)
+                sent += len(scored)
+                yield event("response.output_text.delta", **at, delta=delta, logprobs=scored)
     except KilnError as exc:
         yield event("error", code=exc.code, message=exc.message, param=exc.param)
         failure = ResponseError(code="server_error", message=exc.message)
         failed = _response(gen, request, created, status="failed", error=failure)
         yield event("response.failed", response=failed)
         return
-    done = await _kept(gen, request, _answered(gen, request, created, "".join(parts), finish),
-                       history)  # fmt: skip
+    done = await _kept(gen, request, _answered(gen, request, created, answer), history)
     for index, out in enumerate(done.output):
         for kind, fields in _item_events(out, index, opened=opened):
             yield event(kind, **fields)
@@ -270,10 +321,11 @@ def _item_events(
             events += [
                 ("response.output_item.added", {"output_index": index, "item": start}),
                 ("response.content_part.added", {**at, "part": OutputText(text="")}),
-                ("response.output_text.delta", {**at, "delta": part.text, "logprobs": []}),
-            ]
+                ("response.output_text.delta", {**at, "delta": part.text,
+                                                 "logprobs": part.logprobs}),
+            ]  # fmt: skip
         events += [
-            ("response.output_text.done", {**at, "text": part.text, "logprobs": []}),
+            ("response.output_text.done", {**at, "text": part.text, "logprobs": part.logprobs}),
             ("response.content_part.done", {**at, "part": part}),
         ]
     return [*events, ("response.output_item.done", {"output_index": index, "item": item})]

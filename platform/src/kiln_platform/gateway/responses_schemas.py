@@ -66,21 +66,33 @@ class ResponsesRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True)
     text: dict[str, Any] | None = None
     """``format`` (``text``, ``json_object`` or ``json_schema``: structured output, as chat's
     ``response_format``) and ``verbosity`` (``medium`` only)."""
-    include: Any = None
+    include: list[str] | None = None
+    """``message.output_text.logprobs`` adds the text's log-probabilities; what names items
+    Kiln never makes (web search results, reasoning, images...) is taken: there is nothing
+    to include."""
     truncation: Any = None
-    top_logprobs: Any = None
+    """``auto``: a conversation too long for the context loses its oldest turns
+    (``responses._fitted``); ``disabled`` (the default): it is a 400."""
+    top_logprobs: int | None = None
+    """How many alternatives each token's log-probability carries (0-20)."""
     background: Any = None
     prompt: Any = None
     service_tier: Any = None
 
 
+LOGPROBS = "message.output_text.logprobs"
+NOTHING_TO_INCLUDE = frozenset({
+    "code_interpreter_call.outputs", "computer_call_output.output.image_url",
+    "file_search_call.results", "message.input_image.image_url", "reasoning.encrypted_content",
+    "web_search_call.action.sources", "web_search_call.results",
+})  # fmt: skip
+"""``include`` values naming items Kiln's answers never have (hosted tools, reasoning, images)."""
+
 # field -> the value(s) that mean "not used"
 UNSUPPORTED: dict[str, tuple[Any, ...]] = {
     "conversation": (None,),
     "reasoning": (None, {}, {"effort": None}, {"effort": None, "summary": None}),
-    "include": (None, []),
-    "truncation": (None, "disabled"),
-    "top_logprobs": (None, 0),
+    "truncation": (None, "disabled", "auto"),
     "background": (None, False),
     "prompt": (None,),
     "service_tier": (None, "auto", "default"),
