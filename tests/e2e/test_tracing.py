@@ -117,12 +117,13 @@ def _parent(n: int) -> tuple[str, str, dict[str, str]]:
     return trace_id, span_id, {"traceparent": f"00-{trace_id}-{span_id}-01"}
 
 
-def _settled(receiver: Receiver, trace_id: str, worker_span: str) -> list[Received]:
-    """The trace once the worker's spans (exported from its own process) have arrived."""
+def _settled(receiver: Receiver, trace_id: str, server: str, worker_span: str) -> list[Received]:
+    """The trace once the worker's spans (exported from its own process) and the gateway's
+    server span (ended after the response's last byte) have arrived."""
     deadline = time.monotonic() + 15
     while time.monotonic() < deadline:
         spans = receiver.trace(trace_id)
-        if {worker_span, "batch compute", "ledger commit"} <= {s.name for s in spans}:
+        if {server, worker_span, "batch compute", "ledger commit"} <= {s.name for s in spans}:
             return spans
         time.sleep(0.05)
     raise AssertionError(f"trace {trace_id} incomplete: {sorted(s.name for s in spans)}")
@@ -153,7 +154,7 @@ def test_worker_spans_under_dispatch_and_client_traceparent_honoured(
         model=MINILM, input=["one", "two"], extra_headers=headers
     )
     assert raw.headers["traceparent"].startswith(f"00-{trace_id}-")
-    spans = _settled(receiver, trace_id, "worker /embed")
+    spans = _settled(receiver, trace_id, "POST /v1/embeddings", "worker /embed")
     _check(spans, "POST /v1/embeddings", span_id, "worker /embed")
     by_name = {s.name: s for s in spans}
     assert (
@@ -169,7 +170,7 @@ def test_worker_spans_under_dispatch_and_client_traceparent_honoured(
         )
         if stream:
             assert list(answer)
-        spans = _settled(receiver, trace_id, "worker /generate")
+        spans = _settled(receiver, trace_id, "POST /v1/chat/completions", "worker /generate")
         _check(spans, "POST /v1/chat/completions", span_id, "worker /generate")
         by_name = {s.name: s for s in spans}
         detokenize = by_name["detokenize"]

@@ -32,7 +32,7 @@ from kiln_runtimes.protocol import (
 )
 
 if TYPE_CHECKING:
-    from collections.abc import AsyncIterator
+    from collections.abc import AsyncGenerator, AsyncIterator
 
     from kiln_platform.admission.services import QueueTerms
     from kiln_platform.pools.backend import PoolWorker
@@ -91,7 +91,7 @@ class WorkerClient:
 
     async def generate(
         self, pool: str, request: GenerateRequest, terms: QueueTerms
-    ) -> AsyncIterator[GenerateChunk]:
+    ) -> AsyncGenerator[GenerateChunk, None]:
         """Stream a generation; closing the iterator cancels it on the worker.
 
         The fair-share cost is prompt + max tokens at admission, settled to the tokens actually

@@ -250,30 +250,31 @@ class Generation:
         arrived = self._clock(choice)
         try:
             pool = self.version.pool
-            chunks = self.kiln.workers.generate(pool, choice.request, self.admission.terms)
-            async for chunk in chunks:
-                arrived()
-                ids = tuple(chunk.token_ids)
-                choice.completion_tokens += len(ids)
-                choice.cached_tokens = max(choice.cached_tokens, chunk.cached_tokens)
-                if choice.tokens is not None:
-                    choice.tokens.extend(ids)
-                choice.compute_ms = max(choice.compute_ms, chunk.compute_ms)
-                choice.queue_ms = max(choice.queue_ms, chunk.queue_ms)
-                logprobs = None if chunk.logprobs is None else tuple(chunk.logprobs)
-                piece = text.push(chunk.token_ids)
-                if text.stopped:
-                    self.status = 200
-                    yield Piece(piece, "stop", index, ids, logprobs)
-                    return
-                if chunk.finish_reason in ("cancelled", "error"):
-                    raise KilnError("The model failed while generating; please retry.")
-                if chunk.finish_reason is not None:
-                    self.status = 200
-                    yield Piece(piece + text.flush(), chunk.finish_reason, index, ids, logprobs)
-                    return
-                if piece or logprobs:
-                    yield Piece(piece, None, index, ids, logprobs)
+            worker = self.kiln.workers.generate(pool, choice.request, self.admission.terms)
+            async with contextlib.aclosing(worker) as chunks:  # closed here, not by the GC
+                async for chunk in chunks:
+                    arrived()
+                    ids = tuple(chunk.token_ids)
+                    choice.completion_tokens += len(ids)
+                    choice.cached_tokens = max(choice.cached_tokens, chunk.cached_tokens)
+                    if choice.tokens is not None:
+                        choice.tokens.extend(ids)
+                    choice.compute_ms = max(choice.compute_ms, chunk.compute_ms)
+                    choice.queue_ms = max(choice.queue_ms, chunk.queue_ms)
+                    logprobs = None if chunk.logprobs is None else tuple(chunk.logprobs)
+                    piece = text.push(chunk.token_ids)
+                    if text.stopped:
+                        self.status = 200
+                        yield Piece(piece, "stop", index, ids, logprobs)
+                        return
+                    if chunk.finish_reason in ("cancelled", "error"):
+                        raise KilnError("The model failed while generating; please retry.")
+                    if chunk.finish_reason is not None:
+                        self.status = 200
+                        yield Piece(piece + text.flush(), chunk.finish_reason, index, ids, logprobs)
+                        return
+                    if piece or logprobs:
+                        yield Piece(piece, None, index, ids, logprobs)
         finally:
             metrics.ACTIVE_STREAMS.labels(name).dec()
             metrics.COMPLETION_TOKENS.labels(name).inc(choice.completion_tokens)
