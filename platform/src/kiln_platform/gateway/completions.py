@@ -176,13 +176,12 @@ async def stream_chat(gen: Generation, include_usage: bool) -> AsyncGenerator[by
             piece = arrived
             if piece.index in held:  # tool calls are sent whole
                 held[piece.index].append(piece)
-                joined = _joined(held[piece.index])
-                if not is_text(gen, joined.text):
-                    for event in _held(gen, joined, chunk):
-                        yield event
+                if not is_text(gen, "".join(p.text for p in held[piece.index])):
+                    if piece.finish_reason is not None:  # joined once, when it is whole
+                        for event in _held(gen, _joined(held[piece.index]), chunk):
+                            yield event
                     continue
-                piece = joined  # the model chose text: streamed as is
-                del held[piece.index]
+                piece = _joined(held.pop(piece.index))  # the model chose text: streamed as is
             if piece.text or piece.logprobs:
                 yield chunk(piece, Delta(content=piece.text))
             if piece.finish_reason:
@@ -211,18 +210,18 @@ def _joined(pieces: list[Piece]) -> Piece:
     )  # fmt: skip
 
 
-def _held(gen: Generation, piece: Piece, chunk: Callable[..., bytes]) -> list[bytes]:
-    """A tool-call choice's chunks (``piece``: all it has said so far): none until it
-    finishes, then its whole answer in one chunk (its calls, or its text, logprobs and all, if
-    cut before they were whole) and its finish chunk."""
-    if gen.tools is None or piece.finish_reason is None:
+def _held(gen: Generation, answer: Piece, chunk: Callable[..., bytes]) -> list[bytes]:
+    """A held choice's finished ``answer`` (its pieces joined) in one chunk: its calls, or its
+    text, logprobs and all, if cut before they were whole; then its finish chunk."""
+    if gen.tools is None or answer.finish_reason is None:
         return []
-    calls = tool_calls(gen, piece.index, piece.text, piece.finish_reason)
+    calls = tool_calls(gen, answer.index, answer.text, answer.finish_reason)
     if calls is None:
-        text = Delta(content=piece.text)
-        return [chunk(piece, text), chunk(piece, Delta(), piece.finish_reason)]
+        return [chunk(answer, Delta(content=answer.text)),
+                chunk(answer, Delta(), answer.finish_reason)]  # fmt: skip
     deltas = [ToolCallDelta(index=i, id=c.id, function=c.function) for i, c in enumerate(calls)]
-    return [chunk(piece, Delta(tool_calls=deltas)), chunk(piece, Delta(), gen.tools.finish_reason)]
+    finish = gen.tools.finish_reason
+    return [chunk(answer, Delta(tool_calls=deltas)), chunk(answer, Delta(), finish)]
 
 
 async def stream_text(gen: Generation, include_usage: bool) -> AsyncGenerator[bytes, None]:
