@@ -54,10 +54,14 @@ test-e2e: setup browser ## Only tests/e2e (real `kiln up`, the SDKs, Chromium)
 test-deploy: setup ## Only tests/deploy (terraform and manifests, offline)
 	PYTHONFAULTHANDLER=1 $(VENV)/bin/pytest -m deploy
 
+# mypy's cache outside the work tree, so a fresh clone (CI's) reuses it: an entry whose file's
+# path or mtime differs is checked against the source's hash, not trusted (~50 s a run saved)
+MYPY_CACHE_DIR ?= $(HOME)/.cache/kiln/mypy
+
 lint: setup ## ruff + mypy (sources and tests)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
-	$(VENV)/bin/mypy platform/src runtimes/src console/src tests
+	MYPY_CACHE_DIR=$(MYPY_CACHE_DIR) $(VENV)/bin/mypy platform/src runtimes/src console/src tests
 
 bench-overload: setup ## A burst of 10x capacity for 30 s: shed latency, admitted p99 vs deadline, recovery (docs/benchmarks.md)
 	$(PY) bench/overload.py

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import re
 import shutil
@@ -13,6 +14,8 @@ import sys
 import tarfile
 import tempfile
 import time
+import traceback
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
 from importlib import metadata
@@ -22,9 +25,11 @@ from typing import TYPE_CHECKING, Any
 import httpx
 import psutil
 import pytest
+from click.testing import CliRunner
 from playwright.sync_api import Browser, Page, expect, sync_playwright
 from sqlalchemy import text
 
+from kiln_console.cli import main as kiln_command
 from kiln_platform.db.database import open_database
 from kiln_platform.registry.services import register_version
 from kiln_platform.settings import Settings
@@ -38,6 +43,11 @@ if TYPE_CHECKING:
 
 MINILM = "all-minilm-l6-v2"
 SMOLLM2 = "smollm2-135m-instruct"
+
+# ``cli`` attaches to the embedded PostgreSQL in this process: keep pgserver's INFO lines out,
+# as Kiln's processes do (``configure_logging``); at exit they reached a handler an in-process
+# Litestar app had opened on a stream pytest had closed by then
+logging.getLogger("pgserver").setLevel(logging.WARNING)
 
 
 def build_cached(cache: Path, module: str, package: str) -> Path:
@@ -84,12 +94,25 @@ class KilnProcess:
     env: dict[str, str]
 
     def cli(self, *args: str) -> str:
-        """Run a ``kiln`` admin command against the same data directory; returns stdout."""
-        out = subprocess.run(
-            [sys.executable, "-m", "kiln_console", *args],
-            env=self.env, capture_output=True, text=True, timeout=60, check=True,
-        )  # fmt: skip
-        return out.stdout
+        """Run a ``kiln`` admin command against the same data directory; returns stdout.
+
+        The real command, run in this process by click's ``CliRunner`` with this Kiln's
+        ``KILN_*`` environment (in a thread: an async test's loop may be running here). A
+        ``kiln`` process spends about a second importing before it acts, and the suite runs
+        ~90 commands; the tests of ``kiln`` itself run it as a process.
+        """
+        env: dict[str, str | None] = {k: v for k, v in self.env.items() if k.startswith("KILN_")}
+        env |= {k: None for k in os.environ if k.startswith("KILN_") and k not in env}
+        with ThreadPoolExecutor(1) as pool:
+            run = pool.submit(CliRunner().invoke, kiln_command, list(args), env=env)
+            result = run.result(timeout=60)
+        if result.exit_code != 0:
+            error = result.exception
+            trace = "".join(traceback.format_exception(error)) if error else ""
+            raise subprocess.CalledProcessError(
+                result.exit_code, ["kiln", *args], result.stdout, result.stderr + trace
+            )
+        return result.stdout
 
     @property
     def key(self) -> str:
@@ -204,7 +227,8 @@ async def register_model(settings: Settings, *model_dirs: Path) -> None:
 def _start_kiln(
     data_dir: Path, model_dirs: list[Path], extra_env: dict[str, str] | None = None
 ) -> KilnProcess:
-    """Register models in a fresh data directory and start ``kiln up`` on it."""
+    """Register models in a fresh data directory, start ``kiln up`` on it, and wait until it is
+    ready (``/readyz``)."""
     env = {**os.environ, "KILN_DATA_DIR": str(data_dir), "KILN_LOG_LEVEL": "warning"}
     env["KILN_WARM_STANDBY"] = "false"  # workers are found by cmdline; test_standby.py turns it on
     env.update(extra_env or {})
@@ -216,7 +240,14 @@ def _start_kiln(
         [sys.executable, "-m", "kiln_console", "up", "--no-import", "--port", str(port)],
         env=env,
     )
-    return KilnProcess(proc, f"http://127.0.0.1:{port}", env)
+    kiln = KilnProcess(proc, f"http://127.0.0.1:{port}", env)
+    try:
+        kiln.wait_ready()
+    except BaseException:
+        proc.kill()
+        proc.wait()
+        raise
+    return kiln
 
 
 def up_gateway(data_dir: Path, env: dict[str, str]) -> KilnProcess:
@@ -256,7 +287,7 @@ def admin_call(kiln: KilnProcess, method: str, path: str, **kw: object) -> httpx
 
 @pytest.fixture(scope="session")
 def start_kiln() -> Callable[..., KilnProcess]:
-    """Register models in a fresh data directory and start ``kiln up`` on it."""
+    """Register models in a fresh data directory, start ``kiln up`` on it, wait until ready."""
     return _start_kiln
 
 

@@ -1,6 +1,7 @@
 """The SSRF guard: a webhook may target only public addresses, unless the operator allows a
 network (``KILN_WEBHOOK_ALLOW_NETWORKS``). Checked at registration, again before every
-delivery, and by the resolver the delivery connects through (so DNS cannot change in between).
+delivery, and by the resolver the delivery connects through (``resolver``, so DNS cannot change
+in between). No aiohttp here: the settings check ``networks`` in every process.
 """
 
 from __future__ import annotations
@@ -10,9 +11,6 @@ import ipaddress
 import socket
 from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
-
-from aiohttp.abc import AbstractResolver, ResolveResult
-from aiohttp.resolver import DefaultResolver
 
 from kiln_platform.errors import BadRequest
 
@@ -97,26 +95,3 @@ async def screen(url: str, allow: tuple[Network, ...]) -> None:
                 "link-local, multicast or reserved address; an operator may allow its network "
                 "with KILN_WEBHOOK_ALLOW_NETWORKS."
             )
-
-
-class GuardedResolver(AbstractResolver):
-    """aiohttp's resolver, refusing a host with any address the guard does not allow: what
-    the delivery connects to is what was checked."""
-
-    def __init__(self, allow: tuple[Network, ...]) -> None:
-        self._allow = allow
-        self._inner = DefaultResolver()
-
-    async def resolve(
-        self, host: str, port: int = 0, family: socket.AddressFamily = socket.AF_INET
-    ) -> list[ResolveResult]:
-        """The inner resolver's answer, if every address in it is allowed."""
-        found = await self._inner.resolve(host, port, family)
-        for item in found:
-            if not allowed(ipaddress.ip_address(item["host"]), self._allow):
-                raise OSError(f"refused: {host} resolves to {item['host']}")
-        return found
-
-    async def close(self) -> None:
-        """Close the inner resolver."""
-        await self._inner.close()

@@ -20,7 +20,7 @@ import structlog
 from cryptography.exceptions import InvalidTag
 from sqlalchemy import select, update
 
-from kiln_platform.webhooks import guard, metrics, policy, retention, signing, transport
+from kiln_platform.webhooks import guard, metrics, policy, resolver, retention, signing, transport
 from kiln_platform.webhooks.tables import WebhookAttempt, WebhookDelivery, WebhookEndpoint
 from kiln_platform.webhooks.transport import Sent
 
@@ -59,7 +59,7 @@ class WebhookSender:
 
     def start(self) -> None:
         """Poll every ``KILN_WEBHOOK_POLL_S`` (at once again while deliveries are due)."""
-        connector = aiohttp.TCPConnector(resolver=guard.GuardedResolver(self._allow), limit=64)
+        connector = aiohttp.TCPConnector(resolver=resolver.GuardedResolver(self._allow), limit=64)
         self._http = aiohttp.ClientSession(connector=connector)
         self._task = asyncio.create_task(self._run())
 
