@@ -11,9 +11,10 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Coroutine, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import asyncpg
 import pytest
@@ -22,8 +23,20 @@ from kiln_platform.db import migrate
 from kiln_platform.db.engine import asyncpg_url, create_engine, embedded_server
 from kiln_runtimes.protocol import ModelManifest, TensorSpec
 
+T = TypeVar("T")
 TEMPLATE = "kiln_template"
 LAYERS = ("unit", "integration", "e2e", "deploy")
+
+
+def run_async(main: Coroutine[Any, Any, T]) -> T:
+    """``asyncio.run(main)``, in a thread of its own when this one already runs a loop (an
+    async test, or Playwright's sync API, which keeps one running in the test's thread)."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(main)
+    with ThreadPoolExecutor(1) as pool:
+        return pool.submit(asyncio.run, main).result()
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import os
 import re
@@ -34,6 +33,7 @@ from kiln_platform.db.database import open_database
 from kiln_platform.registry.services import register_version
 from kiln_platform.settings import Settings
 from kiln_runtimes.protocol import ModelManifest
+from tests.conftest import run_async
 
 from .pgdata import copy_migrated_pg, remove_template
 
@@ -198,7 +198,7 @@ class KilnProcess:
             async with open_database(settings, upgrade=False) as db, db.sessions() as session:
                 return list(await session.execute(text(query), params))
 
-        return asyncio.run(read())
+        return run_async(read())
 
     def workers(self) -> list[psutil.Process]:
         """Worker subprocesses of this Kiln."""
@@ -234,7 +234,7 @@ def _start_kiln(
     env.update(extra_env or {})
     env.pop("KILN_DATABASE_URL", None)
     if model_dirs:
-        asyncio.run(register_model(Settings(data_dir=data_dir), *model_dirs))
+        run_async(register_model(Settings(data_dir=data_dir), *model_dirs))
     port = free_port()
     proc = subprocess.Popen(
         [sys.executable, "-m", "kiln_console", "up", "--no-import", "--port", str(port)],

@@ -3,7 +3,6 @@ directory, so a ``kiln up`` does not run initdb and every migration again (about
 
 from __future__ import annotations
 
-import asyncio
 import functools
 import shutil
 import subprocess
@@ -13,7 +12,7 @@ from pathlib import Path
 from kiln_platform.db.database import open_database
 from kiln_platform.db.engine import embedded_server
 from kiln_platform.settings import Settings
-from tests.conftest import no_fsync
+from tests.conftest import no_fsync, run_async
 
 
 async def _migrate(settings: Settings) -> None:
@@ -26,8 +25,8 @@ def _template() -> Path:
     """A data directory whose ``pg`` is stopped, at the head revision (made on first use)."""
     settings = Settings(data_dir=Path(tempfile.mkdtemp(prefix="kiln-e2e-template-")))
     with embedded_server(settings.pg_dir) as uri:
-        asyncio.run(no_fsync(uri))  # durability is not under test (see tests/conftest.py)
-    asyncio.run(_migrate(settings))  # restarts it with the settings above
+        run_async(no_fsync(uri))  # durability is not under test (see tests/conftest.py)
+    run_async(_migrate(settings))  # restarts it with the settings above
     return settings.pg_dir
 
 
