@@ -253,6 +253,8 @@ def test_disconnect_frees_slot_and_bills_partial_tokens(llm_up: Any) -> None:
         ),
         ({"messages": [{"role": "user", "content": "hello " * 9000}]}, "messages"),
         ({"max_tokens": 9000}, "max_tokens"),
+        ({"max_tokens": "5"}, "max_tokens"),  # a number in a string, as OpenAI's API refuses
+        ({"temperature": "0.5"}, "temperature"),
         ({"max_tokens": 0}, "max_tokens"),
         ({"temperature": 3}, "temperature"),
         ({"stop": ["a", "b", "c", "d", "e"]}, "stop"),

@@ -115,6 +115,7 @@ def test_unknown_model_is_404(client: openai.OpenAI) -> None:
         ({"input": [[1, 2, 10**9]]}, "input[0]"),
         ({"input": "x", "encoding_format": "int8"}, "encoding_format"),
         ({"input": "x", "dimensions": 7}, "dimensions"),
+        ({"input": "x", "dimensions": "384"}, "dimensions"),  # a number in a string
         ({"input": "x", "n": 2}, "n"),
         ({}, "model"),
     ],

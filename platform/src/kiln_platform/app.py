@@ -72,6 +72,7 @@ from kiln_platform.slo.controllers import (
     AlertsController,
     SlosController,
 )
+from kiln_platform.strict_body import StrictRequest
 from kiln_platform.tenants.controllers import TenantsController
 from kiln_platform.users.controllers import UsersController
 from kiln_platform.webhooks.controllers import WebhooksController
@@ -245,6 +246,7 @@ def create_app(
         middleware=_middleware(settings, prometheus, traced=traced),
         exception_handlers={Exception: _error_response},
         request_max_body_size=None,  # body_limit_middleware enforces each route's limit
+        request_class=StrictRequest,  # "max_tokens": "5" is a 400, not a 5
         template_config=template_config,
         openapi_config=OpenAPIConfig(title="Kiln", version="0.1.0", path="/docs"),
     )
