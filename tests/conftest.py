@@ -14,7 +14,7 @@ import uuid
 from collections.abc import Callable, Coroutine, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, ParamSpec, TypeVar
 
 import asyncpg
 import pytest
@@ -24,19 +24,26 @@ from kiln_platform.db.engine import asyncpg_url, create_engine, embedded_server
 from kiln_runtimes.protocol import ModelManifest, TensorSpec
 
 T = TypeVar("T")
+P = ParamSpec("P")
 TEMPLATE = "kiln_template"
 LAYERS = ("unit", "integration", "e2e", "deploy")
 
 
-def run_async(main: Coroutine[Any, Any, T]) -> T:
-    """``asyncio.run(main)``, in a thread of its own when this one already runs a loop (an
-    async test, or Playwright's sync API, which keeps one running in the test's thread)."""
+def off_loop(call: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
+    """``call(*args, **kwargs)``, in a thread of its own when this one already runs a loop (an
+    async test, or Playwright's sync API, which keeps one running in the test's thread): for
+    work that runs a loop of its own (``asyncio.run``)."""
     try:
         asyncio.get_running_loop()
     except RuntimeError:
-        return asyncio.run(main)
+        return call(*args, **kwargs)
     with ThreadPoolExecutor(1) as pool:
-        return pool.submit(asyncio.run, main).result()
+        return pool.submit(call, *args, **kwargs).result()
+
+
+def run_async(main: Coroutine[Any, Any, T]) -> T:
+    """``asyncio.run(main)``, even where a loop is running already (``off_loop``)."""
+    return off_loop(asyncio.run, main)
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

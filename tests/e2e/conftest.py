@@ -14,7 +14,6 @@ import tarfile
 import tempfile
 import time
 import traceback
-from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
 from importlib import metadata
@@ -33,7 +32,7 @@ from kiln_platform.db.database import open_database
 from kiln_platform.registry.services import register_version
 from kiln_platform.settings import Settings
 from kiln_runtimes.protocol import ModelManifest
-from tests.conftest import run_async
+from tests.conftest import off_loop, run_async
 
 from .pgdata import copy_migrated_pg, remove_template
 
@@ -45,8 +44,8 @@ MINILM = "all-minilm-l6-v2"
 SMOLLM2 = "smollm2-135m-instruct"
 
 # ``cli`` attaches to the embedded PostgreSQL in this process: keep pgserver's INFO lines out,
-# as Kiln's processes do (``configure_logging``); at exit they reached a handler an in-process
-# Litestar app had opened on a stream pytest had closed by then
+# as Kiln's processes do (``configure_logging``). At exit one reached a handler in Litestar's
+# logging format whose stream pytest had closed ("--- Logging error ---" after test_console)
 logging.getLogger("pgserver").setLevel(logging.WARNING)
 
 
@@ -97,18 +96,17 @@ class KilnProcess:
         """Run a ``kiln`` admin command against the same data directory; returns stdout.
 
         The real command, run in this process by click's ``CliRunner`` with this Kiln's
-        ``KILN_*`` environment (in a thread: an async test's loop may be running here). A
-        ``kiln`` process spends about a second importing before it acts, and the suite runs
-        ~90 commands; the tests of ``kiln`` itself run it as a process.
+        ``KILN_*`` environment (``off_loop``: the command runs its own loop). A ``kiln`` process
+        spends about a second importing before it acts, and the suite runs ~90 commands; the
+        tests of ``kiln`` itself run it as a process.
         """
         env: dict[str, str | None] = {k: v for k, v in self.env.items() if k.startswith("KILN_")}
         env |= {k: None for k in os.environ if k.startswith("KILN_") and k not in env}
-        with ThreadPoolExecutor(1) as pool:
-            run = pool.submit(CliRunner().invoke, kiln_command, list(args), env=env)
-            result = run.result(timeout=60)
+        result = off_loop(CliRunner().invoke, kiln_command, list(args), env=env)
         if result.exit_code != 0:
-            error = result.exception
-            trace = "".join(traceback.format_exception(error)) if error else ""
+            error = result.exception  # a traceback only for a crash, not ``sys.exit(1)``
+            crashed = error is not None and not isinstance(error, SystemExit)
+            trace = "".join(traceback.format_exception(error)) if crashed else ""
             raise subprocess.CalledProcessError(
                 result.exit_code, ["kiln", *args], result.stdout, result.stderr + trace
             )

@@ -61,7 +61,6 @@ def kiln(
             "--scope", "inference", "--scope", "admin:write",
         )  # fmt: skip
         proc.env["TEST_KEY"] = out.strip().splitlines()[-1]
-        proc.wait_ready()
         yield proc
     finally:
         if proc.proc.poll() is None:

@@ -47,7 +47,6 @@ def kiln(
                 where = ["--tenant", tenant] if tenant else []
                 kiln.cli("users", "create", "--email", email, "--role", role, *where,
                          "--password", PASSWORD)  # fmt: skip
-            kiln.wait_ready()
             yield kiln
         finally:
             if kiln.proc.poll() is None:

@@ -33,7 +33,6 @@ def kiln(
             kiln.cli("tenants", "create", "acme")
             kiln.cli("users", "create", "--email", OPS, "--role", "platform-admin",
                      "--password", PASSWORD)  # fmt: skip
-            kiln.wait_ready()
             yield kiln
         finally:
             if kiln.proc.poll() is None:

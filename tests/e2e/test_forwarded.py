@@ -35,7 +35,6 @@ def kiln(
         try:
             kiln.cli("users", "create", "--email", EMAIL, "--role", "platform-admin",
                      "--password", PASSWORD)  # fmt: skip
-            kiln.wait_ready()
             yield kiln
         finally:
             if kiln.proc.poll() is None:

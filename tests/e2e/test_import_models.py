@@ -107,7 +107,6 @@ def kiln(sources: dict[str, Path], start_kiln: Callable[..., KilnProcess]) -> It
     copy_migrated_pg(path / "pg")
     kiln = start_kiln(path, [], {"KILN_WORKER_MAX_MEMORY_BYTES": str(MEMORY_LIMIT)})
     try:
-        kiln.wait_ready()
         kiln.cli("tenants", "create", "acme")
         out = kiln.cli(
             "keys", "create", "--tenant", "acme", "--role", "platform-admin",

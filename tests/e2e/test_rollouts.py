@@ -94,7 +94,6 @@ def kiln(
         kiln = start_kiln(path, [], {"KILN_ROLLOUT_INTERVAL_S": "0.2"})
         try:
             use_platform_admin_key(kiln)
-            kiln.wait_ready()
             for version, threshold in (("1", 1e9), ("2", THRESHOLD)):
                 _upload(kiln, version, threshold)
             r = admin_call(kiln, "PUT", f"/models/{MODEL}/route", json={"stable_version": "1"})

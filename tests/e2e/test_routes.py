@@ -33,7 +33,6 @@ def kiln(
             use_platform_admin_key(kiln)
             kiln.cli("users", "create", "--email", "ops@kiln.test", "--role", "platform-admin",
                      "--password", PASSWORD)  # fmt: skip
-            kiln.wait_ready()
             body = tensor_models["mlp"].read_bytes()
             for version in ("1", "2"):
                 r = admin_call(kiln, "POST", "/models/mlp/versions", content=body,
