@@ -123,6 +123,32 @@ def test_server_health_and_metadata(tensor_up: KilnProcess) -> None:
     assert client.get_model_metadata("mlp", "1", headers=_auth(tensor_up))["name"] == "mlp"
 
 
+def test_model_config_in_tritons_shape_states_the_batch_it_takes(tensor_up: KilnProcess) -> None:
+    """Triton's model configuration extension: dims without the batch dimension, and a
+    ``max_batch_size`` that is the most rows a request may carry (one more is refused)."""
+    client = _client(tensor_up)
+    assert (
+        "model_configuration" in client.get_server_metadata(headers=_auth(tensor_up))["extensions"]
+    )
+    config = client.get_model_config("mlp", headers=_auth(tensor_up))
+    assert (config["name"], config["platform"]) == ("mlp", "onnxruntime_onnx")
+    assert config["input"] == [
+        {"name": "x", "data_type": "TYPE_FP32", "dims": [16]},
+        {"name": "scale", "data_type": "TYPE_FP32", "dims": [1]},
+    ]
+    assert [(o["name"], o["data_type"]) for o in config["output"]] == [
+        ("y", "TYPE_FP32"), ("norm", "TYPE_FP32"),
+    ]  # fmt: skip
+    assert config["dynamic_batching"]["preferred_batch_size"][0] >= 1
+    assert client.get_model_config("mlp", "1", headers=_auth(tensor_up)) == config
+    most = config["max_batch_size"]
+    inputs, _ = _inputs(most, binary=True)
+    assert client.infer("mlp", inputs, headers=_auth(tensor_up)).as_numpy("y").shape[0] == most
+    inputs, _ = _inputs(most + 1, binary=True)
+    with pytest.raises(InferenceServerException, match="batch dimension"):
+        client.infer("mlp", inputs, headers=_auth(tensor_up))
+
+
 @pytest.mark.parametrize("binary", [False, True], ids=["json", "binary"])
 def test_infer_matches_onnxruntime(
     tensor_up: KilnProcess, tensor_models: dict[str, Path], binary: bool

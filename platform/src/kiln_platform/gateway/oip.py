@@ -14,7 +14,7 @@ from kiln_platform.context import Kiln
 from kiln_platform.gateway import oip_services as oip
 from kiln_platform.gateway.auth import provide_principal
 from kiln_platform.gateway.oip_codec import HEADER_LENGTH
-from kiln_platform.gateway.oip_schemas import ModelMetadata, ServerMetadata
+from kiln_platform.gateway.oip_schemas import ModelConfig, ModelMetadata, ServerMetadata
 from kiln_platform.openapi import OIP_ERRORS, DocumentedController
 from kiln_platform.registry import lifecycle
 
@@ -60,6 +60,18 @@ class OIPController(DocumentedController):
         """A model's inputs and outputs (``-1`` marks a dynamic dimension)."""
         resolved = await oip.resolve(kiln, name, version, str(admission.principal.tenant_id))
         return Response(oip.model_metadata(resolved), headers=lifecycle.headers(resolved))
+
+    @get(
+        ["/models/{name:str}/config", "/models/{name:str}/versions/{version:str}/config"],
+        dependencies=AUTH,
+    )
+    async def model_config(
+        self, kiln: KilnDep, admission: AdmissionDep, name: str, version: str | None = None
+    ) -> Response[ModelConfig]:
+        """A model's configuration in Triton's shape (the model configuration extension)."""
+        resolved = await oip.resolve(kiln, name, version, str(admission.principal.tenant_id))
+        config = oip.model_config(resolved, kiln.settings)
+        return Response(config, headers=lifecycle.headers(resolved))
 
     @get(
         ["/models/{name:str}/ready", "/models/{name:str}/versions/{version:str}/ready"],

@@ -76,3 +76,32 @@ class ServerMetadata(msgspec.Struct, kw_only=True):
     name: str
     version: str
     extensions: list[str]
+
+
+class ConfigTensor(msgspec.Struct, kw_only=True):
+    """A tensor in Triton's model configuration: a ``TYPE_*`` data type, and dims without the
+    batch dimension when the model batches (``max_batch_size`` > 0)."""
+
+    name: str
+    data_type: str
+    dims: list[int]
+
+
+class DynamicBatching(msgspec.Struct, kw_only=True):
+    """How the worker batches requests' rows: up to the engine's batch, waiting at most so long."""
+
+    preferred_batch_size: list[int]
+    max_queue_delay_microseconds: int
+
+
+class ModelConfig(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """``GET /v2/models/{name}[/versions/{v}]/config``: Triton's model configuration extension,
+    in its JSON field names (what ``tritonclient``'s ``get_model_config`` reads)."""
+
+    name: str
+    platform: str
+    backend: str
+    max_batch_size: int
+    input: list[ConfigTensor]
+    output: list[ConfigTensor]
+    dynamic_batching: DynamicBatching | None = None

@@ -12,15 +12,24 @@ from kiln_platform.billing.pricing import Quantities
 from kiln_platform.db import migrate
 from kiln_platform.errors import BadRequest
 from kiln_platform.gateway import oip_codec
-from kiln_platform.gateway.oip_schemas import MetadataTensor, ModelMetadata, ServerMetadata
+from kiln_platform.gateway.oip_schemas import (
+    ConfigTensor,
+    DynamicBatching,
+    MetadataTensor,
+    ModelConfig,
+    ModelMetadata,
+    ServerMetadata,
+)
 from kiln_runtimes.protocol import InferRequest
 
 if TYPE_CHECKING:
     from kiln_platform.admission.services import Admission
     from kiln_platform.context import Kiln
     from kiln_platform.registry.services import ResolvedVersion
+    from kiln_platform.settings import Settings
+    from kiln_runtimes.protocol import TensorSpec
 
-EXTENSIONS = ["binary_tensor_data"]
+EXTENSIONS = ["binary_tensor_data", "model_configuration"]
 
 
 def server_metadata() -> ServerMetadata:
@@ -62,6 +71,38 @@ def model_metadata(version: ResolvedVersion) -> ModelMetadata:
             MetadataTensor(name=s.name, datatype=s.datatype, shape=s.shape) for s in m.outputs
         ],
     )
+
+
+def model_config(version: ResolvedVersion, settings: Settings) -> ModelConfig:
+    """``GET /v2/models/{name}[/versions/{v}]/config`` (Triton's extension). A batching model's
+    ``max_batch_size`` is the most rows one request may carry; the engine runs up to the
+    version's max batch size at a time (``preferred_batch_size``)."""
+    m = version.manifest
+    cut = 1 if m.batching else 0
+
+    def tensors(specs: list[TensorSpec]) -> list[ConfigTensor]:
+        return [ConfigTensor(name=s.name, data_type=_config_type(s.datatype), dims=s.shape[cut:])
+                for s in specs]  # fmt: skip
+
+    batching = None
+    if m.batching:
+        batch = version.engine.max_batch_size or settings.worker_max_batch_size
+        delay = round(settings.worker_max_wait_ms * 1000)
+        batching = DynamicBatching(preferred_batch_size=[batch], max_queue_delay_microseconds=delay)
+    return ModelConfig(
+        name=version.model,
+        platform="onnxruntime_onnx",
+        backend="onnxruntime",
+        max_batch_size=settings.worker_max_queue if m.batching else 0,
+        input=tensors(m.inputs),
+        output=tensors(m.outputs),
+        dynamic_batching=batching,
+    )
+
+
+def _config_type(datatype: str) -> str:
+    """An OIP datatype as Triton's configuration names it (``FP32`` -> ``TYPE_FP32``)."""
+    return "TYPE_STRING" if datatype == "BYTES" else f"TYPE_{datatype}"
 
 
 def model_ready(kiln: Kiln, version: ResolvedVersion) -> bool:
