@@ -1,17 +1,27 @@
 """Stored responses through the openai SDK against a real ``kiln up``: ``store: true`` keeps a
 response, ``previous_response_id`` goes on from it exactly as sending the history would, and it
-can be read back (its input items too) and deleted."""
+can be read back (its input items too) and deleted. A background response answers at once,
+``queued``, ends as the same request in the foreground would (billed once), and stops when
+cancelled."""
 
 from __future__ import annotations
 
-from typing import Any
+import time
+from typing import TYPE_CHECKING, Any
 
 import openai
 import pytest
 
+if TYPE_CHECKING:
+    from tests.e2e.conftest import KilnProcess
+
 MODEL = "smollm2-135m-instruct"
 FIRST = "Name a colour."
 SECOND = "Now name a fruit."
+
+
+LIVE = ("queued", "in_progress")
+STORY = "Write a long story about a dragon and a knight."
 
 
 @pytest.fixture(scope="module")
@@ -67,3 +77,71 @@ def test_deleted_or_unknown_responses_are_not_found(client: openai.OpenAI) -> No
     assert "previous_response_id" in str(missing.value)
     with pytest.raises(openai.NotFoundError):
         client.responses.delete(first.id)
+
+
+def _ended(client: openai.OpenAI, response_id: str, timeout: float = 60) -> Any:
+    deadline = time.monotonic() + timeout
+    while (got := client.responses.retrieve(response_id)).status in LIVE:
+        assert time.monotonic() < deadline, f"{response_id} still {got.status}"
+        time.sleep(0.1)
+    return got
+
+
+def _billed(kiln: KilnProcess, response_id: str, timeout: float = 10) -> list[Any]:
+    """The ledger's rows of a response (its request id is the response's), once there is one."""
+    request_id, deadline = "req_" + response_id.removeprefix("resp-"), time.monotonic() + timeout
+    query = "SELECT endpoint, status, output_tokens FROM usage_events WHERE request_id = :r"
+    while not (rows := kiln.sql(query, r=request_id)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return rows
+
+
+def test_a_background_response_answers_at_once_and_ends_as_in_the_foreground(
+    client: openai.OpenAI, llm_up: KilnProcess
+) -> None:
+    started = _ask(client, input=FIRST, background=True)
+    assert (started.status, started.background, started.store) == ("queued", True, True)
+    assert started.output == []
+    done = _ended(client, started.id)
+    assert done.status in ("completed", "incomplete")
+    assert done.background is True
+    foreground = _ask(client, input=FIRST)
+    assert done.output_text == foreground.output_text
+    assert done.usage is not None
+    assert _billed(llm_up, started.id) == [("responses", 200, done.usage.output_tokens)]
+    stored = _ask(client, input=FIRST, store=True)
+    with pytest.raises(openai.BadRequestError, match="background"):
+        client.responses.cancel(stored.id)  # not run in background: nothing to cancel
+    assert client.responses.cancel(started.id).status == done.status  # ended: as it is
+
+
+def test_a_cancelled_background_response_stops_and_stays_cancelled(
+    client: openai.OpenAI, llm_up: KilnProcess
+) -> None:
+    long = client.responses.create(model=MODEL, input=STORY, background=True,
+                                   max_output_tokens=2000)  # fmt: skip
+    with pytest.raises(openai.BadRequestError, match="still"):
+        _ask(client, input=SECOND, previous_response_id=long.id)
+    assert client.responses.cancel(long.id).status == "cancelled"
+    ((endpoint, status, made),) = _billed(llm_up, long.id)  # written once the generation stops
+    assert (endpoint, status) == ("responses", 499)  # stopped, not run to its end (200)
+    assert made < 2000
+    time.sleep(1)
+    assert client.responses.retrieve(long.id).status == "cancelled"
+    assert client.responses.cancel(long.id).status == "cancelled"
+
+
+def test_background_requests_that_cannot_run_fail_at_once(client: openai.OpenAI) -> None:
+    cases: list[tuple[dict[str, Any], type[openai.APIStatusError], str]] = [
+        ({"stream": True}, openai.BadRequestError, "stream"),
+        ({"store": False}, openai.BadRequestError, "store"),
+        ({"model": "no-such-model"}, openai.NotFoundError, "model"),
+        ({"max_output_tokens": 10**6}, openai.BadRequestError, "max_output_tokens"),
+    ]
+    for fields, error, param in cases:
+        with pytest.raises(error) as failed:
+            client.responses.create(**{"model": MODEL, "input": FIRST, "background": True,
+                                       **fields})  # fmt: skip
+        assert failed.value.body["param"] == param  # type: ignore[index]
+    with pytest.raises(openai.NotFoundError):
+        client.responses.cancel("resp-nothing")

@@ -20,6 +20,7 @@ from kiln_platform.billing.spool import UsageSpool
 from kiln_platform.compiler.runner import CompileRunner
 from kiln_platform.db.database import Database, open_database
 from kiln_platform.db.engine import fill, writer_engine, writer_sessions
+from kiln_platform.gateway.background import BackgroundResponses
 from kiln_platform.gateway.dispatch import WorkerClient
 from kiln_platform.gateway.metrics import RequestMetrics
 from kiln_platform.gateway.response_store import ResponseStore
@@ -94,6 +95,8 @@ class Kiln:
     """Idempotency-Key claims and stored responses (``kiln_platform.idempotency``)."""
     responses: ResponseStore
     """``/v1/responses`` answers kept with ``store: true`` (``gateway.response_store``)."""
+    background: BackgroundResponses
+    """This gateway's running background responses (``gateway.background``)."""
     adapters: AdapterDirectory
     """Tenants' LoRA adapters by ``<model>:<adapter>`` name, cached."""
     slos: SloMonitor
@@ -216,6 +219,7 @@ def _build(
         adapters=AdapterDirectory(db.sessions, settings.key_cache_ttl_s),
         idempotency=idempotency,
         responses=responses,
+        background=BackgroundResponses(responses),
         slos=slos,
         rollouts=RolloutMonitor(
             db.sessions, outcomes, settings.rollout_interval_s, pools.reconcile, slos.deliver
@@ -271,6 +275,7 @@ async def _start(kiln: Kiln) -> None:
 async def _stop(kiln: Kiln, ledger_db: AsyncEngine) -> None:
     """Stop them in reverse order: the ledger flushes before budgets and quotas let go."""
     await kiln.batches.stop()  # first: its lines in flight still hold pools and the ledger
+    await kiln.background.stop()  # as the batches: its responses fail, named
     await kiln.webhooks.stop()
     await kiln.shadows.stop()
     await kiln.rollouts.stop()

@@ -149,6 +149,7 @@ class Admission:
         """The status the response started with (``admission.middleware`` sets it)."""
         self._recorded = False
         self._left = False
+        self._detached = False
 
     @property
     def principal(self) -> Principal:
@@ -246,10 +247,21 @@ class Admission:
             desk.quotas.charge(usage.tenant_id, usage.api_key_id, tokens)
         return usage
 
+    def detach(self) -> Callable[[], Awaitable[None]]:
+        """The request's work goes on after its response (a background response): leaving when
+        the response ends does nothing; the call returned leaves, once the work is done."""
+        self._detached = True
+
+        async def leave() -> None:
+            self._detached = False
+            await self.leave()
+
+        return leave
+
     async def leave(self) -> None:
         """Close what the response left open, record what was not, release the lease and the
-        hold (once; shielded from the request's cancellation)."""
-        if not self._left:
+        hold (once; shielded from the request's cancellation); not while detached."""
+        if not self._left and not self._detached:
             self._left = True
             await asyncio.shield(self._leave())
 

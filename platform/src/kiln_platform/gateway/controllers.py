@@ -100,8 +100,12 @@ class OpenAIController(DocumentedController):
         self, kiln: KilnDep, admission: AdmissionDep, data: ResponsesRequest
     ) -> Response[ResponseObject] | Stream:
         """Create a model response (the Responses API on the chat path; ``stream: true`` for
-        its typed server-sent events). Kept only with ``store: true`` (then
-        ``previous_response_id`` goes on from it); else send the history as input items."""
+        its typed server-sent events; ``background: true`` to answer at once and run on). Kept
+        only with ``store: true`` (then ``previous_response_id`` goes on from it); else send the
+        history as input items."""
+        if data.background:
+            shell = await responses.background(kiln, admission, data)
+            return Response(shell, media_type=MediaType.JSON)
         gen, history = await responses.prepare(kiln, admission, data)
         if data.stream:
             return completions.streamed(gen, responses.stream(gen, data, history))
@@ -125,6 +129,14 @@ class OpenAIController(DocumentedController):
         return await kiln.responses.input_items(
             admission.principal.tenant_id, response_id, after=after, limit=limit, order=order
         )
+
+    @post("/responses/{response_id:str}/cancel", status_code=200)
+    async def cancel_response(
+        self, kiln: KilnDep, admission: AdmissionDep, response_id: str
+    ) -> dict[str, Any]:
+        """Cancel a background response still queued or in progress (one that ended is
+        answered as it is)."""
+        return await kiln.background.cancel(admission.principal.tenant_id, response_id)
 
     @delete("/responses/{response_id:str}", status_code=200)
     async def delete_response(

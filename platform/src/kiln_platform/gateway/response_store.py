@@ -4,7 +4,12 @@ it. A tenant table (row-level security, migration 0028): each access is a transa
 to the tenant, so another tenant's id is not found. The response and its input items are
 tenant data (prompts, answers), so the row holds them sealed (AES-256-GCM under a key derived
 from the server secret, as the idempotency store's bodies), its tenant and id the associated
-data: a sealed value moved to another row does not open."""
+data: a sealed value moved to another row does not open.
+
+A background response is stored ``queued`` and finished by the task that runs it
+(``gateway.background``): its ``status`` is in the clear, so a cancel and the task's last write
+settle by one conditional update, and its lease, renewed while it runs, makes one whose gateway
+died read as ``failed`` (migration 0029)."""
 
 from __future__ import annotations
 
@@ -13,12 +18,12 @@ from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 import msgspec
-from sqlalchemy import DateTime, ForeignKey, LargeBinary, String, delete, func
+from sqlalchemy import DateTime, ForeignKey, LargeBinary, String, delete, func, update
 from sqlalchemy.orm import Mapped, mapped_column
 
 from kiln_platform.db.engine import tenant_transaction
 from kiln_platform.db.tables import Base
-from kiln_platform.errors import NotFound
+from kiln_platform.errors import BadRequest, NotFound
 from kiln_platform.sealing import Seal
 
 if TYPE_CHECKING:
@@ -38,6 +43,15 @@ class StoredResponse(Base):
     it went on from (and their output), then its own>}`` as JSON, sealed."""
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
     expires_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    status: Mapped[str] = mapped_column(String(16), server_default="completed")
+    """The response's ``status`` (``LIVE`` ones still run: a background response)."""
+    lease_until: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    """A live response's gateway renews this while it runs it; past it, the response failed."""
+
+
+LIVE = ("queued", "in_progress")
+"""The statuses of a background response still running."""
+LOST = "The server running this response stopped before it was done; create it again."
 
 
 class _Sealed(msgspec.Struct):
@@ -54,6 +68,12 @@ async def _row(
     if row is None or row.tenant_id != tenant_id or row.expires_at <= datetime.now(UTC):
         raise NotFound(f"'{param}' names no stored response: '{response_id[:80]}'.", param=param)
     return row
+
+
+def _lost(kept: _Sealed) -> _Sealed:
+    """A live response whose lease ran out reads as failed (its gateway died)."""
+    error = {"code": "server_error", "message": LOST}
+    return _Sealed(body=kept.body | {"status": "failed", "error": error}, history=kept.history)
 
 
 def _listed(response_id: str, history: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -79,25 +99,47 @@ class ResponseStore:
         self._seal = Seal(secret, b"kiln stored responses v1")
         self._ttl = timedelta(days=ttl_days)
 
+    def _opened(self, row: StoredResponse) -> _Sealed:
+        plain = self._seal.open(row.sealed, f"{row.tenant_id}/{row.id}".encode())
+        kept = msgspec.json.decode(plain, type=_Sealed)
+        if row.status not in LIVE:
+            return kept
+        if row.lease_until is not None and row.lease_until <= datetime.now(UTC):
+            return _lost(kept)
+        return _Sealed(body=kept.body | {"status": row.status}, history=kept.history)
+
+    def _sealed(
+        self, tenant_id: uuid.UUID, response_id: str, body: Any, history: list[dict[str, Any]]
+    ) -> bytes:
+        plain = msgspec.json.encode({"body": body, "history": history})
+        return self._seal.seal(plain, f"{tenant_id}/{response_id}".encode())
+
     async def _open(self, tenant_id: uuid.UUID, response_id: str, param: str) -> _Sealed:
         async with tenant_transaction(self._sessions, tenant_id) as session:
             row = await _row(session, tenant_id, response_id, param)
-        plain = self._seal.open(row.sealed, f"{tenant_id}/{response_id}".encode())
-        return msgspec.json.decode(plain, type=_Sealed)
+        return self._opened(row)
 
     async def conversation(self, tenant_id: uuid.UUID, response_id: str) -> list[dict[str, Any]]:
         """What a request with ``previous_response_id`` goes on from: the stored response's
-        input items, then its output items (which read as input items too)."""
+        input items, then its output items (which read as input items too); a 400 while the
+        response is still running."""
         kept = await self._open(tenant_id, response_id, "previous_response_id")
+        if kept.body["status"] in LIVE:
+            raise BadRequest(
+                f"'previous_response_id' names a response still {kept.body['status']}: "
+                "wait for it to finish.", param="previous_response_id",
+            )  # fmt: skip
         return [*kept.history, *kept.body["output"]]
 
     async def save(
-        self, tenant_id: uuid.UUID, response: ResponseObject, history: list[dict[str, Any]]
-    ) -> None:
-        """Keep ``response`` (and drop the tenant's expired ones, in the same transaction)."""
+        self, tenant_id: uuid.UUID, response: ResponseObject, history: list[dict[str, Any]],
+        lease_s: float | None = None,
+    ) -> None:  # fmt: skip
+        """Keep ``response`` (and drop the tenant's expired ones, in the same transaction); a
+        live one (``queued``) with a lease of ``lease_s``."""
         now = datetime.now(UTC)
-        plain = msgspec.json.encode({"body": response, "history": history})
-        sealed = self._seal.seal(plain, f"{tenant_id}/{response.id}".encode())
+        sealed = self._sealed(tenant_id, response.id, response, history)
+        lease = now + timedelta(seconds=lease_s) if lease_s is not None else None
         async with tenant_transaction(self._sessions, tenant_id) as session:
             await session.execute(
                 delete(StoredResponse).where(
@@ -105,7 +147,51 @@ class ResponseStore:
                 )
             )
             session.add(StoredResponse(id=response.id, tenant_id=tenant_id, sealed=sealed,
-                                       expires_at=now + self._ttl))  # fmt: skip
+                                       expires_at=now + self._ttl, status=response.status,
+                                       lease_until=lease))  # fmt: skip
+
+    async def renew(self, tenant_id: uuid.UUID, response_id: str, lease_s: float) -> bool:
+        """Extend a live response's lease (it is ``in_progress`` from the first); False if it
+        is live no more (cancelled, deleted)."""
+        lease = datetime.now(UTC) + timedelta(seconds=lease_s)
+        async with tenant_transaction(self._sessions, tenant_id) as session:
+            renewed = await session.execute(
+                update(StoredResponse)
+                .where(StoredResponse.id == response_id, StoredResponse.status.in_(LIVE))
+                .values(lease_until=lease, status="in_progress")
+                .returning(StoredResponse.id)
+            )
+            return renewed.first() is not None
+
+    async def finish(self, tenant_id: uuid.UUID, response: ResponseObject) -> bool:
+        """Replace a live response by its end (completed, incomplete, failed); False, and
+        nothing written, if it is live no more (cancelled or deleted meanwhile)."""
+        async with tenant_transaction(self._sessions, tenant_id) as session:
+            row = await session.get(StoredResponse, response.id, with_for_update=True)
+            if row is None or row.status not in LIVE:
+                return False
+            row.sealed = self._sealed(tenant_id, row.id, response, self._opened(row).history)
+            row.status, row.lease_until = response.status, None
+            return True
+
+    async def cancel(self, tenant_id: uuid.UUID, response_id: str) -> dict[str, Any]:
+        """``POST /v1/responses/{id}/cancel``: a live background response ends ``cancelled``
+        (one that ended already is answered as it is); 400 for one not run in background."""
+        async with tenant_transaction(self._sessions, tenant_id) as session:
+            row = await _row(session, tenant_id, response_id, "response_id")
+            await session.refresh(row, with_for_update=True)
+            kept = self._opened(row)
+            if not kept.body.get("background"):
+                raise BadRequest(
+                    "Only a response created with 'background' set can be cancelled.",
+                    param="response_id",
+                )  # fmt: skip
+            if kept.body["status"] not in LIVE:
+                return kept.body
+            body = kept.body | {"status": "cancelled"}
+            row.sealed = self._sealed(tenant_id, row.id, body, kept.history)
+            row.status, row.lease_until = "cancelled", None
+            return body
 
     async def fetch(self, tenant_id: uuid.UUID, response_id: str) -> dict[str, Any]:
         """The stored response object (``GET /v1/responses/{id}``)."""

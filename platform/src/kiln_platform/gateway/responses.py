@@ -204,7 +204,7 @@ def _response(
         tool_choice=request.tool_choice or "auto", store=bool(request.store),
         parallel_tool_calls=request.parallel_tool_calls is not False,
         truncation=request.truncation or "disabled",
-        previous_response_id=request.previous_response_id,
+        previous_response_id=request.previous_response_id, background=bool(request.background),
         **{"status": "in_progress", "output": [], "usage": None, **fields},
     )  # fmt: skip
 
@@ -236,9 +236,35 @@ async def complete(
     gen: Generation, request: ResponsesRequest, history: list[dict[str, Any]]
 ) -> ResponseObject:
     """A non-streamed response (stored before it is sent, if asked)."""
-    created = int(time.time())
+    return await _kept(gen, request, await answered(gen, request, int(time.time())), history)
+
+
+async def answered(gen: Generation, request: ResponsesRequest, created: int) -> ResponseObject:
+    """The response ``gen`` generates (created at ``created``), not stored."""
     (answer,) = await collect(gen)
-    return await _kept(gen, request, _answered(gen, request, created, answer), history)
+    return _answered(gen, request, created, answer)
+
+
+async def background(kiln: Kiln, admission: Admission, request: ResponsesRequest) -> ResponseObject:
+    """``background: true``: checked and admitted now (a bad request is its 400), stored
+    ``queued`` and answered; the generation runs on (``gateway.background``) for at least
+    ``KILN_REQUEST_TIMEOUT_S``, whatever the client's read timeout."""
+    if request.stream:
+        raise BadRequest(
+            "'stream' with 'background' is not supported by Kiln: GET the response instead.",
+            param="stream",
+        )  # fmt: skip
+    if request.store is False:
+        raise BadRequest("'background' needs 'store': its answer is read back.", param="store")
+    request = msgspec.structs.replace(request, store=True)
+    timeout_s = max(admission.terms.timeout_s or 0.0, kiln.settings.request_timeout_s)
+    admission.schedule(admission.terms.priority, timeout_s)
+    gen, history = await prepare(kiln, admission, request)
+    shell = _response(gen, request, int(time.time()), status="queued")
+    await kiln.background.start(
+        admission, shell, history, lambda: answered(gen, request, shell.created_at)
+    )
+    return shell
 
 
 def _scored(gen: Generation, answer: Answer, start: int) -> list[TokenLogprob]:

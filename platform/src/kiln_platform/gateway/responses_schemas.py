@@ -75,7 +75,9 @@ class ResponsesRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True)
     (``responses._fitted``); ``disabled`` (the default): it is a 400."""
     top_logprobs: int | None = None
     """How many alternatives each token's log-probability carries (0-20)."""
-    background: Any = None
+    background: bool | None = None
+    """Run after the response is sent (``queued``, stored): ``GET`` it for its end, or
+    ``POST .../cancel`` (``gateway.background``)."""
     prompt: Any = None
     service_tier: Any = None
 
@@ -93,7 +95,6 @@ UNSUPPORTED: dict[str, tuple[Any, ...]] = {
     "conversation": (None,),
     "reasoning": (None, {}, {"effort": None}, {"effort": None, "summary": None}),
     "truncation": (None, "disabled", "auto"),
-    "background": (None, False),
     "prompt": (None,),
     "service_tier": (None, "auto", "default"),
 }
@@ -168,7 +169,7 @@ class ResponseError(msgspec.Struct, kw_only=True):
 class ResponseObject(msgspec.Struct, kw_only=True, omit_defaults=False):
     """``response``: its ``status`` is ``completed``, ``incomplete`` (see
     ``incomplete_details``), ``failed`` (a stream's last event) or ``in_progress`` (a stream's
-    first events)."""
+    first events); a background one's also ``queued`` and ``cancelled``."""
 
     id: str
     created_at: int

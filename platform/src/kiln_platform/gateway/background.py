@@ -1,0 +1,115 @@
+"""Background responses (``background: true`` on ``/v1/responses``, as OpenAI's): the request is
+checked and admitted as any other (a bad one is its 400), stored ``queued`` and answered at once;
+its generation runs on in this gateway under the request's admission, detached (the concurrency
+lease and the budget hold last until it ends, and it is billed once, like any request), and its
+end replaces the stored response. ``GET`` reads it (``in_progress`` once it runs); ``POST
+.../cancel`` ends it ``cancelled``: the generation stops at once on this gateway, at its next
+lease renewal on another. A gateway that stops cancels its tasks (their responses fail, naming
+why); one that dies leaves them to their lease (``response_store.LOST``)."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import TYPE_CHECKING, Any
+
+import msgspec
+import structlog
+from sqlalchemy.exc import SQLAlchemyError
+
+from kiln_platform.errors import KilnError
+from kiln_platform.gateway.responses_schemas import ResponseError, ResponseObject
+
+if TYPE_CHECKING:
+    import uuid
+    from collections.abc import Awaitable, Callable
+
+    from kiln_platform.admission.services import Admission
+    from kiln_platform.gateway.response_store import ResponseStore
+
+log = structlog.get_logger(__name__)
+LEASE_S = 30.0
+"""How long a running response's lease lasts; its gateway renews it every third of that."""
+STOPPED = "The server stopped before the response was done; create it again."
+
+
+def _failed(shell: ResponseObject, message: str) -> ResponseObject:
+    error = ResponseError(code="server_error", message=message)
+    return msgspec.structs.replace(shell, status="failed", error=error)
+
+
+class BackgroundResponses:
+    """This gateway's running background responses."""
+
+    def __init__(self, store: ResponseStore, lease_s: float = LEASE_S) -> None:
+        self._store = store
+        self._lease_s = lease_s
+        self._tasks: dict[str, tuple[asyncio.Future[ResponseObject], asyncio.Task[None]]] = {}
+        """Each running response's work, and the task that waits for it and writes its end."""
+
+    async def start(
+        self, admission: Admission, shell: ResponseObject, history: list[dict[str, Any]],
+        work: Callable[[], Awaitable[ResponseObject]],
+    ) -> None:  # fmt: skip
+        """Store ``shell`` (``queued``) and run ``work`` after the request's response: the
+        admission is left when it ends. If the store fails, nothing runs (the request fails)."""
+        await self._store.save(admission.principal.tenant_id, shell, history, self._lease_s)
+        leave = admission.detach()
+        running = asyncio.ensure_future(work())  # cancelled to stop; its end is always written
+        ending = asyncio.create_task(self._end(admission, shell, running, leave))
+        self._tasks[shell.id] = (running, ending)
+        ending.add_done_callback(lambda _: self._tasks.pop(shell.id, None))
+
+    async def _end(
+        self, admission: Admission, shell: ResponseObject, running: asyncio.Future[ResponseObject],
+        leave: Callable[[], Awaitable[None]],
+    ) -> None:  # fmt: skip
+        """Wait for the work (renewing its lease), write its end, leave the admission."""
+        tenant = admission.principal.tenant_id
+        renewing = asyncio.create_task(self._renew(tenant, shell.id, running))
+        try:
+            done = await running
+        except asyncio.CancelledError:  # cancelled (the store says so), or the gateway stops
+            done = _failed(shell, STOPPED)
+        except KilnError as exc:
+            done = _failed(shell, exc.message)
+        except Exception:
+            log.exception("background response failed", response_id=shell.id)
+            done = _failed(shell, "Internal server error.")
+        finally:
+            renewing.cancel()
+        try:
+            await self._store.finish(tenant, done)
+        except (SQLAlchemyError, OSError):  # its lease runs out: it reads as failed
+            log.warning("background response not stored", response_id=shell.id, exc_info=True)
+        finally:
+            await leave()
+
+    async def _renew(
+        self, tenant: uuid.UUID, response_id: str, running: asyncio.Future[Any]
+    ) -> None:
+        """Keep the lease (the first renewal marks it ``in_progress``); stop the work once the
+        response is live no more (cancelled or deleted, through any gateway)."""
+        while True:
+            try:
+                live = await self._store.renew(tenant, response_id, self._lease_s)
+            except (SQLAlchemyError, OSError):  # the database away: the work goes on
+                live = True
+            if not live:
+                running.cancel()
+                return
+            await asyncio.sleep(self._lease_s / 3)
+
+    async def cancel(self, tenant_id: uuid.UUID, response_id: str) -> dict[str, Any]:
+        """``POST /v1/responses/{id}/cancel``: the stored response ends ``cancelled`` and, if
+        this gateway runs it, its generation stops now."""
+        body = await self._store.cancel(tenant_id, response_id)
+        if (running := self._tasks.get(response_id)) is not None:
+            running[0].cancel()
+        return body
+
+    async def stop(self) -> None:
+        """Cancel the running responses (each fails, naming why) and wait for their ends."""
+        running = list(self._tasks.values())
+        for work, _ in running:
+            work.cancel()
+        await asyncio.gather(*(ending for _, ending in running), return_exceptions=True)

@@ -1,0 +1,133 @@
+"""Background responses on PostgreSQL: the runner stores a response ``queued``, marks it
+``in_progress`` while it runs and replaces it by its end; a cancel through another gateway stops
+the work at that gateway's next lease renewal; a gateway that stops fails its responses, naming
+why; one whose lease ran out (its gateway died) reads as failed. The request's admission is left
+once the work ends, not when the response was sent."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from types import SimpleNamespace
+from typing import Any
+
+import msgspec
+import pytest
+
+from kiln_platform.admission.services import Admission
+from kiln_platform.db.database import Database
+from kiln_platform.errors import BadRequest
+from kiln_platform.gateway.background import STOPPED, BackgroundResponses
+from kiln_platform.gateway.response_store import LOST, ResponseStore
+from kiln_platform.gateway.responses_schemas import ResponseObject
+from tests.factories import make_tenant
+
+SECRET = b"a server secret for tests"
+
+
+def _shell(ident: str) -> ResponseObject:
+    return ResponseObject(
+        id=ident, created_at=0, model="m", status="queued", output=[], instructions=None,
+        max_output_tokens=None, temperature=1.0, top_p=1.0, usage=None, user=None, metadata={},
+        store=True, background=True,
+    )  # fmt: skip
+
+
+def _admission(tenant: uuid.UUID, left: list[str]) -> Admission:
+    """A request's admission for ``tenant`` (no quotas, hold or usage to settle); leaving it
+    appends ``"left"`` to ``left``."""
+    admission = Admission(SimpleNamespace(), "")  # type: ignore[arg-type]
+    admission.run_for(SimpleNamespace(tenant_id=tenant, weight=1.0), 60)  # type: ignore[arg-type]
+
+    async def closed() -> None:
+        left.append("left")
+
+    admission.closers.append(closed)
+    return admission
+
+
+async def _status(store: ResponseStore, tenant: uuid.UUID, ident: str, want: str) -> Any:
+    for _ in range(100):
+        if (body := await store.fetch(tenant, ident))["status"] == want:
+            return body
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"{ident} never {want}: {body['status']}")
+
+
+@pytest.fixture
+async def tenant(db: Database) -> uuid.UUID:
+    async with db.sessions.begin() as session:
+        return await make_tenant(session)
+
+
+async def test_a_run_is_in_progress_then_its_end_and_leaves_after(
+    db: Database, tenant: uuid.UUID
+) -> None:
+    store, left, go = ResponseStore(db.sessions, SECRET, 30), list[str](), asyncio.Event()
+    runner = BackgroundResponses(store)
+
+    async def work() -> ResponseObject:
+        await go.wait()
+        return msgspec.structs.replace(_shell("resp-run"), status="completed")
+
+    await runner.start(_admission(tenant, left), _shell("resp-run"), [], work)
+    await _status(store, tenant, "resp-run", "in_progress")
+    with pytest.raises(BadRequest, match="still in_progress"):
+        await store.conversation(tenant, "resp-run")
+    assert left == []  # the response was sent; the admission is held while the work runs
+    go.set()
+    done = await _status(store, tenant, "resp-run", "completed")
+    assert done["background"] is True
+    await asyncio.sleep(0.05)
+    assert left == ["left"]
+    assert (await store.cancel(tenant, "resp-run"))["status"] == "completed"  # ended: as it is
+
+
+async def test_a_cancel_through_another_gateway_stops_the_work(
+    db: Database, tenant: uuid.UUID
+) -> None:
+    store, left, stopped = ResponseStore(db.sessions, SECRET, 30), list[str](), asyncio.Event()
+    running, other = BackgroundResponses(store, lease_s=0.3), BackgroundResponses(store)
+
+    async def work() -> ResponseObject:
+        try:
+            await asyncio.sleep(60)
+        finally:
+            stopped.set()
+        raise AssertionError("not cancelled")
+
+    await running.start(_admission(tenant, left), _shell("resp-far"), [], work)
+    assert (await other.cancel(tenant, "resp-far"))["status"] == "cancelled"
+    await asyncio.wait_for(stopped.wait(), 5)  # at the runner's next renewal
+    await asyncio.sleep(0.1)
+    assert (await store.fetch(tenant, "resp-far"))["status"] == "cancelled"  # not "failed"
+    assert left == ["left"]
+
+
+async def test_a_stopping_gateway_fails_its_responses_naming_why(
+    db: Database, tenant: uuid.UUID
+) -> None:
+    store, left = ResponseStore(db.sessions, SECRET, 30), list[str]()
+    runner = BackgroundResponses(store)
+
+    async def work() -> ResponseObject:
+        await asyncio.sleep(60)
+        raise AssertionError("not stopped")
+
+    await runner.start(_admission(tenant, left), _shell("resp-stop"), [], work)
+    await runner.stop()
+    body = await store.fetch(tenant, "resp-stop")
+    assert (body["status"], body["error"]["message"]) == ("failed", STOPPED)
+    assert left == ["left"]
+
+
+async def test_a_response_whose_lease_ran_out_reads_as_failed(
+    db: Database, tenant: uuid.UUID
+) -> None:
+    store = ResponseStore(db.sessions, SECRET, 30)
+    await store.save(tenant, _shell("resp-dead"), [], lease_s=0.05)  # no gateway renews it
+    await asyncio.sleep(0.1)
+    body = await store.fetch(tenant, "resp-dead")
+    assert (body["status"], body["error"]["message"]) == ("failed", LOST)
+    assert await store.conversation(tenant, "resp-dead") == []  # ended: it can be gone on from
+    assert not await store.renew(tenant, "resp-other", 30)
