@@ -124,19 +124,27 @@ def assert_same_run(
     assert len(batched) == len(solo)
 
 
+def _common(a: list[tuple[int, TokenLogprobs]], b: list[tuple[int, TokenLogprobs]]) -> int:
+    return next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x[0] != y[0]),
+                min(len(a), len(b)))  # fmt: skip
+
+
 def nearest(
-    batched: list[tuple[int, TokenLogprobs]], solos: dict[str, list[tuple[int, TokenLogprobs]]]
-) -> str:
-    """The solo run ``batched`` is nearest: the most leading tokens in common, then the least
-    mean log-probability gap over them (a mixed-up adapter is nearer another adapter's run)."""
+    batched: list[tuple[int, TokenLogprobs]], solos: dict[str, list[tuple[int, TokenLogprobs]]],
+    own: str,
+) -> str:  # fmt: skip
+    """The solo run ``batched`` is nearest over the tokens it shares with its ``own`` solo run:
+    the most of them in common, then the least mean log-probability gap (a mixed-up adapter is
+    nearer another adapter's run). Past them a near tie went the other way (``assert_same_run``),
+    and another adapter's run may happen to share the token taken: that says nothing."""
+    upto = _common(batched, solos[own])
 
     def distance(solo: list[tuple[int, TokenLogprobs]]) -> tuple[int, float]:
-        gaps = []
-        for (token, scores), (alone, alone_scores) in zip(batched, solo, strict=False):
-            if token != alone:
-                break
-            gaps.append(abs(scores.logprob - alone_scores.logprob))
-        return -len(gaps), sum(gaps) / max(len(gaps), 1)
+        shared = min(_common(batched, solo), upto)
+        gaps = [
+            abs(b[1].logprob - s[1].logprob) for b, s in zip(batched[:shared], solo, strict=False)
+        ]
+        return -shared, sum(gaps) / max(shared, 1)
 
     return min(solos, key=lambda name: distance(solos[name]))
 
@@ -179,7 +187,7 @@ async def test_rows_of_three_adapters_and_none_in_two_slots_match_their_solo_run
             assert batched == alone  # no adapter: bit for bit
         else:
             assert_same_run(batched, alone)
-            assert nearest(batched, solos) == name
+            assert nearest(batched, solos, name) == name
     health = backend.health()
     assert (health.running, health.waiting) == (0, 0)
     in_slots, in_memory = health.adapters_in_slots, health.adapters_in_memory
