@@ -149,6 +149,27 @@ def test_model_config_in_tritons_shape_states_the_batch_it_takes(tensor_up: Kiln
         client.infer("mlp", inputs, headers=_auth(tensor_up))
 
 
+def test_the_repository_index_lists_the_tensor_models_and_their_state(
+    tensor_up: KilnProcess, tensor_models: dict[str, Path]
+) -> None:
+    """A model no request has called yet has no worker: ``UNAVAILABLE``, saying why."""
+    assert _upload(tensor_up, "idle-mlp", tensor_models["mlp"].read_bytes()).status_code == 201
+    client = _client(tensor_up)
+    index = client.get_model_repository_index(headers=_auth(tensor_up))
+    assert {"name": "mlp", "version": "1", "state": "READY", "reason": ""} in index
+    (idle,) = [m for m in index if m["name"] == "idle-mlp"]
+    assert idle["state"] == "UNAVAILABLE"
+    assert "scaled to zero" in idle["reason"]
+    url = f"{tensor_up.base_url}/v2/repository/index"
+    ready = httpx.post(url, json={"ready": True}, headers=_auth(tensor_up), timeout=10)
+    assert ready.status_code == 200
+    assert "mlp" in [m["name"] for m in ready.json()]
+    assert "idle-mlp" not in [m["name"] for m in ready.json()]
+    bad = httpx.post(url, json={"ready": "yes"}, headers=_auth(tensor_up), timeout=10)
+    assert bad.status_code == 400
+    assert "ready" in bad.json()["error"]
+
+
 @pytest.mark.parametrize("binary", [False, True], ids=["json", "binary"])
 def test_infer_matches_onnxruntime(
     tensor_up: KilnProcess, tensor_models: dict[str, Path], binary: bool

@@ -14,7 +14,12 @@ from kiln_platform.context import Kiln
 from kiln_platform.gateway import oip_services as oip
 from kiln_platform.gateway.auth import provide_principal
 from kiln_platform.gateway.oip_codec import HEADER_LENGTH
-from kiln_platform.gateway.oip_schemas import ModelConfig, ModelMetadata, ServerMetadata
+from kiln_platform.gateway.oip_schemas import (
+    IndexedModel,
+    ModelConfig,
+    ModelMetadata,
+    ServerMetadata,
+)
 from kiln_platform.openapi import OIP_ERRORS, DocumentedController
 from kiln_platform.registry import lifecycle
 
@@ -85,6 +90,15 @@ class OIPController(DocumentedController):
         resolved = await oip.resolve(kiln, name, version, str(admission.principal.tenant_id))
         ready = oip.model_ready(kiln, resolved)
         return _status(ready, f"the model `{name}`", lifecycle.headers(resolved))
+
+    @post("/repository/index", dependencies=AUTH, status_code=200)
+    async def repository_index(
+        self, request: Request[Any, Any, Any], kiln: KilnDep, admission: AdmissionDep
+    ) -> list[IndexedModel]:
+        """The tensor models this key's tenant may call, ``READY`` or ``UNAVAILABLE`` (scaled
+        to zero: a request starts a worker); ``{"ready": true}`` lists the ready ones only."""
+        asked = oip.index_request(await request.body())
+        return await oip.repository_index(kiln, str(admission.principal.tenant_id), asked.ready)
 
     @post(
         ["/models/{name:str}/infer", "/models/{name:str}/versions/{version:str}/infer"],

@@ -105,3 +105,19 @@ class ModelConfig(msgspec.Struct, kw_only=True, omit_defaults=True):
     input: list[ConfigTensor]
     output: list[ConfigTensor]
     dynamic_batching: DynamicBatching | None = None
+
+
+class IndexRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """``POST /v2/repository/index``'s body (Triton's; an empty body is ``{}``)."""
+
+    ready: bool = False
+    """List only the models a worker is ready for."""
+
+
+class IndexedModel(msgspec.Struct, kw_only=True):
+    """A model in the repository index: ``READY`` (a worker is up) or ``UNAVAILABLE``."""
+
+    name: str
+    version: str
+    state: str
+    reason: str

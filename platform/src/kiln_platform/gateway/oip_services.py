@@ -7,6 +7,8 @@ import time
 from importlib import metadata
 from typing import TYPE_CHECKING
 
+import msgspec
+
 from kiln_platform.billing.ledger import usage_of
 from kiln_platform.billing.pricing import Quantities
 from kiln_platform.db import migrate
@@ -15,6 +17,8 @@ from kiln_platform.gateway import oip_codec
 from kiln_platform.gateway.oip_schemas import (
     ConfigTensor,
     DynamicBatching,
+    IndexedModel,
+    IndexRequest,
     MetadataTensor,
     ModelConfig,
     ModelMetadata,
@@ -30,6 +34,8 @@ if TYPE_CHECKING:
     from kiln_runtimes.protocol import TensorSpec
 
 EXTENSIONS = ["binary_tensor_data", "model_configuration"]
+"""(The model repository extension is served in part: its index, not load and unload.)"""
+SCALED_TO_ZERO = "no worker is up (scaled to zero): the next request starts one"
 
 
 def server_metadata() -> ServerMetadata:
@@ -103,6 +109,32 @@ def model_config(version: ResolvedVersion, settings: Settings) -> ModelConfig:
 def _config_type(datatype: str) -> str:
     """An OIP datatype as Triton's configuration names it (``FP32`` -> ``TYPE_FP32``)."""
     return "TYPE_STRING" if datatype == "BYTES" else f"TYPE_{datatype}"
+
+
+def index_request(body: bytes) -> IndexRequest:
+    """The repository index request's body: empty, or ``{"ready": bool}`` (400 else)."""
+    if not body.strip():
+        return IndexRequest()
+    try:
+        return msgspec.json.decode(body, type=IndexRequest, strict=True)
+    except msgspec.DecodeError as exc:
+        raise BadRequest(f"invalid repository index request: {exc}") from None
+
+
+async def repository_index(kiln: Kiln, tenant: str, ready_only: bool) -> list[IndexedModel]:
+    """``POST /v2/repository/index`` (Triton's model repository extension, the index only):
+    the tensor models ``tenant`` may call, as their plain names give them to it."""
+    await kiln.resolver.refresh()
+    index = []
+    for version in kiln.resolver.listed(tenant):
+        if version.manifest.task != "tensor":
+            continue
+        ready = kiln.pools.is_ready(version.pool)
+        if ready or not ready_only:
+            index.append(IndexedModel(name=version.model, version=version.version,
+                                      state="READY" if ready else "UNAVAILABLE",
+                                      reason="" if ready else SCALED_TO_ZERO))  # fmt: skip
+    return index
 
 
 def model_ready(kiln: Kiln, version: ResolvedVersion) -> bool:
