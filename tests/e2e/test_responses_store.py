@@ -109,6 +109,8 @@ def test_a_background_response_answers_at_once_and_ends_as_in_the_foreground(
     assert done.output_text == foreground.output_text
     assert done.usage is not None
     assert _billed(llm_up, started.id) == [("responses", 200, done.usage.output_tokens)]
+    with pytest.raises(openai.BadRequestError, match="stream"):
+        client.responses.retrieve(started.id, stream=True)  # not an empty event stream
     stored = _ask(client, input=FIRST, store=True)
     with pytest.raises(openai.BadRequestError, match="background"):
         client.responses.cancel(stored.id)  # not run in background: nothing to cancel

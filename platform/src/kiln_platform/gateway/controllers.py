@@ -12,6 +12,7 @@ from litestar.response import Stream
 from kiln_platform.admission.deps import provide_admission, provide_scheduled
 from kiln_platform.admission.services import Admission
 from kiln_platform.context import Kiln
+from kiln_platform.errors import BadRequest
 from kiln_platform.gateway import completions, llm, responses, services
 from kiln_platform.gateway.auth import provide_principal
 from kiln_platform.gateway.llm_schemas import (
@@ -114,9 +115,15 @@ class OpenAIController(DocumentedController):
 
     @get("/responses/{response_id:str}")
     async def get_response(
-        self, kiln: KilnDep, admission: AdmissionDep, response_id: str
+        self, kiln: KilnDep, admission: AdmissionDep, response_id: str, stream: bool = False
     ) -> dict[str, Any]:
-        """A response created with ``store: true``."""
+        """A response created with ``store: true`` (a background one as it stands: poll it
+        until its status is neither ``queued`` nor ``in_progress``)."""
+        if stream:  # the SDK would read this JSON as an empty event stream
+            raise BadRequest(
+                "'stream' is not supported here by Kiln: GET the response until it is done.",
+                param="stream",
+            )  # fmt: skip
         return await kiln.responses.fetch(admission.principal.tenant_id, response_id)
 
     @get("/responses/{response_id:str}/input_items")
