@@ -123,9 +123,9 @@ async def _call(kiln: Kiln, admission: Any, endpoint: str, body: dict[str, Any])
         raise BadRequest(f"{exc} (in 'body').", param="body") from None
     if request.stream:
         raise BadRequest("'stream' is not supported in a batch.", param="body.stream")
-    if getattr(request, "background", None):
-        raise BadRequest("'background' is not supported in a batch.", param="body.background")
     if isinstance(request, ResponsesRequest):
+        if request.background:
+            raise BadRequest("'background' is not supported in a batch.", param="body.background")
         gen, history = await responses.prepare(kiln, admission, request)
         return await responses.complete(gen, request, history)
     gen = await llm.prepare(kiln, admission, request)

@@ -52,19 +52,19 @@ class BackgroundResponses:
     ) -> None:  # fmt: skip
         """Store ``shell`` (``queued``) and run ``work`` after the request's response: the
         admission is left when it ends. If the store fails, nothing runs (the request fails)."""
-        await self._store.save(admission.principal.tenant_id, shell, history, self._lease_s)
+        tenant = admission.principal.tenant_id
+        await self._store.save(tenant, shell, history, self._lease_s)
         leave = admission.detach()
         running = asyncio.ensure_future(work())  # cancelled to stop; its end is always written
-        ending = asyncio.create_task(self._end(admission, shell, running, leave))
+        ending = asyncio.create_task(self._end(tenant, shell, running, leave))
         self._tasks[shell.id] = (running, ending)
         ending.add_done_callback(lambda _: self._tasks.pop(shell.id, None))
 
     async def _end(
-        self, admission: Admission, shell: ResponseObject, running: asyncio.Future[ResponseObject],
+        self, tenant: uuid.UUID, shell: ResponseObject, running: asyncio.Future[ResponseObject],
         leave: Callable[[], Awaitable[None]],
     ) -> None:  # fmt: skip
         """Wait for the work (renewing its lease), write its end, leave the admission."""
-        tenant = admission.principal.tenant_id
         renewing = asyncio.create_task(self._renew(tenant, shell.id, running))
         try:
             done = await running

@@ -247,8 +247,9 @@ async def answered(gen: Generation, request: ResponsesRequest, created: int) -> 
 
 async def background(kiln: Kiln, admission: Admission, request: ResponsesRequest) -> ResponseObject:
     """``background: true``: checked and admitted now (a bad request is its 400), stored
-    ``queued`` and answered; the generation runs on (``gateway.background``) for at least
-    ``KILN_REQUEST_TIMEOUT_S``, whatever the client's read timeout."""
+    ``queued`` and answered; the generation runs on (``gateway.background``). Its wait in the
+    pool's queue is bounded by ``KILN_REQUEST_TIMEOUT_S`` at least, not by a client's short read
+    timeout (which bounds a foreground request's); like any, it ends at the stream deadline."""
     if request.stream:
         raise BadRequest(
             "'stream' with 'background' is not supported by Kiln: GET the response instead.",
