@@ -6,7 +6,7 @@ import shutil
 import tempfile
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import httpx
 import numpy as np
@@ -168,6 +168,53 @@ def test_the_repository_index_lists_the_tensor_models_and_their_state(
     bad = httpx.post(url, json={"ready": "yes"}, headers=_auth(tensor_up), timeout=10)
     assert bad.status_code == 400
     assert "ready" in bad.json()["error"]
+
+
+def test_statistics_count_the_tenants_own_requests_of_today(tensor_up: KilnProcess) -> None:
+    """Triton's statistics extension from the ledger: this tenant's successes, rows and time per
+    version; another tenant calling the same model sees only its own (none)."""
+    client, auth = _client(tensor_up), _auth(tensor_up)
+    assert "statistics" in client.get_server_metadata(headers=auth)["extensions"]
+
+    def version_1(stats: Any) -> Any:
+        (stat,) = [s for s in stats["model_stats"] if (s["name"], s["version"]) == ("mlp", "1")]
+        return stat
+
+    before = version_1(client.get_inference_statistics("mlp", headers=auth))
+    for n in (1, 3, 4):
+        client.infer("mlp", _inputs(n, binary=True)[0], headers=auth)
+    after = version_1(client.get_inference_statistics("mlp", headers=auth))
+    done, was = after["inference_stats"], before["inference_stats"]
+    assert done["success"]["count"] - was["success"]["count"] == 3
+    assert after["inference_count"] - before["inference_count"] == 8
+    assert after["execution_count"] == done["success"]["count"]
+    assert done["compute_infer"]["ns"] > was["compute_infer"]["ns"]
+    assert done["success"]["ns"] == done["queue"]["ns"] + done["compute_infer"]["ns"]
+    assert abs(after["last_inference"] / 1000 - time.time()) < 60
+    assert client.get_inference_statistics("mlp", "1", headers=auth)["model_stats"] == [after]
+    too_many = client.get_model_config("mlp", headers=auth)["max_batch_size"] + 1
+    with pytest.raises(InferenceServerException, match="batch dimension"):
+        client.infer("mlp", _inputs(too_many, binary=True)[0], headers=auth)
+    deadline = time.monotonic() + 10  # a failure's row is written without waiting
+    while (failed := version_1(client.get_inference_statistics("mlp", headers=auth))) == after:
+        assert time.monotonic() < deadline, "the failure was not counted"
+        time.sleep(0.1)
+    assert failed["inference_stats"]["fail"]["count"] == was["fail"]["count"] + 1
+    assert failed["inference_stats"]["success"] == done["success"]
+    after = failed
+    assert version_1(client.get_inference_statistics(headers=auth)) == after
+
+    tensor_up.cli("tenants", "create", "globex")
+    their_key = tensor_up.cli("keys", "create", "--tenant", "globex").strip().splitlines()[-1]
+    theirs = {"authorization": f"Bearer {their_key}"}
+    client.infer("mlp", _inputs(2, binary=True)[0], headers=theirs)
+    their_stat = version_1(client.get_inference_statistics("mlp", headers=theirs))
+    assert their_stat["inference_stats"]["success"]["count"] == 1
+    assert their_stat["inference_count"] == 2
+    mine = version_1(client.get_inference_statistics("mlp", headers=auth))
+    assert mine["inference_stats"]["success"]["count"] == done["success"]["count"]
+    with pytest.raises(InferenceServerException, match="does not exist"):
+        client.get_inference_statistics("nope", headers=auth)
 
 
 @pytest.mark.parametrize("binary", [False, True], ids=["json", "binary"])

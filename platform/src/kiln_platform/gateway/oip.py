@@ -12,12 +12,14 @@ from kiln_platform.admission.deps import provide_admission, provide_scheduled
 from kiln_platform.admission.services import Admission
 from kiln_platform.context import Kiln
 from kiln_platform.gateway import oip_services as oip
+from kiln_platform.gateway import oip_stats
 from kiln_platform.gateway.auth import provide_principal
 from kiln_platform.gateway.oip_codec import HEADER_LENGTH
 from kiln_platform.gateway.oip_schemas import (
     IndexedModel,
     ModelConfig,
     ModelMetadata,
+    ModelStats,
     ServerMetadata,
 )
 from kiln_platform.openapi import OIP_ERRORS, DocumentedController
@@ -77,6 +79,30 @@ class OIPController(DocumentedController):
         resolved = await oip.resolve(kiln, name, version, str(admission.principal.tenant_id))
         config = oip.model_config(resolved, kiln.settings)
         return Response(config, headers=lifecycle.headers(resolved))
+
+    @get(
+        [
+            "/models/stats",
+            "/models/{name:str}/stats",
+            "/models/{name:str}/versions/{version:str}/stats",
+        ],
+        dependencies=AUTH,
+    )
+    async def model_stats(
+        self,
+        kiln: KilnDep,
+        admission: AdmissionDep,
+        name: str | None = None,
+        version: str | None = None,
+    ) -> ModelStats:
+        """Triton's statistics extension, for this key's tenant alone: its own requests today
+        (UTC) per version, from its ledger rows; every tensor model it may call without a name."""
+        tenant = admission.principal.tenant_id
+        if name is None:
+            versions = await oip.tensor_models(kiln, str(tenant))
+        else:
+            versions = [await oip.resolve(kiln, name, version, str(tenant))]
+        return await oip_stats.model_stats(kiln, tenant, versions, only=version is not None)
 
     @get(
         ["/models/{name:str}/ready", "/models/{name:str}/versions/{version:str}/ready"],

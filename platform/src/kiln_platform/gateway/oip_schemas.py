@@ -121,3 +121,45 @@ class IndexedModel(msgspec.Struct, kw_only=True):
     version: str
     state: str
     reason: str
+
+
+class DurationStat(msgspec.Struct, kw_only=True):
+    """A count and the nanoseconds it took in total (Triton's ``$duration_stat``)."""
+
+    count: int = 0
+    ns: int = 0
+
+
+class InferenceStats(msgspec.Struct, kw_only=True):
+    """Triton's ``inference_stats``: successful and failed requests, and the successes' time
+    waiting in the worker's queue and computing."""
+
+    success: DurationStat
+    fail: DurationStat
+    queue: DurationStat
+    compute_input: DurationStat
+    compute_infer: DurationStat
+    compute_output: DurationStat
+    cache_hit: DurationStat
+    cache_miss: DurationStat
+
+
+class ModelStat(msgspec.Struct, kw_only=True):
+    """One model version's statistics (Triton's ``$model_stat``)."""
+
+    name: str
+    version: str
+    last_inference: int
+    """Milliseconds since the epoch of the last request counted (0: none)."""
+    inference_count: int
+    execution_count: int
+    inference_stats: InferenceStats
+    response_stats: dict[str, Any] = msgspec.field(default_factory=dict)
+    batch_stats: list[Any] = msgspec.field(default_factory=list)
+    memory_usage: list[Any] = msgspec.field(default_factory=list)
+
+
+class ModelStats(msgspec.Struct, kw_only=True):
+    """``GET /v2/models[/{name}[/versions/{v}]]/stats`` (Triton's statistics extension)."""
+
+    model_stats: list[ModelStat]

@@ -33,7 +33,7 @@ if TYPE_CHECKING:
     from kiln_platform.settings import Settings
     from kiln_runtimes.protocol import TensorSpec
 
-EXTENSIONS = ["binary_tensor_data", "model_configuration"]
+EXTENSIONS = ["binary_tensor_data", "model_configuration", "statistics"]
 """(The model repository extension is served in part: its index, not load and unload.)"""
 SCALED_TO_ZERO = "no worker is up (scaled to zero): the next request starts one"
 
@@ -124,17 +124,20 @@ def index_request(body: bytes) -> IndexRequest:
 async def repository_index(kiln: Kiln, tenant: str, ready_only: bool) -> list[IndexedModel]:
     """``POST /v2/repository/index`` (Triton's model repository extension, the index only):
     the tensor models ``tenant`` may call, as their plain names give them to it."""
-    await kiln.resolver.refresh()
     index = []
-    for version in kiln.resolver.listed(tenant):
-        if version.manifest.task != "tensor":
-            continue
+    for version in await tensor_models(kiln, tenant):
         ready = kiln.pools.is_ready(version.pool)
         if ready or not ready_only:
             index.append(IndexedModel(name=version.model, version=version.version,
                                       state="READY" if ready else "UNAVAILABLE",
                                       reason="" if ready else SCALED_TO_ZERO))  # fmt: skip
     return index
+
+
+async def tensor_models(kiln: Kiln, tenant: str) -> list[ResolvedVersion]:
+    """The tensor models ``tenant`` may call, each as its plain name gives it to the tenant."""
+    await kiln.resolver.refresh()
+    return [v for v in kiln.resolver.listed(tenant) if v.manifest.task == "tensor"]
 
 
 def model_ready(kiln: Kiln, version: ResolvedVersion) -> bool:
