@@ -7,18 +7,23 @@ once the work ends, not when the response was sent."""
 from __future__ import annotations
 
 import asyncio
+import time
 import uuid
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from types import SimpleNamespace
 from typing import Any
 
+import asyncpg
 import msgspec
 import pytest
 
 from kiln_platform.admission.services import Admission
 from kiln_platform.db.database import Database
+from kiln_platform.db.engine import TENANT_ROLE
 from kiln_platform.errors import BadRequest
 from kiln_platform.gateway.background import STOPPED, BackgroundResponses
-from kiln_platform.gateway.response_store import LOST, ResponseStore
+from kiln_platform.gateway.response_store import LIVE, LOST, ResponseStore
 from kiln_platform.gateway.responses_schemas import ResponseObject
 from tests.factories import make_tenant
 
@@ -138,3 +143,54 @@ async def test_a_response_whose_lease_ran_out_reads_as_failed(
     assert (body["status"], body["error"]["message"]) == ("failed", LOST)
     assert await store.conversation(tenant, "resp-dead") == []  # ended: it can be gone on from
     assert not await store.renew(tenant, "resp-other", 30)
+
+
+@asynccontextmanager
+async def _refused(database_uri: str) -> AsyncIterator[None]:
+    """The database refuses tenant transactions' writes of responses (a real error from
+    PostgreSQL, as an outage gives one) until the block ends."""
+    owner = await asyncpg.connect(database_uri)
+    await owner.execute(f"REVOKE UPDATE ON responses FROM {TENANT_ROLE}")
+    try:
+        yield
+    finally:
+        await owner.execute(f"GRANT UPDATE ON responses TO {TENANT_ROLE}")
+        await owner.close()
+
+
+async def test_an_end_the_database_refused_is_written_once_it_takes_it(
+    db: Database, tenant: uuid.UUID, database_uri: str
+) -> None:
+    """The work ended (made and billed) while the database took no write: the admission is left
+    at once, and the end is tried again until stored, not left to read as lost."""
+    store, left, go = ResponseStore(db.sessions, SECRET, 30), list[str](), asyncio.Event()
+    runner = BackgroundResponses(store)
+
+    async def work() -> ResponseObject:
+        await go.wait()
+        return msgspec.structs.replace(_shell("resp-outage"), status="completed")
+
+    await runner.start(_admission(tenant, left), _shell("resp-outage"), [], work)
+    async with _refused(database_uri):
+        go.set()
+        await _left(left)
+        assert (await store.fetch(tenant, "resp-outage"))["status"] in LIVE
+    await _status(store, tenant, "resp-outage", "completed")
+
+
+async def test_a_stopping_gateway_gives_up_an_end_the_database_refuses(
+    db: Database, tenant: uuid.UUID, database_uri: str
+) -> None:
+    store, left = ResponseStore(db.sessions, SECRET, 30), list[str]()
+    runner = BackgroundResponses(store)
+
+    async def work() -> ResponseObject:
+        return msgspec.structs.replace(_shell("resp-given-up"), status="completed")
+
+    async with _refused(database_uri):
+        await runner.start(_admission(tenant, left), _shell("resp-given-up"), [], work)
+        await _left(left)
+        started = time.monotonic()
+        await runner.stop(wait_s=0.2)
+        assert time.monotonic() - started < 2
+    assert (await store.fetch(tenant, "resp-given-up"))["status"] in LIVE  # its lease decides

@@ -10,6 +10,7 @@ why); one that dies leaves them to their lease (``response_store.LOST``)."""
 from __future__ import annotations
 
 import asyncio
+import time
 from typing import TYPE_CHECKING, Any
 
 import msgspec
@@ -29,6 +30,8 @@ if TYPE_CHECKING:
 log = structlog.get_logger(__name__)
 LEASE_S = 30.0
 """How long a running response's lease lasts; its gateway renews it every third of that."""
+RETRY_S = 300.0
+"""How long an end the database did not take is tried again (``KILN_OUTAGE_BOUND_S``'s 300 s)."""
 STOPPED = "The server stopped before the response was done; create it again."
 
 
@@ -40,9 +43,12 @@ def _failed(shell: ResponseObject, message: str) -> ResponseObject:
 class BackgroundResponses:
     """This gateway's running background responses."""
 
-    def __init__(self, store: ResponseStore, lease_s: float = LEASE_S) -> None:
+    def __init__(
+        self, store: ResponseStore, lease_s: float = LEASE_S, retry_s: float = RETRY_S
+    ) -> None:
         self._store = store
         self._lease_s = lease_s
+        self._retry_s = retry_s
         self._tasks: dict[str, tuple[asyncio.Future[ResponseObject], asyncio.Task[None]]] = {}
         """Each running response's work, and the task that waits for it and writes its end."""
 
@@ -79,10 +85,26 @@ class BackgroundResponses:
             renewing.cancel()
         try:
             await self._store.finish(tenant, done)
-        except (SQLAlchemyError, OSError):  # its lease runs out: it reads as failed
-            log.warning("background response not stored", response_id=shell.id, exc_info=True)
+            return
+        except (SQLAlchemyError, OSError):
+            log.warning("background response not stored yet", response_id=shell.id, exc_info=True)
         finally:
             await leave()
+        await self._store_later(tenant, done)
+
+    async def _store_later(self, tenant: uuid.UUID, done: ResponseObject) -> None:
+        """Write an end the database did not take, again and again (backing off) for up to
+        ``retry_s``: a response made and billed during an outage shorter than that reads as it
+        ended once the database is back, not as lost. Past it, its lease decides (failed)."""
+        pause, deadline = 0.5, time.monotonic() + self._retry_s
+        while time.monotonic() + pause < deadline:
+            await asyncio.sleep(pause)
+            try:
+                await self._store.finish(tenant, done)
+                return
+            except (SQLAlchemyError, OSError):
+                pause = min(pause * 2, self._lease_s / 3)
+        log.error("background response lost: its end was never stored", response_id=done.id)
 
     async def _renew(
         self, tenant: uuid.UUID, response_id: str, running: asyncio.Future[Any]
@@ -107,9 +129,14 @@ class BackgroundResponses:
             running[0].cancel()
         return body
 
-    async def stop(self) -> None:
-        """Cancel the running responses (each fails, naming why) and wait for their ends."""
+    async def stop(self, wait_s: float = 5.0) -> None:
+        """Cancel the running responses (each fails, naming why) and wait for their ends; an
+        end still being tried again after ``wait_s`` (the database away) is given up."""
         running = list(self._tasks.values())
         for work, _ in running:
             work.cancel()
-        await asyncio.gather(*(ending for _, ending in running), return_exceptions=True)
+        if endings := [ending for _, ending in running]:
+            _, late = await asyncio.wait(endings, timeout=wait_s)
+            for ending in late:
+                ending.cancel()
+            await asyncio.gather(*late, return_exceptions=True)
