@@ -133,9 +133,41 @@ def test_a_cancelled_background_response_stops_and_stays_cancelled(
     assert client.responses.cancel(long.id).status == "cancelled"
 
 
+def test_a_streamed_background_response_resumes_where_its_client_left(
+    client: openai.OpenAI, llm_up: KilnProcess
+) -> None:
+    """The client leaves mid-stream; the run goes on, and the stream resumes after the last
+    event it saw (``starting_after``), live, then whole from the store once it ended."""
+    events = _ask(client, input=STORY, background=True, stream=True)
+    seen: list[Any] = []
+    for event in events:
+        seen.append(event)
+        if event.type == "response.output_text.delta" and len(seen) >= 6:
+            break
+    events.close()  # the client leaves
+    assert (seen[0].type, seen[0].response.status) == ("response.created", "queued")
+    response_id = seen[0].response.id
+    rest: list[Any] = list(client.responses.retrieve(
+        response_id, stream=True, starting_after=seen[-1].sequence_number
+    ))  # fmt: skip
+    on = _ask(client, input=SECOND, previous_response_id=response_id)  # stored before its end
+    assert on.status != "failed"
+    assert [e.sequence_number for e in seen + rest] == list(range(len(seen) + len(rest)))
+    final = rest[-1].response
+    assert rest[-1].type == f"response.{final.status}"
+    text = "".join(e.delta for e in seen + rest if e.type == "response.output_text.delta")
+    assert text == final.output_text == _ask(client, input=STORY).output_text
+    assert _ended(client, response_id).output_text == text
+    again = list(client.responses.retrieve(response_id, stream=True))  # ended: from the store
+    assert [e.model_dump() for e in again] == [e.model_dump() for e in seen + rest]
+    assert final.usage is not None
+    assert _billed(llm_up, response_id) == [("responses", 200, final.usage.output_tokens)]
+    with pytest.raises(openai.BadRequestError, match="stream"):
+        client.responses.retrieve(_ask(client, input=FIRST, store=True).id, stream=True)
+
+
 def test_background_requests_that_cannot_run_fail_at_once(client: openai.OpenAI) -> None:
     cases: list[tuple[dict[str, Any], type[openai.APIStatusError], str]] = [
-        ({"stream": True}, openai.BadRequestError, "stream"),
         ({"store": False}, openai.BadRequestError, "store"),
         ({"model": "no-such-model"}, openai.NotFoundError, "model"),
         ({"max_output_tokens": 10**6}, openai.BadRequestError, "max_output_tokens"),

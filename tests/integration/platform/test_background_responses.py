@@ -9,8 +9,9 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from contextlib import asynccontextmanager
+from functools import partial
 from types import SimpleNamespace
 from typing import Any
 
@@ -22,7 +23,7 @@ from kiln_platform.admission.services import Admission
 from kiln_platform.db.database import Database
 from kiln_platform.db.engine import TENANT_ROLE
 from kiln_platform.errors import BadRequest
-from kiln_platform.gateway.background import STOPPED, BackgroundResponses
+from kiln_platform.gateway.background import STOPPED, BackgroundResponses, Feed
 from kiln_platform.gateway.response_store import LIVE, LOST, ResponseStore
 from kiln_platform.gateway.responses_schemas import ResponseObject
 from tests.factories import make_tenant
@@ -194,3 +195,70 @@ async def test_a_stopping_gateway_gives_up_an_end_the_database_refuses(
         await runner.stop(wait_s=0.2)
         assert time.monotonic() - started < 2
     assert (await store.fetch(tenant, "resp-given-up"))["status"] in LIVE  # its lease decides
+
+
+def _event(n: int) -> bytes:
+    return b'event: e\ndata: {"sequence_number": %d}\n\n' % n
+
+
+async def test_a_stream_resumes_on_another_gateway_once_the_run_ended(
+    db: Database, tenant: uuid.UUID
+) -> None:
+    """The gateway that does not run it polls the store: the events after the one given, all
+    at once when the run's end (and its events) is stored; the runner's own, as they come."""
+    store, left, go = ResponseStore(db.sessions, SECRET, 30), list[str](), asyncio.Event()
+    here, there = BackgroundResponses(store), BackgroundResponses(store)
+    feed, end = Feed(), msgspec.structs.replace(_shell("resp-streamed"), status="completed")
+
+    async def events() -> AsyncGenerator[bytes, None]:
+        yield _event(0)
+        yield _event(1)
+        await go.wait()
+        yield _event(2)
+        feed.ended(end)
+        yield _event(3)  # made once the answer is known: held until the end is stored
+
+    shell = _shell("resp-streamed")
+    await here.start(_admission(tenant, left), shell, [], partial(feed.pump, events()), feed)
+    local = await here.resume(tenant, "resp-streamed", 0)
+    assert await anext(local) == _event(1)
+    remote = asyncio.ensure_future(_all(await there.resume(tenant, "resp-streamed", 0)))
+    await asyncio.sleep(0.1)
+    assert not remote.done()  # still running on the other gateway
+    go.set()
+    assert await anext(local) == _event(2)
+    assert await anext(local) == _event(3)
+    assert (await store.fetch(tenant, "resp-streamed"))["status"] == "completed"
+    assert [event async for event in local] == []
+    assert await asyncio.wait_for(remote, 5) == [_event(1), _event(2), _event(3)]
+    assert await _all(await there.resume(tenant, "resp-streamed", -1)) == [
+        _event(0), _event(1), _event(2), _event(3),
+    ]  # fmt: skip
+    await store.save(tenant, _shell("resp-plain"), [])
+    with pytest.raises(BadRequest, match="stream"):
+        await there.resume(tenant, "resp-plain", -1)
+
+
+async def test_a_cancelled_stream_ends_with_the_events_it_made(
+    db: Database, tenant: uuid.UUID
+) -> None:
+    store, left, feed = ResponseStore(db.sessions, SECRET, 30), list[str](), Feed()
+    runner = BackgroundResponses(store)
+
+    async def events() -> AsyncGenerator[bytes, None]:
+        yield _event(0)
+        await asyncio.sleep(60)
+        raise AssertionError("not cancelled")
+
+    shell = _shell("resp-cut")
+    await runner.start(_admission(tenant, left), shell, [], partial(feed.pump, events()), feed)
+    reading = await runner.resume(tenant, "resp-cut", -1)
+    assert await anext(reading) == _event(0)
+    assert (await runner.cancel(tenant, "resp-cut"))["status"] == "cancelled"
+    assert [event async for event in reading] == []  # the stream ends
+    await _left(left)
+    assert await _all(await runner.resume(tenant, "resp-cut", -1)) == [_event(0)]
+
+
+async def _all(events: AsyncIterator[bytes]) -> list[bytes]:
+    return [event async for event in events]

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from contextlib import aclosing
 from typing import TYPE_CHECKING, Any
 
 import msgspec
@@ -22,7 +23,7 @@ from kiln_platform.gateway.responses_schemas import ResponseError, ResponseObjec
 
 if TYPE_CHECKING:
     import uuid
-    from collections.abc import Awaitable, Callable
+    from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 
     from kiln_platform.admission.services import Admission
     from kiln_platform.gateway.response_store import ResponseStore
@@ -30,6 +31,8 @@ if TYPE_CHECKING:
 log = structlog.get_logger(__name__)
 LEASE_S = 30.0
 """How long a running response's lease lasts; its gateway renews it every third of that."""
+POLL_S = 0.5
+"""How often a stream resumed on a gateway that does not run the response looks for its end."""
 RETRY_S = 300.0
 """How long an end the database did not take is tried again (``KILN_OUTAGE_BOUND_S``'s 300 s)."""
 STOPPED = "The server stopped before the response was done; create it again."
@@ -38,6 +41,63 @@ STOPPED = "The server stopped before the response was done; create it again."
 def _failed(shell: ResponseObject, message: str) -> ResponseObject:
     error = ResponseError(code="server_error", message=message)
     return msgspec.structs.replace(shell, status="failed", error=error)
+
+
+class Feed:
+    """A streamed background response's events as its run makes them (``sequence_number`` is
+    the index), for each reader from where it starts; the run goes on if a reader leaves. The
+    events made once the answer is known (its ``done`` events, ``response.completed``) are held
+    until the end is stored, as a foreground stream's last event waits for its store."""
+
+    def __init__(self) -> None:
+        self.events: list[bytes] = []
+        """The events readers may have."""
+        self.end: ResponseObject | None = None
+        self.closed = False
+        self._held: list[bytes] = []
+        self._grown = asyncio.Event()
+
+    def ended(self, response: ResponseObject) -> None:
+        """The run's end (completed, incomplete or failed), known before its last events."""
+        self.end = response
+
+    async def pump(self, events: AsyncGenerator[bytes, None]) -> ResponseObject:
+        """Run the stream to its end, keeping each event; the work of a streamed response."""
+        async with aclosing(events):
+            async for event in events:
+                if self.end is not None:
+                    self._held.append(event)
+                    continue
+                self.events.append(event)
+                self._wake()
+        assert self.end is not None, "a stream that ran out ends with its response"
+        return self.end
+
+    def made(self) -> list[bytes]:
+        """Every event the run made, those held included: what is stored at its end."""
+        return [*self.events, *self._held]
+
+    def close(self) -> None:
+        """No more events (the end stored, or the run cancelled): the held ones go out."""
+        self.events += self._held
+        self._held, self.closed = [], True
+        self._wake()
+
+    def _wake(self) -> None:
+        self._grown.set()
+        self._grown = asyncio.Event()
+
+    async def after(self, seen: int) -> AsyncIterator[bytes]:
+        """The events after number ``seen`` (-1: all), then each as it comes, until closed."""
+        at = seen + 1
+        while True:
+            grown = self._grown
+            while at < len(self.events):
+                yield self.events[at]
+                at += 1
+            if self.closed:
+                return
+            await grown.wait()
 
 
 class BackgroundResponses:
@@ -51,24 +111,51 @@ class BackgroundResponses:
         self._retry_s = retry_s
         self._tasks: dict[str, tuple[asyncio.Future[ResponseObject], asyncio.Task[None]]] = {}
         """Each running response's work, and the task that waits for it and writes its end."""
+        self._feeds: dict[tuple[uuid.UUID, str], Feed] = {}
+        """The running streamed responses' events, by tenant and id."""
 
     async def start(
         self, admission: Admission, shell: ResponseObject, history: list[dict[str, Any]],
-        work: Callable[[], Awaitable[ResponseObject]],
+        work: Callable[[], Awaitable[ResponseObject]], feed: Feed | None = None,
     ) -> None:  # fmt: skip
         """Store ``shell`` (``queued``) and run ``work`` after the request's response: the
-        admission is left when it ends. If the store fails, nothing runs (the request fails)."""
-        tenant = admission.principal.tenant_id
-        await self._store.save(tenant, shell, history, self._lease_s)
+        admission is left when it ends. If the store fails, nothing runs (the request fails).
+        A streamed one's ``feed`` is read by ``resume`` while it runs, then stored with it."""
+        tenant, key = admission.principal.tenant_id, (admission.principal.tenant_id, shell.id)
+        await self._store.save(tenant, shell, history, self._lease_s, streamed=feed is not None)
         leave = admission.detach()
         running = asyncio.ensure_future(work())  # cancelled to stop; its end is always written
-        ending = asyncio.create_task(self._end(tenant, shell, running, leave))
+        ending = asyncio.create_task(self._end(tenant, shell, running, leave, feed))
         self._tasks[shell.id] = (running, ending)
         ending.add_done_callback(lambda _: self._tasks.pop(shell.id, None))
+        if feed is not None:
+            self._feeds[key] = feed
+            ending.add_done_callback(lambda _: self._feeds.pop(key, None))
+
+    async def resume(self, tenant: uuid.UUID, response_id: str, seen: int) -> AsyncIterator[bytes]:
+        """``GET /v1/responses/{id}?stream=true&starting_after=seen``: the events of a streamed
+        background response after number ``seen``: as they come if this gateway runs it; else
+        all at once when it has ended (another gateway's run is polled until then). A 404 or a
+        400 (not streamed) is raised here, before the stream starts."""
+        ended = await self._store.events(tenant, response_id)
+        return self._resumed(tenant, response_id, seen, ended)
+
+    async def _resumed(
+        self, tenant: uuid.UUID, response_id: str, seen: int, ended: list[bytes] | None
+    ) -> AsyncIterator[bytes]:
+        while ended is None:
+            if (feed := self._feeds.get((tenant, response_id))) is not None:
+                async for event in feed.after(seen):
+                    yield event
+                return
+            await asyncio.sleep(POLL_S)
+            ended = await self._store.events(tenant, response_id)
+        for event in ended[seen + 1 :]:
+            yield event
 
     async def _end(
         self, tenant: uuid.UUID, shell: ResponseObject, running: asyncio.Future[ResponseObject],
-        leave: Callable[[], Awaitable[None]],
+        leave: Callable[[], Awaitable[None]], feed: Feed | None,
     ) -> None:  # fmt: skip
         """Wait for the work (renewing its lease), write its end, leave the admission."""
         renewing = asyncio.create_task(self._renew(tenant, shell.id, running))
@@ -83,16 +170,21 @@ class BackgroundResponses:
             done = _failed(shell, "Internal server error.")
         finally:
             renewing.cancel()
+        events = feed.made() if feed is not None else None
         try:
-            await self._store.finish(tenant, done)
+            await self._store.finish(tenant, done, events)
             return
         except (SQLAlchemyError, OSError):
             log.warning("background response not stored yet", response_id=shell.id, exc_info=True)
         finally:
+            if feed is not None:
+                feed.close()
             await leave()
-        await self._store_later(tenant, done)
+        await self._store_later(tenant, done, events)
 
-    async def _store_later(self, tenant: uuid.UUID, done: ResponseObject) -> None:
+    async def _store_later(
+        self, tenant: uuid.UUID, done: ResponseObject, events: list[bytes] | None
+    ) -> None:
         """Write an end the database did not take, again and again (backing off) for up to
         ``retry_s``: a response made and billed during an outage shorter than that reads as it
         ended once the database is back, not as lost. Past it, its lease decides (failed)."""
@@ -100,7 +192,7 @@ class BackgroundResponses:
         while time.monotonic() + pause < deadline:
             await asyncio.sleep(pause)
             try:
-                await self._store.finish(tenant, done)
+                await self._store.finish(tenant, done, events)
                 return
             except (SQLAlchemyError, OSError):
                 pause = min(pause * 2, self._lease_s / 3)

@@ -12,9 +12,9 @@ from litestar.response import Stream
 from kiln_platform.admission.deps import provide_admission, provide_scheduled
 from kiln_platform.admission.services import Admission
 from kiln_platform.context import Kiln
-from kiln_platform.errors import BadRequest
 from kiln_platform.gateway import completions, llm, responses, services
 from kiln_platform.gateway.auth import provide_principal
+from kiln_platform.gateway.background import Feed
 from kiln_platform.gateway.llm_schemas import (
     ChatCompletion,
     ChatCompletionRequest,
@@ -105,26 +105,29 @@ class OpenAIController(DocumentedController):
         only with ``store: true`` (then ``previous_response_id`` goes on from it); else send the
         history as input items."""
         if data.background:
-            shell = await responses.background(kiln, admission, data)
-            return Response(shell, media_type=MediaType.JSON)
+            started = await responses.background(kiln, admission, data)
+            if isinstance(started, Feed):  # its events; the run goes on if the client leaves
+                return Stream(started.after(-1), media_type=SSE)
+            return Response(started, media_type=MediaType.JSON)
         gen, history = await responses.prepare(kiln, admission, data)
         if data.stream:
             return completions.streamed(gen, responses.stream(gen, data, history))
         body = await responses.complete(gen, data, history)
         return Response(body, media_type=MediaType.JSON, headers=lifecycle.headers(gen.version))
 
-    @get("/responses/{response_id:str}")
+    @get("/responses/{response_id:str}", media_type=MediaType.JSON)
     async def get_response(
-        self, kiln: KilnDep, admission: AdmissionDep, response_id: str, stream: bool = False
-    ) -> dict[str, Any]:
+        self, kiln: KilnDep, admission: AdmissionDep, response_id: str, *,
+        stream: bool = False, starting_after: Annotated[int, Parameter(ge=-1)] = -1,
+    ) -> dict[str, Any] | Stream:  # fmt: skip
         """A response created with ``store: true`` (a background one as it stands: poll it
-        until its status is neither ``queued`` nor ``in_progress``)."""
-        if stream:  # the SDK would read this JSON as an empty event stream
-            raise BadRequest(
-                "'stream' is not supported here by Kiln: GET the response until it is done.",
-                param="stream",
-            )  # fmt: skip
-        return await kiln.responses.fetch(admission.principal.tenant_id, response_id)
+        until its status is neither ``queued`` nor ``in_progress``); with ``stream``, a
+        streamed background response's events after number ``starting_after``."""
+        tenant = admission.principal.tenant_id
+        if stream:
+            events = await kiln.background.resume(tenant, response_id, starting_after)
+            return Stream(events, media_type=SSE)
+        return await kiln.responses.fetch(tenant, response_id)
 
     @get("/responses/{response_id:str}/input_items")
     async def response_input_items(

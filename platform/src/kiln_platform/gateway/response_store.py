@@ -9,7 +9,8 @@ data: a sealed value moved to another row does not open.
 A background response is stored ``queued`` and finished by the task that runs it
 (``gateway.background``): its ``status`` is in the clear, so a cancel and the task's last write
 settle by one conditional update, and its lease, renewed while it runs, makes one whose gateway
-died read as ``failed`` (migration 0029)."""
+died read as ``failed`` (migration 0029). A streamed one keeps its events, sealed, once it
+ended, so its stream resumes on any gateway (migration 0030)."""
 
 from __future__ import annotations
 
@@ -47,6 +48,9 @@ class StoredResponse(Base):
     """The response's ``status`` (``LIVE`` ones still run: a background response)."""
     lease_until: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     """A live response's gateway renews this while it runs it; past it, the response failed."""
+    events: Mapped[bytes | None] = mapped_column(LargeBinary)
+    """A streamed background response's events, sealed, once it ended (empty before); null for
+    any other response (migration 0030)."""
 
 
 LIVE = ("queued", "in_progress")
@@ -74,6 +78,11 @@ def _lost(kept: _Sealed) -> _Sealed:
     """A live response whose lease ran out reads as failed (its gateway died)."""
     error = {"code": "server_error", "message": LOST}
     return _Sealed(body=kept.body | {"status": "failed", "error": error}, history=kept.history)
+
+
+def _events_data(row: StoredResponse) -> bytes:
+    """The associated data of a row's sealed events: its tenant and id, and what they are."""
+    return f"{row.tenant_id}/{row.id}/events".encode()
 
 
 def _listed(response_id: str, history: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -133,10 +142,11 @@ class ResponseStore:
 
     async def save(
         self, tenant_id: uuid.UUID, response: ResponseObject, history: list[dict[str, Any]],
-        lease_s: float | None = None,
+        lease_s: float | None = None, *, streamed: bool = False,
     ) -> None:  # fmt: skip
         """Keep ``response`` (and drop the tenant's expired ones, in the same transaction); a
-        live one (``queued``) with a lease of ``lease_s``."""
+        live one (``queued``) with a lease of ``lease_s``, its events kept at its end if
+        ``streamed``."""
         now = datetime.now(UTC)
         sealed = self._sealed(tenant_id, response.id, response, history)
         lease = now + timedelta(seconds=lease_s) if lease_s is not None else None
@@ -146,9 +156,10 @@ class ResponseStore:
                     StoredResponse.tenant_id == tenant_id, StoredResponse.expires_at <= now
                 )
             )
-            session.add(StoredResponse(id=response.id, tenant_id=tenant_id, sealed=sealed,
-                                       expires_at=now + self._ttl, status=response.status,
-                                       lease_until=lease))  # fmt: skip
+            session.add(StoredResponse(
+                id=response.id, tenant_id=tenant_id, sealed=sealed, expires_at=now + self._ttl,
+                status=response.status, lease_until=lease, events=b"" if streamed else None,
+            ))  # fmt: skip
 
     async def renew(self, tenant_id: uuid.UUID, response_id: str, lease_s: float) -> bool:
         """Extend a live response's lease (it is ``in_progress`` from the first); False if it
@@ -163,12 +174,19 @@ class ResponseStore:
             )
             return renewed.first() is not None
 
-    async def finish(self, tenant_id: uuid.UUID, response: ResponseObject) -> bool:
-        """Replace a live response by its end (completed, incomplete, failed); False, and
-        nothing written, if it is live no more (cancelled or deleted meanwhile)."""
+    async def finish(
+        self, tenant_id: uuid.UUID, response: ResponseObject, events: list[bytes] | None = None
+    ) -> bool:
+        """Replace a live response by its end (completed, incomplete, failed), and keep a
+        streamed one's ``events``; False, and only the events written, if it is live no more
+        (cancelled meanwhile; deleted: nothing)."""
         async with tenant_transaction(self._sessions, tenant_id) as session:
             row = await session.get(StoredResponse, response.id, with_for_update=True)
-            if row is None or row.status not in LIVE:
+            if row is None:
+                return False
+            if events is not None and row.events == b"":
+                row.events = self._seal.seal(b"".join(events), _events_data(row))
+            if row.status not in LIVE:
                 return False
             row.sealed = self._sealed(tenant_id, row.id, response, self._opened(row).history)
             row.status, row.lease_until = response.status, None
@@ -192,6 +210,23 @@ class ResponseStore:
             row.sealed = self._sealed(tenant_id, row.id, body, kept.history)
             row.status, row.lease_until = "cancelled", None
             return body
+
+    async def events(self, tenant_id: uuid.UUID, response_id: str) -> list[bytes] | None:
+        """A streamed background response's events: None while it runs, then those it made
+        (none if its gateway died); a 400 naming ``stream`` for any other response."""
+        async with tenant_transaction(self._sessions, tenant_id) as session:
+            row = await _row(session, tenant_id, response_id, "response_id")
+        if row.events is None:
+            raise BadRequest(
+                "Only a response created with 'background' and 'stream' can be streamed: GET "
+                "it without 'stream'.", param="stream",
+            )  # fmt: skip
+        if self._opened(row).body["status"] in LIVE:
+            return None
+        if not row.events:
+            return []
+        plain = self._seal.open(row.events, _events_data(row))
+        return [event + b"\n\n" for event in plain.split(b"\n\n") if event]
 
     async def fetch(self, tenant_id: uuid.UUID, response_id: str) -> dict[str, Any]:
         """The stored response object (``GET /v1/responses/{id}``)."""

@@ -7,6 +7,7 @@ from __future__ import annotations
 import itertools
 import re
 import time
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 import msgspec
@@ -16,6 +17,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from kiln_platform.errors import BadRequest, KilnError
 from kiln_platform.gateway import _logprobs, _response_input, llm, metrics
 from kiln_platform.gateway._prompts import ContextTooLong
+from kiln_platform.gateway.background import Feed
 from kiln_platform.gateway.completions import Answer, collect, ident, is_text, tool_calls
 from kiln_platform.gateway.llm_schemas import ChatCompletionRequest, Message, TokenLogprob
 from kiln_platform.gateway.responses_schemas import (
@@ -36,7 +38,7 @@ from kiln_platform.gateway.responses_schemas import (
 from kiln_platform.registry.lifecycle import fingerprint
 
 if TYPE_CHECKING:
-    from collections.abc import AsyncGenerator
+    from collections.abc import AsyncGenerator, Callable
 
     from kiln_platform.admission.services import Admission
     from kiln_platform.context import Kiln
@@ -245,16 +247,14 @@ async def answered(gen: Generation, request: ResponsesRequest, created: int) -> 
     return _answered(gen, request, created, answer)
 
 
-async def background(kiln: Kiln, admission: Admission, request: ResponsesRequest) -> ResponseObject:
+async def background(
+    kiln: Kiln, admission: Admission, request: ResponsesRequest
+) -> ResponseObject | Feed:
     """``background: true``: checked and admitted now (a bad request is its 400), stored
-    ``queued`` and answered; the generation runs on (``gateway.background``). Its wait in the
+    ``queued`` and answered (with ``stream``, the run's events, which go on if the client
+    leaves); the generation runs on (``gateway.background``). Its wait in the
     pool's queue is bounded by ``KILN_REQUEST_TIMEOUT_S`` at least, not by a client's short read
     timeout (which bounds a foreground request's); like any, it ends at the stream deadline."""
-    if request.stream:
-        raise BadRequest(
-            "'stream' with 'background' is not supported by Kiln: GET the response instead.",
-            param="stream",
-        )  # fmt: skip
     if request.store is False:
         raise BadRequest("'background' needs 'store': its answer is read back.", param="store")
     request = msgspec.structs.replace(request, store=True)
@@ -262,10 +262,16 @@ async def background(kiln: Kiln, admission: Admission, request: ResponsesRequest
     admission.schedule(admission.terms.priority, timeout_s)
     gen, history = await prepare(kiln, admission, request)
     shell = _response(gen, request, int(time.time()), status="queued")
+    if not request.stream:
+        work = partial(answered, gen, request, shell.created_at)
+        await kiln.background.start(admission, shell, history, work)
+        return shell
+    feed = Feed()
     await kiln.background.start(
-        admission, shell, history, lambda: answered(gen, request, shell.created_at)
-    )
-    return shell
+        admission, shell, history, partial(feed.pump, stream(gen, request, history, shell=shell,
+                                                             ended=feed.ended)), feed=feed,
+    )  # fmt: skip
+    return feed
 
 
 def _scored(gen: Generation, answer: Answer, start: int) -> list[TokenLogprob]:
@@ -277,23 +283,26 @@ def _scored(gen: Generation, answer: Answer, start: int) -> list[TokenLogprob]:
 
 
 async def stream(
-    gen: Generation, request: ResponsesRequest, history: list[dict[str, Any]]
-) -> AsyncGenerator[bytes, None]:
+    gen: Generation, request: ResponsesRequest, history: list[dict[str, Any]], *,
+    shell: ResponseObject | None = None, ended: Callable[[ResponseObject], None] | None = None,
+) -> AsyncGenerator[bytes, None]:  # fmt: skip
     """The Responses stream: ``response.created``, ``response.in_progress``, the message's item
     and part, its ``response.output_text.delta`` events, their ``done`` events, then
     ``response.completed`` (or ``response.incomplete``); a failure after the start is an
     ``error`` event and ``response.failed``. Tool calls are sent whole once the answer is: each
-    ``function_call`` item added, its arguments (one delta), done."""
-    created, numbers, item = int(time.time()), itertools.count(), ident("msg", gen)
+    ``function_call`` item added, its arguments (one delta), done. A background response's
+    stream starts from its stored ``shell`` and stores nothing: ``ended`` gets its end."""
+    created = shell.created_at if shell else int(time.time())
+    numbers, item = itertools.count(), ident("msg", gen)
     at = {"item_id": item, "output_index": 0, "content_index": 0}
 
     def event(kind: str, **fields: Any) -> bytes:
         body = msgspec.json.encode({"type": kind, "sequence_number": next(numbers), **fields})
         return b"event: " + kind.encode() + b"\ndata: " + body + b"\n\n"
 
-    shell = _response(gen, request, created)
-    yield event("response.created", response=shell)
-    yield event("response.in_progress", response=shell)
+    started = _response(gen, request, created)
+    yield event("response.created", response=shell or started)
+    yield event("response.in_progress", response=started)
     opened, answer, sent = gen.tools is None, Answer.of(gen), 0
     if opened:  # text from the start (with tools, once the model chose text: ``is_text``)
         yield event("response.output_item.added", output_index=0, item=_opened(item))
@@ -314,9 +323,15 @@ async def stream(
         yield event("error", code=exc.code, message=exc.message, param=exc.param)
         failure = ResponseError(code="server_error", message=exc.message)
         failed = _response(gen, request, created, status="failed", error=failure)
+        if ended is not None:
+            ended(failed)
         yield event("response.failed", response=failed)
         return
-    done = await _kept(gen, request, _answered(gen, request, created, answer), history)
+    done = _answered(gen, request, created, answer)
+    if shell is None:
+        done = await _kept(gen, request, done, history)
+    if ended is not None:
+        ended(done)
     for index, out in enumerate(done.output):
         for kind, fields in _item_events(out, index, opened=opened):
             yield event(kind, **fields)
