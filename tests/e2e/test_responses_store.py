@@ -179,3 +179,55 @@ def test_background_requests_that_cannot_run_fail_at_once(client: openai.OpenAI)
         assert failed.value.body["param"] == param  # type: ignore[index]
     with pytest.raises(openai.NotFoundError):
         client.responses.cancel("resp-nothing")
+
+
+def _item(kind: str) -> Any:
+    return {"type": kind}
+
+
+def _user(text: str) -> Any:
+    return {"type": "message", "role": "user", "content": text}
+
+
+def test_a_conversation_is_the_history_responses_read_and_add_to(client: openai.OpenAI) -> None:
+    """``conversation`` on a response reads its items as the history, exactly as sending them
+    would, and adds the input and output to it (foreground, streamed and in background)."""
+    conv = client.conversations.create(items=[_user(FIRST)], metadata={"topic": "demo"})
+    assert (conv.object, conv.metadata) == ("conversation", {"topic": "demo"})
+    first = _ask(client, input=SECOND, conversation=conv.id)
+    assert first.conversation is not None
+    assert first.conversation.id == conv.id
+    assert first.output_text == _ask(client, input=[_user(FIRST), _user(SECOND)]).output_text
+    items = client.conversations.items.list(conv.id, order="asc").data
+    assert [(i.type, getattr(i, "role", None)) for i in items] == [
+        ("message", "user"), ("message", "user"), ("message", "assistant"),
+    ]  # fmt: skip
+    said = {"type": "message", "role": "assistant", "content": first.output_text}
+    third = [_user(FIRST), _user(SECOND), said, _user("And a third?")]
+    again = _ask(client, input="And a third?", conversation={"id": conv.id})
+    assert again.output_text == _ask(client, input=third).output_text
+    list(_ask(client, input="One more.", conversation=conv.id, stream=True))
+    _ended(client, _ask(client, input="Last.", conversation=conv.id, background=True).id)
+    ids = [str(i.id) for i in client.conversations.items.list(conv.id, order="asc", limit=3)]
+    assert len(ids) == len(set(ids)) == 9  # every page of three, by the SDK's cursor
+    assert client.conversations.items.retrieve(ids[0], conversation_id=conv.id).id == ids[0]
+    assert client.conversations.items.delete(ids[0], conversation_id=conv.id).id == conv.id
+    assert len(client.conversations.items.list(conv.id, limit=100).data) == 8
+    assert client.conversations.update(conv.id, metadata={"t": "x"}).metadata == {"t": "x"}
+    cases: list[tuple[Any, str]] = [
+        (lambda: _ask(client, input=FIRST, conversation=conv.id, previous_response_id=first.id),
+         "conversation"),
+        (lambda: client.conversations.create(items=[_item("web_search_call")]), "items[0]"),
+        (lambda: client.conversations.create(metadata={"k": "v" * 513}), "metadata"),
+        (lambda: client.conversations.items.create(conv.id, items=[_user("x")] * 21), "items"),
+    ]  # fmt: skip
+    for call, param in cases:
+        with pytest.raises(openai.BadRequestError) as failed:
+            call()
+        assert failed.value.body["param"] == param  # type: ignore[index]
+    assert client.conversations.delete(conv.id).deleted
+    with pytest.raises(openai.NotFoundError):
+        client.conversations.retrieve(conv.id)
+    with pytest.raises(openai.NotFoundError) as gone:
+        _ask(client, input=FIRST, conversation=conv.id)
+    assert gone.value.body["param"] == "conversation"  # type: ignore[index]

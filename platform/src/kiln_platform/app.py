@@ -51,6 +51,7 @@ from kiln_platform.errors import (
     disk_full,
 )
 from kiln_platform.gateway.controllers import OpenAIController
+from kiln_platform.gateway.conversation_routes import ConversationsController
 from kiln_platform.gateway.oip import OIPController
 from kiln_platform.gateway.schemas import ErrorBody, ErrorResponse
 from kiln_platform.idempotency.middleware import idempotency_middleware
@@ -170,8 +171,8 @@ async def readyz(kiln: SkipValidation[Kiln]) -> Response[dict[str, Any]]:
 
 
 _CONTROLLERS = (
-    OpenAIController, FilesController, BatchesController, OIPController, AdminModelsController,
-    RoutesController, TenantsController,
+    OpenAIController, ConversationsController, FilesController, BatchesController, OIPController,
+    AdminModelsController, RoutesController, TenantsController,
     KeysController, UsersController, ClientsController, AdaptersController, AuditController,
     QuotasController, PriceBooksController, ReportsController, SlosController, AlertsController,
     AlertReceiversController, ShadowController, WebhooksController,

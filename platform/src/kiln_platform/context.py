@@ -21,6 +21,7 @@ from kiln_platform.compiler.runner import CompileRunner
 from kiln_platform.db.database import Database, open_database
 from kiln_platform.db.engine import fill, writer_engine, writer_sessions
 from kiln_platform.gateway.background import BackgroundResponses
+from kiln_platform.gateway.conversations import ConversationStore
 from kiln_platform.gateway.dispatch import WorkerClient
 from kiln_platform.gateway.metrics import RequestMetrics
 from kiln_platform.gateway.response_store import ResponseStore
@@ -95,6 +96,8 @@ class Kiln:
     """Idempotency-Key claims and stored responses (``kiln_platform.idempotency``)."""
     responses: ResponseStore
     """``/v1/responses`` answers kept with ``store: true`` (``gateway.response_store``)."""
+    conversations: ConversationStore
+    """Conversations, their items sealed (``gateway.conversations``)."""
     background: BackgroundResponses
     """This gateway's running background responses (``gateway.background``)."""
     adapters: AdapterDirectory
@@ -219,6 +222,7 @@ def _build(
         adapters=AdapterDirectory(db.sessions, settings.key_cache_ttl_s),
         idempotency=idempotency,
         responses=responses,
+        conversations=ConversationStore(db.sessions, settings.hmac_key()),
         background=BackgroundResponses(responses),
         slos=slos,
         rollouts=RolloutMonitor(

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import msgspec
+
 from kiln_platform.errors import BadRequest
 from kiln_platform.gateway._prompts import ROLES
 from kiln_platform.gateway.llm_schemas import ContentPart, Message
@@ -17,6 +19,13 @@ from kiln_platform.gateway.responses_schemas import InputItem
 
 TEXT_PARTS = {"input_text", "output_text", "text"}
 ITEMS = ("message", "function_call", "function_call_output")
+
+
+def own(given: str | list[InputItem]) -> list[dict[str, Any]]:
+    """A request's own input items, as JSON (a string is one user message)."""
+    if isinstance(given, str):
+        return [{"type": "message", "role": "user", "content": given}]
+    return msgspec.to_builtins(given)  # type: ignore[no-any-return]
 
 
 def _content(i: int, item: InputItem) -> str | list[ContentPart]:

@@ -25,6 +25,7 @@ from sqlalchemy.orm import Mapped, mapped_column
 from kiln_platform.db.engine import tenant_transaction
 from kiln_platform.db.tables import Base
 from kiln_platform.errors import BadRequest, NotFound
+from kiln_platform.gateway._items import page, with_parts
 from kiln_platform.sealing import Seal
 
 if TYPE_CHECKING:
@@ -88,14 +89,12 @@ def _events_data(row: StoredResponse) -> bytes:
 def _listed(response_id: str, history: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Input items as the API lists them: each with an id (its own, or ``<response>-in-<i>``)
     and a message's text as a content part."""
-    items = []
-    for i, given in enumerate(history):
-        item = {"id": f"{response_id}-in-{i}"} | {k: v for k, v in given.items() if v is not None}
-        if item.get("type", "message") == "message" and isinstance(item.get("content"), str):
-            part = "output_text" if item.get("role") == "assistant" else "input_text"
-            item["content"] = [{"type": part, "text": item["content"]}]
-        items.append(item)
-    return items
+    return [
+        with_parts(
+            {"id": f"{response_id}-in-{i}"} | {k: v for k, v in given.items() if v is not None}
+        )
+        for i, given in enumerate(history)
+    ]
 
 
 class ResponseStore:
@@ -241,17 +240,7 @@ class ResponseStore:
         ``asc``."""
         kept = await self._open(tenant_id, response_id, "response_id")
         items = _listed(response_id, kept.history)[:: -1 if order == "desc" else 1]
-        if after is not None:
-            ids = [item["id"] for item in items]
-            if after not in ids:
-                raise NotFound(f"'after' names no input item of '{response_id}'.", param="after")
-            items = items[ids.index(after) + 1 :]
-        page = items[:limit]
-        return {
-            "object": "list", "data": page, "has_more": len(items) > limit,
-            "first_id": page[0]["id"] if page else None,
-            "last_id": page[-1]["id"] if page else None,
-        }  # fmt: skip
+        return page(items, after, limit, f"'{response_id}'")
 
     async def remove(self, tenant_id: uuid.UUID, response_id: str) -> dict[str, Any]:
         """Delete a stored response (``DELETE /v1/responses/{id}``)."""

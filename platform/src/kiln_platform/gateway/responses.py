@@ -19,6 +19,7 @@ from kiln_platform.gateway import _logprobs, _response_input, llm, metrics
 from kiln_platform.gateway._prompts import ContextTooLong
 from kiln_platform.gateway.background import Feed
 from kiln_platform.gateway.completions import Answer, collect, ident, is_text, tool_calls
+from kiln_platform.gateway.conversations import conversation_id, named
 from kiln_platform.gateway.llm_schemas import ChatCompletionRequest, Message, TokenLogprob
 from kiln_platform.gateway.responses_schemas import (
     LOGPROBS,
@@ -119,9 +120,12 @@ async def prepare(
     if any), its errors naming the Responses API's fields; usage is recorded under the
     ``responses`` endpoint. Also the input items the response answers, to store with it."""
     history: list[dict[str, Any]] = []
+    tenant = admission.principal.tenant_id
+    conversation = conversation_id(request.conversation, request.previous_response_id)
     if request.previous_response_id is not None:
-        tenant = admission.principal.tenant_id
         history = await kiln.responses.conversation(tenant, request.previous_response_id)
+    elif conversation is not None:
+        history = await kiln.conversations.items(tenant, conversation, "conversation")
     try:
         chat = to_chat(request, msgspec.convert(history, list[InputItem]))
         gen = await _fitted(kiln, admission, chat, auto=request.truncation == "auto")
@@ -130,13 +134,7 @@ async def prepare(
         param = exc.param and _NAMES.sub(lambda m: _RENAMED[m.group(0)], exc.param)
         raise BadRequest(message, param=param) from exc
     gen.endpoint = "responses"
-    given = request.input
-    own = (
-        [{"type": "message", "role": "user", "content": given}]
-        if isinstance(given, str)
-        else (msgspec.to_builtins(given))
-    )
-    return gen, [*history, *own]
+    return gen, [*history, *_response_input.own(request.input)]
 
 
 async def _fitted(
@@ -174,6 +172,7 @@ async def _kept(gen: Generation, request: ResponsesRequest, response: ResponseOb
     and billed by now (the ledger spools through a database outage), so a store that fails
     answers it anyway, marked ``store: false``, rather than fail a request a retry would bill
     again."""
+    await _joined(gen, request, response)
     if not request.store:
         return response
     try:
@@ -183,6 +182,14 @@ async def _kept(gen: Generation, request: ResponsesRequest, response: ResponseOb
         metrics.RESPONSES_NOT_STORED.labels(gen.name).inc()
         return msgspec.structs.replace(response, store=False)
     return response
+
+
+async def _joined(gen: Generation, request: ResponsesRequest, response: ResponseObject) -> None:
+    """Add the request's input and the response's output to its conversation, if it names one
+    (``ConversationStore.join``)."""
+    if request.conversation is not None:
+        given, tenant = _response_input.own(request.input), gen.admission.principal.tenant_id
+        await gen.kiln.conversations.join(tenant, request.conversation, given, response)
 
 
 def _usage(gen: Generation) -> ResponseUsage:
@@ -207,6 +214,7 @@ def _response(
         parallel_tool_calls=request.parallel_tool_calls is not False,
         truncation=request.truncation or "disabled",
         previous_response_id=request.previous_response_id, background=bool(request.background),
+        conversation=named(request.conversation),
         **{"status": "in_progress", "output": [], "usage": None, **fields},
     )  # fmt: skip
 
@@ -247,6 +255,13 @@ async def answered(gen: Generation, request: ResponsesRequest, created: int) -> 
     return _answered(gen, request, created, answer)
 
 
+async def _ran(gen: Generation, request: ResponsesRequest, created: int) -> ResponseObject:
+    """A background response's work: the answer, added to its conversation if it names one."""
+    done = await answered(gen, request, created)
+    await _joined(gen, request, done)
+    return done
+
+
 async def background(
     kiln: Kiln, admission: Admission, request: ResponsesRequest
 ) -> ResponseObject | Feed:
@@ -263,7 +278,7 @@ async def background(
     gen, history = await prepare(kiln, admission, request)
     shell = _response(gen, request, int(time.time()), status="queued")
     if not request.stream:
-        work = partial(answered, gen, request, shell.created_at)
+        work = partial(_ran, gen, request, shell.created_at)
         await kiln.background.start(admission, shell, history, work)
         return shell
     feed = Feed()
@@ -330,6 +345,8 @@ async def stream(
     done = _answered(gen, request, created, answer)
     if shell is None:
         done = await _kept(gen, request, done, history)
+    else:  # a background one's end is stored by its runner
+        await _joined(gen, request, done)
     if ended is not None:
         ended(done)
     for index, out in enumerate(done.output):

@@ -92,7 +92,6 @@ NOTHING_TO_INCLUDE = frozenset({
 
 # field -> the value(s) that mean "not used"
 UNSUPPORTED: dict[str, tuple[Any, ...]] = {
-    "conversation": (None,),
     "reasoning": (None, {}, {"effort": None}, {"effort": None, "summary": None}),
     "truncation": (None, "disabled", "auto"),
     "prompt": (None,),
@@ -192,6 +191,8 @@ class ResponseObject(msgspec.Struct, kw_only=True, omit_defaults=False):
     store: bool = False
     background: bool = False
     previous_response_id: str | None = None
+    conversation: dict[str, str] | None = None
+    """``{"id": <conversation>}`` when the request named one."""
     parallel_tool_calls: bool = True
     tool_choice: Any = "auto"
     tools: list[Any] = []
