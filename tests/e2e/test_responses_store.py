@@ -185,6 +185,10 @@ def _item(kind: str) -> Any:
     return {"type": kind}
 
 
+def _role(role: str) -> Any:
+    return {"type": "message", "role": role, "content": "x"}
+
+
 def _user(text: str) -> Any:
     return {"type": "message", "role": "user", "content": text}
 
@@ -217,9 +221,11 @@ def test_a_conversation_is_the_history_responses_read_and_add_to(client: openai.
     cases: list[tuple[Any, str]] = [
         (lambda: _ask(client, input=FIRST, conversation=conv.id, previous_response_id=first.id),
          "conversation"),
-        (lambda: client.conversations.create(items=[_item("web_search_call")]), "items[0]"),
+        (lambda: client.conversations.create(items=[_item("web_search_call")]), "items[0].type"),
         (lambda: client.conversations.create(metadata={"k": "v" * 513}), "metadata"),
         (lambda: client.conversations.items.create(conv.id, items=[_user("x")] * 21), "items"),
+        (lambda: client.conversations.items.create(conv.id, items=[_role("wizard")]),
+         "items[0].role"),  # a response could not read it: refused before it is kept
     ]  # fmt: skip
     for call, param in cases:
         with pytest.raises(openai.BadRequestError) as failed:

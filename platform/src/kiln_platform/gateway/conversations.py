@@ -20,6 +20,7 @@ from sqlalchemy.orm import Mapped, mapped_column
 from kiln_platform.db.engine import tenant_transaction
 from kiln_platform.db.tables import Base
 from kiln_platform.errors import BadRequest, NotFound
+from kiln_platform.gateway import _response_input
 from kiln_platform.gateway._items import page, with_parts
 from kiln_platform.gateway.responses_schemas import InputItem
 from kiln_platform.sealing import Seal
@@ -99,22 +100,24 @@ def named(given: Any) -> dict[str, str] | None:
 def items_of(
     given: Any, param: str = "items", most: int | None = MAX_ITEMS
 ) -> list[dict[str, Any]]:
-    """Input items to add (at most ``most``), checked as ``/v1/responses`` input, each with an
-    id of its own and a message's text as a content part, as they are listed."""
+    """Input items to add (at most ``most``), checked as ``/v1/responses`` input is (so a
+    conversation holds no item a response could not read), each with an id of its own and a
+    message's text as a content part, as they are listed."""
     if not isinstance(given, list) or (most is not None and len(given) > most):
         raise BadRequest(f"'{param}' is a list of at most {most} items.", param=param)
-    items = []
-    for i, raw in enumerate(given):
-        try:
-            item = msgspec.convert(raw, InputItem)
-        except msgspec.ValidationError as exc:
-            raise BadRequest(f"{exc} (in '{param}[{i}]').", param=f"{param}[{i}]") from None
-        if item.type not in _PREFIX or (item.type == "message" and item.role is None):
-            raise BadRequest(f"'{param}[{i}]' is not a message, function call or function call "
-                             "output.", param=f"{param}[{i}]")  # fmt: skip
-        kept = {k: v for k, v in msgspec.to_builtins(item).items() if v is not None}
-        items.append(listed({**kept, "id": f"{_PREFIX[item.type]}_{uuid.uuid4().hex}"}))
-    return items
+    try:
+        items = msgspec.convert(given, list[InputItem])
+        _response_input.messages(items)
+    except msgspec.ValidationError as exc:
+        raise BadRequest(f"{exc} (in '{param}').", param=param) from None
+    except BadRequest as exc:
+        named = exc.param and exc.param.replace("input[", f"{param}[", 1)
+        raise BadRequest(exc.message.replace("'input[", f"'{param}[", 1), param=named) from None
+    return [
+        listed({**{k: v for k, v in msgspec.to_builtins(item).items() if v is not None},
+                "id": f"{_PREFIX[item.type]}_{uuid.uuid4().hex}"})
+        for item in items
+    ]  # fmt: skip
 
 
 def listed(item: dict[str, Any]) -> dict[str, Any]:
