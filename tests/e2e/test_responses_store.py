@@ -237,3 +237,31 @@ def test_a_conversation_is_the_history_responses_read_and_add_to(client: openai.
     with pytest.raises(openai.NotFoundError) as gone:
         _ask(client, input=FIRST, conversation=conv.id)
     assert gone.value.body["param"] == "conversation"  # type: ignore[index]
+
+
+def test_input_tokens_are_those_the_response_takes_and_nothing_is_billed(
+    client: openai.OpenAI, llm_up: KilnProcess
+) -> None:
+    """``responses.input_tokens.count``: the ``usage.input_tokens`` the same response reports,
+    history and tools included; it writes no ledger row."""
+    schema = {"type": "object", "properties": {"name": {"type": "string"}}}
+    tool = {"type": "function", "name": "colour", "description": "A colour.", "parameters": schema}
+    stored = _ask(client, input=FIRST, store=True)
+    asks: list[dict[str, Any]] = [
+        {"input": FIRST, "instructions": "Be brief."},
+        {"input": FIRST, "tools": [tool]},
+        {"input": SECOND, "previous_response_id": stored.id},
+    ]
+    rows = "SELECT count(*) FROM usage_events"
+    for fields in asks:
+        billed = llm_up.sql(rows)
+        counted = client.responses.input_tokens.count(model=MODEL, **fields)
+        assert llm_up.sql(rows) == billed
+        made = _ask(client, **fields)
+        assert (counted.object, counted.input_tokens) == ("response.input_tokens",
+                                                          made.usage.input_tokens)  # fmt: skip
+    with pytest.raises(openai.NotFoundError):
+        client.responses.input_tokens.count(model="no-such-model", input=FIRST)
+    with pytest.raises(openai.BadRequestError) as empty:
+        client.responses.input_tokens.count(model=MODEL, input=[])
+    assert empty.value.body["param"] == "input"  # type: ignore[index]

@@ -9,7 +9,8 @@ from sqlalchemy import select
 
 from kiln_platform.db.database import Database
 from kiln_platform.errors import NotFound
-from kiln_platform.gateway.conversations import ConversationItem, ConversationStore, items_of
+from kiln_platform.gateway.conversation_items import items_of
+from kiln_platform.gateway.conversations import ConversationItem, ConversationStore
 from tests.factories import make_tenant
 
 SECRET = b"a server secret for tests"

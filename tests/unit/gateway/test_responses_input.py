@@ -1,5 +1,5 @@
-"""``responses.to_chat``: a Responses request becomes the chat completion it is, or a 400 naming
-the Responses field."""
+"""``_response_input.to_chat``: a Responses request becomes the chat completion it is, or a
+400 naming the Responses field."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import msgspec
 import pytest
 
 from kiln_platform.errors import BadRequest
+from kiln_platform.gateway._response_input import to_chat
 from kiln_platform.gateway.llm_schemas import ContentPart
-from kiln_platform.gateway.responses import to_chat
 from kiln_platform.gateway.responses_schemas import ResponsesRequest
 
 

@@ -1,4 +1,5 @@
-"""A Responses request's input items and function tools in the chat path's terms.
+"""A Responses request in the chat path's terms: the chat completion it is (``to_chat``), its
+input items and function tools, and its 400s in its own names (``renamed``).
 
 Message items become chat messages; ``function_call`` items (a previous response's calls, sent
 back) become an assistant message's ``tool_calls`` (consecutive ones, one message), and
@@ -8,14 +9,23 @@ shape; other tool types (web search, file search…) are 400s.
 
 from __future__ import annotations
 
+import re
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import msgspec
 
 from kiln_platform.errors import BadRequest
 from kiln_platform.gateway._prompts import ROLES
-from kiln_platform.gateway.llm_schemas import ContentPart, Message
-from kiln_platform.gateway.responses_schemas import InputItem
+from kiln_platform.gateway.llm_schemas import ChatCompletionRequest, ContentPart, Message
+from kiln_platform.gateway.responses_schemas import (
+    LOGPROBS,
+    NOTHING_TO_INCLUDE,
+    UNSUPPORTED,
+    InputItem,
+    ResponsesRequest,
+)
 
 TEXT_PARTS = {"input_text", "output_text", "text"}
 ITEMS = ("message", "function_call", "function_call_output")
@@ -126,3 +136,81 @@ def chat_tool_choice(choice: Any) -> Any:
     if isinstance(choice, dict) and choice.get("type") == "function":
         return {"type": "function", "function": {"name": choice.get("name")}}
     return choice
+
+
+# The chat path's names for the Responses API's fields, in its error messages.
+_RENAMED = {
+    "max_completion_tokens": "max_output_tokens", "messages": "input",
+    "response_format.json_schema": "text.format", "response_format": "text.format",
+    ".function": "",
+}  # fmt: skip
+_NAMES = re.compile(
+    r"\b(max_completion_tokens|messages|response_format(?:\.json_schema)?)\b|(?<=\])(\.function)\b"
+)
+
+
+def _reject_unsupported(request: ResponsesRequest) -> None:
+    for field, unused in UNSUPPORTED.items():
+        if getattr(request, field) not in unused:
+            raise BadRequest(f"The parameter '{field}' is not supported by Kiln.", param=field)
+
+
+def _logprobs_asked(request: ResponsesRequest) -> bool:
+    """Whether ``include`` asks for the text's log-probabilities (400 naming it for a value
+    it cannot take)."""
+    for i, name in enumerate(request.include or []):
+        if name != LOGPROBS and name not in NOTHING_TO_INCLUDE:
+            raise BadRequest(f"'include[{i}]' cannot be {name!r}.", param=f"include[{i}]")
+    return LOGPROBS in (request.include or []) or bool(request.top_logprobs)
+
+
+def _response_format(text: dict[str, Any] | None) -> dict[str, Any] | None:
+    """``text.format`` as chat's ``response_format`` (a ``json_schema`` format is flat here)."""
+    if text is None:
+        return None
+    if set(text) - {"format", "verbosity"} or text.get("verbosity") not in (None, "medium"):
+        raise BadRequest(
+            "'text' takes 'format' and 'verbosity' (medium only) in Kiln.", param="text"
+        )
+    given = text.get("format")
+    if not isinstance(given, dict) or given.get("type") != "json_schema":
+        return given
+    return {"type": "json_schema", "json_schema": {"schema": given.get("schema", {})}}
+
+
+def to_chat(
+    request: ResponsesRequest, history: list[InputItem] | None = None
+) -> ChatCompletionRequest:
+    """The chat completion a response is: ``instructions`` as the first (system) message, the
+    ``history`` it goes on from, then the input (a string is one user message)."""
+    _reject_unsupported(request)
+    if not request.input:
+        raise BadRequest("'input' must not be empty.", param="input")
+    given = request.input
+    said = messages(history or []) + (
+        [Message(role="user", content=given)] if isinstance(given, str)
+        else messages(given)
+    )  # fmt: skip
+    if request.instructions:
+        said.insert(0, Message(role="system", content=request.instructions))
+    return ChatCompletionRequest(
+        model=request.model, messages=said, max_completion_tokens=request.max_output_tokens,
+        temperature=request.temperature, top_p=request.top_p, stream=request.stream,
+        user=request.user or request.safety_identifier,
+        response_format=_response_format(request.text),
+        tools=chat_tools(request.tools),
+        tool_choice=chat_tool_choice(request.tool_choice),
+        parallel_tool_calls=request.parallel_tool_calls,
+        logprobs=_logprobs_asked(request) or None, top_logprobs=request.top_logprobs,
+    )  # fmt: skip
+
+
+@contextmanager
+def renamed() -> Iterator[None]:
+    """A 400 of the chat path inside, its message and param in the Responses API's names."""
+    try:
+        yield
+    except BadRequest as exc:
+        message = _NAMES.sub(lambda m: _RENAMED[m.group(0)], exc.message)
+        param = exc.param and _NAMES.sub(lambda m: _RENAMED[m.group(0)], exc.param)
+        raise BadRequest(message, param=param) from exc

@@ -21,7 +21,11 @@ from kiln_platform.gateway.llm_schemas import (
     CompletionRequest,
     TextCompletion,
 )
-from kiln_platform.gateway.responses_schemas import ResponseObject, ResponsesRequest
+from kiln_platform.gateway.responses_schemas import (
+    InputTokensRequest,
+    ResponseObject,
+    ResponsesRequest,
+)
 from kiln_platform.gateway.schemas import (
     EmbeddingsRequest,
     EmbeddingsResponse,
@@ -114,6 +118,15 @@ class OpenAIController(DocumentedController):
             return completions.streamed(gen, responses.stream(gen, data, history))
         body = await responses.complete(gen, data, history)
         return Response(body, media_type=MediaType.JSON, headers=lifecycle.headers(gen.version))
+
+    @post("/responses/input_tokens", status_code=200)
+    async def count_input_tokens(
+        self, kiln: KilnDep, admission: AdmissionDep, data: InputTokensRequest
+    ) -> dict[str, Any]:
+        """The tokens a response's input would take (history, instructions and tools
+        included, as the model's chat template renders them); nothing is run or billed."""
+        tokens = await responses.input_tokens(kiln, admission, data.as_response())
+        return {"object": "response.input_tokens", "input_tokens": tokens}
 
     @get("/responses/{response_id:str}", media_type=MediaType.JSON)
     async def get_response(

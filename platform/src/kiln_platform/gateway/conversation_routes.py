@@ -14,7 +14,7 @@ from kiln_platform.admission.deps import provide_admission
 from kiln_platform.admission.services import Admission
 from kiln_platform.context import Kiln
 from kiln_platform.gateway.auth import provide_principal
-from kiln_platform.gateway.conversations import items_of, metadata_of
+from kiln_platform.gateway.conversation_items import items_of, metadata_of
 from kiln_platform.openapi import OPENAI_ERRORS, DocumentedController
 
 KilnDep = SkipValidation[Kiln]

@@ -19,22 +19,14 @@ from sqlalchemy.orm import Mapped, mapped_column
 
 from kiln_platform.db.engine import tenant_transaction
 from kiln_platform.db.tables import Base
-from kiln_platform.errors import BadRequest, NotFound
-from kiln_platform.gateway import _response_input
-from kiln_platform.gateway._items import page, with_parts
-from kiln_platform.gateway.responses_schemas import InputItem
+from kiln_platform.errors import NotFound
+from kiln_platform.gateway._items import page
 from kiln_platform.sealing import Seal
 
 if TYPE_CHECKING:
     from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-    from kiln_platform.gateway.responses_schemas import ResponseObject
-
 log = structlog.get_logger(__name__)
-
-MAX_ITEMS = 20
-"""Items one request may add (OpenAI's bound)."""
-_PREFIX = {"message": "msg", "function_call": "fc", "function_call_output": "fco"}
 
 
 class Conversation(Base):
@@ -58,73 +50,6 @@ class ConversationItem(Base):
     tenant_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("tenants.id", ondelete="CASCADE"))
     position: Mapped[int] = mapped_column(BigInteger, Identity())
     sealed: Mapped[bytes] = mapped_column(LargeBinary)
-
-
-def metadata_of(given: Any, param: str = "metadata") -> dict[str, str]:
-    """OpenAI's metadata: at most 16 string pairs, keys to 64 characters, values to 512."""
-    if given is None:
-        return {}
-    if (
-        not isinstance(given, dict)
-        or len(given) > 16
-        or not all(
-            isinstance(k, str) and isinstance(v, str) and len(k) <= 64 and len(v) <= 512
-            for k, v in given.items()
-        )
-    ):
-        raise BadRequest(f"'{param}' takes at most 16 string pairs (keys to 64 characters, "
-                         "values to 512).", param=param)  # fmt: skip
-    return dict(given)
-
-
-def conversation_id(given: Any, previous_response_id: str | None) -> str | None:
-    """The conversation a ``/v1/responses`` request names (an id, or ``{"id": …}``), if any."""
-    if given is None:
-        return None
-    ident = given.get("id") if isinstance(given, dict) else given
-    if not isinstance(ident, str) or not ident:
-        raise BadRequest("'conversation' is a conversation id or {\"id\": <id>}.",
-                         param="conversation")  # fmt: skip
-    if previous_response_id is not None:
-        raise BadRequest("Set one of 'conversation' and 'previous_response_id'.",
-                         param="conversation")  # fmt: skip
-    return ident
-
-
-def named(given: Any) -> dict[str, str] | None:
-    """A response's ``conversation``: ``{"id": …}`` of the one its request named, or None."""
-    ident = conversation_id(given, None)
-    return None if ident is None else {"id": ident}
-
-
-def items_of(
-    given: Any, param: str = "items", most: int | None = MAX_ITEMS
-) -> list[dict[str, Any]]:
-    """Input items to add (at most ``most``), checked as ``/v1/responses`` input is (so a
-    conversation holds no item a response could not read), each with an id of its own and a
-    message's text as a content part, as they are listed."""
-    if not isinstance(given, list) or (most is not None and len(given) > most):
-        raise BadRequest(f"'{param}' is a list of at most {most} items.", param=param)
-    try:
-        items = msgspec.convert(given, list[InputItem])
-        _response_input.messages(items)
-    except msgspec.ValidationError as exc:
-        raise BadRequest(f"{exc} (in '{param}').", param=param) from None
-    except BadRequest as exc:
-        named = exc.param and exc.param.replace("input[", f"{param}[", 1)
-        raise BadRequest(exc.message.replace("'input[", f"'{param}[", 1), param=named) from None
-    return [
-        listed({**{k: v for k, v in msgspec.to_builtins(item).items() if v is not None},
-                "id": f"{_PREFIX[item.type]}_{uuid.uuid4().hex}"})
-        for item in items
-    ]  # fmt: skip
-
-
-def listed(item: dict[str, Any]) -> dict[str, Any]:
-    """An item as the API lists it: a message's text as a content part, its status set."""
-    if item.get("type", "message") != "message":
-        return item
-    return {"type": "message", "status": "completed", **with_parts(item)}
 
 
 class ConversationStore:
@@ -213,19 +138,16 @@ class ConversationStore:
             self._add(session, tenant_id, ident, items)
         return items
 
-    async def join(self, tenant_id: uuid.UUID, conversation: Any, given: list[dict[str, Any]],
-                   response: ResponseObject) -> None:  # fmt: skip
-        """Add a response's input items (``given``) and output to the conversation its request
-        named, if any. The answer is made and billed by now: a conversation deleted meanwhile,
+    async def join(
+        self, tenant_id: uuid.UUID, ident: str, turn: list[dict[str, Any]], response_id: str
+    ) -> None:
+        """Add a response's turn (its input items, then its output) to the conversation its
+        request named. The answer is made and billed by now: a conversation deleted meanwhile,
         or a database that fails, is logged and the answer sent."""
-        ident = conversation_id(conversation, None)
-        if ident is None:
-            return
-        turn = [*items_of(given, "input", None), *msgspec.to_builtins(response.output)]
         try:
             await self.append(tenant_id, ident, turn, "conversation")
         except (SQLAlchemyError, OSError, NotFound):
-            log.warning("conversation not added to", response_id=response.id, exc_info=True)
+            log.warning("conversation not added to", response_id=response_id, exc_info=True)
 
     async def page(self, tenant_id: uuid.UUID, ident: str, *, after: str | None, limit: int,
                    order: str) -> dict[str, Any]:  # fmt: skip

@@ -354,19 +354,15 @@ async def prepare(
         tools = _tools.plan(request.tools, request.tool_choice, request.parallel_tool_calls)
     grammar = await _structured.compiled(request, tools)
     version, adapter = await _resolve(kiln, admission, request)
-    manifest = version.manifest
-    model = load_text_model(
-        await local_tree(kiln.store, version.artifact_digest),
-        manifest.tokenizer_file or "tokenizer.json",
-    )
+    model = await _text_model(kiln, version)
     prompts, echoes, endpoint = await _prompts.tokenize(request, model, tools)
     stop = _prompts.stops(request.stop)
     plan = sampling(request, model.tokenizer.get_vocab_size(), len(prompts))
     choices = _choices(
         request, admission.request_id, prompts=prompts, echoes=echoes, plan=plan,
         context=version.context_length,
-        stop_token_ids=sorted({*model.eos_token_ids, *manifest.stop_token_ids}), adapter=adapter,
-        tenant=str(admission.principal.tenant_id), grammar=grammar,
+        stop_token_ids=sorted({*model.eos_token_ids, *version.manifest.stop_token_ids}),
+        adapter=adapter, tenant=str(admission.principal.tenant_id), grammar=grammar,
     )  # fmt: skip
     prompt_tokens = sum(len(prompt) for prompt in prompts)
     most = Quantities(
@@ -382,6 +378,21 @@ async def prepare(
         gen.shadow = kiln.shadows.plan(version, admission.request_id)
         choices[0].tokens = None if gen.shadow is None else []
     return gen
+
+
+async def _text_model(kiln: Kiln, version: ResolvedVersion) -> TextModel:
+    tree = await local_tree(kiln.store, version.artifact_digest)
+    return load_text_model(tree, version.manifest.tokenizer_file or "tokenizer.json")
+
+
+async def count_prompt(kiln: Kiln, admission: Admission, request: ChatCompletionRequest) -> int:
+    """The prompt tokens ``request`` takes, as ``prepare`` tokenizes it (template, tools and
+    all); nothing is held, compiled or run."""
+    _reject_unsupported(request)
+    tools = _tools.plan(request.tools, request.tool_choice, request.parallel_tool_calls)
+    version, _ = await _resolve(kiln, admission, request)
+    prompts, _, _ = await _prompts.tokenize(request, await _text_model(kiln, version), tools)
+    return sum(len(prompt) for prompt in prompts)
 
 
 def sse(payload: Any) -> bytes:

@@ -5,7 +5,6 @@ stream's typed events)."""
 from __future__ import annotations
 
 import itertools
-import re
 import time
 from functools import partial
 from typing import TYPE_CHECKING, Any
@@ -17,14 +16,12 @@ from sqlalchemy.exc import SQLAlchemyError
 from kiln_platform.errors import BadRequest, KilnError
 from kiln_platform.gateway import _logprobs, _response_input, llm, metrics
 from kiln_platform.gateway._prompts import ContextTooLong
+from kiln_platform.gateway._response_input import to_chat
 from kiln_platform.gateway.background import Feed
 from kiln_platform.gateway.completions import Answer, collect, ident, is_text, tool_calls
-from kiln_platform.gateway.conversations import conversation_id, named
-from kiln_platform.gateway.llm_schemas import ChatCompletionRequest, Message, TokenLogprob
+from kiln_platform.gateway.conversation_items import conversation_id, items_of, named
+from kiln_platform.gateway.llm_schemas import ChatCompletionRequest, TokenLogprob
 from kiln_platform.gateway.responses_schemas import (
-    LOGPROBS,
-    NOTHING_TO_INCLUDE,
-    UNSUPPORTED,
     FunctionCallItem,
     IncompleteDetails,
     InputItem,
@@ -46,71 +43,6 @@ if TYPE_CHECKING:
     from kiln_platform.gateway.llm import Generation
 
 log = structlog.get_logger(__name__)
-# The chat path's names for the Responses API's fields, in its error messages.
-_RENAMED = {
-    "max_completion_tokens": "max_output_tokens", "messages": "input",
-    "response_format.json_schema": "text.format", "response_format": "text.format",
-    ".function": "",
-}  # fmt: skip
-_NAMES = re.compile(
-    r"\b(max_completion_tokens|messages|response_format(?:\.json_schema)?)\b|(?<=\])(\.function)\b"
-)
-
-
-def _reject_unsupported(request: ResponsesRequest) -> None:
-    for field, unused in UNSUPPORTED.items():
-        if getattr(request, field) not in unused:
-            raise BadRequest(f"The parameter '{field}' is not supported by Kiln.", param=field)
-
-
-def _logprobs_asked(request: ResponsesRequest) -> bool:
-    """Whether ``include`` asks for the text's log-probabilities (400 naming it for a value
-    it cannot take)."""
-    for i, name in enumerate(request.include or []):
-        if name != LOGPROBS and name not in NOTHING_TO_INCLUDE:
-            raise BadRequest(f"'include[{i}]' cannot be {name!r}.", param=f"include[{i}]")
-    return LOGPROBS in (request.include or []) or bool(request.top_logprobs)
-
-
-def _response_format(text: dict[str, Any] | None) -> dict[str, Any] | None:
-    """``text.format`` as chat's ``response_format`` (a ``json_schema`` format is flat here)."""
-    if text is None:
-        return None
-    if set(text) - {"format", "verbosity"} or text.get("verbosity") not in (None, "medium"):
-        raise BadRequest(
-            "'text' takes 'format' and 'verbosity' (medium only) in Kiln.", param="text"
-        )
-    given = text.get("format")
-    if not isinstance(given, dict) or given.get("type") != "json_schema":
-        return given
-    return {"type": "json_schema", "json_schema": {"schema": given.get("schema", {})}}
-
-
-def to_chat(
-    request: ResponsesRequest, history: list[InputItem] | None = None
-) -> ChatCompletionRequest:
-    """The chat completion a response is: ``instructions`` as the first (system) message, the
-    ``history`` it goes on from, then the input (a string is one user message)."""
-    _reject_unsupported(request)
-    if not request.input:
-        raise BadRequest("'input' must not be empty.", param="input")
-    given = request.input
-    messages = _response_input.messages(history or []) + (
-        [Message(role="user", content=given)] if isinstance(given, str)
-        else _response_input.messages(given)
-    )  # fmt: skip
-    if request.instructions:
-        messages.insert(0, Message(role="system", content=request.instructions))
-    return ChatCompletionRequest(
-        model=request.model, messages=messages, max_completion_tokens=request.max_output_tokens,
-        temperature=request.temperature, top_p=request.top_p, stream=request.stream,
-        user=request.user or request.safety_identifier,
-        response_format=_response_format(request.text),
-        tools=_response_input.chat_tools(request.tools),
-        tool_choice=_response_input.chat_tool_choice(request.tool_choice),
-        parallel_tool_calls=request.parallel_tool_calls,
-        logprobs=_logprobs_asked(request) or None, top_logprobs=request.top_logprobs,
-    )  # fmt: skip
 
 
 async def prepare(
@@ -119,22 +51,36 @@ async def prepare(
     """The chat path's ``prepare`` (after the stored response ``previous_response_id`` names,
     if any), its errors naming the Responses API's fields; usage is recorded under the
     ``responses`` endpoint. Also the input items the response answers, to store with it."""
-    history: list[dict[str, Any]] = []
+    history = await _history(kiln, admission, request)
+    with _response_input.renamed():
+        chat = to_chat(request, msgspec.convert(history, list[InputItem]))
+        gen = await _fitted(kiln, admission, chat, auto=request.truncation == "auto")
+    gen.endpoint = "responses"
+    return gen, [*history, *_response_input.own(request.input)]
+
+
+async def _history(
+    kiln: Kiln, admission: Admission, request: ResponsesRequest
+) -> list[dict[str, Any]]:
+    """The items the request goes on from: the stored response ``previous_response_id``
+    names, or the items of its ``conversation``, if either."""
     tenant = admission.principal.tenant_id
     conversation = conversation_id(request.conversation, request.previous_response_id)
     if request.previous_response_id is not None:
-        history = await kiln.responses.conversation(tenant, request.previous_response_id)
-    elif conversation is not None:
-        history = await kiln.conversations.items(tenant, conversation, "conversation")
-    try:
+        return await kiln.responses.conversation(tenant, request.previous_response_id)
+    if conversation is not None:
+        return await kiln.conversations.items(tenant, conversation, "conversation")
+    return []
+
+
+async def input_tokens(kiln: Kiln, admission: Admission, request: ResponsesRequest) -> int:
+    """``POST /v1/responses/input_tokens``: the tokens the request's input would take, its
+    history, instructions and tools included, as the chat template renders them; nothing is
+    held or run."""
+    history = await _history(kiln, admission, request)
+    with _response_input.renamed():
         chat = to_chat(request, msgspec.convert(history, list[InputItem]))
-        gen = await _fitted(kiln, admission, chat, auto=request.truncation == "auto")
-    except BadRequest as exc:
-        message = _NAMES.sub(lambda m: _RENAMED[m.group(0)], exc.message)
-        param = exc.param and _NAMES.sub(lambda m: _RENAMED[m.group(0)], exc.param)
-        raise BadRequest(message, param=param) from exc
-    gen.endpoint = "responses"
-    return gen, [*history, *_response_input.own(request.input)]
+        return await llm.count_prompt(kiln, admission, chat)
 
 
 async def _fitted(
@@ -187,9 +133,11 @@ async def _kept(gen: Generation, request: ResponsesRequest, response: ResponseOb
 async def _joined(gen: Generation, request: ResponsesRequest, response: ResponseObject) -> None:
     """Add the request's input and the response's output to its conversation, if it names one
     (``ConversationStore.join``)."""
-    if request.conversation is not None:
-        given, tenant = _response_input.own(request.input), gen.admission.principal.tenant_id
-        await gen.kiln.conversations.join(tenant, request.conversation, given, response)
+    if (ident := conversation_id(request.conversation, None)) is not None:
+        given = items_of(_response_input.own(request.input), "input", None)
+        turn = [*given, *msgspec.to_builtins(response.output)]
+        tenant = gen.admission.principal.tenant_id
+        await gen.kiln.conversations.join(tenant, ident, turn, response.id)
 
 
 def _usage(gen: Generation) -> ResponseUsage:

@@ -90,6 +90,27 @@ NOTHING_TO_INCLUDE = frozenset({
 })  # fmt: skip
 """``include`` values naming items Kiln's answers never have (hosted tools, reasoning, images)."""
 
+
+class InputTokensRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """``POST /v1/responses/input_tokens``: what a response would be made of, to count."""
+
+    model: str
+    input: str | list[InputItem]
+    instructions: str | None = None
+    tools: Any = None
+    tool_choice: Any = None
+    parallel_tool_calls: bool | None = None
+    previous_response_id: str | None = None
+    conversation: Any = None
+    text: dict[str, Any] | None = None
+    reasoning: Any = None
+    truncation: str | None = None
+
+    def as_response(self) -> ResponsesRequest:
+        """The response request these fields are."""
+        return ResponsesRequest(**msgspec.structs.asdict(self))
+
+
 # field -> the value(s) that mean "not used"
 UNSUPPORTED: dict[str, tuple[Any, ...]] = {
     "reasoning": (None, {}, {"effort": None}, {"effort": None, "summary": None}),
