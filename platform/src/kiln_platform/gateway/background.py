@@ -5,7 +5,9 @@ lease and the budget hold last until it ends, and it is billed once, like any re
 end replaces the stored response. ``GET`` reads it (``in_progress`` once it runs); ``POST
 .../cancel`` ends it ``cancelled``: the generation stops at once on this gateway, at its next
 lease renewal on another. A gateway that stops cancels its tasks (their responses fail, naming
-why); one that dies leaves them to their lease (``response_store.LOST``)."""
+why); one that dies leaves them to their lease (``response_store.LOST``). A streamed one
+(``stream`` too) runs the Responses stream into a ``Feed`` its readers follow; its events are
+stored with its end, so ``resume`` serves them on any gateway."""
 
 from __future__ import annotations
 

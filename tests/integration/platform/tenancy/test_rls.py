@@ -49,6 +49,7 @@ from kiln_platform.db.tables import (
     UsageEvent,
     User,
 )
+from kiln_platform.gateway.conversations import Conversation, ConversationItem
 from kiln_platform.gateway.response_store import StoredResponse
 from kiln_platform.settings import Settings
 from kiln_platform.webhooks.tables import WebhookAttempt, WebhookDelivery, WebhookEndpoint
@@ -120,6 +121,9 @@ def _rows(tenant: uuid.UUID, model: uuid.UUID) -> list[Base]:
         BatchLine(batch_id=batch.id, custom_id="c", tenant_id=tenant, line=1, ok=True, output="{}"),
         StoredResponse(id=f"resp-{n}", tenant_id=tenant, sealed=b"\0",
                        expires_at=NOW + timedelta(days=1)),
+        Conversation(id=f"conv_{n}", tenant_id=tenant, sealed=b"\0"),
+        ConversationItem(conversation_id=f"conv_{n}", id=f"msg_{n}", tenant_id=tenant,
+                         sealed=b"\0"),
         hook,
         delivery,
         WebhookAttempt(tenant_id=tenant, delivery_id=delivery.id, outcome="error", duration_ms=1.0),
