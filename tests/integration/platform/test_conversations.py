@@ -42,3 +42,22 @@ async def test_a_conversation_is_its_tenants_alone_and_sealed(db: Database) -> N
         assert (await session.scalars(select(ConversationItem))).all() == []
     with pytest.raises(NotFound):
         await store.fetch(mine, conv["id"])
+
+
+async def test_items_page_from_an_item_either_way(db: Database) -> None:
+    async with db.sessions.begin() as session:
+        tenant = await make_tenant(session)
+    store = ConversationStore(db.sessions, SECRET)
+    given = [{"role": "user", "content": str(i)} for i in range(5)]
+    conv = await store.create(tenant, {}, items_of(given))
+    ident = conv["id"]
+    first = await store.page(tenant, ident, after=None, limit=2, order="asc")
+    texts = [i["content"][0]["text"] for i in first["data"]]
+    assert (texts, first["has_more"]) == (["0", "1"], True)
+    rest = await store.page(tenant, ident, after=first["last_id"], limit=5, order="asc")
+    assert [i["content"][0]["text"] for i in rest["data"]] == ["2", "3", "4"]
+    assert rest["has_more"] is False
+    back = await store.page(tenant, ident, after=rest["data"][1]["id"], limit=5, order="desc")
+    assert [i["content"][0]["text"] for i in back["data"]] == ["2", "1", "0"]
+    with pytest.raises(NotFound):
+        await store.page(tenant, ident, after="msg_nothing", limit=5, order="asc")

@@ -151,9 +151,22 @@ class ConversationStore:
 
     async def page(self, tenant_id: uuid.UUID, ident: str, *, after: str | None, limit: int,
                    order: str) -> dict[str, Any]:  # fmt: skip
-        """``GET /v1/conversations/{id}/items``: newest first unless ``order`` is ``asc``."""
-        items = await self.items(tenant_id, ident, "conversation_id")
-        return page(items[:: -1 if order == "desc" else 1], after, limit, f"'{ident}'")
+        """``GET /v1/conversations/{id}/items``: newest first unless ``order`` is ``asc``; one
+        index range (``position``), so a page costs its items, not the conversation's."""
+        column, rows = ConversationItem.position, ConversationItem
+        async with tenant_transaction(self._sessions, tenant_id) as session:
+            await self._row(session, tenant_id, ident, "conversation_id")
+            query = select(rows).where(rows.conversation_id == ident)
+            if after is not None:
+                start = await session.get(rows, (ident, after))
+                if start is None:
+                    raise NotFound(f"'after' names no item of '{ident}'.", param="after")
+                query = query.where(column > start.position if order == "asc"
+                                    else column < start.position)  # fmt: skip
+            ordered = column.asc() if order == "asc" else column.desc()
+            found = [self._item(r) for r in await session.scalars(
+                query.order_by(ordered).limit(limit + 1))]  # fmt: skip
+        return page(found, None, limit, f"'{ident}'")
 
     async def item(self, tenant_id: uuid.UUID, ident: str, item_id: str) -> dict[str, Any]:
         """``GET /v1/conversations/{id}/items/{item_id}``."""
