@@ -9,6 +9,7 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, Any
 
+import httpx
 import openai
 import pytest
 
@@ -252,7 +253,7 @@ def test_input_tokens_are_those_the_response_takes_and_nothing_is_billed(
         {"input": FIRST, "tools": [tool]},
         {"input": SECOND, "previous_response_id": stored.id},
     ]
-    rows = "SELECT count(*) FROM usage_events"
+    rows, slis = "SELECT count(*) FROM usage_events", _sli_requests(llm_up)
     for fields in asks:
         billed = llm_up.sql(rows)
         counted = client.responses.input_tokens.count(model=MODEL, **fields)
@@ -260,8 +261,21 @@ def test_input_tokens_are_those_the_response_takes_and_nothing_is_billed(
         made = _ask(client, **fields)
         assert (counted.object, counted.input_tokens) == ("response.input_tokens",
                                                           made.usage.input_tokens)  # fmt: skip
+    deadline = time.monotonic() + 10  # each request counts in the SLIs as it ends
+    while _sli_requests(llm_up) < slis + len(asks) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    time.sleep(0.3)
+    assert _sli_requests(llm_up) == slis + len(asks)  # the responses, not the counts
     with pytest.raises(openai.NotFoundError):
         client.responses.input_tokens.count(model="no-such-model", input=FIRST)
     with pytest.raises(openai.BadRequestError) as empty:
         client.responses.input_tokens.count(model=MODEL, input=[])
     assert empty.value.body["param"] == "input"  # type: ignore[index]
+
+
+def _sli_requests(kiln: KilnProcess) -> float:
+    """The model's requests in ``kiln_sli_requests_total`` (what its SLOs count), every plan
+    and status class."""
+    text, ours = httpx.get(f"{kiln.base_url}/metrics", timeout=10).text, f'model="{MODEL}"'
+    lines = [line for line in text.splitlines() if line.startswith("kiln_sli_requests_total{")]
+    return sum(float(line.rsplit(" ", 1)[1]) for line in lines if ours in line)

@@ -298,21 +298,23 @@ class Generation:
 
 def _reject_unsupported(request: ChatCompletionRequest | CompletionRequest) -> None:
     for field, unused in UNSUPPORTED.items():
-        value = getattr(request, field, None)
-        if value not in unused:
+        if getattr(request, field, None) not in unused:
             raise BadRequest(f"The parameter '{field}' is not supported by Kiln.", param=field)
 
 
 async def _resolve(
-    kiln: Kiln, admission: Admission, request: ChatCompletionRequest | CompletionRequest
-) -> tuple[ResolvedVersion, str | None]:
-    """The version serving the request's model and the digest of its adapter, if one."""
+    kiln: Kiln, admission: Admission, request: ChatCompletionRequest | CompletionRequest, *,
+    slo: bool = True,
+) -> tuple[ResolvedVersion, str | None]:  # fmt: skip
+    """The version serving the request's model and the digest of its adapter, if one; counted
+    in the model's SLOs unless ``slo`` is false (the request runs nothing)."""
     tenant = str(admission.principal.tenant_id)
     base, adapter_name = split(request.model)
     version = await kiln.resolver.resolve(base, tenant)
     if version.manifest.task != "generate":
         raise BadRequest(f"The model `{version.model}` does not generate text.", param="model")
-    admission.serves(version.model, split=kiln.resolver.split(base, tenant))
+    if slo:
+        admission.serves(version.model, split=kiln.resolver.split(base, tenant))
     if adapter_name is None:
         return version, None
     if not slot_rank(kiln.settings, version.engine.adapter_slots):
@@ -380,19 +382,17 @@ async def prepare(
     return gen
 
 
-async def _text_model(kiln: Kiln, version: ResolvedVersion) -> TextModel:
-    tree = await local_tree(kiln.store, version.artifact_digest)
-    return load_text_model(tree, version.manifest.tokenizer_file or "tokenizer.json")
+async def _text_model(kiln: Kiln, v: ResolvedVersion) -> TextModel:
+    return load_text_model(await local_tree(kiln.store, v.artifact_digest),
+                           v.manifest.tokenizer_file or "tokenizer.json")  # fmt: skip
 
 
 async def count_prompt(kiln: Kiln, admission: Admission, request: ChatCompletionRequest) -> int:
-    """The prompt tokens ``request`` takes, as ``prepare`` tokenizes it (template, tools and
-    all); nothing is held, compiled or run."""
+    """The prompt tokens ``request`` takes as ``prepare`` tokenizes it; nothing else is done."""
     _reject_unsupported(request)
     tools = _tools.plan(request.tools, request.tool_choice, request.parallel_tool_calls)
-    version, _ = await _resolve(kiln, admission, request)
-    prompts, _, _ = await _prompts.tokenize(request, await _text_model(kiln, version), tools)
-    return sum(len(prompt) for prompt in prompts)
+    model = await _text_model(kiln, (await _resolve(kiln, admission, request, slo=False))[0])
+    return sum(len(prompt) for prompt in (await _prompts.tokenize(request, model, tools))[0])
 
 
 def sse(payload: Any) -> bytes:
