@@ -56,25 +56,28 @@ def named(given: Any) -> dict[str, str] | None:
     return None if ident is None else {"id": ident}
 
 
-def items_of(
-    given: Any, param: str = "items", most: int | None = MAX_ITEMS
-) -> list[dict[str, Any]]:
-    """Input items to add (at most ``most``), checked as ``/v1/responses`` input is (so a
-    conversation holds no item a response could not read), each with an id of its own and a
-    message's text as a content part, as they are listed."""
-    if not isinstance(given, list) or (most is not None and len(given) > most):
-        raise BadRequest(f"'{param}' is a list of at most {most} items.", param=param)
+def items_of(given: Any) -> list[dict[str, Any]]:
+    """Items a request adds (``items``, at most ``MAX_ITEMS``), checked as ``/v1/responses``
+    input is (so a conversation holds no item a response could not read), then ``ided``."""
+    if not isinstance(given, list) or len(given) > MAX_ITEMS:
+        raise BadRequest(f"'items' is a list of at most {MAX_ITEMS} items.", param="items")
     try:
         items = msgspec.convert(given, list[InputItem])
         _response_input.messages(items)
     except msgspec.ValidationError as exc:
-        raise BadRequest(f"{exc} (in '{param}').", param=param) from None
+        raise BadRequest(f"{exc} (in 'items').", param="items") from None
     except BadRequest as exc:
-        named = exc.param and exc.param.replace("input[", f"{param}[", 1)
-        raise BadRequest(exc.message.replace("'input[", f"'{param}[", 1), param=named) from None
+        named = exc.param and exc.param.replace("input[", "items[", 1)
+        raise BadRequest(exc.message.replace("'input[", "'items[", 1), param=named) from None
+    return ided(msgspec.to_builtins(items))
+
+
+def ided(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Checked input items as a conversation keeps them: each with an id of its own (unset
+    fields dropped), listed as the API lists them."""
     return [
-        listed({**{k: v for k, v in msgspec.to_builtins(item).items() if v is not None},
-                "id": f"{_PREFIX[item.type]}_{uuid.uuid4().hex}"})
+        listed({**{k: v for k, v in item.items() if v is not None},
+                "id": f"{_PREFIX[item.get('type', 'message')]}_{uuid.uuid4().hex}"})
         for item in items
     ]  # fmt: skip
 

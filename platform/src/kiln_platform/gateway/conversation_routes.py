@@ -8,17 +8,15 @@ from typing import Annotated, Any, Literal
 import msgspec
 from litestar import delete, get, post
 from litestar.di import Provide
-from litestar.params import Parameter, SkipValidation
+from litestar.params import Parameter
 
 from kiln_platform.admission.deps import provide_admission
-from kiln_platform.admission.services import Admission
-from kiln_platform.context import Kiln
+from kiln_platform.gateway._items import page
 from kiln_platform.gateway.auth import provide_principal
+from kiln_platform.gateway.controllers import AdmissionDep, KilnDep
 from kiln_platform.gateway.conversation_items import items_of, metadata_of
 from kiln_platform.openapi import OPENAI_ERRORS, DocumentedController
 
-KilnDep = SkipValidation[Kiln]
-AdmissionDep = SkipValidation[Admission]
 Limit = Annotated[int, Parameter(ge=1, le=100)]
 
 
@@ -89,9 +87,7 @@ class ConversationsController(DocumentedController):
         """Add up to 20 items after the conversation's others."""
         tenant, items = admission.principal.tenant_id, items_of(data.items)
         added = await kiln.conversations.append(tenant, conversation_id, items, "conversation_id")
-        return {"object": "list", "data": added, "has_more": False,
-                "first_id": added[0]["id"] if added else None,
-                "last_id": added[-1]["id"] if added else None}  # fmt: skip
+        return page(added, None, len(added), f"'{conversation_id}'")
 
     @get("/{conversation_id:str}/items")
     async def list_items(

@@ -81,6 +81,11 @@ def _lost(kept: _Sealed) -> _Sealed:
     return _Sealed(body=kept.body | {"status": "failed", "error": error}, history=kept.history)
 
 
+def _running(row: StoredResponse) -> bool:
+    """A live response whose lease has not run out (its status and lease are in the clear)."""
+    return row.status in LIVE and (row.lease_until is None or row.lease_until > datetime.now(UTC))
+
+
 def _events_data(row: StoredResponse) -> bytes:
     """The associated data of a row's sealed events: its tenant and id, and what they are."""
     return f"{row.tenant_id}/{row.id}/events".encode()
@@ -112,7 +117,7 @@ class ResponseStore:
         kept = msgspec.json.decode(plain, type=_Sealed)
         if row.status not in LIVE:
             return kept
-        if row.lease_until is not None and row.lease_until <= datetime.now(UTC):
+        if not _running(row):
             return _lost(kept)
         return _Sealed(body=kept.body | {"status": row.status}, history=kept.history)
 
@@ -220,7 +225,7 @@ class ResponseStore:
                 "Only a response created with 'background' and 'stream' can be streamed: GET "
                 "it without 'stream'.", param="stream",
             )  # fmt: skip
-        if self._opened(row).body["status"] in LIVE:
+        if _running(row):
             return None
         if not row.events:
             return []

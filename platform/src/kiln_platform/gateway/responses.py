@@ -19,7 +19,7 @@ from kiln_platform.gateway._prompts import ContextTooLong
 from kiln_platform.gateway._response_input import to_chat
 from kiln_platform.gateway.background import Feed
 from kiln_platform.gateway.completions import Answer, collect, ident, is_text, tool_calls
-from kiln_platform.gateway.conversation_items import conversation_id, items_of, named
+from kiln_platform.gateway.conversation_items import conversation_id, ided, named
 from kiln_platform.gateway.llm_schemas import ChatCompletionRequest, TokenLogprob
 from kiln_platform.gateway.responses_schemas import (
     FunctionCallItem,
@@ -51,35 +51,34 @@ async def prepare(
     """The chat path's ``prepare`` (after the stored response ``previous_response_id`` names,
     if any), its errors naming the Responses API's fields; usage is recorded under the
     ``responses`` endpoint. Also the input items the response answers, to store with it."""
-    history = await _history(kiln, admission, request)
+    history, chat = await _chat(kiln, admission, request)
     with _response_input.renamed():
-        chat = to_chat(request, msgspec.convert(history, list[InputItem]))
         gen = await _fitted(kiln, admission, chat, auto=request.truncation == "auto")
     gen.endpoint = "responses"
     return gen, [*history, *_response_input.own(request.input)]
 
 
-async def _history(
+async def _chat(
     kiln: Kiln, admission: Admission, request: ResponsesRequest
-) -> list[dict[str, Any]]:
-    """The items the request goes on from: the stored response ``previous_response_id``
-    names, or the items of its ``conversation``, if either."""
-    tenant = admission.principal.tenant_id
+) -> tuple[list[dict[str, Any]], ChatCompletionRequest]:
+    """The items the request goes on from (the stored response ``previous_response_id``
+    names, or its ``conversation``'s), and the chat completion it is after them."""
+    tenant, history = admission.principal.tenant_id, []
     conversation = conversation_id(request.conversation, request.previous_response_id)
     if request.previous_response_id is not None:
-        return await kiln.responses.conversation(tenant, request.previous_response_id)
-    if conversation is not None:
-        return await kiln.conversations.items(tenant, conversation, "conversation")
-    return []
+        history = await kiln.responses.conversation(tenant, request.previous_response_id)
+    elif conversation is not None:
+        history = await kiln.conversations.items(tenant, conversation, "conversation")
+    with _response_input.renamed():
+        return history, to_chat(request, msgspec.convert(history, list[InputItem]))
 
 
 async def input_tokens(kiln: Kiln, admission: Admission, request: ResponsesRequest) -> int:
     """``POST /v1/responses/input_tokens``: the tokens the request's input would take, its
     history, instructions and tools included, as the chat template renders them; nothing is
     held or run."""
-    history = await _history(kiln, admission, request)
+    _, chat = await _chat(kiln, admission, request)
     with _response_input.renamed():
-        chat = to_chat(request, msgspec.convert(history, list[InputItem]))
         return await llm.count_prompt(kiln, admission, chat)
 
 
@@ -134,7 +133,7 @@ async def _joined(gen: Generation, request: ResponsesRequest, response: Response
     """Add the request's input and the response's output to its conversation, if it names one
     (``ConversationStore.join``)."""
     if (ident := conversation_id(request.conversation, None)) is not None:
-        given = items_of(_response_input.own(request.input), "input", None)
+        given = ided(_response_input.own(request.input))  # checked by ``prepare``
         turn = [*given, *msgspec.to_builtins(response.output)]
         tenant = gen.admission.principal.tenant_id
         await gen.kiln.conversations.join(tenant, ident, turn, response.id)
