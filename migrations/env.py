@@ -10,6 +10,7 @@ from sqlalchemy.engine import Connection
 from kiln_platform.batches import tables as _batch_tables  # noqa: F401  (registers them)
 from kiln_platform.billing import tables as _billing_tables  # noqa: F401  (registers them)
 from kiln_platform.db.tables import Base
+from kiln_platform.gateway import chat_store as _chat_store  # noqa: F401  (registers it)
 from kiln_platform.gateway import response_store as _response_store  # noqa: F401  (registers it)
 from kiln_platform.registry import tables as _registry_tables  # noqa: F401  (registers them)
 from kiln_platform.shadow import tables as _shadow_tables  # noqa: F401  (registers them)

@@ -118,6 +118,7 @@ def test_chat_and_embeddings_batches_equal_the_same_requests_online(
 ) -> None:
     chats = [_chat(q) for q in QUESTIONS]
     chats[2] |= {"n": 2, "logprobs": True}  # a line fans out like the online request
+    chats[1] |= {"store": True, "metadata": {"line": "r1"}}  # and is kept like it
     texts = ["the first", "a second text", "and a third one"]
     embeds = [{"model": MINILM, "input": t} for t in texts]
     chat_data, embed_data = _jsonl(CHAT, chats), _jsonl(EMBED, embeds)
@@ -140,6 +141,12 @@ def test_chat_and_embeddings_batches_equal_the_same_requests_online(
         assert contents == [choice.message.content for choice in online.choices]
         assert [c["logprobs"] is not None for c in got["choices"]] == [i == 2] * len(contents)
         assert got["usage"]["completion_tokens"] == online.usage.completion_tokens
+    kept = client.chat.completions.retrieve(out["r1"]["response"]["body"]["id"])
+    assert kept.model_dump()["metadata"] == {"line": "r1"}
+    assert (
+        kept.choices[0].message.content
+        == out["r1"]["response"]["body"]["choices"][0]["message"]["content"]
+    )
     ledger = _ledger(kiln, chat_batch.id)
     assert sorted(r for r, _, _ in ledger) == sorted(f"{chat_batch.id}_{n}" for n in (1, 2, 3))
     assert {status for _, status, _ in ledger} == {200}

@@ -279,3 +279,67 @@ def _sli_requests(kiln: KilnProcess) -> float:
     text, ours = httpx.get(f"{kiln.base_url}/metrics", timeout=10).text, f'model="{MODEL}"'
     lines = [line for line in text.splitlines() if line.startswith("kiln_sli_requests_total{")]
     return sum(float(line.rsplit(" ", 1)[1]) for line in lines if ours in line)
+
+
+def _chat(client: openai.OpenAI, **fields: Any) -> Any:
+    said = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": FIRST}]
+    return client.chat.completions.create(
+        model=MODEL, messages=fields.pop("messages", said), temperature=0, max_tokens=8, **fields
+    )
+
+
+def test_stored_chat_completions_are_listed_read_tagged_and_deleted(
+    client: openai.OpenAI, llm_up: KilnProcess
+) -> None:
+    plain = _chat(client, store=True, metadata={"team": "a"})
+    parts: Any = [{"role": "user", "content": [{"type": "text", "text": SECOND}]}]
+    stream = _chat(client, messages=parts, store=True, stream=True, n=2,
+                   stream_options={"include_usage": True})  # fmt: skip
+    texts, usage, streamed_id = ["", ""], None, ""
+    for chunk in stream:
+        streamed_id, usage = chunk.id, chunk.usage or usage
+        for choice in chunk.choices:
+            texts[choice.index] += choice.delta.content or ""
+    assert [c.message.content for c in client.chat.completions.retrieve(plain.id).choices] == [
+        plain.choices[0].message.content
+    ]
+    kept = client.chat.completions.retrieve(streamed_id)  # kept before [DONE] was sent
+    assert ([c.message.content for c in kept.choices], kept.usage) == (texts, usage)
+    not_kept = _chat(client)
+    with pytest.raises(openai.NotFoundError):
+        client.chat.completions.retrieve(not_kept.id)
+    mine = [plain.id, streamed_id]
+    assert [c.id for c in client.chat.completions.list()] == mine
+    assert [c.id for c in client.chat.completions.list(order="desc")] == mine[::-1]
+    first = client.chat.completions.list(limit=1)
+    assert ([c.id for c in first.data], first.has_more) == ([plain.id], True)
+    assert [c.id for c in client.chat.completions.list(metadata={"team": "a"})] == [plain.id]
+    assert list(client.chat.completions.list(model="another-model")) == []
+    tagged = client.chat.completions.update(plain.id, metadata={"team": "b"})
+    assert tagged.model_dump()["metadata"] == {"team": "b"}
+    assert list(client.chat.completions.list(metadata={"team": "a"})) == []
+    said = client.chat.completions.messages.list(streamed_id)
+    assert [(m.role, m.content, m.content_parts is not None) for m in said] == [
+        ("user", SECOND, True)
+    ]
+    llm_up.cli("tenants", "create", "chat-other")
+    other = openai.OpenAI(base_url=client.base_url, api_key=llm_up.new_key("chat-other"))
+    assert list(other.chat.completions.list()) == []
+    with pytest.raises(openai.NotFoundError):
+        other.chat.completions.retrieve(plain.id)
+    assert client.chat.completions.delete(plain.id).deleted
+    assert [c.id for c in client.chat.completions.list()] == [streamed_id]
+
+
+@pytest.mark.parametrize(
+    ("query", "param"),
+    [("limit=0", "limit"), ("after=chatcmpl-nope", "after"), ("metadata[k]=" + "v" * 513,
+     "metadata"), ("order=sideways", "order")],
+)  # fmt: skip
+def test_bad_chat_completion_lists_name_their_parameter(
+    llm_up: KilnProcess, query: str, param: str
+) -> None:
+    r = httpx.get(f"{llm_up.base_url}/v1/chat/completions?{query}", timeout=10,
+                  headers={"Authorization": f"Bearer {llm_up.key}"})  # fmt: skip
+    assert r.status_code in (400, 404)
+    assert r.json()["error"]["param"] == param

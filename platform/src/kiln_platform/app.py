@@ -50,6 +50,7 @@ from kiln_platform.errors import (
     ServiceUnavailable,
     disk_full,
 )
+from kiln_platform.gateway.chat_routes import ChatCompletionsController
 from kiln_platform.gateway.controllers import OpenAIController
 from kiln_platform.gateway.conversation_routes import ConversationsController
 from kiln_platform.gateway.oip import OIPController
@@ -171,8 +172,8 @@ async def readyz(kiln: SkipValidation[Kiln]) -> Response[dict[str, Any]]:
 
 
 _CONTROLLERS = (
-    OpenAIController, ConversationsController, FilesController, BatchesController, OIPController,
-    AdminModelsController, RoutesController, TenantsController,
+    OpenAIController, ChatCompletionsController, ConversationsController, FilesController,
+    BatchesController, OIPController, AdminModelsController, RoutesController, TenantsController,
     KeysController, UsersController, ClientsController, AdaptersController, AuditController,
     QuotasController, PriceBooksController, ReportsController, SlosController, AlertsController,
     AlertReceiversController, ShadowController, WebhooksController,

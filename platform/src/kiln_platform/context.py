@@ -21,6 +21,7 @@ from kiln_platform.compiler.runner import CompileRunner
 from kiln_platform.db.database import Database, open_database
 from kiln_platform.db.engine import fill, writer_engine, writer_sessions
 from kiln_platform.gateway.background import BackgroundResponses
+from kiln_platform.gateway.chat_store import ChatStore
 from kiln_platform.gateway.conversations import ConversationStore
 from kiln_platform.gateway.dispatch import WorkerClient
 from kiln_platform.gateway.metrics import RequestMetrics
@@ -98,6 +99,8 @@ class Kiln:
     """``/v1/responses`` answers kept with ``store: true`` (``gateway.response_store``)."""
     conversations: ConversationStore
     """Conversations, their items sealed (``gateway.conversations``)."""
+    chats: ChatStore
+    """Chat completions kept with ``store: true`` (``gateway.chat_store``)."""
     background: BackgroundResponses
     """This gateway's running background responses (``gateway.background``)."""
     adapters: AdapterDirectory
@@ -223,6 +226,7 @@ def _build(
         idempotency=idempotency,
         responses=responses,
         conversations=ConversationStore(db.sessions, settings.hmac_key()),
+        chats=ChatStore(db.sessions, settings.hmac_key(), settings.responses_ttl_days),
         background=BackgroundResponses(responses),
         slos=slos,
         rollouts=RolloutMonitor(

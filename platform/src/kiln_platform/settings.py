@@ -150,7 +150,8 @@ class Settings(WorkerSettings):
     idempotency_ttl_s: float = 86_400.0
     """How long a POST's Idempotency-Key and its stored response are replayed (24 h)."""
     responses_ttl_days: float = Field(default=30.0, gt=0)
-    """How long a response created with ``store: true`` is kept (OpenAI keeps them 30 days)."""
+    """How long a response or chat completion created with ``store: true`` is kept (OpenAI
+    keeps them 30 days)."""
     idempotency_lock_s: float = 30.0
     """A running request's claim on its key; renewed while it runs, so a killed process's lapses."""
     metering: bool = True

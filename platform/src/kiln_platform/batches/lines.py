@@ -23,7 +23,8 @@ from kiln_platform.errors import (
     Overloaded,
     ServiceUnavailable,
 )
-from kiln_platform.gateway import completions, llm, responses, services
+from kiln_platform.gateway import chat_kept, completions, llm, responses, services
+from kiln_platform.gateway.conversation_items import metadata_of
 from kiln_platform.gateway.llm_schemas import ChatCompletionRequest, CompletionRequest
 from kiln_platform.gateway.responses_schemas import ResponsesRequest
 from kiln_platform.gateway.schemas import EmbeddingsRequest
@@ -128,10 +129,13 @@ async def _call(kiln: Kiln, admission: Any, endpoint: str, body: dict[str, Any])
             raise BadRequest("'background' is not supported in a batch.", param="body.background")
         gen, history = await responses.prepare(kiln, admission, request)
         return await responses.complete(gen, request, history)
+    if isinstance(request, CompletionRequest):
+        return await completions.complete_text(await llm.prepare(kiln, admission, request))
+    metadata_of(request.metadata, "body.metadata")
     gen = await llm.prepare(kiln, admission, request)
-    if isinstance(request, ChatCompletionRequest):
-        return await completions.complete_chat(gen)
-    return await completions.complete_text(gen)
+    completion = await completions.complete_chat(gen)
+    await chat_kept.keep(gen, request, completion)  # a line run again keeps its first answer
+    return completion
 
 
 async def run(kiln: Kiln, principal: Principal, line: Line, timeout_s: float) -> Outcome:

@@ -47,7 +47,7 @@ def streamed(gen: Generation, events: AsyncGenerator[bytes, None]) -> Stream:
     return Stream(events, media_type=SSE, headers=lifecycle.headers(gen.version))
 
 
-def _usage(gen: Generation) -> Usage:
+def token_usage(gen: Generation) -> Usage:
     prompt, completion, total = gen.usage_counts()
     return Usage(
         prompt_tokens=prompt, completion_tokens=completion, total_tokens=total,
@@ -120,7 +120,7 @@ async def complete_chat(gen: Generation) -> ChatCompletion:
         model=gen.name,
         system_fingerprint=fingerprint(gen.version),
         choices=choices,
-        usage=_usage(gen),
+        usage=token_usage(gen),
     )
 
 
@@ -141,7 +141,7 @@ async def complete_text(gen: Generation) -> TextCompletion:
         model=gen.name,
         system_fingerprint=fingerprint(gen.version),
         choices=choices,
-        usage=_usage(gen),
+        usage=token_usage(gen),
     )
 
 
@@ -190,7 +190,9 @@ async def stream_chat(gen: Generation, include_usage: bool) -> AsyncGenerator[by
         yield _error_event(exc)
     if include_usage:
         yield sse(
-            ChatCompletionChunk(id=cid, created=created, model=model, choices=[], usage=_usage(gen))
+            ChatCompletionChunk(
+                id=cid, created=created, model=model, choices=[], usage=token_usage(gen)
+            )
         )
     yield DONE
 
@@ -250,6 +252,6 @@ async def stream_text(gen: Generation, include_usage: bool) -> AsyncGenerator[by
         yield _error_event(exc)
     if include_usage:
         yield sse(
-            TextCompletion(id=cid, created=created, model=model, choices=[], usage=_usage(gen))
+            TextCompletion(id=cid, created=created, model=model, choices=[], usage=token_usage(gen))
         )
     yield DONE

@@ -16,8 +16,6 @@ from kiln_platform.gateway import completions, llm, responses, services
 from kiln_platform.gateway.auth import provide_principal
 from kiln_platform.gateway.background import Feed
 from kiln_platform.gateway.llm_schemas import (
-    ChatCompletion,
-    ChatCompletionRequest,
     CompletionRequest,
     TextCompletion,
 )
@@ -75,19 +73,8 @@ class OpenAIController(DocumentedController):
         return Response(result, headers=lifecycle.headers(version))
 
     # Litestar's Stream takes the handler's media type over its own, hence media_type=SSE here
-    # and an explicit JSON Response for the non-streamed case.
-    @post("/chat/completions", status_code=200, media_type=SSE, dependencies=SCHEDULED)
-    async def chat_completions(
-        self, kiln: KilnDep, admission: AdmissionDep, data: ChatCompletionRequest
-    ) -> Response[ChatCompletion] | Stream:
-        """Create a chat completion (``stream: true`` for server-sent events)."""
-        gen = await llm.prepare(kiln, admission, data)
-        if data.stream:
-            include_usage = bool(data.stream_options and data.stream_options.include_usage)
-            return completions.streamed(gen, completions.stream_chat(gen, include_usage))
-        body = await completions.complete_chat(gen)
-        return Response(body, media_type=MediaType.JSON, headers=lifecycle.headers(gen.version))
-
+    # and an explicit JSON Response for the non-streamed case. (``POST /v1/chat/completions``
+    # is in ``chat_routes``, with the stored completions' reads: one controller a path.)
     @post("/completions", status_code=200, media_type=SSE, dependencies=SCHEDULED)
     async def text_completions(
         self, kiln: KilnDep, admission: AdmissionDep, data: CompletionRequest

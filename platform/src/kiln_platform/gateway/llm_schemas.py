@@ -68,7 +68,6 @@ class _Sampling(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     guided_choice: list[str] | None = None
     guided_grammar: str | None = None
     service_tier: Any = None
-    store: Any = None
     metadata: Any = None
 
 
@@ -96,6 +95,9 @@ class ChatCompletionRequest(_Sampling, kw_only=True, forbid_unknown_fields=True)
     shared within a tenant only)."""
     safety_identifier: str | None = None
     """OpenAI's end-user id for abuse detection (``user``'s successor): accepted, unused."""
+    keep: bool | None = msgspec.field(default=None, name="store")
+    """``store``: keep the completion (``gateway.chat_kept``). Named apart so that
+    ``UNSUPPORTED`` (read by attribute) still refuses the legacy completions' ``store``."""
 
 
 class CompletionRequest(_Sampling, kw_only=True, forbid_unknown_fields=True):
@@ -106,6 +108,7 @@ class CompletionRequest(_Sampling, kw_only=True, forbid_unknown_fields=True):
     echo: bool | None = None
     suffix: Any = None
     best_of: Any = None
+    store: Any = None
 
 
 # field -> the value(s) that mean "not used"

@@ -27,6 +27,11 @@ RESPONSES_NOT_STORED = Counter(
     "Responses asked to be stored that the database did not take (sent with store: false).",
     ["model"],
 )
+CHATS_NOT_STORED = Counter(
+    "kiln_chat_completions_not_stored",
+    "Chat completions asked to be stored that the database did not take (sent all the same).",
+    ["model"],
+)
 
 
 class RequestMetrics:

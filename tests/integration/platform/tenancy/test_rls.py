@@ -49,6 +49,7 @@ from kiln_platform.db.tables import (
     UsageEvent,
     User,
 )
+from kiln_platform.gateway.chat_store import StoredChat
 from kiln_platform.gateway.conversations import Conversation, ConversationItem
 from kiln_platform.gateway.response_store import StoredResponse
 from kiln_platform.settings import Settings
@@ -122,6 +123,8 @@ def _rows(tenant: uuid.UUID, model: uuid.UUID) -> list[Base]:
         StoredResponse(id=f"resp-{n}", tenant_id=tenant, sealed=b"\0",
                        expires_at=NOW + timedelta(days=1)),
         Conversation(id=f"conv_{n}", tenant_id=tenant, sealed=b"\0"),
+        StoredChat(id=f"chatcmpl-{n}", tenant_id=tenant, model="m", sealed=b"\0",
+                   expires_at=NOW + timedelta(days=1)),
         ConversationItem(conversation_id=f"conv_{n}", id=f"msg_{n}", tenant_id=tenant,
                          sealed=b"\0"),
         hook,
