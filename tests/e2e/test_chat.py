@@ -257,6 +257,9 @@ def test_disconnect_frees_slot_and_bills_partial_tokens(llm_up: Any) -> None:
         ({"max_tokens": 0}, "max_tokens"),
         ({"temperature": 3}, "temperature"),
         ({"stop": ["a", "b", "c", "d", "e"]}, "stop"),
+        ({"prompt_cache_retention": "forever"}, "prompt_cache_retention"),
+        ({"metadata": {"k": 1}}, "metadata"),
+        ({"store": "yes"}, "store"),
     ],
 )
 def test_bad_requests_are_400_naming_the_problem(
@@ -291,7 +294,10 @@ def test_a_repeated_long_prompt_reports_its_cached_prefix(client: openai.OpenAI)
     text = f"{nonce}. " + " ".join(f"Item {i} is a small red box." for i in range(30))
     messages: list[ChatCompletionMessageParam] = [{"role": "user", "content": text}]
     first = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=2)
-    second = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=2)
+    second = client.chat.completions.create(  # OpenAI's cache hints change nothing here
+        model=MODEL, messages=messages, max_tokens=2, prompt_cache_retention="24h",
+        prompt_cache_options={"mode": "explicit", "ttl": "30m"},
+    )  # fmt: skip
     streamed = list(client.chat.completions.create(
         model=MODEL, messages=messages, max_tokens=2, stream=True,
         stream_options={"include_usage": True},

@@ -40,6 +40,14 @@ class StreamOptions(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     sends none either way (false, the value clients set to save bandwidth, is what it does)."""
 
 
+class PromptCacheOptions(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """OpenAI's ``prompt_cache_options``: accepted, unused (Kiln's prefix cache is automatic,
+    shared within a tenant, kept while its memory bound allows)."""
+
+    mode: Literal["implicit", "explicit"] = "implicit"
+    ttl: str | None = None
+
+
 class _Sampling(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """Parameters shared by chat and text completions."""
 
@@ -95,7 +103,9 @@ class ChatCompletionRequest(_Sampling, kw_only=True, forbid_unknown_fields=True)
     verbosity: Any = None
     prompt_cache_key: str | None = None
     """OpenAI's cache-routing hint: accepted and unused (the prefix cache is automatic and
-    shared within a tenant only)."""
+    shared within a tenant only); likewise the two below."""
+    prompt_cache_options: PromptCacheOptions | None = None
+    prompt_cache_retention: Literal["in_memory", "24h"] | None = None
     safety_identifier: str | None = None
     """OpenAI's end-user id for abuse detection (``user``'s successor): accepted, unused."""
     keep: bool | None = msgspec.field(default=None, name="store")

@@ -9,9 +9,11 @@ the history as input items, as a stateless Responses client does.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 import msgspec
+
+from kiln_platform.gateway.llm_schemas import PromptCacheOptions
 
 
 class InputPart(msgspec.Struct, kw_only=True):
@@ -52,7 +54,10 @@ class ResponsesRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True)
     safety_identifier: str | None = None
     metadata: dict[str, str] | None = None
     prompt_cache_key: str | None = None
-    """A routing hint for OpenAI's cache; Kiln's prefix cache needs none (accepted, unused)."""
+    """A routing hint for OpenAI's cache; Kiln's prefix cache needs none (accepted, unused;
+    likewise the two below)."""
+    prompt_cache_options: PromptCacheOptions | None = None
+    prompt_cache_retention: Literal["in_memory", "24h"] | None = None
     parallel_tool_calls: bool | None = None
     store: bool | None = None
     """Keep the response (``responses_ttl_days``) for ``GET`` and ``previous_response_id``;
