@@ -226,6 +226,7 @@ def test_a_conversation_is_the_history_responses_read_and_add_to(client: openai.
         (lambda: client.conversations.create(items=[_item("web_search_call")]), "items[0].type"),
         (lambda: client.conversations.create(metadata={"k": "v" * 513}), "metadata"),
         (lambda: client.conversations.items.create(conv.id, items=[_user("x")] * 21), "items"),
+        (lambda: client.conversations.items.create(conv.id, items=[]), "items"),
         (lambda: client.conversations.items.create(conv.id, items=[_role("wizard")]),
          "items[0].role"),  # a response could not read it: refused before it is kept
     ]  # fmt: skip

@@ -11,6 +11,7 @@ from litestar.di import Provide
 from litestar.params import Parameter
 
 from kiln_platform.admission.deps import provide_admission
+from kiln_platform.errors import BadRequest
 from kiln_platform.gateway._items import page
 from kiln_platform.gateway.auth import provide_principal
 from kiln_platform.gateway.controllers import AdmissionDep, KilnDep
@@ -84,8 +85,10 @@ class ConversationsController(DocumentedController):
     async def add_items(
         self, kiln: KilnDep, admission: AdmissionDep, conversation_id: str, data: ItemsCreate
     ) -> dict[str, Any]:
-        """Add up to 20 items after the conversation's others."""
+        """Add 1 to 20 items after the conversation's others."""
         tenant, items = admission.principal.tenant_id, items_of(data.items)
+        if not items:
+            raise BadRequest("'items' must hold at least one item to add.", param="items")
         added = await kiln.conversations.append(tenant, conversation_id, items, "conversation_id")
         return page(added, None, len(added), f"'{conversation_id}'")
 
