@@ -409,17 +409,26 @@ def test_truncation_auto_drops_the_oldest_turns_until_the_input_fits(
 ) -> None:
     """A conversation longer than the context leaves (8192 tokens less ``max_output_tokens``)
     is a 400 as it stands; with ``truncation: auto`` its oldest whole turns go, the developer
-    message first kept, and only as many as must."""
-    turns: list[Any] = []
-    for i in range(6):
+    message first kept, and only as many as must: here the oldest alone, whose digits take a
+    token every two characters (an estimate from the text's size dropped three turns)."""
+    digits = " ".join(str(i * 7 % 10) for i in range(120))
+    turns: list[Any] = [{"role": "user", "content": f"Note 0: {digits}"},
+                        {"role": "assistant", "content": "Noted 0."}]  # fmt: skip
+    for i in range(1, 6):
         turns += [{"role": "user", "content": f"Note {i}: " + "the sky is blue. " * 12},
                   {"role": "assistant", "content": f"Noted {i}."}]  # fmt: skip
     lead: Any = [{"role": "developer", "content": "Answer in one short sentence."}]
-    room = 8192 - 300  # leaves 300 tokens for the input
 
     def conversation(kept: int) -> Any:
         return [*lead, *turns[len(turns) - 2 * kept :], *PARIS]
 
+    sizes = [
+        client.responses.create(model=MODEL, input=conversation(k), max_output_tokens=1).usage
+        for k in range(7)
+    ]
+    counts = [usage.input_tokens if usage else 0 for usage in sizes]
+    assert counts == sorted(counts), counts  # each turn kept costs tokens
+    room = 8192 - counts[5]  # the five newest turns fit; all six do not
     with pytest.raises(openai.BadRequestError) as refused:
         client.responses.create(model=MODEL, input=conversation(6), max_output_tokens=room)
     assert "8192" in refused.value.message
@@ -428,14 +437,7 @@ def test_truncation_auto_drops_the_oldest_turns_until_the_input_fits(
     assert (done.status, done.truncation) == ("completed", "auto")
     assert "Paris" in done.output_text
     assert done.usage is not None
-    sizes = [
-        client.responses.create(model=MODEL, input=conversation(k), max_output_tokens=1).usage
-        for k in range(7)
-    ]
-    kept = [k for k, usage in enumerate(sizes) if usage and usage.input_tokens <= 300]
-    assert kept == list(range(len(kept))), sizes  # each turn kept costs tokens
-    assert 0 < len(kept) < 6
-    assert done.usage.input_tokens == sizes[kept[-1]].input_tokens  # type: ignore[union-attr]
+    assert done.usage.input_tokens == counts[5], counts
 
 
 def test_a_conversation_goes_on_from_the_output_items(client: openai.OpenAI) -> None:

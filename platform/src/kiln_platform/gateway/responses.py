@@ -87,9 +87,9 @@ async def _fitted(
 ) -> Generation:
     """``llm.prepare``; with ``truncation: auto``, a conversation too long for the model's
     context loses whole turns (each from a user message on) after its leading system and
-    developer messages, the oldest first and never the last, until it fits (OpenAI drops
-    items in the middle). The first turns tried are skipped by an estimate from the text's
-    size, so a long history takes a few tokenizations, not one per turn."""
+    developer messages, the oldest first and never the last, as few as fit (OpenAI drops
+    items in the middle): a binary search on the token count (``llm.count_prompt``, which
+    holds and runs nothing), so a long history takes a few tokenizations, not one per turn."""
     try:
         return await llm.prepare(kiln, admission, chat)
     except ContextTooLong as exc:
@@ -98,17 +98,21 @@ async def _fitted(
         short = exc
     messages = chat.messages
     head = next((i for i, m in enumerate(messages) if m.role not in ("system", "developer")), 0)
-    sizes = list(itertools.accumulate(len(msgspec.json.encode(m)) for m in messages[head:]))
-    need = sizes[-1] * (short.prompt - short.allowed) / short.prompt * 0.9
-    for cut in (i for i in range(head + 1, len(messages)) if messages[i].role == "user"):
-        if sizes[cut - head - 1] < need:
-            continue
-        kept = msgspec.structs.replace(chat, messages=[*messages[:head], *messages[cut:]])
-        try:
-            return await llm.prepare(kiln, admission, kept)
-        except ContextTooLong as exc:
-            short = exc
-    raise short
+    cuts = [i for i in range(head + 1, len(messages)) if messages[i].role == "user"]
+
+    def kept(j: int) -> ChatCompletionRequest:
+        return msgspec.structs.replace(chat, messages=[*messages[:head], *messages[cuts[j] :]])
+
+    low, high = 0, len(cuts)  # the first cut that fits is in [low, high); high: none does
+    while low < high:
+        mid = (low + high) // 2
+        if await llm.count_prompt(kiln, admission, kept(mid)) <= short.allowed:
+            high = mid
+        else:
+            low = mid + 1
+    if low == len(cuts):
+        raise short
+    return await llm.prepare(kiln, admission, kept(low))
 
 
 async def _kept(gen: Generation, request: ResponsesRequest, response: ResponseObject,
