@@ -444,3 +444,17 @@ def settled(page: Page) -> None:
     """Wait until htmx has finished its swap: content it adds is live (its ``hx-*`` attributes
     processed) only after the settle delay, when htmx takes off the ``htmx-added`` class."""
     expect(page.locator(HTMX_BUSY)).to_have_count(0)
+
+
+AXE = Path(__file__).parent / "vendor" / "axe-core" / "axe.min.js"
+_VIOLATIONS = """async () => (await axe.run(document, {resultTypes: ["violations"]})).violations
+  .map(v => ({id: v.id, impact: v.impact, help: v.help,
+              nodes: v.nodes.slice(0, 3).map(n => n.target.join(" "))}))"""
+
+
+def axe_violations(page: Page) -> list[dict[str, Any]]:
+    """Serious and critical axe-core violations on the page as it stands."""
+    settled(page)
+    page.add_script_tag(path=str(AXE))
+    found: list[dict[str, Any]] = page.evaluate(_VIOLATIONS)
+    return [v for v in found if v["impact"] in ("serious", "critical")]

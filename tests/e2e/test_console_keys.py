@@ -7,16 +7,14 @@ from __future__ import annotations
 import re
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 from urllib.parse import urlsplit
 
 import openai
 import pytest
 from playwright.sync_api import Locator, Page, expect
 
-from .conftest import MINILM, PASSWORD, KilnProcess, minilm_up, settled, sign_in
+from .conftest import MINILM, PASSWORD, KilnProcess, axe_violations, minilm_up, settled, sign_in
 
-AXE = Path(__file__).parent / "vendor" / "axe-core" / "axe.min.js"
 ADMIN, OPS = "admin@acme.test", "ops@kiln.test"
 MEMBER, FINANCE = "dev@acme.test", "money@kiln.test"
 USERS = {
@@ -25,9 +23,6 @@ USERS = {
     OPS: ("platform-admin", []),
     FINANCE: ("finance", []),
 }
-_VIOLATIONS = """async () => (await axe.run(document, {resultTypes: ["violations"]})).violations
-  .map(v => ({id: v.id, impact: v.impact, help: v.help,
-              nodes: v.nodes.slice(0, 3).map(n => n.target.join(" "))}))"""
 _LINKS = """() => [...document.querySelectorAll("a[href^='/console/']")]
   .map(a => a.getAttribute("href"))"""
 
@@ -109,7 +104,7 @@ def test_a_key_is_created_with_the_keyboard_only(kiln: KilnProcess, page: Page) 
     page.keyboard.press("Enter")
     expect(page.locator("#secret-value")).to_have_value(re.compile("^kiln_"))
     expect(page.locator("#keys tbody tr", has_text="typed")).to_have_count(1)
-    assert _axe(page) == []  # the secret shown, the rows' rotate forms
+    assert axe_violations(page) == []  # the secret shown, the rows' rotate forms
 
 
 def _tab_to(page: Page, target: Locator, most: int = 40) -> None:
@@ -135,24 +130,16 @@ def _pages(page: Page) -> list[str]:
 
 
 @pytest.mark.parametrize("email", list(USERS))
-def test_every_page_passes_axe(kiln: KilnProcess, page: Page, email: str) -> None:
+def test_every_page_passesaxe_violations(kiln: KilnProcess, page: Page, email: str) -> None:
     page.goto("/console/login")
-    pages = {"/console/login": _axe(page)}
+    pages = {"/console/login": axe_violations(page)}
     page.evaluate("document.body.append(document.createElement('button'))")  # no name
-    assert [v["id"] for v in _axe(page)] == ["button-name"]  # axe sees what it should
+    assert [v["id"] for v in axe_violations(page)] == ["button-name"]  # axe sees what it should
     sign_in(page, email)
     expect(page).not_to_have_url(re.compile("/login$"))
     for path in _pages(page):
         page.goto(path)
-        pages[path] = _axe(page)
+        pages[path] = axe_violations(page)
     bad = {path: found for path, found in pages.items() if found}
     print(email, len(pages), "pages;", {p: len(v) for p, v in pages.items()})
     assert not bad, bad
-
-
-def _axe(page: Page) -> list[dict[str, Any]]:
-    """Serious and critical axe-core violations on the page as it stands."""
-    settled(page)
-    page.add_script_tag(path=str(AXE))
-    found: list[dict[str, Any]] = page.evaluate(_VIOLATIONS)
-    return [v for v in found if v["impact"] in ("serious", "critical")]

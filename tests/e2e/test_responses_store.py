@@ -12,6 +12,9 @@ from typing import TYPE_CHECKING, Any
 import httpx
 import openai
 import pytest
+from playwright.sync_api import Page, expect
+
+from .conftest import PASSWORD, axe_violations, settled, sign_in
 
 if TYPE_CHECKING:
     from tests.e2e.conftest import KilnProcess
@@ -23,6 +26,12 @@ SECOND = "Now name a fruit."
 
 LIVE = ("queued", "in_progress")
 STORY = "Write a long story about a dragon and a knight."
+
+
+@pytest.fixture(scope="module")
+def kiln(llm_up: KilnProcess) -> KilnProcess:
+    """The module's ``kiln up`` (the browser's ``page`` fixture takes it by this name)."""
+    return llm_up
 
 
 @pytest.fixture(scope="module")
@@ -285,9 +294,8 @@ def _sli_requests(kiln: KilnProcess) -> float:
 
 def _chat(client: openai.OpenAI, **fields: Any) -> Any:
     said = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": FIRST}]
-    return client.chat.completions.create(
-        model=MODEL, messages=fields.pop("messages", said), temperature=0, max_tokens=8, **fields
-    )
+    asked: Any = {"messages": said, "temperature": 0, "max_tokens": 8} | fields
+    return client.chat.completions.create(model=MODEL, **asked)
 
 
 def test_stored_chat_completions_are_listed_read_tagged_and_deleted(
@@ -345,3 +353,39 @@ def test_bad_chat_completion_lists_name_their_parameter(
                   headers={"Authorization": f"Bearer {llm_up.key}"})  # fmt: skip
     assert r.status_code in (400, 404)
     assert r.json()["error"]["param"] == param
+
+
+def test_the_console_logs_show_a_tenants_stored_completions_to_its_people_only(
+    client: openai.OpenAI, llm_up: KilnProcess, page: Page
+) -> None:
+    member, operator = "reader@acme.test", "ops@kiln.test"
+    llm_up.cli("users", "create", "--email", member, "--role", "tenant-member", "--tenant", "acme",
+               "--password", PASSWORD)  # fmt: skip
+    llm_up.cli("users", "create", "--email", operator, "--role", "platform-admin",
+               "--password", PASSWORD)  # fmt: skip
+    said = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Logged?"}]
+    first = _chat(client, messages=said, store=True, metadata={"app": "console"})
+    later = [_chat(client, store=True, max_tokens=1).id for _ in range(20)]  # a page's worth
+    sign_in(page, member)
+    page.get_by_role("link", name="Logs").click()
+    rows = page.locator("#logs tbody tr")
+    expect(rows.first).to_have_attribute("data-id", later[-1])  # newest first
+    expect(rows).to_have_count(20)
+    page.click("#older")  # htmx swaps the next page in
+    settled(page)
+    row = page.locator(f"#logs tr[data-id='{first.id}']")
+    expect(row).to_contain_text("Logged?")
+    expect(row).to_contain_text("app=console")
+    assert axe_violations(page) == []
+    row.get_by_role("link").click()
+    expect(page.locator("#log-messages")).to_contain_text("Be brief.")
+    answer = first.choices[0].message.content or ""
+    expect(page.locator("#log-answers")).to_contain_text(answer.strip()[:20])
+    assert axe_violations(page) == []
+    logs_url = page.url.rsplit("/", 1)[0]
+    page.context.clear_cookies()
+    sign_in(page, operator)  # prompts are the tenant's: an operator is refused
+    expect(page.get_by_role("link", name="Logs")).to_have_count(0)
+    refused = page.goto(logs_url)
+    assert refused is not None
+    assert refused.status == 403

@@ -31,6 +31,7 @@ from kiln_console import (
     costs,
     errors,
     finance,
+    logs,
     members,
     models,
     overview,
@@ -130,6 +131,7 @@ def console(settings: Settings) -> Console:
             audit.Audit,
             slos.Slos,
             webhooks.Webhooks,
+            logs.Logs,
             static,
         ],
         dependencies={

@@ -171,6 +171,8 @@ CONSOLE: dict[tuple[str, str], str] = {
     ("POST", f"{CONSOLE_HOOK}/rotate-secret"): "webhooks",
     ("POST", f"{CONSOLE_HOOK}/delete"): "webhooks",
     ("POST", f"{CONSOLE_HOOK}/deliveries/{{delivery_id:uuid}}/redeliver"): "webhooks",
+    ("GET", "/console/tenants/{tenant_id:uuid}/logs"): "logs",
+    ("GET", "/console/tenants/{tenant_id:uuid}/logs/{completion_id:str}"): "logs",
 }  # fmt: skip
 
 ADMIN_SCOPES = frozenset({"admin:read", "admin:write"})
@@ -277,6 +279,13 @@ class World:
             self.webhooks[str(row.id)] = tenant
             return str(row.id)
 
+    async def chat(self, tenant: uuid.UUID) -> str:
+        """A new stored chat completion of ``tenant`` (its id)."""
+        ident = f"chatcmpl-{uuid.uuid4().hex}"
+        body = {"id": ident, "model": self.model, "created": 1, "choices": [], "metadata": {}}
+        await self.kiln.chats.save(tenant, body, [{"role": "user", "content": "Hi"}])
+        return ident
+
     async def delivery(self, tenant: uuid.UUID) -> str:
         """A delivered delivery of the webhook the path names last (its id)."""
         endpoint = next(e for e, t in reversed(self.webhooks.items()) if t == tenant)
@@ -379,6 +388,7 @@ async def _fill(world: World, path: str, tenant: uuid.UUID) -> str:
         "receiver_id": world.receiver,
         "webhook_id": lambda: world.webhook(tenant),
         "delivery_id": lambda: world.delivery(tenant),
+        "completion_id": lambda: world.chat(tenant),
     }
     fixed = {
         "tenant_id": str(tenant), "name": world.model, "period": "2025-01",

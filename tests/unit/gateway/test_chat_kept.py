@@ -6,7 +6,7 @@ from __future__ import annotations
 import msgspec
 
 from kiln_platform.gateway.chat_kept import assembled
-from kiln_platform.gateway.chat_store import _message
+from kiln_platform.gateway.chat_store import message_item
 from kiln_platform.gateway.llm_schemas import (
     ChatCompletionChunk,
     ChoiceLogprobs,
@@ -86,9 +86,9 @@ def test_logprobs_follow_the_text() -> None:
 
 def test_a_message_lists_with_an_id_and_its_parts() -> None:
     parts = [{"type": "text", "text": "Say "}, {"type": "text", "text": "hi"}]
-    listed = _message("chatcmpl-1", 2, {"role": "user", "content": parts, "name": None})
+    listed = message_item("chatcmpl-1", 2, {"role": "user", "content": parts, "name": None})
     assert listed == {"id": "chatcmpl-1-2", "role": "user", "content": "Say hi",
                       "content_parts": parts}  # fmt: skip
-    plain = _message("chatcmpl-1", 0, {"role": "system", "content": "Be brief."})
+    plain = message_item("chatcmpl-1", 0, {"role": "system", "content": "Be brief."})
     assert plain == {"id": "chatcmpl-1-0", "role": "system", "content": "Be brief.",
                      "content_parts": None}  # fmt: skip

@@ -42,12 +42,14 @@ class StoredChat(Base):
     expires_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
 
 
-class _Sealed(msgspec.Struct):
+class Kept(msgspec.Struct):
+    """A stored completion, opened: the ``chat.completion`` and the messages it answered."""
+
     body: dict[str, Any]
     messages: list[dict[str, Any]]
 
 
-def _message(completion_id: str, i: int, given: dict[str, Any]) -> dict[str, Any]:
+def message_item(completion_id: str, i: int, given: dict[str, Any]) -> dict[str, Any]:
     """A request message as ``…/messages`` lists it: an id, its text as ``content`` and, if it
     was given as parts, the parts as ``content_parts``."""
     content, parts = given.get("content"), None
@@ -68,11 +70,11 @@ class ChatStore:
         self._seal = Seal(secret, b"kiln stored chat completions v1")
         self._ttl = timedelta(days=ttl_days)
 
-    def _opened(self, row: StoredChat) -> _Sealed:
+    def _opened(self, row: StoredChat) -> Kept:
         plain = self._seal.open(row.sealed, f"{row.tenant_id}/{row.id}".encode())
-        return msgspec.json.decode(plain, type=_Sealed)
+        return msgspec.json.decode(plain, type=Kept)
 
-    def _sealed(self, row: StoredChat, kept: _Sealed) -> bytes:
+    def _sealed(self, row: StoredChat, kept: Kept) -> bytes:
         return self._seal.seal(msgspec.json.encode(kept), f"{row.tenant_id}/{row.id}".encode())
 
     async def _row(self, session: AsyncSession, tenant_id: uuid.UUID, ident: str,
@@ -90,7 +92,7 @@ class ChatStore:
         tenant's expired ones in the same transaction."""
         now = datetime.now(UTC)
         row = StoredChat(id=body["id"], tenant_id=tenant_id, model=body["model"])
-        sealed = self._sealed(row, _Sealed(body=body, messages=messages))
+        sealed = self._sealed(row, Kept(body=body, messages=messages))
         async with tenant_transaction(self._sessions, tenant_id) as session:
             await session.execute(delete(StoredChat).where(
                 StoredChat.tenant_id == tenant_id, StoredChat.expires_at <= now))  # fmt: skip
@@ -99,10 +101,14 @@ class ChatStore:
                 expires_at=now + self._ttl,
             ).on_conflict_do_nothing())  # fmt: skip
 
+    async def kept(self, tenant_id: uuid.UUID, ident: str) -> Kept:
+        """A stored completion and its messages (a 404 naming ``completion_id``)."""
+        async with tenant_transaction(self._sessions, tenant_id) as session:
+            return self._opened(await self._row(session, tenant_id, ident))
+
     async def fetch(self, tenant_id: uuid.UUID, ident: str) -> dict[str, Any]:
         """``GET /v1/chat/completions/{id}``."""
-        async with tenant_transaction(self._sessions, tenant_id) as session:
-            return self._opened(await self._row(session, tenant_id, ident)).body
+        return (await self.kept(tenant_id, ident)).body
 
     async def update(
         self, tenant_id: uuid.UUID, ident: str, metadata: dict[str, str]
@@ -126,19 +132,28 @@ class ChatStore:
                        order: str) -> dict[str, Any]:  # fmt: skip
         """``GET /v1/chat/completions/{id}/messages``: the messages it answered, in the order
         sent unless ``order`` is ``desc``."""
-        async with tenant_transaction(self._sessions, tenant_id) as session:
-            kept = self._opened(await self._row(session, tenant_id, ident))
-        listed = [_message(ident, i, m) for i, m in enumerate(kept.messages)]
+        kept = await self.kept(tenant_id, ident)
+        listed = [message_item(ident, i, m) for i, m in enumerate(kept.messages)]
         return page(listed[:: -1 if order == "desc" else 1], after, limit, f"'{ident}'")
 
     async def page(
         self, tenant_id: uuid.UUID, *, model: str | None, metadata: dict[str, str],
         after: str | None, limit: int, order: str,
     ) -> dict[str, Any]:  # fmt: skip
-        """``GET /v1/chat/completions``: oldest first unless ``order`` is ``desc``, of
-        ``model`` and carrying every ``metadata`` pair if given. One index range from the
-        ``after`` completion; a metadata filter reads on, ``SCAN`` rows at a time, until it
-        has a page."""
+        """``GET /v1/chat/completions``: a list object of ``entries``' bodies."""
+        found = await self.entries(tenant_id, model=model, metadata=metadata, after=after,
+                                   limit=limit, order=order)  # fmt: skip
+        return page([kept.body for kept in found], None, limit, "the list")
+
+    async def entries(
+        self, tenant_id: uuid.UUID, *, model: str | None = None,
+        metadata: dict[str, str] | None = None, after: str | None = None, limit: int = 20,
+        order: str = "desc",
+    ) -> list[Kept]:  # fmt: skip
+        """Up to ``limit + 1`` completions (one more: there are more) after the ``after`` one,
+        oldest first unless ``order`` is ``desc``, of ``model`` and carrying every
+        ``metadata`` pair if given. One index range; a metadata filter reads on, ``SCAN`` rows
+        at a time, until it has enough."""
         key = tuple_(StoredChat.created_at, StoredChat.id)
         query = select(StoredChat).where(
             StoredChat.tenant_id == tenant_id, StoredChat.expires_at > datetime.now(UTC)
@@ -146,7 +161,7 @@ class ChatStore:
         if model is not None:
             query = query.where(StoredChat.model == model)
         ordered = [StoredChat.created_at, StoredChat.id]
-        found: list[dict[str, Any]] = []
+        wanted, found = (metadata or {}).items(), []
         async with tenant_transaction(self._sessions, tenant_id) as session:
             if after is not None:
                 start = await self._row(session, tenant_id, after, "after")
@@ -155,10 +170,10 @@ class ChatStore:
             query = query.order_by(*(c.asc() if order == "asc" else c.desc() for c in ordered))
             rows = await session.stream_scalars(query.execution_options(yield_per=SCAN))
             async for row in rows:
-                body = self._opened(row).body
-                if metadata.items() <= body.get("metadata", {}).items():
-                    found.append(body)
+                kept = self._opened(row)
+                if wanted <= kept.body.get("metadata", {}).items():
+                    found.append(kept)
                 if len(found) > limit:
                     break
             await rows.close()
-        return page(found, None, limit, "the list")
+        return found
