@@ -383,6 +383,15 @@ def test_the_console_logs_show_a_tenants_stored_completions_to_its_people_only(
     expect(page.locator("#log-answers")).to_contain_text(answer.strip()[:20])
     assert axe_violations(page) == []
     logs_url = page.url.rsplit("/", 1)[0]
+    kept = _ask(client, input="Logged response?", store=True, metadata={"app": "responses"})
+    page.goto(f"{logs_url}?kind=responses")
+    row = page.locator(f"#logs tr[data-id='{kept.id}']")
+    expect(row).to_contain_text("Logged response?")
+    expect(row).to_contain_text("app=responses")
+    row.get_by_role("link").click()
+    expect(page.locator("#log-messages")).to_contain_text("Logged response?")
+    expect(page.locator("#log-answers")).to_contain_text(kept.output_text.strip()[:20])
+    assert axe_violations(page) == []
     page.context.clear_cookies()
     sign_in(page, operator)  # prompts are the tenant's: an operator is refused
     expect(page.get_by_role("link", name="Logs")).to_have_count(0)

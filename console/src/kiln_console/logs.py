@@ -1,12 +1,12 @@
-"""A tenant's logs: the chat completions its applications stored (``store: true``), newest
-first, and each one's messages and answer. Prompts and answers are the tenant's: its own people
-read them (``logs`` in ``authz._RULES``), an operator does not."""
+"""A tenant's logs: the chat completions and the responses its applications stored (``store:
+true``), newest first, and each one's messages and answer. Prompts and answers are the
+tenant's: its own people read them (``logs`` in ``authz._RULES``), an operator does not."""
 
 from __future__ import annotations
 
 import uuid
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from litestar import Controller, get
 from litestar.params import Parameter
@@ -19,7 +19,7 @@ from kiln_platform.gateway.chat_store import message_item
 from kiln_platform.tenants.services import get_tenant
 
 if TYPE_CHECKING:
-    from kiln_platform.gateway.chat_store import Kept
+    from kiln_platform.gateway import chat_store, response_store
 
 PAGE = 20
 PREVIEW = 120
@@ -39,7 +39,7 @@ def _answer(choice: dict[str, Any]) -> str:
     return message.get("content") or ""
 
 
-def _row(kept: Kept) -> dict[str, Any]:
+def _chat_row(kept: chat_store.Kept) -> dict[str, Any]:
     """A list row: when, model, the last user message and the first answer, shortened."""
     body = kept.body
     asked = [m for m in kept.messages if m.get("role") == "user"]
@@ -47,9 +47,41 @@ def _row(kept: Kept) -> dict[str, Any]:
     answer = _answer(body["choices"][0]) if body["choices"] else ""
     usage = body.get("usage") or {}
     return {
-        "id": body["id"], "when": _when(body), "model": body["model"],
-        "prompt": _short(prompt), "answer": _short(answer),
+        "id": body["id"], "when": _when(body), "model": body["model"], "status": None,
+        "href": body["id"], "prompt": _short(prompt), "answer": _short(answer),
         "tokens": f"{usage.get('prompt_tokens', 0)} / {usage.get('completion_tokens', 0)}",
+        "metadata": body.get("metadata") or {},
+    }  # fmt: skip
+
+
+def item_text(item: dict[str, Any]) -> str:
+    """A Responses item as text: a message's (its parts joined), a call, a call's output."""
+    if item.get("type") == "function_call":
+        return f"{item.get('name')}({item.get('arguments')})"
+    if item.get("type") == "function_call_output":
+        return str(item.get("output", ""))
+    content = item.get("content")
+    if isinstance(content, list):
+        return "".join(p.get("text") or "" for p in content if isinstance(p, dict))
+    return content or ""
+
+
+def _lines(items: list[dict[str, Any]]) -> list[dict[str, str]]:
+    """Items as the page shows them: who (a message's role, else the item's type) and text."""
+    return [{"role": i.get("role") or i.get("type") or "", "text": item_text(i)} for i in items]
+
+
+def _response_row(kept: response_store.Kept) -> dict[str, Any]:
+    """A list row of a stored response, as ``_chat_row``."""
+    body = kept.body
+    asked = [i for i in kept.history if i.get("role") == "user"]
+    usage = body.get("usage") or {}
+    return {
+        "id": body["id"], "when": datetime.fromtimestamp(body["created_at"], UTC),
+        "model": body["model"], "status": body["status"], "href": f"responses/{body['id']}",
+        "prompt": _short(item_text(asked[-1]) if asked else ""),
+        "answer": _short(" ".join(item_text(i) for i in body.get("output") or [])),
+        "tokens": f"{usage.get('input_tokens', 0)} / {usage.get('output_tokens', 0)}",
         "metadata": body.get("metadata") or {},
     }  # fmt: skip
 
@@ -66,16 +98,22 @@ class Logs(Controller):
     @get("/tenants/{tenant_id:uuid}/logs")
     async def logs(
         self, request: AnyRequest, kiln: KilnDep, viewer: ViewerDep, tenant_id: uuid.UUID, *,
+        kind: Literal["chat", "responses"] = "chat",
         after: Annotated[str | None, Parameter(max_length=120)] = None,
     ) -> Template:  # fmt: skip
-        """A page of the tenant's stored chat completions, newest first (``after``: older
-        than that one)."""
+        """A page of the tenant's stored chat completions (or ``kind=responses``: responses),
+        newest first (``after``: older than that one)."""
         async with transaction(kiln, viewer.actor) as session:
             tenant = await get_tenant(session, viewer.actor, tenant_id)
-        found = await kiln.chats.entries(tenant_id, after=after, limit=PAGE, order="desc")
-        rows = [_row(kept) for kept in found[:PAGE]]
-        older = rows[-1]["id"] if len(found) > PAGE else None
-        context = {"viewer": viewer, "tenant": tenant, "rows": rows, "older": older}
+        found: list[Any]
+        if kind == "responses":
+            found = await kiln.responses.entries(tenant_id, after=after, limit=PAGE)
+            rows = [_response_row(kept) for kept in found[:PAGE]]
+        else:
+            found = await kiln.chats.entries(tenant_id, after=after, limit=PAGE)
+            rows = [_chat_row(kept) for kept in found[:PAGE]]
+        context = {"viewer": viewer, "tenant": tenant, "rows": rows, "kind": kind,
+                   "older": rows[-1]["id"] if len(found) > PAGE else None}  # fmt: skip
         return Template("_logs.html.j2" if is_htmx(request) else "logs.html.j2", context=context)
 
     @get("/tenants/{tenant_id:uuid}/logs/{completion_id:str}")
@@ -93,3 +131,18 @@ class Logs(Controller):
         context = {"viewer": viewer, "tenant": tenant, "body": body, "when": _when(body),
                    "messages": messages, "answers": answers}  # fmt: skip
         return Template("log.html.j2", context=context)
+
+    @get("/tenants/{tenant_id:uuid}/logs/responses/{response_id:str}")
+    async def response_log(
+        self, kiln: KilnDep, viewer: ViewerDep, tenant_id: uuid.UUID, response_id: str
+    ) -> Template:
+        """One stored response: its input items (those it went on from first), its output,
+        status, usage and metadata."""
+        async with transaction(kiln, viewer.actor) as session:
+            tenant = await get_tenant(session, viewer.actor, tenant_id)
+        kept = await kiln.responses.kept(tenant_id, response_id)
+        body = kept.body
+        said, made = _lines(kept.history), _lines(body.get("output") or [])
+        context = {"viewer": viewer, "tenant": tenant, "body": body, "said": said, "made": made,
+                   "when": datetime.fromtimestamp(body["created_at"], UTC)}  # fmt: skip
+        return Template("response_log.html.j2", context=context)

@@ -29,6 +29,7 @@ from kiln_platform.admin.authz import _RULES, Role, RoleName
 from kiln_platform.billing import pricebooks
 from kiln_platform.billing.schemas import PriceBookCreate, PriceIn
 from kiln_platform.db.tables import Adapter, CompileJob, Model, ModelVersion
+from kiln_platform.gateway.responses_schemas import ResponseObject
 from kiln_platform.keys.schemas import Scope
 from kiln_platform.oauth import services as oauth_services
 from kiln_platform.oauth.schemas import ClientCreate
@@ -173,6 +174,7 @@ CONSOLE: dict[tuple[str, str], str] = {
     ("POST", f"{CONSOLE_HOOK}/deliveries/{{delivery_id:uuid}}/redeliver"): "webhooks",
     ("GET", "/console/tenants/{tenant_id:uuid}/logs"): "logs",
     ("GET", "/console/tenants/{tenant_id:uuid}/logs/{completion_id:str}"): "logs",
+    ("GET", "/console/tenants/{tenant_id:uuid}/logs/responses/{response_id:str}"): "logs",
 }  # fmt: skip
 
 ADMIN_SCOPES = frozenset({"admin:read", "admin:write"})
@@ -286,6 +288,17 @@ class World:
         await self.kiln.chats.save(tenant, body, [{"role": "user", "content": "Hi"}])
         return ident
 
+    async def response(self, tenant: uuid.UUID) -> str:
+        """A new stored response of ``tenant`` (its id)."""
+        ident = f"resp-{uuid.uuid4().hex}"
+        made = ResponseObject(
+            id=ident, created_at=1, model=self.model, status="completed", output=[],
+            instructions=None, max_output_tokens=None, temperature=1.0, top_p=1.0, usage=None,
+            user=None, metadata={},
+        )  # fmt: skip
+        await self.kiln.responses.save(tenant, made, [{"role": "user", "content": "Hi"}])
+        return ident
+
     async def delivery(self, tenant: uuid.UUID) -> str:
         """A delivered delivery of the webhook the path names last (its id)."""
         endpoint = next(e for e, t in reversed(self.webhooks.items()) if t == tenant)
@@ -389,6 +402,7 @@ async def _fill(world: World, path: str, tenant: uuid.UUID) -> str:
         "webhook_id": lambda: world.webhook(tenant),
         "delivery_id": lambda: world.delivery(tenant),
         "completion_id": lambda: world.chat(tenant),
+        "response_id": lambda: world.response(tenant),
     }
     fixed = {
         "tenant_id": str(tenant), "name": world.model, "period": "2025-01",

@@ -139,3 +139,18 @@ async def test_an_answer_that_cannot_be_stored_is_sent_marked_not_stored(db: Dat
     assert (kept.id, kept.store) == ("resp-orphan", False)
     counted = REGISTRY.get_sample_value("kiln_responses_not_stored_total", {"model": "m-orphan"})
     assert counted == 1.0
+
+
+async def test_the_console_lists_a_tenants_responses_newest_first(db: Database) -> None:
+    async with db.sessions.begin() as session:
+        tenant, other = await make_tenant(session), await make_tenant(session)
+    store = _store(db)
+    for i in range(5):
+        await store.save(tenant, _response(f"resp-page-{i}"), [])
+    await store.save(other, _response("resp-page-other"), [])
+    first = await store.entries(tenant, after=None, limit=2)
+    assert [k.body["id"] for k in first] == ["resp-page-4", "resp-page-3", "resp-page-2"]
+    rest = await store.entries(tenant, after="resp-page-3", limit=5)
+    assert [k.body["id"] for k in rest] == ["resp-page-2", "resp-page-1", "resp-page-0"]
+    with pytest.raises(NotFound):
+        await store.entries(tenant, after="resp-page-other", limit=2)

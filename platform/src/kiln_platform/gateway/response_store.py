@@ -19,7 +19,17 @@ from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 import msgspec
-from sqlalchemy import DateTime, ForeignKey, LargeBinary, String, delete, func, update
+from sqlalchemy import (
+    DateTime,
+    ForeignKey,
+    LargeBinary,
+    String,
+    delete,
+    func,
+    select,
+    tuple_,
+    update,
+)
 from sqlalchemy.orm import Mapped, mapped_column
 
 from kiln_platform.db.engine import tenant_transaction
@@ -59,8 +69,8 @@ LIVE = ("queued", "in_progress")
 LOST = "The server running this response stopped before it was done; create it again."
 
 
-class _Sealed(msgspec.Struct):
-    """What a row's ``sealed`` holds, opened."""
+class Kept(msgspec.Struct):
+    """What a row's ``sealed`` holds, opened: the response object and its input items."""
 
     body: dict[str, Any]
     history: list[dict[str, Any]]
@@ -75,10 +85,10 @@ async def _row(
     return row
 
 
-def _lost(kept: _Sealed) -> _Sealed:
+def _lost(kept: Kept) -> Kept:
     """A live response whose lease ran out reads as failed (its gateway died)."""
     error = {"code": "server_error", "message": LOST}
-    return _Sealed(body=kept.body | {"status": "failed", "error": error}, history=kept.history)
+    return Kept(body=kept.body | {"status": "failed", "error": error}, history=kept.history)
 
 
 def _running(row: StoredResponse) -> bool:
@@ -112,14 +122,14 @@ class ResponseStore:
         self._seal = Seal(secret, b"kiln stored responses v1")
         self._ttl = timedelta(days=ttl_days)
 
-    def _opened(self, row: StoredResponse) -> _Sealed:
+    def _opened(self, row: StoredResponse) -> Kept:
         plain = self._seal.open(row.sealed, f"{row.tenant_id}/{row.id}".encode())
-        kept = msgspec.json.decode(plain, type=_Sealed)
+        kept = msgspec.json.decode(plain, type=Kept)
         if row.status not in LIVE:
             return kept
         if not _running(row):
             return _lost(kept)
-        return _Sealed(body=kept.body | {"status": row.status}, history=kept.history)
+        return Kept(body=kept.body | {"status": row.status}, history=kept.history)
 
     def _sealed(
         self, tenant_id: uuid.UUID, response_id: str, body: Any, history: list[dict[str, Any]]
@@ -127,7 +137,7 @@ class ResponseStore:
         plain = msgspec.json.encode({"body": body, "history": history})
         return self._seal.seal(plain, f"{tenant_id}/{response_id}".encode())
 
-    async def _open(self, tenant_id: uuid.UUID, response_id: str, param: str) -> _Sealed:
+    async def _open(self, tenant_id: uuid.UUID, response_id: str, param: str) -> Kept:
         async with tenant_transaction(self._sessions, tenant_id) as session:
             row = await _row(session, tenant_id, response_id, param)
         return self._opened(row)
@@ -246,6 +256,26 @@ class ResponseStore:
         kept = await self._open(tenant_id, response_id, "response_id")
         items = _listed(response_id, kept.history)[:: -1 if order == "desc" else 1]
         return page(items, after, limit, f"'{response_id}'")
+
+    async def entries(self, tenant_id: uuid.UUID, *, after: str | None, limit: int) -> list[Kept]:
+        """Up to ``limit + 1`` stored responses (one more: there are more), newest first, older
+        than the ``after`` one: one range of ``ix_responses_tenant_created`` (the console's
+        Logs page; OpenAI's API lists no responses)."""
+        key = tuple_(StoredResponse.created_at, StoredResponse.id)
+        query = select(StoredResponse).where(
+            StoredResponse.tenant_id == tenant_id, StoredResponse.expires_at > datetime.now(UTC)
+        )
+        async with tenant_transaction(self._sessions, tenant_id) as session:
+            if after is not None:
+                start = await _row(session, tenant_id, after, "after")
+                query = query.where(key < tuple_(start.created_at, start.id))
+            newest = (StoredResponse.created_at.desc(), StoredResponse.id.desc())
+            rows = await session.scalars(query.order_by(*newest).limit(limit + 1))
+            return [self._opened(row) for row in rows]
+
+    async def kept(self, tenant_id: uuid.UUID, response_id: str) -> Kept:
+        """A stored response and its input items (a 404 naming ``response_id``)."""
+        return await self._open(tenant_id, response_id, "response_id")
 
     async def remove(self, tenant_id: uuid.UUID, response_id: str) -> dict[str, Any]:
         """Delete a stored response (``DELETE /v1/responses/{id}``)."""
