@@ -1,5 +1,6 @@
 """OpenAI/vLLM sampling parameters through the official openai SDK against a real SmolLM2 worker:
-``n``, prompt lists, ``echo``, logprobs, logit bias, penalties, ``top_k`` and ``min_p``."""
+``n``, prompt lists, ``echo``, logprobs, logit bias, penalties, ``top_k`` and ``min_p``, and
+vLLM's length controls (``ignore_eos``, ``min_tokens``, ``stop_token_ids``)."""
 
 from __future__ import annotations
 
@@ -17,6 +18,8 @@ from kiln_platform.settings import Settings
 
 MODEL = "smollm2-135m-instruct"
 PARIS: Any = [{"role": "user", "content": "What is the capital of France?"}]
+BRIEF: Any = [{"role": "system", "content": "Be brief."}, *PARIS]
+"""Answered in a few words and an end-of-sequence token."""
 
 
 @pytest.fixture(scope="module")
@@ -103,6 +106,56 @@ def _byte_char(b: int) -> int:
     if b in printable:
         return b
     return 256 + sum(1 for x in range(b) if x not in printable)
+
+
+def test_vllm_length_controls_end_where_asked(client: openai.OpenAI, smollm2_dir: Any) -> None:
+    """``ignore_eos`` runs to ``max_tokens`` (a benchmark's fixed lengths), ``min_tokens`` holds
+    the end back (greedy: the same answer, then more), ``stop_token_ids`` ends at a token of the
+    caller's (not part of the answer)."""
+    from tokenizers import Tokenizer
+
+    greedy = _chat(client, messages=BRIEF, temperature=0, max_tokens=64, logprobs=True).parse()
+    said, natural = greedy.choices[0].message.content, greedy.usage.completion_tokens
+    assert (greedy.choices[0].finish_reason, natural < 40) == ("stop", True)
+    ignored = {"ignore_eos": True}
+    fixed = _chat(client, messages=BRIEF, temperature=0, max_tokens=48, extra_body=ignored)
+    assert (fixed.parse().usage.completion_tokens, fixed.parse().choices[0].finish_reason) == (
+        48, "length")  # fmt: skip
+    held = {"min_tokens": natural + 5}
+    longer = _chat(client, messages=BRIEF, temperature=0, max_tokens=64, extra_body=held).parse()
+    assert longer.usage.completion_tokens >= natural + 5
+    assert longer.choices[0].message.content.startswith(said)
+    third = greedy.choices[0].logprobs.content[2]
+    tokenizer = Tokenizer.from_file(str(smollm2_dir / "tokenizer.json"))
+    ends = tokenizer.token_to_id("".join(chr(_byte_char(b)) for b in third.bytes))
+    assert ends is not None
+    cut = _chat(client, messages=BRIEF, temperature=0, max_tokens=64,
+                extra_body={"stop_token_ids": [ends]})  # fmt: skip
+    stopped = cut.parse().choices[0]
+    assert stopped.finish_reason == "stop"
+    assert said.startswith(stopped.message.content)
+    assert len(stopped.message.content) < len(said)
+
+
+def test_chat_template_kwargs_a_template_does_not_read_change_nothing(
+    client: openai.OpenAI,
+) -> None:
+    plain = _chat(client, temperature=0, max_tokens=12).parse().choices[0].message.content
+    extra = {"chat_template_kwargs": {"enable_thinking": False}}
+    given = _chat(client, temperature=0, max_tokens=12, extra_body=extra).parse()
+    assert given.choices[0].message.content == plain
+
+
+def test_continue_final_message_goes_on_with_the_answer_begun(client: openai.OpenAI) -> None:
+    """Greedy, the model goes on with the first words of its own answer exactly as it went on
+    from them when it wrote them (the prompt ends inside the assistant's message)."""
+    said = _chat(client, messages=BRIEF, temperature=0, max_tokens=24).parse()
+    said = said.choices[0].message.content
+    begun = " ".join(said.split()[:3])
+    extra = {"continue_final_message": True}
+    messages = [*BRIEF, {"role": "assistant", "content": begun}]
+    rest = _chat(client, messages=messages, temperature=0, max_tokens=21, extra_body=extra)
+    assert begun + rest.parse().choices[0].message.content == said
 
 
 def test_stop_with_n_ends_every_choice_before_the_stop(client: openai.OpenAI) -> None:
@@ -209,6 +262,11 @@ def test_streamed_n_interleaves_choices_with_logprobs(client: openai.OpenAI) -> 
         ({"top_k": -2}, "top_k"),
         ({"min_p": 1.5}, "min_p"),
         ({"repetition_penalty": 0}, "repetition_penalty"),
+        ({"stop_token_ids": [99999999]}, "stop_token_ids"),
+        ({"min_tokens": 9}, "min_tokens"),  # above max_tokens
+        ({"ignore_eos": True, "response_format": {"type": "json_object"}}, "ignore_eos"),
+        ({"chat_template_kwargs": {"messages": []}}, "chat_template_kwargs"),
+        ({"continue_final_message": True, "add_generation_prompt": True}, "continue_final_message"),
     ],
 )
 def test_out_of_range_sampling_is_a_400_naming_the_field(

@@ -195,6 +195,11 @@ class GenerateRequest(_Call, frozen=True, kw_only=True):
     grammar: str | None = None
     """Structured output: an llguidance grammar (its JSON form, e.g. compiled from a JSON schema)
     the generated text must follow; it ends on a stop token once the grammar is complete."""
+    ignore_eos: bool = False
+    """vLLM's: the model's end-of-sequence tokens do not end it (only ``stop_token_ids`` and
+    ``max_tokens`` do)."""
+    min_tokens: int = 0
+    """vLLM's: no token that would end the sequence is drawn before this many are generated."""
 
 
 class TokenLogprobs(msgspec.Struct, frozen=True, kw_only=True, array_like=True):

@@ -23,6 +23,7 @@ def test_defaults_are_the_worker_protocol_defaults() -> None:
     assert plan.fields == {
         "temperature": 1.0, "top_p": 1.0, "top_k": 0, "min_p": 0.0, "presence_penalty": 0.0,
         "frequency_penalty": 0.0, "repetition_penalty": 1.0, "logit_bias": {}, "logprobs": None,
+        "stop_token_ids": [], "ignore_eos": False, "min_tokens": 0,
     }  # fmt: skip
 
 
@@ -69,6 +70,11 @@ def test_logit_bias_keys_become_token_ids_and_top_k_minus_1_is_off() -> None:
         ({"repetition_penalty": 2.5}, "repetition_penalty", 1),
         ({"top_p": 1.01}, "top_p", 1),
         ({"top_p": -0.1}, "top_p", 1),
+        ({"stop_token_ids": [VOCAB]}, "stop_token_ids", 1),
+        ({"stop_token_ids": list(range(65))}, "stop_token_ids", 1),
+        ({"min_tokens": -1}, "min_tokens", 1),
+        ({"min_tokens": 9, "max_tokens": 8}, "min_tokens", 1),
+        ({"min_tokens": 9, "max_completion_tokens": 8}, "min_tokens", 1),
     ],
 )
 def test_out_of_range_names_the_field(fields: dict[str, Any], param: str, prompts: int) -> None:
@@ -76,3 +82,22 @@ def test_out_of_range_names_the_field(fields: dict[str, Any], param: str, prompt
         sampling(chat(**fields), VOCAB, prompts)
     assert err.value.param == param
     assert f"'{param}'" in err.value.message
+
+
+def test_stop_tokens_are_the_models_and_the_requests_unless_eos_is_ignored() -> None:
+    eos = {2, 3}
+    kept = sampling(chat(stop_token_ids=[9]), VOCAB, eos=eos).fields
+    assert (kept["stop_token_ids"], kept["ignore_eos"]) == ([2, 3, 9], False)
+    ignored = sampling(chat(stop_token_ids=[9], ignore_eos=True, min_tokens=4), VOCAB, eos=eos)
+    assert ignored.fields["stop_token_ids"] == [9]
+    assert (ignored.fields["ignore_eos"], ignored.fields["min_tokens"]) == (True, 4)
+
+
+@pytest.mark.parametrize("fields", [{"ignore_eos": True}, {"min_tokens": 2}])
+def test_a_grammar_ends_the_answer_itself(fields: dict[str, Any]) -> None:
+    """Structured outputs and required tool calls end on a stop token once the grammar is
+    whole: neither field can be kept with one."""
+    with pytest.raises(BadRequest) as err:
+        sampling(chat(**fields), VOCAB, eos={2}, grammar="{}")
+    assert err.value.param == next(iter(fields))
+    assert sampling(chat(**fields), VOCAB, eos={2}).fields[next(iter(fields))]

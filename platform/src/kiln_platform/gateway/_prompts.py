@@ -93,7 +93,15 @@ def chat_prompt(
     tools = request.tools or None
     if tools and plan is not None and plan.auto and not model.shows_tools:
         messages = _briefed(messages, _tools.brief(tools))
-    return model.encode(model.render(messages, tools))
+    prefill = bool(request.continue_final_message)
+    if prefill and request.add_generation_prompt:
+        raise BadRequest(
+            "'continue_final_message' goes on with the last message: it cannot have "
+            "'add_generation_prompt' too.", param="continue_final_message",
+        )  # fmt: skip
+    turn = request.add_generation_prompt is not False
+    extra = request.chat_template_kwargs
+    return model.encode(model.render(messages, tools, extra, turn=turn, prefill=prefill))
 
 
 def _briefed(messages: list[dict[str, Any]], brief: str) -> list[dict[str, Any]]:

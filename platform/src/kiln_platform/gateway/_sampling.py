@@ -15,6 +15,7 @@ MAX_N = 16
 MAX_SEQUENCES = 64
 """Sequences one request may start in all: ``n`` times its prompts."""
 MAX_LOGIT_BIAS = 300
+MAX_STOP_TOKEN_IDS = 64
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,10 +105,34 @@ def _logprobs(request: ChatCompletionRequest | CompletionRequest) -> int | None:
     return (top or 0) if request.logprobs else None
 
 
+def _ends(
+    request: ChatCompletionRequest | CompletionRequest, vocab: int, eos: set[int], grammar: bool
+) -> dict[str, Any]:
+    """vLLM's ``stop_token_ids``, ``ignore_eos`` and ``min_tokens``, checked, as the worker's
+    ``stop_token_ids`` (the model's ``eos`` unless ignored, and the request's), ``ignore_eos``
+    and ``min_tokens``."""
+    extra = request.stop_token_ids or []
+    if len(extra) > MAX_STOP_TOKEN_IDS or not all(0 <= t < vocab for t in extra):
+        raise BadRequest(f"'stop_token_ids' takes up to {MAX_STOP_TOKEN_IDS} token ids of this "
+                         f"model (0 to {vocab - 1}).", param="stop_token_ids")  # fmt: skip
+    least, ignore = request.min_tokens or 0, bool(request.ignore_eos)
+    most = getattr(request, "max_completion_tokens", None) or request.max_tokens
+    if least < 0 or (most is not None and least > most):
+        raise BadRequest("'min_tokens' must be between 0 and 'max_tokens'.", param="min_tokens")
+    for name, used in (("ignore_eos", ignore), ("min_tokens", least)):
+        if grammar and used:
+            raise BadRequest(f"'{name}' cannot be used with structured outputs or required tool "
+                             "calls: their grammar ends the answer.", param=name)  # fmt: skip
+    stops = set(extra) if ignore else eos | set(extra)
+    return {"stop_token_ids": sorted(stops), "ignore_eos": ignore, "min_tokens": least}
+
+
 def sampling(
-    request: ChatCompletionRequest | CompletionRequest, vocab: int, prompts: int = 1
-) -> Sampling:
-    """Validate every sampling parameter; a 400 names the first one out of range."""
+    request: ChatCompletionRequest | CompletionRequest, vocab: int, prompts: int = 1, *,
+    eos: set[int] | None = None, grammar: str | None = None,
+) -> Sampling:  # fmt: skip
+    """Validate every sampling parameter; a 400 names the first one out of range. ``eos``: the
+    model's end-of-sequence tokens; ``grammar``: the one the answer follows (it ends itself)."""
     temperature = _between("temperature", request.temperature, 0, 2, 1.0)
     top_p = 1.0 if request.top_p is None else request.top_p
     if not 0.0 <= top_p <= 1.0:
@@ -131,5 +156,6 @@ def sampling(
         "repetition_penalty": repetition,
         "logit_bias": _logit_bias(request.logit_bias, vocab),
         "logprobs": _logprobs(request),
+        **_ends(request, vocab, eos or set(), grammar is not None),
     }
     return Sampling(_n(request, prompts), request.seed, fields)

@@ -36,6 +36,10 @@ def _raise(message: str) -> None:
     raise TemplateError(message)
 
 
+RENDERED = frozenset({"messages", "tools", "add_generation_prompt", "bos_token", "eos_token"})
+"""The variables ``TextModel.render`` gives every chat template."""
+
+
 def _env() -> ImmutableSandboxedEnvironment:
     """A sandbox configured like Hugging Face's ``apply_chat_template``."""
     env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
@@ -75,17 +79,25 @@ class TextModel:
         return found
 
     def render(
-        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None
-    ) -> str:
+        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None,
+        extra: dict[str, Any] | None = None, *, turn: bool = True, prefill: bool = False,
+    ) -> str:  # fmt: skip
         """The prompt text for a conversation (and the tools it may call, for templates that
-        show them), ending with the assistant's turn."""
+        show them), ending with the assistant's turn (``turn``: vLLM's
+        ``add_generation_prompt``), or ``prefill``: inside the last message, which the model
+        then goes on with (vLLM's ``continue_final_message``). ``extra``: more template
+        variables (vLLM's ``chat_template_kwargs``), none of those set here."""
         if self.template is None:
             raise BadRequest("This model has no chat template; use /v1/completions.", param="model")
+        if clash := sorted(RENDERED & (extra or {}).keys()):
+            raise BadRequest(f"'chat_template_kwargs' may not set '{clash[0]}' (Kiln does).",
+                             param="chat_template_kwargs")  # fmt: skip
         try:
-            return self.template.render(
+            text = self.template.render(
+                **(extra or {}),
                 messages=messages,
                 tools=tools,
-                add_generation_prompt=True,
+                add_generation_prompt=turn and not prefill,
                 bos_token=self.bos_token,
                 eos_token=self.eos_token,
             )
@@ -93,6 +105,7 @@ class TextModel:
             raise BadRequest(
                 f"The chat template rejected the messages: {exc}", param="messages"
             ) from exc
+        return continued(text, messages[-1].get("content")) if prefill else text
 
     def encode(self, text: str) -> list[int]:
         """Token ids of prompt text (special tokens written in the text are recognised).
@@ -101,6 +114,19 @@ class TextModel:
         prompt tokenized in a thread leaves the event loop running.
         """
         return list(self.tokenizer.encode_batch([text], add_special_tokens=False)[0].ids)
+
+
+def continued(text: str, final: Any) -> str:
+    """``text`` cut right after the last message's own text (as ``apply_chat_template`` does
+    for ``continue_final_message``, stripped if the template trims it), so the model goes on
+    with that message instead of closing it."""
+    if isinstance(final, list):
+        final = "".join(p.get("text") or "" for p in final if isinstance(p, dict))
+    for said in (final or "", (final or "").strip()):
+        if said and (at := text.rfind(said)) >= 0:
+            return text[: at + len(said)]
+    raise BadRequest("'continue_final_message' needs a last message with text the chat template "
+                     "shows.", param="continue_final_message")  # fmt: skip
 
 
 def _token(value: Any) -> str:

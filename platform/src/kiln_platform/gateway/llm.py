@@ -359,12 +359,12 @@ async def prepare(
     model = await _text_model(kiln, version)
     prompts, echoes, endpoint = await _prompts.tokenize(request, model, tools)
     stop = _prompts.stops(request.stop)
-    plan = sampling(request, model.tokenizer.get_vocab_size(), len(prompts))
+    plan = sampling(request, model.tokenizer.get_vocab_size(), len(prompts), grammar=grammar,
+                    eos={*model.eos_token_ids, *version.manifest.stop_token_ids})  # fmt: skip
     choices = _choices(
         request, admission.request_id, prompts=prompts, echoes=echoes, plan=plan,
-        context=version.context_length,
-        stop_token_ids=sorted({*model.eos_token_ids, *version.manifest.stop_token_ids}),
-        adapter=adapter, tenant=str(admission.principal.tenant_id), grammar=grammar,
+        context=version.context_length, adapter=adapter,
+        tenant=str(admission.principal.tenant_id), grammar=grammar,
     )  # fmt: skip
     prompt_tokens = sum(len(prompt) for prompt in prompts)
     most = Quantities(

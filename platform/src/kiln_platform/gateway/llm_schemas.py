@@ -70,6 +70,13 @@ class _Sampling(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """vLLM's: drop tokens less probable than ``min_p`` times the most probable one."""
     repetition_penalty: float | None = None
     """vLLM's: divide the logits of prompt and output tokens by it (1: off)."""
+    ignore_eos: bool | None = None
+    """vLLM's: the model's end-of-sequence tokens do not end the answer; ``max_tokens`` does
+    (benchmarks use it for answers of a fixed length)."""
+    min_tokens: int | None = None
+    """vLLM's: no end-of-sequence or ``stop_token_ids`` token before this many are generated."""
+    stop_token_ids: list[int] | None = None
+    """vLLM's: more token ids that end the answer (not part of it)."""
     structured_outputs: dict[str, Any] | None = None
     """vLLM's structured outputs: one of ``json`` (a schema), ``regex``, ``choice`` (strings),
     ``grammar`` (Lark) or ``json_object: true`` (``gateway/_structured.py``)."""
@@ -108,6 +115,14 @@ class ChatCompletionRequest(_Sampling, kw_only=True, forbid_unknown_fields=True)
     prompt_cache_retention: Literal["in_memory", "24h"] | None = None
     safety_identifier: str | None = None
     """OpenAI's end-user id for abuse detection (``user``'s successor): accepted, unused."""
+    chat_template_kwargs: dict[str, Any] | None = None
+    """vLLM's: more variables for the model's chat template (``enable_thinking: false`` for a
+    model whose template reads it); a template that does not read one ignores it."""
+    add_generation_prompt: bool | None = None
+    """vLLM's: end the prompt with the assistant's turn (the default); false leaves it out."""
+    continue_final_message: bool | None = None
+    """vLLM's: the model goes on with the last message (an assistant's answer begun by the
+    caller) instead of answering after it; the completion is what it adds."""
     keep: bool | None = msgspec.field(default=None, name="store")
     """``store``: keep the completion (``gateway.chat_kept``). Named apart so that
     ``UNSUPPORTED`` (read by attribute) still refuses the legacy completions' ``store``."""

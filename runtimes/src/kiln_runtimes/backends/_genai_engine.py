@@ -90,7 +90,7 @@ class EngineCore:
             seq_id=next(self._ids),
             prompt_ids=list(request.prompt_ids),
             max_tokens=request.max_tokens,
-            stop_ids=self.spec.eos_token_ids | frozenset(request.stop_token_ids),
+            stop_ids=stop_ids(request, self.spec),
             express=request.express,
             tenant=request.tenant,
             public_prefix=request.public_prefix,
@@ -194,6 +194,13 @@ class EngineCore:
         self._runner.shrink()
 
 
+def stop_ids(request: GenerateRequest, spec: ModelSpec) -> frozenset[int]:
+    """The tokens that end a sequence: the model's end-of-sequence ones (unless the request
+    ignores them) and the request's own."""
+    eos = frozenset() if request.ignore_eos else spec.eos_token_ids
+    return eos | frozenset(request.stop_token_ids)
+
+
 def _validate(request: GenerateRequest, spec: ModelSpec) -> None:
     prompt = len(request.prompt_ids)
     if prompt == 0:
@@ -211,6 +218,12 @@ def _validate(request: GenerateRequest, spec: ModelSpec) -> None:
         raise ValueError(f"prompt_ids must be token ids in [0, {spec.vocab_size})")
     if not all(0 <= token < spec.vocab_size for token in request.logit_bias):
         raise ValueError(f"logit_bias keys must be token ids in [0, {spec.vocab_size})")
+    if not all(0 <= token < spec.vocab_size for token in request.stop_token_ids):
+        raise ValueError(f"stop_token_ids must be token ids in [0, {spec.vocab_size})")
+    if request.min_tokens < 0:
+        raise ValueError("min_tokens must not be negative")
+    if request.grammar is not None and (request.min_tokens or request.ignore_eos):
+        raise ValueError("a grammar ends its sequence itself: no min_tokens or ignore_eos")
 
 
 def _chunk(

@@ -31,15 +31,20 @@ class Shaping:
     repetition_penalty: float = 1.0
     logit_bias: Mapping[int, float] = field(default_factory=dict)
     logprobs: int | None = None
+    min_tokens: int = 0
+    held: frozenset[int] = frozenset()
+    """The tokens that would end the sequence: not drawn before ``min_tokens`` are."""
 
     @classmethod
-    def of(cls, request: GenerateRequest) -> Shaping:
+    def of(cls, request: GenerateRequest, ends: frozenset[int] = frozenset()) -> Shaping:
+        """The request's shaping; ``ends``: the tokens that end its sequence."""
         return cls(
             top_k=request.top_k, min_p=request.min_p,
             presence_penalty=request.presence_penalty,
             frequency_penalty=request.frequency_penalty,
             repetition_penalty=request.repetition_penalty,
             logit_bias=request.logit_bias, logprobs=request.logprobs,
+            min_tokens=request.min_tokens, held=ends if request.min_tokens else frozenset(),
         )  # fmt: skip
 
     def validate(self) -> None:
@@ -48,6 +53,8 @@ class Shaping:
             raise ValueError("top_k must be >= 0, min_p in [0, 1], repetition_penalty > 0")
         if self.logprobs is not None and not 0 <= self.logprobs <= MAX_LOGPROBS:
             raise ValueError(f"logprobs must be in [0, {MAX_LOGPROBS}]")
+        if self.min_tokens < 0:
+            raise ValueError("min_tokens must not be negative")
 
     @property
     def counts_output(self) -> bool:
@@ -61,7 +68,7 @@ class Shaping:
     @property
     def processes(self) -> bool:
         """Whether the logits change before the draw."""
-        return self.counts_output or bool(self.logit_bias)
+        return self.counts_output or bool(self.logit_bias) or bool(self.min_tokens and self.held)
 
 
 class Processor:
@@ -74,9 +81,12 @@ class Processor:
         bias = shaping.logit_bias
         self._bias_ids = np.fromiter(bias.keys(), np.intp, len(bias))
         self._bias = np.fromiter(bias.values(), np.float32, len(bias))
+        self._held = np.fromiter(shaping.held, np.intp, len(shaping.held))
+        self.made = 0
 
     def record(self, token: int) -> None:
         """Count a generated token."""
+        self.made += 1
         self.counts[token] = self.counts.get(token, 0) + 1
         if self.shaping.repeats:
             self.seen.add(token)
@@ -94,6 +104,8 @@ class Processor:
             out[ids] -= times * np.float32(s.frequency_penalty) + np.float32(s.presence_penalty)
         if self._bias_ids.size:
             out[self._bias_ids] += self._bias
+        if self.made < s.min_tokens and self._held.size:
+            out[self._held] = -np.inf
         return out
 
 

@@ -51,10 +51,14 @@ class Sampler:
         self._logprobs: list[TokenLogprobs] = []
 
     @classmethod
-    def for_request(cls, request: GenerateRequest, constraint: Constraint | None = None) -> Sampler:
+    def for_request(
+        cls, request: GenerateRequest, constraint: Constraint | None = None,
+        ends: frozenset[int] = frozenset(),
+    ) -> Sampler:  # fmt: skip
         """The sampler a ``GenerateRequest`` asks for (``ValueError`` if it cannot be), its
-        grammar's ``constraint`` built by the caller."""
-        shaping = Shaping.of(request)  # prompt_ids are read only by a repetition penalty
+        grammar's ``constraint`` built by the caller; ``ends``: the tokens that end its
+        sequence (held back until ``min_tokens``)."""
+        shaping = Shaping.of(request, ends)  # prompt_ids are read only by a repetition penalty
         return cls(request.temperature, request.top_p, request.seed, shaping, request.prompt_ids,
                    constraint=constraint)  # fmt: skip
 

@@ -118,7 +118,7 @@ class GenAIGenerationBackend:
         seq = core.new_sequence(request)
         if request.adapter is not None and not self._options.adapter_slots:
             raise ValueError("this model is served without adapter slots")
-        sampler = Sampler.for_request(request)  # validated now; a grammar's is built in _stream
+        sampler = Sampler.for_request(request, ends=seq.stop_ids)  # a grammar's: in _stream
         return self._stream(core, request, seq, sampler)
 
     def cancel(self, request_id: str) -> bool:
@@ -158,7 +158,7 @@ class GenAIGenerationBackend:
             seq.adapter = await self._adapter(core.spec, request.adapter)
         if request.grammar is not None and self._grammars is not None:  # off the loop: ~0.4 s once
             constraint = await asyncio.to_thread(self._grammars.constraint, request)
-            sampler = Sampler.for_request(request, constraint)
+            sampler = Sampler.for_request(request, constraint, seq.stop_ids)
         queue: asyncio.Queue[GenerateChunk | BaseException] = asyncio.Queue()
         core.submit(seq, Sink(request_id, asyncio.get_running_loop(), queue, sampler))
         self._active[request_id] = seq.seq_id

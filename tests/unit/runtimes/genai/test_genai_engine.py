@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import msgspec
 import numpy as np
 import pytest
 
@@ -125,6 +126,22 @@ async def test_eos_stops_without_emitting_it(
     tokens, last = await collect(generation.stream(request(max_tokens=10)))
     assert tokens == [5, 5]
     assert (last.finish_reason, last.completion_tokens) == ("stop", 3)
+
+
+async def test_ignore_eos_runs_to_max_tokens_and_min_tokens_holds_eos_back(
+    backend: tuple[GenAIGenerationBackend, FakeRunner],
+) -> None:
+    """vLLM's ``ignore_eos`` (EOS is a token like any other: emitted, not an end) and
+    ``min_tokens`` (EOS not drawn before that many: the next most probable is)."""
+    generation, runner = backend
+    runner.eos_after = 1
+    ignoring = msgspec.structs.replace(request(max_tokens=5), ignore_eos=True)
+    tokens, last = await collect(generation.stream(ignoring))
+    assert (tokens, last.finish_reason) == ([5, EOS, EOS, EOS, EOS], "length")
+    runner.decodes = 0
+    held = msgspec.structs.replace(request(max_tokens=10), min_tokens=3)
+    tokens, last = await collect(generation.stream(held))
+    assert (tokens, last.finish_reason, last.completion_tokens) == ([5, 0, 0], "stop", 4)
 
 
 async def test_more_streams_than_slots_wait_then_all_finish(

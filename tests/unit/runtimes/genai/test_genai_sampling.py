@@ -111,6 +111,13 @@ def test_logit_bias_minus_100_removes_the_greedy_token() -> None:
     assert best not in {sampled.sample(row) for _ in range(300)}
 
 
+def test_min_tokens_hold_the_ending_tokens_back_until_enough_are_drawn() -> None:
+    row = np.array([0.0, 3.0, 1.0, 2.0], dtype=np.float32)  # 1 ends the sequence
+    sampler = Sampler(0.0, 1.0, None, Shaping(min_tokens=2, held=frozenset({1})))
+    assert [sampler.sample(row) for _ in range(3)] == [3, 3, 1]
+    assert Shaping(min_tokens=2).processes is False  # nothing to hold: the plain draw
+
+
 def test_frequency_and_presence_penalties_follow_openai() -> None:
     row = np.zeros(8, dtype=np.float32)
     processor = Processor(Shaping(presence_penalty=0.5, frequency_penalty=0.25), [])
