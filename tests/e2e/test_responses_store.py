@@ -363,7 +363,10 @@ def test_the_console_logs_show_a_tenants_stored_completions_to_its_people_only(
                "--password", PASSWORD)  # fmt: skip
     llm_up.cli("users", "create", "--email", operator, "--role", "platform-admin",
                "--password", PASSWORD)  # fmt: skip
-    said = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Logged?"}]
+    said = [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "Logged <b>here</b>?"},
+    ]
     first = _chat(client, messages=said, store=True, metadata={"app": "console"})
     later = [_chat(client, store=True, max_tokens=1).id for _ in range(20)]  # a page's worth
     sign_in(page, member)
@@ -374,7 +377,7 @@ def test_the_console_logs_show_a_tenants_stored_completions_to_its_people_only(
     page.click("#older")  # htmx swaps the next page in
     settled(page)
     row = page.locator(f"#logs tr[data-id='{first.id}']")
-    expect(row).to_contain_text("Logged?")
+    expect(row).to_contain_text("Logged <b>here</b>?")  # text, not markup
     expect(row).to_contain_text("app=console")
     assert axe_violations(page) == []
     row.get_by_role("link").click()
