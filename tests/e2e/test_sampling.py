@@ -8,6 +8,7 @@ import asyncio
 import time
 from typing import Any
 
+import httpx
 import openai
 import pytest
 from sqlalchemy import select
@@ -156,6 +157,36 @@ def test_continue_final_message_goes_on_with_the_answer_begun(client: openai.Ope
     messages = [*BRIEF, {"role": "assistant", "content": begun}]
     rest = _chat(client, messages=messages, temperature=0, max_tokens=21, extra_body=extra)
     assert begun + rest.parse().choices[0].message.content == said
+
+
+def test_tokenize_counts_what_a_completion_is_billed_and_detokenize_inverts_it(
+    client: openai.OpenAI, llm_up: Any
+) -> None:
+    """vLLM's ``/tokenize`` and ``/detokenize``: a prompt's ids as the completion tokenizes it
+    (its count the billed ``prompt_tokens``), a chat's through the chat template likewise."""
+    headers = {"authorization": f"Bearer {llm_up.key}"}
+
+    def call(path: str, body: dict[str, Any]) -> httpx.Response:
+        return httpx.post(f"{llm_up.base_url}/{path}", json={"model": MODEL, **body},
+                          headers=headers, timeout=30)  # fmt: skip
+
+    text = "The quick brown fox jumps over the lazy dog."
+    said = call("tokenize", {"prompt": text, "return_token_strs": True}).json()
+    billed: Any = client.completions.create(model=MODEL, prompt=text, max_tokens=1).usage
+    assert said["count"] == len(said["tokens"]) == len(said["token_strs"]) == billed.prompt_tokens
+    assert said["max_model_len"] == 8192
+    assert call("detokenize", {"tokens": said["tokens"]}).json() == {"prompt": text}
+    chat = call("tokenize", {"messages": BRIEF}).json()
+    assert chat["count"] == _chat(client, messages=BRIEF, max_tokens=1).parse().usage.prompt_tokens
+    refused = [
+        (call("tokenize", {"prompt": text, "messages": BRIEF}), "prompt"),
+        (call("detokenize", {"tokens": [10**9]}), "tokens"),
+        (call("tokenize", {"prompt": text, "frobnicate": 1}), "frobnicate"),
+    ]
+    for r, param in refused:
+        assert (r.status_code, r.json()["error"]["param"]) == (400, param)
+    assert httpx.post(f"{llm_up.base_url}/tokenize", json={"model": MODEL, "prompt": text},
+                      timeout=30).status_code == 401  # fmt: skip
 
 
 def test_stop_with_n_ends_every_choice_before_the_stop(client: openai.OpenAI) -> None:

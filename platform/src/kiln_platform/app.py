@@ -51,7 +51,7 @@ from kiln_platform.errors import (
     disk_full,
 )
 from kiln_platform.gateway.chat_routes import ChatCompletionsController
-from kiln_platform.gateway.controllers import OpenAIController
+from kiln_platform.gateway.controllers import OpenAIController, TokensController
 from kiln_platform.gateway.conversation_routes import ConversationsController
 from kiln_platform.gateway.oip import OIPController
 from kiln_platform.gateway.schemas import ErrorBody, ErrorResponse
@@ -81,6 +81,8 @@ from kiln_platform.webhooks.controllers import WebhooksController
 from kiln_runtimes import tracing
 
 log = structlog.get_logger("kiln.app")
+OPENAI_SHAPED = ("/v1", "/tokenize", "/detokenize")
+"""Paths whose errors are OpenAI's error object (vLLM's token routes answer in it too)."""
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Sequence
@@ -122,7 +124,7 @@ def _error_response(request: Request[Any, Any, Any], exc: Exception) -> Response
         headers["x-should-retry"] = "false"
     if request.url.path.startswith("/v2"):  # the Open Inference Protocol's error shape
         return Response({"error": message}, status_code=status, headers=headers)
-    if request.url.path.startswith("/v1"):
+    if request.url.path.startswith(OPENAI_SHAPED):
         body: Any = ErrorResponse(
             error=ErrorBody(message=message, type=kind, param=param, code=code)
         )
@@ -172,8 +174,9 @@ async def readyz(kiln: SkipValidation[Kiln]) -> Response[dict[str, Any]]:
 
 
 _CONTROLLERS = (
-    OpenAIController, ChatCompletionsController, ConversationsController, FilesController,
-    BatchesController, OIPController, AdminModelsController, RoutesController, TenantsController,
+    OpenAIController, ChatCompletionsController, ConversationsController, TokensController,
+    FilesController, BatchesController, OIPController, AdminModelsController, RoutesController,
+    TenantsController,
     KeysController, UsersController, ClientsController, AdaptersController, AuditController,
     QuotasController, PriceBooksController, ReportsController, SlosController, AlertsController,
     AlertReceiversController, ShadowController, WebhooksController,

@@ -12,7 +12,7 @@ from litestar.response import Stream
 from kiln_platform.admission.deps import provide_admission, provide_scheduled
 from kiln_platform.admission.services import Admission
 from kiln_platform.context import Kiln
-from kiln_platform.gateway import completions, llm, responses, services
+from kiln_platform.gateway import completions, llm, responses, services, tokens
 from kiln_platform.gateway.auth import provide_principal
 from kiln_platform.gateway.background import Feed
 from kiln_platform.gateway.llm_schemas import (
@@ -154,3 +154,28 @@ class OpenAIController(DocumentedController):
     ) -> dict[str, Any]:
         """Delete a stored response."""
         return await kiln.responses.remove(admission.principal.tenant_id, response_id)
+
+
+class TokensController(DocumentedController):
+    """vLLM's ``/tokenize`` and ``/detokenize``: a model's tokens without a generation (nothing
+    is run or billed)."""
+
+    errors = OPENAI_ERRORS
+    dependencies = {  # noqa: RUF012
+        "principal": Provide(provide_principal),
+        "admission": Provide(provide_admission),
+    }
+
+    @post("/tokenize", status_code=200)
+    async def tokenize(
+        self, kiln: KilnDep, admission: AdmissionDep, data: tokens.TokenizeRequest
+    ) -> tokens.TokenizeResponse:
+        """A prompt's (or a chat's) token ids, as a completion of the model tokenizes it."""
+        return await tokens.tokenize(kiln, admission, data)
+
+    @post("/detokenize", status_code=200)
+    async def detokenize(
+        self, kiln: KilnDep, admission: AdmissionDep, data: tokens.DetokenizeRequest
+    ) -> tokens.DetokenizeResponse:
+        """The text of token ids of the model."""
+        return await tokens.detokenize(kiln, admission, data)

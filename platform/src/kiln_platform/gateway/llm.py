@@ -302,14 +302,13 @@ def _reject_unsupported(request: ChatCompletionRequest | CompletionRequest) -> N
             raise BadRequest(f"The parameter '{field}' is not supported by Kiln.", param=field)
 
 
-async def _resolve(
-    kiln: Kiln, admission: Admission, request: ChatCompletionRequest | CompletionRequest, *,
-    slo: bool = True,
-) -> tuple[ResolvedVersion, str | None]:  # fmt: skip
-    """The version serving the request's model and the digest of its adapter, if one; counted
-    in the model's SLOs unless ``slo`` is false (the request runs nothing)."""
+async def resolve(
+    kiln: Kiln, admission: Admission, name: str, *, slo: bool = True
+) -> tuple[ResolvedVersion, str | None]:
+    """The version serving the model ``name`` (a request's ``model``) and the digest of its
+    adapter, if one; counted in the model's SLOs unless ``slo`` is false (it runs nothing)."""
     tenant = str(admission.principal.tenant_id)
-    base, adapter_name = split(request.model)
+    base, adapter_name = split(name)
     version = await kiln.resolver.resolve(base, tenant)
     if version.manifest.task != "generate":
         raise BadRequest(f"The model `{version.model}` does not generate text.", param="model")
@@ -321,7 +320,7 @@ async def _resolve(
         raise BadRequest("This platform serves no adapters.", param="model")
     adapter = await kiln.adapters.digest(admission.principal.tenant_id, version.model, adapter_name)
     if adapter is None:
-        raise ModelNotFound(f"The model `{request.model}` does not exist.", param="model")
+        raise ModelNotFound(f"The model `{name}` does not exist.", param="model")
     return version, adapter
 
 
@@ -355,8 +354,8 @@ async def prepare(
     if isinstance(request, ChatCompletionRequest):
         tools = _tools.plan(request.tools, request.tool_choice, request.parallel_tool_calls)
     grammar = await _structured.compiled(request, tools)
-    version, adapter = await _resolve(kiln, admission, request)
-    model = await _text_model(kiln, version)
+    version, adapter = await resolve(kiln, admission, request.model)
+    model = await text_model(kiln, version)
     prompts, echoes, endpoint = await _prompts.tokenize(request, model, tools)
     stop = _prompts.stops(request.stop)
     plan = sampling(request, model.tokenizer.get_vocab_size(), len(prompts), grammar=grammar,
@@ -382,17 +381,10 @@ async def prepare(
     return gen
 
 
-async def _text_model(kiln: Kiln, v: ResolvedVersion) -> TextModel:
+async def text_model(kiln: Kiln, v: ResolvedVersion) -> TextModel:
+    """The version's tokenizer and chat template (read once per build, ``load_text_model``)."""
     return load_text_model(await local_tree(kiln.store, v.artifact_digest),
                            v.manifest.tokenizer_file or "tokenizer.json")  # fmt: skip
-
-
-async def count_prompt(kiln: Kiln, admission: Admission, request: ChatCompletionRequest) -> int:
-    """The prompt tokens ``request`` takes as ``prepare`` tokenizes it; nothing else is done."""
-    _reject_unsupported(request)
-    tools = _tools.plan(request.tools, request.tool_choice, request.parallel_tool_calls)
-    model = await _text_model(kiln, (await _resolve(kiln, admission, request, slo=False))[0])
-    return sum(len(prompt) for prompt in (await _prompts.tokenize(request, model, tools))[0])
 
 
 def sse(payload: Any) -> bytes:

@@ -14,7 +14,7 @@ import structlog
 from sqlalchemy.exc import SQLAlchemyError
 
 from kiln_platform.errors import BadRequest, KilnError
-from kiln_platform.gateway import _logprobs, _response_input, llm, metrics
+from kiln_platform.gateway import _logprobs, _response_input, llm, metrics, tokens
 from kiln_platform.gateway._prompts import ContextTooLong
 from kiln_platform.gateway._response_input import to_chat
 from kiln_platform.gateway.background import Feed
@@ -79,7 +79,7 @@ async def input_tokens(kiln: Kiln, admission: Admission, request: ResponsesReque
     held or run."""
     _, chat = await _chat(kiln, admission, request)
     with _response_input.renamed():
-        return await llm.count_prompt(kiln, admission, chat)
+        return await tokens.count_prompt(kiln, admission, chat)
 
 
 async def _fitted(
@@ -88,7 +88,7 @@ async def _fitted(
     """``llm.prepare``; with ``truncation: auto``, a conversation too long for the model's
     context loses whole turns (each from a user message on) after its leading system and
     developer messages, the oldest first and never the last, as few as fit (OpenAI drops
-    items in the middle): a binary search on the token count (``llm.count_prompt``, which
+    items in the middle): a binary search on the token count (``tokens.count_prompt``, which
     holds and runs nothing), so a long history takes a few tokenizations, not one per turn."""
     try:
         return await llm.prepare(kiln, admission, chat)
@@ -106,7 +106,7 @@ async def _fitted(
     low, high = 0, len(cuts)  # the first cut that fits is in [low, high); high: none does
     while low < high:
         mid = (low + high) // 2
-        if await llm.count_prompt(kiln, admission, kept(mid)) <= short.allowed:
+        if await tokens.count_prompt(kiln, admission, kept(mid)) <= short.allowed:
             high = mid
         else:
             low = mid + 1
