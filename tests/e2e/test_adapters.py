@@ -127,6 +127,7 @@ def test_a_tenant_uploads_an_adapter_and_chats_with_it(
     extra = cards[f"{SMOLLM2}:tuned"].model_extra
     assert extra is not None
     assert extra["parent"] == SMOLLM2
+    assert extra["max_model_len"] == cards[SMOLLM2].model_extra["max_model_len"] == 8192  # type: ignore[index]
     with pytest.raises(openai.NotFoundError, match="does not exist"):
         _chat(client, f"{SMOLLM2}:nope")
 

@@ -50,6 +50,8 @@ class ModelCard(msgspec.Struct, kw_only=True):
     object: str = "model"
     parent: str | msgspec.UnsetType = msgspec.UNSET
     """The base model of a LoRA adapter (vLLM's field); absent for a base model."""
+    max_model_len: int | msgspec.UnsetType = msgspec.UNSET
+    """Tokens a request may use, prompt and answer (vLLM's field: clients size prompts by it)."""
 
 
 class ModelList(msgspec.Struct, kw_only=True):

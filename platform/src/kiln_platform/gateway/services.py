@@ -8,6 +8,7 @@ import time
 from functools import lru_cache
 from typing import TYPE_CHECKING, Any
 
+import msgspec
 import numpy as np
 from tokenizers import Tokenizer
 
@@ -177,7 +178,8 @@ async def embed(
 
 def model_card(version: ResolvedVersion) -> ModelCard:
     """The `/v1/models` entry for a model's newest version."""
-    return ModelCard(id=version.model, created=int(version.created_at.timestamp()))
+    return ModelCard(id=version.model, created=int(version.created_at.timestamp()),
+                     max_model_len=version.context_length)  # fmt: skip
 
 
 async def model_cards(kiln: Kiln, tenant_id: uuid.UUID) -> list[ModelCard]:
@@ -185,9 +187,11 @@ async def model_cards(kiln: Kiln, tenant_id: uuid.UUID) -> list[ModelCard]:
     await kiln.resolver.refresh()
     tenant = str(tenant_id)
     cards = [model_card(v) for v in kiln.resolver.listed(tenant)]
+    sizes = {card.id: card.max_model_len for card in cards}
     for base, adapter, created in await kiln.adapters.names(tenant_id):
         model = f"{base}{SEPARATOR}{adapter}"
-        cards.append(ModelCard(id=model, created=created, owned_by=tenant, parent=base))
+        cards.append(ModelCard(id=model, created=created, owned_by=tenant, parent=base,
+                               max_model_len=sizes.get(base, msgspec.UNSET)))  # fmt: skip
     return cards
 
 
@@ -202,5 +206,6 @@ async def describe(
         return card, version
     if await kiln.adapters.digest(tenant_id, version.model, adapter) is None:
         raise ModelNotFound(f"The model `{model}` does not exist.", param="model")
-    adapted = ModelCard(id=model, created=card.created, owned_by=str(tenant_id), parent=base)
+    adapted = ModelCard(id=model, created=card.created, owned_by=str(tenant_id), parent=base,
+                        max_model_len=card.max_model_len)  # fmt: skip
     return adapted, version
