@@ -112,7 +112,7 @@ def _byte_char(b: int) -> int:
 def test_vllm_length_controls_end_where_asked(client: openai.OpenAI, smollm2_dir: Any) -> None:
     """``ignore_eos`` runs to ``max_tokens`` (a benchmark's fixed lengths), ``min_tokens`` holds
     the end back (greedy: the same answer, then more), ``stop_token_ids`` ends at a token of the
-    caller's (not part of the answer)."""
+    caller's (not part of the answer), ``include_stop_str_in_output`` keeps a stop string."""
     from tokenizers import Tokenizer
 
     greedy = _chat(client, messages=BRIEF, temperature=0, max_tokens=64, logprobs=True).parse()
@@ -136,6 +136,15 @@ def test_vllm_length_controls_end_where_asked(client: openai.OpenAI, smollm2_dir
     assert stopped.finish_reason == "stop"
     assert said.startswith(stopped.message.content)
     assert len(stopped.message.content) < len(said)
+    word = said.split()[2]  # the stop string ends the answer, and is kept when asked
+    for keep, ends_with in (
+        (False, said[: said.index(word)]),
+        (True, said[: said.index(word)] + word),
+    ):
+        kept = {"include_stop_str_in_output": keep}
+        cut = _chat(client, messages=BRIEF, temperature=0, max_tokens=64, stop=[word],
+                    extra_body=kept).parse()  # fmt: skip
+        assert cut.choices[0].message.content == ends_with
 
 
 def test_chat_template_kwargs_a_template_does_not_read_change_nothing(

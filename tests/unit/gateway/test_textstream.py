@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 
-from kiln_platform.gateway._textstream import TextStream
+from kiln_platform.gateway._textstream import Detokenizing, TextStream
 
 
 @pytest.fixture(scope="module")
@@ -54,3 +54,23 @@ def test_stop_at_very_start_gives_empty_text(byte_tokenizer: Tokenizer) -> None:
     out = "".join(ts.push([i]) for i in byte_tokenizer.encode("abc").ids) + ts.flush()
     assert out == ""
     assert ts.stopped
+
+
+def test_include_stop_keeps_the_stop_string_that_ended_the_text(byte_tokenizer: Tokenizer) -> None:
+    """vLLM's ``include_stop_str_in_output``: the earliest stop met ends the text, kept."""
+    stream = Detokenizing(("three", "two"), include_stop=True).stream(byte_tokenizer)
+    ids = byte_tokenizer.encode("one two three").ids
+    out = "".join(stream.push([i]) for i in ids) + stream.flush()
+    assert (out, stream.stopped) == ("one two", True)
+
+
+def test_special_tokens_are_written_only_when_asked(byte_tokenizer: Tokenizer) -> None:
+    """vLLM's ``skip_special_tokens: false`` writes a special token's text."""
+    tok = Tokenizer.from_str(byte_tokenizer.to_str())
+    tok.add_special_tokens(["<|sep|>"])
+    special = tok.token_to_id("<|sep|>")
+    assert special is not None
+    ids = [*tok.encode("a").ids, special, *tok.encode("b").ids]
+    for skip, want in ((True, "ab"), (False, "a<|sep|>b")):
+        stream = Detokenizing(skip_special=skip).stream(tok)
+        assert "".join(stream.push([i]) for i in ids) + stream.flush() == want

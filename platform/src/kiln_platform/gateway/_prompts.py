@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 from kiln_platform.errors import BadRequest
 from kiln_platform.gateway import _tools
 from kiln_platform.gateway._offload import off_loop
+from kiln_platform.gateway._textstream import Detokenizing
 from kiln_platform.gateway.llm_schemas import ChatCompletionRequest, CompletionRequest, Message
 from kiln_runtimes import tracing
 
@@ -163,11 +164,15 @@ def completion_prompts(request: CompletionRequest, model: TextModel) -> list[lis
     return prompts
 
 
-def stops(value: str | list[str] | None) -> tuple[str, ...]:
+def stops(request: ChatCompletionRequest | CompletionRequest) -> Detokenizing:
+    """The request's ``stop`` strings, and vLLM's ``include_stop_str_in_output`` and
+    ``skip_special_tokens``."""
+    value = request.stop
     stops = [value] if isinstance(value, str) else list(value or [])
     if len(stops) > MAX_STOP or not all(stops):
         raise BadRequest(f"'stop' takes up to {MAX_STOP} non-empty strings.", param="stop")
-    return tuple(stops)
+    return Detokenizing(tuple(stops), include_stop=bool(request.include_stop_str_in_output),
+                        skip_special=request.skip_special_tokens is not False)  # fmt: skip
 
 
 class ContextTooLong(BadRequest):

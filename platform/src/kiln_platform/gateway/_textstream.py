@@ -13,6 +13,22 @@ from tokenizers import Tokenizer
 from tokenizers.decoders import DecodeStream
 
 
+@dataclass(frozen=True, slots=True)
+class Detokenizing:
+    """How a request's tokens become its text: its ``stop`` strings (vLLM's
+    ``include_stop_str_in_output``: the one met ends the text, kept), and whether special
+    tokens are left out (vLLM's ``skip_special_tokens``, the default)."""
+
+    stop: tuple[str, ...] = ()
+    include_stop: bool = False
+    skip_special: bool = True
+
+    def stream(self, tokenizer: Tokenizer) -> TextStream:
+        """A choice's text stream."""
+        return TextStream(tokenizer, self.stop, include_stop=self.include_stop,
+                          skip_special=self.skip_special)  # fmt: skip
+
+
 @dataclass
 class TextStream:
     """Feed token ids, get text that is safe to send; ``stopped`` once a stop string is seen."""
@@ -20,11 +36,13 @@ class TextStream:
     tokenizer: Tokenizer
     stop: tuple[str, ...] = ()
     stopped: bool = False
+    include_stop: bool = False
+    skip_special: bool = True
     _decoder: DecodeStream = field(init=False)
     _held: str = ""
 
     def __post_init__(self) -> None:
-        self._decoder = DecodeStream(skip_special_tokens=True)
+        self._decoder = DecodeStream(skip_special_tokens=self.skip_special)
 
     def push(self, token_ids: list[int]) -> str:
         """Text made final by these tokens (possibly empty)."""
@@ -47,10 +65,11 @@ class TextStream:
         if not self.stop:
             text, self._held = self._held, ""
             return text
-        hits = [i for i in (self._held.find(s) for s in self.stop) if i >= 0]
+        hits = [(i, i + len(s)) for i, s in ((self._held.find(s), s) for s in self.stop) if i >= 0]
         if hits:
             self.stopped = True
-            text, self._held = self._held[: min(hits)], ""
+            start, end = min(hits)
+            text, self._held = self._held[: end if self.include_stop else start], ""
             return text
         keep = _longest_stop_prefix_suffix(self._held, self.stop)
         cut = len(self._held) - keep

@@ -22,7 +22,7 @@ from kiln_platform.gateway import _prompts, _structured, _tools, metrics
 from kiln_platform.gateway._prompts import chat_prompt
 from kiln_platform.gateway._sampling import Sampling, sampling
 from kiln_platform.gateway._textmodel import TextModel, load_text_model
-from kiln_platform.gateway._textstream import TextStream
+from kiln_platform.gateway._textstream import Detokenizing, TextStream
 from kiln_platform.gateway.llm_schemas import UNSUPPORTED, ChatCompletionRequest, CompletionRequest
 from kiln_platform.registry.artifacts import local_tree
 from kiln_runtimes import tracing
@@ -82,7 +82,7 @@ class Generation:
     """The model as the request named it (``<model>:<adapter>`` for an adapter)."""
     model: TextModel
     choices: list[Choice]
-    stop: tuple[str, ...]
+    stop: Detokenizing
     endpoint: str
     deadline: float
     """Loop time (``KILN_STREAM_TIMEOUT_S`` after admission) past which generation is cut."""
@@ -210,7 +210,7 @@ class Generation:
 
     async def _generate(self, choice: Choice) -> AsyncGenerator[Piece, None]:
         name = self.version.model
-        text = TextStream(self.model.tokenizer, self.stop)
+        text = self.stop.stream(self.model.tokenizer)
         metrics.ACTIVE_STREAMS.labels(name).inc()
         metrics.PROMPT_TOKENS.labels(name).inc(len(choice.request.prompt_ids))
         with tracing.span("detokenize") as span:
@@ -357,7 +357,7 @@ async def prepare(
     version, adapter = await resolve(kiln, admission, request.model)
     model = await text_model(kiln, version)
     prompts, echoes, endpoint = await _prompts.tokenize(request, model, tools)
-    stop = _prompts.stops(request.stop)
+    stop = _prompts.stops(request)
     plan = sampling(request, model.tokenizer.get_vocab_size(), len(prompts), grammar=grammar,
                     eos={*model.eos_token_ids, *version.manifest.stop_token_ids})  # fmt: skip
     choices = _choices(

@@ -77,6 +77,10 @@ class _Sampling(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """vLLM's: no end-of-sequence or ``stop_token_ids`` token before this many are generated."""
     stop_token_ids: list[int] | None = None
     """vLLM's: more token ids that end the answer (not part of it)."""
+    include_stop_str_in_output: bool | None = None
+    """vLLM's: the ``stop`` string that ended the answer is kept at its end."""
+    skip_special_tokens: bool | None = None
+    """vLLM's: special tokens are left out of the text (the default); false writes them."""
     structured_outputs: dict[str, Any] | None = None
     """vLLM's structured outputs: one of ``json`` (a schema), ``regex``, ``choice`` (strings),
     ``grammar`` (Lark) or ``json_object: true`` (``gateway/_structured.py``)."""
