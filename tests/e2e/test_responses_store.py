@@ -6,6 +6,7 @@ cancelled."""
 
 from __future__ import annotations
 
+import re
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -25,6 +26,7 @@ SECOND = "Now name a fruit."
 
 
 LIVE = ("queued", "in_progress")
+ADMIN = "boss@acme.test"
 STORY = "Write a long story about a dragon and a knight."
 
 
@@ -355,12 +357,13 @@ def test_bad_chat_completion_lists_name_their_parameter(
     assert r.json()["error"]["param"] == param
 
 
-def test_the_console_logs_show_a_tenants_stored_completions_to_its_people_only(
+def test_the_console_logs_show_a_tenants_stored_items_to_its_people_only(
     client: openai.OpenAI, llm_up: KilnProcess, page: Page
 ) -> None:
     member, operator = "reader@acme.test", "ops@kiln.test"
-    llm_up.cli("users", "create", "--email", member, "--role", "tenant-member", "--tenant", "acme",
-               "--password", PASSWORD)  # fmt: skip
+    for email, role in ((member, "tenant-member"), (ADMIN, "tenant-admin")):
+        llm_up.cli("users", "create", "--email", email, "--role", role, "--tenant", "acme",
+                   "--password", PASSWORD)  # fmt: skip
     llm_up.cli("users", "create", "--email", operator, "--role", "platform-admin",
                "--password", PASSWORD)  # fmt: skip
     said = [
@@ -395,6 +398,19 @@ def test_the_console_logs_show_a_tenants_stored_completions_to_its_people_only(
     expect(page.locator("#log-messages")).to_contain_text("Logged response?")
     expect(page.locator("#log-answers")).to_contain_text(kept.output_text.strip()[:20])
     assert axe_violations(page) == []
+    expect(page.locator("#log-delete")).to_have_count(0)  # a member reads, an admin deletes
+    detail = page.url
+    page.context.clear_cookies()
+    sign_in(page, ADMIN)
+    page.goto(detail)
+    assert axe_violations(page) == []  # with its delete form
+    page.get_by_role("button", name="Delete this response").click()
+    page.wait_for_url(re.compile(r"/logs\?kind=responses$"))
+    expect(page.locator(f"#logs tr[data-id='{kept.id}']")).to_have_count(0)
+    with pytest.raises(openai.NotFoundError):
+        client.responses.retrieve(kept.id)
+    page.goto("/console/audit?action=log.delete")
+    expect(page.locator("#audit tbody tr[data-action='log.delete']")).to_contain_text(kept.id)
     page.context.clear_cookies()
     sign_in(page, operator)  # prompts are the tenant's: an operator is refused
     expect(page.get_by_role("link", name="Logs")).to_have_count(0)

@@ -8,17 +8,22 @@ import uuid
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
-from litestar import Controller, get
+from litestar import Controller, get, post
 from litestar.params import Parameter
-from litestar.response import Template
+from litestar.response import Redirect, Template
 
 from kiln_console.auth import AnyRequest, KilnDep, ViewerDep
 from kiln_console.errors import is_htmx
 from kiln_platform.admin.deps import transaction
+from kiln_platform.audit.services import record
 from kiln_platform.gateway.chat_store import message_item
 from kiln_platform.tenants.services import get_tenant
 
 if TYPE_CHECKING:
+    from collections.abc import Awaitable, Callable
+
+    from kiln_console.auth import Viewer
+    from kiln_platform.context import Kiln
     from kiln_platform.gateway import chat_store, response_store
 
 PAGE = 20
@@ -86,6 +91,20 @@ def _response_row(kept: response_store.Kept) -> dict[str, Any]:
     }  # fmt: skip
 
 
+async def _delete(
+    kiln: Kiln, viewer: Viewer, tenant_id: uuid.UUID, kind: str, ident: str, *,
+    remove: Callable[[uuid.UUID, str], Awaitable[Any]],
+) -> Redirect:  # fmt: skip
+    """Delete one stored item, audited (``log.delete``: the record commits only if the delete
+    did, a 404 leaving none), and go back to its list."""
+    async with transaction(kiln, viewer.actor) as session:
+        await get_tenant(session, viewer.actor, tenant_id)
+        await record(session, viewer.actor, "log.delete", kind, ident, tenant_id)
+        await remove(tenant_id, ident)
+    which = "responses" if kind == "response" else "chat"
+    return Redirect(f"/console/tenants/{tenant_id}/logs?kind={which}", status_code=303)
+
+
 def _short(text: str) -> str:
     return text if len(text) <= PREVIEW else text[: PREVIEW - 1] + "…"
 
@@ -146,3 +165,19 @@ class Logs(Controller):
         context = {"viewer": viewer, "tenant": tenant, "body": body, "said": said, "made": made,
                    "when": datetime.fromtimestamp(body["created_at"], UTC)}  # fmt: skip
         return Template("response_log.html.j2", context=context)
+
+    @post("/tenants/{tenant_id:uuid}/logs/{completion_id:str}/delete")
+    async def delete_log(
+        self, kiln: KilnDep, viewer: ViewerDep, tenant_id: uuid.UUID, completion_id: str
+    ) -> Redirect:
+        """Delete a stored chat completion (a tenant-admin), back to the list."""
+        return await _delete(kiln, viewer, tenant_id, "chat.completion", completion_id,
+                             remove=kiln.chats.remove)  # fmt: skip
+
+    @post("/tenants/{tenant_id:uuid}/logs/responses/{response_id:str}/delete")
+    async def delete_response_log(
+        self, kiln: KilnDep, viewer: ViewerDep, tenant_id: uuid.UUID, response_id: str
+    ) -> Redirect:
+        """Delete a stored response (a tenant-admin), back to the list."""
+        return await _delete(kiln, viewer, tenant_id, "response", response_id,
+                             remove=kiln.responses.remove)  # fmt: skip

@@ -175,6 +175,9 @@ CONSOLE: dict[tuple[str, str], str] = {
     ("GET", "/console/tenants/{tenant_id:uuid}/logs"): "logs",
     ("GET", "/console/tenants/{tenant_id:uuid}/logs/{completion_id:str}"): "logs",
     ("GET", "/console/tenants/{tenant_id:uuid}/logs/responses/{response_id:str}"): "logs",
+    ("POST", "/console/tenants/{tenant_id:uuid}/logs/{completion_id:str}/delete"): "logs",
+    ("POST", "/console/tenants/{tenant_id:uuid}/logs/responses/{response_id:str}/delete"):
+        "logs",
 }  # fmt: skip
 
 ADMIN_SCOPES = frozenset({"admin:read", "admin:write"})

@@ -85,9 +85,9 @@ _RULES: dict[str, tuple[frozenset[Role], frozenset[Role]]] = {
         frozenset({Role.PLATFORM_ADMIN, Role.TENANT_ADMIN, Role.TENANT_MEMBER}),
         frozenset({Role.PLATFORM_ADMIN, Role.TENANT_ADMIN}),
     ),
-    # Stored chat completions (prompts and answers): the tenant's own people read them; an
-    # operator does not, in the console or ``/admin/v1``.
-    "logs": (frozenset({Role.TENANT_ADMIN, Role.TENANT_MEMBER}), frozenset()),
+    # Stored chat completions and responses (prompts and answers): the tenant's own people
+    # read them, its admins delete them; an operator does neither.
+    "logs": (frozenset({Role.TENANT_ADMIN, Role.TENANT_MEMBER}), frozenset({Role.TENANT_ADMIN})),
     # The console's landing page: a tenant's usage and limits, or (platform-admin) the fleet.
     "overview": (NOT_FINANCE, frozenset()),
 }
