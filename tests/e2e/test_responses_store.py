@@ -265,6 +265,7 @@ def test_input_tokens_are_those_the_response_takes_and_nothing_is_billed(
         {"input": FIRST, "instructions": "Be brief."},
         {"input": FIRST, "tools": [tool]},
         {"input": SECOND, "previous_response_id": stored.id},
+        {"previous_response_id": stored.id},  # no input: the model answers after the history
     ]
     rows, slis = "SELECT count(*) FROM usage_events", _sli_requests(llm_up)
     for fields in asks:
@@ -281,9 +282,11 @@ def test_input_tokens_are_those_the_response_takes_and_nothing_is_billed(
     assert _sli_requests(llm_up) == slis + len(asks)  # the responses, not the counts
     with pytest.raises(openai.NotFoundError):
         client.responses.input_tokens.count(model="no-such-model", input=FIRST)
-    with pytest.raises(openai.BadRequestError) as empty:
-        client.responses.input_tokens.count(model=MODEL, input=[])
-    assert empty.value.body["param"] == "input"  # type: ignore[index]
+    nothings: list[Any] = [{"input": []}, {}]
+    for nothing in nothings:  # nothing to answer: no input, no history
+        with pytest.raises(openai.BadRequestError) as empty:
+            client.responses.input_tokens.count(model=MODEL, **nothing)
+        assert empty.value.body["param"] == "input"  # type: ignore[index]
 
 
 def _sli_requests(kiln: KilnProcess) -> float:

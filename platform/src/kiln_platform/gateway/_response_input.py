@@ -34,7 +34,7 @@ ITEMS = ("message", "function_call", "function_call_output")
 def own(given: str | list[InputItem]) -> list[dict[str, Any]]:
     """A request's own input items, as JSON (a string is one user message)."""
     if isinstance(given, str):
-        return [{"type": "message", "role": "user", "content": given}]
+        return [{"type": "message", "role": "user", "content": given}] if given else []
     return msgspec.to_builtins(given)  # type: ignore[no-any-return]
 
 
@@ -184,11 +184,13 @@ def to_chat(
     """The chat completion a response is: ``instructions`` as the first (system) message, the
     ``history`` it goes on from, then the input (a string is one user message)."""
     _reject_unsupported(request)
-    if not request.input:
-        raise BadRequest("'input' must not be empty.", param="input")
+    if not request.input and not history:
+        raise BadRequest("'input' must not be empty (it may be left out only when the "
+                         "request goes on from a previous response or a conversation).",
+                         param="input")  # fmt: skip
     given = request.input
     said = messages(history or []) + (
-        [Message(role="user", content=given)] if isinstance(given, str)
+        ([Message(role="user", content=given)] if given else []) if isinstance(given, str)
         else messages(given)
     )  # fmt: skip
     if request.instructions:

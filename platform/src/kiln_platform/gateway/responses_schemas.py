@@ -43,7 +43,9 @@ class ResponsesRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True)
     """``POST /v1/responses``."""
 
     model: str
-    input: str | list[InputItem]
+    input: str | list[InputItem] = ""
+    """Absent or empty only when the request goes on from a history (``previous_response_id``,
+    ``conversation``): the model answers after it."""
     instructions: str | None = None
     max_output_tokens: int | None = None
     temperature: float | None = None
@@ -100,7 +102,9 @@ class InputTokensRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=Tru
     """``POST /v1/responses/input_tokens``: what a response would be made of, to count."""
 
     model: str
-    input: str | list[InputItem]
+    input: str | list[InputItem] = ""
+    """Absent or empty only when the request goes on from a history (``previous_response_id``,
+    ``conversation``): the model answers after it."""
     instructions: str | None = None
     tools: Any = None
     tool_choice: Any = None
