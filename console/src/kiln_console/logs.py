@@ -16,6 +16,7 @@ from kiln_console.auth import AnyRequest, KilnDep, ViewerDep
 from kiln_console.errors import is_htmx
 from kiln_platform.admin.deps import transaction
 from kiln_platform.audit.services import record
+from kiln_platform.gateway._items import text_of
 from kiln_platform.gateway.chat_store import message_item
 from kiln_platform.tenants.services import get_tenant
 
@@ -48,7 +49,7 @@ def _chat_row(kept: chat_store.Kept) -> dict[str, Any]:
     """A list row: when, model, the last user message and the first answer, shortened."""
     body = kept.body
     asked = [m for m in kept.messages if m.get("role") == "user"]
-    prompt = (message_item(body["id"], 0, asked[-1])["content"] or "") if asked else ""
+    prompt = item_text(asked[-1]) if asked else ""
     answer = _answer(body["choices"][0]) if body["choices"] else ""
     usage = body.get("usage") or {}
     return {
@@ -65,10 +66,7 @@ def item_text(item: dict[str, Any]) -> str:
         return f"{item.get('name')}({item.get('arguments')})"
     if item.get("type") == "function_call_output":
         return str(item.get("output", ""))
-    content = item.get("content")
-    if isinstance(content, list):
-        return "".join(p.get("text") or "" for p in content if isinstance(p, dict))
-    return content or ""
+    return text_of(item.get("content"))
 
 
 def _lines(items: list[dict[str, Any]]) -> list[dict[str, str]]:

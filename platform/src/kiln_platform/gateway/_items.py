@@ -16,6 +16,13 @@ def with_parts(item: dict[str, Any]) -> dict[str, Any]:
     return item
 
 
+def text_of(content: Any) -> str:
+    """A message's text: its ``content`` string, or its content parts' texts joined."""
+    if isinstance(content, list):
+        return "".join(p.get("text") or "" for p in content if isinstance(p, dict))
+    return content or ""
+
+
 def page(items: list[dict[str, Any]], after: str | None, limit: int, of: str) -> dict[str, Any]:
     """A list object of up to ``limit`` items after the one whose id is ``after`` (a 404 if
     none of ``of``, what holds them, has that id)."""

@@ -12,6 +12,7 @@ from jinja2.exceptions import TemplateError
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from kiln_platform.errors import BadRequest
+from kiln_platform.gateway._items import text_of
 from kiln_platform.gateway.services import load_tokenizer
 
 if TYPE_CHECKING:
@@ -120,9 +121,8 @@ def continued(text: str, final: Any) -> str:
     """``text`` cut right after the last message's own text (as ``apply_chat_template`` does
     for ``continue_final_message``, stripped if the template trims it), so the model goes on
     with that message instead of closing it."""
-    if isinstance(final, list):
-        final = "".join(p.get("text") or "" for p in final if isinstance(p, dict))
-    for said in (final or "", (final or "").strip()):
+    final = text_of(final)
+    for said in (final, final.strip()):
         if said and (at := text.rfind(said)) >= 0:
             return text[: at + len(said)]
     raise BadRequest("'continue_final_message' needs a last message with text the chat template "

@@ -19,7 +19,7 @@ from sqlalchemy.orm import Mapped, mapped_column
 from kiln_platform.db.engine import tenant_transaction
 from kiln_platform.db.tables import Base
 from kiln_platform.errors import NotFound
-from kiln_platform.gateway._items import page
+from kiln_platform.gateway._items import page, text_of
 from kiln_platform.sealing import Seal
 
 if TYPE_CHECKING:
@@ -52,12 +52,11 @@ class Kept(msgspec.Struct):
 def message_item(completion_id: str, i: int, given: dict[str, Any]) -> dict[str, Any]:
     """A request message as ``…/messages`` lists it: an id, its text as ``content`` and, if it
     was given as parts, the parts as ``content_parts``."""
-    content, parts = given.get("content"), None
-    if isinstance(content, list):
-        parts = content
-        content = "".join(p.get("text", "") for p in content if isinstance(p, dict)) or None
+    content = given.get("content")
+    parts = content if isinstance(content, list) else None
+    text = content if parts is None else text_of(parts) or None
     kept = {k: v for k, v in given.items() if k != "content" and v is not None}
-    return {"id": f"{completion_id}-{i}", **kept, "content": content, "content_parts": parts}
+    return {"id": f"{completion_id}-{i}", **kept, "content": text, "content_parts": parts}
 
 
 class ChatStore:

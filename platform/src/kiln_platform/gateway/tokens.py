@@ -17,6 +17,8 @@ from kiln_platform.gateway.llm_schemas import ChatCompletionRequest, CompletionR
 if TYPE_CHECKING:
     from kiln_platform.admission.services import Admission
     from kiln_platform.context import Kiln
+    from kiln_platform.gateway._textmodel import TextModel
+    from kiln_platform.registry.services import ResolvedVersion
 
 
 class TokenizeRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -57,11 +59,16 @@ class DetokenizeResponse(msgspec.Struct, kw_only=True):
     prompt: str
 
 
+async def _model(kiln: Kiln, admission: Admission, name: str) -> tuple[ResolvedVersion, TextModel]:
+    """The version serving ``name`` and its tokenizer (not counted in its SLOs)."""
+    version, _ = await llm.resolve(kiln, admission, name, slo=False)
+    return version, await llm.text_model(kiln, version)
+
+
 async def count_prompt(kiln: Kiln, admission: Admission, request: ChatCompletionRequest) -> int:
     """The prompt tokens ``request`` takes as ``llm.prepare`` tokenizes it."""
     tools = _tools.plan(request.tools, request.tool_choice, request.parallel_tool_calls)
-    version, _ = await llm.resolve(kiln, admission, request.model, slo=False)
-    model = await llm.text_model(kiln, version)
+    _, model = await _model(kiln, admission, request.model)
     return sum(len(prompt) for prompt in (await _prompts.tokenize(request, model, tools))[0])
 
 
@@ -85,8 +92,7 @@ def _as_request(data: TokenizeRequest) -> ChatCompletionRequest | CompletionRequ
 async def tokenize(kiln: Kiln, admission: Admission, data: TokenizeRequest) -> TokenizeResponse:
     """``POST /tokenize``."""
     request = _as_request(data)
-    version, _ = await llm.resolve(kiln, admission, data.model, slo=False)
-    model = await llm.text_model(kiln, version)
+    version, model = await _model(kiln, admission, data.model)
     plan = None
     if isinstance(request, ChatCompletionRequest):
         plan = _tools.plan(request.tools, None, None)
@@ -100,8 +106,7 @@ async def detokenize(
     kiln: Kiln, admission: Admission, data: DetokenizeRequest
 ) -> DetokenizeResponse:
     """``POST /detokenize``: the text of token ids, special tokens included (vLLM's)."""
-    version, _ = await llm.resolve(kiln, admission, data.model, slo=False)
-    model = await llm.text_model(kiln, version)
+    _, model = await _model(kiln, admission, data.model)
     vocab = model.tokenizer.get_vocab_size()
     if not all(0 <= token < vocab for token in data.tokens):
         raise BadRequest(f"'tokens' must be token ids of this model (0 to {vocab - 1}).",
