@@ -148,6 +148,8 @@ class Admission:
         self.response_status: int | None = None
         """The status the response started with (``admission.middleware`` sets it)."""
         self._recorded = False
+        self._paced = True
+        """Its tokens count against tokens/min: every request but a batch line (``run_for``)."""
         self._left = False
         self._detached = False
 
@@ -168,7 +170,7 @@ class Admission:
     def run_for(self, principal: Principal, timeout_s: float) -> None:
         """Enter work Kiln runs on the tenant's behalf (a batch line) in the ``batch`` class: its
         budget hold and usage as any request's; no per-minute quotas (they pace clients)."""
-        self._principal = principal
+        self._principal, self._paced = principal, False
         self.terms = QueueTerms(str(principal.tenant_id), principal.weight, Priority.BATCH,
                                 timeout_s)  # fmt: skip
 
@@ -238,11 +240,12 @@ class Admission:
 
     def _metered(self, usage: Usage) -> Usage:
         """The usage the ledger settles the hold with; its tokens charged to tokens/min, unless
-        it is a batch line's (that limit paces clients' requests, not the tenant's batches)."""
+        it is a batch line's (that limit paces clients' requests, not the tenant's batches; a
+        client's own request in the batch class is paced as any)."""
         desk, self._outcome = self._desk, usage
         if desk.ledger.enabled:  # the ledger's write settles the hold: leaving does not
             usage = dataclasses.replace(usage, held=desk.budgets.handed(usage.request_id))
-        if self.terms.priority is not Priority.BATCH:
+        if self._paced:
             tokens = usage.input_tokens + usage.output_tokens
             desk.quotas.charge(usage.tenant_id, usage.api_key_id, tokens)
         return usage

@@ -16,6 +16,7 @@ from kiln_platform.billing.ledger import Usage
 from kiln_platform.errors import RateLimited
 from kiln_platform.keys.services import Principal
 from kiln_platform.quotas.enforcer import QuotaGrant
+from kiln_platform.scheduler.schemas import Priority
 
 from .conftest import Admin
 
@@ -74,6 +75,24 @@ async def test_batch_lines_tokens_are_not_charged_to_tokens_per_minute(
         line.record(usage)
     await kiln.quotas.drain()
     assert await _models(admin, key) == 200  # 150 tokens of a batch line: not its tokens/min
+
+
+async def test_a_clients_batch_class_request_is_charged_to_tokens_per_minute(
+    admin: Admin, root: str
+) -> None:
+    """``x-kiln-priority: batch`` (or ``service_tier: flex``) lowers a request's class; it must
+    not take its tokens out of the tenant's tokens/min, as a batch line's are."""
+    _, key = await _setup(admin, root, "q-tpm-flex", tpm=100)
+    kiln = admin.kiln
+    principal = await kiln.keys.verify(key)
+    online = Admissions(kiln.quotas, kiln.budgets, LineLedger(False)).open({"request_id": "f_1"})
+    async with online:
+        await online.enter(principal)
+        online.schedule(Priority.BATCH, 10.0)
+        online.record(Usage("f_1", principal.tenant_id, principal.key_id, "m", "1",
+                            "/v1/chat/completions", 200, input_tokens=150))  # fmt: skip
+    await kiln.quotas.drain()
+    assert await _models(admin, key) == 429
 
 
 async def test_budget_view_alerts_and_tenant_zone(admin: Admin, root: str) -> None:
