@@ -327,3 +327,44 @@ def test_too_many_prompts_is_a_400(client: openai.OpenAI) -> None:
     with pytest.raises(openai.BadRequestError) as err:
         client.completions.create(model=MODEL, prompt="a", echo=True, logprobs=1, max_tokens=2)
     assert err.value.body["param"] == "echo"  # type: ignore[index]
+
+
+def _twins(llm_up: Any) -> float:
+    """Workers the model's background twin (the batch class's pool) is sized to."""
+    return sum(
+        float(line.split()[-1])
+        for line in llm_up.metrics().splitlines()
+        if line.startswith("kiln_pool_replicas")
+        and f'model="{MODEL}"' in line
+        and '+batch"' in line
+        and 'state="desired"' in line
+    )
+
+
+def test_service_tier_flex_runs_in_the_batch_class_and_says_so(
+    client: openai.OpenAI, llm_up: Any
+) -> None:
+    """OpenAI's flex processing is Kiln's batch class: the pool's idle-priority twin, priced as a
+    batch line. The tier that served a request is in its answer; an explicit tier overrides
+    ``x-kiln-priority``."""
+    plain = _chat(client, messages=BRIEF, max_tokens=8, temperature=0).parse()
+    assert plain.service_tier == "default"
+    assert _twins(llm_up) == 0  # nothing of the batch class yet
+    flex = _chat(client, messages=BRIEF, max_tokens=8, temperature=0, service_tier="flex").parse()
+    assert flex.service_tier == "flex"
+    assert _twins(llm_up) == 1  # made for it, on its first request
+    assert flex.choices[0].message.content == plain.choices[0].message.content
+    chunks = list(client.chat.completions.create(
+        model=MODEL, messages=BRIEF, max_tokens=4, stream=True, service_tier="flex",
+        stream_options={"include_usage": True},
+    ))  # fmt: skip
+    assert {c.service_tier for c in chunks} == {"flex"}
+    answer = client.responses.create(model=MODEL, input="Hi", max_output_tokens=4,
+                                     service_tier="flex")  # fmt: skip
+    assert answer.service_tier == "flex"
+    lowered = {"x-kiln-priority": "batch"}
+    assert _chat(client, max_tokens=2, extra_headers=lowered).parse().service_tier == "flex"
+    assert _chat(client, max_tokens=2, extra_headers=lowered,
+                 service_tier="priority").parse().service_tier == "default"  # fmt: skip
+    with pytest.raises(openai.BadRequestError, match="service_tier"):
+        _chat(client, max_tokens=2, service_tier="fast")

@@ -180,6 +180,20 @@ class Admission:
             self.terms, priority=priority, timeout_s=timeout_s, arrived=self._opened
         )
 
+    def serve_as(self, tier: str | None) -> None:
+        """OpenAI's ``service_tier``: ``flex`` runs the request in the ``batch`` class, priced as
+        a batch line; ``default``, ``scale`` and ``priority`` in the ``interactive`` class;
+        ``auto`` or none leaves the class its headers chose. A batch line stays a batch line."""
+        if tier in (None, "auto") or not self._paced:
+            return
+        priority = Priority.BATCH if tier == "flex" else Priority.INTERACTIVE
+        self.terms = dataclasses.replace(self.terms, priority=priority)
+
+    @property
+    def service_tier(self) -> str:
+        """The tier the request is served in, as OpenAI names it (``flex``: the batch class)."""
+        return "flex" if self.terms.priority is Priority.BATCH else "default"
+
     @contextlib.contextmanager
     def screening(self, model: str) -> Iterator[None]:
         """Around a pool's early screen of the request (for ``model`` as requested): a refusal
@@ -245,6 +259,8 @@ class Admission:
         desk, self._outcome = self._desk, usage
         if desk.ledger.enabled:  # the ledger's write settles the hold: leaving does not
             usage = dataclasses.replace(usage, held=desk.budgets.handed(usage.request_id))
+        if self.terms.priority is Priority.BATCH:  # a line, or flex: the batch discount
+            usage = dataclasses.replace(usage, batch=True)
         if self._paced:
             tokens = usage.input_tokens + usage.output_tokens
             desk.quotas.charge(usage.tenant_id, usage.api_key_id, tokens)

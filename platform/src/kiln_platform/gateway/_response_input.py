@@ -204,6 +204,7 @@ def to_chat(
         tool_choice=chat_tool_choice(request.tool_choice),
         parallel_tool_calls=request.parallel_tool_calls,
         logprobs=_logprobs_asked(request) or None, top_logprobs=request.top_logprobs,
+        service_tier=request.service_tier,
     )  # fmt: skip
 
 

@@ -94,4 +94,5 @@ def assembled(chunks: list[ChatCompletionChunk], usage: Usage) -> ChatCompletion
     return ChatCompletion(
         id=first.id, created=first.created, model=first.model, choices=choices,
         usage=usage, system_fingerprint=first.system_fingerprint,
+        service_tier=first.service_tier,
     )  # fmt: skip

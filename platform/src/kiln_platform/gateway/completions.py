@@ -119,6 +119,7 @@ async def complete_chat(gen: Generation) -> ChatCompletion:
         created=int(time.time()),
         model=gen.name,
         system_fingerprint=fingerprint(gen.version),
+        service_tier=gen.admission.service_tier,
         choices=choices,
         usage=token_usage(gen),
     )
@@ -157,7 +158,7 @@ async def stream_chat(gen: Generation, include_usage: bool) -> AsyncGenerator[by
     """``chat.completion.chunk`` events, choices interleaved by ``index``, then usage (if
     asked) and ``[DONE]``."""
     cid, created, model = ident("chatcmpl", gen), int(time.time()), gen.name
-    mark = fingerprint(gen.version)
+    mark, tier = fingerprint(gen.version), gen.admission.service_tier
 
     def chunk(piece: Piece, delta: Delta, finish: str | None = None) -> bytes:
         logprobs = None
@@ -166,7 +167,7 @@ async def stream_chat(gen: Generation, include_usage: bool) -> AsyncGenerator[by
         choice = ChunkChoice(delta=delta, finish_reason=finish, index=piece.index,
                              logprobs=logprobs)  # fmt: skip
         return sse(ChatCompletionChunk(id=cid, created=created, model=model, choices=[choice],
-                                       system_fingerprint=mark))  # fmt: skip
+                                       system_fingerprint=mark, service_tier=tier))  # fmt: skip
 
     held: dict[int, list[Piece]] = {c.index: [] for c in gen.choices if gen.tools is not None}
     for choice in gen.choices:
@@ -189,11 +190,10 @@ async def stream_chat(gen: Generation, include_usage: bool) -> AsyncGenerator[by
     except KilnError as exc:
         yield _error_event(exc)
     if include_usage:
-        yield sse(
-            ChatCompletionChunk(
-                id=cid, created=created, model=model, choices=[], usage=token_usage(gen)
-            )
-        )
+        last = ChatCompletionChunk(id=cid, created=created, model=model, choices=[],
+                                   usage=token_usage(gen), system_fingerprint=mark,
+                                   service_tier=tier)  # fmt: skip
+        yield sse(last)
     yield DONE
 
 

@@ -350,6 +350,7 @@ async def prepare(
     """Everything up to dispatch: validation, templating, tokenization, limits, and the budget
     hold; the admission is held to the generation's deadline."""
     _reject_unsupported(request)
+    admission.serve_as(request.service_tier)
     tools = None
     if isinstance(request, ChatCompletionRequest):
         tools = _tools.plan(request.tools, request.tool_choice, request.parallel_tool_calls)

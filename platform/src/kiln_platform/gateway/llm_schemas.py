@@ -89,7 +89,8 @@ class _Sampling(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     guided_regex: str | None = None
     guided_choice: list[str] | None = None
     guided_grammar: str | None = None
-    service_tier: Any = None
+    service_tier: Literal["auto", "default", "flex", "scale", "priority"] | None = None
+    """``flex``: the ``batch`` class, priced as a batch line (``Admission.serve_as``)."""
     metadata: Any = None
 
 
@@ -145,7 +146,6 @@ class CompletionRequest(_Sampling, kw_only=True, forbid_unknown_fields=True):
 
 # field -> the value(s) that mean "not used"
 UNSUPPORTED: dict[str, tuple[Any, ...]] = {
-    "service_tier": (None, "auto", "default"),
     "store": (None, False),
     "functions": (None, []),
     "function_call": (None, "none"),
@@ -260,6 +260,8 @@ class ChatCompletion(msgspec.Struct, kw_only=True):
     usage: Usage
     system_fingerprint: str | None = None
     """``kiln-<version>-<build digest>``: which version answered."""
+    service_tier: str | None = None
+    """``default`` or ``flex``: the tier that served it."""
     object: str = "chat.completion"
 
 
@@ -290,6 +292,7 @@ class ChatCompletionChunk(msgspec.Struct, kw_only=True, omit_defaults=False):
     usage: Usage | None = None
     system_fingerprint: str | None = None
     """``kiln-<version>-<build digest>``: which version answered."""
+    service_tier: str | None = None
     object: str = "chat.completion.chunk"
 
 

@@ -160,6 +160,7 @@ def _response(
         temperature=1.0 if request.temperature is None else request.temperature,
         top_p=1.0 if request.top_p is None else request.top_p, user=request.user,
         metadata=request.metadata or {}, system_fingerprint=fingerprint(gen.version),
+        service_tier=gen.admission.service_tier,
         text=request.text or {"format": {"type": "text"}}, tools=request.tools or [],
         tool_choice=request.tool_choice or "auto", store=bool(request.store),
         parallel_tool_calls=request.parallel_tool_calls is not False,

@@ -86,7 +86,8 @@ class ResponsesRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True)
     """Run after the response is sent (``queued``, stored): ``GET`` it for its end, or
     ``POST .../cancel`` (``gateway.background``)."""
     prompt: Any = None
-    service_tier: Any = None
+    service_tier: Literal["auto", "default", "flex", "scale", "priority"] | None = None
+    """``flex``: the ``batch`` class, priced as a batch line (``Admission.serve_as``)."""
 
 
 LOGPROBS = "message.output_text.logprobs"
@@ -125,7 +126,6 @@ UNSUPPORTED: dict[str, tuple[Any, ...]] = {
     "reasoning": (None, {}, {"effort": None}, {"effort": None, "summary": None}),
     "truncation": (None, "disabled", "auto"),
     "prompt": (None,),
-    "service_tier": (None, "auto", "default"),
 }
 
 
@@ -217,6 +217,8 @@ class ResponseObject(msgspec.Struct, kw_only=True, omit_defaults=False):
     completed_at: int | None = None
     system_fingerprint: str | None = None
     """``kiln-<version>-<build digest>``: which version answered (a Kiln extension)."""
+    service_tier: str | None = None
+    """``default`` or ``flex``: the tier that served it."""
     object: str = "response"
     store: bool = False
     background: bool = False

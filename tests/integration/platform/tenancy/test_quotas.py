@@ -95,6 +95,49 @@ async def test_a_clients_batch_class_request_is_charged_to_tokens_per_minute(
     assert await _models(admin, key) == 429
 
 
+class _Sink:
+    """A ledger that keeps what it is given, as given."""
+
+    enabled = False
+
+    def __init__(self) -> None:
+        self.usages: list[Usage] = []
+
+    def record(self, usage: Usage) -> None:
+        self.usages.append(usage)
+
+    async def commit(self, usage: Usage) -> None:
+        self.record(usage)
+
+
+async def test_service_tier_flex_is_the_batch_class_priced_as_a_batch_line(
+    admin: Admin, root: str
+) -> None:
+    _, key = await _setup(admin, root, "q-flex")
+    principal = await admin.kiln.keys.verify(key)
+    sink = _Sink()
+    desk = Admissions(admin.kiln.quotas, admin.kiln.budgets, sink)
+    served = []
+    for header, tier in ((Priority.INTERACTIVE, None), (Priority.BATCH, "auto"),
+                         (Priority.INTERACTIVE, "flex"), (Priority.BATCH, "default"),
+                         (Priority.BATCH, "priority")):  # fmt: skip
+        async with desk.open({"request_id": f"t_{tier}"}) as online:
+            await online.enter(principal)
+            online.schedule(header, 10.0)  # as x-kiln-priority set it
+            online.serve_as(tier)
+            served.append((online.terms.priority, online.service_tier))
+            online.record(Usage(online.request_id, principal.tenant_id, principal.key_id, "m",
+                                "1", "/v1/chat/completions", 200))  # fmt: skip
+    assert served == [(Priority.INTERACTIVE, "default"), (Priority.BATCH, "flex"),
+                      (Priority.BATCH, "flex"), (Priority.INTERACTIVE, "default"),
+                      (Priority.INTERACTIVE, "default")]  # fmt: skip
+    assert [u.batch for u in sink.usages] == [False, True, True, False, False]
+    async with desk.open({"request_id": "b_2"}) as line:
+        line.run_for(principal, 10.0)
+        line.serve_as("default")  # a batch line's body cannot take it out of the batch class
+        assert (line.terms.priority, line.service_tier) == (Priority.BATCH, "flex")
+
+
 async def test_budget_view_alerts_and_tenant_zone(admin: Admin, root: str) -> None:
     limits = {"monthly_budget_micros": 1000, "budget_alert_percents": [60, 10, 60]}
     tenant, _ = await _setup(admin, root, "q-budget", **limits)
