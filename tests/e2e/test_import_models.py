@@ -115,7 +115,8 @@ def kiln(sources: dict[str, Path], start_kiln: Callable[..., KilnProcess]) -> It
         kiln.env["TEST_KEY"] = out.strip().splitlines()[-1]
         jobs = {}
         for name, folder in sources.items():
-            r = _import(kiln, f"tiny-{name}", _tar(folder), precision="fp32")
+            scoring = {} if name.startswith("bert") else {"score_prompts": "true"}
+            r = _import(kiln, f"tiny-{name}", _tar(folder), precision="fp32", **scoring)
             assert r.status_code == 202, r.text
             assert r.json()["phase"] == "received"
             jobs[name] = r.json()["id"]
@@ -186,6 +187,47 @@ def test_fp32_chat_equals_transformers_greedy(
     assert chat.usage.completion_tokens == len(reference_ids)
     assert chat.choices[0].message.content == reference_text
     assert chat.choices[0].finish_reason == "length"
+
+
+def test_an_echoed_prompt_is_scored_as_transformers_scores_it(
+    kiln: KilnProcess, built: dict[str, dict[str, Any]], sources: dict[str, Path]
+) -> None:
+    """lm-evaluation-harness's log-likelihood request (``echo``, ``logprobs``, token ids in):
+    the prompt tokens' log-probabilities are the source model's, streamed or not."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    assert built["llama"]["status"] == "done"
+    kiln.wait_until_serving("tiny-llama", path="completions")
+    folder = sources["llama"]
+    prompt = AutoTokenizer.from_pretrained(folder)(" ".join(TEXTS))["input_ids"]
+    model = AutoModelForCausalLM.from_pretrained(folder, torch_dtype=torch.float32).eval()
+    with torch.no_grad():
+        want = torch.log_softmax(model(torch.tensor([prompt])).logits[0], -1)
+    expected = [float(want[i, t]) for i, t in enumerate(prompt[1:])]
+    client = _openai(kiln)
+    args: dict[str, Any] = {"model": "tiny-llama", "prompt": prompt, "echo": True,
+                            "logprobs": 2, "max_tokens": 1, "temperature": 0}  # fmt: skip
+    got = client.completions.create(**args).choices[0]
+    scored = got.logprobs
+    assert scored is not None
+    assert len(scored.tokens) == len(prompt) + 1  # the prompt's, then the one generated
+    assert scored.token_logprobs[0] is None
+    assert scored.top_logprobs is not None
+    assert scored.top_logprobs[0] is None
+    assert "".join(scored.tokens) == got.text
+    assert scored.text_offset == [len("".join(scored.tokens[:i])) for i in range(len(prompt) + 1)]
+    lm_eval = scored.token_logprobs[1 : len(prompt)]  # what the harness sums: [ctxlen:-1]
+    assert max(abs(a - b) for a, b in zip(lm_eval, expected, strict=True)) < 1e-3
+    tops: list[Any] = scored.top_logprobs[1 : len(prompt)]
+    pairs = zip(tops, scored.tokens[1 : len(prompt)], strict=True)
+    is_greedy = [max(top, key=top.get) == token for top, token in pairs]
+    assert is_greedy == [int(want[i].argmax()) == t for i, t in enumerate(prompt[1:])]
+    streamed = list(client.completions.create(**args, stream=True))
+    first = streamed[0].choices[0]
+    assert first.text == got.text[: scored.text_offset[len(prompt)]]
+    assert first.logprobs is not None
+    assert first.logprobs.token_logprobs == scored.token_logprobs[: len(prompt)]
 
 
 @pytest.mark.parametrize("pooling", POOLINGS)
@@ -373,4 +415,7 @@ def test_unknown_task_is_a_400_and_stores_nothing(
     bad_target = _import(kiln, "vision", _tar(sources["llama"]), target="tensorrt")
     assert bad_target.status_code == 400
     assert bad_target.json()["param"] == "target"
+    bert = _import(kiln, "vision", _tar(sources["bert-cls"]), score_prompts="true")
+    assert bert.status_code == 400
+    assert bert.json()["param"] == "score_prompts"
     assert _state(kiln) == before

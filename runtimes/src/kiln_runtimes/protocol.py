@@ -200,6 +200,11 @@ class GenerateRequest(_Call, frozen=True, kw_only=True):
     ``max_tokens`` do)."""
     min_tokens: int = 0
     """vLLM's: no token that would end the sequence is drawn before this many are generated."""
+    prompt_logprobs: int | None = None
+    """Score the prompt: each prompt token's log-probability given those before it (from the
+    second on) and this many top alternatives (0 to ``MAX_LOGPROBS``), of the model's raw
+    distribution. Needs a build with every position's logits (not ``prune_lm_head``); the
+    prompt is then prefilled whole, not restored from the prefix cache."""
 
 
 class TokenLogprobs(msgspec.Struct, frozen=True, kw_only=True, array_like=True):
@@ -227,6 +232,9 @@ class GenerateChunk(msgspec.Struct, frozen=True, kw_only=True):
     split among the sequences in it, in proportion to the tokens each processed)."""
     logprobs: list[TokenLogprobs] | None = None
     """One entry per id of ``token_ids`` when the request asked for ``logprobs``."""
+    prompt_logprobs: list[TokenLogprobs] | None = None
+    """On the first chunk of a request that asked for ``prompt_logprobs``: one entry per
+    prompt token from the second on."""
 
 
 class Tensor(msgspec.Struct, frozen=True, kw_only=True):

@@ -11,8 +11,11 @@ import json
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import onnx
 import pytest
+
+from kiln_runtimes import backends
 
 pytestmark = pytest.mark.slow
 ARCHITECTURES = {
@@ -133,3 +136,51 @@ def test_prebuilt_genai_folder_is_taken_as_it_is(
         "prebuilt", "cpu", [2],
     )  # fmt: skip
     assert (tmp_path / "copy" / "model.onnx").read_bytes() == (built / "model.onnx").read_bytes()
+
+
+async def test_an_fp32_build_scores_a_prompt_as_transformers(
+    fp32: dict[str, Any], sources: dict[str, Path], tiny_models: Any
+) -> None:
+    """``prompt_logprobs``: every prompt token's log-probability and top alternatives, scored
+    over several prefill chunks and never from the prefix cache (a restored block has no
+    logits), equal to transformers' log-softmax on the source weights."""
+    import torch
+    from tokenizers import Tokenizer
+    from transformers import AutoModelForCausalLM
+
+    from kiln_runtimes.backends.base import EngineOptions
+    from kiln_runtimes.backends.genai import GenAIGenerationBackend
+    from kiln_runtimes.protocol import MANIFEST_NAME, GenerateRequest, ModelManifest
+
+    folder = Path(fp32["llama"].last["out_dir"])
+    text = " ".join(tiny_models.SENTENCES * 3)  # what its tokenizer was trained on
+    prompt = Tokenizer.from_file(str(folder / "tokenizer.json")).encode(text).ids[:70]
+    manifest = msgspec.json.decode((folder / MANIFEST_NAME).read_bytes(), type=ModelManifest)
+    backend = GenAIGenerationBackend(EngineOptions(max_batch_size=2, prefix_cache_bytes=1 << 20),
+                                     prefill_chunk=16)  # fmt: skip
+    await backends.start(backend, folder, manifest, None)
+    try:
+        chunks = []
+        for n, scored in enumerate((None, 3, None)):  # the first fills the prefix cache
+            request = GenerateRequest(request_id=f"s{n}", prompt_ids=prompt, max_tokens=2,
+                                      temperature=0.0, prompt_logprobs=scored)  # fmt: skip
+            chunks.append([chunk async for chunk in backend.stream(request)])
+    finally:
+        backend.unload()
+    plain, scoring, again = chunks
+    assert plain[0].prompt_logprobs is None
+    assert (plain[-1].cached_tokens, scoring[-1].cached_tokens) == (0, 0)
+    assert again[-1].cached_tokens == 64  # what the scoring request did not take
+    got = scoring[0].prompt_logprobs
+    assert got is not None
+    assert len(got) == len(prompt) - 1
+    assert all(c.prompt_logprobs is None for c in scoring[1:])
+    model = AutoModelForCausalLM.from_pretrained(sources["llama"], torch_dtype=torch.float32)
+    with torch.no_grad():
+        want = torch.log_softmax(model(torch.tensor([prompt])).logits[0], -1)
+    for position, (entry, token) in enumerate(zip(got, prompt[1:], strict=True)):
+        row = want[position]
+        assert abs(entry.logprob - float(row[token])) < 1e-3, position
+        assert entry.top_ids == row.topk(3).indices.tolist()
+        assert max(abs(a - float(row[i])) for a, i in zip(entry.top_logprobs, entry.top_ids,
+                                                            strict=True)) < 1e-3  # fmt: skip

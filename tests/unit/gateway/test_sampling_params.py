@@ -23,7 +23,7 @@ def test_defaults_are_the_worker_protocol_defaults() -> None:
     assert plan.fields == {
         "temperature": 1.0, "top_p": 1.0, "top_k": 0, "min_p": 0.0, "presence_penalty": 0.0,
         "frequency_penalty": 0.0, "repetition_penalty": 1.0, "logit_bias": {}, "logprobs": None,
-        "stop_token_ids": [], "ignore_eos": False, "min_tokens": 0,
+        "stop_token_ids": [], "ignore_eos": False, "min_tokens": 0, "prompt_logprobs": None,
     }  # fmt: skip
 
 
@@ -43,6 +43,11 @@ def test_logprobs_shapes() -> None:
     assert sampling(chat(logprobs=False, top_logprobs=0), VOCAB).fields["logprobs"] is None
     text = CompletionRequest(model="m", prompt="x", logprobs=3)
     assert sampling(text, VOCAB).fields["logprobs"] == 3
+    assert sampling(text, VOCAB).fields["prompt_logprobs"] is None
+    echoed = CompletionRequest(model="m", prompt="x", logprobs=3, echo=True)
+    assert sampling(echoed, VOCAB).fields["prompt_logprobs"] == 3  # the worker scores the prompt
+    echo_only = CompletionRequest(model="m", prompt="x", echo=True)
+    assert sampling(echo_only, VOCAB).fields["prompt_logprobs"] is None
 
 
 def test_top_p_0_is_the_most_probable_token_alone() -> None:

@@ -31,3 +31,10 @@ def test_embedding_builds_have_no_lm_head_to_prune(tmp_path: Path) -> None:
         _job("embeddings"), tmp_path / "src", tmp_path / "out", Settings(data_dir=tmp_path)
     )
     assert "--prune-lm-head" not in cmd
+
+
+def test_a_build_that_scores_prompts_keeps_every_positions_logits(tmp_path: Path) -> None:
+    job = _job("generate")
+    job.engine_settings = {"precision": "int4", "score_prompts": True}
+    cmd = command(job, tmp_path / "src", tmp_path / "out", Settings(data_dir=tmp_path))
+    assert "--prune-lm-head" not in cmd

@@ -89,12 +89,15 @@ async def _import(  # noqa: PLR0917 (the command's arguments, passed on)
 @click.option("--max-batch-size", type=int, help="The version's max batch size.")
 @click.option("--max-context", type=int, help="Tokens a request may use at most.")
 @click.option("--adapter-slots", type=int, help="LoRA adapters a worker holds at once.")
+@click.option("--score-prompts", is_flag=True, default=None,
+              help="Keep every position's logits: requests may score their prompt.")  # fmt: skip
 @click.option("--no-wait", is_flag=True, help="Queue the build and return.")
 @click.pass_context
 def import_(
     ctx: click.Context, *, name: str, source: Path, task: str | None, precision: str | None,
     target: str | None, version: str | None, max_batch_size: int | None,
-    max_context: int | None, adapter_slots: int | None, no_wait: bool,
+    max_context: int | None, adapter_slots: int | None, score_prompts: bool | None,
+    no_wait: bool,
 ) -> None:  # fmt: skip
     """Import a Hugging Face folder, a .gguf, a GenAI folder or an ONNX model (or an archive
     of one): stored as the version's source and built here unless a server takes the job,
@@ -104,7 +107,7 @@ def import_(
 
     engine = msgspec.convert(
         {"max_batch_size": max_batch_size, "max_context": max_context,
-         "adapter_slots": adapter_slots}, EngineSettings,
+         "adapter_slots": adapter_slots, "score_prompts": score_prompts}, EngineSettings,
     )  # fmt: skip
     options = imports.ImportOptions(task, precision, target, version, engine)
 

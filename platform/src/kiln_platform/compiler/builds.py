@@ -50,7 +50,8 @@ def command(job: CompileJob, source: Path, out: Path, settings: Settings) -> lis
         "--task", str(job.task), "--precision", job.precision, "--target", job.target,
         "--name", str(job.model_name), "--source-label", f"import:{job.source_digest}",
     ]  # fmt: skip
-    if job.task == "generate":  # the bundled importer's graph: logits of the last position only
+    scoring = bool((job.engine_settings or {}).get("score_prompts"))
+    if job.task == "generate" and not scoring:  # logits of the last position only (faster)
         cmd += ["--prune-lm-head"]
     if settings.worker_max_memory_bytes:
         cmd += ["--max-memory-bytes", str(settings.worker_max_memory_bytes)]

@@ -45,7 +45,8 @@ def text(
     model: TextModel, token_ids: Sequence[int], entries: Sequence[TokenLogprobs], offset: int
 ) -> TextLogprobs:
     """``choices[i].logprobs`` of a text completion; offsets count characters from ``offset``."""
-    tokens, offsets, tops = [], [], []
+    tokens, offsets = [], []
+    tops: list[dict[str, float] | None] = []
     for token_id, entry in zip(token_ids, entries, strict=True):
         piece = _text(model, token_id)[0]
         tokens.append(piece)
@@ -60,4 +61,29 @@ def text(
         token_logprobs=[e.logprob for e in entries],
         top_logprobs=tops,
         text_offset=offsets,
+    )
+
+
+def prompt(
+    model: TextModel, token_ids: Sequence[int], entries: Sequence[TokenLogprobs]
+) -> TextLogprobs:
+    """The echoed prompt's ``logprobs``: its first token has none (nothing came before it);
+    ``entries`` score the tokens after it."""
+    first = _text(model, token_ids[0])[0]
+    rest = text(model, token_ids[1 : 1 + len(entries)], entries, len(first))
+    return TextLogprobs(
+        tokens=[first, *rest.tokens],
+        token_logprobs=[None, *rest.token_logprobs],
+        top_logprobs=[None, *(rest.top_logprobs or [])],
+        text_offset=[0, *rest.text_offset],
+    )
+
+
+def joined(first: TextLogprobs, then: TextLogprobs) -> TextLogprobs:
+    """Two runs of tokens' ``logprobs`` as one (the echoed prompt's, then the answer's)."""
+    return TextLogprobs(
+        tokens=first.tokens + then.tokens,
+        token_logprobs=first.token_logprobs + then.token_logprobs,
+        top_logprobs=(first.top_logprobs or []) + (then.top_logprobs or []),
+        text_offset=first.text_offset + then.text_offset,
     )

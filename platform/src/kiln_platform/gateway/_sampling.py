@@ -91,11 +91,6 @@ def _logprobs(request: ChatCompletionRequest | CompletionRequest) -> int | None:
     if isinstance(request, CompletionRequest):
         if request.logprobs is not None:
             _between("logprobs", request.logprobs, 0, MAX_LOGPROBS, 0)
-            if request.echo:
-                raise BadRequest(
-                    "'echo' with 'logprobs' is not supported: Kiln does not score prompt tokens.",
-                    param="echo",
-                )
         return request.logprobs
     top = request.top_logprobs
     if top is not None:
@@ -103,6 +98,14 @@ def _logprobs(request: ChatCompletionRequest | CompletionRequest) -> int | None:
         if not request.logprobs and top:
             raise BadRequest("'top_logprobs' needs 'logprobs' set to true.", param="top_logprobs")
     return (top or 0) if request.logprobs else None
+
+
+def _echo_scored(request: ChatCompletionRequest | CompletionRequest) -> int | None:
+    """Alternatives per token of the echoed prompt, which the worker scores (``echo`` with
+    ``logprobs``); ``None``: the prompt is not scored."""
+    if isinstance(request, CompletionRequest) and request.echo:
+        return request.logprobs
+    return None
 
 
 def _ends(
@@ -156,6 +159,7 @@ def sampling(
         "repetition_penalty": repetition,
         "logit_bias": _logit_bias(request.logit_bias, vocab),
         "logprobs": _logprobs(request),
+        "prompt_logprobs": _echo_scored(request),
         **_ends(request, vocab, eos or set(), grammar is not None),
     }
     return Sampling(_n(request, prompts), request.seed, fields)

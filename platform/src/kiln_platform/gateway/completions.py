@@ -133,6 +133,8 @@ async def complete_text(gen: Generation) -> TextCompletion:
         logprobs = None
         if a.logprobs is not None:
             logprobs = _logprobs.text(gen.model, a.token_ids, a.logprobs, len(choice.echo))
+            if (echoed := _echoed(gen, choice.index)) is not None:
+                logprobs = _logprobs.joined(echoed, logprobs)
         text = choice.echo + "".join(a.parts)
         choices.append(TextChoice(text=text, finish_reason=a.finish, index=choice.index,
                                   logprobs=logprobs))  # fmt: skip
@@ -144,6 +146,14 @@ async def complete_text(gen: Generation) -> TextCompletion:
         choices=choices,
         usage=token_usage(gen),
     )
+
+
+def _echoed(gen: Generation, index: int) -> TextLogprobs | None:
+    """The ``logprobs`` of choice ``index``'s echoed prompt, if it was scored."""
+    choice = gen.choices[index]
+    if choice.request.prompt_logprobs is None or not choice.request.prompt_ids:
+        return None
+    return _logprobs.prompt(gen.model, choice.request.prompt_ids, choice.prompt_logprobs)
 
 
 def _error_event(exc: KilnError) -> bytes:
@@ -236,11 +246,16 @@ async def stream_text(gen: Generation, include_usage: bool) -> AsyncGenerator[by
         choice = TextChoice(text=text, finish_reason=finish, index=index, logprobs=logprobs)
         return sse(TextCompletion(id=cid, created=created, model=model, choices=[choice]))
 
+    scored = {c.index for c in gen.choices if c.request.prompt_logprobs is not None}
     for choice in gen.choices:
-        if choice.echo:
+        if choice.echo and choice.index not in scored:  # a scored one's waits for its scores
             yield event(choice.index, choice.echo, None, None)
     try:
         async for piece in gen.pieces():
+            if piece.index in scored:  # its first piece came with the prompt's scores
+                scored.discard(piece.index)
+                echo = gen.choices[piece.index].echo
+                yield event(piece.index, echo, None, _echoed(gen, piece.index))
             if piece.text or piece.finish_reason or piece.logprobs:
                 logprobs = None
                 if piece.logprobs is not None:

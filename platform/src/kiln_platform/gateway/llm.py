@@ -67,6 +67,8 @@ class Choice:
     """The tokens generated, kept only for a shadow's comparison."""
     cached_tokens: int = 0
     """Leading prompt tokens the worker took from its prefix cache instead of prefilling."""
+    prompt_logprobs: tuple[TokenLogprobs, ...] = ()
+    """Its prompt's tokens scored, from the second on (``echo`` with ``logprobs``)."""
     counts_prompt: bool = True
     """The first choice of its prompt: the one whose prompt ``prompt_tokens`` counts."""
 
@@ -262,6 +264,8 @@ class Generation:
                     choice.compute_ms = max(choice.compute_ms, chunk.compute_ms)
                     choice.queue_ms = max(choice.queue_ms, chunk.queue_ms)
                     logprobs = None if chunk.logprobs is None else tuple(chunk.logprobs)
+                    if chunk.prompt_logprobs is not None:  # on the first chunk
+                        choice.prompt_logprobs = tuple(chunk.prompt_logprobs)
                     piece = text.push(chunk.token_ids)
                     if text.stopped:
                         self.status = 200

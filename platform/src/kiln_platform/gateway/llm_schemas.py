@@ -237,7 +237,8 @@ class TextLogprobs(msgspec.Struct, kw_only=True, omit_defaults=False):
 
     tokens: list[str]
     token_logprobs: list[float | None]
-    top_logprobs: list[dict[str, float]] | None
+    """``None`` for an echoed prompt's first token (as OpenAI)."""
+    top_logprobs: list[dict[str, float] | None] | None
     text_offset: list[int]
 
 

@@ -62,16 +62,18 @@ class AdminModelsController(AdminController):
         max_batch_size: int | None = None,
         max_context: int | None = None,
         adapter_slots: int | None = None,
+        score_prompts: bool | None = None,
     ) -> Response[UploadView | CompileJobView]:
         """Upload a model. An ONNX tensor model (.onnx, or a .zip/.tar folder with external
         data) is registered at once (201). A Hugging Face or GenAI folder (.zip/.tar) or a .gguf
         file is stored as the version's source and built by a job (202, the job: follow it at
-        ``/compile-jobs/{id}``)."""
+        ``/compile-jobs/{id}``). ``score_prompts``: a generation build keeps every position's
+        logits, so requests may score their prompt (``echo`` with ``logprobs``)."""
         settings = call.kiln.settings
         try:
             engine = msgspec.convert(
                 {"max_batch_size": max_batch_size, "max_context": max_context,
-                 "adapter_slots": adapter_slots}, EngineSettings,
+                 "adapter_slots": adapter_slots, "score_prompts": score_prompts}, EngineSettings,
             )  # fmt: skip
         except msgspec.ValidationError as exc:
             raise BadRequest(str(exc)) from None

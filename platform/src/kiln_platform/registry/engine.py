@@ -26,6 +26,10 @@ class EngineSettings(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=Tr
     target of a tensor model's engine."""
     precision: Precision | None = None
     """The build's weight precision, or a tensor model's engine precision."""
+    score_prompts: bool | None = None
+    """A generation build computes every position's logits, so requests can score their
+    prompt (``echo`` with ``logprobs``); else the last position's only (``prune_lm_head``:
+    prefill 15 to 25% cheaper). Set at import."""
     max_batch_size: Positive | None = None
     """Items per batch (embeddings, tensors) or concurrent sequences (generation)."""
     max_context: Positive | None = None

@@ -176,6 +176,13 @@ def check_options(options: ImportOptions) -> None:
         raise BadRequest(f"invalid version {options.version!r}", param="version")
 
 
+def check_scoring(options: ImportOptions, task: str) -> None:
+    """``score_prompts`` is a generation build's: a 400 naming it for any other model."""
+    if options.engine.score_prompts and task != "generate":
+        raise BadRequest(f"score_prompts is for generation models; this one is {task}",
+                         param="score_prompts")  # fmt: skip
+
+
 async def start_import(
     sessions: async_sessionmaker[AsyncSession],
     store: ArtifactStore,
@@ -193,6 +200,7 @@ async def start_import(
         raise BadRequest(f"invalid model name {name!r}: lowercase letters, digits, . _ -")
     check_options(options)
     found = await detect(build_input(staged.root), options.task, env)
+    check_scoring(options, found.task)
     if found.task == "tensor":
         raise BadRequest("an ONNX tensor model needs no build: upload it as it is", param="task")
     async with sessions() as session:

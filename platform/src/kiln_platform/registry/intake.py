@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 from typing import TYPE_CHECKING
 
-from kiln_platform.registry.imports import stage, start_import
+from kiln_platform.registry.imports import check_scoring, stage, start_import
 from kiln_platform.registry.upload import upload_version
 
 if TYPE_CHECKING:
@@ -30,6 +30,7 @@ async def import_file(
         stage, body, body.parent, settings.max_upload_bytes, options.task
     )
     if staged.kind == "tensor":
+        check_scoring(options, "tensor")
         return await upload_version(
             kiln.db.sessions, kiln.store, settings, name, staged.root,
             actor=actor, version=options.version, refresh=kiln.resolver.refresh,

@@ -17,8 +17,9 @@ from typing import TYPE_CHECKING
 import structlog
 
 from kiln_runtimes import cpus as placement
+from kiln_runtimes.backends._genai_logits import token_logprobs
 from kiln_runtimes.backends._genai_scheduler import Sequence, SequenceOutput
-from kiln_runtimes.protocol import GenerateChunk
+from kiln_runtimes.protocol import MAX_LOGPROBS, GenerateChunk
 
 if TYPE_CHECKING:
     import numpy as np
@@ -59,6 +60,8 @@ class EngineCore:
         self._runner = runner
         self._scheduler = scheduler
         self._sinks: dict[int, Sink] = {}
+        self._prompt_scores: dict[int, list[TokenLogprobs]] = {}
+        """The prompt tokens scored so far of each sequence that scores its prompt."""
         self._joining: deque[tuple[Sequence, Sink]] = deque()
         self._leaving: deque[int] = deque()
         self._wakeup = threading.Condition()
@@ -86,6 +89,10 @@ class EngineCore:
     def new_sequence(self, request: GenerateRequest) -> Sequence:
         """Validate a request into a sequence; raises ``ValueError`` before any admission."""
         _validate(request, self.spec)
+        if request.prompt_logprobs is not None and self._runner.pruned:
+            raise ValueError("this model's build computes the last position's logits only (built "
+                             "with prune_lm_head), so it cannot score prompt tokens ('echo' "
+                             "with 'logprobs')")  # fmt: skip
         return Sequence(
             seq_id=next(self._ids),
             prompt_ids=list(request.prompt_ids),
@@ -94,6 +101,7 @@ class EngineCore:
             express=request.express,
             tenant=request.tenant,
             public_prefix=request.public_prefix,
+            prompt_logprobs=request.prompt_logprobs,
         )
 
     def submit(self, seq: Sequence, sink: Sink) -> None:
@@ -126,6 +134,7 @@ class EngineCore:
         plan = self._scheduler.schedule()
         started = time.perf_counter()
         logits = self._runner.execute(plan)
+        self._score()
         sampled = self._sample(logits)
         self._scheduler.charge(plan, time.perf_counter() - started)
         outputs += self._scheduler.update(plan, sampled)
@@ -161,6 +170,19 @@ class EngineCore:
         aborted = (self._scheduler.abort(seq_id) for seq_id in leaving)
         return [out for out in aborted if out is not None]
 
+    def _score(self) -> None:
+        """Score the prompt tokens the step's scoring prefills predicted: position ``p``'s
+        logits give token ``p + 1`` (the last one's is the first generated, not scored here)."""
+        for work, rows in self._runner.scored:
+            seq = self._scheduler.slots[work.slot]
+            if seq is None or seq.prompt_logprobs is None:
+                continue
+            targets = seq.prompt_ids[work.start + 1 : work.start + 1 + len(work.token_ids)]
+            scores = self._prompt_scores.setdefault(seq.seq_id, [])
+            top = seq.prompt_logprobs
+            scored = zip(rows[: len(targets)], targets, strict=True)
+            scores.extend(token_logprobs(row, token, top) for row, token in scored)
+
     def _sample(self, logits: dict[int, npt.NDArray[np.float32]]) -> dict[int, int]:
         tokens = {}
         for slot, row in logits.items():
@@ -177,7 +199,9 @@ class EngineCore:
             if out.finish_reason is not None:
                 del self._sinks[out.seq_id]
             logprobs = sink.sampler.take_logprobs(len(out.token_ids))
-            by_loop.setdefault(sink.loop, []).append((sink, _chunk(sink.request_id, out, logprobs)))
+            prompt = self._prompt_scores.pop(out.seq_id, None)
+            chunk = _chunk(sink.request_id, out, logprobs, prompt)
+            by_loop.setdefault(sink.loop, []).append((sink, chunk))
         for loop, items in by_loop.items():
             _call_soon(loop, items)
 
@@ -187,6 +211,7 @@ class EngineCore:
         for seq in [*self._scheduler.waiting, *filter(None, self._scheduler.slots)]:
             self._scheduler.abort(seq.seq_id)
         sinks, self._sinks = list(self._sinks.values()), {}
+        self._prompt_scores.clear()
         for sink in sinks:
             error = RuntimeError(reason)
             error.__cause__ = cause
@@ -222,13 +247,17 @@ def _validate(request: GenerateRequest, spec: ModelSpec) -> None:
         raise ValueError(f"stop_token_ids must be token ids in [0, {spec.vocab_size})")
     if request.min_tokens < 0:
         raise ValueError("min_tokens must not be negative")
+    scored = request.prompt_logprobs
+    if scored is not None and not 0 <= scored <= MAX_LOGPROBS:
+        raise ValueError(f"prompt_logprobs must be in [0, {MAX_LOGPROBS}]")
     if request.grammar is not None and (request.min_tokens or request.ignore_eos):
         raise ValueError("a grammar ends its sequence itself: no min_tokens or ignore_eos")
 
 
 def _chunk(
-    request_id: str, out: SequenceOutput, logprobs: list[TokenLogprobs] | None
-) -> GenerateChunk:
+    request_id: str, out: SequenceOutput, logprobs: list[TokenLogprobs] | None,
+    prompt_logprobs: list[TokenLogprobs] | None = None,
+) -> GenerateChunk:  # fmt: skip
     return GenerateChunk(
         request_id=request_id,
         token_ids=list(out.token_ids),
@@ -239,6 +268,7 @@ def _chunk(
         queue_ms=out.queue_s * 1000,
         compute_ms=out.compute_s * 1000,
         logprobs=logprobs,
+        prompt_logprobs=prompt_logprobs,
     )
 
 

@@ -80,26 +80,37 @@ class ModelRunner:
         self._kv_type = types[spec.past_key % 0]
         logits = next(o for o in self._session.get_outputs() if o.name == spec.logits)
         self._logits_type = ORT_TYPES[logits.type]
-        self._pruned = logits.shape[1] == 1  # ``prune_lm_head``: last position only
+        self._pruned: bool = logits.shape[1] == 1  # ``prune_lm_head``: last position only
         self.capacity = spec.context_length
         shape = (max_sequences, spec.num_kv_heads, self.capacity, spec.head_size)
         self._areas = [_kv_area(shape, self._kv_type) for _ in spec.kv_names()]
         self._kv = [np.frombuffer(area, self._kv_type).reshape(shape) for area in self._areas]
         self._decode_bindings: dict[int, Any] = {}
         self._written = 0  # the most positions a row has held since the last ``shrink``
+        self.scored: list[tuple[PrefillWork, npt.NDArray[np.float32]]] = []
+        """The last step's prefills that score their prompt, with every position's logits."""
+
+    @property
+    def pruned(self) -> bool:
+        """The graph computes the last position's logits only: it cannot score prompts."""
+        return self._pruned
 
     def execute(self, plan: StepPlan) -> dict[int, npt.NDArray[np.float32]]:
-        """Run the step plan; returns last-position logits for every slot that samples this step."""
+        """Run the step plan; returns last-position logits for every slot that samples this step
+        (and keeps a scoring prefill's every position in ``scored``)."""
         logits: dict[int, npt.NDArray[np.float32]] = {}
+        self.scored = []
         for slot, adapter in plan.adapter_loads:
             self._slots_of_adapters().load(slot, adapter)
         for restore in plan.restores:
             self._restore(restore)
         for work in plan.prefills:
-            row = self._prefill(work)
+            rows = self._prefill(work)
             self._save(work)
+            if work.scores:
+                self.scored.append((work, rows))
             if work.last:
-                logits[work.slot] = row
+                logits[work.slot] = rows[-1]
         if plan.decode_slots:
             rows = self._decode(plan.decode_tokens, plan.decode_lengths, plan.decode_adapters)
             logits.update((slot, rows[slot]) for slot in plan.decode_slots)
@@ -120,12 +131,13 @@ class ModelRunner:
         self._written = 0
 
     def _prefill(self, work: PrefillWork) -> npt.NDArray[np.float32]:
+        """The chunk's logits, ``[positions, vocab]`` (one position if the graph is pruned)."""
         end = work.start + len(work.token_ids)
         self._track(end)
         binding = self._bind_kv(work.slot, work.slot + 1)
         ids = np.asarray([work.token_ids], dtype=self._id_type)
         mask = np.ones((1, end), dtype=self._mask_type)
-        logits: npt.NDArray[np.float32] = self._run(binding, ids, mask, [work.adapter])[0, -1]
+        logits: npt.NDArray[np.float32] = self._run(binding, ids, mask, [work.adapter])[0]
         return logits
 
     def _restore(self, restore: Restore) -> None:

@@ -60,6 +60,9 @@ class Sequence:
     """Prefix-cache keys of its prompt's whole blocks (``Scheduler.add``)."""
     cached_tokens: int = 0
     """Prompt tokens restored from the prefix cache instead of prefilled."""
+    prompt_logprobs: int | None = None
+    """Its prompt is scored with this many alternatives per token: prefilled whole (nothing
+    restored from the prefix cache), every position's logits kept."""
 
     @property
     def prefill_done(self) -> bool:
@@ -82,6 +85,8 @@ class PrefillWork:
     """The sequence's adapter slot (``-1``: the base model)."""
     saves: tuple[tuple[int, bytes], ...] = ()
     """Blocks this chunk completes to keep in the prefix cache: (first position, key)."""
+    scores: bool = False
+    """Keep every position's logits (the sequence scores its prompt)."""
 
 
 @dataclass(frozen=True)
@@ -283,7 +288,7 @@ class Scheduler:
 
     def _restore(self, seq: Sequence) -> tuple[Restore, ...]:
         """Start ``seq`` past the blocks of its prompt the prefix cache holds."""
-        if self.prefix is None:
+        if self.prefix is None or seq.prompt_logprobs is not None:
             return ()
         usable = seq.prefix_keys[: usable_blocks(len(seq.prompt_ids), self.prefix.block)]
         blocks = self.prefix.lookup(usable)
@@ -313,9 +318,8 @@ class Scheduler:
             chunk = tuple(seq.prompt_ids[seq.prefilled : end])
             last = end == len(seq.prompt_ids)
             saves = self._saves(seq, end)
-            works.append(
-                PrefillWork(_slot(seq), seq.prefilled, chunk, last, seq.adapter_slot, saves)
-            )
+            works.append(PrefillWork(_slot(seq), seq.prefilled, chunk, last, seq.adapter_slot,
+                                     saves, seq.prompt_logprobs is not None))  # fmt: skip
             budget -= len(chunk)
         return tuple(works)
 

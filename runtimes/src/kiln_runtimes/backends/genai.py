@@ -213,6 +213,7 @@ async def _next_chunk(queue: asyncio.Queue[GenerateChunk | BaseException]) -> Ge
     logprobs = None
     if last.logprobs is not None:
         logprobs = [entry for chunk in chunks for entry in chunk.logprobs or ()]
+    prompt = next((c.prompt_logprobs for c in chunks if c.prompt_logprobs is not None), None)
     return GenerateChunk(
         request_id=last.request_id,
         token_ids=tokens,
@@ -223,4 +224,5 @@ async def _next_chunk(queue: asyncio.Queue[GenerateChunk | BaseException]) -> Ge
         queue_ms=last.queue_ms,
         compute_ms=last.compute_ms,
         logprobs=logprobs,
+        prompt_logprobs=prompt,
     )

@@ -7,7 +7,7 @@ import os
 import threading
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 import numpy as np
@@ -45,6 +45,8 @@ class FakeRunner:
         self.fail = threading.Event()
         self.batches: list[StepPlan] = []
         self.decodes = 0
+        self.scored: list[Any] = []  # no prompt is scored here
+        self.pruned = False
 
     def execute(self, batch: StepPlan) -> dict[int, np.ndarray]:
         if self.fail.is_set():

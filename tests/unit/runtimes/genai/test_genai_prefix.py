@@ -124,6 +124,22 @@ def test_a_prompt_of_whole_cached_blocks_still_prefills_its_last_block() -> None
     assert [(w.start, len(w.token_ids), w.last) for w in plan.prefills] == [(4, 4, True)]
 
 
+def test_a_prompt_to_score_is_prefilled_whole_and_keeps_its_logits() -> None:
+    """A restored block has no logits to score its tokens by: such a prompt restores nothing,
+    though its blocks are kept for later prompts."""
+    prefix: PrefixCache[Any] = PrefixCache(BLOCK, 100)
+    scheduler = make(prefix)
+    scheduler.add(seq(1, list(range(10))))
+    prefill_all(scheduler, prefix)
+    scoring = seq(2, list(range(10)))
+    scoring.prompt_logprobs = 0
+    scheduler.add(scoring)
+    plan = scheduler.schedule()
+    assert plan.restores == ()
+    assert [(w.start, w.scores) for w in plan.prefills] == [(0, True)]
+    assert scoring.cached_tokens == 0
+
+
 def test_another_tenant_finds_nothing() -> None:
     prefix: PrefixCache[Any] = PrefixCache(BLOCK, 100)
     scheduler = make(prefix)
