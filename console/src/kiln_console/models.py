@@ -24,7 +24,7 @@ from kiln_platform.context import Kiln
 from kiln_platform.errors import BadRequest, NotFound
 from kiln_platform.gateway import latency
 from kiln_platform.registry import imports, intake, rollouts, services, versions
-from kiln_platform.registry.engine import EngineUpdate
+from kiln_platform.registry.engine import EngineSettings, EngineUpdate
 from kiln_platform.registry.schemas import RouteUpdate
 from kiln_platform.registry.services import ModelRoutes
 from kiln_platform.registry.upload import upload_dir
@@ -99,9 +99,10 @@ class Models(Controller):
         job's panel (202, it polls until the job ends) or a tensor model's new version (201).
         The role is checked (``auth.authorize``) before the multipart body is read."""
         form = await request.form()
+        scoring = EngineSettings(score_prompts=True if form.get("score_prompts") else None)
         options = imports.ImportOptions(
             task=_choice(form, "task"), precision=_choice(form, "precision"),
-            target=_choice(form, "target"), version=_choice(form, "version"),
+            target=_choice(form, "target"), version=_choice(form, "version"), engine=scoring,
         )  # fmt: skip
         upload = form.get("file")
         if not isinstance(upload, UploadFile):

@@ -111,6 +111,18 @@ async def test_a_failed_build_names_the_file(app: App, bert: Path, tmp_path: Pat
         assert 'class="error-field"' in text
 
 
+async def test_scoring_prompts_is_refused_for_an_embeddings_model(app: App, archive: bytes) -> None:
+    async with app.signed_in(await app.user("platform-admin")) as (http, token):
+        page = await http.get("/console/models")
+        assert 'name="score_prompts"' in page.text
+        form = {"name": f"bert-{uuid.uuid4().hex[:6]}", "score_prompts": "true"}
+        files = {"file": ("bert.tar", archive, "application/x-tar")}
+        r = await http.post("/console/models/import", data=form, files=files,
+                            headers={**HX, "x-csrftoken": token})  # fmt: skip
+        assert r.status_code == 400
+        assert "score_prompts" in r.text
+
+
 async def test_a_tenant_admin_sees_no_form_and_is_refused(app: App, archive: bytes) -> None:
     tenant = await app.tenant()
     async with app.signed_in(await app.user("tenant-admin", tenant)) as (http, token):
