@@ -74,3 +74,17 @@ def test_special_tokens_are_written_only_when_asked(byte_tokenizer: Tokenizer) -
     for skip, want in ((True, "ab"), (False, "a<|sep|>b")):
         stream = Detokenizing(skip_special=skip).stream(tok)
         assert "".join(stream.push([i]) for i in ids) + stream.flush() == want
+
+
+def test_min_tokens_holds_back_stop_strings_in_their_text(byte_tokenizer: Tokenizer) -> None:
+    """vLLM's ``min_tokens``: no stop string ends the answer before that many tokens; the first
+    that ends on or after it does, even if it began before."""
+    ids = byte_tokenizer.encode("ab ab ab!").ids  # one token per character
+    stream = Detokenizing(("ab",), min_tokens=4).stream(byte_tokenizer)
+    out = "".join(stream.push([i]) for i in ids) + stream.flush()
+    assert (out, stream.stopped) == ("ab ", True)  # "ab" of tokens 4 and 5
+    whole = Detokenizing(("ab",), min_tokens=4).stream(byte_tokenizer)
+    assert whole.push(ids) + whole.flush() == "ab "  # tokens in one chunk: the same
+    for least, text, stopped in ((9, "ab ab ab", True), (10, "ab ab ab!", False)):
+        late = Detokenizing(("!",), min_tokens=least).stream(byte_tokenizer)
+        assert (late.push(ids) + late.flush(), late.stopped) == (text, stopped)

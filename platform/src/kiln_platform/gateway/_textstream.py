@@ -16,17 +16,19 @@ from tokenizers.decoders import DecodeStream
 @dataclass(frozen=True, slots=True)
 class Detokenizing:
     """How a request's tokens become its text: its ``stop`` strings (vLLM's
-    ``include_stop_str_in_output``: the one met ends the text, kept), and whether special
-    tokens are left out (vLLM's ``skip_special_tokens``, the default)."""
+    ``include_stop_str_in_output``: the one met ends the text, kept), whether special
+    tokens are left out (vLLM's ``skip_special_tokens``, the default), and how many tokens
+    come before a stop string may end it (vLLM's ``min_tokens``)."""
 
     stop: tuple[str, ...] = ()
     include_stop: bool = False
     skip_special: bool = True
+    min_tokens: int = 0
 
     def stream(self, tokenizer: Tokenizer) -> TextStream:
         """A choice's text stream."""
         return TextStream(tokenizer, self.stop, include_stop=self.include_stop,
-                          skip_special=self.skip_special)  # fmt: skip
+                          skip_special=self.skip_special, min_tokens=self.min_tokens)  # fmt: skip
 
 
 @dataclass
@@ -38,8 +40,12 @@ class TextStream:
     stopped: bool = False
     include_stop: bool = False
     skip_special: bool = True
+    min_tokens: int = 0
+    """No stop string ends the text before this many tokens (as vLLM: one may end on the
+    ``min_tokens``-th token, and begin before it)."""
     _decoder: DecodeStream = field(init=False)
     _held: str = ""
+    _made: int = 0
 
     def __post_init__(self) -> None:
         self._decoder = DecodeStream(skip_special_tokens=self.skip_special)
@@ -48,11 +54,15 @@ class TextStream:
         """Text made final by these tokens (possibly empty)."""
         if self.stopped:
             return ""
+        early = ""  # released before ``min_tokens``, unsearched
         for token_id in token_ids:
             piece = self._decoder.step(self.tokenizer, token_id)
+            self._made += 1
             if piece:
                 self._held += piece
-        return self._release()
+            if self._made < self.min_tokens:
+                early += self._release(search=False)
+        return early + self._release()
 
     def flush(self) -> str:
         """Everything still held back (at the end of generation)."""
@@ -61,11 +71,14 @@ class TextStream:
         text, self._held = self._held, ""
         return text
 
-    def _release(self) -> str:
+    def _release(self, *, search: bool = True) -> str:
+        """Held text that cannot be part of a stop string; with ``search``, up to the first
+        stop string found (which stops the stream)."""
         if not self.stop:
             text, self._held = self._held, ""
             return text
-        hits = [(i, i + len(s)) for i, s in ((self._held.find(s), s) for s in self.stop) if i >= 0]
+        found = ((self._held.find(s), s) for s in self.stop) if search else ()
+        hits = [(i, i + len(s)) for i, s in found if i >= 0]
         if hits:
             self.stopped = True
             start, end = min(hits)
