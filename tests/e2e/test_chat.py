@@ -439,6 +439,15 @@ def test_truncation_auto_drops_the_oldest_turns_until_the_input_fits(
     assert done.usage is not None
     assert done.usage.input_tokens == counts[5], counts
 
+    def long(turns: int) -> Any:
+        return [*lead, *[{"role": "user", "content": "the sky is blue. " * 600}] * turns, *PARIS]
+
+    count = client.responses.input_tokens.count
+    whole, kept = (count(model=MODEL, input=long(n)).input_tokens for n in (3, 2))
+    assert kept < 8192 < whole  # three long turns do not fit the context; two do
+    cut = count(model=MODEL, input=long(3), truncation="auto")
+    assert cut.input_tokens == kept  # counted as the response would send it
+
 
 def test_a_conversation_goes_on_from_the_output_items(client: openai.OpenAI) -> None:
     """Kiln keeps no responses: the next turn sends the last one's output items back as input,

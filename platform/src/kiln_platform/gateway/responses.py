@@ -14,7 +14,7 @@ import structlog
 from sqlalchemy.exc import SQLAlchemyError
 
 from kiln_platform.errors import BadRequest, KilnError
-from kiln_platform.gateway import _logprobs, _response_input, llm, metrics, tokens
+from kiln_platform.gateway import _logprobs, _prompts, _response_input, llm, metrics, tokens
 from kiln_platform.gateway._prompts import ContextTooLong
 from kiln_platform.gateway._response_input import to_chat
 from kiln_platform.gateway.background import Feed
@@ -75,11 +75,21 @@ async def _chat(
 
 async def input_tokens(kiln: Kiln, admission: Admission, request: ResponsesRequest) -> int:
     """``POST /v1/responses/input_tokens``: the tokens the request's input would take, its
-    history, instructions and tools included, as the chat template renders them; nothing is
-    held or run."""
+    history, instructions and tools included, as the chat template renders them, after the
+    cut ``truncation: auto`` would make; nothing is held or run."""
     _, chat = await _chat(kiln, admission, request)
     with _response_input.renamed():
-        return await tokens.count_prompt(kiln, admission, chat)
+        count = await tokens.count_prompt(kiln, admission, chat)
+        if request.truncation != "auto":
+            return count
+        version, _ = await llm.resolve(kiln, admission, chat.model, slo=False)
+        try:
+            _prompts.max_tokens(chat, count, version.context_length)
+        except ContextTooLong as exc:
+            return await tokens.count_prompt(
+                kiln, admission, await _cut(kiln, admission, chat, exc)
+            )
+        return count
 
 
 async def _fitted(
@@ -95,7 +105,14 @@ async def _fitted(
     except ContextTooLong as exc:
         if not auto:
             raise
-        short = exc
+        return await llm.prepare(kiln, admission, await _cut(kiln, admission, chat, exc))
+
+
+async def _cut(
+    kiln: Kiln, admission: Admission, chat: ChatCompletionRequest, short: ContextTooLong
+) -> ChatCompletionRequest:
+    """``chat`` without the fewest oldest turns that leave ``short.allowed`` prompt tokens
+    (``short`` itself if none does)."""
     messages = chat.messages
     head = next((i for i, m in enumerate(messages) if m.role not in ("system", "developer")), 0)
     cuts = [i for i in range(head + 1, len(messages)) if messages[i].role == "user"]
@@ -112,7 +129,7 @@ async def _fitted(
             low = mid + 1
     if low == len(cuts):
         raise short
-    return await llm.prepare(kiln, admission, kept(low))
+    return kept(low)
 
 
 async def _kept(gen: Generation, request: ResponsesRequest, response: ResponseObject,
