@@ -367,3 +367,32 @@ def test_service_tier_flex_runs_in_the_batch_class_and_says_so(
                  service_tier="priority").parse().service_tier == "default"  # fmt: skip
     with pytest.raises(openai.BadRequestError, match="service_tier"):
         _chat(client, max_tokens=2, service_tier="fast")
+
+
+def test_continuous_usage_stats_puts_the_usage_so_far_in_every_chunk(
+    client: openai.OpenAI,
+) -> None:
+    """vLLM's ``stream_options.continuous_usage_stats``: with ``include_usage``, each chunk's
+    ``usage`` counts what was generated so far; without it, it changes nothing."""
+    every: Any = {"include_usage": True, "continuous_usage_stats": True}
+    chat = list(client.chat.completions.create(
+        model=MODEL, messages=BRIEF, max_tokens=8, temperature=0, stream=True,
+        stream_options=every,
+    ))  # fmt: skip
+    text = list(client.completions.create(
+        model=MODEL, prompt="The capital of France is", max_tokens=6, temperature=0,
+        stream=True, stream_options=every,
+    ))  # fmt: skip
+    for chunks in (chat, text):
+        usages = [c.usage for c in chunks]
+        assert all(u is not None for u in usages)
+        made = [u.completion_tokens for u in usages if u is not None]
+        assert made == sorted(made)
+        assert made[0] < made[-1]
+        assert len({u.prompt_tokens for u in usages if u is not None}) == 1
+        assert chunks[-1].choices == []  # the closing usage chunk, as without it
+    quiet: Any = {"continuous_usage_stats": True}
+    plain = list(client.chat.completions.create(
+        model=MODEL, messages=BRIEF, max_tokens=4, stream=True, stream_options=quiet,
+    ))  # fmt: skip
+    assert all(c.usage is None for c in plain)

@@ -65,8 +65,7 @@ class ChatCompletionsController(DocumentedController):
         metadata_of(data.metadata)
         gen = await llm.prepare(kiln, admission, data)
         if data.stream:
-            include_usage = bool(data.stream_options and data.stream_options.include_usage)
-            events = completions.stream_chat(gen, include_usage)
+            events = completions.stream_chat(gen, data.stream_options)
             if data.keep:
                 events = chat_kept.recorded(gen, data, events)
             return completions.streamed(gen, events)

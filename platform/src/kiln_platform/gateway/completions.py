@@ -33,6 +33,7 @@ from kiln_platform.registry.lifecycle import fingerprint
 if TYPE_CHECKING:
     from collections.abc import AsyncGenerator, Callable
 
+    from kiln_platform.gateway.llm_schemas import StreamOptions
     from kiln_runtimes.protocol import TokenLogprobs
 
 DONE = b"data: [DONE]\n\n"
@@ -164,11 +165,22 @@ def _error_event(exc: KilnError) -> bytes:
     )
 
 
-async def stream_chat(gen: Generation, include_usage: bool) -> AsyncGenerator[bytes, None]:
+def _usage_asked(options: StreamOptions | None) -> tuple[bool, bool]:
+    """Whether a stream ends with a usage chunk (``include_usage``), and whether every chunk
+    carries the usage so far as well (vLLM's ``continuous_usage_stats``, with it)."""
+    if options is None or not options.include_usage:
+        return False, False
+    return True, bool(options.continuous_usage_stats)
+
+
+async def stream_chat(
+    gen: Generation, options: StreamOptions | None
+) -> AsyncGenerator[bytes, None]:
     """``chat.completion.chunk`` events, choices interleaved by ``index``, then usage (if
     asked) and ``[DONE]``."""
     cid, created, model = ident("chatcmpl", gen), int(time.time()), gen.name
     mark, tier = fingerprint(gen.version), gen.admission.service_tier
+    include_usage, every = _usage_asked(options)
 
     def chunk(piece: Piece, delta: Delta, finish: str | None = None) -> bytes:
         logprobs = None
@@ -177,7 +189,8 @@ async def stream_chat(gen: Generation, include_usage: bool) -> AsyncGenerator[by
         choice = ChunkChoice(delta=delta, finish_reason=finish, index=piece.index,
                              logprobs=logprobs)  # fmt: skip
         return sse(ChatCompletionChunk(id=cid, created=created, model=model, choices=[choice],
-                                       system_fingerprint=mark, service_tier=tier))  # fmt: skip
+                                       system_fingerprint=mark, service_tier=tier,
+                                       usage=token_usage(gen) if every else None))  # fmt: skip
 
     held: dict[int, list[Piece]] = {c.index: [] for c in gen.choices if gen.tools is not None}
     for choice in gen.choices:
@@ -236,15 +249,19 @@ def _held(gen: Generation, answer: Piece, chunk: Callable[..., bytes]) -> list[b
     return [chunk(answer, Delta(tool_calls=deltas)), chunk(answer, Delta(), finish)]
 
 
-async def stream_text(gen: Generation, include_usage: bool) -> AsyncGenerator[bytes, None]:
+async def stream_text(
+    gen: Generation, options: StreamOptions | None
+) -> AsyncGenerator[bytes, None]:
     """``text_completion`` events, choices interleaved by ``index`` (each opening with its
     ``echo``), then usage (if asked) and ``[DONE]``."""
     cid, created, model = ident("cmpl", gen), int(time.time()), gen.name
+    include_usage, every = _usage_asked(options)
     offsets = {choice.index: len(choice.echo) for choice in gen.choices}
 
     def event(index: int, text: str, finish: str | None, logprobs: TextLogprobs | None) -> bytes:
         choice = TextChoice(text=text, finish_reason=finish, index=index, logprobs=logprobs)
-        return sse(TextCompletion(id=cid, created=created, model=model, choices=[choice]))
+        return sse(TextCompletion(id=cid, created=created, model=model, choices=[choice],
+                                  usage=token_usage(gen) if every else None))  # fmt: skip
 
     scored = {c.index for c in gen.choices if c.request.prompt_logprobs is not None}
     for choice in gen.choices:

@@ -82,8 +82,7 @@ class OpenAIController(DocumentedController):
         """Create a text completion (``stream: true`` for server-sent events)."""
         gen = await llm.prepare(kiln, admission, data)
         if data.stream:
-            include_usage = bool(data.stream_options and data.stream_options.include_usage)
-            return completions.streamed(gen, completions.stream_text(gen, include_usage))
+            return completions.streamed(gen, completions.stream_text(gen, data.stream_options))
         body = await completions.complete_text(gen)
         return Response(body, media_type=MediaType.JSON, headers=lifecycle.headers(gen.version))
 

@@ -35,6 +35,8 @@ class StreamOptions(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """``stream_options``."""
 
     include_usage: bool = False
+    continuous_usage_stats: bool | None = None
+    """vLLM's: with ``include_usage``, every chunk carries the usage so far too."""
     include_obfuscation: bool | None = None
     """OpenAI's random padding of each delta against size side channels: accepted, and Kiln
     sends none either way (false, the value clients set to save bandwidth, is what it does)."""
