@@ -66,6 +66,26 @@ def test_token_id_inputs_equal_text_inputs(client: openai.OpenAI, kiln_up: Any) 
     assert _cos(np.asarray(text), np.asarray(ids)) > 0.99999
 
 
+def test_truncate_prompt_tokens_keeps_an_inputs_last_tokens(client: openai.OpenAI) -> None:
+    """vLLM's ``truncate_prompt_tokens``: a document over the context (a 400 without it) keeps
+    its last tokens between its special ones, as vLLM's left truncation; -1 is the context."""
+    tail = "the cat sits on the mat"  # six tokens, eight with [CLS] and [SEP]
+    long = "filler " * 600 + tail
+    cut = client.embeddings.create(model=MODEL, input=[long, tail],
+                                   extra_body={"truncate_prompt_tokens": 8})  # fmt: skip
+    alone = client.embeddings.create(model=MODEL, input=tail)
+    assert cut.usage.prompt_tokens == 2 * alone.usage.prompt_tokens == 16
+    for got in cut.data:
+        assert _cos(np.asarray(got.embedding), np.asarray(alone.data[0].embedding)) > 0.99999
+    context = client.models.retrieve(MODEL).model_extra["max_model_len"]  # type: ignore[index]
+    whole = client.embeddings.create(model=MODEL, input=long,
+                                     extra_body={"truncate_prompt_tokens": -1})  # fmt: skip
+    assert whole.usage.prompt_tokens == context
+    ids = client.embeddings.create(model=MODEL, input=[[101, 7592, 2088, 102]],
+                                   extra_body={"truncate_prompt_tokens": 3})  # fmt: skip
+    assert ids.usage.prompt_tokens == 3  # token ids: their last three
+
+
 def test_server_timing_says_where_the_time_went(client: openai.OpenAI) -> None:
     raw = client.embeddings.with_raw_response.create(model=MODEL, input=["a", "b", "c"])
     parts = dict(p.strip().split(";dur=") for p in raw.headers["server-timing"].split(","))
@@ -118,6 +138,8 @@ def test_unknown_model_is_404(client: openai.OpenAI) -> None:
         ({"input": "x", "dimensions": 7}, "dimensions"),
         ({"input": "x", "dimensions": "384"}, "dimensions"),  # a number in a string
         ({"input": "x", "n": 2}, "n"),
+        ({"input": "x", "truncate_prompt_tokens": 2}, "truncate_prompt_tokens"),  # specials only
+        ({"input": "x", "truncate_prompt_tokens": 10**6}, "truncate_prompt_tokens"),
         ({}, "model"),
     ],
 )

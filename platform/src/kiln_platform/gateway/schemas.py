@@ -15,6 +15,9 @@ class EmbeddingsRequest(msgspec.Struct, forbid_unknown_fields=True, kw_only=True
     encoding_format: Literal["float", "base64"] = "float"
     dimensions: int | None = None
     user: str | None = None
+    truncate_prompt_tokens: int | None = None
+    """vLLM's: an input longer than this many tokens (its special tokens counted) keeps its
+    last ones (-1: the model's context); ``None``: a longer input than the context is a 400."""
 
 
 class Embedding(msgspec.Struct, kw_only=True):

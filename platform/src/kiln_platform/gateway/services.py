@@ -57,22 +57,29 @@ def _is_ids(items: list[Any]) -> bool:
     return all(type(x) is int for x in items)
 
 
-def _sequences(raw: list[Any], tokenizer: Tokenizer) -> list[list[int]]:
-    """Token ids per item of a non-empty ``input`` list (strings are tokenized)."""
+def _sequences(raw: list[Any], tokenizer: Tokenizer, keep: int | None) -> list[list[int]]:
+    """Token ids per item of a non-empty ``input`` list (strings are tokenized); with
+    ``keep``, each item's last ``keep`` tokens at most, its special tokens kept and counted."""
     if _is_ids(raw):
-        return [list(raw)]
+        return [list(raw)[-keep:] if keep else list(raw)]
     if all(isinstance(x, str) for x in raw):
         for i, text in enumerate(raw):
             if not text:
                 raise BadRequest(f"'input[{i}]' must not be an empty string.", param=f"input[{i}]")
-        return [e.ids for e in tokenizer.encode_batch(raw)]
+        if keep is None:
+            return [e.ids for e in tokenizer.encode_batch(raw)]
+        bare = tokenizer.encode_batch(raw, add_special_tokens=False)
+        room = keep - tokenizer.num_special_tokens_to_add(False)
+        for encoding in bare:
+            encoding.truncate(room, direction="left")
+        return [tokenizer.post_process(encoding).ids for encoding in bare]
     if all(isinstance(x, list) for x in raw):
         for i, item in enumerate(raw):
             if not item or not _is_ids(item):
                 raise BadRequest(
                     f"'input[{i}]' must be a non-empty list of token ids.", param=f"input[{i}]"
                 )
-        return [list(x) for x in raw]
+        return [list(x)[-keep:] if keep else list(x) for x in raw]
     raise BadRequest(
         "'input' must be a string, a list of strings, or a list of token-id lists.", param="input"
     )
@@ -96,10 +103,12 @@ def _chars(raw: str | list[Any], count: int) -> int:
     return sum(len(x) for x in raw if isinstance(x, str)) if count > 1 else 0
 
 
-def tokenize_input(raw: str | list[Any], tokenizer: Tokenizer, context: int) -> list[list[int]]:
-    """Validate ``input`` (counted by :func:`count_items`) and return token ids per item; errors
-    name the offending field."""
-    ids = _sequences([raw] if isinstance(raw, str) else raw, tokenizer)
+def tokenize_input(
+    raw: str | list[Any], tokenizer: Tokenizer, context: int, keep: int | None = None
+) -> list[list[int]]:
+    """Validate ``input`` (counted by :func:`count_items`) and return token ids per item, each
+    cut to its last ``keep`` tokens if given (:func:`kept_tokens`); errors name the field."""
+    ids = _sequences([raw] if isinstance(raw, str) else raw, tokenizer, keep)
     vocab = tokenizer.get_vocab_size()
     for i, seq in enumerate(ids):
         if len(seq) > context:
@@ -112,6 +121,20 @@ def tokenize_input(raw: str | list[Any], tokenizer: Tokenizer, context: int) -> 
                 f"'input[{i}]' has token ids outside [0, {vocab}).", param=f"input[{i}]"
             )
     return ids
+
+
+def kept_tokens(value: int | None, tokenizer: Tokenizer, context: int) -> int | None:
+    """``truncate_prompt_tokens`` checked: the tokens an input keeps (``None``: no cut)."""
+    if value is None:
+        return None
+    least = tokenizer.num_special_tokens_to_add(False) + 1
+    keep = context if value == -1 else value
+    if not least <= keep <= context:
+        raise BadRequest(
+            f"'truncate_prompt_tokens' must be -1 or between {least} and this model's context, "
+            f"{context}.", param="truncate_prompt_tokens",
+        )  # fmt: skip
+    return keep
 
 
 async def embed(
@@ -133,13 +156,14 @@ async def embed(
         )
     model_dir = await local_tree(kiln.store, version.artifact_digest)
     tokenizer = load_tokenizer(model_dir / (manifest.tokenizer_file or "tokenizer.json"))
+    keep = kept_tokens(request.truncate_prompt_tokens, tokenizer, version.context_length)
     count = count_items(request.input, _max_inputs(kiln.settings))
     with admission.screening(request.model):
         kiln.workers.screen(version.pool, request_id, admission.terms, count)
     with tracing.span("tokenize", {"kiln.inputs": count}):
         ids = await off_loop(
             _chars(request.input, count), tokenize_input, request.input, tokenizer,
-            version.context_length,
+            version.context_length, keep,
         )  # fmt: skip
     tokens = sum(map(len, ids))
     most = Quantities(input_tokens=tokens, items=len(ids))
