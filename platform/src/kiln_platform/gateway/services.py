@@ -104,10 +104,11 @@ def _chars(raw: str | list[Any], count: int) -> int:
 
 
 def tokenize_input(
-    raw: str | list[Any], tokenizer: Tokenizer, context: int, keep: int | None = None
+    raw: str | list[Any], tokenizer: Tokenizer, context: int, truncate: int | None = None
 ) -> list[list[int]]:
     """Validate ``input`` (counted by :func:`count_items`) and return token ids per item, each
-    cut to its last ``keep`` tokens if given (:func:`kept_tokens`); errors name the field."""
+    cut to its last ``truncate_prompt_tokens`` if given; errors name the field."""
+    keep = kept_tokens(truncate, tokenizer, context)
     ids = _sequences([raw] if isinstance(raw, str) else raw, tokenizer, keep)
     vocab = tokenizer.get_vocab_size()
     for i, seq in enumerate(ids):
@@ -156,14 +157,13 @@ async def embed(
         )
     model_dir = await local_tree(kiln.store, version.artifact_digest)
     tokenizer = load_tokenizer(model_dir / (manifest.tokenizer_file or "tokenizer.json"))
-    keep = kept_tokens(request.truncate_prompt_tokens, tokenizer, version.context_length)
     count = count_items(request.input, _max_inputs(kiln.settings))
     with admission.screening(request.model):
         kiln.workers.screen(version.pool, request_id, admission.terms, count)
     with tracing.span("tokenize", {"kiln.inputs": count}):
         ids = await off_loop(
             _chars(request.input, count), tokenize_input, request.input, tokenizer,
-            version.context_length, keep,
+            version.context_length, request.truncate_prompt_tokens,
         )  # fmt: skip
     tokens = sum(map(len, ids))
     most = Quantities(input_tokens=tokens, items=len(ids))
