@@ -189,11 +189,12 @@ def test_fp32_chat_equals_transformers_greedy(
     assert chat.choices[0].finish_reason == "length"
 
 
-def test_an_echoed_prompt_is_scored_as_transformers_scores_it(
+@pytest.fixture(scope="module")
+def scoring(
     kiln: KilnProcess, built: dict[str, dict[str, Any]], sources: dict[str, Path]
-) -> None:
-    """lm-evaluation-harness's log-likelihood request (``echo``, ``logprobs``, token ids in):
-    the prompt tokens' log-probabilities are the source model's, streamed or not."""
+) -> tuple[list[int], Any]:
+    """A prompt's token ids and transformers' log-softmax at each of its positions, from the
+    tiny Llama's source weights (its build keeps every position's logits)."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -203,7 +204,15 @@ def test_an_echoed_prompt_is_scored_as_transformers_scores_it(
     prompt = AutoTokenizer.from_pretrained(folder)(" ".join(TEXTS))["input_ids"]
     model = AutoModelForCausalLM.from_pretrained(folder, torch_dtype=torch.float32).eval()
     with torch.no_grad():
-        want = torch.log_softmax(model(torch.tensor([prompt])).logits[0], -1)
+        return prompt, torch.log_softmax(model(torch.tensor([prompt])).logits[0], -1).numpy()
+
+
+def test_an_echoed_prompt_is_scored_as_transformers_scores_it(
+    kiln: KilnProcess, scoring: tuple[list[int], Any]
+) -> None:
+    """lm-evaluation-harness's log-likelihood request (``echo``, ``logprobs``, token ids in):
+    the prompt tokens' log-probabilities are the source model's, streamed or not."""
+    prompt, want = scoring
     expected = [float(want[i, t]) for i, t in enumerate(prompt[1:])]
     client = _openai(kiln)
     args: dict[str, Any] = {"model": "tiny-llama", "prompt": prompt, "echo": True,
@@ -228,6 +237,40 @@ def test_an_echoed_prompt_is_scored_as_transformers_scores_it(
     assert first.text == got.text[: scored.text_offset[len(prompt)]]
     assert first.logprobs is not None
     assert first.logprobs.token_logprobs == scored.token_logprobs[: len(prompt)]
+
+
+def test_vllms_prompt_logprobs_rank_each_prompt_token(
+    kiln: KilnProcess, scoring: tuple[list[int], Any]
+) -> None:
+    """vLLM's ``prompt_logprobs``: per prompt token (``None`` for the first), by token id, the
+    token itself with its rank and the most probable ones; on a chat, its templated prompt."""
+    import openai
+
+    prompt, want = scoring
+    client = _openai(kiln)
+    text = client.completions.create(model="tiny-llama", prompt=prompt, max_tokens=1,
+                                     extra_body={"prompt_logprobs": 1})  # fmt: skip
+    got = (text.choices[0].model_extra or {})["prompt_logprobs"]
+    assert len(got) == len(prompt)
+    assert got[0] is None
+    for row, position, token in zip(want[:-1], got[1:], prompt[1:], strict=True):
+        own = position[str(token)]
+        assert abs(own["logprob"] - row[token]) < 1e-3
+        above = int((row > row[token] + 1e-4).sum()) + 1  # surely more probable: before it
+        tied = int((np.abs(row - row[token]) <= 1e-4).sum())  # within the builds' difference
+        assert above <= own["rank"] <= above + tied - 1
+        assert position[str(int(row.argmax()))]["rank"] == 1
+        assert len(position) == (1 if own["rank"] == 1 else 2)
+    chat = client.chat.completions.create(model="tiny-llama", max_tokens=1,
+                                          messages=[{"role": "user", "content": TEXTS[0]}],
+                                          extra_body={"prompt_logprobs": 0})  # fmt: skip
+    scores = (chat.model_extra or {})["prompt_logprobs"]
+    assert chat.usage is not None
+    assert len(scores) == chat.usage.prompt_tokens
+    assert all(len(position) == 1 for position in scores[1:])
+    with pytest.raises(openai.BadRequestError, match="stream"):
+        client.completions.create(model="tiny-llama", prompt=prompt, max_tokens=1, stream=True,
+                                  extra_body={"prompt_logprobs": 1})  # fmt: skip
 
 
 @pytest.mark.parametrize("pooling", POOLINGS)

@@ -213,6 +213,9 @@ class TokenLogprobs(msgspec.Struct, frozen=True, kw_only=True, array_like=True):
     logprob: float
     top_ids: list[int] = []
     top_logprobs: list[float] = []
+    rank: int = 0
+    """The token's place among all by probability, 1 the most probable (a scored prompt
+    token's; 0: not computed)."""
 
 
 class GenerateChunk(msgspec.Struct, frozen=True, kw_only=True):

@@ -181,6 +181,9 @@ async def test_an_fp32_build_scores_a_prompt_as_transformers(
     for position, (entry, token) in enumerate(zip(got, prompt[1:], strict=True)):
         row = want[position]
         assert abs(entry.logprob - float(row[token])) < 1e-3, position
+        above = int((row > row[token] + 1e-4).sum()) + 1  # surely more probable: before it
+        tied = int(((row - row[token]).abs() <= 1e-4).sum())  # within the builds' difference
+        assert above <= entry.rank <= above + tied - 1
         assert entry.top_ids == row.topk(3).indices.tolist()
         assert max(abs(a - float(row[i])) for a, i in zip(entry.top_logprobs, entry.top_ids,
                                                             strict=True)) < 1e-3  # fmt: skip

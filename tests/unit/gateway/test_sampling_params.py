@@ -48,6 +48,9 @@ def test_logprobs_shapes() -> None:
     assert sampling(echoed, VOCAB).fields["prompt_logprobs"] == 3  # the worker scores the prompt
     echo_only = CompletionRequest(model="m", prompt="x", echo=True)
     assert sampling(echo_only, VOCAB).fields["prompt_logprobs"] is None
+    both = CompletionRequest(model="m", prompt="x", logprobs=1, echo=True, prompt_logprobs=4)
+    assert sampling(both, VOCAB).fields["prompt_logprobs"] == 4  # the more alternatives
+    assert sampling(chat(prompt_logprobs=0), VOCAB).fields["prompt_logprobs"] == 0
 
 
 def test_top_p_0_is_the_most_probable_token_alone() -> None:
@@ -80,6 +83,8 @@ def test_logit_bias_keys_become_token_ids_and_top_k_minus_1_is_off() -> None:
         ({"min_tokens": -1}, "min_tokens", 1),
         ({"min_tokens": 9, "max_tokens": 8}, "min_tokens", 1),
         ({"min_tokens": 9, "max_completion_tokens": 8}, "min_tokens", 1),
+        ({"prompt_logprobs": 21}, "prompt_logprobs", 1),
+        ({"prompt_logprobs": 1, "stream": True}, "prompt_logprobs", 1),  # as vLLM
     ],
 )
 def test_out_of_range_names_the_field(fields: dict[str, Any], param: str, prompts: int) -> None:

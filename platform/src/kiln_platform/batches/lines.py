@@ -130,10 +130,11 @@ async def _call(kiln: Kiln, admission: Any, endpoint: str, body: dict[str, Any])
         gen, history = await responses.prepare(kiln, admission, request)
         return await responses.complete(gen, request, history)
     if isinstance(request, CompletionRequest):
-        return await completions.complete_text(await llm.prepare(kiln, admission, request))
+        gen = await llm.prepare(kiln, admission, request)
+        return await completions.complete_text(gen, request.prompt_logprobs)
     metadata_of(request.metadata, "body.metadata")
     gen = await llm.prepare(kiln, admission, request)
-    completion = await completions.complete_chat(gen)
+    completion = await completions.complete_chat(gen, request.prompt_logprobs)
     await chat_kept.keep(gen, request, completion)  # a line run again keeps its first answer
     return completion
 

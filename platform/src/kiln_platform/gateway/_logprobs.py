@@ -4,8 +4,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from msgspec.structs import replace
+
 from kiln_platform.gateway.llm_schemas import (
     ChoiceLogprobs,
+    PromptLogprob,
+    PromptLogprobs,
     TextLogprobs,
     TokenLogprob,
     TopLogprob,
@@ -65,18 +69,39 @@ def text(
 
 
 def prompt(
-    model: TextModel, token_ids: Sequence[int], entries: Sequence[TokenLogprobs]
+    model: TextModel, token_ids: Sequence[int], entries: Sequence[TokenLogprobs], top: int
 ) -> TextLogprobs:
     """The echoed prompt's ``logprobs``: its first token has none (nothing came before it);
-    ``entries`` score the tokens after it."""
+    ``entries`` score the tokens after it, ``top`` alternatives of theirs shown."""
     first = _text(model, token_ids[0])[0]
-    rest = text(model, token_ids[1 : 1 + len(entries)], entries, len(first))
+    shown = [replace(e, top_ids=e.top_ids[:top], top_logprobs=e.top_logprobs[:top])
+             for e in entries]  # fmt: skip
+    rest = text(model, token_ids[1 : 1 + len(entries)], shown, len(first))
     return TextLogprobs(
         tokens=[first, *rest.tokens],
         token_logprobs=[None, *rest.token_logprobs],
         top_logprobs=[None, *(rest.top_logprobs or [])],
         text_offset=[0, *rest.text_offset],
     )
+
+
+def vllm_prompt(
+    model: TextModel, token_ids: Sequence[int], entries: Sequence[TokenLogprobs], top: int
+) -> PromptLogprobs:
+    """vLLM's ``prompt_logprobs``: ``None`` for the first token, then for each the token
+    itself (with its rank) and its ``top`` alternatives (ranks from 1), by token id."""
+    out: PromptLogprobs = [None]
+    for token, entry in zip(token_ids[1:], entries, strict=False):
+        ranked = [(token, entry.logprob, entry.rank)]
+        pairs = zip(entry.top_ids[:top], entry.top_logprobs[:top], strict=True)
+        ranked += [(alt, logprob, rank) for rank, (alt, logprob) in enumerate(pairs, 1)]
+        position: dict[str, PromptLogprob] = {}
+        for token_id, logprob, rank in ranked:
+            decoded = _text(model, token_id)[0]
+            scored = PromptLogprob(logprob=logprob, rank=rank, decoded_token=decoded)
+            position.setdefault(str(token_id), scored)
+        out.append(position)
+    return out
 
 
 def joined(first: TextLogprobs, then: TextLogprobs) -> TextLogprobs:

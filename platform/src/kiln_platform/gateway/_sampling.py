@@ -100,12 +100,19 @@ def _logprobs(request: ChatCompletionRequest | CompletionRequest) -> int | None:
     return (top or 0) if request.logprobs else None
 
 
-def _echo_scored(request: ChatCompletionRequest | CompletionRequest) -> int | None:
-    """Alternatives per token of the echoed prompt, which the worker scores (``echo`` with
-    ``logprobs``); ``None``: the prompt is not scored."""
-    if isinstance(request, CompletionRequest) and request.echo:
-        return request.logprobs
-    return None
+def _scored(request: ChatCompletionRequest | CompletionRequest) -> int | None:
+    """Alternatives per prompt token the worker scores its prompt with: vLLM's
+    ``prompt_logprobs`` or an echoed prompt's ``logprobs``, the more of them; ``None``: the
+    prompt is not scored."""
+    asked = request.prompt_logprobs
+    if asked is not None:
+        _between("prompt_logprobs", asked, 0, MAX_LOGPROBS, 0)
+        if request.stream:
+            raise BadRequest("'prompt_logprobs' cannot be streamed (as vLLM): leave out "
+                             "'stream'.", param="prompt_logprobs")  # fmt: skip
+    echoed = request.logprobs if isinstance(request, CompletionRequest) and request.echo else None
+    both = [k for k in (asked, echoed) if k is not None]
+    return max(both) if both else None
 
 
 def _ends(
@@ -159,7 +166,7 @@ def sampling(
         "repetition_penalty": repetition,
         "logit_bias": _logit_bias(request.logit_bias, vocab),
         "logprobs": _logprobs(request),
-        "prompt_logprobs": _echo_scored(request),
+        "prompt_logprobs": _scored(request),
         **_ends(request, vocab, eos or set(), grammar is not None),
     }
     return Sampling(_n(request, prompts), request.seed, fields)

@@ -69,7 +69,7 @@ class ChatCompletionsController(DocumentedController):
             if data.keep:
                 events = chat_kept.recorded(gen, data, events)
             return completions.streamed(gen, events)
-        body = await completions.complete_chat(gen)
+        body = await completions.complete_chat(gen, data.prompt_logprobs)
         await chat_kept.keep(gen, data, body)
         return Response(body, media_type=MediaType.JSON, headers=lifecycle.headers(gen.version))
 

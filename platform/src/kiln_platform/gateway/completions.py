@@ -6,6 +6,7 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+import msgspec
 from litestar.response import Stream
 
 from kiln_platform.errors import KilnError
@@ -18,6 +19,7 @@ from kiln_platform.gateway.llm_schemas import (
     ChatCompletionChunk,
     ChunkChoice,
     Delta,
+    PromptLogprobs,
     PromptTokensDetails,
     TextChoice,
     TextCompletion,
@@ -98,8 +100,8 @@ def tool_calls(gen: Generation, index: int, text: str, finish: str) -> list[Tool
     return gen.tools.calls(text, f"{ident('call', gen)}_{index}")
 
 
-async def complete_chat(gen: Generation) -> ChatCompletion:
-    """A non-streamed chat completion."""
+async def complete_chat(gen: Generation, scored: int | None = None) -> ChatCompletion:
+    """A non-streamed chat completion (``scored``: vLLM's ``prompt_logprobs`` asked)."""
     answers = await collect(gen)
     choices = []
     for i, a in enumerate(answers):
@@ -123,11 +125,13 @@ async def complete_chat(gen: Generation) -> ChatCompletion:
         service_tier=gen.admission.service_tier,
         choices=choices,
         usage=token_usage(gen),
+        prompt_logprobs=_prompt_scores(gen, 0, scored),
     )
 
 
-async def complete_text(gen: Generation) -> TextCompletion:
-    """A non-streamed text completion (``echo`` puts each prompt before its answers)."""
+async def complete_text(gen: Generation, scored: int | None = None) -> TextCompletion:
+    """A non-streamed text completion (``echo`` puts each prompt before its answers;
+    ``scored``: vLLM's ``prompt_logprobs`` asked)."""
     answers = await collect(gen)
     choices = []
     for choice, a in zip(gen.choices, answers, strict=True):
@@ -137,8 +141,9 @@ async def complete_text(gen: Generation) -> TextCompletion:
             if (echoed := _echoed(gen, choice.index)) is not None:
                 logprobs = _logprobs.joined(echoed, logprobs)
         text = choice.echo + "".join(a.parts)
+        scores = _prompt_scores(gen, choice.index, scored)
         choices.append(TextChoice(text=text, finish_reason=a.finish, index=choice.index,
-                                  logprobs=logprobs))  # fmt: skip
+                                  logprobs=logprobs, prompt_logprobs=scores))  # fmt: skip
     return TextCompletion(
         id=ident("cmpl", gen),
         created=int(time.time()),
@@ -150,11 +155,24 @@ async def complete_text(gen: Generation) -> TextCompletion:
 
 
 def _echoed(gen: Generation, index: int) -> TextLogprobs | None:
-    """The ``logprobs`` of choice ``index``'s echoed prompt, if it was scored."""
-    choice = gen.choices[index]
-    if choice.request.prompt_logprobs is None or not choice.request.prompt_ids:
+    """The ``logprobs`` of choice ``index``'s echoed prompt, if it was scored (``echo`` with
+    ``logprobs``: the alternatives it asked for)."""
+    choice, top = gen.choices[index], gen.choices[index].request.logprobs
+    if choice.request.prompt_logprobs is None or not choice.echo or top is None:
         return None
-    return _logprobs.prompt(gen.model, choice.request.prompt_ids, choice.prompt_logprobs)
+    return _logprobs.prompt(gen.model, choice.request.prompt_ids, choice.prompt_logprobs, top)
+
+
+def _prompt_scores(
+    gen: Generation, index: int, scored: int | None
+) -> PromptLogprobs | msgspec.UnsetType:
+    """vLLM's ``prompt_logprobs`` of choice ``index``'s prompt, with ``scored`` alternatives
+    (``UNSET``, left out, when not asked)."""
+    choice = gen.choices[index]
+    if scored is None:
+        return msgspec.UNSET
+    ids = choice.request.prompt_ids
+    return _logprobs.vllm_prompt(gen.model, ids, choice.prompt_logprobs, scored)
 
 
 def _error_event(exc: KilnError) -> bytes:

@@ -83,7 +83,7 @@ class OpenAIController(DocumentedController):
         gen = await llm.prepare(kiln, admission, data)
         if data.stream:
             return completions.streamed(gen, completions.stream_text(gen, data.stream_options))
-        body = await completions.complete_text(gen)
+        body = await completions.complete_text(gen, data.prompt_logprobs)
         return Response(body, media_type=MediaType.JSON, headers=lifecycle.headers(gen.version))
 
     @post("/responses", status_code=200, media_type=SSE, dependencies=SCHEDULED)

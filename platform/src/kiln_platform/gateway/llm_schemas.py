@@ -93,6 +93,9 @@ class _Sampling(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     guided_grammar: str | None = None
     service_tier: Literal["auto", "default", "flex", "scale", "priority"] | None = None
     """``flex``: the ``batch`` class, priced as a batch line (``Admission.serve_as``)."""
+    prompt_logprobs: int | None = None
+    """vLLM's: each prompt token's log-probability, rank and this many alternatives (a text
+    choice's ``prompt_logprobs``, a chat completion's); not with ``stream``."""
     metadata: Any = None
 
 
@@ -265,6 +268,7 @@ class ChatCompletion(msgspec.Struct, kw_only=True):
     """``kiln-<version>-<build digest>``: which version answered."""
     service_tier: str | None = None
     """``default`` or ``flex``: the tier that served it."""
+    prompt_logprobs: PromptLogprobs | msgspec.UnsetType = msgspec.UNSET
     object: str = "chat.completion"
 
 
@@ -299,6 +303,18 @@ class ChatCompletionChunk(msgspec.Struct, kw_only=True, omit_defaults=False):
     object: str = "chat.completion.chunk"
 
 
+class PromptLogprob(msgspec.Struct, kw_only=True):
+    """One token at a scored prompt position (vLLM's ``prompt_logprobs`` entries)."""
+
+    logprob: float
+    rank: int
+    decoded_token: str
+
+
+PromptLogprobs = list[dict[str, PromptLogprob] | None]
+"""Per prompt token, by token id: itself and its alternatives (``None`` for the first)."""
+
+
 class TextChoice(msgspec.Struct, kw_only=True, omit_defaults=False):
     """A text completion choice (also used in its stream chunks)."""
 
@@ -306,6 +322,7 @@ class TextChoice(msgspec.Struct, kw_only=True, omit_defaults=False):
     finish_reason: str | None
     index: int = 0
     logprobs: TextLogprobs | None = None
+    prompt_logprobs: PromptLogprobs | msgspec.UnsetType = msgspec.UNSET
 
 
 class TextCompletion(msgspec.Struct, kw_only=True, omit_defaults=False):

@@ -91,8 +91,8 @@ class EngineCore:
         _validate(request, self.spec)
         if request.prompt_logprobs is not None and self._runner.pruned:
             raise ValueError("this model's build computes the last position's logits only (built "
-                             "with prune_lm_head), so it cannot score prompt tokens ('echo' "
-                             "with 'logprobs')")  # fmt: skip
+                             "with prune_lm_head), so it cannot score prompt tokens "
+                             "('prompt_logprobs', or 'echo' with 'logprobs')")  # fmt: skip
         return Sequence(
             seq_id=next(self._ids),
             prompt_ids=list(request.prompt_ids),
@@ -181,7 +181,7 @@ class EngineCore:
             scores = self._prompt_scores.setdefault(seq.seq_id, [])
             top = seq.prompt_logprobs
             scored = zip(rows[: len(targets)], targets, strict=True)
-            scores.extend(token_logprobs(row, token, top) for row, token in scored)
+            scores.extend(token_logprobs(row, token, top, rank=True) for row, token in scored)
 
     def _sample(self, logits: dict[int, npt.NDArray[np.float32]]) -> dict[int, int]:
         tokens = {}

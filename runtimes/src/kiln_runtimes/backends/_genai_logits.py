@@ -115,13 +115,17 @@ def log_normalizer(logits: npt.NDArray[np.float32]) -> float:
     return top + float(np.log(np.exp(logits - np.float32(top)).sum(dtype=np.float64)))
 
 
-def token_logprobs(logits: npt.NDArray[np.float32], token: int, top: int) -> TokenLogprobs:
+def token_logprobs(
+    logits: npt.NDArray[np.float32], token: int, top: int, *, rank: bool = False
+) -> TokenLogprobs:
     """The chosen token's log-probability and the ``top`` most probable, most probable first
-    (only those entries are computed: ~0.2 ms on a 49k vocabulary)."""
+    (only those entries are computed: ~0.2 ms on a 49k vocabulary); with ``rank``, the chosen
+    token's rank too (one more pass over the row)."""
     norm = log_normalizer(logits)
     chosen = float(logits[token]) - norm
+    place = int(np.count_nonzero(logits > logits[token])) + 1 if rank else 0
     if not top:
-        return TokenLogprobs(logprob=chosen)
+        return TokenLogprobs(logprob=chosen, rank=place)
     size = logits.size
     best = np.argpartition(logits, size - top)[size - top :] if top < size else np.arange(size)
     best = best[np.argsort(-logits[best], kind="stable")]
@@ -129,4 +133,5 @@ def token_logprobs(logits: npt.NDArray[np.float32], token: int, top: int) -> Tok
         logprob=chosen,
         top_ids=[int(i) for i in best],
         top_logprobs=[float(v) - norm for v in logits[best]],
+        rank=place,
     )

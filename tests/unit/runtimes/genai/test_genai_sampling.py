@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from kiln_runtimes.backends._genai_logits import Processor, Shaping
+from kiln_runtimes.backends._genai_logits import Processor, Shaping, token_logprobs
 from kiln_runtimes.backends._genai_sampling import Sampler, draw, nucleus, unnormalized
 
 
@@ -170,3 +170,10 @@ def test_top_k_min_p_and_top_p_compose() -> None:
 def test_invalid_shaping_raises(shaping: Shaping) -> None:
     with pytest.raises(ValueError, match="must be"):
         Sampler(1.0, 1.0, None, shaping)
+
+
+def test_a_scored_tokens_rank_counts_the_more_probable_tokens() -> None:
+    logits = np.asarray([0.5, 3.0, -1.0, 2.0, 0.5], dtype=np.float32)
+    ranks = [token_logprobs(logits, t, 0, rank=True).rank for t in range(5)]
+    assert ranks == [3, 1, 5, 2, 3]  # ties share the better place, as vLLM's
+    assert token_logprobs(logits, 1, 2).rank == 0  # not asked: not computed
