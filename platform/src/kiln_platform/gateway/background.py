@@ -6,8 +6,9 @@ end replaces the stored response. ``GET`` reads it (``in_progress`` once it runs
 .../cancel`` ends it ``cancelled``: the generation stops at once on this gateway, at its next
 lease renewal on another. A gateway that stops cancels its tasks (their responses fail, naming
 why); one that dies leaves them to their lease (``response_store.LOST``). A streamed one
-(``stream`` too) runs the Responses stream into a ``Feed`` its readers follow; its events are
-stored with its end, so ``resume`` serves them on any gateway."""
+(``stream`` too) runs the Responses stream into a ``Feed`` its readers on this gateway follow;
+its events are stored as they come (every ``FLUSH_S``) and with its end, so ``resume`` serves
+them on any gateway, live."""
 
 from __future__ import annotations
 
@@ -34,7 +35,9 @@ log = structlog.get_logger(__name__)
 LEASE_S = 30.0
 """How long a running response's lease lasts; its gateway renews it every third of that."""
 POLL_S = 0.5
-"""How often a stream resumed on a gateway that does not run the response looks for its end."""
+"""How often a stream resumed on a gateway that does not run the response reads its events."""
+FLUSH_S = 0.25
+"""How often a running streamed response stores its new events for readers elsewhere."""
 RETRY_S = 300.0
 """How long an end the database did not take is tried again (``KILN_OUTAGE_BOUND_S``'s 300 s)."""
 STOPPED = "The server stopped before the response was done; create it again."
@@ -136,24 +139,28 @@ class BackgroundResponses:
 
     async def resume(self, tenant: uuid.UUID, response_id: str, seen: int) -> AsyncIterator[bytes]:
         """``GET /v1/responses/{id}?stream=true&starting_after=seen``: the events of a streamed
-        background response after number ``seen``: as they come if this gateway runs it; else
-        all at once when it has ended (another gateway's run is polled until then). A 404 or a
-        400 (not streamed) is raised here, before the stream starts."""
-        ended = await self._store.events(tenant, response_id)
-        return self._resumed(tenant, response_id, seen, ended)
+        background response after number ``seen``, as they come: from its feed if this gateway
+        runs it, else as its gateway stores them (read every ``POLL_S``) until it ends. A 404
+        or a 400 (not streamed) is raised here, before the stream starts."""
+        made = await self._store.events(tenant, response_id)
+        return self._resumed(tenant, response_id, seen, made)
 
     async def _resumed(
-        self, tenant: uuid.UUID, response_id: str, seen: int, ended: list[bytes] | None
+        self, tenant: uuid.UUID, response_id: str, seen: int, made: tuple[list[bytes], bool]
     ) -> AsyncIterator[bytes]:
-        while ended is None:
+        while True:
             if (feed := self._feeds.get((tenant, response_id))) is not None:
                 async for event in feed.after(seen):
                     yield event
                 return
+            events, running = made
+            for event in events[seen + 1 :]:
+                yield event
+            seen = max(seen, len(events) - 1)
+            if not running:
+                return
             await asyncio.sleep(POLL_S)
-            ended = await self._store.events(tenant, response_id)
-        for event in ended[seen + 1 :]:
-            yield event
+            made = await self._store.events(tenant, response_id)
 
     async def _end(
         self, tenant: uuid.UUID, shell: ResponseObject, running: asyncio.Future[ResponseObject],
@@ -161,6 +168,7 @@ class BackgroundResponses:
     ) -> None:  # fmt: skip
         """Wait for the work (renewing its lease), write its end, leave the admission."""
         renewing = asyncio.create_task(self._renew(tenant, shell.id, running))
+        flushing = asyncio.create_task(self._flush(tenant, shell.id, feed)) if feed else None
         try:
             done = await running
         except asyncio.CancelledError:  # cancelled (the store says so), or the gateway stops
@@ -172,6 +180,9 @@ class BackgroundResponses:
             done = _failed(shell, "Internal server error.")
         finally:
             renewing.cancel()
+            if flushing is not None:
+                flushing.cancel()
+                await asyncio.gather(flushing, return_exceptions=True)  # none writes after
         events = feed.made() if feed is not None else None
         try:
             await self._store.finish(tenant, done, events)
@@ -199,6 +210,20 @@ class BackgroundResponses:
             except (SQLAlchemyError, OSError):
                 pause = min(pause * 2, self._lease_s / 3)
         log.error("background response lost: its end was never stored", response_id=done.id)
+
+    async def _flush(self, tenant: uuid.UUID, response_id: str, feed: Feed) -> None:
+        """Store the feed's new events every ``FLUSH_S`` while the run lasts (a failed write is
+        tried at the next; readers elsewhere wait meanwhile)."""
+        stored = 0
+        while True:
+            await asyncio.sleep(FLUSH_S)
+            if len(feed.events) > stored:
+                made = len(feed.events)
+                try:
+                    await self._store.progress(tenant, response_id, feed.events[:made])
+                    stored = made
+                except (SQLAlchemyError, OSError):
+                    log.warning("background events not stored yet", response_id=response_id)
 
     async def _renew(
         self, tenant: uuid.UUID, response_id: str, running: asyncio.Future[Any]

@@ -198,7 +198,7 @@ class ResponseStore:
             row = await session.get(StoredResponse, response.id, with_for_update=True)
             if row is None:
                 return False
-            if events is not None and row.events == b"":
+            if events is not None:  # all of them: those ``progress`` stored are the first
                 row.events = self._seal.seal(b"".join(events), _events_data(row))
             if row.status not in LIVE:
                 return False
@@ -225,9 +225,17 @@ class ResponseStore:
             row.status, row.lease_until = "cancelled", None
             return body
 
-    async def events(self, tenant_id: uuid.UUID, response_id: str) -> list[bytes] | None:
-        """A streamed background response's events: None while it runs, then those it made
-        (none if its gateway died); a 400 naming ``stream`` for any other response."""
+    async def progress(self, tenant_id: uuid.UUID, response_id: str, events: list[bytes]) -> None:
+        """Store the events a streamed background response made so far, while it is live, for
+        its readers on other gateways (``finish`` stores them all)."""
+        async with tenant_transaction(self._sessions, tenant_id) as session:
+            row = await session.get(StoredResponse, response_id, with_for_update=True)
+            if row is not None and row.status in LIVE:
+                row.events = self._seal.seal(b"".join(events), _events_data(row))
+
+    async def events(self, tenant_id: uuid.UUID, response_id: str) -> tuple[list[bytes], bool]:
+        """A streamed background response's events so far, and whether it still runs (those
+        its gateway stored: all once it ended); a 400 naming ``stream`` for any other."""
         async with tenant_transaction(self._sessions, tenant_id) as session:
             row = await _row(session, tenant_id, response_id, "response_id")
         if row.events is None:
@@ -235,12 +243,10 @@ class ResponseStore:
                 "Only a response created with 'background' and 'stream' can be streamed: GET "
                 "it without 'stream'.", param="stream",
             )  # fmt: skip
-        if _running(row):
-            return None
         if not row.events:
-            return []
+            return [], _running(row)
         plain = self._seal.open(row.events, _events_data(row))
-        return [event + b"\n\n" for event in plain.split(b"\n\n") if event]
+        return [event + b"\n\n" for event in plain.split(b"\n\n") if event], _running(row)
 
     async def fetch(self, tenant_id: uuid.UUID, response_id: str) -> dict[str, Any]:
         """The stored response object (``GET /v1/responses/{id}``)."""
