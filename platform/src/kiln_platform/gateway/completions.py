@@ -157,10 +157,11 @@ async def complete_text(gen: Generation, scored: int | None = None) -> TextCompl
 def _echoed(gen: Generation, index: int) -> TextLogprobs | None:
     """The ``logprobs`` of choice ``index``'s echoed prompt, if it was scored (``echo`` with
     ``logprobs``: the alternatives it asked for)."""
-    choice, top = gen.choices[index], gen.choices[index].request.logprobs
-    if choice.request.prompt_logprobs is None or not choice.echo or top is None:
+    choice = gen.choices[index]
+    top, sequence = choice.request.logprobs, choice.request
+    if sequence.prompt_logprobs is None or not choice.echo or top is None:
         return None
-    return _logprobs.prompt(gen.model, choice.request.prompt_ids, choice.prompt_logprobs, top)
+    return _logprobs.prompt(gen.model, sequence.prompt_ids, choice.prompt_logprobs, top)
 
 
 def _prompt_scores(

@@ -68,7 +68,8 @@ class Choice:
     cached_tokens: int = 0
     """Leading prompt tokens the worker took from its prefix cache instead of prefilling."""
     prompt_logprobs: tuple[TokenLogprobs, ...] = ()
-    """Its prompt's tokens scored, from the second on (``echo`` with ``logprobs``)."""
+    """Its prompt's tokens scored, from the second on (``echo`` with ``logprobs``, vLLM's
+    ``prompt_logprobs``)."""
     counts_prompt: bool = True
     """The first choice of its prompt: the one whose prompt ``prompt_tokens`` counts."""
 

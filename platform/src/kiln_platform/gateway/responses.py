@@ -86,9 +86,7 @@ async def input_tokens(kiln: Kiln, admission: Admission, request: ResponsesReque
         try:
             _prompts.max_tokens(chat, count, version.context_length)
         except ContextTooLong as exc:
-            return await tokens.count_prompt(
-                kiln, admission, await _cut(kiln, admission, chat, exc)
-            )
+            return (await _cut(kiln, admission, chat, exc))[1]
         return count
 
 
@@ -105,14 +103,14 @@ async def _fitted(
     except ContextTooLong as exc:
         if not auto:
             raise
-        return await llm.prepare(kiln, admission, await _cut(kiln, admission, chat, exc))
+        return await llm.prepare(kiln, admission, (await _cut(kiln, admission, chat, exc))[0])
 
 
 async def _cut(
     kiln: Kiln, admission: Admission, chat: ChatCompletionRequest, short: ContextTooLong
-) -> ChatCompletionRequest:
-    """``chat`` without the fewest oldest turns that leave ``short.allowed`` prompt tokens
-    (``short`` itself if none does)."""
+) -> tuple[ChatCompletionRequest, int]:
+    """``chat`` without the fewest oldest turns that leave ``short.allowed`` prompt tokens,
+    and its prompt tokens (``short`` raised if no cut fits)."""
     messages = chat.messages
     head = next((i for i, m in enumerate(messages) if m.role not in ("system", "developer")), 0)
     cuts = [i for i in range(head + 1, len(messages)) if messages[i].role == "user"]
@@ -121,15 +119,16 @@ async def _cut(
         return msgspec.structs.replace(chat, messages=[*messages[:head], *messages[cuts[j] :]])
 
     low, high = 0, len(cuts)  # the first cut that fits is in [low, high); high: none does
+    fits = 0  # the prompt tokens of cut ``high`` once one fits (the search counted it)
     while low < high:
         mid = (low + high) // 2
-        if await tokens.count_prompt(kiln, admission, kept(mid)) <= short.allowed:
-            high = mid
+        if (count := await tokens.count_prompt(kiln, admission, kept(mid))) <= short.allowed:
+            high, fits = mid, count
         else:
             low = mid + 1
     if low == len(cuts):
         raise short
-    return kept(low)
+    return kept(low), fits
 
 
 async def _kept(gen: Generation, request: ResponsesRequest, response: ResponseObject,

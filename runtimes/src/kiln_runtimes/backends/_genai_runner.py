@@ -80,7 +80,9 @@ class ModelRunner:
         self._kv_type = types[spec.past_key % 0]
         logits = next(o for o in self._session.get_outputs() if o.name == spec.logits)
         self._logits_type = ORT_TYPES[logits.type]
-        self._pruned: bool = logits.shape[1] == 1  # ``prune_lm_head``: last position only
+        self.pruned: bool = logits.shape[1] == 1
+        """``prune_lm_head``: the graph computes the last position's logits only (it cannot
+        score prompts)."""
         self.capacity = spec.context_length
         shape = (max_sequences, spec.num_kv_heads, self.capacity, spec.head_size)
         self._areas = [_kv_area(shape, self._kv_type) for _ in spec.kv_names()]
@@ -89,11 +91,6 @@ class ModelRunner:
         self._written = 0  # the most positions a row has held since the last ``shrink``
         self.scored: list[tuple[PrefillWork, npt.NDArray[np.float32]]] = []
         """The last step's prefills that score their prompt, with every position's logits."""
-
-    @property
-    def pruned(self) -> bool:
-        """The graph computes the last position's logits only: it cannot score prompts."""
-        return self._pruned
 
     def execute(self, plan: StepPlan) -> dict[int, npt.NDArray[np.float32]]:
         """Run the step plan; returns last-position logits for every slot that samples this step
@@ -174,7 +171,7 @@ class ModelRunner:
     ) -> npt.NDArray[np.float32]:
         """Bind inputs and a fresh logits buffer, run, return ``[rows, positions, vocab]``;
         ``adapters``: each row's adapter slot (``-1``: none)."""
-        positions = 1 if self._pruned else ids.shape[1]
+        positions = 1 if self.pruned else ids.shape[1]
         shape = (ids.shape[0], positions, self.spec.vocab_size)
         logits = np.empty(shape, dtype=self._logits_type)
         binding.bind_cpu_input(self.spec.input_ids, ids)
