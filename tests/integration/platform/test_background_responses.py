@@ -263,5 +263,46 @@ async def test_a_cancelled_stream_ends_with_the_events_it_made(
     assert await _all(await runner.resume(tenant, "resp-cut", -1)) == [_event(0)]
 
 
+async def test_a_stream_whose_run_stopped_or_died_ends_failed(
+    db: Database, tenant: uuid.UUID
+) -> None:
+    """A gateway that stops ends its streams with ``error`` and ``response.failed``, for its
+    readers and those elsewhere; one that died leaves events without that end: readers elsewhere
+    get it once its lease ran out, numbered after the last event it stored."""
+    store, left, feed = ResponseStore(db.sessions, SECRET, 30), list[str](), Feed()
+    runner, other = BackgroundResponses(store), BackgroundResponses(store)
+
+    async def events() -> AsyncGenerator[bytes, None]:
+        yield _event(0)
+        await asyncio.sleep(60)
+        raise AssertionError("not stopped")
+
+    shell = _shell("resp-stopped")
+    await runner.start(_admission(tenant, left), shell, [], partial(feed.pump, events()), feed)
+    reading = await runner.resume(tenant, "resp-stopped", 0)
+    await runner.stop()
+    ends = [msgspec.json.decode(event.split(b"data: ")[1]) async for event in reading]
+    assert [(end["type"], end["sequence_number"]) for end in ends] == [
+        ("error", 1), ("response.failed", 2),
+    ]  # fmt: skip
+    assert ends[0]["message"] == STOPPED
+    assert ends[1]["response"]["error"]["message"] == STOPPED
+    assert await _all(await other.resume(tenant, "resp-stopped", 0)) == feed.events[1:]
+
+    await store.save(tenant, _shell("resp-died"), [], lease_s=0.3, streamed=True)
+    await store.progress(tenant, "resp-died", [_event(0), _event(1)])  # then nobody renews it
+    reading = await other.resume(tenant, "resp-died", 0)
+    assert await anext(reading) == _event(1)
+    ends = [msgspec.json.decode(event.split(b"data: ")[1]) async for event in reading]
+    assert [(end["type"], end["sequence_number"]) for end in ends] == [
+        ("error", 2), ("response.failed", 3),
+    ]  # fmt: skip
+    assert ends[1]["response"]["error"]["message"] == LOST
+    again = await _all(await other.resume(tenant, "resp-died", 2))
+    assert [msgspec.json.decode(event.split(b"data: ")[1])["type"] for event in again] == [
+        "response.failed"
+    ]
+
+
 async def _all(events: AsyncIterator[bytes]) -> list[bytes]:
     return [event async for event in events]

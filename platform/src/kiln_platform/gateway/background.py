@@ -8,7 +8,9 @@ lease renewal on another. A gateway that stops cancels its tasks (their response
 why); one that dies leaves them to their lease (``response_store.LOST``). A streamed one
 (``stream`` too) runs the Responses stream into a ``Feed`` its readers on this gateway follow;
 its events are stored as they come (every ``FLUSH_S``) and with its end, so ``resume`` serves
-them on any gateway, live."""
+them on any gateway, live. A run that fails without its stream saying so (its gateway stopped;
+died, and its lease ran out; the work broke) ends with ``error`` and ``response.failed`` events, as
+a foreground stream that fails after its start."""
 
 from __future__ import annotations
 
@@ -41,11 +43,29 @@ FLUSH_S = 0.25
 RETRY_S = 300.0
 """How long an end the database did not take is tried again (``KILN_OUTAGE_BOUND_S``'s 300 s)."""
 STOPPED = "The server stopped before the response was done; create it again."
+ENDS = (b"event: response.completed", b"event: response.incomplete", b"event: response.failed")
+"""How a stream's last event starts once its run ended and said so."""
 
 
 def _failed(shell: ResponseObject, message: str) -> ResponseObject:
     error = ResponseError(code="server_error", message=message)
     return msgspec.structs.replace(shell, status="failed", error=error)
+
+
+def closing(made: int, response: dict[str, Any]) -> list[bytes]:
+    """The ``error`` and ``response.failed`` events (numbered from ``made``) that end the stream
+    of a failed run that did not end it (its gateway stopped or died, or the work broke), as a
+    foreground stream that fails after its start ends."""
+    error = response.get("error") or {}
+    said = {"code": error.get("code"), "message": error.get("message"), "param": None}
+    kinds: tuple[tuple[str, dict[str, Any]], ...] = (
+        ("error", said), ("response.failed", {"response": response}),
+    )  # fmt: skip
+    return [
+        b"event: %s\ndata: %s\n\n"
+        % (kind.encode(), msgspec.json.encode({"type": kind, "sequence_number": made + i} | fields))
+        for i, (kind, fields) in enumerate(kinds)
+    ]
 
 
 class Feed:
@@ -77,6 +97,13 @@ class Feed:
                 self._wake()
         assert self.end is not None, "a stream that ran out ends with its response"
         return self.end
+
+    def fail(self, response: ResponseObject) -> None:
+        """The run failed without its stream saying so: its closing events (``closing``)."""
+        if self.end is None:
+            self.end = response
+            self.events += closing(len(self.events), msgspec.to_builtins(response))
+            self._wake()
 
     def made(self) -> list[bytes]:
         """Every event the run made, those held included: what is stored at its end."""
@@ -118,6 +145,7 @@ class BackgroundResponses:
         """Each running response's work, and the task that waits for it and writes its end."""
         self._feeds: dict[tuple[uuid.UUID, str], Feed] = {}
         """The running streamed responses' events, by tenant and id."""
+        self._stopping = False
 
     async def start(
         self, admission: Admission, shell: ResponseObject, history: list[dict[str, Any]],
@@ -158,6 +186,11 @@ class BackgroundResponses:
                 yield event
             seen = max(seen, len(events) - 1)
             if not running:
+                if not events or not events[-1].startswith(ENDS):  # its gateway died
+                    body = await self._store.fetch(tenant, response_id)
+                    if body["status"] == "failed":
+                        for event in closing(len(events), body)[seen + 1 - len(events) :]:
+                            yield event
                 return
             await asyncio.sleep(POLL_S)
             made = await self._store.events(tenant, response_id)
@@ -183,6 +216,8 @@ class BackgroundResponses:
             if flushing is not None:
                 flushing.cancel()
                 await asyncio.gather(flushing, return_exceptions=True)  # none writes after
+        if feed is not None and done.status == "failed" and not self._cancelled(running):
+            feed.fail(done)
         events = feed.made() if feed is not None else None
         try:
             await self._store.finish(tenant, done, events)
@@ -194,6 +229,10 @@ class BackgroundResponses:
                 feed.close()
             await leave()
         await self._store_later(tenant, done, events)
+
+    def _cancelled(self, running: asyncio.Future[ResponseObject]) -> bool:
+        """The work was stopped by a cancel of its response (not by this gateway stopping)."""
+        return running.cancelled() and not self._stopping
 
     async def _store_later(
         self, tenant: uuid.UUID, done: ResponseObject, events: list[bytes] | None
@@ -251,7 +290,7 @@ class BackgroundResponses:
     async def stop(self, wait_s: float = 5.0) -> None:
         """Cancel the running responses (each fails, naming why) and wait for their ends; an
         end still being tried again after ``wait_s`` (the database away) is given up."""
-        running = list(self._tasks.values())
+        running, self._stopping = list(self._tasks.values()), True
         for work, _ in running:
             work.cancel()
         if endings := [ending for _, ending in running]:
