@@ -307,6 +307,8 @@ def test_streamed_n_interleaves_choices_with_logprobs(client: openai.OpenAI) -> 
         ({"ignore_eos": True, "response_format": {"type": "json_object"}}, "ignore_eos"),
         ({"chat_template_kwargs": {"messages": []}}, "chat_template_kwargs"),
         ({"continue_final_message": True, "add_generation_prompt": True}, "continue_final_message"),
+        ({"truncate_prompt_tokens": 0}, "truncate_prompt_tokens"),
+        ({"truncate_prompt_tokens": 10**6}, "truncate_prompt_tokens"),  # over the context
     ],
 )
 def test_out_of_range_sampling_is_a_400_naming_the_field(
@@ -326,6 +328,38 @@ def test_too_many_prompts_is_a_400(client: openai.OpenAI) -> None:
     assert body["param"] == "prompt"
     with pytest.raises(openai.BadRequestError, match="prune_lm_head"):  # its graph's last logits
         client.completions.create(model=MODEL, prompt="a b", echo=True, logprobs=1, max_tokens=2)
+
+
+def test_truncate_prompt_tokens_keeps_a_prompts_last_tokens(
+    client: openai.OpenAI, llm_up: Any
+) -> None:
+    """vLLM's ``truncate_prompt_tokens``: a text prompt, or a chat's templated one, keeps its
+    last tokens; it is answered as those tokens given alone, counted so, and ``echo`` repeats
+    what was kept."""
+    prompt = "Once upon a time, in a land far away, there lived a king who loved to count"
+    auth = {"Authorization": f"Bearer {llm_up.key}"}
+    ids = httpx.post(f"{llm_up.base_url}/tokenize", headers=auth,
+                     json={"model": MODEL, "prompt": prompt}).json()["tokens"]  # fmt: skip
+    args: dict[str, Any] = {"model": MODEL, "max_tokens": 6, "temperature": 0}
+    cut = client.completions.create(prompt=prompt, echo=True, **args,
+                                    extra_body={"truncate_prompt_tokens": 6})  # fmt: skip
+    alone = client.completions.create(prompt=ids[-6:], **args)
+    assert cut.usage is not None
+    assert cut.usage.prompt_tokens == 6 < len(ids)
+    kept = httpx.post(f"{llm_up.base_url}/detokenize", headers=auth,
+                      json={"model": MODEL, "tokens": ids[-6:]}).json()["prompt"]  # fmt: skip
+    assert prompt.endswith(kept)
+    assert cut.choices[0].text == kept + alone.choices[0].text
+    whole = _chat(client, messages=BRIEF, max_tokens=1).parse()
+    assert whole.usage is not None
+    chat = _chat(client, messages=BRIEF, max_tokens=1,
+                 extra_body={"truncate_prompt_tokens": 5}).parse()  # fmt: skip
+    assert chat.usage is not None
+    assert chat.usage.prompt_tokens == 5 < whole.usage.prompt_tokens
+    most = _chat(client, messages=BRIEF, max_tokens=1,
+                 extra_body={"truncate_prompt_tokens": -1}).parse()  # fmt: skip
+    assert most.usage is not None
+    assert most.usage.prompt_tokens == whole.usage.prompt_tokens  # under the context: all
 
 
 def _twins(llm_up: Any) -> float:

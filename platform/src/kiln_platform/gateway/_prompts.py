@@ -10,6 +10,7 @@ from kiln_platform.gateway import _tools
 from kiln_platform.gateway._offload import off_loop
 from kiln_platform.gateway._textstream import Detokenizing
 from kiln_platform.gateway.llm_schemas import ChatCompletionRequest, CompletionRequest, Message
+from kiln_platform.gateway.services import kept
 from kiln_runtimes import tracing
 
 if TYPE_CHECKING:
@@ -208,27 +209,36 @@ def max_tokens(
     return wanted
 
 
-def _echoes(request: CompletionRequest, prompts: list[list[int]], model: TextModel) -> list[str]:
-    """The text ``echo`` repeats for each prompt: as written, or decoded from token ids."""
+def _echoes(
+    request: CompletionRequest, prompts: list[list[int]], kept: list[list[int]], model: TextModel
+) -> list[str]:
+    """The text ``echo`` repeats for each prompt: as written, or decoded from its token ids
+    (those it kept, if ``truncate_prompt_tokens`` cut it)."""
     if not request.echo:
         return [""] * len(prompts)
     given = request.prompt
     written = [given] if isinstance(given, str) or len(prompts) == 1 else list(given)
     return [
-        item if isinstance(item, str) else model.tokenizer.decode(ids, skip_special_tokens=False)
-        for item, ids in zip(written, prompts, strict=False)
+        item
+        if isinstance(item, str) and len(ids) == len(whole)
+        else model.tokenizer.decode(ids, skip_special_tokens=False)
+        for item, whole, ids in zip(written, prompts, kept, strict=False)
     ]
 
 
 async def tokenize(
-    request: ChatCompletionRequest | CompletionRequest, model: TextModel, plan: ToolPlan | None
-) -> tuple[list[list[int]], list[str], str]:
-    """The prompts' token ids, their ``echo`` texts and the usage endpoint."""
+    request: ChatCompletionRequest | CompletionRequest, model: TextModel, plan: ToolPlan | None,
+    context: int,
+) -> tuple[list[list[int]], list[str], str]:  # fmt: skip
+    """The prompts' token ids (each cut to its last ``truncate_prompt_tokens``, if given),
+    their ``echo`` texts and the usage endpoint."""
+    keep = kept(request.truncate_prompt_tokens, context)
     with tracing.span("tokenize"):
         if isinstance(request, ChatCompletionRequest):
             chars = chat_chars(request)
             prompt = await off_loop(chars, chat_prompt, request, model, plan)
-            return [prompt], [""], "chat.completions"
+            return [prompt[-keep:] if keep else prompt], [""], "chat.completions"
         chars = prompt_chars(request)
         prompts = await off_loop(chars, completion_prompts, request, model)
-        return prompts, _echoes(request, prompts, model), "completions"
+        cut = [prompt[-keep:] for prompt in prompts] if keep else prompts
+        return cut, _echoes(request, prompts, cut, model), "completions"

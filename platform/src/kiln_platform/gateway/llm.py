@@ -362,7 +362,9 @@ async def prepare(
     grammar = await _structured.compiled(request, tools)
     version, adapter = await resolve(kiln, admission, request.model)
     model = await text_model(kiln, version)
-    prompts, echoes, endpoint = await _prompts.tokenize(request, model, tools)
+    prompts, echoes, endpoint = await _prompts.tokenize(
+        request, model, tools, version.context_length
+    )
     stop = _prompts.stops(request)
     plan = sampling(request, model.tokenizer.get_vocab_size(), len(prompts), grammar=grammar,
                     eos={*model.eos_token_ids, *version.manifest.stop_token_ids})  # fmt: skip

@@ -96,6 +96,9 @@ class _Sampling(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     prompt_logprobs: int | None = None
     """vLLM's: each prompt token's log-probability, rank and this many alternatives (a text
     choice's ``prompt_logprobs``, a chat completion's); not with ``stream``."""
+    truncate_prompt_tokens: int | None = None
+    """vLLM's: the prompt (a chat's as templated) keeps its last this many tokens (-1: as many
+    as the model's context holds), cut before the limits are checked."""
     metadata: Any = None
 
 

@@ -108,7 +108,7 @@ def tokenize_input(
 ) -> list[list[int]]:
     """Validate ``input`` (counted by :func:`count_items`) and return token ids per item, each
     cut to its last ``truncate_prompt_tokens`` if given; errors name the field."""
-    keep = kept_tokens(truncate, tokenizer, context)
+    keep = kept(truncate, context, tokenizer.num_special_tokens_to_add(False) + 1)
     ids = _sequences([raw] if isinstance(raw, str) else raw, tokenizer, keep)
     vocab = tokenizer.get_vocab_size()
     for i, seq in enumerate(ids):
@@ -124,11 +124,11 @@ def tokenize_input(
     return ids
 
 
-def kept_tokens(value: int | None, tokenizer: Tokenizer, context: int) -> int | None:
-    """``truncate_prompt_tokens`` checked: the tokens an input keeps (``None``: no cut)."""
+def kept(value: int | None, context: int, least: int = 1) -> int | None:
+    """vLLM's ``truncate_prompt_tokens`` checked: how many of its last tokens a prompt keeps
+    (-1: the model's context; ``None``: all), at least ``least``."""
     if value is None:
         return None
-    least = tokenizer.num_special_tokens_to_add(False) + 1
     keep = context if value == -1 else value
     if not least <= keep <= context:
         raise BadRequest(

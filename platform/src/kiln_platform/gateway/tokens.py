@@ -68,8 +68,9 @@ async def _model(kiln: Kiln, admission: Admission, name: str) -> tuple[ResolvedV
 async def count_prompt(kiln: Kiln, admission: Admission, request: ChatCompletionRequest) -> int:
     """The prompt tokens ``request`` takes as ``llm.prepare`` tokenizes it."""
     tools = _tools.plan(request.tools, request.tool_choice, request.parallel_tool_calls)
-    _, model = await _model(kiln, admission, request.model)
-    return sum(len(prompt) for prompt in (await _prompts.tokenize(request, model, tools))[0])
+    version, model = await _model(kiln, admission, request.model)
+    prompts, _, _ = await _prompts.tokenize(request, model, tools, version.context_length)
+    return sum(map(len, prompts))
 
 
 def _as_request(data: TokenizeRequest) -> ChatCompletionRequest | CompletionRequest:
@@ -96,7 +97,7 @@ async def tokenize(kiln: Kiln, admission: Admission, data: TokenizeRequest) -> T
     plan = None
     if isinstance(request, ChatCompletionRequest):
         plan = _tools.plan(request.tools, None, None)
-    (ids,), _, _ = await _prompts.tokenize(request, model, plan)
+    (ids,), _, _ = await _prompts.tokenize(request, model, plan, version.context_length)
     strs = [model.tokenizer.id_to_token(i) or "" for i in ids] if data.return_token_strs else None
     return TokenizeResponse(count=len(ids), max_model_len=version.context_length, tokens=ids,
                             token_strs=strs)  # fmt: skip
