@@ -7,7 +7,7 @@ raw logits, then temperature, then ``min_p``, ``top_k`` and ``top_p`` (``_genai_
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import numpy.typing as npt
@@ -109,6 +109,29 @@ class Processor:
         return out
 
 
+BLOCK = 64
+"""Entries per block of the bound ``largest`` starts from."""
+NEAR_MOST = 4096
+"""Entries at or above that bound past which ``largest`` partitions the whole row instead."""
+
+
+def largest(values: npt.NDArray[Any], k: int) -> npt.NDArray[np.intp]:
+    """The ids of the ``k`` largest entries, in no order (ties broken arbitrarily): what
+    ``np.argpartition(-values, k - 1)[:k]`` gives, ~5x quicker on a vocabulary-sized row. The
+    ``k``-th largest of the row's block maxima (``k`` distinct entries) is at most its ``k``-th
+    largest entry, so the few entries at or above it hold the answer."""
+    size = values.size
+    if k >= size:
+        return np.arange(size)
+    blocks = size // BLOCK
+    if blocks >= k:
+        maxima = values[: blocks * BLOCK].reshape(blocks, BLOCK).max(axis=1)
+        near = np.flatnonzero(values >= np.partition(maxima, blocks - k)[blocks - k])
+        if near.size <= NEAR_MOST:
+            return near[np.argpartition(-values[near], k - 1)[:k]]
+    return np.argpartition(-values, k - 1)[:k]
+
+
 def log_normalizer(logits: npt.NDArray[np.float32]) -> float:
     """``log(sum(exp(logits)))``, stable: ``log_softmax(x) = x - log_normalizer(x)``."""
     top = float(logits.max())
@@ -119,15 +142,14 @@ def token_logprobs(
     logits: npt.NDArray[np.float32], token: int, top: int, *, rank: bool = False
 ) -> TokenLogprobs:
     """The chosen token's log-probability and the ``top`` most probable, most probable first
-    (only those entries are computed: ~0.2 ms on a 49k vocabulary); with ``rank``, the chosen
+    (only those entries are computed: ~0.1 ms on a 49k vocabulary); with ``rank``, the chosen
     token's rank too (one more pass over the row)."""
     norm = log_normalizer(logits)
     chosen = float(logits[token]) - norm
     place = int(np.count_nonzero(logits > logits[token])) + 1 if rank else 0
     if not top:
         return TokenLogprobs(logprob=chosen, rank=place)
-    size = logits.size
-    best = np.argpartition(logits, size - top)[size - top :] if top < size else np.arange(size)
+    best = largest(logits, top)
     best = best[np.argsort(-logits[best], kind="stable")]
     return TokenLogprobs(
         logprob=chosen,

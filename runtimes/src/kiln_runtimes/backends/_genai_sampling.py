@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import numpy.typing as npt
 
-from kiln_runtimes.backends._genai_logits import Processor, Shaping, token_logprobs
+from kiln_runtimes.backends._genai_logits import Processor, Shaping, largest, token_logprobs
 
 if TYPE_CHECKING:
     from kiln_runtimes.backends._genai_grammar import Constraint
@@ -91,7 +91,7 @@ class Sampler:
         weights = unnormalized(logits, self.temperature)
         ids, shaping = None, self.shaping
         if 0 < shaping.top_k < weights.size:
-            ids = np.argpartition(-weights, shaping.top_k - 1)[: shaping.top_k]
+            ids = largest(weights, shaping.top_k)
             weights = weights[ids]
         if shaping.min_p > 0:  # the most probable token's weight is exactly 1
             keep = np.flatnonzero(weights >= np.float32(shaping.min_p))
@@ -114,14 +114,14 @@ def unnormalized(logits: npt.NDArray[np.float32], temperature: float) -> npt.NDA
 def nucleus(weights: npt.NDArray[np.float32], top_p: float) -> npt.NDArray[np.intp]:
     """Ids of the smallest most-probable set holding ``top_p`` of the mass, most probable first.
 
-    Looks at the top ``k`` first (``argpartition``) and widens only when their mass falls short,
+    Looks at the top ``k`` first (``largest``) and widens only when their mass falls short,
     so the common case avoids sorting the whole vocabulary but the result is exact.
     """
     size = weights.size
     target = top_p * float(weights.sum(dtype=np.float64))
     k = min(NUCLEUS_FIRST_GUESS, size)
     while True:
-        top = np.argpartition(-weights, k - 1)[:k] if k < size else np.arange(size)
+        top = largest(weights, k)
         order = top[np.argsort(-weights[top], kind="stable")]
         mass = np.cumsum(weights[order], dtype=np.float64)
         if mass[-1] >= target or k == size:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from kiln_runtimes.backends._genai_logits import Processor, Shaping, token_logprobs
+from kiln_runtimes.backends._genai_logits import Processor, Shaping, largest, token_logprobs
 from kiln_runtimes.backends._genai_sampling import Sampler, draw, nucleus, unnormalized
 
 
@@ -177,3 +177,21 @@ def test_a_scored_tokens_rank_counts_the_more_probable_tokens() -> None:
     ranks = [token_logprobs(logits, t, 0, rank=True).rank for t in range(5)]
     assert ranks == [3, 1, 5, 2, 3]  # ties share the better place, as vLLM's
     assert token_logprobs(logits, 1, 2).rank == 0  # not asked: not computed
+
+
+@pytest.mark.parametrize("k", [1, 2, 5, 20, 64, 500])
+def test_largest_is_the_k_largest_entries_of_any_row(k: int) -> None:
+    """Exact on rows a vocabulary makes (49,152 entries, ties, -inf masks, exp'd weights that
+    underflow to 0) and on short ones: the same values as a full sort gives."""
+    rng = np.random.default_rng(k)
+    logits = rng.standard_normal(49_152).astype(np.float32) * 4
+    masked = np.full(49_152, -np.inf, np.float32)
+    masked[rng.choice(49_152, 3 * k, replace=False)] = rng.standard_normal(3 * k)
+    rows = [
+        logits, unnormalized(logits, 0.3), masked, np.round(logits),  # many ties
+        np.sort(logits), np.zeros(49_152, np.float32), logits[: k + 3], logits[: max(1, k // 2)],
+    ]  # fmt: skip
+    for row in rows:
+        got = largest(row, k)
+        assert len(set(got.tolist())) == got.size == min(k, row.size)
+        assert np.array_equal(np.sort(row[got]), np.sort(row)[row.size - got.size :])
