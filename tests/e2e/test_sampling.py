@@ -251,6 +251,13 @@ def test_prompt_list_with_n_indexes_prompt_times_n_plus_j(client: openai.OpenAI)
     assert resp.usage.prompt_tokens == sum(s.usage.prompt_tokens for s in singles if s.usage)
 
 
+def test_a_negative_seed_repeats_as_any_seed(client: openai.OpenAI) -> None:
+    """vLLM takes any 64-bit seed, negative ones too (the worker's generator takes none)."""
+    args = {"seed": -(2**63), "temperature": 1.0, "max_tokens": 8}
+    first, again = _chat(client, **args).parse(), _chat(client, **args).parse()
+    assert first.choices[0].message.content == again.choices[0].message.content
+
+
 def test_echo_and_text_logprobs(client: openai.OpenAI) -> None:
     prompt = "The capital of France is"
     echoed = client.completions.create(
@@ -308,6 +315,7 @@ def test_streamed_n_interleaves_choices_with_logprobs(client: openai.OpenAI) -> 
         ({"chat_template_kwargs": {"messages": []}}, "chat_template_kwargs"),
         ({"continue_final_message": True, "add_generation_prompt": True}, "continue_final_message"),
         ({"truncate_prompt_tokens": 0}, "truncate_prompt_tokens"),
+        ({"seed": 2**63}, "seed"),
         ({"truncate_prompt_tokens": 10**6}, "truncate_prompt_tokens"),  # over the context
     ],
 )

@@ -43,6 +43,16 @@ def _between(name: str, value: float | None, low: float, high: float, default: f
     return value
 
 
+def _seed(value: int | None) -> int | None:
+    """``seed`` as vLLM takes it (any 64-bit signed integer), as the worker's generator takes
+    it: non-negative, one for one (a negative one wraps to 2**64 + seed)."""
+    if value is None:
+        return None
+    if not -(2**63) <= value < 2**63:
+        raise BadRequest("'seed' must be a 64-bit integer.", param="seed")
+    return value % 2**64
+
+
 def _n(request: ChatCompletionRequest | CompletionRequest, prompts: int) -> int:
     n = 1 if request.n is None else request.n
     if not 1 <= n <= MAX_N:
@@ -169,4 +179,4 @@ def sampling(
         "prompt_logprobs": _scored(request),
         **_ends(request, vocab, eos or set(), grammar is not None),
     }
-    return Sampling(_n(request, prompts), request.seed, fields)
+    return Sampling(_n(request, prompts), _seed(request.seed), fields)
