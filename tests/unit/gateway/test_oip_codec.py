@@ -58,11 +58,39 @@ def test_parses_binary_tensor_data_in_input_order() -> None:
         (b'{"inputs": [{"name": "a", "shape": [1], "datatype": "FP32"}]}', None, "neither"),
         (b'{"inputs": []}', "999", "does not fit"),
         (b'{"inputs": []}xx', "14", "belong to no input"),
+        (b'{"inputs": [{"name": "a", "shape": [2], "datatype": "INT32", "data": [1, 1.5]}]}',
+         None, "not all INT32 values"),  # numpy alone would truncate it to 1
+        (b'{"inputs": [{"name": "a", "shape": [1], "datatype": "BOOL", "data": [2]}]}',
+         None, "not all BOOL values"),
+        (b'{"inputs": [{"name": "a", "shape": [1], "datatype": "UINT8", "data": [256]}]}',
+         None, "not all UINT8 values"),
+        (b'{"inputs": [{"name": "a", "shape": [1], "datatype": "FP32", "data": ["x"]}]}',
+         None, "not all FP32 values"),
+        (b'{"inputs": [{"name": "a", "shape": [2], "datatype": "FP32", "data": [1, 1e39]}]}',
+         None, "out of FP32's range"),  # else infinite
+        (b'{"inputs": [{"name": "a", "shape": [1], "datatype": "FP16", "data": [70000]}]}',
+         None, "out of FP16's range"),
     ],
 )  # fmt: skip
 def test_rejects_malformed_requests(body: bytes, length: str | None, message: str) -> None:
     with pytest.raises(BadRequest, match=message):
         oip_codec.parse(body, length)
+
+
+def test_takes_what_each_datatype_holds() -> None:
+    body = {
+        "inputs": [
+            {"name": "a", "shape": [2], "datatype": "FP16", "data": [1, 2.5]},
+            {"name": "b", "shape": [2], "datatype": "BOOL", "data": [True, False]},
+            {"name": "c", "shape": [1], "datatype": "UINT64", "data": [2**64 - 1]},
+            {"name": "d", "shape": [0, 2], "datatype": "INT32", "data": []},
+        ]
+    }
+    _, tensors = oip_codec.parse(json.dumps(body).encode(), None)
+    assert np.frombuffer(tensors[0].data, "<f2").tolist() == [1, 2.5]
+    assert np.frombuffer(tensors[1].data, "|b1").tolist() == [True, False]
+    assert np.frombuffer(tensors[2].data, "<u8").tolist() == [2**64 - 1]
+    assert tensors[3].data == b""
 
 
 def result() -> InferResult:

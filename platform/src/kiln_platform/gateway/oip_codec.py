@@ -49,7 +49,7 @@ def parse(body: bytes, header_length: str | None) -> tuple[InferRequestBody, lis
             data = bytes(binary[offset : offset + size])
             offset += size
         elif item.data is not None:
-            data = _from_json(item.data, dtype, item.shape, item.name)
+            data = _from_json(item.data, dtype, item.shape, item.name, item.datatype)
         else:
             raise BadRequest(f"input {item.name!r} has neither data nor binary_data_size")
         tensors.append(Tensor(name=item.name, datatype=item.datatype, shape=item.shape, data=data))
@@ -64,11 +64,27 @@ def _dtype(datatype: str, what: str) -> np.dtype[Any]:
     return np.dtype(DATATYPES[datatype])
 
 
-def _from_json(data: list[Any], dtype: np.dtype[Any], shape: list[int], name: str) -> bytes:
+TAKES = {"b": "b", "i": "iu", "u": "iu"}
+"""The JSON values (as numpy infers them) an integer or BOOL input takes: numpy would truncate
+``1.5`` to 1 and read 2 as true, where Triton refuses them."""
+
+
+def _from_json(
+    data: list[Any], dtype: np.dtype[Any], shape: list[int], name: str, datatype: str
+) -> bytes:
+    """``data`` as the input's bytes; a 400 for a value of another type or out of its range
+    (a float past FP16's or FP32's largest would become infinite)."""
     try:
-        array = np.asarray(data, dtype=dtype)
+        with np.errstate(over="ignore"):  # an overflow is found below, as infinities
+            array = np.asarray(data, dtype=dtype)
+        given = np.asarray(data) if dtype.kind in TAKES and array.size else None
+        exact = given is None or given.dtype.kind in TAKES[dtype.kind]
     except (ValueError, TypeError, OverflowError):
-        raise BadRequest(f"input {name!r}: data is not all {dtype.name}") from None
+        exact = False
+    if not exact:
+        raise BadRequest(f"input {name!r}: data is not all {datatype} values")
+    if dtype.kind == "f" and np.isinf(array).any():
+        raise BadRequest(f"input {name!r}: data holds values out of {datatype}'s range")
     if array.size != math.prod(shape):
         raise BadRequest(f"input {name!r}: {array.size} values do not fill shape {shape}")
     return array.tobytes()
