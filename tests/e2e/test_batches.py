@@ -230,6 +230,11 @@ def test_bad_batches_name_the_field_or_line_and_bill_nothing(
     with pytest.raises(openai.BadRequestError) as refused:
         client.batches.create(input_file_id=good.id, endpoint=unknown, completion_window="24h")
     assert refused.value.body["param"] == "endpoint"  # type: ignore[index]
+    for metadata in ({"k" * 65: "v"}, {"k": "v" * 513}):  # OpenAI's bounds
+        with pytest.raises(openai.BadRequestError) as refused:
+            client.batches.create(input_file_id=good.id, endpoint=EMBED, completion_window="24h",
+                                  metadata=metadata)  # fmt: skip
+        assert refused.value.body["param"] == "metadata"  # type: ignore[index]
     other = openai.OpenAI(base_url=f"{kiln.base_url}/v1", api_key=kiln.env["OTHER_KEY"],
                           max_retries=0)  # fmt: skip
     with pytest.raises(openai.NotFoundError) as missing:

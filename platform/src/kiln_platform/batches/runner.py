@@ -24,7 +24,7 @@ from sqlalchemy import func, select, update
 
 from kiln_platform.batches import events, lines, metrics, quota
 from kiln_platform.batches.claims import Claim
-from kiln_platform.batches.files import public_id, store_output
+from kiln_platform.batches.files import pruning, public_id, store_output
 from kiln_platform.batches.jsonl import check_line
 from kiln_platform.batches.recorder import GROUP, LineRecorder
 from kiln_platform.batches.schemas import OPEN
@@ -79,11 +79,13 @@ class BatchRunner:
         self._recorder = LineRecorder(kiln, self._record_s)
         self._free = asyncio.Semaphore(self._concurrency)
         self._unrecorded = asyncio.Semaphore(max(GROUP, self._concurrency))
+        self._pruning = asyncio.create_task(pruning(kiln), name="file-prune")
         if self._concurrency > 0:
             self._task = asyncio.create_task(self._loop(), name="batch-runner")
 
     async def stop(self) -> None:
         """Stop: lines in flight are dropped unrecorded (another run does them again)."""
+        self._pruning.cancel()
         if self._task is not None:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -362,10 +364,11 @@ class BatchRunner:
                 .order_by(BatchLine.line)
             )).all()  # fmt: skip
         name = public_id("batch_", job.id)
+        kept_s = job.output_expires_s
         output = await store_output(self._kiln, job.tenant_id, f"{name}_output.jsonl",
-                                    [o for ok, o in rows if ok])  # fmt: skip
+                                    [o for ok, o in rows if ok], kept_s)  # fmt: skip
         errors = await store_output(self._kiln, job.tenant_id, f"{name}_error.jsonl",
-                                    [o for ok, o in rows if not ok])  # fmt: skip
+                                    [o for ok, o in rows if not ok], kept_s)  # fmt: skip
         try:
             async with self._kiln.db.sessions.begin() as session:
                 session.add_all([f for f in (output, errors) if f is not None])

@@ -23,6 +23,15 @@ class FileObject(msgspec.Struct, kw_only=True):
     object: str = "file"
     status: str = "processed"
     status_details: str | None = None
+    expires_at: int | None = None
+    """When it is deleted (``expires_after``); null: kept until deleted."""
+
+
+class ExpiresAfter(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """OpenAI's ``expires_after`` (a file's) and ``output_expires_after`` (a batch's files)."""
+
+    anchor: Literal["created_at"]
+    seconds: int
 
 
 class FileList(msgspec.Struct, kw_only=True):
@@ -51,7 +60,7 @@ class BatchCreate(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     endpoint: str
     completion_window: str
     metadata: dict[str, str] | None = None
-    output_expires_after: dict[str, Any] | None = None
+    output_expires_after: ExpiresAfter | None = None
 
 
 class BatchError(msgspec.Struct, kw_only=True):

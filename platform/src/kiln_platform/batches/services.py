@@ -18,7 +18,7 @@ from sqlalchemy import case, func, select, tuple_, update
 
 from kiln_platform.batches import quota
 from kiln_platform.batches._tenant import tenant_tx
-from kiln_platform.batches.files import find, parse_id, public_id
+from kiln_platform.batches.files import expiry, find, parse_id, public_id
 from kiln_platform.batches.schemas import (
     ENDPOINTS,
     BatchCreate,
@@ -94,6 +94,9 @@ def _checked(data: BatchCreate) -> None:
         raise BadRequest("'completion_window' must be '24h'.", param="completion_window")
     if data.metadata is not None and len(data.metadata) > MAX_METADATA:
         raise BadRequest(f"'metadata' takes at most {MAX_METADATA} pairs.", param="metadata")
+    if any(len(k) > 64 or len(v) > 512 for k, v in (data.metadata or {}).items()):
+        raise BadRequest("'metadata' keys take at most 64 characters, values 512.",
+                         param="metadata")  # fmt: skip
 
 
 def _runs_as(principal: Principal) -> dict[str, Any]:
@@ -106,6 +109,7 @@ async def create(kiln: Kiln, principal: Principal, data: BatchCreate) -> BatchOb
     """A new batch, ``validating`` until a runner checks its lines; refused (429) if a batch
     quota has no room for its file's estimated tokens (``batches.quota``)."""
     _checked(data)
+    kept_s = expiry(data.output_expires_after, "output_expires_after")
     source = await find(kiln, principal.tenant_id, data.input_file_id, "input_file_id")
     if source.purpose != "batch":
         raise BadRequest("'input_file_id' must name a file of purpose 'batch'.",
@@ -117,6 +121,7 @@ async def create(kiln: Kiln, principal: Principal, data: BatchCreate) -> BatchOb
         id=uuid.uuid4(), tenant_id=principal.tenant_id, endpoint=data.endpoint,
         input_file_id=source.id, completion_window=data.completion_window,
         status="validating", metadata_=data.metadata, principal=_runs_as(principal),
+        output_expires_s=kept_s,
         total=source.lines, estimated_tokens=source.estimated_tokens, created_at=now,
         expires_at=expires,
     )  # fmt: skip

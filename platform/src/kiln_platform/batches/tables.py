@@ -36,6 +36,8 @@ class StoredFile(Base):
     estimated_tokens: Mapped[int] = mapped_column(BigInteger, server_default="0")
     """Its lines' estimated tokens (``quotas.batch_policy.line_tokens``): the batch quotas'."""
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
+    expires_at: Mapped[datetime | None] = _ts()
+    """When it is deleted (``expires_after``; migration 0034); null: kept until deleted."""
 
 
 class BatchJob(Base):
@@ -63,6 +65,9 @@ class BatchJob(Base):
     total: Mapped[int] = mapped_column(Integer, server_default="0")
     estimated_tokens: Mapped[int] = mapped_column(BigInteger, server_default="0")
     """Its input file's estimated tokens: counted under ``batch_enqueued_tokens`` while open."""
+    output_expires_s: Mapped[int | None] = mapped_column(Integer)
+    """``output_expires_after.seconds``: its output and error files expire so long after they
+    are made (null: kept until deleted)."""
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
     expires_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
     in_progress_at: Mapped[datetime | None] = _ts()

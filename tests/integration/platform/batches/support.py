@@ -91,14 +91,15 @@ def line_texts(n: int) -> list[str]:
     return [f"text {i} " + "that takes a little while to embed " * 8 for i in range(n)]
 
 
-async def submit(client: openai.AsyncOpenAI, bodies: list[dict[str, Any]]) -> Any:
-    """A batch of ``/v1/embeddings`` lines ``r0``, ``r1``, ... with these bodies."""
+async def submit(client: openai.AsyncOpenAI, bodies: list[dict[str, Any]], **create: Any) -> Any:
+    """A batch of ``/v1/embeddings`` lines ``r0``, ``r1``, ... with these bodies (``create``:
+    more fields of ``batches.create``)."""
     lines = [{"custom_id": f"r{i}", "method": "POST", "url": "/v1/embeddings", "body": body}
              for i, body in enumerate(bodies)]  # fmt: skip
     data = "".join(json.dumps(line) + "\n" for line in lines).encode()
     uploaded = await client.files.create(file=("in.jsonl", io.BytesIO(data)), purpose="batch")
     return await client.batches.create(
-        input_file_id=uploaded.id, endpoint="/v1/embeddings", completion_window="24h"
+        input_file_id=uploaded.id, endpoint="/v1/embeddings", completion_window="24h", **create
     )
 
 

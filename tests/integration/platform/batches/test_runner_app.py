@@ -10,7 +10,9 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
+from datetime import timedelta
 from decimal import Decimal
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -19,8 +21,10 @@ import httpx
 import openai
 import pytest
 from prometheus_client import REGISTRY
-from sqlalchemy import func, select
+from sqlalchemy import func, select, update
 
+from kiln_platform.batches import files
+from kiln_platform.batches.tables import StoredFile
 from kiln_platform.billing.pricing import micros
 from kiln_platform.context import Kiln
 from kiln_platform.db.tables import UsageEvent
@@ -230,3 +234,68 @@ async def test_a_cancel_stops_new_lines_at_once(app: Any, client: openai.AsyncOp
     assert done.status == "cancelled"
     # the line in flight, and those that ran before the cancel, waiting for their group's write
     assert at_cancel <= done.request_counts.completed <= at_cancel + 3
+
+
+async def test_files_expire_when_asked_and_the_prune_deletes_them(
+    app: Any, client: openai.AsyncOpenAI
+) -> None:
+    """OpenAI's ``expires_after`` (an upload's) and ``output_expires_after`` (a batch's files):
+    the file says when; past it, it reads as gone (404, not listed) and ``prune`` deletes its
+    row and its bytes. Seconds out of OpenAI's range are a 400 naming the field."""
+    kiln: Kiln = app.state.kiln
+    hour: Any = {"anchor": "created_at", "seconds": 3600}
+    body = {"model": MINILM, "input": "an expiring line"}
+    data = json.dumps({"custom_id": "a", "method": "POST", "url": "/v1/embeddings", "body": body})
+    kept = await client.files.create(file=("a.jsonl", data.encode()), purpose="batch",
+                                     expires_after=hour)  # fmt: skip
+    assert kept.expires_at is not None
+    assert abs(kept.expires_at - kept.created_at - 3600) <= 1
+    plain = await client.files.create(file=("b.jsonl", f"{data}\n".encode()), purpose="batch")
+    assert plain.expires_at is None
+    bads: list[Any] = [
+        {"anchor": "created_at", "seconds": 60},
+        {"anchor": "last_active_at", "seconds": 3600},
+    ]
+    for bad in bads:
+        with pytest.raises(openai.BadRequestError) as err:
+            await client.files.create(file=("c.jsonl", data.encode()), purpose="batch",
+                                      expires_after=bad)  # fmt: skip
+        assert str(err.value.body["param"]).startswith("expires_after")  # type: ignore[index]
+    with pytest.raises(openai.BadRequestError) as err:
+        await submit(client, [{"model": MINILM, "input": "x"}],
+                     output_expires_after={"anchor": "created_at", "seconds": 10**8})  # fmt: skip
+    assert err.value.body["param"] == "output_expires_after.seconds"  # type: ignore[index]
+    batch = await submit(client, [{"model": MINILM, "input": "x"}], output_expires_after=hour)
+    done = await finished(client, batch.id)
+    output = await client.files.retrieve(done.output_file_id)
+    assert output.expires_at is not None
+    assert abs(output.expires_at - output.created_at - 3600) <= 1
+
+    async with kiln.db.sessions.begin() as session:  # an hour on
+        await session.execute(
+            update(StoredFile).where(StoredFile.expires_at.is_not(None))
+            .values(expires_at=func.now() - timedelta(seconds=1))
+        )  # fmt: skip
+        digest = await session.scalar(
+            select(StoredFile.digest).where(StoredFile.id == _uuid(kept.id))
+        )
+    assert digest is not None
+    with pytest.raises(openai.NotFoundError):
+        await client.files.retrieve(kept.id)
+    with pytest.raises(openai.NotFoundError):
+        await client.files.content(output.id)
+    listed = {f.id async for f in client.files.list()}
+    assert plain.id in listed
+    assert not {kept.id, output.id} & listed
+    assert await files.prune(kiln) >= 2
+    async with kiln.db.sessions() as session:
+        left = await session.scalar(
+            select(func.count()).select_from(StoredFile).where(StoredFile.expires_at.is_not(None))
+        )  # fmt: skip
+    assert left == 0
+    assert not kiln.store.blob(digest).exists()  # "b.jsonl" differs by a byte: its own bytes
+    assert (await client.files.retrieve(plain.id)).id == plain.id
+
+
+def _uuid(public: str) -> uuid.UUID:
+    return uuid.UUID(hex=public.split("-", 1)[1])
