@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from litestar import Request, delete, get, post
 from litestar.di import Provide
@@ -49,11 +49,11 @@ class FilesController(DocumentedController):
 
     @get("/")
     async def list_files(
-        self, kiln: KilnDep, principal: PrincipalDep, purpose: str | None = None,
-        after: str | None = None, limit: Limit = 10_000,
+        self, kiln: KilnDep, principal: PrincipalDep, *, purpose: str | None = None,
+        after: str | None = None, limit: Limit = 10_000, order: Literal["asc", "desc"] = "desc",
     ) -> FileList:  # fmt: skip
-        """The tenant's files, newest first."""
-        return await files.listed(kiln, principal.tenant_id, purpose, after, limit)
+        """The tenant's files, newest first (``order=asc``: oldest first)."""
+        return await files.listed(kiln, principal.tenant_id, purpose, after, limit, order=order)
 
     @get("/{file_id:str}")
     async def get_file(self, kiln: KilnDep, principal: PrincipalDep, file_id: str) -> FileObject:

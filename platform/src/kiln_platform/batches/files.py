@@ -141,21 +141,24 @@ async def find(
 
 
 async def listed(
-    kiln: Kiln, tenant_id: uuid.UUID, purpose: str | None, after: str | None, limit: int
-) -> FileList:
-    """The tenant's files, newest first, ``limit`` after the one named ``after``."""
+    kiln: Kiln, tenant_id: uuid.UUID, purpose: str | None, after: str | None, limit: int, *,
+    order: str = "desc",
+) -> FileList:  # fmt: skip
+    """The tenant's files, newest first (``order`` ``asc``: oldest first), ``limit`` after the
+    one named ``after``."""
     query = select(StoredFile).where(StoredFile.tenant_id == tenant_id, _live())
     if purpose:
         query = query.where(StoredFile.purpose == purpose)
+    key, newest = tuple_(StoredFile.created_at, StoredFile.id), order == "desc"
     async with tenant_tx(kiln, tenant_id) as session:
         if after:
             mark = await session.get(StoredFile, parse_id("file-", after, "file", "after"))
             if mark is not None:
-                query = query.where(
-                    tuple_(StoredFile.created_at, StoredFile.id) < tuple_(mark.created_at, mark.id)
-                )
-        order = (StoredFile.created_at.desc(), StoredFile.id.desc())
-        rows = list(await session.scalars(query.order_by(*order).limit(limit + 1)))
+                at = tuple_(mark.created_at, mark.id)
+                query = query.where(key < at if newest else key > at)
+        columns = (StoredFile.created_at, StoredFile.id)
+        ordered = [c.desc() if newest else c.asc() for c in columns]
+        rows = list(await session.scalars(query.order_by(*ordered).limit(limit + 1)))
     data = [file_object(r) for r in rows[:limit]]
     return FileList(data=data, has_more=len(rows) > limit,
                     first_id=data[0].id if data else None,
