@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import csv
 import io
+import re
 import uuid
 from contextlib import aclosing
 from datetime import UTC, date, datetime, time
@@ -126,13 +127,28 @@ async def spend(
         return list(result.all())
 
 
+FORMULA = re.compile(r"[=+\-@\t\r]")
+"""How a cell a spreadsheet would run as a formula starts (OWASP's CSV injection)."""
+NUMBER = re.compile(r"-?\d+(\.\d+)?")
+
+
+def cell(value: Any) -> Any:
+    """A text cell a spreadsheet would read as a formula (a tenant named ``=HYPERLINK(…)``),
+    quoted with a leading ``'`` so that it reads as text; numbers, negative ones too, as they
+    are."""
+    if isinstance(value, str) and FORMULA.match(value) and not NUMBER.fullmatch(value):
+        return "'" + value
+    return value
+
+
 async def stream_csv(scope: Scope, q: CostQuery) -> AsyncIterator[bytes]:
-    """The report as RFC 4180 CSV (header line first), in chunks."""
+    """The report as RFC 4180 CSV (header line first), in chunks; text cells that would run as
+    formulas quoted (``cell``)."""
     buffer = io.StringIO()
     writer = csv.writer(buffer)
     writer.writerow(COLUMNS)
     async for row in rows(scope, q):
-        writer.writerow(row.values())
+        writer.writerow(map(cell, row.values()))
         if buffer.tell() >= CHUNK:
             yield buffer.getvalue().encode()
             buffer.seek(0)
