@@ -30,8 +30,11 @@ def test_oauth_client_credentials(kiln_up: KilnProcess) -> None:
     out = kiln_up.cli("oauth-clients", "create", "--tenant", "acme", "--name", "e2e")
     client_id, secret = out.strip().splitlines()[-2:]
     base = kiln_up.base_url
+    found = httpx.get(f"{base}/.well-known/oauth-authorization-server").json()  # RFC 8414
+    assert found["grant_types_supported"] == ["client_credentials"]
+    assert found["jwks_uri"] == f"{base}/.well-known/jwks.json"
     with OAuth2Client(client_id, secret) as oauth:
-        token = oauth.fetch_token(f"{base}/oauth/token", grant_type="client_credentials")
+        token = oauth.fetch_token(found["token_endpoint"], grant_type="client_credentials")
         access = token["access_token"]
         assert _header(access)["typ"] == "at+jwt"
         sdk = openai.OpenAI(base_url=f"{base}/v1", api_key=access)
@@ -47,9 +50,9 @@ def test_oauth_client_credentials(kiln_up: KilnProcess) -> None:
         assert _models(kiln_up, spare["access_token"]) == 200  # signed by the retired key
         assert _models(kiln_up, fresh["access_token"]) == 200
 
-        r = oauth.introspect_token(f"{base}/oauth/introspect", token=access)
+        r = oauth.introspect_token(found["introspection_endpoint"], token=access)
         assert r.json()["active"] is True
-        assert oauth.revoke_token(f"{base}/oauth/revoke", token=access).status_code == 200
+        assert oauth.revoke_token(found["revocation_endpoint"], token=access).status_code == 200
         revoked_at = time.monotonic()
         while _models(kiln_up, access) != 401:
             assert time.monotonic() - revoked_at < 5.5, "revoked token still accepted after 5 s"

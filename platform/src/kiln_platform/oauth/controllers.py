@@ -1,5 +1,6 @@
-"""``/oauth/token``, ``/oauth/introspect``, ``/oauth/revoke`` and ``/.well-known/jwks.json``:
-adapt the Litestar request for authlib (``oauth.services``) and its reply back."""
+"""``/oauth/token``, ``/oauth/introspect``, ``/oauth/revoke``, ``/.well-known/jwks.json`` and
+``/.well-known/oauth-authorization-server``: adapt the Litestar request for authlib
+(``oauth.services``) and its reply back."""
 
 from __future__ import annotations
 
@@ -60,3 +61,9 @@ class OAuthController(DocumentedController):
     async def jwks(self, kiln: KilnDep) -> dict[str, Any]:
         """The public keys that verify access tokens (current and recently rotated)."""
         return await services.jwks(kiln)
+
+    @get("/.well-known/oauth-authorization-server")
+    async def metadata(self, kiln: KilnDep, request: AnyRequest) -> dict[str, Any]:
+        """RFC 8414 metadata: where the token, key, introspection and revocation endpoints are
+        (at the URL this request came to) and what they take."""
+        return services.metadata(kiln.settings.oauth_issuer, str(request.base_url).rstrip("/"))

@@ -18,7 +18,7 @@ from kiln_platform.admin.authz import Actor, Role, require
 from kiln_platform.audit.services import record, snapshot
 from kiln_platform.db.tables import OAuthClient, RevokedToken
 from kiln_platform.errors import NotFound, Unauthorized
-from kiln_platform.keys.services import key_digest
+from kiln_platform.keys.services import SCOPES, key_digest
 from kiln_platform.oauth import keys
 from kiln_platform.oauth._server import (
     AccessToken,
@@ -103,6 +103,27 @@ async def jwks(kiln: Kiln) -> dict[str, Any]:
     """The published keys (the first call anywhere generates the first one)."""
     await kiln.tokens.keyring.signing_key()
     return await kiln.tokens.keyring.jwks()
+
+
+CLIENT_AUTH = ["client_secret_basic", "client_secret_post"]
+
+
+def metadata(issuer: str, base: str) -> dict[str, Any]:
+    """RFC 8414 authorization server metadata: the endpoints under ``base`` (the URL the
+    caller reached this server at) and what they take."""
+    return {
+        "issuer": issuer,
+        "token_endpoint": f"{base}/oauth/token",
+        "jwks_uri": f"{base}/.well-known/jwks.json",
+        "introspection_endpoint": f"{base}/oauth/introspect",
+        "revocation_endpoint": f"{base}/oauth/revoke",
+        "grant_types_supported": ["client_credentials"],
+        "response_types_supported": [],  # no authorization endpoint: tokens come from /token
+        "scopes_supported": sorted(SCOPES),
+        "token_endpoint_auth_methods_supported": CLIENT_AUTH,
+        "introspection_endpoint_auth_methods_supported": CLIENT_AUTH,
+        "revocation_endpoint_auth_methods_supported": CLIENT_AUTH,
+    }
 
 
 async def token(kiln: Kiln, req: FormRequest) -> Reply:
