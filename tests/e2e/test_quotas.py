@@ -97,26 +97,26 @@ def test_rate_limit_is_shared_by_two_gateways(gateways: tuple[KilnProcess, KilnP
 def test_revocation_reaches_every_gateway_within_5s(
     gateways: tuple[KilnProcess, KilnProcess],
 ) -> None:
+    """Each gateway is polled on a kept-alive connection, so the time measured is the cache's
+    bound and not new connections' set-up on a loaded host (5.5 s once in CI with a connection
+    a request, both gateways alike)."""
     a, b = gateways
     a.cli("tenants", "create", "revokers")
     key = a.new_key("revokers")
-    for kiln in gateways:  # both processes have the key cached as valid
-        assert (
-            httpx.get(
-                f"{kiln.base_url}/v1/models", headers={"authorization": f"Bearer {key}"}
-            ).status_code
-            == 200
-        )
-    prefix = "_".join(key.split("_")[:2])
-    assert f"revoked {prefix}" in b.cli("keys", "revoke", prefix)
-    revoked_at = time.monotonic()
-    refused: dict[str, float] = {}
-    while len(refused) < 2 and time.monotonic() - revoked_at < 10:
-        for kiln in gateways:
-            r = httpx.get(f"{kiln.base_url}/v1/models", headers={"authorization": f"Bearer {key}"})
-            if r.status_code == 401:
-                refused.setdefault(kiln.base_url, time.monotonic() - revoked_at)
-        time.sleep(0.1)
+    auth = {"authorization": f"Bearer {key}"}
+    clients = [httpx.Client(base_url=kiln.base_url, headers=auth) for kiln in gateways]
+    with clients[0], clients[1]:
+        for client in clients:  # both processes have the key cached as valid
+            assert client.get("/v1/models").status_code == 200
+        prefix = "_".join(key.split("_")[:2])
+        assert f"revoked {prefix}" in b.cli("keys", "revoke", prefix)
+        revoked_at = time.monotonic()
+        refused: dict[int, float] = {}
+        while len(refused) < 2 and time.monotonic() - revoked_at < 10:
+            for i, client in enumerate(clients):
+                if i not in refused and client.get("/v1/models").status_code == 401:
+                    refused[i] = time.monotonic() - revoked_at
+            time.sleep(0.05)
     assert len(refused) == 2
     assert max(refused.values()) <= 5.0 + 0.5, refused  # TTL 5 s, plus polling granularity
 
