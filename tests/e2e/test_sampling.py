@@ -258,6 +258,17 @@ def test_a_negative_seed_repeats_as_any_seed(client: openai.OpenAI) -> None:
     assert first.choices[0].message.content == again.choices[0].message.content
 
 
+def test_a_generous_max_tokens_is_not_turned_away_at_the_default_deadline(llm_up: Any) -> None:
+    """Without the SDK's timeout header a request has ``KILN_REQUEST_TIMEOUT_S`` (60 s): 8,000
+    tokens would not fit it, but an answer may end at any token, so only what the request
+    surely takes is held against it (a 504 before)."""
+    body = {"model": MODEL, "messages": BRIEF, "max_tokens": 8000, "temperature": 0}
+    r = httpx.post(f"{llm_up.base_url}/v1/chat/completions", json=body, timeout=120,
+                   headers={"authorization": f"Bearer {llm_up.key}"})  # fmt: skip
+    assert r.status_code == 200, r.text
+    assert r.json()["choices"][0]["finish_reason"] == "stop"
+
+
 def test_echo_and_text_logprobs(client: openai.OpenAI) -> None:
     prompt = "The capital of France is"
     echoed = client.completions.create(

@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING
 
 from kiln_platform.scheduler.core import PoolScheduler
 from kiln_platform.scheduler.policy import PoolQueue
-from kiln_platform.scheduler.schemas import Credit
+from kiln_platform.scheduler.schemas import Credit, Request
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -91,3 +91,20 @@ def test_dispatched_and_cancelled_requests_never_expire(make_request: MakeReques
     queue.cancel(dropped.id)
     assert queue.next_expiry() is None
     assert queue.expire(5.0, fixed(0.1)) == []
+
+
+def test_a_bounded_cost_is_held_to_the_deadline_by_what_it_surely_takes() -> None:
+    """A generation's cost is prompt + ``max_tokens``, a bound: it may end at its first token.
+    Admission and the queue's expiry hold only its ``least`` cost against the deadline (at the
+    prior 0.01 s a unit: 8,000 units are 80 s, 200 are 2 s, against a 60 s deadline)."""
+    sched = PoolScheduler(slots=1)
+    bounded = Request("big", "a", 8000.0, 0.0, 60.0, least=200.0)
+    assert sched.submit(bounded, 0.0).admitted
+    assert sched.expire(57.0) == []  # 57 + 2 < 60
+    assert sched.expire(58.5) == [bounded]  # it could not finish even its least any more
+    whole = Request("whole", "a", 8000.0, 0.0, 60.0)
+    decision = sched.submit(whole, 0.0)
+    assert decision.reason is not None
+    assert decision.reason.value == "deadline_too_short"
+    hopeless = Request("hopeless", "a", 8000.0, 0.0, 60.0, least=7000.0)
+    assert not sched.submit(hopeless, 0.0).admitted

@@ -108,7 +108,7 @@ class PoolScheduler:
             self.queue.backlog(now),
             now=now,
             rate=self.rate(),
-            service_s=self.service_time(request.cost),
+            service_s=self.service_time(request.least_cost),
             typical_service_s=self.service_time(self.model.mean_cost),
             limits=self.config.limits,
             policy=self.config.policy,

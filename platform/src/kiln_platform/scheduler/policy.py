@@ -104,7 +104,7 @@ class PoolQueue:
         at = max(request.arrival, self._rates.get(key, (0.0, request.arrival, 0.0))[1])
         self._rates[key] = (self._rate(key, at) + request.cost / self._tau, at, request.weight)
         if request.deadline is not None:
-            self._watch(entry, request.deadline - service_time(request.cost))
+            self._watch(entry, request.deadline - service_time(request.least_cost))
 
     def cancel(self, request_id: str) -> Request | None:
         """Remove a queued request (client gone); ``None`` if it is not queued."""
@@ -124,7 +124,7 @@ class PoolQueue:
                 continue
             r = entry.request
             assert r.deadline is not None
-            latest_start = r.deadline - service_time(r.cost)
+            latest_start = r.deadline - service_time(r.least_cost)
             if latest_start <= now:
                 self._remove(entry)
                 expired.append(r)
@@ -213,7 +213,7 @@ class PoolQueue:
             tags = self._tenants[priority]
             in_turn = busy is None or tags.pick(self._flows[priority]) == tenant
             r = entry.request
-            if r.deadline is not None and now + service_time(r.cost) >= r.deadline:
+            if r.deadline is not None and now + service_time(r.least_cost) >= r.deadline:
                 self._remove(entry)
                 expired.append(r)
                 continue

@@ -122,11 +122,13 @@ class PoolRunner:
         timeout_s: float | None,
         priority: Priority = Priority.INTERACTIVE,
         weight: float = 1.0,
+        least: float | None = None,
     ) -> Request:
-        """A request arriving now, with its deadline on the scheduler's clock."""
+        """A request arriving now, with its deadline on the scheduler's clock (``least``: the
+        cost it surely takes, if ``cost`` is a bound)."""
         now = self.now()
         deadline = None if timeout_s is None else now + timeout_s
-        return Request(request_id, tenant, cost, now, deadline, priority, weight)
+        return Request(request_id, tenant, cost, now, deadline, priority, weight, least)
 
     def screen(self, request: Request) -> None:
         """Reject now what :meth:`slot` would reject, before the caller spends CPU preparing it.

@@ -27,6 +27,15 @@ class Request:
     priority: Priority = Priority.INTERACTIVE
     weight: float = 1.0
     """The tenant's share weight, from its plan."""
+    least: float | None = None
+    """The cost it surely takes, when ``cost`` is only a bound (a generation's prompt and one
+    token: it may end at any token before ``max_tokens``); None: all of ``cost``."""
+
+    @property
+    def least_cost(self) -> float:
+        """What the deadline checks hold against the deadline: a request that could finish in
+        time is not turned away for its bound."""
+        return self.cost if self.least is None else self.least
 
 
 @dataclass(frozen=True, slots=True)
