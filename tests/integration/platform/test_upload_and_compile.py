@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import pytest
-from sqlalchemy import func, select
+from sqlalchemy import delete, func, select
 
 from kiln_platform.admin.authz import Actor, Role
 from kiln_platform.compiler import services as jobs
@@ -16,6 +18,7 @@ from kiln_platform.compiler.runner import CompileRunner
 from kiln_platform.db.database import Database, open_database
 from kiln_platform.db.tables import CompileJob, Model, ModelVersion
 from kiln_platform.errors import BadRequest, Conflict, NotFound
+from kiln_platform.registry.imports import ImportOptions, Staged, start_import
 from kiln_platform.registry.upload import Uploaded, upload_version
 from kiln_platform.settings import Settings
 from kiln_runtimes.store import ArtifactStore
@@ -72,6 +75,23 @@ async def test_upload_records_specs_and_numbers_versions(
     assert manifest.inputs[0].dim_names == ["batch", None]
     with pytest.raises(Conflict):
         await upload(db, settings, "mlp", tensor_models["mlp"], version="2")
+
+
+async def test_concurrent_uploads_each_get_a_version_and_one_wins_a_named_one(
+    db: Database, settings: Settings, tensor_models: dict[str, Path]
+) -> None:
+    """Version numbers are picked under the model name's lock: four uploads at once without a
+    version get four numbers (three were 409s); four naming one version, one 201."""
+    made = await asyncio.gather(
+        *[upload(db, settings, "racer", tensor_models["mlp"]) for _ in "abcd"]
+    )
+    assert sorted(u.version for u in made) == ["1", "2", "3", "4"]
+    named = await asyncio.gather(
+        *[upload(db, settings, "racer", tensor_models["mlp"], version="v9") for _ in "abcd"],
+        return_exceptions=True,
+    )  # fmt: skip
+    assert sum(isinstance(u, Uploaded) for u in named) == 1
+    assert sum(isinstance(u, Conflict) for u in named) == 3
 
 
 @pytest.mark.parametrize("kind", ["external", "external-tar", "external-zip"])
@@ -236,3 +256,31 @@ async def test_the_compile_subprocess_gets_no_gateway_secret(
     assert not [k for k in seen if k.startswith("KILN_") or k.startswith("AWS_")]
     assert not [k for k, v in seen.items() if "not-for-compilers" in v]
     assert (seen["PYTHONPATH"], seen["OMP_NUM_THREADS"]) == (str(hook), "1")
+
+
+async def test_concurrent_imports_each_queue_their_own_version(
+    db: Database, settings: Settings, tiny_models: Any, tmp_path: Path
+) -> None:
+    """Builds take their version when queued, under the name's lock (``numbering``): three
+    imports at once without a version queue three numbers, and naming a version a queued build
+    holds is a 409 before any build. (Their detection subprocesses end apart, so this rarely
+    raced before; the upload test above races the same lock every time.)"""
+    folder = tiny_models.causal(tmp_path / "llama", "llama", seed=1)
+    store, env = ArtifactStore(settings.store_dir), dict(os.environ)
+
+    def start(version: str | None = None) -> Any:
+        return start_import(db.sessions, store, "importer", Staged(folder, "build"),
+                            ImportOptions(version=version), actor=CLI, env=env)  # fmt: skip
+
+    ids = await asyncio.gather(start(), start(), start())
+    try:
+        async with db.sessions() as session:
+            queued = await session.scalars(
+                select(CompileJob.version_name).where(CompileJob.id.in_(ids))
+            )
+            assert sorted(v or "" for v in queued) == ["1", "2", "3"]
+        with pytest.raises(Conflict, match="being built"):
+            await start("2")
+    finally:  # no runner here builds them; none is left for another test to claim
+        async with db.sessions.begin() as session:
+            await session.execute(delete(CompileJob).where(CompileJob.id.in_(ids)))

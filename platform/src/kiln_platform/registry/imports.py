@@ -27,10 +27,11 @@ from sqlalchemy import func, select
 
 from kiln_platform.admin.authz import require
 from kiln_platform.audit.services import record
-from kiln_platform.db.tables import CompileJob, Model, ModelVersion
-from kiln_platform.errors import BadRequest, Conflict
+from kiln_platform.db.tables import CompileJob, ModelVersion
+from kiln_platform.errors import BadRequest
 from kiln_platform.registry import validation
 from kiln_platform.registry.engine import EngineSettings
+from kiln_platform.registry.numbering import UNFINISHED, claim_name, free_version
 from kiln_platform.registry.upload import NAME, VERSION
 from kiln_runtimes.protocol import GENERATE_PRECISION, BuildFailure
 
@@ -45,7 +46,6 @@ SOURCE_FILE = "model.gguf"
 """A single-file GGUF source is stored as a tree holding this one file."""
 BUILD_TARGETS = ("cpu", "cuda")
 BUILD_PRECISIONS = ("int4", "int8", "fp16", "fp32")
-_UNFINISHED = ("queued", "running")
 
 
 class Detected(msgspec.Struct, frozen=True, kw_only=True):
@@ -203,15 +203,15 @@ async def start_import(
     check_scoring(options, found.task)
     if found.task == "tensor":
         raise BadRequest("an ONNX tensor model needs no build: upload it as it is", param="task")
-    async with sessions() as session:
-        version = await free_version(session, name, found.task, options.version)
+    async with sessions() as session:  # a taken version fails before the source is stored
+        await free_version(session, name, found.task, options.version)
     source_digest = await asyncio.to_thread(store.put_dir, staged.root)
     precision = options.precision or (GENERATE_PRECISION if found.task == "generate" else "fp32")
     target = options.target or "cpu"
     engine = msgspec.structs.replace(options.engine, target=target, precision=precision)
     job_id = uuid.uuid4()
     try:
-        await _queue(sessions, actor, job_id, name, version, found, source_digest, engine)
+        await _queue(sessions, actor, job_id, name, options.version, found, source_digest, engine)
     except BaseException:
         async with sessions() as session:
             if not await source_in_use(session, source_digest, job_id):
@@ -222,10 +222,12 @@ async def start_import(
 
 async def _queue(  # noqa: PLR0917 (the job's row)
     sessions: async_sessionmaker[AsyncSession], actor: Actor, job_id: uuid.UUID, name: str,
-    version: str, found: Detected, source_digest: str, engine: EngineSettings,
+    asked: str | None, found: Detected, source_digest: str, engine: EngineSettings,
 ) -> None:  # fmt: skip
     target, precision = engine.target or "cpu", engine.precision or "fp32"
     async with sessions.begin() as session:
+        await claim_name(session, name)  # checked again, now that no one else may claim it
+        version = await free_version(session, name, found.task, asked)
         session.add(
             CompileJob(
                 id=job_id, kind="build", model_version_id=None,
@@ -243,37 +245,6 @@ async def _queue(  # noqa: PLR0917 (the job's row)
                             "target": target, "precision": precision})  # fmt: skip
 
 
-async def free_version(session: AsyncSession, name: str, task: str, version: str | None) -> str:
-    """Check that ``name`` (if it exists) serves ``task`` and ``version`` is free, counting
-    unfinished builds; pick the next number if no version is given."""
-    model = await session.scalar(select(Model).where(Model.name == name))
-    if model is not None and model.task != task:
-        raise Conflict(f"the model {name!r} exists with task {model.task!r}, not {task}")
-    taken: set[str] = set()
-    if model is not None:
-        taken |= set(
-            await session.scalars(
-                select(ModelVersion.version).where(ModelVersion.model_id == model.id)
-            )
-        )
-    building = await session.scalars(
-        select(CompileJob.version_name).where(
-            CompileJob.kind == "build",
-            CompileJob.model_name == name,
-            CompileJob.status.in_(_UNFINISHED),
-        )
-    )
-    taken |= {v for v in building if v}
-    if version is not None:
-        if version in taken:
-            raise Conflict(f"{name} version {version} already exists or is being built")
-        return version
-    n = len(taken) + 1
-    while str(n) in taken:
-        n += 1
-    return str(n)
-
-
 async def source_in_use(session: AsyncSession, digest: str, besides: uuid.UUID) -> bool:
     """Whether a version or another unfinished build still needs the source tree ``digest``."""
     versions = await session.scalar(
@@ -285,7 +256,7 @@ async def source_in_use(session: AsyncSession, digest: str, besides: uuid.UUID) 
         .where(
             CompileJob.source_digest == digest,
             CompileJob.id != besides,
-            CompileJob.status.in_(_UNFINISHED),
+            CompileJob.status.in_(UNFINISHED),
         )
     )
     return bool(versions or jobs)

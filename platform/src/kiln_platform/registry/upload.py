@@ -14,13 +14,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import msgspec
-from sqlalchemy import func, select
+from sqlalchemy import select
 
 from kiln_platform.admin.authz import require
 from kiln_platform.audit.services import record
-from kiln_platform.db.tables import Model, ModelVersion
+from kiln_platform.db.tables import Model
 from kiln_platform.errors import BadRequest, Conflict
 from kiln_platform.registry import validation
+from kiln_platform.registry.numbering import claim_name, free_version
 from kiln_platform.registry.services import register_version
 from kiln_runtimes.protocol import MANIFEST_NAME, ModelManifest
 
@@ -93,13 +94,15 @@ async def upload_version(
         raise BadRequest(f"invalid model name {name!r}: lowercase letters, digits, . _ -")
     if version is not None and not VERSION.fullmatch(version):
         raise BadRequest(f"invalid version {version!r}")
-    async with sessions() as session:
-        version = await _free_version(session, name, version)
+    async with sessions() as session:  # a taken version fails before anything is stored
+        await free_version(session, name, "tensor", version)
     with tempfile.TemporaryDirectory(dir=upload_dir(settings), prefix="upload-") as tmp:
         folder = Path(tmp) / "model"
         manifest = await asyncio.to_thread(_prepare, name, source, folder, settings)
         digest = await asyncio.to_thread(store.put_dir, folder)
     async with sessions.begin() as session:
+        await claim_name(session, name)  # checked again, now that no one else may claim it
+        version = await free_version(session, name, "tensor", version)
         if not await register_version(session, manifest, version, digest, imported_by=actor.name):
             raise Conflict(f"{name} version {version} already exists")
         model_id = await session.scalar(select(Model.id).where(Model.name == name))
@@ -135,27 +138,3 @@ def _prepare(name: str, source: Path, folder: Path, settings: Settings) -> Model
     )
     (folder / MANIFEST_NAME).write_bytes(msgspec.json.encode(manifest))
     return manifest
-
-
-async def _free_version(session: AsyncSession, name: str, version: str | None) -> str:
-    """Check that ``name`` can take a tensor version; pick the next number if none given."""
-    model = await session.scalar(select(Model).where(Model.name == name))
-    if model is None:
-        return version or "1"
-    if model.task != "tensor":
-        raise Conflict(f"the model {name!r} exists with task {model.task!r}, not tensor")
-    versions = await session.scalars(
-        select(ModelVersion.version).where(ModelVersion.model_id == model.id)
-    )
-    taken = set(versions)
-    if version is not None:
-        if version in taken:
-            raise Conflict(f"{name} version {version} already exists")
-        return version
-    count = await session.scalar(
-        select(func.count()).select_from(ModelVersion).where(ModelVersion.model_id == model.id)
-    )
-    n = (count or 0) + 1
-    while str(n) in taken:
-        n += 1
-    return str(n)
