@@ -86,6 +86,8 @@ class BatchRunner:
     async def stop(self) -> None:
         """Stop: lines in flight are dropped unrecorded (another run does them again)."""
         self._pruning.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self._pruning
         if self._task is not None:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):

@@ -210,7 +210,7 @@ def max_tokens(
 
 
 def _echoes(
-    request: CompletionRequest, prompts: list[list[int]], kept: list[list[int]], model: TextModel
+    request: CompletionRequest, prompts: list[list[int]], cut: list[list[int]], model: TextModel
 ) -> list[str]:
     """The text ``echo`` repeats for each prompt: as written, or decoded from its token ids
     (those it kept, if ``truncate_prompt_tokens`` cut it)."""
@@ -222,7 +222,7 @@ def _echoes(
         item
         if isinstance(item, str) and len(ids) == len(whole)
         else model.tokenizer.decode(ids, skip_special_tokens=False)
-        for item, whole, ids in zip(written, prompts, kept, strict=False)
+        for item, whole, ids in zip(written, prompts, cut, strict=False)
     ]
 
 
