@@ -386,6 +386,18 @@ def test_the_console_logs_show_a_tenants_stored_items_to_its_people_only(
     expect(row).to_contain_text("Logged <b>here</b>?")  # text, not markup
     expect(row).to_contain_text("app=console")
     assert axe_violations(page) == []
+    page.get_by_label("Metadata").fill("app=console")  # the one tagged so, of 21
+    page.get_by_role("button", name="Filter").click()
+    settled(page)
+    expect(rows).to_have_count(1)
+    expect(rows.first).to_have_attribute("data-id", first.id)
+    page.get_by_label("Model").fill("no-such-model")
+    page.get_by_role("button", name="Filter").click()
+    settled(page)
+    expect(page.locator("#logs tbody")).to_contain_text("No stored chat completions that match.")
+    page.get_by_label("Model").fill("")  # the metadata filter alone again
+    page.get_by_role("button", name="Filter").click()
+    settled(page)
     row.get_by_role("link").click()
     expect(page.locator("#log-messages")).to_contain_text("Be brief.")
     answer = first.choices[0].message.content or ""

@@ -7,6 +7,7 @@ from __future__ import annotations
 import uuid
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Annotated, Any, Literal
+from urllib.parse import urlencode
 
 from litestar import Controller, get, post
 from litestar.params import Parameter
@@ -16,6 +17,7 @@ from kiln_console.auth import AnyRequest, KilnDep, ViewerDep
 from kiln_console.errors import is_htmx
 from kiln_platform.admin.deps import transaction
 from kiln_platform.audit.services import record
+from kiln_platform.errors import BadRequest
 from kiln_platform.gateway._items import text_of
 from kiln_platform.gateway.chat_store import message_item
 from kiln_platform.tenants.services import get_tenant
@@ -103,6 +105,16 @@ async def _delete(
     return Redirect(f"/console/tenants/{tenant_id}/logs?kind={which}", status_code=303)
 
 
+def _pair(tag: str | None) -> dict[str, str] | None:
+    """The Logs page's metadata filter, ``key=value``; a 400 naming ``tag`` otherwise."""
+    if not tag:
+        return None
+    key, _, value = tag.partition("=")
+    if not key.strip() or not _:
+        raise BadRequest("'tag' is a metadata pair: key=value.", param="tag")
+    return {key.strip(): value.strip()}
+
+
 def _short(text: str) -> str:
     return text if len(text) <= PREVIEW else text[: PREVIEW - 1] + "…"
 
@@ -117,20 +129,28 @@ class Logs(Controller):
         self, request: AnyRequest, kiln: KilnDep, viewer: ViewerDep, tenant_id: uuid.UUID, *,
         kind: Literal["chat", "responses"] = "chat",
         after: Annotated[str | None, Parameter(max_length=120)] = None,
+        model: Annotated[str | None, Parameter(max_length=200)] = None,
+        tag: Annotated[str | None, Parameter(max_length=600)] = None,
     ) -> Template:  # fmt: skip
         """A page of the tenant's stored chat completions (or ``kind=responses``: responses),
-        newest first (``after``: older than that one)."""
+        newest first (``after``: older than that one); chat completions of one ``model`` and
+        carrying the metadata pair ``tag`` (``key=value``) if given."""
         async with transaction(kiln, viewer.actor) as session:
             tenant = await get_tenant(session, viewer.actor, tenant_id)
         found: list[Any]
+        shown = {}  # the filters a page of chat completions applies
         if kind == "responses":
             found = await kiln.responses.entries(tenant_id, after=after, limit=PAGE)
             rows = [_response_row(kept) for kept in found[:PAGE]]
         else:
-            found = await kiln.chats.entries(tenant_id, after=after, limit=PAGE)
+            shown = {k: v for k, v in (("model", model), ("tag", tag)) if v}
+            found = await kiln.chats.entries(
+                tenant_id, after=after, limit=PAGE, model=model or None, metadata=_pair(tag)
+            )
             rows = [_chat_row(kept) for kept in found[:PAGE]]
+        older = {"kind": kind, "after": rows[-1]["id"], **shown} if len(found) > PAGE else None
         context = {"viewer": viewer, "tenant": tenant, "rows": rows, "kind": kind,
-                   "older": rows[-1]["id"] if len(found) > PAGE else None}  # fmt: skip
+                   "filters": shown, "older": older and urlencode(older)}  # fmt: skip
         return Template("_logs.html.j2" if is_htmx(request) else "logs.html.j2", context=context)
 
     @get("/tenants/{tenant_id:uuid}/logs/{completion_id:str}")
