@@ -114,6 +114,12 @@ def test_missing_or_wrong_key_is_401(kiln_up: Any) -> None:
     assert r.status_code == 401
     assert r.json()["error"]["code"] == "invalid_api_key"
     assert r.headers["x-request-id"]
+    paths = ("/v1/embeddings", "/v1/chat/completions", "/v1/responses", "/v1/batches",
+             "/tokenize", "/v2/models/any/infer")  # fmt: skip
+    for path in paths:  # the key before the body: a malformed one does not come first
+        for headers in ({}, {"authorization": "Bearer kiln_00000000_wrong"}):
+            r = httpx.post(f"{kiln_up.base_url}{path}", json={"bad": 1}, headers=headers)
+            assert r.status_code == 401, (path, r.text)
 
 
 def test_unknown_model_is_404(client: openai.OpenAI) -> None:

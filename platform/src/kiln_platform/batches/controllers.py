@@ -20,7 +20,7 @@ from kiln_platform.batches.schemas import (
 )
 from kiln_platform.context import Kiln
 from kiln_platform.errors import BadRequest
-from kiln_platform.gateway.auth import provide_principal
+from kiln_platform.gateway.auth import authenticated, provide_principal
 from kiln_platform.keys.services import Principal
 from kiln_platform.openapi import OPENAI_ERRORS, DocumentedController
 
@@ -34,6 +34,7 @@ class FilesController(DocumentedController):
 
     errors = OPENAI_ERRORS
     path = "/v1/files"
+    guards = [authenticated]  # noqa: RUF012
     dependencies = {"principal": Provide(provide_principal)}  # noqa: RUF012
 
     @post("/", status_code=200, request_max_body_size=None)
@@ -80,6 +81,7 @@ class BatchesController(DocumentedController):
 
     errors = OPENAI_ERRORS
     path = "/v1/batches"
+    guards = [authenticated]  # noqa: RUF012
     dependencies = {"principal": Provide(provide_principal)}  # noqa: RUF012
 
     @post("/", status_code=200)

@@ -1,10 +1,17 @@
-"""Bearer-credential authentication for `/v1` and `/v2` (``/admin/v1``: ``admin.deps``)."""
+"""Bearer-credential authentication for `/v1` and `/v2` (``/admin/v1``: ``admin.deps``).
+
+``authenticated`` guards every authenticated route: Litestar reads and validates a handler's
+``data`` before it resolves dependencies, so with the dependency alone a request without a
+valid key and with a malformed body was a 400 naming a field, not a 401 (OpenAI answers 401
+first). The guard keeps the principal for ``provide_principal``."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from litestar import Request
+from litestar.connection import ASGIConnection
+from litestar.handlers import BaseRouteHandler
 from litestar.params import SkipValidation
 
 from kiln_platform.context import Kiln
@@ -14,7 +21,7 @@ from kiln_platform.oauth.verifier import looks_like_jwt
 from kiln_runtimes import tracing
 
 
-async def _authenticate(request: Request[Any, Any, Any], kiln: Kiln) -> Principal:
+async def _authenticate(request: ASGIConnection[Any, Any, Any, Any], kiln: Kiln) -> Principal:
     header = request.headers.get("authorization", "")
     scheme, _, token = header.partition(" ")
     if scheme.lower() != "bearer" or not token.strip():
@@ -38,13 +45,26 @@ async def verify_bearer(kiln: Kiln, token: str) -> Principal:
     return await kiln.keys.verify(token)
 
 
+async def authenticated(
+    connection: ASGIConnection[Any, Any, Any, Any], _: BaseRouteHandler
+) -> None:
+    """The guard of the authenticated routes: the principal, before the body is read."""
+    connection.state.principal = await _principal(connection, connection.app.state.kiln)
+
+
 async def provide_principal(
     request: Request[Any, Any, Any], kiln: SkipValidation[Kiln]
 ) -> Principal:
+    """The principal ``authenticated`` found (or, on a route it does not guard, found now)."""
+    held: Principal | None = request.state.get("principal")
+    return held if held is not None else await _principal(request, kiln)
+
+
+async def _principal(connection: ASGIConnection[Any, Any, Any, Any], kiln: Kiln) -> Principal:
     """Authenticate ``Authorization: Bearer <key>`` and require the inference scope (quotas are
     the admission's: ``admission.deps``)."""
     with tracing.span("auth"):
-        principal = _not_finance(await _authenticate(request, kiln))
+        principal = _not_finance(await _authenticate(connection, kiln))
     if "inference" not in principal.scopes:
         raise Forbidden("This API key does not have the 'inference' scope.")
     return principal

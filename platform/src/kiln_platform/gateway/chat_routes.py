@@ -15,7 +15,7 @@ from litestar.response import Stream
 
 from kiln_platform.admission.deps import provide_admission
 from kiln_platform.gateway import chat_kept, completions, llm
-from kiln_platform.gateway.auth import provide_principal
+from kiln_platform.gateway.auth import authenticated, provide_principal
 from kiln_platform.gateway.controllers import SCHEDULED, SSE, AdmissionDep, KilnDep
 from kiln_platform.gateway.conversation_items import metadata_of
 from kiln_platform.gateway.llm_schemas import ChatCompletion, ChatCompletionRequest
@@ -49,6 +49,7 @@ class ChatCompletionsController(DocumentedController):
 
     errors = OPENAI_ERRORS
     path = "/v1/chat/completions"
+    guards = [authenticated]  # noqa: RUF012
     dependencies = {  # noqa: RUF012
         "principal": Provide(provide_principal),
         "admission": Provide(provide_admission),

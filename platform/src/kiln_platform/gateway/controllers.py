@@ -13,7 +13,7 @@ from kiln_platform.admission.deps import provide_admission, provide_scheduled
 from kiln_platform.admission.services import Admission
 from kiln_platform.context import Kiln
 from kiln_platform.gateway import completions, llm, responses, services, tokens
-from kiln_platform.gateway.auth import provide_principal
+from kiln_platform.gateway.auth import authenticated, provide_principal
 from kiln_platform.gateway.background import Feed
 from kiln_platform.gateway.llm_schemas import (
     CompletionRequest,
@@ -46,6 +46,7 @@ class OpenAIController(DocumentedController):
     errors = OPENAI_ERRORS
 
     path = "/v1"
+    guards = [authenticated]  # noqa: RUF012
     dependencies = {  # noqa: RUF012
         "principal": Provide(provide_principal),
         "admission": Provide(provide_admission),
@@ -160,6 +161,7 @@ class TokensController(DocumentedController):
     is run or billed)."""
 
     errors = OPENAI_ERRORS
+    guards = [authenticated]  # noqa: RUF012
     dependencies = {  # noqa: RUF012
         "principal": Provide(provide_principal),
         "admission": Provide(provide_admission),

@@ -13,7 +13,7 @@ from litestar.params import Parameter
 from kiln_platform.admission.deps import provide_admission
 from kiln_platform.errors import BadRequest
 from kiln_platform.gateway._items import page
-from kiln_platform.gateway.auth import provide_principal
+from kiln_platform.gateway.auth import authenticated, provide_principal
 from kiln_platform.gateway.controllers import AdmissionDep, KilnDep
 from kiln_platform.gateway.conversation_items import items_of, metadata_of
 from kiln_platform.openapi import OPENAI_ERRORS, DocumentedController
@@ -45,6 +45,7 @@ class ConversationsController(DocumentedController):
 
     errors = OPENAI_ERRORS
     path = "/v1/conversations"
+    guards = [authenticated]  # noqa: RUF012
     dependencies = {  # noqa: RUF012
         "principal": Provide(provide_principal),
         "admission": Provide(provide_admission),

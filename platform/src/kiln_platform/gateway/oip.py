@@ -13,7 +13,7 @@ from kiln_platform.admission.services import Admission
 from kiln_platform.context import Kiln
 from kiln_platform.gateway import oip_services as oip
 from kiln_platform.gateway import oip_stats
-from kiln_platform.gateway.auth import provide_principal
+from kiln_platform.gateway.auth import authenticated, provide_principal
 from kiln_platform.gateway.oip_codec import HEADER_LENGTH
 from kiln_platform.gateway.oip_schemas import (
     IndexedModel,
@@ -29,6 +29,7 @@ KilnDep = SkipValidation[Kiln]
 AdmissionDep = SkipValidation[Admission]
 AUTH = {"principal": Provide(provide_principal), "admission": Provide(provide_admission)}
 SCHEDULED = {**AUTH, "admission": Provide(provide_scheduled)}
+GUARDS = [authenticated]
 
 
 def _status(ok: bool, what: str, headers: dict[str, str] | None = None) -> Response[Any]:
@@ -55,12 +56,16 @@ class OIPController(DocumentedController):
         """The server is ready (database reachable and migrated)."""
         return _status(await oip.server_ready(kiln), "the server")
 
-    @get("/", dependencies=AUTH)
+    @get("/", dependencies=AUTH, guards=GUARDS)
     async def server_metadata(self, admission: AdmissionDep) -> ServerMetadata:
         """Server name, version and extensions."""
         return oip.server_metadata()
 
-    @get(["/models/{name:str}", "/models/{name:str}/versions/{version:str}"], dependencies=AUTH)
+    @get(
+        ["/models/{name:str}", "/models/{name:str}/versions/{version:str}"],
+        dependencies=AUTH,
+        guards=GUARDS,
+    )
     async def model_metadata(
         self, kiln: KilnDep, admission: AdmissionDep, name: str, version: str | None = None
     ) -> Response[ModelMetadata]:
@@ -71,6 +76,7 @@ class OIPController(DocumentedController):
     @get(
         ["/models/{name:str}/config", "/models/{name:str}/versions/{version:str}/config"],
         dependencies=AUTH,
+        guards=GUARDS,
     )
     async def model_config(
         self, kiln: KilnDep, admission: AdmissionDep, name: str, version: str | None = None
@@ -87,6 +93,7 @@ class OIPController(DocumentedController):
             "/models/{name:str}/versions/{version:str}/stats",
         ],
         dependencies=AUTH,
+        guards=GUARDS,
     )
     async def model_stats(
         self,
@@ -107,6 +114,7 @@ class OIPController(DocumentedController):
     @get(
         ["/models/{name:str}/ready", "/models/{name:str}/versions/{version:str}/ready"],
         dependencies=AUTH,
+        guards=GUARDS,
         media_type=MediaType.TEXT,
     )
     async def model_ready(
@@ -117,7 +125,7 @@ class OIPController(DocumentedController):
         ready = oip.model_ready(kiln, resolved)
         return _status(ready, f"the model `{name}`", lifecycle.headers(resolved))
 
-    @post("/repository/index", dependencies=AUTH, status_code=200)
+    @post("/repository/index", dependencies=AUTH, guards=GUARDS, status_code=200)
     async def repository_index(
         self, request: Request[Any, Any, Any], kiln: KilnDep, admission: AdmissionDep
     ) -> list[IndexedModel]:
@@ -129,6 +137,7 @@ class OIPController(DocumentedController):
     @post(
         ["/models/{name:str}/infer", "/models/{name:str}/versions/{version:str}/infer"],
         dependencies=SCHEDULED,
+        guards=GUARDS,
     )
     async def infer(
         self,
