@@ -320,3 +320,11 @@ def test_compile_job_through_the_admin_api(tensor_up: KilnProcess) -> None:
     assert job["status"] == "done", job
     assert job["report"]["cosine"] > 0.99
     assert job["id"] in tensor_up.cli("models", "jobs")
+
+
+def test_a_blank_version_is_the_next_number(
+    tensor_up: KilnProcess, tensor_models: dict[str, Path]
+) -> None:
+    """``version=`` left blank (a form's empty field) asks for the next number, as none."""
+    r = _upload(tensor_up, "blank-version", tensor_models["mlp"].read_bytes(), version="")
+    assert (r.status_code, r.json()["version"]) == (201, "1"), r.text

@@ -120,6 +120,8 @@ async def test_an_upload_is_refused_before_its_body_is_read(admin: Admin, root: 
         (f"/admin/v1/tenants/{tenant}/adapters", member, multipart, 403, part),
         (f"/admin/v1/tenants/{tenant}/adapters", None, multipart, 401, part),
         (f"/admin/v1/tenants/{uuid.uuid4()}/adapters", key, multipart, 404, part),
+        ("/admin/v1/models/m/versions?version=no%2Fslash", root, {}, 400, b""),
+        ("/admin/v1/models/No%20Caps/versions", root, {}, 400, b""),
     ]
     for path, credential, headers, status, head in cases:
         body = CountingBody(size, head)
