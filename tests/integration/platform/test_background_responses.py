@@ -242,19 +242,22 @@ async def test_a_stream_resumes_on_another_gateway_as_the_run_goes(
         await there.resume(tenant, "resp-plain", -1)
 
 
+async def _one_then_stuck() -> AsyncGenerator[bytes, None]:
+    """A run's stream that makes event 0, then waits until it is cancelled or stopped."""
+    yield _event(0)
+    await asyncio.sleep(60)
+    raise AssertionError("neither cancelled nor stopped")
+
+
 async def test_a_cancelled_stream_ends_with_the_events_it_made(
     db: Database, tenant: uuid.UUID
 ) -> None:
     store, left, feed = ResponseStore(db.sessions, SECRET, 30), list[str](), Feed()
     runner = BackgroundResponses(store)
 
-    async def events() -> AsyncGenerator[bytes, None]:
-        yield _event(0)
-        await asyncio.sleep(60)
-        raise AssertionError("not cancelled")
-
     shell = _shell("resp-cut")
-    await runner.start(_admission(tenant, left), shell, [], partial(feed.pump, events()), feed)
+    run = partial(feed.pump, _one_then_stuck())
+    await runner.start(_admission(tenant, left), shell, [], run, feed)
     reading = await runner.resume(tenant, "resp-cut", -1)
     assert await anext(reading) == _event(0)
     assert (await runner.cancel(tenant, "resp-cut"))["status"] == "cancelled"
@@ -272,13 +275,9 @@ async def test_a_stream_whose_run_stopped_or_died_ends_failed(
     store, left, feed = ResponseStore(db.sessions, SECRET, 30), list[str](), Feed()
     runner, other = BackgroundResponses(store), BackgroundResponses(store)
 
-    async def events() -> AsyncGenerator[bytes, None]:
-        yield _event(0)
-        await asyncio.sleep(60)
-        raise AssertionError("not stopped")
-
     shell = _shell("resp-stopped")
-    await runner.start(_admission(tenant, left), shell, [], partial(feed.pump, events()), feed)
+    run = partial(feed.pump, _one_then_stuck())
+    await runner.start(_admission(tenant, left), shell, [], run, feed)
     reading = await runner.resume(tenant, "resp-stopped", 0)
     await runner.stop()
     ends = [msgspec.json.decode(event.split(b"data: ")[1]) async for event in reading]

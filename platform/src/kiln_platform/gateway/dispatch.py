@@ -278,8 +278,8 @@ PREFILL_SHARE = 0.25
 """A prompt token's share of a generated token's time, for a generation's least cost: 1.3-2.5
 ms a prefilled token against 8 ms a generated one (SmolLM2, one stream, 512-6,000-token prompts,
 2026-12-06). The pool's service line is fitted on prompt plus generated tokens alike, mostly
-generated ones; counted alike, a 7,800-token prompt was turned away at a 60 s deadline that it
-needed 27 s of."""
+generated ones; counted alike, an 8,191-token prompt was turned away at a 60 s deadline, and
+took 27 s when given 600 s."""
 
 
 ANSWER_MARGIN_S = 0.1

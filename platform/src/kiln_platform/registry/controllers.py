@@ -31,7 +31,7 @@ from kiln_platform.registry.schemas import (
     RouteUpdate,
     RouteView,
 )
-from kiln_platform.registry.upload import NAME, VERSION, receive, upload_dir
+from kiln_platform.registry.upload import check_names, receive, upload_dir
 
 COMPILE_JOBS = {"resource": "compile-jobs"}
 MODEL_PINS = {"resource": "model-pins"}
@@ -71,9 +71,7 @@ class AdminModelsController(AdminController):
         logits, so requests may score their prompt (``echo`` with ``logprobs``)."""
         settings = call.kiln.settings
         version = version or None  # a blank ``version=`` (a form's empty field): the next number
-        if not NAME.fullmatch(name) or (version is not None and not VERSION.fullmatch(version)):
-            what, value = ("version", version) if NAME.fullmatch(name) else ("name", name)
-            raise BadRequest(f"invalid {what} {value!r}", param=what)  # before the body is read
+        check_names(name, version)  # before the body is read
         try:
             engine = msgspec.convert(
                 {"max_batch_size": max_batch_size, "max_context": max_context,

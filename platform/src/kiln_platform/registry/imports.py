@@ -32,7 +32,7 @@ from kiln_platform.errors import BadRequest
 from kiln_platform.registry import validation
 from kiln_platform.registry.engine import EngineSettings
 from kiln_platform.registry.numbering import UNFINISHED, claim_name, free_version
-from kiln_platform.registry.upload import NAME, VERSION
+from kiln_platform.registry.upload import check_names
 from kiln_runtimes.protocol import GENERATE_PRECISION, BuildFailure
 
 if TYPE_CHECKING:
@@ -172,8 +172,6 @@ def check_options(options: ImportOptions) -> None:
             f"builds target {' or '.join(BUILD_TARGETS)} (tensorrt engines are for tensor models)",
             param="target",
         )
-    if options.version is not None and not VERSION.fullmatch(options.version):
-        raise BadRequest(f"invalid version {options.version!r}", param="version")
 
 
 def check_scoring(options: ImportOptions, task: str) -> None:
@@ -196,8 +194,7 @@ async def start_import(
     """Detect, store the source and queue its build job (platform-admin; audited as
     ``model.import``); returns the job's id. Nothing is stored when this raises."""
     require(actor, "models", write=True)
-    if not NAME.fullmatch(name):
-        raise BadRequest(f"invalid model name {name!r}: lowercase letters, digits, . _ -")
+    check_names(name, options.version)
     check_options(options)
     found = await detect(build_input(staged.root), options.task, env)
     check_scoring(options, found.task)

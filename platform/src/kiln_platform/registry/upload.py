@@ -38,6 +38,15 @@ NAME = re.compile(r"[a-z0-9][a-z0-9._-]{0,199}")
 VERSION = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 
 
+def check_names(name: str, version: str | None) -> None:
+    """A model name and version (if one) as the registry keeps them; a 400 naming the field."""
+    if not NAME.fullmatch(name):
+        raise BadRequest(f"invalid model name {name!r}: lowercase letters, digits, . _ -",
+                         param="name")  # fmt: skip
+    if version is not None and not VERSION.fullmatch(version):
+        raise BadRequest(f"invalid version {version!r}", param="version")
+
+
 @dataclass(frozen=True, slots=True)
 class Uploaded:
     """A registered version."""
@@ -90,10 +99,7 @@ async def upload_version(
     ``refresh``: the gateway's resolver's, run once the version is committed (it serves at
     once through this gateway)."""
     require(actor, "models", write=True)
-    if not NAME.fullmatch(name):
-        raise BadRequest(f"invalid model name {name!r}: lowercase letters, digits, . _ -")
-    if version is not None and not VERSION.fullmatch(version):
-        raise BadRequest(f"invalid version {version!r}")
+    check_names(name, version)
     async with sessions() as session:  # a taken version fails before anything is stored
         await free_version(session, name, "tensor", version)
     with tempfile.TemporaryDirectory(dir=upload_dir(settings), prefix="upload-") as tmp:
