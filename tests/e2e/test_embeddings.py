@@ -183,6 +183,63 @@ def test_a_request_of_2048_inputs_is_served(client: openai.OpenAI) -> None:
     )
 
 
+def _post(kiln_up: Any, path: str, body: dict[str, Any]) -> httpx.Response:
+    return httpx.post(f"{kiln_up.base_url}/v1/{path}", json={"model": MODEL, **body},
+                      headers={"authorization": f"Bearer {kiln_up.key}"}, timeout=30)  # fmt: skip
+
+
+def test_score_and_rerank_give_the_source_models_cosines(kiln_up: Any) -> None:
+    """vLLM's ``/v1/score`` (1:N and N:N) and the Jina/Cohere ``/v1/rerank`` on an embeddings
+    model: cosines of sentence-transformers' own vectors, ranked, the best ``top_n``."""
+    ref = json.loads(FIXTURE.read_text())
+    texts, vecs = ref["sentences"], [np.asarray(v) for v in ref["embeddings"]]
+    want = [_cos(vecs[0], v) for v in vecs[1:]]
+    one_to_n = _post(kiln_up, "score", {"text_1": texts[0], "text_2": texts[1:]}).json()
+    assert [d["index"] for d in one_to_n["data"]] == list(range(len(want)))
+    assert np.allclose([d["score"] for d in one_to_n["data"]], want, atol=1e-4)
+    pairs = _post(kiln_up, "score", {"text_1": texts[:4], "text_2": texts[4:]}).json()["data"]
+    assert np.allclose([d["score"] for d in pairs],
+                       [_cos(vecs[i], vecs[4 + i]) for i in range(4)], atol=1e-4)  # fmt: skip
+    ranked = _post(kiln_up, "rerank", {"query": texts[0], "documents": texts[1:], "top_n": 3})
+    body = ranked.json()
+    best = sorted(range(len(want)), key=lambda j: -want[j])[:3]
+    assert [r["index"] for r in body["results"]] == best
+    assert [r["document"]["text"] for r in body["results"]] == [texts[1 + j] for j in best]
+    assert np.allclose([r["relevance_score"] for r in body["results"]],
+                       [want[j] for j in best], atol=1e-4)  # fmt: skip
+    embedded = _post(kiln_up, "embeddings", {"input": texts}).json()["usage"]
+    assert body["usage"]["total_tokens"] == embedded["total_tokens"]
+    bare = _post(kiln_up, "rerank", {"query": texts[0], "documents": [{"text": texts[2]}],
+                                     "return_documents": False}).json()  # fmt: skip
+    assert bare["results"] == [{"index": 0, "relevance_score": pytest.approx(want[1], abs=1e-4)}]
+
+
+@pytest.mark.parametrize(
+    ("path", "payload", "field"),
+    [
+        ("score", {"text_1": ["a", "b"], "text_2": ["c", "d", "e"]}, "text_2"),
+        ("score", {"text_1": [], "text_2": "c"}, "text_1"),
+        ("score", {"text_1": "a", "text_2": ["c", ""]}, "text_2[1]"),
+        ("rerank", {"query": "q", "documents": []}, "documents"),
+        ("rerank", {"query": "q", "documents": ["a", "word " * 600]}, "documents[1]"),
+        ("rerank", {"query": "", "documents": ["a"]}, "query"),
+        ("rerank", {"query": "q", "documents": ["a"], "top_n": -1}, "top_n"),
+        ("rerank", {"query": "q", "documents": ["a"] * 2048}, "documents"),
+        ("rerank", {"query": "q", "documents": ["a"], "model": "nope"}, "model"),
+    ],
+)
+def test_score_and_rerank_bad_input_is_4xx_naming_the_field(
+    kiln_up: Any, path: str, payload: dict[str, Any], field: str
+) -> None:
+    pids = [p.pid for p in kiln_up.workers()]
+    r = _post(kiln_up, path, payload)
+    assert r.status_code == (404 if field == "model" else 400), r.text
+    assert r.json()["error"]["param"] == field, r.text
+    assert _post(kiln_up, path, {"query": "q", "documents": ["a"]} if path == "rerank"
+                 else {"text_1": "q", "text_2": "a"}).status_code == 200  # fmt: skip
+    assert [p.pid for p in kiln_up.workers()] == pids
+
+
 def test_health_ready_and_metrics(kiln_up: Any) -> None:
     assert httpx.get(f"{kiln_up.base_url}/healthz").text == "ok"
     ready = httpx.get(f"{kiln_up.base_url}/readyz")

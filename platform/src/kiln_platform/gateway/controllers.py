@@ -12,7 +12,7 @@ from litestar.response import Stream
 from kiln_platform.admission.deps import provide_admission, provide_scheduled
 from kiln_platform.admission.services import Admission
 from kiln_platform.context import Kiln
-from kiln_platform.gateway import completions, llm, responses, services, tokens
+from kiln_platform.gateway import completions, llm, responses, scoring, services, tokens
 from kiln_platform.gateway.auth import authenticated, provide_principal
 from kiln_platform.gateway.background import Feed
 from kiln_platform.gateway.llm_schemas import (
@@ -72,6 +72,22 @@ class OpenAIController(DocumentedController):
         """Create embeddings."""
         result, version = await services.embed(kiln, admission, data)
         return Response(result, headers=lifecycle.headers(version))
+
+    @post("/score", status_code=200, dependencies=SCHEDULED)
+    async def score(
+        self, kiln: KilnDep, admission: AdmissionDep, data: scoring.ScoreRequest
+    ) -> scoring.ScoreResponse:
+        """vLLM's score API on an embeddings model: the cosine of ``text_1`` and each of
+        ``text_2`` (or of each pair, N:N)."""
+        return await scoring.score(kiln, admission, data)
+
+    @post("/rerank", status_code=200, dependencies=SCHEDULED)
+    async def rerank(
+        self, kiln: KilnDep, admission: AdmissionDep, data: scoring.RerankRequest
+    ) -> scoring.RerankResponse:
+        """Jina's and Cohere's rerank API (as vLLM serves it) on an embeddings model:
+        ``documents`` by their cosine to ``query``, the best ``top_n``."""
+        return await scoring.rerank(kiln, admission, data)
 
     # Litestar's Stream takes the handler's media type over its own, hence media_type=SSE here
     # and an explicit JSON Response for the non-streamed case. (``POST /v1/chat/completions``

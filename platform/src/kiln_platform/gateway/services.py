@@ -31,6 +31,7 @@ from kiln_runtimes.protocol import EmbedRequest
 
 if TYPE_CHECKING:
     import uuid
+    from collections.abc import Sequence
     from pathlib import Path
 
     from kiln_platform.admission.services import Admission
@@ -39,7 +40,7 @@ if TYPE_CHECKING:
     from kiln_platform.settings import Settings
 
 
-def _max_inputs(settings: Settings) -> int:
+def max_inputs(settings: Settings) -> int:
     """The most inputs one embeddings request may have: the API's limit, within a worker queue."""
     return min(settings.max_embedding_inputs, settings.worker_max_queue)
 
@@ -57,7 +58,13 @@ def _is_ids(items: list[Any]) -> bool:
     return all(type(x) is int for x in items)
 
 
-def _sequences(raw: list[Any], tokenizer: Tokenizer, keep: int | None) -> list[list[int]]:
+def _field(names: Sequence[str], i: int) -> str:
+    return names[i] if names else f"input[{i}]"
+
+
+def _sequences(
+    raw: list[Any], tokenizer: Tokenizer, keep: int | None, names: Sequence[str]
+) -> list[list[int]]:
     """Token ids per item of a non-empty ``input`` list (strings are tokenized); with
     ``keep``, each item's last ``keep`` tokens at most, its special tokens kept and counted."""
     if _is_ids(raw):
@@ -65,7 +72,8 @@ def _sequences(raw: list[Any], tokenizer: Tokenizer, keep: int | None) -> list[l
     if all(isinstance(x, str) for x in raw):
         for i, text in enumerate(raw):
             if not text:
-                raise BadRequest(f"'input[{i}]' must not be an empty string.", param=f"input[{i}]")
+                field = _field(names, i)
+                raise BadRequest(f"'{field}' must not be an empty string.", param=field)
         if keep is None:
             return [e.ids for e in tokenizer.encode_batch(raw)]
         bare = tokenizer.encode_batch(raw, add_special_tokens=False)
@@ -104,23 +112,24 @@ def _chars(raw: str | list[Any], count: int) -> int:
 
 
 def tokenize_input(
-    raw: str | list[Any], tokenizer: Tokenizer, context: int, truncate: int | None = None
-) -> list[list[int]]:
+    raw: str | list[Any], tokenizer: Tokenizer, context: int, truncate: int | None = None,
+    names: Sequence[str] = (),
+) -> list[list[int]]:  # fmt: skip
     """Validate ``input`` (counted by :func:`count_items`) and return token ids per item, each
-    cut to its last ``truncate_prompt_tokens`` if given; errors name the field."""
+    cut to its last ``truncate_prompt_tokens`` if given; errors name the field (``names[i]``
+    for item ``i`` when given)."""
     keep = kept(truncate, context, tokenizer.num_special_tokens_to_add(False) + 1)
-    ids = _sequences([raw] if isinstance(raw, str) else raw, tokenizer, keep)
+    ids = _sequences([raw] if isinstance(raw, str) else raw, tokenizer, keep, names)
     vocab = tokenizer.get_vocab_size()
     for i, seq in enumerate(ids):
+        field = _field(names, i)
         if len(seq) > context:
             raise BadRequest(
-                f"'input[{i}]' has {len(seq)} tokens; this model's context is {context} tokens.",
-                param=f"input[{i}]",
+                f"'{field}' has {len(seq)} tokens; this model's context is {context} tokens.",
+                param=field,
             )
         if min(seq) < 0 or max(seq) >= vocab:
-            raise BadRequest(
-                f"'input[{i}]' has token ids outside [0, {vocab}).", param=f"input[{i}]"
-            )
+            raise BadRequest(f"'{field}' has token ids outside [0, {vocab}).", param=field)
     return ids
 
 
@@ -138,39 +147,45 @@ def kept(value: int | None, context: int, least: int = 1) -> int | None:
     return keep
 
 
-async def embed(
-    kiln: Kiln, admission: Admission, request: EmbeddingsRequest
-) -> tuple[EmbeddingsResponse, ResolvedVersion]:
-    """Serve ``POST /v1/embeddings`` (and say which version did); its admission records the
-    usage."""
+@dataclasses.dataclass(frozen=True, slots=True)
+class Encoded:
+    """Texts' vectors (a row each), the tokens they took and the version that made them."""
+
+    vectors: np.ndarray
+    tokens: int
+    version: ResolvedVersion
+
+
+async def encode(
+    kiln: Kiln, admission: Admission, model: str, raw: str | list[Any], *, endpoint: str,
+    truncate: int | None = None, dimensions: int | None = None, names: Sequence[str] = (),
+) -> Encoded:  # fmt: skip
+    """Run ``raw`` (as ``input`` of ``POST /v1/embeddings`` takes it) through an embeddings
+    model; its admission records the usage under ``endpoint``. Errors name ``names[i]`` for
+    item ``i`` when given, else ``input[i]``."""
     principal, request_id = admission.principal, admission.request_id
-    version = await kiln.resolver.resolve(request.model, str(principal.tenant_id))
+    version = await kiln.resolver.resolve(model, str(principal.tenant_id))
     manifest = version.manifest
     if manifest.task != "embeddings":
         raise BadRequest(f"The model `{version.model}` does not produce embeddings.", param="model")
-    admission.serves(
-        version.model, split=kiln.resolver.split(request.model, str(principal.tenant_id))
-    )
-    if request.dimensions is not None and request.dimensions != manifest.dimensions:
+    admission.serves(version.model, split=kiln.resolver.split(model, str(principal.tenant_id)))
+    if dimensions is not None and dimensions != manifest.dimensions:
         raise BadRequest(
             f"'dimensions' must be {manifest.dimensions} for `{version.model}`.", param="dimensions"
         )
     model_dir = await local_tree(kiln.store, version.artifact_digest)
     tokenizer = load_tokenizer(model_dir / (manifest.tokenizer_file or "tokenizer.json"))
-    count = count_items(request.input, _max_inputs(kiln.settings))
-    with admission.screening(request.model):
+    count = count_items(raw, max_inputs(kiln.settings))
+    with admission.screening(model):
         kiln.workers.screen(version.pool, request_id, admission.terms, count)
     with tracing.span("tokenize", {"kiln.inputs": count}):
         ids = await off_loop(
-            _chars(request.input, count), tokenize_input, request.input, tokenizer,
-            version.context_length, request.truncate_prompt_tokens,
+            _chars(raw, count), tokenize_input, raw, tokenizer, version.context_length, truncate,
+            names,
         )  # fmt: skip
     tokens = sum(map(len, ids))
-    most = Quantities(input_tokens=tokens, items=len(ids))
-    await admission.hold(version, most)
-    usage = usage_of(
-        principal, version, request_id, "embeddings", input_tokens=tokens, items=len(ids)
-    )
+    await admission.hold(version, Quantities(input_tokens=tokens, items=len(ids)))
+    usage = usage_of(principal, version, request_id, endpoint, input_tokens=tokens, items=len(ids))
     started = time.perf_counter()
     async with admission.dispatched(usage):
         result = await kiln.workers.embed(
@@ -178,13 +193,6 @@ async def embed(
         )
     took_s = time.perf_counter() - started
     vectors = np.frombuffer(result.data, dtype="<f4").reshape(len(ids), result.dimensions)
-    if request.encoding_format == "base64":
-        data = [
-            Embedding(index=i, embedding=base64.b64encode(v.tobytes()).decode())
-            for i, v in enumerate(vectors)
-        ]
-    else:
-        data = [Embedding(index=i, embedding=v.tolist()) for i, v in enumerate(vectors)]
     await admission.commit(
         dataclasses.replace(usage, queue_ms=result.queue_ms, compute_ms=result.compute_ms)
     )
@@ -192,12 +200,30 @@ async def embed(
     shadow = kiln.shadows.plan(version, request_id)
     if shadow is not None:  # a copy to the candidate, after the answer is in hand
         kiln.shadows.embed(shadow, ids, vectors, took_s)
+    return Encoded(vectors, tokens, version)
+
+
+async def embed(
+    kiln: Kiln, admission: Admission, request: EmbeddingsRequest
+) -> tuple[EmbeddingsResponse, ResolvedVersion]:
+    """Serve ``POST /v1/embeddings`` (and say which version did)."""
+    done = await encode(
+        kiln, admission, request.model, request.input, endpoint="embeddings",
+        truncate=request.truncate_prompt_tokens, dimensions=request.dimensions,
+    )  # fmt: skip
+    if request.encoding_format == "base64":
+        data = [
+            Embedding(index=i, embedding=base64.b64encode(v.tobytes()).decode())
+            for i, v in enumerate(done.vectors)
+        ]
+    else:
+        data = [Embedding(index=i, embedding=v.tolist()) for i, v in enumerate(done.vectors)]
     response = EmbeddingsResponse(
         data=data,
         model=request.model,
-        usage=EmbeddingsUsage(prompt_tokens=tokens, total_tokens=tokens),
+        usage=EmbeddingsUsage(prompt_tokens=done.tokens, total_tokens=done.tokens),
     )
-    return response, version
+    return response, done.version
 
 
 def model_card(version: ResolvedVersion) -> ModelCard:

@@ -1,0 +1,169 @@
+"""vLLM's ``/v1/score`` and the Jina/Cohere-style ``/v1/rerank`` on an embeddings model: a
+pair's score is the cosine of its two texts' vectors (what vLLM answers for such a model)."""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING
+
+import msgspec
+import numpy as np
+
+from kiln_platform.errors import BadRequest
+from kiln_platform.gateway import services
+from kiln_platform.gateway.schemas import EmbeddingsUsage as Usage
+
+if TYPE_CHECKING:
+    from kiln_platform.admission.services import Admission
+    from kiln_platform.context import Kiln
+
+
+class ScoreRequest(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    """``POST /v1/score``: ``text_1`` against each of ``text_2`` (1:1, 1:N), or pairwise
+    (N:N)."""
+
+    model: str
+    text_1: str | list[str]
+    text_2: str | list[str]
+    truncate_prompt_tokens: int | None = None
+    user: str | None = None
+
+
+class Document(msgspec.Struct, forbid_unknown_fields=True):
+    """A document as Jina's and Cohere's v1 rerank take it too."""
+
+    text: str
+
+
+class RerankRequest(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    """``POST /v1/rerank``: ``documents`` ordered by relevance to ``query``."""
+
+    model: str
+    query: str
+    documents: list[str | Document]
+    top_n: int | None = None
+    """The best this many (``None`` or 0: all)."""
+    return_documents: bool = True
+    truncate_prompt_tokens: int | None = None
+    user: str | None = None
+
+
+class Score(msgspec.Struct, kw_only=True):
+    """One pair's cosine."""
+
+    index: int
+    score: float
+    object: str = "score"
+
+
+class ScoreResponse(msgspec.Struct, kw_only=True):
+    """``POST /v1/score`` response: a score per pair, in order."""
+
+    id: str
+    created: int
+    model: str
+    data: list[Score]
+    usage: Usage
+    object: str = "list"
+
+
+class Ranked(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """One document of a rerank: its place in ``documents``, its cosine to the query."""
+
+    index: int
+    relevance_score: float
+    document: Document | None = None
+
+
+class RerankResponse(msgspec.Struct, kw_only=True):
+    """``POST /v1/rerank`` response: the best first."""
+
+    id: str
+    model: str
+    results: list[Ranked]
+    usage: Usage
+
+
+def listed(value: str | list[str], field: str) -> list[str]:
+    """A text or texts, as a non-empty list."""
+    if isinstance(value, str):
+        return [value]
+    if not value:
+        raise BadRequest(f"'{field}' must not be empty.", param=field)
+    return value
+
+
+def pairing(first: list[str], second: list[str]) -> list[tuple[int, int]]:
+    """Which rows of ``first + second`` each score compares: 1:1, 1:N or N:N, as vLLM pairs."""
+    n = len(first)
+    if n == 1:
+        return [(0, 1 + j) for j in range(len(second))]
+    if n != len(second):
+        raise BadRequest(
+            f"'text_2' has {len(second)} texts and 'text_1' {n}; give one 'text_1' or as many "
+            "as 'text_2' (1:N or N:N).", param="text_2",
+        )  # fmt: skip
+    return [(i, n + i) for i in range(n)]
+
+
+def cosines(vectors: np.ndarray, pairs: list[tuple[int, int]]) -> list[float]:
+    """The cosine of each pair of rows (0 for a zero vector)."""
+    norms = np.linalg.norm(vectors, axis=1, keepdims=True)
+    unit = vectors / np.maximum(norms, np.finfo(np.float32).tiny)
+    left, right = (np.asarray(side, dtype=np.intp) for side in zip(*pairs, strict=True))
+    return [float(x) for x in np.einsum("ij,ij->i", unit[left], unit[right])]
+
+
+def _names(field: str, value: str | list[str], count: int) -> list[str]:
+    return [field] if isinstance(value, str) else [f"{field}[{i}]" for i in range(count)]
+
+
+def _fits(kiln: Kiln, texts: int, field: str) -> None:
+    most = services.max_inputs(kiln.settings)
+    if texts > most:
+        raise BadRequest(f"'{field}' makes {texts} texts to embed; at most {most}.", param=field)
+
+
+async def score(kiln: Kiln, admission: Admission, request: ScoreRequest) -> ScoreResponse:
+    """Serve ``POST /v1/score``; its admission records the usage."""
+    first, second = listed(request.text_1, "text_1"), listed(request.text_2, "text_2")
+    pairs = pairing(first, second)
+    _fits(kiln, len(first) + len(second), "text_2")
+    names = [*_names("text_1", request.text_1, len(first)),
+             *_names("text_2", request.text_2, len(second))]  # fmt: skip
+    done = await services.encode(
+        kiln, admission, request.model, [*first, *second], endpoint="score",
+        truncate=request.truncate_prompt_tokens, names=names,
+    )  # fmt: skip
+    data = [Score(index=i, score=s) for i, s in enumerate(cosines(done.vectors, pairs))]
+    return ScoreResponse(
+        id=f"score-{admission.request_id.removeprefix('req_')}", created=int(time.time()),
+        model=request.model, data=data, usage=Usage(prompt_tokens=done.tokens,
+                                                    total_tokens=done.tokens),
+    )  # fmt: skip
+
+
+async def rerank(kiln: Kiln, admission: Admission, request: RerankRequest) -> RerankResponse:
+    """Serve ``POST /v1/rerank``; its admission records the usage."""
+    if not request.documents:
+        raise BadRequest("'documents' must not be empty.", param="documents")
+    if request.top_n is not None and request.top_n < 0:
+        raise BadRequest("'top_n' must be 0 (all) or more.", param="top_n")
+    texts = [d if isinstance(d, str) else d.text for d in request.documents]
+    _fits(kiln, 1 + len(texts), "documents")
+    names = ["query", *_names("documents", texts, len(texts))]
+    done = await services.encode(
+        kiln, admission, request.model, [request.query, *texts], endpoint="rerank",
+        truncate=request.truncate_prompt_tokens, names=names,
+    )  # fmt: skip
+    scores = cosines(done.vectors, [(0, 1 + j) for j in range(len(texts))])
+    order = sorted(range(len(texts)), key=lambda j: -scores[j])[: request.top_n or None]
+    results = [
+        Ranked(index=j, relevance_score=scores[j],
+               document=Document(texts[j]) if request.return_documents else None)
+        for j in order
+    ]  # fmt: skip
+    return RerankResponse(
+        id=f"rerank-{admission.request_id.removeprefix('req_')}", model=request.model,
+        results=results, usage=Usage(prompt_tokens=done.tokens, total_tokens=done.tokens),
+    )  # fmt: skip
