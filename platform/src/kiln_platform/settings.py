@@ -196,6 +196,10 @@ class Settings(WorkerSettings):
     """Largest file `POST /v1/files` stores (OpenAI's batch input limit, 200 MB)."""
     max_batch_lines: int = Field(default=50_000, gt=0)
     """Most lines (requests) in one batch input file (OpenAI's limit)."""
+    batch_file_ttl_s: int = Field(default=30 * 86400, ge=0)
+    """How long a batch input file uploaded without ``expires_after``, and a batch's output and
+    error files without ``output_expires_after``, are kept (OpenAI's 30 days); 0: until
+    deleted."""
     batch_concurrency: int = Field(default=1, ge=0)
     """Lines of batches each gateway keeps in its pools' fair queues at once (class ``batch``,
     behind interactive work); 0: this gateway runs no batches. More lines raise interactive

@@ -1,6 +1,11 @@
 """`/v1/files`: a tenant's files, their bytes streamed to the artifact store. One uploaded with
-``expires_after`` (or a batch's output with ``output_expires_after``) reads as gone once it
-expired, and ``prune`` deletes it and its bytes."""
+``expires_after`` (or a batch's output with ``output_expires_after``; else after
+``KILN_BATCH_FILE_TTL_S``, OpenAI's 30 days) reads as gone once it expired, and ``prune`` deletes
+it and its bytes.
+
+Files with the same bytes share one blob: a row is added with its bytes (``add``), and bytes
+no row names are removed (``_drop_unused``), under the digest's advisory lock, so a removal
+never takes the bytes of a file being added."""
 
 from __future__ import annotations
 
@@ -14,13 +19,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import structlog
-from sqlalchemy import ColumnElement, delete, func, or_, select, tuple_
+from sqlalchemy import ColumnElement, delete, exists, func, or_, select, tuple_
 
 from kiln_platform.batches._tenant import tenant_tx
 from kiln_platform.batches._upload import Staged, receive
 from kiln_platform.batches.jsonl import LineChecker
-from kiln_platform.batches.schemas import ExpiresAfter, FileDeleted, FileList, FileObject
-from kiln_platform.batches.tables import StoredFile
+from kiln_platform.batches.schemas import OPEN, ExpiresAfter, FileDeleted, FileList, FileObject
+from kiln_platform.batches.tables import BatchJob, StoredFile
 from kiln_platform.errors import BadRequest, NotFound
 from kiln_platform.registry.upload import upload_dir
 
@@ -28,6 +33,8 @@ log = structlog.get_logger("kiln.batches")
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator
+
+    from sqlalchemy.ext.asyncio import AsyncSession
 
     from kiln_platform.context import Kiln
 
@@ -65,10 +72,11 @@ def file_object(row: StoredFile) -> FileObject:
     )  # fmt: skip
 
 
-def expiry(after: ExpiresAfter | None, param: str) -> int | None:
-    """``expires_after``'s seconds, checked (a 400 naming ``param``); None: no expiry."""
+def expiry(after: ExpiresAfter | None, param: str, default_s: int) -> int | None:
+    """``expires_after``'s seconds, checked (a 400 naming ``param``), else ``default_s``;
+    None: no expiry (``default_s`` 0)."""
     if after is None:
-        return None
+        return default_s or None
     low, high = EXPIRY_S
     if not low <= after.seconds <= high:
         raise BadRequest(f"'{param}.seconds' must be between {low} and {high}.",
@@ -113,17 +121,31 @@ async def upload(
         purpose = fields.get("purpose")
         if purpose not in PURPOSES:
             raise BadRequest(f"'purpose' must be one of {', '.join(PURPOSES)}.", param="purpose")
-        kept_s = expiry(_expires_after(fields), "expires_after")
-        lines, digest = staged.finish()
-        await asyncio.to_thread(kiln.store.adopt, staged.path, digest)  # hashed as it came in
-    row = StoredFile(tenant_id=tenant_id, filename=staged.filename[:255], purpose=purpose,
-                     bytes=staged.size, lines=lines, digest=digest,
-                     estimated_tokens=checker.tokens, expires_at=_until(kept_s))  # fmt: skip
-    async with tenant_tx(kiln, tenant_id) as session:
-        session.add(row)
-        await session.flush()
-        await session.refresh(row)
+        kept_s = expiry(_expires_after(fields), "expires_after", settings.batch_file_ttl_s)
+        lines, digest = staged.finish()  # hashed as it came in
+        row = StoredFile(tenant_id=tenant_id, filename=staged.filename[:255], purpose=purpose,
+                         bytes=staged.size, lines=lines, digest=digest,
+                         estimated_tokens=checker.tokens, expires_at=_until(kept_s))  # fmt: skip
+        async with tenant_tx(kiln, tenant_id) as session:
+            await add(kiln, session, row, staged.path)
+            await session.refresh(row)
     return file_object(row)
+
+
+async def _hold(session: AsyncSession, digest: str) -> None:
+    """The blob's advisory lock, to the end of the transaction."""
+    key = func.hashtextextended(f"kiln.files.blob:{digest}", 0)
+    await session.execute(select(func.pg_advisory_xact_lock(key)))
+
+
+async def add(kiln: Kiln, session: AsyncSession, row: StoredFile, src: Path) -> None:
+    """Add ``row`` in ``session``'s transaction, its bytes (``src``, hashed as ``row.digest``)
+    moved into the store under the blob's lock: a removal of the same bytes waits for the
+    transaction, then sees the row."""
+    await _hold(session, row.digest)
+    await asyncio.to_thread(kiln.store.adopt, src, row.digest)
+    session.add(row)
+    await session.flush()
 
 
 async def find(
@@ -175,36 +197,42 @@ async def remove(kiln: Kiln, tenant_id: uuid.UUID, file_id: str) -> FileDeleted:
     row = await find(kiln, tenant_id, file_id)
     async with tenant_tx(kiln, tenant_id) as session:
         await session.execute(delete(StoredFile).where(StoredFile.id == row.id))
-    await _drop_unused(kiln, {row.digest})
+    await drop_unused(kiln, {row.digest})
     return FileDeleted(id=file_id)
 
 
-async def _drop_unused(kiln: Kiln, digests: set[str]) -> None:
-    """Remove the bytes of ``digests`` that no file has any more (any tenant's)."""
-    async with kiln.db.sessions() as session:  # platform scope
-        used = set(await session.scalars(
-            select(StoredFile.digest).where(StoredFile.digest.in_(digests)).distinct()
-        ))  # fmt: skip
-    for digest in digests - used:
-        with contextlib.suppress(ValueError):
-            await asyncio.to_thread(kiln.store.remove_blob, digest)
+async def drop_unused(kiln: Kiln, digests: set[str]) -> None:
+    """Remove the bytes of ``digests`` that no file has any more (any tenant's), each under
+    its lock (a file being added with them keeps them)."""
+    for digest in sorted(digests):
+        async with kiln.db.sessions.begin() as session:  # platform scope
+            await _hold(session, digest)
+            used = await session.scalar(select(exists().where(StoredFile.digest == digest)))
+            if not used:
+                with contextlib.suppress(ValueError):
+                    await asyncio.to_thread(kiln.store.remove_blob, digest)
+
+
+def _read() -> ColumnElement[bool]:
+    """The input of a batch still open (it reads its lines until it ends)."""
+    return exists().where(BatchJob.input_file_id == StoredFile.id, BatchJob.status.in_(OPEN))
 
 
 async def prune(kiln: Kiln) -> int:
     """Delete every tenant's expired files (``PRUNED`` a transaction, rows others hold
-    skipped) and their bytes; how many."""
+    skipped; an open batch's input once the batch ended) and their bytes; how many."""
     deleted = 0
     while True:
         async with kiln.db.sessions.begin() as session:
             expired = (
-                select(StoredFile.id).where(StoredFile.expires_at <= func.now())
+                select(StoredFile.id).where(StoredFile.expires_at <= func.now(), ~_read())
                 .limit(PRUNED).with_for_update(skip_locked=True)
             )  # fmt: skip
             digests = list(await session.scalars(
                 delete(StoredFile).where(StoredFile.id.in_(expired)).returning(StoredFile.digest)
             ))  # fmt: skip
         if digests:
-            await _drop_unused(kiln, set(digests))
+            await drop_unused(kiln, set(digests))
         deleted += len(digests)
         if len(digests) < PRUNED:
             return deleted
@@ -221,19 +249,37 @@ async def pruning(kiln: Kiln) -> None:
         await asyncio.sleep(PRUNE_EVERY_S)
 
 
-async def store_output(
-    kiln: Kiln, tenant_id: uuid.UUID, filename: str, lines: list[str], expires_s: int | None
-) -> StoredFile | None:
-    """A ``batch_output`` file of ``lines`` (None for no lines), its row not yet added; it
-    expires ``expires_s`` from now, if given."""
+def _output(tenant_id: uuid.UUID, filename: str, lines: list[str], expires_s: int | None,
+            tmp: Path) -> tuple[StoredFile, Path] | None:  # fmt: skip
+    """A ``batch_output`` file of ``lines`` (None for no lines) and its bytes, written in
+    ``tmp``."""
     if not lines:
         return None
     data = ("\n".join(lines) + "\n").encode()
+    path = tmp / filename
+    path.write_bytes(data)
     digest = hashlib.sha256(data).hexdigest()
+    row = StoredFile(id=uuid.uuid4(), tenant_id=tenant_id, filename=filename,
+                     purpose="batch_output", bytes=len(data), lines=len(lines),
+                     digest=digest, expires_at=_until(expires_s))  # fmt: skip
+    return row, path
+
+
+async def store_outputs(
+    kiln: Kiln, session: AsyncSession, tenant_id: uuid.UUID, name: str, *,
+    lines: list[tuple[bool, str]], expires_s: int | None,
+) -> tuple[StoredFile | None, StoredFile | None]:  # fmt: skip
+    """A batch's output and error files (``<name>_output.jsonl`` of its ``ok`` lines, and
+    ``<name>_error.jsonl``; None for no lines), added in ``session``'s transaction; they
+    expire ``expires_s`` from now, if given."""
+    outputs: list[StoredFile | None] = []
     with tempfile.TemporaryDirectory(dir=upload_dir(kiln.settings), prefix="file-") as tmp:
-        path = Path(tmp) / "output"
-        await asyncio.to_thread(path.write_bytes, data)
-        await asyncio.to_thread(kiln.store.adopt, path, digest)
-    return StoredFile(id=uuid.uuid4(), tenant_id=tenant_id, filename=filename,
-                      purpose="batch_output", bytes=len(data), lines=len(lines),
-                      digest=digest, expires_at=_until(expires_s))  # fmt: skip
+        for kind, ok in (("output", True), ("error", False)):
+            kept = [o for good, o in lines if good is ok]
+            made = await asyncio.to_thread(
+                _output, tenant_id, f"{name}_{kind}.jsonl", kept, expires_s, Path(tmp)
+            )
+            if made is not None:
+                await add(kiln, session, *made)
+            outputs.append(made[0] if made else None)
+    return outputs[0], outputs[1]

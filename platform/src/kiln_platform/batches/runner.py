@@ -24,7 +24,7 @@ from sqlalchemy import func, select, update
 
 from kiln_platform.batches import events, lines, metrics, quota
 from kiln_platform.batches.claims import Claim
-from kiln_platform.batches.files import pruning, public_id, store_output
+from kiln_platform.batches.files import drop_unused, pruning, public_id, store_outputs
 from kiln_platform.batches.jsonl import check_line
 from kiln_platform.batches.recorder import GROUP, LineRecorder
 from kiln_platform.batches.schemas import OPEN
@@ -365,16 +365,12 @@ class BatchRunner:
                 select(BatchLine.ok, BatchLine.output).where(BatchLine.batch_id == job.id)
                 .order_by(BatchLine.line)
             )).all()  # fmt: skip
-        name = public_id("batch_", job.id)
-        kept_s = job.output_expires_s
-        output = await store_output(self._kiln, job.tenant_id, f"{name}_output.jsonl",
-                                    [o for ok, o in rows if ok], kept_s)  # fmt: skip
-        errors = await store_output(self._kiln, job.tenant_id, f"{name}_error.jsonl",
-                                    [o for ok, o in rows if not ok], kept_s)  # fmt: skip
         try:
             async with self._kiln.db.sessions.begin() as session:
-                session.add_all([f for f in (output, errors) if f is not None])
-                await session.flush()
+                output, errors = await store_outputs(
+                    self._kiln, session, job.tenant_id, public_id("batch_", job.id),
+                    lines=[(ok, o) for ok, o in rows], expires_s=job.output_expires_s,
+                )  # fmt: skip
                 moved = await session.scalar(
                     update(BatchJob)
                     .where(BatchJob.id == job.id, BatchJob.lease_owner == self.owner)
@@ -390,6 +386,7 @@ class BatchRunner:
                                    errors.id if errors else None)  # fmt: skip
         except _Lost:
             log.warning("batch changed hands while finalizing", batch=str(job.id))
+            await drop_unused(self._kiln, {f.digest for f in (output, errors) if f})
             return
         claim.status = final
         metrics.BATCHES_ENDED.labels(final).inc()

@@ -109,7 +109,9 @@ async def create(kiln: Kiln, principal: Principal, data: BatchCreate) -> BatchOb
     """A new batch, ``validating`` until a runner checks its lines; refused (429) if a batch
     quota has no room for its file's estimated tokens (``batches.quota``)."""
     _checked(data)
-    kept_s = expiry(data.output_expires_after, "output_expires_after")
+    kept_s = expiry(
+        data.output_expires_after, "output_expires_after", kiln.settings.batch_file_ttl_s
+    )
     source = await find(kiln, principal.tenant_id, data.input_file_id, "input_file_id")
     if source.purpose != "batch":
         raise BadRequest("'input_file_id' must name a file of purpose 'batch'.",

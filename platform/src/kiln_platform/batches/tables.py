@@ -37,7 +37,8 @@ class StoredFile(Base):
     """Its lines' estimated tokens (``quotas.batch_policy.line_tokens``): the batch quotas'."""
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
     expires_at: Mapped[datetime | None] = _ts()
-    """When it is deleted (``expires_after``; migration 0034); null: kept until deleted."""
+    """When it is deleted (``expires_after``, else ``KILN_BATCH_FILE_TTL_S``; migration 0034);
+    null: kept until deleted."""
 
 
 class BatchJob(Base):

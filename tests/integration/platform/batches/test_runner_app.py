@@ -251,7 +251,8 @@ async def test_files_expire_when_asked_and_the_prune_deletes_them(
     assert kept.expires_at is not None
     assert abs(kept.expires_at - kept.created_at - 3600) <= 1
     plain = await client.files.create(file=("b.jsonl", f"{data}\n".encode()), purpose="batch")
-    assert plain.expires_at is None
+    assert plain.expires_at is not None  # OpenAI's default for batch files: 30 days
+    assert abs(plain.expires_at - plain.created_at - 30 * 86400) <= 1
     bads: list[Any] = [
         {"anchor": "created_at", "seconds": 60},
         {"anchor": "last_active_at", "seconds": 3600},
@@ -271,9 +272,10 @@ async def test_files_expire_when_asked_and_the_prune_deletes_them(
     assert output.expires_at is not None
     assert abs(output.expires_at - output.created_at - 3600) <= 1
 
+    hourly = [_uuid(kept.id), _uuid(output.id)]
     async with kiln.db.sessions.begin() as session:  # an hour on
         await session.execute(
-            update(StoredFile).where(StoredFile.expires_at.is_not(None))
+            update(StoredFile).where(StoredFile.id.in_(hourly))
             .values(expires_at=func.now() - timedelta(seconds=1))
         )  # fmt: skip
         digest = await session.scalar(
@@ -291,11 +293,57 @@ async def test_files_expire_when_asked_and_the_prune_deletes_them(
     assert await files.prune(kiln) >= 2
     async with kiln.db.sessions() as session:
         left = await session.scalar(
-            select(func.count()).select_from(StoredFile).where(StoredFile.expires_at.is_not(None))
+            select(func.count()).select_from(StoredFile).where(StoredFile.id.in_(hourly))
         )  # fmt: skip
     assert left == 0
     assert not kiln.store.blob(digest).exists()  # "b.jsonl" differs by a byte: its own bytes
     assert (await client.files.retrieve(plain.id)).id == plain.id
+
+
+async def test_an_open_batchs_input_outlives_its_expiry(
+    app: Any, client: openai.AsyncOpenAI
+) -> None:
+    """The prune keeps an expired file an open batch reads its lines from (it reads as gone
+    to the API at once), and deletes it once the batch ended."""
+    kiln: Kiln = app.state.kiln
+    batch = await submit(client, [{"model": MINILM, "input": line_texts(1)}] * 300)
+    expire = update(StoredFile).where(StoredFile.id == _uuid(batch.input_file_id))
+    async with kiln.db.sessions.begin() as session:
+        await session.execute(expire.values(expires_at=func.now() - timedelta(seconds=1)))
+    assert await files.prune(kiln) == 0
+    with pytest.raises(openai.NotFoundError):
+        await client.files.retrieve(batch.input_file_id)
+    await client.batches.cancel(batch.id)
+    assert (await finished(client, batch.id)).status == "cancelled"
+    assert await files.prune(kiln) == 1
+
+
+async def test_removing_bytes_waits_for_a_file_being_added_with_them(
+    app: Any, client: openai.AsyncOpenAI, tmp_path: Path
+) -> None:
+    """Files with the same bytes share a blob. A delete of one, while another with the same
+    bytes is being added (its bytes adopted, its row not yet committed), waits for the add
+    and keeps the bytes; the new file reads whole."""
+    kiln: Kiln = app.state.kiln
+    line = {"custom_id": "s", "method": "POST", "url": "/v1/embeddings",
+            "body": {"model": MINILM, "input": "shared bytes"}}  # fmt: skip
+    data = (json.dumps(line) + "\n").encode()
+    first = await client.files.create(file=("a.jsonl", data), purpose="batch")
+    async with kiln.db.sessions() as session:
+        row = await session.get(StoredFile, _uuid(first.id))
+    assert row is not None
+    copy = tmp_path / "copy"
+    copy.write_bytes(data)
+    twin = StoredFile(tenant_id=row.tenant_id, filename="b.jsonl", purpose="batch",
+                      bytes=len(data), lines=1, digest=row.digest)  # fmt: skip
+    async with kiln.db.sessions.begin() as session:
+        await files.add(kiln, session, twin, copy)
+        deleting = asyncio.create_task(client.files.delete(first.id))
+        await asyncio.sleep(0.5)
+        assert not deleting.done()  # the row is gone; its bytes wait for this transaction
+    assert (await deleting).deleted
+    assert kiln.store.blob(row.digest).read_bytes() == data
+    assert (await client.files.content(f"file-{twin.id.hex}")).content == data
 
 
 def _uuid(public: str) -> uuid.UUID:
