@@ -5,8 +5,9 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 import click
+import msgspec
 
-from kiln_platform.cli._base import cli_actor, run_or_fail
+from kiln_platform.cli._base import cli_actor, fail, run_or_fail
 
 if TYPE_CHECKING:
     from kiln_platform.db.database import Database
@@ -29,7 +30,10 @@ def create(ctx: click.Context, name: str, weight: float) -> None:
 
     async def action(db: Database, settings: Settings) -> str:
         async with db.sessions.begin() as session:
-            data = TenantCreate(name=name, weight=weight)
             return str((await create_tenant(session, cli_actor(), data)).id)
 
+    try:  # checked as the API checks it (a Struct's constructor does not)
+        data = msgspec.convert({"name": name, "weight": weight}, TenantCreate)
+    except msgspec.ValidationError as exc:
+        fail(exc)
     click.echo(run_or_fail(ctx, action))

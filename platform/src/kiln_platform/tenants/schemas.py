@@ -8,7 +8,11 @@ from typing import Annotated
 
 import msgspec
 
-Name = Annotated[str, msgspec.Meta(min_length=1, max_length=100, pattern=r"^\S(.*\S)?$")]
+_SHOWN, _INK = r"[^\x00-\x1f\x7f]", r"[^\s\x00-\x1f\x7f]"
+"""A character a name shows (no control character: no tab, newline or escape); one not blank."""
+Name = Annotated[str, msgspec.Meta(min_length=1, max_length=100,
+                                   pattern=rf"^{_INK}(?:{_SHOWN}*{_INK})?$")]  # fmt: skip
+"""A tenant's name: shown characters, no blank at either end."""
 Weight = Annotated[float, msgspec.Meta(gt=0, le=1000)]
 Plan = Annotated[str, msgspec.Meta(min_length=1, max_length=32, pattern=r"^[A-Za-z0-9_.-]+$")]
 Zone = Annotated[str, msgspec.Meta(min_length=1, max_length=64)]
