@@ -18,12 +18,14 @@ from typing import Any
 import asyncpg
 import msgspec
 import pytest
+from sqlalchemy import func, select
 
 from kiln_platform.admission.services import Admission
 from kiln_platform.db.database import Database
 from kiln_platform.db.engine import TENANT_ROLE
 from kiln_platform.errors import BadRequest
 from kiln_platform.gateway.background import STOPPED, BackgroundResponses, Feed
+from kiln_platform.gateway.response_events import EventRun
 from kiln_platform.gateway.response_store import LIVE, LOST, ResponseStore
 from kiln_platform.gateway.responses_schemas import ResponseObject
 from tests.factories import make_tenant
@@ -242,6 +244,31 @@ async def test_a_stream_resumes_on_another_gateway_as_the_run_goes(
         await there.resume(tenant, "resp-plain", -1)
 
 
+async def test_events_are_stored_as_runs_appended(db: Database, tenant: uuid.UUID) -> None:
+    """Each write of a streamed response's events appends those made since the last (the bytes
+    stored grow as the stream, not as its square); a write tried again from the same number
+    replaces its run; a reader elsewhere gets each event after the one it names, once."""
+    store = ResponseStore(db.sessions, SECRET, 30)
+    reader, events = BackgroundResponses(store), [_event(i) for i in range(10)]
+    await store.save(tenant, _shell("resp-runs"), [], lease_s=30, streamed=True)
+    await store.progress(tenant, "resp-runs", 0, events[:2])
+    await store.progress(tenant, "resp-runs", 2, events[2:3])  # its answer lost: tried again
+    await store.progress(tenant, "resp-runs", 2, events[2:6])
+    await store.progress(tenant, "resp-runs", 6, events[6:8])
+    assert (await store.events(tenant, "resp-runs", 7))[:2] == (6, events[6:8])
+    end = msgspec.structs.replace(_shell("resp-runs"), status="completed")
+    assert await store.finish(tenant, end, events[8:], 8)
+    for seen in (-1, 0, 1, 2, 5, 7, 9, 20):
+        assert await _all(await reader.resume(tenant, "resp-runs", seen)) == events[seen + 1 :]
+    async with db.sessions() as session:
+        runs = (await session.execute(
+            select(EventRun.first, EventRun.until, func.length(EventRun.sealed))
+            .where(EventRun.response_id == "resp-runs").order_by(EventRun.first)
+        )).all()  # fmt: skip
+    assert [(first, until) for first, until, _ in runs] == [(0, 2), (2, 6), (6, 8), (8, 10)]
+    assert sum(size for _, _, size in runs) < len(b"".join(events)) + 64 * len(runs)
+
+
 async def _one_then_stuck() -> AsyncGenerator[bytes, None]:
     """A run's stream that makes event 0, then waits until it is cancelled or stopped."""
     yield _event(0)
@@ -289,7 +316,7 @@ async def test_a_stream_whose_run_stopped_or_died_ends_failed(
     assert await _all(await other.resume(tenant, "resp-stopped", 0)) == feed.events[1:]
 
     await store.save(tenant, _shell("resp-died"), [], lease_s=0.3, streamed=True)
-    await store.progress(tenant, "resp-died", [_event(0), _event(1)])  # then nobody renews it
+    await store.progress(tenant, "resp-died", 0, [_event(0), _event(1)])  # then nobody renews it
     reading = await other.resume(tenant, "resp-died", 0)
     assert await anext(reading) == _event(1)
     ends = [msgspec.json.decode(event.split(b"data: ")[1]) async for event in reading]

@@ -77,6 +77,8 @@ class Feed:
     def __init__(self) -> None:
         self.events: list[bytes] = []
         """The events readers may have."""
+        self.stored = 0
+        """How many of them the database has (``Background._flush``)."""
         self.end: ResponseObject | None = None
         self.closed = False
         self._held: list[bytes] = []
@@ -170,30 +172,31 @@ class BackgroundResponses:
         background response after number ``seen``, as they come: from its feed if this gateway
         runs it, else as its gateway stores them (read every ``POLL_S``) until it ends. A 404
         or a 400 (not streamed) is raised here, before the stream starts."""
-        made = await self._store.events(tenant, response_id)
+        made = await self._store.events(tenant, response_id, max(seen, 0))
         return self._resumed(tenant, response_id, seen, made)
 
     async def _resumed(
-        self, tenant: uuid.UUID, response_id: str, seen: int, made: tuple[list[bytes], bool]
+        self, tenant: uuid.UUID, response_id: str, seen: int, made: tuple[int, list[bytes], bool]
     ) -> AsyncIterator[bytes]:
         while True:
             if (feed := self._feeds.get((tenant, response_id))) is not None:
                 async for event in feed.after(seen):
                     yield event
                 return
-            events, running = made
-            for event in events[seen + 1 :]:
+            first, events, running = made  # events numbered from first (the last seen's run)
+            for event in events[max(seen + 1 - first, 0) :]:
                 yield event
-            seen = max(seen, len(events) - 1)
+            total = first + len(events)
+            seen = max(seen, total - 1)
             if not running:
                 if not events or not events[-1].startswith(ENDS):  # its gateway died
                     body = await self._store.fetch(tenant, response_id)
                     if body["status"] == "failed":
-                        for event in closing(len(events), body)[seen + 1 - len(events) :]:
+                        for event in closing(total, body)[seen + 1 - total :]:
                             yield event
                 return
             await asyncio.sleep(POLL_S)
-            made = await self._store.events(tenant, response_id)
+            made = await self._store.events(tenant, response_id, seen)
 
     async def _end(
         self, tenant: uuid.UUID, shell: ResponseObject, running: asyncio.Future[ResponseObject],
@@ -218,9 +221,10 @@ class BackgroundResponses:
                 await asyncio.gather(flushing, return_exceptions=True)  # none writes after
         if feed is not None and done.status == "failed" and not self._cancelled(running):
             feed.fail(done)
-        events = feed.made() if feed is not None else None
+        first = feed.stored if feed is not None else 0
+        events = feed.made()[first:] if feed is not None else []
         try:
-            await self._store.finish(tenant, done, events)
+            await self._store.finish(tenant, done, events, first)
             return
         except (SQLAlchemyError, OSError):
             log.warning("background response not stored yet", response_id=shell.id, exc_info=True)
@@ -228,14 +232,14 @@ class BackgroundResponses:
             if feed is not None:
                 feed.close()
             await leave()
-        await self._store_later(tenant, done, events)
+        await self._store_later(tenant, done, events, first)
 
     def _cancelled(self, running: asyncio.Future[ResponseObject]) -> bool:
         """The work was stopped by a cancel of its response (not by this gateway stopping)."""
         return running.cancelled() and not self._stopping
 
     async def _store_later(
-        self, tenant: uuid.UUID, done: ResponseObject, events: list[bytes] | None
+        self, tenant: uuid.UUID, done: ResponseObject, events: list[bytes], first: int
     ) -> None:
         """Write an end the database did not take, again and again (backing off) for up to
         ``retry_s``: a response made and billed during an outage shorter than that reads as it
@@ -244,7 +248,7 @@ class BackgroundResponses:
         while time.monotonic() + pause < deadline:
             await asyncio.sleep(pause)
             try:
-                await self._store.finish(tenant, done, events)
+                await self._store.finish(tenant, done, events, first)
                 return
             except (SQLAlchemyError, OSError):
                 pause = min(pause * 2, self._lease_s / 3)
@@ -252,15 +256,16 @@ class BackgroundResponses:
 
     async def _flush(self, tenant: uuid.UUID, response_id: str, feed: Feed) -> None:
         """Store the feed's new events every ``FLUSH_S`` while the run lasts (a failed write is
-        tried at the next; readers elsewhere wait meanwhile)."""
-        stored = 0
+        tried again, with those made since, at the next; readers elsewhere wait meanwhile)."""
         while True:
             await asyncio.sleep(FLUSH_S)
-            if len(feed.events) > stored:
+            if len(feed.events) > feed.stored:
                 made = len(feed.events)
                 try:
-                    await self._store.progress(tenant, response_id, feed.events[:made])
-                    stored = made
+                    await self._store.progress(
+                        tenant, response_id, feed.stored, feed.events[feed.stored : made]
+                    )
+                    feed.stored = made
                 except (SQLAlchemyError, OSError):
                     log.warning("background events not stored yet", response_id=response_id)
 

@@ -9,8 +9,8 @@ data: a sealed value moved to another row does not open.
 A background response is stored ``queued`` and finished by the task that runs it
 (``gateway.background``): its ``status`` is in the clear, so a cancel and the task's last write
 settle by one conditional update, and its lease, renewed while it runs, makes one whose gateway
-died read as ``failed`` (migration 0029). A streamed one keeps its events, sealed, once it
-ended, so its stream resumes on any gateway (migration 0030)."""
+died read as ``failed`` (migration 0029). A streamed one keeps its events as they come
+(``response_events``), so its stream resumes on any gateway."""
 
 from __future__ import annotations
 
@@ -35,10 +35,14 @@ from sqlalchemy.orm import Mapped, mapped_column
 from kiln_platform.db.engine import tenant_transaction
 from kiln_platform.db.tables import Base
 from kiln_platform.errors import BadRequest, NotFound
+from kiln_platform.gateway import response_events
 from kiln_platform.gateway._items import page, with_parts
+from kiln_platform.gateway.response_events import split
 from kiln_platform.sealing import Seal
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
+
     from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
     from kiln_platform.gateway.responses_schemas import ResponseObject
@@ -60,8 +64,8 @@ class StoredResponse(Base):
     lease_until: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     """A live response's gateway renews this while it runs it; past it, the response failed."""
     events: Mapped[bytes | None] = mapped_column(LargeBinary)
-    """A streamed background response's events, sealed, once it ended (empty before); null for
-    any other response (migration 0030)."""
+    """Empty for a streamed background response (its events are in ``response_events``; one
+    stored before migration 0036 has them here, sealed); null for any other response."""
 
 
 LIVE = ("queued", "in_progress")
@@ -189,17 +193,20 @@ class ResponseStore:
             return renewed.first() is not None
 
     async def finish(
-        self, tenant_id: uuid.UUID, response: ResponseObject, events: list[bytes] | None = None
-    ) -> bool:
+        self, tenant_id: uuid.UUID, response: ResponseObject, events: Sequence[bytes] = (),
+        first: int = 0,
+    ) -> bool:  # fmt: skip
         """Replace a live response by its end (completed, incomplete, failed), and keep a
-        streamed one's ``events``; False, and only the events written, if it is live no more
-        (cancelled meanwhile; deleted: nothing)."""
+        streamed one's last ``events`` (numbered from ``first``: those ``progress`` did not
+        store); False, and only the events written, if it is live no more (cancelled
+        meanwhile; deleted: nothing)."""
         async with tenant_transaction(self._sessions, tenant_id) as session:
             row = await session.get(StoredResponse, response.id, with_for_update=True)
             if row is None:
                 return False
-            if events is not None:  # all of them: those ``progress`` stored are the first
-                row.events = self._seal.seal(b"".join(events), _events_data(row))
+            await response_events.append(
+                session, self._seal, tenant_id, row.id, first=first, events=events
+            )
             if row.status not in LIVE:
                 return False
             row.sealed = self._sealed(tenant_id, row.id, response, self._opened(row).history)
@@ -225,28 +232,37 @@ class ResponseStore:
             row.status, row.lease_until = "cancelled", None
             return body
 
-    async def progress(self, tenant_id: uuid.UUID, response_id: str, events: list[bytes]) -> None:
-        """Store the events a streamed background response made so far, while it is live, for
-        its readers on other gateways (``finish`` stores them all)."""
+    async def progress(
+        self, tenant_id: uuid.UUID, response_id: str, first: int, events: list[bytes]
+    ) -> None:
+        """Store the events a streamed background response made since number ``first``, while
+        it is live, for its readers on other gateways (``finish`` stores the rest)."""
         async with tenant_transaction(self._sessions, tenant_id) as session:
             row = await session.get(StoredResponse, response_id, with_for_update=True)
             if row is not None and row.status in LIVE:
-                row.events = self._seal.seal(b"".join(events), _events_data(row))
+                await response_events.append(
+                    session, self._seal, tenant_id, response_id, first=first, events=events
+                )
 
-    async def events(self, tenant_id: uuid.UUID, response_id: str) -> tuple[list[bytes], bool]:
-        """A streamed background response's events so far, and whether it still runs (those
-        its gateway stored: all once it ended); a 400 naming ``stream`` for any other."""
+    async def events(
+        self, tenant_id: uuid.UUID, response_id: str, start: int = 0
+    ) -> tuple[int, list[bytes], bool]:
+        """A streamed background response's stored events (all once it ended) from the run
+        that holds number ``start`` (or the last run), the number of the first of them, and
+        whether it still runs; a 400 naming ``stream`` for any other response."""
         async with tenant_transaction(self._sessions, tenant_id) as session:
             row = await _row(session, tenant_id, response_id, "response_id")
-        if row.events is None:
-            raise BadRequest(
-                "Only a response created with 'background' and 'stream' can be streamed: GET "
-                "it without 'stream'.", param="stream",
-            )  # fmt: skip
-        if not row.events:
-            return [], _running(row)
-        plain = self._seal.open(row.events, _events_data(row))
-        return [event + b"\n\n" for event in plain.split(b"\n\n") if event], _running(row)
+            if row.events is None:
+                raise BadRequest(
+                    "Only a response created with 'background' and 'stream' can be streamed: "
+                    "GET it without 'stream'.", param="stream",
+                )  # fmt: skip
+            if row.events:  # stored whole, before migration 0036
+                return 0, split(self._seal.open(row.events, _events_data(row))), _running(row)
+            first, made = await response_events.read(
+                session, self._seal, tenant_id, response_id, start
+            )
+        return first, made, _running(row)
 
     async def fetch(self, tenant_id: uuid.UUID, response_id: str) -> dict[str, Any]:
         """The stored response object (``GET /v1/responses/{id}``)."""

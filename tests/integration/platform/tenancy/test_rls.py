@@ -51,6 +51,7 @@ from kiln_platform.db.tables import (
 )
 from kiln_platform.gateway.chat_store import StoredChat
 from kiln_platform.gateway.conversations import Conversation, ConversationItem
+from kiln_platform.gateway.response_events import EventRun
 from kiln_platform.gateway.response_store import StoredResponse
 from kiln_platform.settings import Settings
 from kiln_platform.webhooks.tables import WebhookAttempt, WebhookDelivery, WebhookEndpoint
@@ -122,6 +123,7 @@ def _rows(tenant: uuid.UUID, model: uuid.UUID) -> list[Base]:
         BatchLine(batch_id=batch.id, custom_id="c", tenant_id=tenant, line=1, ok=True, output="{}"),
         StoredResponse(id=f"resp-{n}", tenant_id=tenant, sealed=b"\0",
                        expires_at=NOW + timedelta(days=1)),
+        EventRun(response_id=f"resp-{n}", first=0, until=1, tenant_id=tenant, sealed=b"\0"),
         Conversation(id=f"conv_{n}", tenant_id=tenant, sealed=b"\0"),
         StoredChat(id=f"chatcmpl-{n}", tenant_id=tenant, model="m", sealed=b"\0",
                    expires_at=NOW + timedelta(days=1)),
