@@ -284,10 +284,21 @@ def _store_files(kiln: KilnProcess) -> set[str]:
     }  # fmt: skip
 
 
+def _compiles_done(kiln: KilnProcess, timeout: float = 120) -> None:
+    """Wait until no compile job is queued or running (an earlier upload's adds an engine
+    tree to the store when it ends)."""
+    deadline = time.monotonic() + timeout
+    while any(line.split("\t")[4] in ("queued", "running")
+              for line in kiln.cli("models", "jobs").splitlines() if line.strip()):  # fmt: skip
+        assert time.monotonic() < deadline, kiln.cli("models", "jobs")
+        time.sleep(0.3)
+
+
 @pytest.mark.parametrize("case", ["corrupt", "not-onnx", "outside", "oversized"])
 def test_bad_uploads_are_rejected_with_nothing_left(
     tensor_up: KilnProcess, tensor_models: dict[str, Path], case: str
 ) -> None:
+    _compiles_done(tensor_up)
     before_files, before_models = _store_files(tensor_up), tensor_up.cli("models", "list")
     if case == "oversized":  # a valid model padded past the limit this server runs with
         body = tensor_models["mlp"].read_bytes() + b"\0" * UPLOAD_LIMIT
