@@ -224,6 +224,11 @@ def test_score_and_rerank_give_the_source_models_cosines(kiln_up: Any) -> None:
         ("rerank", {"query": "q", "documents": ["a", "word " * 600]}, "documents[1]"),
         ("rerank", {"query": "", "documents": ["a"]}, "query"),
         ("rerank", {"query": "q", "documents": ["a"], "top_n": -1}, "top_n"),
+        (
+            "rerank",
+            {"query": "q", "documents": [{"text": "a", "title": "t"}]},
+            "documents[0].title",
+        ),
         ("rerank", {"query": "q", "documents": ["a"] * 2048}, "documents"),
         ("rerank", {"query": "q", "documents": ["a"], "model": "nope"}, "model"),
     ],

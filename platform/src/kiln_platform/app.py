@@ -138,15 +138,19 @@ def _error_response(request: Request[Any, Any, Any], exc: Exception) -> Response
 
 
 def _validation_message(exc: ValidationException) -> tuple[str, str | None]:
-    """msgspec's message and the field it names (``$.input[0]`` or "unknown field `n`")."""
+    """msgspec's message and the field it names (``$.input[0]``, "unknown field `n`", or one
+    within an item: ``documents[0].title``)."""
     first = exc.extra[0] if isinstance(exc.extra, list) else exc.extra
     if not isinstance(first, dict):
         return str(exc.detail), None
     message = str(first.get("message", exc.detail))
     named = _FIELD_IN_MESSAGE.search(message)
     key = str(first.get("key") or "").removeprefix("$.")
-    param = named.group(1) if named else (key if key not in ("", "data", "$") else None)
-    return (f"{message} (field '{param}')" if param and not named else message), param
+    within = key if key not in ("", "data", "$") else None
+    if named:
+        param = f"{within}.{named.group(1)}" if within else named.group(1)
+        return (f"{message} (field '{param}')" if within else message), param
+    return (f"{message} (field '{within}')" if within else message), within
 
 
 _FIELD_IN_MESSAGE = re.compile(r"field `([^`]+)`")
