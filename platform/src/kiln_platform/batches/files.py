@@ -4,7 +4,7 @@
 it and its bytes.
 
 Files with the same bytes share one blob: a row is added with its bytes (``add``), and bytes
-no row names are removed (``_drop_unused``), under the digest's advisory lock, so a removal
+no row names are removed (``drop_unused``), under the digest's advisory lock, so a removal
 never takes the bytes of a file being added."""
 
 from __future__ import annotations

@@ -78,7 +78,7 @@ class Feed:
         self.events: list[bytes] = []
         """The events readers may have."""
         self.stored = 0
-        """How many of them the database has (``Background._flush``)."""
+        """How many of them the database has (``BackgroundResponses._flush``)."""
         self.end: ResponseObject | None = None
         self.closed = False
         self._held: list[bytes] = []
