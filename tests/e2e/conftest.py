@@ -128,6 +128,8 @@ class KilnProcess:
         body: dict[str, object] = {"model": model, "input": "warm"}
         if path == "completions":
             body = {"model": model, "prompt": "Hi", "max_tokens": 1}
+        if path == "rerank":
+            body = {"model": model, "query": "warm", "documents": ["warm"]}
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             try:

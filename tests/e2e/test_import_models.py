@@ -50,6 +50,7 @@ def sources(tmp_path_factory: pytest.TempPathFactory, tiny_models: Any) -> dict[
         made[f"bert-{pooling}"] = tiny_models.sentence(
             root / f"bert-{pooling}", pooling, normalize=pooling == "mean"
         )
+    made["bert-rerank"] = tiny_models.cross_encoder(root / "bert-rerank", seed=3)
     return made
 
 
@@ -294,6 +295,43 @@ def test_embeddings_match_sentence_transformers(
     assert version["accuracy"]["type"] == "embeddings"
     assert version["accuracy"]["min_cosine"] >= 0.9999
     assert version["manifest"]["pooling"] == pooling
+
+
+def test_a_cross_encoder_scores_pairs_as_sentence_transformers(
+    kiln: KilnProcess, built: dict[str, dict[str, Any]], sources: dict[str, Path]
+) -> None:
+    """A one-label ``BertForSequenceClassification`` (a reranker) is detected, built and
+    served by ``/v1/rerank`` and ``/v1/score`` with ``CrossEncoder.predict``'s scores; it is
+    no embeddings model (a 400 naming ``model``)."""
+    from openai import BadRequestError
+    from sentence_transformers import CrossEncoder
+
+    name = "tiny-bert-rerank"
+    assert built["bert-rerank"]["status"] == "done", built["bert-rerank"]
+    kiln.wait_until_serving(name, path="rerank")
+    query, docs = TEXTS[1], [TEXTS[0], TEXTS[2], "the dog sleeps by the fire"]
+    folder = str(sources["bert-rerank"])
+    want = CrossEncoder(folder, device="cpu").predict([[query, d] for d in docs])
+    ranked = httpx.post(f"{kiln.base_url}/v1/rerank", headers=_auth(kiln), json={
+        "model": name, "query": query, "documents": docs,
+    }).json()["results"]  # fmt: skip
+    got = {r["index"]: r["relevance_score"] for r in ranked}
+    assert [r["relevance_score"] for r in ranked] == sorted(got.values(), reverse=True)
+    assert np.allclose([got[j] for j in range(len(docs))], want, atol=1e-5)
+    scored = httpx.post(f"{kiln.base_url}/v1/score", headers=_auth(kiln), json={
+        "model": name, "text_1": [query, docs[0]], "text_2": [docs[1], docs[2]],
+    }).json()["data"]  # fmt: skip
+    pairwise = CrossEncoder(folder, device="cpu").predict([[query, docs[1]], [docs[0], docs[2]]])
+    assert np.allclose([d["score"] for d in scored], pairwise, atol=1e-5)
+    with pytest.raises(BadRequestError) as refused:
+        _openai(kiln).embeddings.create(model=name, input="a cat")
+    assert refused.value.body["param"] == "model"  # type: ignore[index]
+    version = httpx.get(
+        f"{kiln.base_url}/admin/v1/models/{name}/versions/1", headers=_auth(kiln)
+    ).json()
+    assert (version["manifest"]["task"], version["manifest"]["scores"]) == ("embeddings", True)
+    assert version["accuracy"]["type"] == "score"
+    assert version["accuracy"]["max_abs_diff"] < 1e-5
 
 
 def test_int4_build_reports_agreement(kiln: KilnProcess, sources: dict[str, Path]) -> None:

@@ -88,6 +88,11 @@ class ModelManifest(msgspec.Struct, frozen=True, kw_only=True):
     """How the embeddings graph pools token states (it is inside the graph; informational)."""
     normalize: bool | None = None
     """Whether the embeddings graph L2-normalizes its output."""
+    scores: bool = False
+    """A cross-encoder (an embeddings-task graph of one output): a row is a text pair (its
+    tokenizer's pair template) and its output the pair's relevance, the sigmoid of its logit,
+    as sentence-transformers' ``CrossEncoder.predict``; served by ``/v1/score`` and
+    ``/v1/rerank``, not ``/v1/embeddings``."""
 
 
 class WorkerInfo(msgspec.Struct, frozen=True, kw_only=True):
@@ -341,13 +346,23 @@ class EmbedAccuracy(msgspec.Struct, frozen=True, kw_only=True, tag="embeddings")
     min_cosine: float
 
 
+class ScoreAccuracy(msgspec.Struct, frozen=True, kw_only=True, tag="score"):
+    """A cross-encoder build against sentence-transformers' ``CrossEncoder``: the score of
+    each fixed pair by both."""
+
+    pairs: list[list[str]]
+    reference: list[float]
+    built: list[float]
+    max_abs_diff: float
+
+
 class AccuracySkipped(msgspec.Struct, frozen=True, kw_only=True, tag="skipped"):
     """No comparison was possible (a prebuilt folder, a CUDA graph on a machine without GPU)."""
 
     reason: str
 
 
-AccuracyReport = GenerateAccuracy | EmbedAccuracy | AccuracySkipped
+AccuracyReport = GenerateAccuracy | EmbedAccuracy | ScoreAccuracy | AccuracySkipped
 
 
 class BuildReport(msgspec.Struct, frozen=True, kw_only=True):

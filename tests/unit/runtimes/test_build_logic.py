@@ -32,6 +32,17 @@ from kiln_runtimes.protocol import ModelManifest
         ({"architectures": ["BertModel"]}, False, "embeddings"),
         ({"architectures": ["XLMRobertaModel"]}, True, "embeddings"),
         ({"model_type": "bert"}, False, "embeddings"),
+        (
+            {"architectures": ["BertForSequenceClassification"], "id2label": {"0": "L"}},
+            False,
+            "embeddings",
+        ),  # a cross-encoder: one label
+        (
+            {"architectures": ["XLMRobertaForSequenceClassification"], "num_labels": 1},
+            False,
+            "embeddings",
+        ),
+        ({"architectures": ["BertForSequenceClassification"]}, False, None),  # two labels
         ({"architectures": ["ViTForImageClassification"]}, False, None),
         ({}, False, None),
     ],

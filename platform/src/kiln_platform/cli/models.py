@@ -190,6 +190,9 @@ def accuracy_line(accuracy: dict[str, Any] | None) -> str:
         )
     if kind == "embeddings":
         return f"accuracy: min cosine {accuracy['min_cosine']:.6f} to sentence-transformers"
+    if kind == "score":
+        return (f"accuracy: max |score diff| {accuracy['max_abs_diff']:.3g} to "
+                "sentence-transformers' CrossEncoder")  # fmt: skip
     return f"accuracy: skipped ({accuracy.get('reason')})"
 
 

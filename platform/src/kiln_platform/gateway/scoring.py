@@ -1,5 +1,7 @@
-"""vLLM's ``/v1/score`` and the Jina/Cohere-style ``/v1/rerank`` on an embeddings model: a
-pair's score is the cosine of its two texts' vectors (what vLLM answers for such a model)."""
+"""vLLM's ``/v1/score`` and the Jina/Cohere-style ``/v1/rerank``, as vLLM answers them: on an
+embeddings model a pair's score is the cosine of its two texts' vectors; on a cross-encoder
+(a one-label sequence classifier) it is the model's own score of the pair, the sigmoid of its
+logit, as sentence-transformers' ``CrossEncoder.predict``."""
 
 from __future__ import annotations
 
@@ -114,6 +116,13 @@ def cosines(vectors: np.ndarray, pairs: list[tuple[int, int]]) -> list[float]:
     return [float(x) for x in np.einsum("ij,ij->i", unit[left], unit[right])]
 
 
+def _scores(done: services.Encoded, pairs: list[tuple[int, int]]) -> list[float]:
+    """Each pair's score: a cross-encoder's own, else the cosine of its texts' vectors."""
+    if done.scored:
+        return [float(x) for x in done.vectors[:, 0]]
+    return cosines(done.vectors, pairs)
+
+
 def _names(field: str, value: str | list[str], count: int) -> list[str]:
     return [field] if isinstance(value, str) else [f"{field}[{i}]" for i in range(count)]
 
@@ -133,9 +142,9 @@ async def score(kiln: Kiln, admission: Admission, request: ScoreRequest) -> Scor
              *_names("text_2", request.text_2, len(second))]  # fmt: skip
     done = await services.encode(
         kiln, admission, request.model, [*first, *second], endpoint="score",
-        truncate=request.truncate_prompt_tokens, names=names,
+        truncate=request.truncate_prompt_tokens, names=names, pairs=pairs,
     )  # fmt: skip
-    data = [Score(index=i, score=s) for i, s in enumerate(cosines(done.vectors, pairs))]
+    data = [Score(index=i, score=s) for i, s in enumerate(_scores(done, pairs))]
     return ScoreResponse(
         id=f"score-{admission.request_id.removeprefix('req_')}", created=int(time.time()),
         model=request.model, data=data, usage=Usage(prompt_tokens=done.tokens,
@@ -152,11 +161,12 @@ async def rerank(kiln: Kiln, admission: Admission, request: RerankRequest) -> Re
     texts = [d if isinstance(d, str) else d.text for d in request.documents]
     _fits(kiln, 1 + len(texts), "documents")
     names = ["query", *_names("documents", texts, len(texts))]
+    pairs = [(0, 1 + j) for j in range(len(texts))]
     done = await services.encode(
         kiln, admission, request.model, [request.query, *texts], endpoint="rerank",
-        truncate=request.truncate_prompt_tokens, names=names,
+        truncate=request.truncate_prompt_tokens, names=names, pairs=pairs,
     )  # fmt: skip
-    scores = cosines(done.vectors, [(0, 1 + j) for j in range(len(texts))])
+    scores = _scores(done, pairs)
     order = sorted(range(len(texts)), key=lambda j: -scores[j])[: request.top_n or None]
     results = [
         Ranked(index=j, relevance_score=scores[j],

@@ -5,7 +5,7 @@ from __future__ import annotations
 import base64
 import dataclasses
 import time
-from functools import lru_cache
+from functools import lru_cache, partial
 from typing import TYPE_CHECKING, Any
 
 import msgspec
@@ -133,6 +133,37 @@ def tokenize_input(
     return ids
 
 
+def tokenize_pairs(
+    raw: str | list[Any], tokenizer: Tokenizer, context: int, truncate: int | None,
+    names: Sequence[str], *, pairs: Sequence[tuple[int, int]],
+) -> list[list[int]]:  # fmt: skip
+    """A cross-encoder's rows: each pair of ``raw``'s texts as the tokenizer's pair template
+    writes it; with ``truncate_prompt_tokens``, a pair over it keeps its first text whole and
+    the start of its second (sentence-transformers' ``only_second``). Errors name the text."""
+    texts = [raw] if isinstance(raw, str) else raw
+    for i, text in enumerate(texts):
+        if not isinstance(text, str) or not text:
+            raise BadRequest(f"'{names[i]}' must be a non-empty string.", param=names[i])
+    bare = tokenizer.encode_batch(texts, add_special_tokens=False)
+    specials = tokenizer.num_special_tokens_to_add(True)
+    keep = kept(truncate, context, specials + 2)
+    most, rows = keep or context, []
+    for a, b in pairs:
+        room = most - specials - len(bare[a])
+        if keep is not None and room >= 1:
+            bare[b].truncate(room, direction="right")
+        row = tokenizer.post_process(bare[a], bare[b]).ids
+        if len(row) > most:
+            field = names[a] if room < 1 else names[b]  # the first text alone leaves no room
+            limit = "'truncate_prompt_tokens'" if keep else "this model's context"
+            raise BadRequest(
+                f"'{names[a]}' and '{names[b]}' make {len(row)} tokens; {limit} is {most}.",
+                param=field,
+            )
+        rows.append(row)
+    return rows
+
+
 def kept(value: int | None, context: int, least: int = 1) -> int | None:
     """vLLM's ``truncate_prompt_tokens`` checked: how many of its last tokens a prompt keeps
     (-1: the model's context; ``None``: all), at least ``least``."""
@@ -149,25 +180,42 @@ def kept(value: int | None, context: int, least: int = 1) -> int | None:
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Encoded:
-    """Texts' vectors (a row each), the tokens they took and the version that made them."""
+    """The model's rows (a vector per text; a cross-encoder's: a score per pair), the tokens
+    they took and the version that made them."""
 
     vectors: np.ndarray
     tokens: int
     version: ResolvedVersion
 
+    @property
+    def scored(self) -> bool:
+        """Rows are pairs' scores (a cross-encoder), not texts' vectors."""
+        return self.version.manifest.scores
+
+
+def _checked(version: ResolvedVersion, pairs: Sequence[tuple[int, int]] | None) -> None:
+    manifest = version.manifest
+    if manifest.task != "embeddings":
+        raise BadRequest(f"The model `{version.model}` does not produce embeddings.", param="model")
+    if manifest.scores and pairs is None:
+        raise BadRequest(
+            f"The model `{version.model}` is a cross-encoder: it scores text pairs "
+            "(/v1/score, /v1/rerank) and produces no embeddings.", param="model",
+        )  # fmt: skip
+
 
 async def encode(
     kiln: Kiln, admission: Admission, model: str, raw: str | list[Any], *, endpoint: str,
     truncate: int | None = None, dimensions: int | None = None, names: Sequence[str] = (),
+    pairs: Sequence[tuple[int, int]] | None = None,
 ) -> Encoded:  # fmt: skip
     """Run ``raw`` (as ``input`` of ``POST /v1/embeddings`` takes it) through an embeddings
-    model; its admission records the usage under ``endpoint``. Errors name ``names[i]`` for
-    item ``i`` when given, else ``input[i]``."""
+    model, or, on a cross-encoder, the ``pairs`` of its texts; its admission records the usage
+    under ``endpoint``. Errors name ``names[i]`` for item ``i`` when given, else ``input[i]``."""
     principal, request_id = admission.principal, admission.request_id
     version = await kiln.resolver.resolve(model, str(principal.tenant_id))
     manifest = version.manifest
-    if manifest.task != "embeddings":
-        raise BadRequest(f"The model `{version.model}` does not produce embeddings.", param="model")
+    _checked(version, pairs)
     admission.serves(version.model, split=kiln.resolver.split(model, str(principal.tenant_id)))
     if dimensions is not None and dimensions != manifest.dimensions:
         raise BadRequest(
@@ -176,13 +224,20 @@ async def encode(
     model_dir = await local_tree(kiln.store, version.artifact_digest)
     tokenizer = load_tokenizer(model_dir / (manifest.tokenizer_file or "tokenizer.json"))
     count = count_items(raw, max_inputs(kiln.settings))
+    rows = len(pairs) if manifest.scores and pairs is not None else count
     with admission.screening(model):
-        kiln.workers.screen(version.pool, request_id, admission.terms, count)
-    with tracing.span("tokenize", {"kiln.inputs": count}):
-        ids = await off_loop(
-            _chars(raw, count), tokenize_input, raw, tokenizer, version.context_length, truncate,
-            names,
-        )  # fmt: skip
+        kiln.workers.screen(version.pool, request_id, admission.terms, rows)
+    with tracing.span("tokenize", {"kiln.inputs": rows}):
+        if manifest.scores and pairs is not None:
+            ids = await off_loop(
+                _chars(raw, count), partial(tokenize_pairs, pairs=pairs), raw, tokenizer,
+                version.context_length, truncate, names,
+            )  # fmt: skip
+        else:
+            ids = await off_loop(
+                _chars(raw, count), tokenize_input, raw, tokenizer, version.context_length,
+                truncate, names,
+            )  # fmt: skip
     tokens = sum(map(len, ids))
     await admission.hold(version, Quantities(input_tokens=tokens, items=len(ids)))
     usage = usage_of(principal, version, request_id, endpoint, input_tokens=tokens, items=len(ids))

@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from kiln_runtimes.protocol import EmbedAccuracy, GenerateAccuracy
+from kiln_runtimes.protocol import EmbedAccuracy, GenerateAccuracy, ScoreAccuracy
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -130,3 +130,32 @@ def embeddings(source: Path, built_dir: Path, model_file: str) -> EmbedAccuracy:
     built = session.run(["embeddings"], {"input_ids": ids, "attention_mask": mask})[0]
     values = cosines(np.asarray(reference), built)
     return EmbedAccuracy(inputs=list(SENTENCES), cosines=values, min_cosine=min(values))
+
+
+PAIRS = (
+    ("a cat sits on the mat", "a kitten rests on the rug"),
+    ("a cat sits on the mat", "stock prices fell sharply"),
+    ("How is a build checked?", "Kiln compares every build with the framework it came from."),
+    ("Café crème", "the the the the"),
+)
+
+
+def scores(source: Path, built_dir: Path, model_file: str) -> ScoreAccuracy:
+    """Each fixed pair's score by sentence-transformers' ``CrossEncoder`` and by the build."""
+    import onnxruntime as ort
+    from sentence_transformers import CrossEncoder
+    from tokenizers import Tokenizer
+
+    from kiln_runtimes.build._encoder import pad
+
+    reference = CrossEncoder(str(source), device="cpu", local_files_only=True).predict(
+        [list(pair) for pair in PAIRS], convert_to_numpy=True
+    )
+    ids, mask = pad(Tokenizer.from_file(str(built_dir / "tokenizer.json")), PAIRS)
+    session = ort.InferenceSession(str(built_dir / model_file), providers=["CPUExecutionProvider"])
+    built = session.run(["embeddings"], {"input_ids": ids, "attention_mask": mask})[0][:, 0]
+    want = np.asarray(reference, dtype=np.float64).reshape(-1)
+    return ScoreAccuracy(
+        pairs=[list(pair) for pair in PAIRS], reference=[float(x) for x in want],
+        built=[float(x) for x in built], max_abs_diff=float(np.abs(want - built).max()),
+    )  # fmt: skip

@@ -1,4 +1,5 @@
-"""Embeddings builds: a sentence-transformers (or bare BERT-family) folder to one ONNX graph."""
+"""Embeddings builds: a sentence-transformers (or bare BERT-family) folder to one ONNX graph;
+a one-label sequence classifier (a cross-encoder) to its scoring graph."""
 
 from __future__ import annotations
 
@@ -6,9 +7,10 @@ import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from kiln_runtimes.build import _checks, _encoder
+from kiln_runtimes.build import _checks, _encoder, _scorer
 from kiln_runtimes.build._options import BuildError, check_memory
-from kiln_runtimes.build._pooling import read_head
+from kiln_runtimes.build._pooling import Head, read_head
+from kiln_runtimes.build._source import read_json, scorer
 from kiln_runtimes.protocol import ModelManifest
 
 if TYPE_CHECKING:
@@ -36,14 +38,20 @@ def build_embeddings(
             f"embeddings build in {' or '.join(EMBED_PRECISIONS)}, not {precision}",
             field="precision",
         )
-    head = read_head(source)
+    scores = scorer(read_json(source / "config.json"))
+    head = Head() if scores else read_head(source)
     encoder_dir = source / head.encoder_dir
     _checks.check_tokenizer(encoder_dir, chat=False)
     parameters = _checks.weight_parameters(encoder_dir)
     check_memory(parameters, precision, options.max_memory_bytes, found.path)
-    say("converting", 20, f"exporting {found.architecture} with {head.pooling} pooling")
+    what = "as a cross-encoder" if scores else f"with {head.pooling} pooling"
+    say("converting", 20, f"exporting {found.architecture} {what}")
     tokenizer = _encoder.write_tokenizer(encoder_dir / "tokenizer.json", folder / "tokenizer.json")
-    embedder, dimensions, positions = _encoder.load(source, head)
+    if scores:
+        embedder, positions = _scorer.load(source, _scorer.separator(source, tokenizer))
+        dimensions = 1
+    else:
+        embedder, dimensions, positions = _encoder.load(source, head)
     _encoder.export(embedder, tokenizer, dimensions, work / "exported.onnx")
     say("optimizing", 50, "ONNX Runtime basic graph optimizations")
     _encoder.optimize(work / "exported.onnx", work / "optimized.onnx")
@@ -64,8 +72,12 @@ def build_embeddings(
         architecture=found.architecture,
         precision=precision,
         target=options.target,
-        pooling=head.pooling,
-        normalize=head.normalize,
+        pooling=None if scores else head.pooling,
+        normalize=None if scores else head.normalize,
+        scores=scores,
     )
+    if scores:
+        say("checking accuracy", 80, "pair scores against sentence-transformers' CrossEncoder")
+        return manifest, _accuracy.scores(source, folder, MODEL_FILE)
     say("checking accuracy", 80, "cosine against sentence-transformers")
     return manifest, _accuracy.embeddings(source, folder, MODEL_FILE)

@@ -85,8 +85,11 @@ def write_tokenizer(source: Path, path: Path) -> Tokenizer:
     return tokenizer
 
 
-def pad(tokenizer: Tokenizer, sentences: tuple[str, ...]) -> tuple[np.ndarray, np.ndarray]:
-    """Tokenize and right-pad a batch with id 0; return int64 ids and attention mask."""
+def pad(
+    tokenizer: Tokenizer, sentences: tuple[str, ...] | tuple[tuple[str, str], ...]
+) -> tuple[np.ndarray, np.ndarray]:
+    """Tokenize and right-pad a batch (of texts, or of pairs) with id 0; return int64 ids and
+    attention mask."""
     rows = [encoding.ids for encoding in tokenizer.encode_batch(list(sentences))]
     width = max(len(row) for row in rows)
     ids = np.zeros((len(rows), width), dtype=np.int64)

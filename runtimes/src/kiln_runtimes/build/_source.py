@@ -12,7 +12,8 @@ from kiln_runtimes.build._options import BuildError
 from kiln_runtimes.protocol import Task
 
 Kind = Literal["hf", "gguf", "genai", "tensor"]
-# Encoders sentence-transformers wraps; a bare one of these is an embeddings model too.
+# Encoders sentence-transformers wraps; a bare one of these is an embeddings model too (and a
+# one-label sequence classifier of one, a cross-encoder, serves the embeddings task's scores).
 ENCODER_TYPES = frozenset({"bert", "roberta", "xlm-roberta", "distilbert", "mpnet", "electra"})
 ENCODER_ARCHITECTURES = frozenset(
     {"BertModel", "RobertaModel", "XLMRobertaModel", "DistilBertModel", "MPNetModel"}
@@ -43,7 +44,8 @@ def detect(path: Path, task: Task | None = None) -> Source:
         if found is None:
             raise BuildError(
                 f"cannot tell the task from architecture {architecture!r}: a generation model "
-                "is *ForCausalLM, an embeddings model a BERT-family encoder (pass --task)",
+                "is *ForCausalLM, an embeddings model a BERT-family encoder (or its one-label "
+                "*ForSequenceClassification, a cross-encoder) (pass --task)",
                 file="config.json",
                 field="architectures",
             )
@@ -62,11 +64,18 @@ def task_for(config: dict[str, Any], *, has_modules: bool) -> Task | None:
     architecture = first_architecture(config) or ""
     if architecture.endswith("ForCausalLM"):
         return "generate"
-    if has_modules or architecture in ENCODER_ARCHITECTURES:
+    if has_modules or architecture in ENCODER_ARCHITECTURES or scorer(config):
         return "embeddings"
     if not architecture and config.get("model_type") in ENCODER_TYPES:
         return "embeddings"
     return None
+
+
+def scorer(config: dict[str, Any]) -> bool:
+    """A cross-encoder: an encoder's sequence classifier of one label (a reranker)."""
+    architecture = first_architecture(config) or ""
+    labels = config.get("num_labels") or len(config.get("id2label") or {}) or 2
+    return architecture.endswith("ForSequenceClassification") and labels == 1
 
 
 def first_architecture(config: dict[str, Any]) -> str | None:
