@@ -142,8 +142,8 @@ def tokenize_pairs(
     the start of its second (sentence-transformers' ``only_second``). Errors name the text."""
     texts = [raw] if isinstance(raw, str) else raw
     for i, text in enumerate(texts):
-        if not isinstance(text, str) or not text:
-            raise BadRequest(f"'{names[i]}' must be a non-empty string.", param=names[i])
+        if not text:
+            raise BadRequest(f"'{names[i]}' must not be an empty string.", param=names[i])
     bare = tokenizer.encode_batch(texts, add_special_tokens=False)
     specials = tokenizer.num_special_tokens_to_add(True)
     keep = kept(truncate, context, specials + 2)
@@ -224,20 +224,13 @@ async def encode(
     model_dir = await local_tree(kiln.store, version.artifact_digest)
     tokenizer = load_tokenizer(model_dir / (manifest.tokenizer_file or "tokenizer.json"))
     count = count_items(raw, max_inputs(kiln.settings))
-    rows = len(pairs) if manifest.scores and pairs is not None else count
+    rows = partial(tokenize_pairs, pairs=pairs) if manifest.scores and pairs else tokenize_input
     with admission.screening(model):
-        kiln.workers.screen(version.pool, request_id, admission.terms, rows)
-    with tracing.span("tokenize", {"kiln.inputs": rows}):
-        if manifest.scores and pairs is not None:
-            ids = await off_loop(
-                _chars(raw, count), partial(tokenize_pairs, pairs=pairs), raw, tokenizer,
-                version.context_length, truncate, names,
-            )  # fmt: skip
-        else:
-            ids = await off_loop(
-                _chars(raw, count), tokenize_input, raw, tokenizer, version.context_length,
-                truncate, names,
-            )  # fmt: skip
+        kiln.workers.screen(version.pool, request_id, admission.terms, count)
+    with tracing.span("tokenize", {"kiln.inputs": count}):
+        ids = await off_loop(
+            _chars(raw, count), rows, raw, tokenizer, version.context_length, truncate, names
+        )
     tokens = sum(map(len, ids))
     await admission.hold(version, Quantities(input_tokens=tokens, items=len(ids)))
     usage = usage_of(principal, version, request_id, endpoint, input_tokens=tokens, items=len(ids))
