@@ -161,7 +161,7 @@ async def rerank(kiln: Kiln, admission: Admission, request: RerankRequest) -> Re
     texts = [d if isinstance(d, str) else d.text for d in request.documents]
     _fits(kiln, 1 + len(texts), "documents")
     names = ["query", *_names("documents", texts, len(texts))]
-    pairs = [(0, 1 + j) for j in range(len(texts))]
+    pairs = pairing([request.query], texts)
     done = await services.encode(
         kiln, admission, request.model, [request.query, *texts], endpoint="rerank",
         truncate=request.truncate_prompt_tokens, names=names, pairs=pairs,
