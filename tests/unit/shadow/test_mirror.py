@@ -29,15 +29,20 @@ class _Pools:
 
 
 class _Workers:
-    def __init__(self) -> None:
+    def __init__(self, dimensions: int = 2) -> None:
         self.seen: dict[str, Any] = {}
+        self.dimensions = dimensions
 
     async def embed(self, pool: str, request: EmbedRequest, terms: object) -> EmbedResult:
         self.seen = structlog.contextvars.get_contextvars()
         observability.timing("compute", 999.0)  # what dispatch reports for the copy
-        data = np.ones((1, 2), "<f4").tobytes()
+        data = np.ones((len(request.input_ids), self.dimensions), "<f4").tobytes()
         return EmbedResult(
-            request_id=request.request_id, dimensions=2, data=data, queue_ms=0.0, compute_ms=999.0
+            request_id=request.request_id,
+            dimensions=self.dimensions,
+            data=data,
+            queue_ms=0.0,
+            compute_ms=999.0,
         )
 
 
@@ -45,9 +50,9 @@ def _mirror(workers: object) -> Mirror:
     return Mirror(cast(Any, None), cast(Any, _Pools()), cast(Any, workers), timeout_s=1.0)
 
 
-def _plan() -> Plan:
+def _plan(*, scores: bool = False) -> Plan:
     candidate = SimpleNamespace(pool="candidate-pool", version="v2")
-    return Plan(cast(Any, candidate), ShadowStats("m", "v2"), "primary-pool")
+    return Plan(cast(Any, candidate), ShadowStats("m", "v2"), "primary-pool", scores=scores)
 
 
 async def test_a_copy_runs_outside_the_primary_requests_context() -> None:
@@ -63,6 +68,17 @@ async def test_a_copy_runs_outside_the_primary_requests_context() -> None:
         structlog.contextvars.unbind_contextvars("request_id")
     assert timings == {"compute": 5.0}
     assert str(workers.seen["request_id"]).startswith("shadow_")
+
+
+async def test_a_cross_encoders_copy_is_compared_by_its_scores() -> None:
+    mirror = _mirror(_Workers(dimensions=1))  # the candidate scores every pair 1.0
+    plan = _plan(scores=True)
+    mirror.embed(plan, [[1, 2], [3, 4]], np.array([[0.25], [1.0]], "<f4"), took_s=0.01)
+    await asyncio.gather(*mirror._tasks)
+    report = plan.stats.report("g")
+    assert (report.compared, report.agreement) == (1, 0.0)
+    assert report.max_abs_diff == 0.75
+    assert report.cosine_min is None  # two positive scores' cosine is 1 whatever they are
 
 
 class _FailingSessions:

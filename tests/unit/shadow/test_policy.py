@@ -11,6 +11,7 @@ from kiln_platform.shadow.policy import (
     Drop,
     DropLimits,
     compare_embeddings,
+    compare_scores,
     compare_tensors,
     compare_tokens,
     drop_reason,
@@ -108,6 +109,20 @@ def test_embeddings_agree_by_cosine() -> None:
     assert other.cosine_mean is not None
     assert other.cosine_min < other.cosine_mean < 1.0
     assert not compare_embeddings(a, a[:2]).agrees
+
+
+def test_scores_agree_by_their_difference_not_their_sign() -> None:
+    scores = np.array([[0.91], [0.12], [0.5]], dtype=np.float32)
+    # a cosine of 1-wide rows is their signs' agreement: 1.0 for any two positive scores
+    assert compare_embeddings(scores, scores / 3).agrees
+    close = compare_scores(scores, scores + np.float32(2e-4))
+    assert close.agrees
+    assert close.max_abs_diff == pytest.approx(2e-4, rel=1e-2)
+    apart = compare_scores(scores, scores / 3)
+    assert not apart.agrees
+    assert apart.max_abs_diff == pytest.approx(0.91 * 2 / 3, rel=1e-5)
+    assert not compare_scores(scores, scores[:2]).agrees
+    assert not compare_scores(scores, np.full_like(scores, np.nan)).agrees
 
 
 def test_tensors_agree_by_max_abs_diff() -> None:

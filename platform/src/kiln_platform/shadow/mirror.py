@@ -74,6 +74,8 @@ class Plan:
     stats: ShadowStats
     primary: str
     """The pool of the version that answered: its spare capacity decides too."""
+    scores: bool = False
+    """The version that answered is a cross-encoder: its rows are scores, not vectors."""
 
 
 class Mirror:
@@ -109,16 +111,18 @@ class Mirror:
             return None
         key = (version.model, shadow.version)
         stats = self.stats.get(key) or self.stats.setdefault(key, ShadowStats(*key))
-        return Plan(candidate, stats, version.pool)
+        return Plan(candidate, stats, version.pool, scores=version.manifest.scores)
 
     def embed(self, plan: Plan, ids: list[list[int]], primary: np.ndarray, took_s: float) -> None:
-        """Copy an embeddings request; cosine of each row with the primary's."""
+        """Copy an embeddings request; cosine of each row with the primary's (a
+        cross-encoder's scores: their largest difference)."""
         request = EmbedRequest(request_id=_copy_id(plan), input_ids=ids)
+        compare = policy.compare_scores if plan.scores else policy.compare_embeddings
 
         async def run() -> Agreement:
             result = await self._workers.embed(plan.candidate.pool, request, self._terms)
             vectors = np.frombuffer(result.data, "<f4").reshape(len(ids), result.dimensions)
-            return policy.compare_embeddings(primary, vectors)
+            return compare(primary, vectors)
 
         self._send(plan, request.request_id, run, took_s)
 

@@ -14,6 +14,9 @@ COSINE_AGREES = 0.9999
 """An embedding agrees when every row's cosine with the primary's is at least this."""
 TENSOR_AGREES = 1e-5
 """A tensor answer agrees when no element differs from the primary's by more than this."""
+SCORE_AGREES = 1e-3
+"""A cross-encoder's scores (probabilities) agree when none differs by more than this: a
+direction means nothing for one number, so they are not compared by cosine."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,17 +126,29 @@ def compare_embeddings(primary: np.ndarray, shadow: np.ndarray) -> Agreement:
     return Agreement(low >= COSINE_AGREES, cosine_mean=float(cos.mean()), cosine_min=low)
 
 
+def compare_scores(primary: np.ndarray, shadow: np.ndarray) -> Agreement:
+    """A cross-encoder's ``[n, 1]`` scores: the largest absolute difference (a shape mismatch,
+    or a NaN, disagrees)."""
+    worst = _largest_difference({"scores": primary}, {"scores": shadow})
+    return Agreement(worst <= SCORE_AGREES, max_abs_diff=worst)
+
+
 def compare_tensors(primary: dict[str, np.ndarray], shadow: dict[str, np.ndarray]) -> Agreement:
     """The largest absolute difference over every output (missing or reshaped: infinite)."""
+    worst = _largest_difference(primary, shadow)
+    return Agreement(worst <= TENSOR_AGREES, max_abs_diff=worst)
+
+
+def _largest_difference(primary: dict[str, np.ndarray], shadow: dict[str, np.ndarray]) -> float:
     worst = 0.0
     for name, a in primary.items():
         b = shadow.get(name)
         if b is None or b.shape != a.shape:
-            return Agreement(False, max_abs_diff=float("inf"))
+            return float("inf")
         if a.size:
             diff = np.abs(a.astype(np.float64) - b.astype(np.float64))
             worst = max(worst, float(np.nan_to_num(diff, nan=np.inf).max()))
-    return Agreement(worst <= TENSOR_AGREES, max_abs_diff=worst)
+    return worst
 
 
 def compare_tokens(primary: list[int], shadow: list[int]) -> Agreement:
