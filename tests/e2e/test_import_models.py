@@ -40,6 +40,7 @@ reproduce transformers' greedy tokens in tests/integration/runtimes/test_build_g
 POOLINGS = ("mean", "cls")
 TOKENS = 32
 TEXTS = ["The quick brown fox jumps over the lazy dog.", "a cat sits on the mat", "Kiln"]
+LABELS = ("negative", "neutral", "positive")
 
 
 @pytest.fixture(scope="module")
@@ -51,6 +52,7 @@ def sources(tmp_path_factory: pytest.TempPathFactory, tiny_models: Any) -> dict[
             root / f"bert-{pooling}", pooling, normalize=pooling == "mean"
         )
     made["bert-rerank"] = tiny_models.cross_encoder(root / "bert-rerank", seed=3)
+    made["bert-classify"] = tiny_models.cross_encoder(root / "bert-classify", seed=4, labels=LABELS)
     return made
 
 
@@ -332,6 +334,48 @@ def test_a_cross_encoder_scores_pairs_as_sentence_transformers(
     assert (version["manifest"]["task"], version["manifest"]["scores"]) == ("embeddings", True)
     assert version["accuracy"]["type"] == "score"
     assert version["accuracy"]["max_abs_diff"] < 1e-5
+
+
+def test_a_classifier_answers_as_transformers_pipeline(
+    kiln: KilnProcess, built: dict[str, dict[str, Any]], sources: dict[str, Path]
+) -> None:
+    """A ``BertForSequenceClassification`` of three labels is detected, built and served by
+    vLLM's ``/v1/classify`` (and ``/classify``) with the pipeline's probabilities; it serves
+    nothing else, and nothing else is classified (400s naming ``model``)."""
+    from transformers import pipeline
+
+    name = "tiny-bert-classify"
+    assert built["bert-classify"]["status"] == "done", built["bert-classify"]
+    kiln.wait_until_serving(name, path="classify")
+    url, headers = f"{kiln.base_url}/v1/classify", _auth(kiln)
+    answer = httpx.post(url, headers=headers, json={"model": name, "input": TEXTS}).json()
+    classify = pipeline("text-classification", model=str(sources["bert-classify"]), top_k=None)
+    answers: Any = classify(TEXTS)
+    want = [[next(a["score"] for a in row if a["label"] == label) for label in LABELS]
+            for row in answers]  # fmt: skip
+    assert [d["index"] for d in answer["data"]] == [0, 1, 2]
+    assert np.allclose([d["probs"] for d in answer["data"]], want, atol=1e-5)
+    assert [d["label"] for d in answer["data"]] == [LABELS[int(np.argmax(w))] for w in want]
+    assert {d["num_classes"] for d in answer["data"]} == {3}
+    assert answer["usage"]["prompt_tokens"] == answer["usage"]["total_tokens"] > len(TEXTS)
+    root = httpx.post(f"{kiln.base_url}/classify", headers=headers,
+                      json={"model": name, "input": TEXTS[1]}).json()  # fmt: skip
+    assert np.allclose(root["data"][0]["probs"], want[1], atol=1e-5)
+    refused = [
+        httpx.post(url, headers=headers, json={"model": "tiny-bert-rerank", "input": "a"}),
+        httpx.post(url, headers=headers, json={"model": "tiny-bert-mean", "input": "a"}),
+        httpx.post(f"{kiln.base_url}/v1/embeddings", headers=headers,
+                   json={"model": name, "input": "a"}),
+        httpx.post(f"{kiln.base_url}/v1/score", headers=headers,
+                   json={"model": name, "text_1": "a", "text_2": "b"}),
+    ]  # fmt: skip
+    assert [(r.status_code, r.json()["error"]["param"]) for r in refused] == [(400, "model")] * 4
+    empty = httpx.post(url, headers=headers, json={"model": name, "input": ["a", ""]})
+    assert (empty.status_code, empty.json()["error"]["param"]) == (400, "input[1]")
+    version = httpx.get(f"{kiln.base_url}/admin/v1/models/{name}/versions/1", headers=headers)
+    assert version.json()["manifest"]["labels"] == list(LABELS)
+    assert version.json()["accuracy"]["type"] == "classify"
+    assert version.json()["accuracy"]["max_abs_diff"] < 1e-5
 
 
 def test_int4_build_reports_agreement(kiln: KilnProcess, sources: dict[str, Path]) -> None:

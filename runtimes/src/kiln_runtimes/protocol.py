@@ -24,6 +24,8 @@ from typing import Final, Literal
 
 import msgspec
 
+from kiln_runtimes.accuracy import AccuracyReport
+
 CONTENT_TYPE = "application/msgpack"
 MANIFEST_NAME = "kiln.json"
 WORKER_SECRET_ENV = "KILN_WORKER_SECRET"  # noqa: S105 (a variable's name)
@@ -93,6 +95,11 @@ class ModelManifest(msgspec.Struct, frozen=True, kw_only=True):
     tokenizer's pair template) and its output the pair's relevance, the sigmoid of its logit,
     as sentence-transformers' ``CrossEncoder.predict``; served by ``/v1/score`` and
     ``/v1/rerank``, not ``/v1/embeddings``."""
+    labels: list[str] = []
+    """A classifier (a sequence classifier of two or more labels, an embeddings-task graph):
+    its labels in the order of its output's columns, each row a text's probabilities
+    (softmax, or sigmoid for a multi-label one), as transformers' text-classification pipeline;
+    served by ``/v1/classify`` only."""
 
 
 class WorkerInfo(msgspec.Struct, frozen=True, kw_only=True):
@@ -315,54 +322,6 @@ class BuildFailure(msgspec.Struct, frozen=True, kw_only=True):
     error: str
     file: str | None = None
     field: str | None = None
-
-
-class GenerateAccuracy(msgspec.Struct, frozen=True, kw_only=True, tag="generate"):
-    """A generation build against transformers on one fixed prompt.
-
-    Greedy: each side generates ``tokens`` tokens on its own. Teacher-forced: both score the
-    same sequence (prompt + transformers' tokens); agreement is the share of positions whose
-    argmax matches, the logit difference the largest over every position and vocabulary entry.
-    """
-
-    prompt_ids: list[int]
-    tokens: int
-    reference_ids: list[int]
-    built_ids: list[int]
-    equal_prefix: int
-    first_divergence: int | None
-    top1_agreement: float
-    max_abs_logit_diff: float
-    reference_min_margin: float
-    """The smallest gap between transformers' best and second-best logit along the sequence:
-    when it is well above ``max_abs_logit_diff``, equal greedy output is no accident of ties."""
-
-
-class EmbedAccuracy(msgspec.Struct, frozen=True, kw_only=True, tag="embeddings"):
-    """An embeddings build against sentence-transformers: cosine per fixed input."""
-
-    inputs: list[str]
-    cosines: list[float]
-    min_cosine: float
-
-
-class ScoreAccuracy(msgspec.Struct, frozen=True, kw_only=True, tag="score"):
-    """A cross-encoder build against sentence-transformers' ``CrossEncoder``: the score of
-    each fixed pair by both."""
-
-    pairs: list[list[str]]
-    reference: list[float]
-    built: list[float]
-    max_abs_diff: float
-
-
-class AccuracySkipped(msgspec.Struct, frozen=True, kw_only=True, tag="skipped"):
-    """No comparison was possible (a prebuilt folder, a CUDA graph on a machine without GPU)."""
-
-    reason: str
-
-
-AccuracyReport = GenerateAccuracy | EmbedAccuracy | ScoreAccuracy | AccuracySkipped
 
 
 class BuildReport(msgspec.Struct, frozen=True, kw_only=True):

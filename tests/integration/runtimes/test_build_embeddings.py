@@ -84,3 +84,24 @@ def test_int8_reports_cosines(sources: dict[str, Path], tmp_path: Path, build_cl
     print("int8", accuracy["cosines"], f"{run.last['seconds']} s")
     assert 0.9 <= accuracy["min_cosine"] <= 1.0
     assert run.last["manifest"]["precision"] == "int8"
+
+
+def test_a_multi_label_classifier_answers_each_labels_sigmoid(
+    tmp_path: Path, tiny_models: Any, build_cli: Any
+) -> None:
+    """A classifier whose labels may all hold (``problem_type``) is built with a sigmoid per
+    label, as transformers' pipeline answers it, not a softmax."""
+    labels = ("toxic", "insult", "threat", "spam")
+    source = tiny_models.cross_encoder(tmp_path / "src", seed=6, labels=labels, multi_label=True)
+    run = build_cli.build(source, tmp_path / "out")
+    assert run.returncode == 0, run.stderr[-3000:]
+    accuracy, manifest = run.last["accuracy"], run.last["manifest"]
+    print("multi-label", accuracy["max_abs_diff"], f"{run.last['seconds']} s")
+    assert (manifest["labels"], manifest["dimensions"], manifest["scores"]) == (
+        list(labels), 4, False,
+    )  # fmt: skip
+    assert accuracy["type"] == "classify"
+    assert accuracy["max_abs_diff"] < 1e-5
+    assert accuracy["top1_agreement"] == 1.0
+    sums = np.asarray(accuracy["built"]).sum(axis=1)
+    assert not np.allclose(sums, 1.0, atol=1e-3)  # independent sigmoids, not one softmax

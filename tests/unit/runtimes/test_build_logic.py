@@ -20,7 +20,8 @@ from kiln_runtimes.build._checks import (
 from kiln_runtimes.build._genai import builder_command, provider, stop_token_ids
 from kiln_runtimes.build._options import check_memory, memory_needed
 from kiln_runtimes.build._pooling import pooling_mode, read_head
-from kiln_runtimes.build._source import detect, task_for
+from kiln_runtimes.build._scorer import sigmoid
+from kiln_runtimes.build._source import classes, detect, scorer, task_for
 from kiln_runtimes.protocol import ModelManifest
 
 
@@ -42,13 +43,35 @@ from kiln_runtimes.protocol import ModelManifest
             False,
             "embeddings",
         ),
-        ({"architectures": ["BertForSequenceClassification"]}, False, None),  # two labels
+        ({"architectures": ["BertForSequenceClassification"]}, False, "embeddings"),  # two
         ({"architectures": ["ViTForImageClassification"]}, False, None),
         ({}, False, None),
     ],
 )
 def test_task_for(config: dict[str, object], modules: bool, task: str | None) -> None:
     assert task_for(config, has_modules=modules) == task
+
+
+@pytest.mark.parametrize(
+    ("config", "labels"),
+    [
+        ({"architectures": ["BertForSequenceClassification"], "id2label": {"0": "L"}}, 1),
+        ({"architectures": ["BertForSequenceClassification"]}, 2),  # transformers' default
+        ({"architectures": ["RobertaForSequenceClassification"], "num_labels": 5}, 5),
+        ({"architectures": ["BertForSequenceClassification"], "id2label": dict.fromkeys("abc")}, 3),
+        ({"architectures": ["BertModel"], "id2label": {"0": "L"}}, 0),
+    ],
+)
+def test_classes(config: dict[str, object], labels: int) -> None:
+    assert classes(config) == labels
+    assert scorer(config) is (labels == 1)
+
+
+def test_a_classifiers_columns_are_a_softmax_unless_labels_may_all_hold() -> None:
+    assert sigmoid(1, None)  # a cross-encoder's one score
+    assert not sigmoid(3, None)
+    assert not sigmoid(3, "single_label_classification")
+    assert sigmoid(3, "multi_label_classification")
 
 
 def test_detect_kinds(tmp_path: Path) -> None:

@@ -193,6 +193,9 @@ def accuracy_line(accuracy: dict[str, Any] | None) -> str:
     if kind == "score":
         return (f"accuracy: max |score diff| {accuracy['max_abs_diff']:.3g} to "
                 "sentence-transformers' CrossEncoder")  # fmt: skip
+    if kind == "classify":
+        return (f"accuracy: max |probability diff| {accuracy['max_abs_diff']:.3g}, top label "
+                f"agreement {accuracy['top1_agreement']:.3f} to the pipeline")  # fmt: skip
     return f"accuracy: skipped ({accuracy.get('reason')})"
 
 

@@ -12,7 +12,7 @@ from litestar.response import Stream
 from kiln_platform.admission.deps import provide_admission, provide_scheduled
 from kiln_platform.admission.services import Admission
 from kiln_platform.context import Kiln
-from kiln_platform.gateway import completions, llm, responses, scoring, services, tokens
+from kiln_platform.gateway import classify, completions, llm, responses, scoring, services, tokens
 from kiln_platform.gateway.auth import authenticated, provide_principal
 from kiln_platform.gateway.background import Feed
 from kiln_platform.gateway.llm_schemas import (
@@ -88,6 +88,14 @@ class OpenAIController(DocumentedController):
         """Jina's and Cohere's rerank API (as vLLM serves it) on an embeddings model:
         ``documents`` by their cosine to ``query``, the best ``top_n``."""
         return await scoring.rerank(kiln, admission, data)
+
+    @post("/classify", status_code=200, dependencies=SCHEDULED)
+    async def classify_texts(
+        self, kiln: KilnDep, admission: AdmissionDep, data: classify.ClassifyRequest
+    ) -> classify.ClassifyResponse:
+        """vLLM's classification API on an imported classifier: each text's labels'
+        probabilities and the most probable label."""
+        return await classify.classify(kiln, admission, data)
 
     # Litestar's Stream takes the handler's media type over its own, hence media_type=SSE here
     # and an explicit JSON Response for the non-streamed case. (``POST /v1/chat/completions``
@@ -173,8 +181,8 @@ class OpenAIController(DocumentedController):
 
 
 class TokensController(DocumentedController):
-    """vLLM's ``/tokenize`` and ``/detokenize``: a model's tokens without a generation (nothing
-    is run or billed)."""
+    """vLLM's routes at the root: ``/tokenize`` and ``/detokenize``, a model's tokens without a
+    generation (nothing is run or billed), and ``/classify`` (as ``/v1/classify``)."""
 
     errors = OPENAI_ERRORS
     guards = [authenticated]  # noqa: RUF012
@@ -196,3 +204,10 @@ class TokensController(DocumentedController):
     ) -> tokens.DetokenizeResponse:
         """The text of token ids of the model."""
         return await tokens.detokenize(kiln, admission, data)
+
+    @post("/classify", status_code=200, dependencies=SCHEDULED)
+    async def classify_texts(
+        self, kiln: KilnDep, admission: AdmissionDep, data: classify.ClassifyRequest
+    ) -> classify.ClassifyResponse:
+        """vLLM's classification API, as ``POST /v1/classify``."""
+        return await classify.classify(kiln, admission, data)

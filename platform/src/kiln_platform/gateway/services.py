@@ -180,8 +180,9 @@ def kept(value: int | None, context: int, least: int = 1) -> int | None:
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Encoded:
-    """The model's rows (a vector per text; a cross-encoder's: a score per pair), the tokens
-    they took and the version that made them."""
+    """The model's rows (a vector per text; a cross-encoder's: a score per pair; a
+    classifier's: each label's probability), the tokens they took and the version that made
+    them."""
 
     vectors: np.ndarray
     tokens: int
@@ -193,13 +194,22 @@ class Encoded:
         return self.version.manifest.scores
 
 
-def _checked(version: ResolvedVersion, pairs: Sequence[tuple[int, int]] | None) -> None:
-    manifest = version.manifest
+def _checked(version: ResolvedVersion, endpoint: str) -> None:
+    """The model serves ``endpoint``: a cross-encoder pairs (score, rerank), a classifier
+    classifies, any other embeddings model embeds and scores by cosine."""
+    manifest, model = version.manifest, version.model
     if manifest.task != "embeddings":
-        raise BadRequest(f"The model `{version.model}` does not produce embeddings.", param="model")
-    if manifest.scores and pairs is None:
+        raise BadRequest(f"The model `{model}` does not produce embeddings.", param="model")
+    if manifest.labels and endpoint != "classify":
         raise BadRequest(
-            f"The model `{version.model}` is a cross-encoder: it scores text pairs "
+            f"The model `{model}` is a classifier: it gives each text its labels' probabilities "
+            "(/v1/classify) and produces no embeddings or pair scores.", param="model",
+        )  # fmt: skip
+    if endpoint == "classify" and not manifest.labels:
+        raise BadRequest(f"The model `{model}` is not a classifier (/v1/classify).", param="model")
+    if manifest.scores and endpoint == "embeddings":
+        raise BadRequest(
+            f"The model `{model}` is a cross-encoder: it scores text pairs "
             "(/v1/score, /v1/rerank) and produces no embeddings.", param="model",
         )  # fmt: skip
 
@@ -210,12 +220,13 @@ async def encode(
     pairs: Sequence[tuple[int, int]] | None = None,
 ) -> Encoded:  # fmt: skip
     """Run ``raw`` (as ``input`` of ``POST /v1/embeddings`` takes it) through an embeddings
-    model, or, on a cross-encoder, the ``pairs`` of its texts; its admission records the usage
-    under ``endpoint``. Errors name ``names[i]`` for item ``i`` when given, else ``input[i]``."""
+    model or a classifier, or, on a cross-encoder, the ``pairs`` of its texts; its admission
+    records the usage under ``endpoint`` (which the model must serve). Errors name
+    ``names[i]`` for item ``i`` when given, else ``input[i]``."""
     principal, request_id = admission.principal, admission.request_id
     version = await kiln.resolver.resolve(model, str(principal.tenant_id))
     manifest = version.manifest
-    _checked(version, pairs)
+    _checked(version, endpoint)
     admission.serves(version.model, split=kiln.resolver.split(model, str(principal.tenant_id)))
     if dimensions is not None and dimensions != manifest.dimensions:
         raise BadRequest(

@@ -75,7 +75,8 @@ class Plan:
     primary: str
     """The pool of the version that answered: its spare capacity decides too."""
     scores: bool = False
-    """The version that answered is a cross-encoder: its rows are scores, not vectors."""
+    """The version that answered is a cross-encoder or a classifier: its rows are scores or
+    probabilities, not vectors."""
 
 
 class Mirror:
@@ -111,11 +112,16 @@ class Mirror:
             return None
         key = (version.model, shadow.version)
         stats = self.stats.get(key) or self.stats.setdefault(key, ShadowStats(*key))
-        return Plan(candidate, stats, version.pool, scores=version.manifest.scores)
+        return Plan(
+            candidate,
+            stats,
+            version.pool,
+            scores=version.manifest.scores or bool(version.manifest.labels),
+        )
 
     def embed(self, plan: Plan, ids: list[list[int]], primary: np.ndarray, took_s: float) -> None:
         """Copy an embeddings request; cosine of each row with the primary's (a
-        cross-encoder's scores: their largest difference)."""
+        cross-encoder's scores, a classifier's probabilities: their largest difference)."""
         request = EmbedRequest(request_id=_copy_id(plan), input_ids=ids)
         compare = policy.compare_scores if plan.scores else policy.compare_embeddings
 

@@ -15,8 +15,8 @@ COSINE_AGREES = 0.9999
 TENSOR_AGREES = 1e-5
 """A tensor answer agrees when no element differs from the primary's by more than this."""
 SCORE_AGREES = 1e-3
-"""A cross-encoder's scores (probabilities) agree when none differs by more than this: a
-direction means nothing for one number, so they are not compared by cosine."""
+"""A cross-encoder's scores or a classifier's probabilities agree when none differs by more
+than this: a direction means nothing for one number, so they are not compared by cosine."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,8 +127,8 @@ def compare_embeddings(primary: np.ndarray, shadow: np.ndarray) -> Agreement:
 
 
 def compare_scores(primary: np.ndarray, shadow: np.ndarray) -> Agreement:
-    """A cross-encoder's ``[n, 1]`` scores: the largest absolute difference (a shape mismatch,
-    or a NaN, disagrees)."""
+    """A cross-encoder's ``[n, 1]`` scores or a classifier's ``[n, labels]`` probabilities: the
+    largest absolute difference (a shape mismatch, or a NaN, disagrees)."""
     worst = _largest_difference({"scores": primary}, {"scores": shadow})
     return Agreement(worst <= SCORE_AGREES, max_abs_diff=worst)
 

@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from kiln_runtimes.protocol import EmbedAccuracy, GenerateAccuracy, ScoreAccuracy
+from kiln_runtimes.accuracy import ClassAccuracy, EmbedAccuracy, GenerateAccuracy, ScoreAccuracy
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -158,4 +158,29 @@ def scores(source: Path, built_dir: Path, model_file: str) -> ScoreAccuracy:
     return ScoreAccuracy(
         pairs=[list(pair) for pair in PAIRS], reference=[float(x) for x in want],
         built=[float(x) for x in built], max_abs_diff=float(np.abs(want - built).max()),
+    )  # fmt: skip
+
+
+def classes(source: Path, built_dir: Path, model_file: str) -> ClassAccuracy:
+    """Each fixed input's probabilities by transformers' text-classification pipeline (its own
+    choice of softmax or sigmoid) and by the build, columns in the label order."""
+    import onnxruntime as ort
+    from tokenizers import Tokenizer
+    from transformers import pipeline
+
+    from kiln_runtimes.build._encoder import pad
+
+    classify = pipeline("text-classification", model=str(source), device="cpu", top_k=None)
+    config: Any = classify.model.config
+    labels = [config.id2label[i] for i in range(config.num_labels)]
+    answers: Any = classify(list(SENTENCES))
+    want = np.array([[next(a["score"] for a in row if a["label"] == label) for label in labels]
+                     for row in answers], dtype=np.float64)  # fmt: skip
+    ids, mask = pad(Tokenizer.from_file(str(built_dir / "tokenizer.json")), SENTENCES)
+    session = ort.InferenceSession(str(built_dir / model_file), providers=["CPUExecutionProvider"])
+    built = session.run(["embeddings"], {"input_ids": ids, "attention_mask": mask})[0]
+    return ClassAccuracy(
+        inputs=list(SENTENCES), reference=want.tolist(), built=built.astype(np.float64).tolist(),
+        max_abs_diff=float(np.abs(want - built).max()),
+        top1_agreement=float(np.mean(want.argmax(axis=1) == built.argmax(axis=1))),
     )  # fmt: skip

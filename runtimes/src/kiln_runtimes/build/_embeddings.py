@@ -1,5 +1,6 @@
 """Embeddings builds: a sentence-transformers (or bare BERT-family) folder to one ONNX graph;
-a one-label sequence classifier (a cross-encoder) to its scoring graph."""
+a sequence classifier (a cross-encoder of one label, a classifier of more) to its graph of
+probabilities."""
 
 from __future__ import annotations
 
@@ -10,15 +11,19 @@ from typing import TYPE_CHECKING
 from kiln_runtimes.build import _checks, _encoder, _scorer
 from kiln_runtimes.build._options import BuildError, check_memory
 from kiln_runtimes.build._pooling import Head, read_head
-from kiln_runtimes.build._source import read_json, scorer
+from kiln_runtimes.build._source import classes, read_json
 from kiln_runtimes.protocol import ModelManifest
 
 if TYPE_CHECKING:
     from collections.abc import Callable
 
+    import torch
+    from tokenizers import Tokenizer
+
+    from kiln_runtimes.accuracy import AccuracyReport
     from kiln_runtimes.build._options import BuildOptions
     from kiln_runtimes.build._source import Source
-    from kiln_runtimes.protocol import AccuracyReport, BuildPhase
+    from kiln_runtimes.protocol import BuildPhase
 
 MODEL_FILE = "model.onnx"
 EMBED_PRECISIONS = ("fp32", "int8")
@@ -38,20 +43,16 @@ def build_embeddings(
             f"embeddings build in {' or '.join(EMBED_PRECISIONS)}, not {precision}",
             field="precision",
         )
-    scores = scorer(read_json(source / "config.json"))
-    head = Head() if scores else read_head(source)
+    labels = classes(read_json(source / "config.json"))
+    head = Head() if labels else read_head(source)
     encoder_dir = source / head.encoder_dir
     _checks.check_tokenizer(encoder_dir, chat=False)
     parameters = _checks.weight_parameters(encoder_dir)
     check_memory(parameters, precision, options.max_memory_bytes, found.path)
-    what = "as a cross-encoder" if scores else f"with {head.pooling} pooling"
-    say("converting", 20, f"exporting {found.architecture} {what}")
+    what = {0: f"with {head.pooling} pooling", 1: "as a cross-encoder"}
+    say("converting", 20, f"exporting {found.architecture} {what.get(labels, 'as a classifier')}")
     tokenizer = _encoder.write_tokenizer(encoder_dir / "tokenizer.json", folder / "tokenizer.json")
-    if scores:
-        embedder, positions = _scorer.load(source, _scorer.separator(source, tokenizer))
-        dimensions = 1
-    else:
-        embedder, dimensions, positions = _encoder.load(source, head)
+    embedder, dimensions, positions, names = _graph(source, head, tokenizer, labels)
     _encoder.export(embedder, tokenizer, dimensions, work / "exported.onnx")
     say("optimizing", 50, "ONNX Runtime basic graph optimizations")
     _encoder.optimize(work / "exported.onnx", work / "optimized.onnx")
@@ -72,12 +73,28 @@ def build_embeddings(
         architecture=found.architecture,
         precision=precision,
         target=options.target,
-        pooling=None if scores else head.pooling,
-        normalize=None if scores else head.normalize,
-        scores=scores,
+        pooling=None if labels else head.pooling,
+        normalize=None if labels else head.normalize,
+        scores=labels == 1,
+        labels=names,
     )
-    if scores:
+    if labels == 1:
         say("checking accuracy", 80, "pair scores against sentence-transformers' CrossEncoder")
         return manifest, _accuracy.scores(source, folder, MODEL_FILE)
+    if labels:
+        say("checking accuracy", 80, "probabilities against transformers' pipeline")
+        return manifest, _accuracy.classes(source, folder, MODEL_FILE)
     say("checking accuracy", 80, "cosine against sentence-transformers")
     return manifest, _accuracy.embeddings(source, folder, MODEL_FILE)
+
+
+def _graph(
+    source: Path, head: Head, tokenizer: Tokenizer, labels: int
+) -> tuple[torch.nn.Module, int, int, list[str]]:
+    """The module to export, its output's width, its position limit and a classifier's labels
+    (none for a cross-encoder or an embeddings model)."""
+    if not labels:
+        return (*_encoder.load(source, head), [])
+    made = _scorer.load(source, _scorer.separator(source, tokenizer, required=labels == 1))
+    names = made.labels if len(made.labels) > 1 else []
+    return made.module, len(made.labels), made.positions, names

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 
 import msgspec
 
+from kiln_runtimes.accuracy import AccuracyReport, AccuracySkipped
 from kiln_runtimes.build import _checks, _genai
 from kiln_runtimes.build._options import (
     BuildError,
@@ -21,8 +22,6 @@ from kiln_runtimes.build._source import Source, detect, first_architecture, read
 from kiln_runtimes.protocol import (
     GENERATE_PRECISION,
     MANIFEST_NAME,
-    AccuracyReport,
-    AccuracySkipped,
     BuildPhase,
     BuildProgress,
     BuildReport,

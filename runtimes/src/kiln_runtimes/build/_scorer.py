@@ -1,16 +1,20 @@
-"""Cross-encoder graphs: a one-label sequence classifier traced to one ONNX file.
+"""Sequence classifier graphs: a cross-encoder (one label) or a classifier (more) traced to one
+ONNX file.
 
-The graph takes what an embeddings graph takes (``input_ids`` and ``attention_mask``, a pair
-per row as the tokenizer's pair template writes it) and returns ``embeddings`` of one column:
-the sigmoid of the pair's logit, what sentence-transformers' ``CrossEncoder.predict`` answers.
-A BERT-family model whose tokenizer gives segment ids (``token_type_ids``) has them made inside
-the graph: 1 after the row's first separator token, as BERT's pair template sets them, so the
-worker needs nothing new.
+The graph takes what an embeddings graph takes (``input_ids`` and ``attention_mask``) and
+returns ``embeddings``, a column per label: a cross-encoder's row is a text pair (as the
+tokenizer's pair template writes it) and its column the sigmoid of the pair's logit, what
+sentence-transformers' ``CrossEncoder.predict`` answers; a classifier's row is a text and its
+columns the softmax of its logits (the sigmoid of each for a multi-label one), what
+transformers' text-classification pipeline answers. A BERT-family model whose tokenizer gives
+segment ids (``token_type_ids``) has them made inside the graph: 1 after the row's first
+separator token, as BERT's pair template sets them, so the worker needs nothing new.
 """
 
 from __future__ import annotations
 
 import inspect
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from kiln_runtimes.build._options import BuildError
@@ -23,20 +27,36 @@ if TYPE_CHECKING:
     from tokenizers import Tokenizer
 
 
-def separator(folder: Path, tokenizer: Tokenizer) -> int:
-    """The id of the token that ends a pair's first text (``sep_token``)."""
+@dataclass(frozen=True, slots=True)
+class Classifier:
+    """The wrapped model, its position limit and its labels in column order."""
+
+    module: torch.nn.Module
+    positions: int
+    labels: list[str]
+
+
+def separator(folder: Path, tokenizer: Tokenizer, *, required: bool = True) -> int | None:
+    """The id of the token that ends a pair's first text (``sep_token``); a classifier of
+    single texts may have none."""
     config = read_json(folder / "tokenizer_config.json")
     token = config.get("sep_token")
     token = token.get("content") if isinstance(token, dict) else token
     found = tokenizer.token_to_id(token) if isinstance(token, str) else None
-    if found is None:
+    if found is None and required:
         raise BuildError("a cross-encoder's tokenizer needs its sep_token",
                          file="tokenizer_config.json", field="sep_token")  # fmt: skip
     return found
 
 
-def load(folder: Path, sep: int) -> tuple[torch.nn.Module, int]:
-    """The classifier wrapped as a scorer, and its position limit."""
+def sigmoid(labels: int, problem_type: str | None) -> bool:
+    """Whether the columns are each label's sigmoid (one label, or several that may all hold),
+    not one softmax: the text-classification pipeline's rule."""
+    return labels == 1 or problem_type == "multi_label_classification"
+
+
+def load(folder: Path, sep: int | None) -> Classifier:
+    """The sequence classifier wrapped to answer probabilities."""
     import torch
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
@@ -45,25 +65,29 @@ def load(folder: Path, sep: int) -> tuple[torch.nn.Module, int]:
     )
     config = model.config
     given = AutoTokenizer.from_pretrained(str(folder), local_files_only=True).model_input_names
-    segments = ("token_type_ids" in inspect.signature(model.forward).parameters
+    segments = (sep is not None
+                and "token_type_ids" in inspect.signature(model.forward).parameters
                 and "token_type_ids" in given
                 and int(getattr(config, "type_vocab_size", 1)) > 1)  # fmt: skip
+    each = sigmoid(int(config.num_labels), getattr(config, "problem_type", None))
+    sep_id = -1 if sep is None else sep  # no token has it: no segments
 
-    class Scorer(torch.nn.Module):
-        """Segment ids from the separators, the classifier, then the sigmoid."""
+    class Probabilities(torch.nn.Module):
+        """Segment ids from the separators, the classifier, then sigmoid or softmax."""
 
         def __init__(self) -> None:
             super().__init__()
             self.model = model
 
         def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-            """Score one right-padded batch of pairs."""
+            """Score one right-padded batch of texts (or pairs)."""
             extra = {}
             if segments:
-                seps = (input_ids == sep).to(torch.int64)
+                seps = (input_ids == sep_id).to(torch.int64)
                 after = (torch.cumsum(seps, dim=1) - seps) > 0
                 extra = {"token_type_ids": after.to(torch.int64) * attention_mask}
             logits = self.model(input_ids=input_ids, attention_mask=attention_mask, **extra).logits
-            return torch.sigmoid(logits)
+            return torch.sigmoid(logits) if each else torch.softmax(logits, dim=-1)
 
-    return Scorer().eval(), int(config.max_position_embeddings)
+    labels = [str(config.id2label[i]) for i in range(int(config.num_labels))]
+    return Classifier(Probabilities().eval(), int(config.max_position_embeddings), labels)

@@ -13,7 +13,8 @@ from kiln_runtimes.protocol import Task
 
 Kind = Literal["hf", "gguf", "genai", "tensor"]
 # Encoders sentence-transformers wraps; a bare one of these is an embeddings model too (and a
-# one-label sequence classifier of one, a cross-encoder, serves the embeddings task's scores).
+# sequence classifier, a cross-encoder of one label or a classifier of more, serves the
+# embeddings task's scores or probabilities).
 ENCODER_TYPES = frozenset({"bert", "roberta", "xlm-roberta", "distilbert", "mpnet", "electra"})
 ENCODER_ARCHITECTURES = frozenset(
     {"BertModel", "RobertaModel", "XLMRobertaModel", "DistilBertModel", "MPNetModel"}
@@ -44,8 +45,9 @@ def detect(path: Path, task: Task | None = None) -> Source:
         if found is None:
             raise BuildError(
                 f"cannot tell the task from architecture {architecture!r}: a generation model "
-                "is *ForCausalLM, an embeddings model a BERT-family encoder (or its one-label "
-                "*ForSequenceClassification, a cross-encoder) (pass --task)",
+                "is *ForCausalLM, an embeddings model a BERT-family encoder or a "
+                "*ForSequenceClassification (a cross-encoder of one label, a classifier of "
+                "more) (pass --task)",
                 file="config.json",
                 field="architectures",
             )
@@ -64,18 +66,24 @@ def task_for(config: dict[str, Any], *, has_modules: bool) -> Task | None:
     architecture = first_architecture(config) or ""
     if architecture.endswith("ForCausalLM"):
         return "generate"
-    if has_modules or architecture in ENCODER_ARCHITECTURES or scorer(config):
+    if has_modules or architecture in ENCODER_ARCHITECTURES or classes(config):
         return "embeddings"
     if not architecture and config.get("model_type") in ENCODER_TYPES:
         return "embeddings"
     return None
 
 
+def classes(config: dict[str, Any]) -> int:
+    """The labels of a sequence classifier's ``config.json`` (transformers' default, 2, when it
+    names none); 0 for any other architecture."""
+    if not (first_architecture(config) or "").endswith("ForSequenceClassification"):
+        return 0
+    return int(config.get("num_labels") or len(config.get("id2label") or {}) or 2)
+
+
 def scorer(config: dict[str, Any]) -> bool:
-    """A cross-encoder: an encoder's sequence classifier of one label (a reranker)."""
-    architecture = first_architecture(config) or ""
-    labels = config.get("num_labels") or len(config.get("id2label") or {}) or 2
-    return architecture.endswith("ForSequenceClassification") and labels == 1
+    """A cross-encoder: a sequence classifier of one label (a reranker)."""
+    return classes(config) == 1
 
 
 def first_architecture(config: dict[str, Any]) -> str | None:

@@ -13,9 +13,9 @@ import importlib.resources
 import pathlib
 from typing import TYPE_CHECKING
 
+from kiln_runtimes.accuracy import EmbedAccuracy
 from kiln_runtimes.build import BuildOptions
 from kiln_runtimes.build import build as build_model
-from kiln_runtimes.protocol import EmbedAccuracy
 
 if TYPE_CHECKING:
     from collections.abc import Callable
