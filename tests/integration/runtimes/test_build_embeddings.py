@@ -105,3 +105,20 @@ def test_a_multi_label_classifier_answers_each_labels_sigmoid(
     assert accuracy["top1_agreement"] == 1.0
     sums = np.asarray(accuracy["built"]).sum(axis=1)
     assert not np.allclose(sums, 1.0, atol=1e-3)  # independent sigmoids, not one softmax
+
+
+@pytest.mark.parametrize("pad", [3, None])
+def test_a_decoders_classifier_reads_each_rows_last_real_token(
+    pad: int | None, tmp_path: Path, tiny_models: Any, build_cli: Any
+) -> None:
+    """A decoder's classifier scores the last token that is not ``pad_token_id``: the graph
+    writes that token where a row is padding (the tokenizer's, when the config names none),
+    so texts of different lengths in one batch answer as transformers does each alone."""
+    source = tiny_models.decoder_classifier(tmp_path / "src", 2, seed=1, pad_token_id=pad)
+    run = build_cli.build(source, tmp_path / "out")
+    assert run.returncode == 0, run.stderr[-3000:]
+    accuracy = run.last["accuracy"]
+    print("decoder classifier", pad, accuracy["max_abs_diff"], accuracy["top1_agreement"])
+    assert len({len(text.split()) for text in accuracy["inputs"]}) > 1  # padded rows
+    assert accuracy["max_abs_diff"] < 1e-5
+    assert accuracy["top1_agreement"] == 1.0

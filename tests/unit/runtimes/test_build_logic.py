@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 
 from kiln_runtimes.build import BuildError
-from kiln_runtimes.build._accuracy import agreement, cosines, teacher_forced
+from kiln_runtimes.accuracy import ClassAccuracy, EmbedAccuracy, ScoreAccuracy
+from kiln_runtimes.build._accuracy import agreement, cosines, faithful, teacher_forced
 from kiln_runtimes.build._checks import (
     builder_architectures,
     check_architecture,
@@ -208,3 +209,17 @@ def test_old_manifests_still_decode() -> None:
     old = b'{"name":"m","task":"generate","engine":"onnxruntime-genai","context_length":8192}'
     manifest = msgspec.json.decode(old, type=ModelManifest)
     assert (manifest.stop_token_ids, manifest.precision, manifest.pooling) == ([], None, None)
+
+
+def test_an_fp32_encoder_build_unlike_its_source_fails() -> None:
+    embed = EmbedAccuracy(inputs=["a"], cosines=[0.98], min_cosine=0.98)
+    score = ScoreAccuracy(pairs=[["a", "b"]], reference=[0.9], built=[0.5], max_abs_diff=0.4)
+    classes = ClassAccuracy(inputs=["a"], reference=[[0.5, 0.5]], built=[[0.5, 0.5]],
+                            max_abs_diff=2e-7, top1_agreement=1.0)  # fmt: skip
+    for bad in (embed, score):
+        with pytest.raises(BuildError) as refused:
+            faithful(bad, "fp32")
+        assert refused.value.field == "architectures"
+        assert "unlike its source" in str(refused.value)
+        faithful(bad, "int8")  # quantization's loss is reported, not refused
+    faithful(classes, "fp32")

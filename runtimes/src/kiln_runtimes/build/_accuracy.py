@@ -7,10 +7,15 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from kiln_runtimes.accuracy import ClassAccuracy, EmbedAccuracy, GenerateAccuracy, ScoreAccuracy
+from kiln_runtimes.build._options import BuildError
 
 if TYPE_CHECKING:
     from pathlib import Path
 
+FP32_MIN_COSINE = 0.999
+"""An fp32 encoder graph is the source's arithmetic: a lower cosine means a wrong conversion."""
+FP32_MAX_DIFF = 1e-3
+"""The same for an fp32 cross-encoder's scores or a classifier's probabilities."""
 PROMPT = "The quick brown fox jumps over the lazy dog. Once upon a time"
 SENTENCES = (
     "a cat sits on the mat",
@@ -184,3 +189,22 @@ def classes(source: Path, built_dir: Path, model_file: str) -> ClassAccuracy:
         max_abs_diff=float(np.abs(want - built).max()),
         top1_agreement=float(np.mean(want.argmax(axis=1) == built.argmax(axis=1))),
     )  # fmt: skip
+
+
+def faithful(report: EmbedAccuracy | ScoreAccuracy | ClassAccuracy, precision: str) -> None:
+    """Refuse an fp32 encoder build that does not answer like its source: a conversion that
+    went wrong (int8's loss is the operator's choice, reported and served)."""
+    if precision != "fp32":
+        return
+    if isinstance(report, EmbedAccuracy):
+        if report.min_cosine < FP32_MIN_COSINE:
+            raise BuildError(
+                f"the fp32 graph answers unlike its source: min cosine {report.min_cosine:.6f} "
+                f"to sentence-transformers (at least {FP32_MIN_COSINE})",
+                file="config.json", field="architectures",
+            )  # fmt: skip
+    elif report.max_abs_diff > FP32_MAX_DIFF:
+        raise BuildError(
+            f"the fp32 graph answers unlike its source: max difference {report.max_abs_diff:.3g} "
+            f"(at most {FP32_MAX_DIFF})", file="config.json", field="architectures",
+        )  # fmt: skip

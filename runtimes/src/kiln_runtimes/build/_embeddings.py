@@ -20,7 +20,7 @@ if TYPE_CHECKING:
     import torch
     from tokenizers import Tokenizer
 
-    from kiln_runtimes.accuracy import AccuracyReport
+    from kiln_runtimes.accuracy import AccuracyReport, ClassAccuracy, EmbedAccuracy, ScoreAccuracy
     from kiln_runtimes.build._options import BuildOptions
     from kiln_runtimes.build._source import Source
     from kiln_runtimes.protocol import BuildPhase
@@ -33,9 +33,7 @@ def build_embeddings(
     found: Source, folder: Path, work: Path, options: BuildOptions,
     say: Callable[[BuildPhase, int, str], None],
 ) -> tuple[ModelManifest, AccuracyReport]:  # fmt: skip
-    """Export, optimize, optionally quantize, then compare with sentence-transformers."""
-    from kiln_runtimes.build import _accuracy
-
+    """Export, optimize, optionally quantize, then compare with the source's framework."""
     source = Path(found.path)
     precision = options.precision or "fp32"
     if precision not in EMBED_PRECISIONS:
@@ -78,14 +76,28 @@ def build_embeddings(
         scores=labels == 1,
         labels=names,
     )
+    return manifest, _checked(source, folder, labels, precision, say)
+
+
+def _checked(
+    source: Path, folder: Path, labels: int, precision: str,
+    say: Callable[[BuildPhase, int, str], None],
+) -> EmbedAccuracy | ScoreAccuracy | ClassAccuracy:  # fmt: skip
+    """The build against its source framework; an fp32 graph that answers unlike it fails."""
+    from kiln_runtimes.build import _accuracy
+
+    report: EmbedAccuracy | ScoreAccuracy | ClassAccuracy
     if labels == 1:
         say("checking accuracy", 80, "pair scores against sentence-transformers' CrossEncoder")
-        return manifest, _accuracy.scores(source, folder, MODEL_FILE)
-    if labels:
+        report = _accuracy.scores(source, folder, MODEL_FILE)
+    elif labels:
         say("checking accuracy", 80, "probabilities against transformers' pipeline")
-        return manifest, _accuracy.classes(source, folder, MODEL_FILE)
-    say("checking accuracy", 80, "cosine against sentence-transformers")
-    return manifest, _accuracy.embeddings(source, folder, MODEL_FILE)
+        report = _accuracy.classes(source, folder, MODEL_FILE)
+    else:
+        say("checking accuracy", 80, "cosine against sentence-transformers")
+        report = _accuracy.embeddings(source, folder, MODEL_FILE)
+    _accuracy.faithful(report, precision)
+    return report
 
 
 def _graph(

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import inspect
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from kiln_runtimes.build._options import BuildError
 from kiln_runtimes.build._source import read_json
@@ -64,7 +64,9 @@ def load(folder: Path, sep: int | None) -> Classifier:
         str(folder), local_files_only=True, attn_implementation="eager", dtype="float32"
     )
     config = model.config
-    given = AutoTokenizer.from_pretrained(str(folder), local_files_only=True).model_input_names
+    hf_tokenizer = AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
+    given = hf_tokenizer.model_input_names
+    pad = _pad_id(config.get_text_config(), hf_tokenizer)
     segments = (sep is not None
                 and "token_type_ids" in inspect.signature(model.forward).parameters
                 and "token_type_ids" in given
@@ -82,6 +84,8 @@ def load(folder: Path, sep: int | None) -> Classifier:
         def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
             """Score one right-padded batch of texts (or pairs)."""
             extra = {}
+            if pad is not None:  # a decoder's head reads the last token that is not padding
+                input_ids = torch.where(attention_mask.bool(), input_ids, pad)
             if segments:
                 seps = (input_ids == sep_id).to(torch.int64)
                 after = (torch.cumsum(seps, dim=1) - seps) > 0
@@ -91,3 +95,14 @@ def load(folder: Path, sep: int | None) -> Classifier:
 
     labels = [str(config.id2label[i]) for i in range(int(config.num_labels))]
     return Classifier(Probabilities().eval(), int(config.max_position_embeddings), labels)
+
+
+def _pad_id(text: Any, tokenizer: Any) -> int | None:
+    """The id the graph writes where a row is padding. A decoder's classifier (Qwen2's, Llama's)
+    scores the last token that is not ``pad_token_id``, so padding must be that token; one
+    without a ``pad_token_id`` (transformers then takes the last token, one text at a time) is
+    given the tokenizer's padding or end-of-text token, which texts do not end with."""
+    if text.pad_token_id is None:
+        fallback = tokenizer.pad_token_id
+        text.pad_token_id = tokenizer.eos_token_id if fallback is None else fallback
+    return None if text.pad_token_id is None else int(text.pad_token_id)
