@@ -183,8 +183,8 @@ def test_a_request_of_2048_inputs_is_served(client: openai.OpenAI) -> None:
     )
 
 
-def _post(kiln_up: Any, path: str, body: dict[str, Any]) -> httpx.Response:
-    return httpx.post(f"{kiln_up.base_url}/v1/{path}", json={"model": MODEL, **body},
+def _post(kiln_up: Any, path: str, body: dict[str, Any], under: str = "/v1") -> httpx.Response:
+    return httpx.post(f"{kiln_up.base_url}{under}/{path}", json={"model": MODEL, **body},
                       headers={"authorization": f"Bearer {kiln_up.key}"}, timeout=30)  # fmt: skip
 
 
@@ -212,6 +212,12 @@ def test_score_and_rerank_give_the_source_models_cosines(kiln_up: Any) -> None:
     bare = _post(kiln_up, "rerank", {"query": texts[0], "documents": [{"text": texts[2]}],
                                      "return_documents": False}).json()  # fmt: skip
     assert bare["results"] == [{"index": 0, "relevance_score": pytest.approx(want[1], abs=1e-4)}]
+    # vLLM's own paths are at the root: the same answers
+    root = _post(kiln_up, "score", {"text_1": texts[0], "text_2": texts[1:]}, under="").json()
+    assert [d["score"] for d in root["data"]] == [d["score"] for d in one_to_n["data"]]
+    root = _post(kiln_up, "rerank", {"query": texts[0], "documents": texts[1:], "top_n": 3},
+                 under="").json()  # fmt: skip
+    assert root["results"] == body["results"]
 
 
 @pytest.mark.parametrize(

@@ -10,8 +10,8 @@ import msgspec
 import numpy as np
 import pytest
 
-from kiln_runtimes.build import BuildError
 from kiln_runtimes.accuracy import ClassAccuracy, EmbedAccuracy, ScoreAccuracy
+from kiln_runtimes.build import BuildError
 from kiln_runtimes.build._accuracy import agreement, cosines, faithful, teacher_forced
 from kiln_runtimes.build._checks import (
     builder_architectures,

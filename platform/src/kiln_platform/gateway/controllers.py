@@ -182,7 +182,8 @@ class OpenAIController(DocumentedController):
 
 class TokensController(DocumentedController):
     """vLLM's routes at the root: ``/tokenize`` and ``/detokenize``, a model's tokens without a
-    generation (nothing is run or billed), and ``/classify`` (as ``/v1/classify``)."""
+    generation (nothing is run or billed), and ``/score``, ``/rerank`` and ``/classify`` (as
+    under ``/v1``)."""
 
     errors = OPENAI_ERRORS
     guards = [authenticated]  # noqa: RUF012
@@ -211,3 +212,17 @@ class TokensController(DocumentedController):
     ) -> classify.ClassifyResponse:
         """vLLM's classification API, as ``POST /v1/classify``."""
         return await classify.classify(kiln, admission, data)
+
+    @post("/score", status_code=200, dependencies=SCHEDULED)
+    async def score(
+        self, kiln: KilnDep, admission: AdmissionDep, data: scoring.ScoreRequest
+    ) -> scoring.ScoreResponse:
+        """vLLM's score API, as ``POST /v1/score``."""
+        return await scoring.score(kiln, admission, data)
+
+    @post("/rerank", status_code=200, dependencies=SCHEDULED)
+    async def rerank(
+        self, kiln: KilnDep, admission: AdmissionDep, data: scoring.RerankRequest
+    ) -> scoring.RerankResponse:
+        """The rerank API, as ``POST /v1/rerank``."""
+        return await scoring.rerank(kiln, admission, data)

@@ -169,13 +169,25 @@ def _check_external_data(model: onnx.ModelProto, base: Path, root: Path) -> None
 
 
 def _spec(value: onnx.ValueInfoProto) -> TensorSpec:
+    import onnx
+
     kind = value.type.WhichOneof("value")
     if kind != "tensor_type":
-        raise BadRequest(f"{value.name!r} is a {kind}; only tensors are served")
+        hint = ""
+        if kind == "sequence_type":  # skl2onnx's classifiers: probabilities as a ZipMap
+            hint = " (a scikit-learn classifier? convert it with options={'zipmap': False})"
+        raise BadRequest(
+            f"{value.name!r} is a {kind.removesuffix('_type')}, not a tensor; only tensors "
+            f"are served{hint}"
+        )
     tensor = value.type.tensor_type
     datatype = _DATATYPES.get(tensor.elem_type)
     if datatype is None:
-        raise BadRequest(f"{value.name!r} has an unsupported element type {tensor.elem_type}")
+        name = onnx.TensorProto.DataType.Name(tensor.elem_type)
+        raise BadRequest(
+            f"{value.name!r} has element type {name}; served tensors are "
+            f"{', '.join(_DATATYPES.values())}"
+        )
     dims = list(tensor.shape.dim)
     shape = [d.dim_value if d.HasField("dim_value") else -1 for d in dims]
     names = [d.dim_param if d.HasField("dim_param") else None for d in dims]
