@@ -345,3 +345,34 @@ def test_a_blank_version_is_the_next_number(
     """``version=`` left blank (a form's empty field) asks for the next number, as none."""
     r = _upload(tensor_up, "blank-version", tensor_models["mlp"].read_bytes(), version="")
     assert (r.status_code, r.json()["version"]) == (201, "1"), r.text
+
+
+def test_strings_in_and_out_as_bytes_tensors(
+    tensor_up: KilnProcess, tensor_models: dict[str, Path]
+) -> None:
+    """A graph of strings (scikit-learn's label encoders and classifiers are) takes and gives
+    OIP ``BYTES``, JSON strings or Triton's length-prefixed binary, as ONNX Runtime answers;
+    text that is not UTF-8 is a 400 naming the input."""
+    r = _upload(tensor_up, "labels", tensor_models["labels"].read_bytes())
+    assert r.status_code == 201, r.text
+    _wait_model(tensor_up, "labels")
+    client, auth = _client(tensor_up), _auth(tensor_up)
+    meta = client.get_model_metadata("labels", headers=auth)
+    assert [(t["name"], t["datatype"]) for t in meta["inputs"]] == [("text", "BYTES")]
+    texts = np.array(["spam", "ünïcode", "nope", "ham", ""], dtype=object)
+    session = ort.InferenceSession(str(tensor_models["labels"]), providers=["CPUExecutionProvider"])
+    want_ids, want_names = session.run(["id", "name"], {"text": texts})
+    assert want_ids.tolist() == [1, 2, -1, 0, -1]
+    for binary in (False, True):
+        tensor = triton.InferInput("text", [len(texts)], "BYTES")
+        tensor.set_data_from_numpy(texts, binary_data=binary)
+        outputs = [triton.InferRequestedOutput(o, binary_data=binary) for o in ("id", "name")]
+        result = client.infer("labels", [tensor], outputs=outputs, headers=auth)
+        assert result.as_numpy("id").tolist() == want_ids.tolist()
+        names = [n.decode() if isinstance(n, bytes) else n for n in result.as_numpy("name")]
+        assert names == want_names.tolist() == ["spam", "ünïcode", "?", "ham", "?"]
+    raw = triton.InferInput("text", [1], "BYTES")
+    raw.set_data_from_numpy(np.array([b"\xff\xfe"], dtype=object), binary_data=True)
+    with pytest.raises(InferenceServerException, match=r"'text'.*UTF-8"):
+        client.infer("labels", [raw], headers=auth)
+    assert client.is_model_ready("labels", headers=auth)

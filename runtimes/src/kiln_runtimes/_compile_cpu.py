@@ -72,6 +72,9 @@ def accuracy_report(
     actual, eng_ms = _timed(eng_session, feeds)
     diffs, dots, norms_a, norms_b = [], 0.0, 0.0, 0.0
     for want, got in zip(expected, actual, strict=True):
+        if np.asarray(want).dtype == object:  # strings: equal or not (another output is numbers)
+            diffs.append(0.0 if np.array_equal(want, got) else float("inf"))
+            continue
         w, g = np.asarray(want, np.float64).ravel(), np.asarray(got, np.float64).ravel()
         diffs.append(float(np.max(np.abs(w - g))) if w.size else 0.0)
         dots, norms_a, norms_b = dots + float(w @ g), norms_a + float(w @ w), norms_b + float(g @ g)

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from kiln_runtimes.protocol import DATATYPES
+from kiln_runtimes.tensor_bytes import BYTES
 
 if TYPE_CHECKING:
     from kiln_runtimes.protocol import TensorSpec
@@ -25,11 +26,15 @@ def concrete_shape(spec: TensorSpec, batch: int, dynamic: int = DEFAULT_DYNAMIC_
 
 
 def synthetic_inputs(specs: list[TensorSpec], batch: int, seed: int = 0) -> dict[str, np.ndarray]:
-    """Deterministic inputs: standard normal floats, zeros for integers and booleans."""
+    """Deterministic inputs: standard normal floats, zeros for integers and booleans, a word
+    for strings."""
     rng = np.random.default_rng(seed)
     out: dict[str, np.ndarray] = {}
     for spec in specs:
         shape = concrete_shape(spec, batch)
+        if spec.datatype == BYTES:
+            out[spec.name] = np.full(shape, "kiln", dtype=object)
+            continue
         dtype = np.dtype(DATATYPES[spec.datatype])
         if dtype.kind == "f":
             out[spec.name] = rng.standard_normal(shape).astype(dtype)

@@ -11,12 +11,14 @@ import msgspec
 import numpy as np
 import structlog
 
+from kiln_runtimes import tensor_bytes
 from kiln_runtimes._errors import BadRequest
 from kiln_runtimes._spans import ticket_spans
 from kiln_runtimes.compile import compile_engine
 from kiln_runtimes.engines import ENGINE_MODEL
 from kiln_runtimes.protocol import DATATYPES, InferRequest, InferResult, Tensor
 from kiln_runtimes.store import ArtifactStore
+from kiln_runtimes.tensor_bytes import BYTES
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -91,10 +93,25 @@ def _array(tensor: Tensor, datatype: str, shape: list[int]) -> np.ndarray:
         raise BadRequest(f"input {name!r} has shape {tensor.shape}; the model takes {shape}")
     if any(d < 0 for d in tensor.shape):
         raise BadRequest(f"input {name!r} has a negative dimension")
+    if datatype == BYTES:  # ONNX Runtime takes strings as an object array of str
+        try:
+            texts = tensor_bytes.unpack(tensor.data, math.prod(tensor.shape))
+        except ValueError as exc:
+            raise BadRequest(f"input {name!r}: its BYTES data {exc}") from None
+        return texts.reshape(tensor.shape)
     dtype = np.dtype(DATATYPES[datatype])
     if len(tensor.data) != math.prod(tensor.shape) * dtype.itemsize:
         raise BadRequest(f"input {name!r}: {len(tensor.data)} bytes do not fill {tensor.shape}")
     return np.frombuffer(tensor.data, dtype=dtype).reshape(tensor.shape)
+
+
+def _tensor(name: str, datatype: str, array: np.ndarray) -> Tensor:
+    """An output on the wire (``BYTES``: its strings, length-prefixed)."""
+    if datatype == BYTES:
+        data = tensor_bytes.pack(array.reshape(-1))
+    else:
+        data = np.ascontiguousarray(array, dtype=np.dtype(DATATYPES[datatype])).tobytes()
+    return Tensor(name=name, datatype=datatype, shape=list(array.shape), data=data)
 
 
 async def infer(
@@ -114,11 +131,7 @@ async def infer(
     for name in wanted:
         parts = [r[name] for r in ticket.rows]
         array = np.stack(parts) if manifest.batching else parts[0]
-        array = np.ascontiguousarray(array, dtype=np.dtype(DATATYPES[known[name].datatype]))
-        outputs.append(
-            Tensor(name=name, datatype=known[name].datatype, shape=list(array.shape),
-                   data=array.tobytes())
-        )  # fmt: skip
+        outputs.append(_tensor(name, known[name].datatype, array))
     started = ticket.started_at if ticket.started_at is not None else ticket.enqueued_at
     return InferResult(
         request_id=request.request_id,

@@ -51,7 +51,7 @@ def test_parses_binary_tensor_data_in_input_order() -> None:
     ("body", "length", "message"),
     [
         (b"{", None, "invalid inference request"),
-        (b'{"inputs": [{"name": "a", "shape": [2], "datatype": "BYTES", "data": ["x", "y"]}]}',
+        (b'{"inputs": [{"name": "a", "shape": [2], "datatype": "BF16", "data": ["x", "y"]}]}',
          None, "not supported"),
         (b'{"inputs": [{"name": "a", "shape": [3], "datatype": "FP32", "data": [1, 2]}]}',
          None, "do not fill"),
@@ -127,3 +127,48 @@ def test_timeout_parameter_is_microseconds() -> None:
     assert oip_codec.timeout_ms(request, 60) == 250
     plain, _ = oip_codec.parse(b'{"inputs": []}', None)
     assert oip_codec.timeout_ms(plain, 60) == 60000
+
+
+def test_bytes_tensors_as_json_strings_or_length_prefixed_binary() -> None:
+    """Triton's forms: strings in JSON (nested or flat), each element's 4-byte little-endian
+    length then its bytes in binary; both come out as the same wire bytes."""
+    texts = ["spam", "ünï", ""]
+    packed = b"".join(len(t.encode()).to_bytes(4, "little") + t.encode() for t in texts)
+    as_json = {"inputs": [{"name": "t", "shape": [1, 3], "datatype": "BYTES", "data": [texts]}]}
+    _, from_json = oip_codec.parse(json.dumps(as_json).encode(), None)
+    header = {"inputs": [{"name": "t", "shape": [1, 3], "datatype": "BYTES",
+                          "parameters": {"binary_data_size": len(packed)}}]}  # fmt: skip
+    _, from_binary = oip_codec.parse(*binary_body(header, packed))
+    assert from_json[0].data == from_binary[0].data == packed
+    out = InferResult(request_id="r", queue_ms=0.0, compute_ms=0.0, outputs=[
+        Tensor(name="t", datatype="BYTES", shape=[1, 3], data=packed)])  # fmt: skip
+    request, _ = oip_codec.parse(b'{"inputs": []}', None)
+    body, _ = oip_codec.encode(request, out, "m", "1")
+    assert msgspec.json.decode(body)["outputs"][0]["data"] == texts
+
+
+@pytest.mark.parametrize(
+    ("data", "binary", "message"),
+    [
+        (["a", 1, "c"], None, "not all BYTES values"),
+        (["a", "b"], None, "2 values do not fill shape [3]"),
+        (None, b"\x01\x00\x00\x00a", "holds 1 elements, not 3"),
+        (None, b"\x09\x00\x00\x00ab", "element 0 runs past the end"),
+        (None, b"\x01\x00\x00\x00a" * 3 + b"!", "1 bytes past its 3 elements"),
+        (None, b"\x01\x00\x00\x00\xff" * 3, "element 0 is not UTF-8 text"),
+    ],
+)
+def test_malformed_bytes_tensors_say_what_is_wrong(
+    data: list[object] | None, binary: bytes | None, message: str
+) -> None:
+    item: dict[str, object] = {"name": "t", "shape": [3], "datatype": "BYTES"}
+    if binary is None:
+        item["data"] = data
+        args: tuple[bytes, str | None] = (json.dumps({"inputs": [item]}).encode(), None)
+    else:
+        item["parameters"] = {"binary_data_size": len(binary)}
+        args = binary_body({"inputs": [item]}, binary)
+    with pytest.raises(BadRequest) as refused:
+        oip_codec.parse(*args)
+    assert "'t'" in str(refused.value)
+    assert message in str(refused.value)

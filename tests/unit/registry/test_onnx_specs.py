@@ -25,17 +25,27 @@ def _save(folder: Path, graph: onnx.GraphProto, *domains: tuple[str, int]) -> No
     onnx.save(model, str(folder / "model.onnx"))
 
 
-def test_a_string_tensor_is_named_by_its_type(tmp_path: Path) -> None:
+def test_strings_are_bytes_and_an_unserved_type_is_named(tmp_path: Path) -> None:
     node = helper.make_node("Identity", ["text"], ["same"])
     graph = helper.make_graph(
         [node], "strings", [helper.make_tensor_value_info("text", TensorProto.STRING, ["n"])],
         [helper.make_tensor_value_info("same", TensorProto.STRING, ["n"])],
     )  # fmt: skip
     _save(tmp_path, graph)
+    checked = inspect(tmp_path, 7, 21)
+    assert [(s.name, s.datatype) for s in checked.inputs + checked.outputs] == [
+        ("text", "BYTES"), ("same", "BYTES"),
+    ]  # fmt: skip
+    node = helper.make_node("Cast", ["x"], ["half"], to=TensorProto.BFLOAT16)
+    graph = helper.make_graph(
+        [node], "bf16", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n"])],
+        [helper.make_tensor_value_info("half", TensorProto.BFLOAT16, ["n"])],
+    )  # fmt: skip
+    _save(tmp_path, graph)
     with pytest.raises(BadRequest) as refused:
         inspect(tmp_path, 7, 21)
-    assert "'text' has element type STRING" in str(refused.value)
-    assert "FP32" in str(refused.value)
+    assert "'half' has element type BFLOAT16" in str(refused.value)
+    assert "BYTES" in str(refused.value)
 
 
 def test_a_zipmap_output_says_how_to_convert_the_classifier(tmp_path: Path) -> None:

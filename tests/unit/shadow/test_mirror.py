@@ -103,3 +103,18 @@ async def test_a_failed_save_keeps_the_reports_for_the_next_round(
     with pytest.raises(ConnectionError):
         await mirror.save(cast(Any, _FailingSessions()))
     assert stats.changed
+
+
+def test_string_outputs_agree_only_when_every_string_is_equal() -> None:
+    from kiln_platform.shadow.mirror import _arrays
+    from kiln_platform.shadow.policy import compare_tensors
+    from kiln_runtimes import tensor_bytes
+    from kiln_runtimes.protocol import Tensor
+
+    def out(*names: str) -> dict[str, np.ndarray]:
+        data = tensor_bytes.pack(names)
+        return _arrays([Tensor(name="name", datatype="BYTES", shape=[len(names)], data=data)])
+
+    assert compare_tensors(out("spam", "ham"), out("spam", "ham")).agrees
+    assert not compare_tensors(out("spam", "ham"), out("spam", "hat")).agrees
+    assert not compare_tensors(out("spam", "ham"), out("spam", "hams")).agrees

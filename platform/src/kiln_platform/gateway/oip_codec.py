@@ -10,9 +10,12 @@ import numpy as np
 
 from kiln_platform.errors import BadRequest
 from kiln_platform.gateway.oip_schemas import InferOutput, InferRequestBody, InferResponseBody
+from kiln_runtimes import tensor_bytes
 from kiln_runtimes.protocol import DATATYPES, Tensor
+from kiln_runtimes.tensor_bytes import BYTES
 
 if TYPE_CHECKING:
+    from kiln_platform.gateway.oip_schemas import InferInput
     from kiln_runtimes.protocol import InferResult
 
 HEADER_LENGTH = "inference-header-content-length"
@@ -37,25 +40,41 @@ def parse(body: bytes, header_length: str | None) -> tuple[InferRequestBody, lis
         raise BadRequest(f"invalid inference request: {exc}") from None
     tensors, offset = [], 0
     for item in request.inputs:
-        dtype = _dtype(item.datatype, f"input {item.name!r}")
-        if any(d < 0 for d in item.shape):
-            raise BadRequest(f"input {item.name!r} has a negative dimension")
-        nbytes = math.prod(item.shape) * dtype.itemsize
-        binary_size = (item.parameters or {}).get("binary_data_size")
-        if binary_size is not None:
-            size = int(binary_size)
-            if size != nbytes or offset + size > len(binary):
-                raise BadRequest(f"input {item.name!r}: binary_data_size {size} does not fit")
-            data = bytes(binary[offset : offset + size])
-            offset += size
-        elif item.data is not None:
-            data = _from_json(item.data, dtype, item.shape, item.name, item.datatype)
-        else:
-            raise BadRequest(f"input {item.name!r} has neither data nor binary_data_size")
+        data, offset = _input(item, binary, offset)
         tensors.append(Tensor(name=item.name, datatype=item.datatype, shape=item.shape, data=data))
     if offset != len(binary):
         raise BadRequest(f"{len(binary) - offset} bytes of binary data belong to no input")
     return request, tensors
+
+
+def _input(item: InferInput, binary: memoryview, offset: int) -> tuple[bytes, int]:
+    """One input's bytes (from its JSON ``data`` or the binary data from ``offset``) and where
+    the next input's binary data starts."""
+    if item.datatype != BYTES:
+        _dtype(item.datatype, f"input {item.name!r}")
+    if any(d < 0 for d in item.shape):
+        raise BadRequest(f"input {item.name!r} has a negative dimension")
+    binary_size = (item.parameters or {}).get("binary_data_size")
+    if binary_size is not None:
+        size = int(binary_size)
+        if offset + size > len(binary) or not _fits(item, binary[offset : offset + size]):
+            raise BadRequest(f"input {item.name!r}: binary_data_size {size} does not fit")
+        return bytes(binary[offset : offset + size]), offset + size
+    if item.data is not None:
+        return _from_json(item.data, item.shape, item.name, item.datatype), offset
+    raise BadRequest(f"input {item.name!r} has neither data nor binary_data_size")
+
+
+def _fits(item: InferInput, data: memoryview) -> bool:
+    """Binary data is the input's shape of its datatype (``BYTES``: of whole UTF-8 elements)."""
+    count = math.prod(item.shape)
+    if item.datatype != BYTES:
+        return len(data) == count * np.dtype(DATATYPES[item.datatype]).itemsize
+    try:
+        tensor_bytes.unpack(data, count)
+    except ValueError as exc:
+        raise BadRequest(f"input {item.name!r}: its BYTES data {exc}") from None
+    return True
 
 
 def _dtype(datatype: str, what: str) -> np.dtype[Any]:
@@ -69,11 +88,12 @@ TAKES = {"b": "b", "i": "iu", "u": "iu"}
 ``1.5`` to 1 and read 2 as true, where Triton refuses them."""
 
 
-def _from_json(
-    data: list[Any], dtype: np.dtype[Any], shape: list[int], name: str, datatype: str
-) -> bytes:
+def _from_json(data: list[Any], shape: list[int], name: str, datatype: str) -> bytes:
     """``data`` as the input's bytes; a 400 for a value of another type or out of its range
     (a float past FP16's or FP32's largest would become infinite)."""
+    if datatype == BYTES:
+        return _texts(data, shape, name)
+    dtype = np.dtype(DATATYPES[datatype])
     try:
         with np.errstate(over="ignore"):  # an overflow is found below, as infinities
             array = np.asarray(data, dtype=dtype)
@@ -88,6 +108,23 @@ def _from_json(
     if array.size != math.prod(shape):
         raise BadRequest(f"input {name!r}: {array.size} values do not fill shape {shape}")
     return array.tobytes()
+
+
+def _texts(data: list[Any], shape: list[int], name: str) -> bytes:
+    """A ``BYTES`` input's JSON strings (a flat or nested list), in the wire form."""
+    flat: list[Any] = []
+    pending: list[Any] = [data]
+    while pending:
+        value = pending.pop()
+        if isinstance(value, list):
+            pending.extend(reversed(value))
+        else:
+            flat.append(value)
+    if not all(isinstance(v, str) for v in flat):
+        raise BadRequest(f"input {name!r}: data is not all BYTES values (JSON strings)")
+    if len(flat) != math.prod(shape):
+        raise BadRequest(f"input {name!r}: {len(flat)} values do not fill shape {shape}")
+    return tensor_bytes.pack(flat)
 
 
 def encode(
@@ -108,11 +145,10 @@ def encode(
             )  # fmt: skip
             buffers.append(tensor.data)
         else:
-            array = np.frombuffer(tensor.data, dtype=DATATYPES[tensor.datatype])
             outputs.append(
                 InferOutput(
                     name=tensor.name, datatype=tensor.datatype, shape=tensor.shape,
-                    data=array.tolist(),
+                    data=_values(tensor),
                 )
             )  # fmt: skip
     header = msgspec.json.encode(
@@ -122,6 +158,15 @@ def encode(
         return header, {"content-type": "application/json"}
     headers = {"content-type": "application/octet-stream", HEADER_LENGTH: str(len(header))}
     return b"".join([header, *buffers]), headers
+
+
+def _values(tensor: Tensor) -> list[Any]:
+    """An output's elements as JSON values (``BYTES``: strings), flat in row-major order."""
+    array = (tensor_bytes.unpack(tensor.data, math.prod(tensor.shape))
+             if tensor.datatype == BYTES
+             else np.frombuffer(tensor.data, dtype=DATATYPES[tensor.datatype]))  # fmt: skip
+    values: list[Any] = array.tolist()
+    return values
 
 
 def output_names(request: InferRequestBody) -> list[str] | None:

@@ -33,6 +33,7 @@ from kiln_platform.shadow.policy import Agreement, CandidateLoad, DropLimits
 from kiln_platform.shadow.services import persist
 from kiln_platform.shadow.stats import ShadowStats
 from kiln_runtimes.protocol import DATATYPES, EmbedRequest, GenerateRequest, InferRequest
+from kiln_runtimes.tensor_bytes import BYTES
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
@@ -252,8 +253,11 @@ def _copy_id(plan: Plan) -> str:
 
 
 def _arrays(tensors: list[Tensor]) -> dict[str, np.ndarray]:
+    """Each output's numbers; a ``BYTES`` output's raw bytes (equal when its strings are)."""
     return {
-        t.name: np.frombuffer(t.data, DATATYPES.get(t.datatype, "|u1")).reshape(t.shape)
+        t.name: np.frombuffer(t.data, "|u1")
+        if t.datatype == BYTES
+        else np.frombuffer(t.data, DATATYPES[t.datatype]).reshape(t.shape)
         for t in tensors
-        if t.datatype in DATATYPES
+        if t.datatype in DATATYPES or t.datatype == BYTES
     }
