@@ -122,3 +122,32 @@ def test_a_decoders_classifier_reads_each_rows_last_real_token(
     assert len({len(text.split()) for text in accuracy["inputs"]}) > 1  # padded rows
     assert accuracy["max_abs_diff"] < 1e-5
     assert accuracy["top1_agreement"] == 1.0
+
+
+def test_a_dense_layer_after_the_pooling_is_built_in(
+    tmp_path: Path, tiny_models: Any, build_cli: Any
+) -> None:
+    """LaBSE's and distiluse's heads: pooling, a ``Dense`` layer (tanh) to fewer dimensions,
+    then normalization; the graph has all three."""
+    source = tiny_models.sentence(tmp_path / "src", "mean", normalize=True, dense=32)
+    run = build_cli.build(source, tmp_path / "out")
+    assert run.returncode == 0, run.stderr[-3000:]
+    accuracy, manifest = run.last["accuracy"], run.last["manifest"]
+    print("dense", accuracy["min_cosine"])
+    assert manifest["dimensions"] == 32
+    assert accuracy["min_cosine"] >= 0.9999
+
+
+def test_a_module_that_cannot_be_built_is_named(
+    tmp_path: Path, tiny_models: Any, build_cli: Any
+) -> None:
+    source = tiny_models.sentence(tmp_path / "src", "mean", normalize=False)
+    modules = json.loads((source / "modules.json").read_text())
+    modules.append({"idx": 2, "name": "2", "path": "2_LayerNorm",
+                    "type": "sentence_transformers.models.LayerNorm"})  # fmt: skip
+    (source / "modules.json").write_text(json.dumps(modules))
+    run = build_cli.build(source, tmp_path / "out")
+    assert run.returncode == 2
+    assert (run.last["file"], run.last["field"]) == ("modules.json", "type")
+    assert "LayerNorm" in run.last["error"]
+    assert not (tmp_path / "out").exists()

@@ -136,6 +136,14 @@ def test_read_head(tmp_path: Path) -> None:
     (tmp_path / "1_Pooling" / "config.json").write_text('{"pooling_mode_cls_token": true}')
     head = read_head(tmp_path)
     assert (head.encoder_dir, head.pooling, head.normalize) == ("", "cls", True)
+    assert head.dense == ()
+    kinds[2:] = [("2_Dense", "Dense"), ("3_Dense", "Dense"), ("4_Normalize", "Normalize")]
+    modules = [{"path": p, "type": f"sentence_transformers.models.{k}"} for p, k in kinds]
+    (tmp_path / "modules.json").write_text(json.dumps(modules))
+    assert read_head(tmp_path).dense == ("2_Dense", "3_Dense")
+    (tmp_path / "modules.json").write_text(json.dumps([modules[i] for i in (0, 1, 4, 2)]))
+    with pytest.raises(BuildError, match="Normalize must be the last"):
+        read_head(tmp_path)
 
 
 def _safetensors(path: Path, header: dict[str, object], data: bytes) -> Path:

@@ -7,7 +7,7 @@ by the worker) and returns ``embeddings`` (float32, ``[batch, dimensions]``).
 from __future__ import annotations
 
 import inspect
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -34,21 +34,32 @@ def load(folder: Path, head: Head) -> tuple[torch.nn.Module, int, int]:
         dtype="float32",
     )  # fmt: skip
     config = encoder.config
-    return _wrap(encoder, head), int(config.hidden_size), int(config.max_position_embeddings)
+    dense = [_dense(folder / path) for path in head.dense]
+    width = int(dense[-1].out_features) if dense else int(config.hidden_size)
+    return _wrap(encoder, dense, head), width, int(config.max_position_embeddings)
 
 
-def _wrap(encoder: torch.nn.Module, head: Head) -> torch.nn.Module:
+def _dense(path: Path) -> Any:
+    """A sentence-transformers ``Dense`` module (a linear layer and its activation)."""
+    from sentence_transformers.sentence_transformer.modules import Dense
+
+    return Dense.load(str(path), local_files_only=True)
+
+
+def _wrap(encoder: torch.nn.Module, dense: list[torch.nn.Module], head: Head) -> torch.nn.Module:
     """A module mapping (input_ids, attention_mask) to pooled, optionally normalized vectors."""
     import torch
 
     typed = "token_type_ids" in inspect.signature(encoder.forward).parameters
 
     class Embedder(torch.nn.Module):
-        """Encoder, then the sentence-transformers pooling, then L2 normalization if asked."""
+        """Encoder, then the sentence-transformers pooling and dense layers, then L2
+        normalization if asked."""
 
         def __init__(self) -> None:
             super().__init__()
             self.encoder = encoder
+            self.dense = torch.nn.ModuleList(dense)
 
         def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
             """Embed one right-padded batch."""
@@ -65,6 +76,8 @@ def _wrap(encoder: torch.nn.Module, head: Head) -> torch.nn.Module:
             else:
                 mask = attention_mask.unsqueeze(-1).to(hidden.dtype)
                 pooled = (hidden * mask).sum(dim=1) / mask.sum(dim=1).clamp(min=1e-9)
+            for layer in self.dense:
+                pooled = layer({"sentence_embedding": pooled})["sentence_embedding"]
             if head.normalize:
                 pooled = torch.nn.functional.normalize(pooled, p=2.0, dim=1)
             return pooled

@@ -1,4 +1,5 @@
-"""A sentence-transformers folder's pooling and normalization, read from its module files."""
+"""A sentence-transformers folder's pooling, dense layers and normalization, read from its
+module files."""
 
 from __future__ import annotations
 
@@ -22,11 +23,17 @@ _UNSUPPORTED = ("pooling_mode_max_tokens", "pooling_mode_mean_sqrt_len_tokens",
                 "pooling_mode_weightedmean_tokens")  # fmt: skip
 
 
+MODULES = ("Transformer", "Pooling", "Dense", "Normalize")
+"""The sentence-transformers modules an embeddings graph is built of."""
+
+
 class Head(msgspec.Struct, frozen=True, kw_only=True):
-    """Where the encoder lives in the folder, how its token states pool, whether to normalize."""
+    """Where the encoder lives in the folder, how its token states pool, the dense layers after
+    the pooling (their folders, in order) and whether to normalize."""
 
     encoder_dir: str = ""
     pooling: Pooling = "mean"
+    dense: tuple[str, ...] = ()
     normalize: bool = False
 
 
@@ -36,13 +43,24 @@ def read_head(folder: Path) -> Head:
     if not (folder / "modules.json").is_file():
         return Head()
     modules = msgspec.json.decode((folder / "modules.json").read_bytes(), type=list[dict[str, Any]])
-    kinds = {str(m.get("type", "")).rsplit(".", 1)[-1]: str(m.get("path", "")) for m in modules}
+    order = [(str(m.get("type", "")).rsplit(".", 1)[-1], str(m.get("path", ""))) for m in modules]
+    kinds = dict(order)
+    unknown = [kind for kind, _ in order if kind not in MODULES]
+    if unknown:
+        raise BuildError(
+            f"module {unknown[0]} cannot be built: an embeddings graph is made of "
+            f"{', '.join(MODULES)}", file="modules.json", field="type",
+        )  # fmt: skip
     if "Transformer" not in kinds:
         raise BuildError("no Transformer module", file="modules.json", field="type")
+    if "Normalize" in kinds and order[-1][0] != "Normalize":
+        raise BuildError("Normalize must be the last module", file="modules.json", field="type")
     pooling: Pooling = "mean"
     if "Pooling" in kinds:
         pooling = pooling_mode(read_json(folder / kinds["Pooling"] / "config.json"))
-    return Head(encoder_dir=kinds["Transformer"], pooling=pooling, normalize="Normalize" in kinds)
+    dense = tuple(path for kind, path in order if kind == "Dense")
+    return Head(encoder_dir=kinds["Transformer"], pooling=pooling, dense=dense,
+                normalize="Normalize" in kinds)  # fmt: skip
 
 
 def pooling_mode(config: dict[str, Any]) -> Pooling:
