@@ -18,6 +18,7 @@ from kiln_runtimes.build._checks import (
     check_architecture,
     safetensors_parameters,
 )
+from kiln_runtimes.build._encoder import context
 from kiln_runtimes.build._genai import builder_command, provider, stop_token_ids
 from kiln_runtimes.build._options import check_memory, memory_needed
 from kiln_runtimes.build._pooling import pooling_mode, read_head
@@ -231,3 +232,14 @@ def test_an_fp32_encoder_build_unlike_its_source_fails() -> None:
         assert "unlike its source" in str(refused.value)
         faithful(bad, "int8")  # quantization's loss is reported, not refused
     faithful(classes, "fp32")
+
+
+def test_an_encoders_context_is_what_its_framework_reads(tmp_path: Path) -> None:
+    assert context(tmp_path, 512) == 512
+    (tmp_path / "tokenizer_config.json").write_text('{"model_max_length": 512}')
+    assert context(tmp_path, 514) == 512  # RoBERTa: two positions are the padding's
+    (tmp_path / "tokenizer_config.json").write_text('{"model_max_length": 1e30}')
+    assert context(tmp_path, 514) == 514  # transformers' "no limit"
+    (tmp_path / "sentence_bert_config.json").write_text('{"max_seq_length": 256}')
+    assert context(tmp_path, 512) == 256  # all-MiniLM-L6-v2
+    assert context(tmp_path, 128) == 128

