@@ -47,6 +47,8 @@ LABELS = ("negative", "neutral", "positive")
 def sources(tmp_path_factory: pytest.TempPathFactory, tiny_models: Any) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("sources")
     made = {kind: tiny_models.causal(root / kind, kind, seed=7) for kind in GENERATORS}
+    generation = made["llama"] / "generation_config.json"  # the model's own default: greedy
+    generation.write_text(json.dumps({**json.loads(generation.read_text()), "top_k": 1}))
     for pooling in POOLINGS:
         made[f"bert-{pooling}"] = tiny_models.sentence(
             root / f"bert-{pooling}", pooling, normalize=pooling == "mean"
@@ -190,6 +192,31 @@ def test_fp32_chat_equals_transformers_greedy(
     assert chat.usage.completion_tokens == len(reference_ids)
     assert chat.choices[0].message.content == reference_text
     assert chat.choices[0].finish_reason == "length"
+
+
+def test_a_request_leaving_sampling_out_gets_the_models_defaults(
+    kiln: KilnProcess, built: dict[str, dict[str, Any]]
+) -> None:
+    """vLLM's ``--generation-config auto``: the tiny Llama's ``generation_config.json`` says
+    ``top_k: 1``, so a completion that leaves it out is greedy at the default temperature; one
+    that sets it samples."""
+    assert built["llama"]["status"] == "done", built["llama"]
+    version = httpx.get(
+        f"{kiln.base_url}/admin/v1/models/tiny-llama/versions/1", headers=_auth(kiln)
+    ).json()
+    assert version["manifest"]["sampling"] == {"top_k": 1.0}
+    kiln.wait_until_serving("tiny-llama", path="completions")
+    client = _openai(kiln)
+
+    def text(**fields: Any) -> str:
+        made = client.completions.create(model="tiny-llama", prompt="Once upon a time",
+                                         max_tokens=12, **fields)  # fmt: skip
+        return str(made.choices[0].text)
+
+    greedy = text(temperature=0)
+    assert {text() for _ in range(3)} == {greedy}
+    sampled = {text(temperature=1.5, seed=seed, extra_body={"top_k": -1}) for seed in range(4)}
+    assert len(sampled) > 1
 
 
 @pytest.fixture(scope="module")

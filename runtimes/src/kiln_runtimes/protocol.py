@@ -86,6 +86,9 @@ class ModelManifest(msgspec.Struct, frozen=True, kw_only=True):
     """What the graph was built for: ``cpu`` or ``cuda``."""
     stop_token_ids: list[int] = []
     """Generation ends at any of these (``eos_token_id`` of config and generation config)."""
+    sampling: dict[str, float] = {}
+    """The model's sampling defaults (``generation_config.json``'s ``temperature``, ``top_p``,
+    ``top_k``, ``min_p``, ``repetition_penalty``): a request that leaves one out gets it."""
     pooling: Literal["mean", "cls", "lasttoken"] | None = None
     """How the embeddings graph pools token states (it is inside the graph; informational)."""
     normalize: bool | None = None

@@ -27,6 +27,18 @@ def test_defaults_are_the_worker_protocol_defaults() -> None:
     }  # fmt: skip
 
 
+def test_the_models_defaults_fill_what_the_request_leaves_out() -> None:
+    """vLLM's ``--generation-config auto``: the model's generation_config.json values are the
+    defaults; a value the request gives, 0 too, wins."""
+    qwen = {"temperature": 0.7, "top_p": 0.8, "top_k": 20.0, "repetition_penalty": 1.05}
+    fields = sampling(chat(), VOCAB, defaults=qwen).fields
+    assert (fields["temperature"], fields["top_p"], fields["top_k"]) == (0.7, 0.8, 20)
+    assert (fields["repetition_penalty"], fields["min_p"]) == (1.05, 0.0)
+    fields = sampling(chat(temperature=0, top_k=-1, top_p=1.0), VOCAB, defaults=qwen).fields
+    assert (fields["temperature"], fields["top_k"], fields["top_p"]) == (0.0, 0, 1.0)
+    assert fields["repetition_penalty"] == 1.05
+
+
 def test_choice_seeds_keep_choice_0_and_differ_reproducibly() -> None:
     plan = sampling(chat(n=4, seed=5), VOCAB)
     seeds = [plan.seed_of(i) for i in range(4)]

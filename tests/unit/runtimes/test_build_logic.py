@@ -19,7 +19,12 @@ from kiln_runtimes.build._checks import (
     safetensors_parameters,
 )
 from kiln_runtimes.build._encoder import context
-from kiln_runtimes.build._genai import builder_command, provider, stop_token_ids
+from kiln_runtimes.build._genai import (
+    builder_command,
+    provider,
+    sampling_defaults,
+    stop_token_ids,
+)
 from kiln_runtimes.build._options import check_memory, memory_needed
 from kiln_runtimes.build._pooling import pooling_mode, read_head
 from kiln_runtimes.build._scorer import sigmoid
@@ -243,3 +248,16 @@ def test_an_encoders_context_is_what_its_framework_reads(tmp_path: Path) -> None
     (tmp_path / "sentence_bert_config.json").write_text('{"max_seq_length": 256}')
     assert context(tmp_path, 512) == 256  # all-MiniLM-L6-v2
     assert context(tmp_path, 128) == 128
+
+
+def test_sampling_defaults_are_generation_configs_in_range(tmp_path: Path) -> None:
+    assert sampling_defaults(tmp_path) == {}
+    (tmp_path / "generation_config.json").write_text(json.dumps({
+        "do_sample": True, "temperature": 0.7, "top_p": 0.8, "top_k": 20,
+        "repetition_penalty": 1.05, "min_p": True, "max_new_tokens": 512,
+    }))  # fmt: skip
+    assert sampling_defaults(tmp_path) == {
+        "temperature": 0.7, "top_p": 0.8, "top_k": 20.0, "repetition_penalty": 1.05,
+    }  # fmt: skip
+    (tmp_path / "generation_config.json").write_text('{"temperature": 3, "top_p": -1}')
+    assert sampling_defaults(tmp_path) == {}  # out of range: not a default

@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kiln_platform.errors import BadRequest
 from kiln_platform.gateway.llm_schemas import ChatCompletionRequest, CompletionRequest
 from kiln_runtimes.protocol import MAX_LOGPROBS
+
+if TYPE_CHECKING:
+    from collections.abc import Mapping
 
 MAX_N = 16
 """Choices one request may ask for (each is its own sequence on a worker)."""
@@ -150,17 +153,24 @@ def _ends(
 def sampling(
     request: ChatCompletionRequest | CompletionRequest, vocab: int, prompts: int = 1, *,
     eos: set[int] | None = None, grammar: str | None = None,
+    defaults: Mapping[str, float] | None = None,
 ) -> Sampling:  # fmt: skip
     """Validate every sampling parameter; a 400 names the first one out of range. ``eos``: the
-    model's end-of-sequence tokens; ``grammar``: the one the answer follows (it ends itself)."""
-    temperature = _between("temperature", request.temperature, 0, 2, 1.0)
-    top_p = 1.0 if request.top_p is None else request.top_p
+    model's end-of-sequence tokens; ``grammar``: the one the answer follows (it ends itself);
+    ``defaults``: the model's own, for a parameter the request leaves out (else OpenAI's)."""
+
+    def given(name: str) -> Any:
+        value = getattr(request, name)
+        return (defaults or {}).get(name) if value is None else value
+
+    temperature = _between("temperature", given("temperature"), 0, 2, 1.0)
+    top_p = 1.0 if given("top_p") is None else given("top_p")
     if not 0.0 <= top_p <= 1.0:
         raise BadRequest("'top_p' must be between 0 and 1.", param="top_p")
-    top_k = _top_k(request.top_k)
+    top_k = _top_k(None if given("top_k") is None else int(given("top_k")))
     if top_p == 0:  # OpenAI takes it: the smallest nucleus, the most probable token alone
         top_p, top_k = 1.0, 1
-    repetition = 1.0 if request.repetition_penalty is None else request.repetition_penalty
+    repetition = 1.0 if given("repetition_penalty") is None else given("repetition_penalty")
     if not 0 < repetition <= 2:
         raise BadRequest(
             "'repetition_penalty' must be greater than 0 and at most 2.",
@@ -170,7 +180,7 @@ def sampling(
         "temperature": temperature,
         "top_p": top_p,
         "top_k": top_k,
-        "min_p": _between("min_p", request.min_p, 0, 1, 0.0),
+        "min_p": _between("min_p", given("min_p"), 0, 1, 0.0),
         "presence_penalty": _between("presence_penalty", request.presence_penalty, -2, 2, 0.0),
         "frequency_penalty": _between("frequency_penalty", request.frequency_penalty, -2, 2, 0.0),
         "repetition_penalty": repetition,

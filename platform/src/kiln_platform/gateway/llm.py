@@ -365,9 +365,9 @@ async def prepare(
     prompts, echoes, endpoint = await _prompts.tokenize(
         request, model, tools, version.context_length
     )
-    stop = _prompts.stops(request)
+    stop, eos = _prompts.stops(request), {*model.eos_token_ids, *version.manifest.stop_token_ids}
     plan = sampling(request, model.tokenizer.get_vocab_size(), len(prompts), grammar=grammar,
-                    eos={*model.eos_token_ids, *version.manifest.stop_token_ids})  # fmt: skip
+                    eos=eos, defaults=version.manifest.sampling)  # fmt: skip
     choices = _choices(
         request, admission.request_id, prompts=prompts, echoes=echoes, plan=plan,
         context=version.context_length, adapter=adapter,

@@ -67,6 +67,25 @@ def stop_token_ids(hf_dir: Path) -> list[int]:
     return sorted(set(ids))
 
 
+SAMPLING = {"temperature": (0.0, 2.0), "top_p": (0.0, 1.0), "top_k": (-1.0, float("inf")),
+            "min_p": (0.0, 1.0), "repetition_penalty": (1e-9, 2.0)}  # fmt: skip
+"""The sampling defaults a ``generation_config.json`` may give (vLLM's), and their ranges."""
+
+
+def sampling_defaults(hf_dir: Path) -> dict[str, float]:
+    """The model's own sampling defaults from ``generation_config.json``: what a request that
+    leaves one out gets, as vLLM's ``--generation-config auto`` (a value out of range is not
+    one)."""
+    path = hf_dir / "generation_config.json"
+    config = read_json(path) if path.is_file() else {}
+    found = {}
+    for key, (low, high) in SAMPLING.items():
+        value = config.get(key)
+        if isinstance(value, int | float) and not isinstance(value, bool) and low <= value <= high:
+            found[key] = float(value)
+    return found
+
+
 def _ids(value: Any) -> list[int]:
     """A token id or list of ids from a config value; anything else is none."""
     if isinstance(value, int) and not isinstance(value, bool):
@@ -78,7 +97,7 @@ def _ids(value: Any) -> list[int]:
 
 def manifest(
     out: Path, *, name: str, source: str, architecture: str | None, precision: str | None,
-    target: str | None, stop: list[int],
+    target: str | None, stop: list[int], sampling: dict[str, float] | None = None,
 ) -> ModelManifest:  # fmt: skip
     """Describe a generation folder; file and context length come from ``genai_config.json``."""
     genai = read_json(out / "genai_config.json")
@@ -102,6 +121,7 @@ def manifest(
         precision=precision,
         target=target or provider(genai),
         stop_token_ids=stop,
+        sampling=sampling or {},
     )
 
 

@@ -111,7 +111,7 @@ def _hf_generate(
     manifest = _genai.manifest(
         folder, name=_name(found, options), source=options.source_label or found.path,
         architecture=architecture, precision=precision, target=options.target,
-        stop=_genai.stop_token_ids(hf),
+        stop=_genai.stop_token_ids(hf), sampling=_genai.sampling_defaults(hf),
     )  # fmt: skip
     if options.target != "cpu":
         return manifest, AccuracySkipped(reason=f"a {options.target} graph needs a GPU to run")
@@ -167,7 +167,7 @@ def _prebuilt(
     manifest = _genai.manifest(
         folder, name=_name(found, options), source=options.source_label or found.path,
         architecture=architecture, precision=options.precision, target=None,
-        stop=_genai.stop_token_ids(source),
+        stop=_genai.stop_token_ids(source), sampling=_genai.sampling_defaults(source),
     )  # fmt: skip
     return manifest, AccuracySkipped(reason="a prebuilt folder: no source framework to compare")
 
