@@ -8,7 +8,8 @@ from __future__ import annotations
 import pytest
 
 from kiln_platform.errors import BadRequest
-from kiln_platform.gateway._textmodel import RENDERED, TextModel, _env, continued
+from kiln_platform.gateway._chat_jinja import chat_environment
+from kiln_platform.gateway._textmodel import RENDERED, TextModel, continued
 from tests.factories import byte_bpe
 
 TEMPLATE = (
@@ -20,7 +21,8 @@ SAID = [{"role": "user", "content": "Hi"}]
 
 
 def _model() -> TextModel:
-    return TextModel(tokenizer=byte_bpe(["Hi there"]), template=_env().from_string(TEMPLATE),
+    template = chat_environment().from_string(TEMPLATE)
+    return TextModel(tokenizer=byte_bpe(["Hi there"]), template=template,
                      bos_token="", eos_token="<eos>", eos_token_ids=(0,))  # fmt: skip
 
 

@@ -9,9 +9,9 @@ from functools import lru_cache
 from typing import TYPE_CHECKING, Any
 
 from jinja2.exceptions import TemplateError
-from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from kiln_platform.errors import BadRequest
+from kiln_platform.gateway._chat_jinja import chat_environment
 from kiln_platform.gateway._items import text_of
 from kiln_platform.gateway.services import load_tokenizer
 
@@ -33,20 +33,8 @@ def _byte_of() -> dict[str, int]:
 _BYTE_OF = _byte_of()
 
 
-def _raise(message: str) -> None:
-    raise TemplateError(message)
-
-
 RENDERED = frozenset({"messages", "tools", "add_generation_prompt", "bos_token", "eos_token"})
 """The variables ``TextModel.render`` gives every chat template."""
-
-
-def _env() -> ImmutableSandboxedEnvironment:
-    """A sandbox configured like Hugging Face's ``apply_chat_template``."""
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
-    env.globals["raise_exception"] = _raise
-    env.filters["tojson"] = lambda v, indent=None: json.dumps(v, ensure_ascii=False, indent=indent)
-    return env
 
 
 @dataclass(frozen=True)
@@ -156,7 +144,7 @@ def load_text_model(model_dir: Path, tokenizer_file: str) -> TextModel:
         eos_ids.add(tokenizer.token_to_id(eos_token))
     return TextModel(
         tokenizer=tokenizer,
-        template=_env().from_string(source) if source else None,
+        template=chat_environment().from_string(source) if source else None,
         bos_token=_token(config.get("bos_token")),
         eos_token=eos_token,
         eos_token_ids=tuple(sorted(eos_ids)),
