@@ -15,12 +15,15 @@ from kiln_runtimes.build import BuildError
 from kiln_runtimes.build._accuracy import agreement, cosines, faithful, teacher_forced
 from kiln_runtimes.build._checks import (
     builder_architectures,
+    chat_template,
     check_architecture,
     safetensors_parameters,
 )
 from kiln_runtimes.build._encoder import context
 from kiln_runtimes.build._genai import (
+    TOKENIZER_FILES,
     builder_command,
+    copy_tokenizer,
     provider,
     sampling_defaults,
     stop_token_ids,
@@ -261,3 +264,23 @@ def test_sampling_defaults_are_generation_configs_in_range(tmp_path: Path) -> No
     }  # fmt: skip
     (tmp_path / "generation_config.json").write_text('{"temperature": 3, "top_p": -1}')
     assert sampling_defaults(tmp_path) == {}  # out of range: not a default
+
+
+def test_a_list_of_named_chat_templates_gives_its_default(tmp_path: Path) -> None:
+    named = [{"name": "tool_use", "template": "T"}, {"name": "default", "template": "D"}]
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps({"chat_template": named}))
+    assert chat_template(tmp_path) == "D"
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps({"chat_template": named[:1]}))
+    assert chat_template(tmp_path) is None
+
+
+def test_the_built_folder_gets_the_default_template_inline(tmp_path: Path) -> None:
+    source, out = tmp_path / "src", tmp_path / "out"
+    source.mkdir()
+    out.mkdir()
+    named = [{"name": "default", "template": "D"}, {"name": "tool_use", "template": "T"}]
+    for name in TOKENIZER_FILES:
+        (source / name).write_text("{}")
+    (source / "tokenizer_config.json").write_text(json.dumps({"chat_template": named}))
+    copy_tokenizer(source, out)
+    assert json.loads((out / "tokenizer_config.json").read_text())["chat_template"] == "D"

@@ -68,7 +68,8 @@ def check_tokenizer(folder: Path, *, chat: bool) -> None:
 
 
 def chat_template(folder: Path) -> str | None:
-    """The chat template wherever this folder keeps it."""
+    """The chat template wherever this folder keeps it: a list of named ones (Hermes', Command
+    R's) gives its ``default``, the one ``apply_chat_template`` uses without a name."""
     jinja = folder / "chat_template.jinja"
     if jinja.is_file():
         return jinja.read_text(encoding="utf-8")
@@ -79,6 +80,9 @@ def chat_template(folder: Path) -> str | None:
                 template = json.loads(path.read_text(encoding="utf-8")).get("chat_template")
             except (UnicodeDecodeError, json.JSONDecodeError) as exc:
                 raise BuildError(f"not valid JSON: {exc}", file=name) from exc
+            if isinstance(template, list):
+                named = {t.get("name"): t.get("template") for t in template if isinstance(t, dict)}
+                template = named.get("default")
             if isinstance(template, str) and template:
                 return template
     return None

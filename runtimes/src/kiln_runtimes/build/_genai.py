@@ -48,7 +48,7 @@ def copy_tokenizer(hf_dir: Path, out: Path) -> None:
         if not (out / name).is_file():
             shutil.copy2(hf_dir / name, out / name)
     config = json.loads((out / "tokenizer_config.json").read_text())
-    if not config.get("chat_template"):
+    if not isinstance(config.get("chat_template"), str) or not config["chat_template"]:
         template = chat_template(hf_dir)
         if template is None:
             raise BuildError(
