@@ -219,6 +219,8 @@ def test_score_and_rerank_give_the_source_models_cosines(kiln_up: Any) -> None:
     root = _post(kiln_up, "rerank", {"query": texts[0], "documents": texts[1:], "top_n": 3},
                  under="").json()  # fmt: skip
     assert root["results"] == body["results"]
+    wrong = _post(kiln_up, "score", {"text_1": [], "text_2": "c"}, under="")
+    assert (wrong.status_code, wrong.json()["error"]["param"]) == (400, "text_1")  # OpenAI's shape
 
 
 @pytest.mark.parametrize(

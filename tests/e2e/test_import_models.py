@@ -388,6 +388,8 @@ def test_a_classifier_answers_as_transformers_pipeline(
     root = httpx.post(f"{kiln.base_url}/classify", headers=headers,
                       json={"model": name, "input": TEXTS[1]}).json()  # fmt: skip
     assert np.allclose(root["data"][0]["probs"], want[1], atol=1e-5)
+    wrong = httpx.post(f"{kiln.base_url}/classify", headers=headers, json={"model": name})
+    assert (wrong.status_code, wrong.json()["error"]["param"]) == (400, "input")
     refused = [
         httpx.post(url, headers=headers, json={"model": "tiny-bert-rerank", "input": "a"}),
         httpx.post(url, headers=headers, json={"model": "tiny-bert-mean", "input": "a"}),

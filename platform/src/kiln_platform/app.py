@@ -36,7 +36,7 @@ from kiln_platform.audit.controllers import AuditController
 from kiln_platform.batches.controllers import BatchesController, FilesController
 from kiln_platform.batches.runner import BatchRunner
 from kiln_platform.billing.controllers import PriceBooksController
-from kiln_platform.body_limit import BodyLimits, body_limit_middleware
+from kiln_platform.body_limit import VLLM_ROOT, BodyLimits, body_limit_middleware
 from kiln_platform.client_limits import refusal_middleware
 from kiln_platform.context import Kiln, running
 from kiln_platform.db import migrate
@@ -81,8 +81,8 @@ from kiln_platform.webhooks.controllers import WebhooksController
 from kiln_runtimes import tracing
 
 log = structlog.get_logger("kiln.app")
-OPENAI_SHAPED = ("/v1", "/tokenize", "/detokenize")
-"""Paths whose errors are OpenAI's error object (vLLM's token routes answer in it too)."""
+OPENAI_SHAPED = ("/v1", *sorted(VLLM_ROOT))
+"""Paths whose errors are OpenAI's error object (vLLM's root routes answer in it too)."""
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Sequence

@@ -152,6 +152,19 @@ async def test_a_body_within_the_limit_reaches_the_route(server: Server) -> None
     assert "embed" in answer.json()["error"]["message"]
 
 
+@pytest.mark.parametrize("path", ["/rerank", "/classify", "/tokenize"])
+async def test_vllms_root_routes_take_v1s_limit(server: Server, path: str) -> None:
+    """A rerank of many documents at vLLM's own path is read as at ``/v1/rerank``."""
+    documents = ["x" * 1000] * (2 * SMALL_BODY_BYTES // 1000)
+    body = json.dumps({"model": "limited", "query": "q", "documents": documents}).encode()
+    assert SMALL_BODY_BYTES < len(body) < JSON_LIMIT
+    answer = await server.post(path, Source(len(body), _piece=body))
+    assert answer.status == 400  # read whole and decoded, not a 413
+    huge = Source(HUGE)
+    assert_openai_413(await server.post(path, huge))
+    assert JSON_LIMIT < huge.pulled <= JSON_LIMIT + CHUNK
+
+
 async def test_v2_tensor_bodies_have_their_own_limit(server: Server) -> None:
     source = Source(HUGE)
     answer = await server.post(

@@ -198,6 +198,8 @@ def _checked(version: ResolvedVersion, endpoint: str) -> None:
     """The model serves ``endpoint``: a cross-encoder pairs (score, rerank), a classifier
     classifies, any other embeddings model embeds and scores by cosine."""
     manifest, model = version.manifest, version.model
+    if endpoint == "classify" and not manifest.labels:
+        raise BadRequest(f"The model `{model}` is not a classifier (/v1/classify).", param="model")
     if manifest.task != "embeddings":
         raise BadRequest(f"The model `{model}` does not produce embeddings.", param="model")
     if manifest.labels and endpoint != "classify":
@@ -205,8 +207,6 @@ def _checked(version: ResolvedVersion, endpoint: str) -> None:
             f"The model `{model}` is a classifier: it gives each text its labels' probabilities "
             "(/v1/classify) and produces no embeddings or pair scores.", param="model",
         )  # fmt: skip
-    if endpoint == "classify" and not manifest.labels:
-        raise BadRequest(f"The model `{model}` is not a classifier (/v1/classify).", param="model")
     if manifest.scores and endpoint == "embeddings":
         raise BadRequest(
             f"The model `{model}` is a cross-encoder: it scores text pairs "

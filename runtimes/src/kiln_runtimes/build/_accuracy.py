@@ -127,8 +127,9 @@ def embeddings(source: Path, built_dir: Path, model_file: str) -> EmbedAccuracy:
 
     from kiln_runtimes.build._encoder import pad
 
+    # prompt "": the text alone, as the gateway embeds it, not a default_prompt_name's prompt
     reference = SentenceTransformer(str(source), device="cpu", local_files_only=True).encode(
-        list(SENTENCES), convert_to_numpy=True
+        list(SENTENCES), convert_to_numpy=True, prompt=""
     )
     ids, mask = pad(Tokenizer.from_file(str(built_dir / "tokenizer.json")), SENTENCES)
     session = ort.InferenceSession(str(built_dir / model_file), providers=["CPUExecutionProvider"])
