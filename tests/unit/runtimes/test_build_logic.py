@@ -31,7 +31,7 @@ from kiln_runtimes.build._genai import (
 from kiln_runtimes.build._options import check_memory, memory_needed
 from kiln_runtimes.build._pooling import pooling_mode, read_head
 from kiln_runtimes.build._scorer import sigmoid
-from kiln_runtimes.build._source import classes, detect, scorer, task_for
+from kiln_runtimes.build._source import classes, detect, task_for
 from kiln_runtimes.protocol import ModelManifest
 
 
@@ -74,7 +74,6 @@ def test_task_for(config: dict[str, object], modules: bool, task: str | None) ->
 )
 def test_classes(config: dict[str, object], labels: int) -> None:
     assert classes(config) == labels
-    assert scorer(config) is (labels == 1)
 
 
 def test_a_classifiers_columns_are_a_softmax_unless_labels_may_all_hold() -> None:

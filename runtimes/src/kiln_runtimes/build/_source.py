@@ -81,11 +81,6 @@ def classes(config: dict[str, Any]) -> int:
     return int(config.get("num_labels") or len(config.get("id2label") or {}) or 2)
 
 
-def scorer(config: dict[str, Any]) -> bool:
-    """A cross-encoder: a sequence classifier of one label (a reranker)."""
-    return classes(config) == 1
-
-
 def first_architecture(config: dict[str, Any]) -> str | None:
     """``architectures[0]`` of a ``config.json``, if it has one."""
     names = config.get("architectures")
