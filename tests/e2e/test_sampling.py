@@ -122,6 +122,11 @@ def test_vllm_length_controls_end_where_asked(client: openai.OpenAI, smollm2_dir
     fixed = _chat(client, messages=BRIEF, temperature=0, max_tokens=48, extra_body=ignored)
     assert (fixed.parse().usage.completion_tokens, fixed.parse().choices[0].finish_reason) == (
         48, "length")  # fmt: skip
+    # a text completion that names no max_tokens makes 16, as OpenAI's and vLLM's
+    short = client.completions.create(model=MODEL, prompt="Once upon a time", temperature=0,
+                                      extra_body=ignored)  # fmt: skip
+    assert short.usage is not None
+    assert (short.usage.completion_tokens, short.choices[0].finish_reason) == (16, "length")
     held = {"min_tokens": natural + 5}
     longer = _chat(client, messages=BRIEF, temperature=0, max_tokens=64, extra_body=held).parse()
     assert longer.usage.completion_tokens >= natural + 5

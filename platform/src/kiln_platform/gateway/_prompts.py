@@ -186,6 +186,11 @@ class ContextTooLong(BadRequest):
         self.prompt, self.allowed = prompt, allowed
 
 
+COMPLETION_TOKENS = 16
+"""A text completion's ``max_tokens`` when it names none (OpenAI's and vLLM's default); a chat
+completion's is the rest of the context."""
+
+
 def max_tokens(
     request: ChatCompletionRequest | CompletionRequest, prompt: int, context: int
 ) -> int:
@@ -197,7 +202,9 @@ def max_tokens(
             field, requested = "max_completion_tokens", request.max_completion_tokens
     if requested is not None and requested < 1:
         raise BadRequest(f"'{field}' must be at least 1.", param=field)
-    wanted = requested if requested is not None else max(1, context - prompt)
+    room = max(1, context - prompt)
+    default = room if source == "messages" else min(COMPLETION_TOKENS, room)
+    wanted = requested if requested is not None else default
     if prompt + wanted > context:
         raise ContextTooLong(
             f"This model's maximum context length is {context} tokens. However, you requested "
