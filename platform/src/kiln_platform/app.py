@@ -51,7 +51,7 @@ from kiln_platform.errors import (
     disk_full,
 )
 from kiln_platform.gateway.chat_routes import ChatCompletionsController
-from kiln_platform.gateway.controllers import OpenAIController, TokensController
+from kiln_platform.gateway.controllers import OpenAIController, VllmController
 from kiln_platform.gateway.conversation_routes import ConversationsController
 from kiln_platform.gateway.oip import OIPController
 from kiln_platform.gateway.schemas import ErrorBody, ErrorResponse
@@ -178,7 +178,7 @@ async def readyz(kiln: SkipValidation[Kiln]) -> Response[dict[str, Any]]:
 
 
 _CONTROLLERS = (
-    OpenAIController, ChatCompletionsController, ConversationsController, TokensController,
+    OpenAIController, ChatCompletionsController, ConversationsController, VllmController,
     FilesController, BatchesController, OIPController, AdminModelsController, RoutesController,
     TenantsController,
     KeysController, UsersController, ClientsController, AdaptersController, AuditController,

@@ -73,30 +73,6 @@ class OpenAIController(DocumentedController):
         result, version = await services.embed(kiln, admission, data)
         return Response(result, headers=lifecycle.headers(version))
 
-    @post("/score", status_code=200, dependencies=SCHEDULED)
-    async def score(
-        self, kiln: KilnDep, admission: AdmissionDep, data: scoring.ScoreRequest
-    ) -> scoring.ScoreResponse:
-        """vLLM's score API on an embeddings model: the cosine of ``text_1`` and each of
-        ``text_2`` (or of each pair, N:N)."""
-        return await scoring.score(kiln, admission, data)
-
-    @post("/rerank", status_code=200, dependencies=SCHEDULED)
-    async def rerank(
-        self, kiln: KilnDep, admission: AdmissionDep, data: scoring.RerankRequest
-    ) -> scoring.RerankResponse:
-        """Jina's and Cohere's rerank API (as vLLM serves it) on an embeddings model:
-        ``documents`` by their cosine to ``query``, the best ``top_n``."""
-        return await scoring.rerank(kiln, admission, data)
-
-    @post("/classify", status_code=200, dependencies=SCHEDULED)
-    async def classify_texts(
-        self, kiln: KilnDep, admission: AdmissionDep, data: classify.ClassifyRequest
-    ) -> classify.ClassifyResponse:
-        """vLLM's classification API on an imported classifier: each text's labels'
-        probabilities and the most probable label."""
-        return await classify.classify(kiln, admission, data)
-
     # Litestar's Stream takes the handler's media type over its own, hence media_type=SSE here
     # and an explicit JSON Response for the non-streamed case. (``POST /v1/chat/completions``
     # is in ``chat_routes``, with the stored completions' reads: one controller a path.)
@@ -180,10 +156,10 @@ class OpenAIController(DocumentedController):
         return await kiln.responses.remove(admission.principal.tenant_id, response_id)
 
 
-class TokensController(DocumentedController):
-    """vLLM's routes at the root: ``/tokenize`` and ``/detokenize``, a model's tokens without a
-    generation (nothing is run or billed), and ``/score``, ``/rerank`` and ``/classify`` (as
-    under ``/v1``)."""
+class VllmController(DocumentedController):
+    """vLLM's own routes: ``/tokenize`` and ``/detokenize``, a model's tokens without a
+    generation (nothing is run or billed), and score, rerank and classify, each at the root as
+    vLLM documents it and under ``/v1``."""
 
     errors = OPENAI_ERRORS
     guards = [authenticated]  # noqa: RUF012
@@ -206,23 +182,26 @@ class TokensController(DocumentedController):
         """The text of token ids of the model."""
         return await tokens.detokenize(kiln, admission, data)
 
-    @post("/classify", status_code=200, dependencies=SCHEDULED)
-    async def classify_texts(
-        self, kiln: KilnDep, admission: AdmissionDep, data: classify.ClassifyRequest
-    ) -> classify.ClassifyResponse:
-        """vLLM's classification API, as ``POST /v1/classify``."""
-        return await classify.classify(kiln, admission, data)
-
-    @post("/score", status_code=200, dependencies=SCHEDULED)
+    @post(["/v1/score", "/score"], status_code=200, dependencies=SCHEDULED)
     async def score(
         self, kiln: KilnDep, admission: AdmissionDep, data: scoring.ScoreRequest
     ) -> scoring.ScoreResponse:
-        """vLLM's score API, as ``POST /v1/score``."""
+        """vLLM's score API: the cosine of ``text_1`` and each of ``text_2`` (or of each pair,
+        N:N) on an embeddings model, a cross-encoder's own scores on one."""
         return await scoring.score(kiln, admission, data)
 
-    @post("/rerank", status_code=200, dependencies=SCHEDULED)
+    @post(["/v1/rerank", "/rerank"], status_code=200, dependencies=SCHEDULED)
     async def rerank(
         self, kiln: KilnDep, admission: AdmissionDep, data: scoring.RerankRequest
     ) -> scoring.RerankResponse:
-        """The rerank API, as ``POST /v1/rerank``."""
+        """Jina's and Cohere's rerank API (as vLLM serves it): ``documents`` by their score
+        against ``query``, the best ``top_n``."""
         return await scoring.rerank(kiln, admission, data)
+
+    @post(["/v1/classify", "/classify"], status_code=200, dependencies=SCHEDULED)
+    async def classify_texts(
+        self, kiln: KilnDep, admission: AdmissionDep, data: classify.ClassifyRequest
+    ) -> classify.ClassifyResponse:
+        """vLLM's classification API on an imported classifier: each text's labels'
+        probabilities and the most probable label."""
+        return await classify.classify(kiln, admission, data)

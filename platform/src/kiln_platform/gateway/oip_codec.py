@@ -50,8 +50,8 @@ def parse(body: bytes, header_length: str | None) -> tuple[InferRequestBody, lis
 def _input(item: InferInput, binary: memoryview, offset: int) -> tuple[bytes, int]:
     """One input's bytes (from its JSON ``data`` or the binary data from ``offset``) and where
     the next input's binary data starts."""
-    if item.datatype != BYTES:
-        _dtype(item.datatype, f"input {item.name!r}")
+    if item.datatype != BYTES and item.datatype not in DATATYPES:
+        raise BadRequest(f"input {item.name!r}: datatype {item.datatype} is not supported")
     if any(d < 0 for d in item.shape):
         raise BadRequest(f"input {item.name!r} has a negative dimension")
     binary_size = (item.parameters or {}).get("binary_data_size")
@@ -75,12 +75,6 @@ def _fits(item: InferInput, data: memoryview) -> bool:
     except ValueError as exc:
         raise BadRequest(f"input {item.name!r}: its BYTES data {exc}") from None
     return True
-
-
-def _dtype(datatype: str, what: str) -> np.dtype[Any]:
-    if datatype not in DATATYPES:
-        raise BadRequest(f"{what}: datatype {datatype} is not supported")
-    return np.dtype(DATATYPES[datatype])
 
 
 TAKES = {"b": "b", "i": "iu", "u": "iu"}
