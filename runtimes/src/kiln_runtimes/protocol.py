@@ -89,8 +89,9 @@ class ModelManifest(msgspec.Struct, frozen=True, kw_only=True):
     sampling: dict[str, float] = {}
     """The model's sampling defaults (``generation_config.json``'s ``temperature``, ``top_p``,
     ``top_k``, ``min_p``, ``repetition_penalty``): a request that leaves one out gets it."""
-    pooling: Literal["mean", "cls", "lasttoken"] | None = None
-    """How the embeddings graph pools token states (it is inside the graph; informational)."""
+    pooling: str | None = None
+    """How the embeddings graph pools token states, sentence-transformers' modes ``+``-joined
+    when concatenated (``cls+mean``); it is inside the graph (informational)."""
     normalize: bool | None = None
     """Whether the embeddings graph L2-normalizes its output."""
     scores: bool = False

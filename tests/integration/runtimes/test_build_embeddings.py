@@ -1,4 +1,4 @@
-"""Embeddings builds of tiny BERT sentence-transformers folders (mean and CLS pooling).
+"""Embeddings builds of tiny BERT sentence-transformers folders (each pooling mode).
 
 Each fp32 build must match sentence-transformers (cosine >= 0.9999 on fixed inputs) and be
 served by the worker's own embeddings backend; an int8 build reports its cosines.
@@ -19,7 +19,12 @@ from kiln_runtimes.backends.base import BatchBackend, EngineOptions
 from kiln_runtimes.protocol import MANIFEST_NAME, ModelManifest
 
 pytestmark = pytest.mark.slow
-HEADS = {"mean": ("mean", True), "cls": ("cls", False), "lasttoken": ("lasttoken", True)}
+HEADS = {
+    "mean": ("mean", True),
+    "cls": ("cls", False),
+    "lasttoken": ("lasttoken", True),
+    "concatenated": ("max+mean_sqrt_len_tokens+weightedmean", False),
+}
 
 
 @pytest.fixture(scope="module")
@@ -52,7 +57,7 @@ def test_fp32_matches_sentence_transformers(name: str, fp32: dict[str, Any]) -> 
     pooling, normalize = HEADS[name]
     assert (manifest["pooling"], manifest["normalize"]) == (pooling, normalize)
     assert (manifest["task"], manifest["engine"], manifest["dimensions"]) == (
-        "embeddings", "onnxruntime", 64,
+        "embeddings", "onnxruntime", 64 * len(pooling.split("+")),
     )  # fmt: skip
     assert (manifest["precision"], manifest["architecture"]) == ("fp32", "BertModel")
     folder = Path(run.last["out_dir"])

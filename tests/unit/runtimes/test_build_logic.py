@@ -117,22 +117,28 @@ def test_builder_architectures_cover_the_brief() -> None:
         ({"pooling_mode_mean_tokens": True, "pooling_mode_cls_token": False}, "mean"),
         ({"pooling_mode_cls_token": True}, "cls"),
         ({"pooling_mode_lasttoken": True}, "lasttoken"),
+        ({"pooling_mode_max_tokens": True}, "max"),
         ({"pooling_mode": "cls"}, "cls"),
+        ({}, "mean"),  # no flag on: sentence-transformers pools by mean
+        # flags concatenate in sentence-transformers' order, a list in its own
+        ({"pooling_mode_mean_tokens": True, "pooling_mode_cls_token": True}, "cls+mean"),
+        ({"pooling_mode": ["weightedmean", "max"]}, "weightedmean+max"),
+        ({"pooling_mode": "mean_sqrt_len_tokens", "pooling_mode_cls_token": True},
+         "mean_sqrt_len_tokens"),
     ],
-)
+)  # fmt: skip
 def test_pooling_mode(config: dict[str, object], mode: str) -> None:
     assert pooling_mode(config) == mode
 
 
 @pytest.mark.parametrize(
-    "config",
-    [{"pooling_mode_max_tokens": True}, {}, {"pooling_mode_mean_tokens": True,
-                                             "pooling_mode_cls_token": True}],
+    "config", [{"pooling_mode": "sum"}, {"pooling_mode": []}, {"pooling_mode": 3},
+               {"pooling_mode": ["mean", None]}],
 )  # fmt: skip
 def test_pooling_mode_refuses(config: dict[str, object]) -> None:
     with pytest.raises(BuildError) as refused:
         pooling_mode(config)
-    assert refused.value.file == "1_Pooling/config.json"
+    assert (refused.value.file, refused.value.field) == ("1_Pooling/config.json", "pooling_mode")
 
 
 def test_read_head(tmp_path: Path) -> None:

@@ -36,7 +36,8 @@ def load(folder: Path, head: Head) -> tuple[torch.nn.Module, int, int]:
     )  # fmt: skip
     config = encoder.config
     dense = [_dense(folder / path) for path in head.dense]
-    width = int(dense[-1].out_features) if dense else int(config.hidden_size)
+    pooled = int(config.hidden_size) * len(head.pooling.split("+"))
+    width = int(dense[-1].out_features) if dense else pooled
     positions = context(folder / head.encoder_dir, int(config.max_position_embeddings))
     return _wrap(encoder, dense, head), width, positions
 
@@ -83,15 +84,8 @@ def _wrap(encoder: torch.nn.Module, dense: list[torch.nn.Module], head: Head) ->
             hidden = self.encoder(
                 input_ids=input_ids, attention_mask=attention_mask, **extra
             ).last_hidden_state
-            pooled: torch.Tensor
-            if head.pooling == "cls":
-                pooled = hidden[:, 0]
-            elif head.pooling == "lasttoken":
-                last = attention_mask.sum(dim=1) - 1
-                pooled = hidden[torch.arange(hidden.shape[0]), last]
-            else:
-                mask = attention_mask.unsqueeze(-1).to(hidden.dtype)
-                pooled = (hidden * mask).sum(dim=1) / mask.sum(dim=1).clamp(min=1e-9)
+            modes = head.pooling.split("+")
+            pooled = torch.cat([_pool(hidden, attention_mask, mode) for mode in modes], dim=-1)
             for layer in self.dense:
                 pooled = layer({"sentence_embedding": pooled})["sentence_embedding"]
             if head.normalize:
@@ -99,6 +93,24 @@ def _wrap(encoder: torch.nn.Module, dense: list[torch.nn.Module], head: Head) ->
             return pooled
 
     return Embedder().eval()  # eval() propagates to the encoder: no dropout
+
+
+def _pool(hidden: torch.Tensor, attention_mask: torch.Tensor, mode: str) -> torch.Tensor:
+    """One sentence-transformers pooling of right-padded token states (``Pooling.forward``)."""
+    import torch
+
+    mask = attention_mask.unsqueeze(-1).to(hidden.dtype)
+    if mode == "cls":
+        return hidden[:, 0]
+    if mode == "lasttoken":
+        return hidden[torch.arange(hidden.shape[0]), attention_mask.sum(dim=1) - 1]
+    if mode == "max":
+        return hidden.masked_fill(mask == 0, float("-inf")).max(dim=1).values
+    if mode == "weightedmean":  # weights 1, 2, ... by position; right padding starts them at 1
+        weights = torch.cumsum(mask, dim=1) * mask
+        return (hidden * weights).sum(dim=1) / weights.sum(dim=1).clamp(min=1e-9)
+    count = mask.sum(dim=1).clamp(min=1e-9)
+    return (hidden * mask).sum(dim=1) / (count.sqrt() if mode == "mean_sqrt_len_tokens" else count)
 
 
 def write_tokenizer(source: Path, path: Path) -> Tokenizer:

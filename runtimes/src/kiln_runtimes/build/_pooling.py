@@ -3,7 +3,7 @@ module files."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 
@@ -13,14 +13,14 @@ from kiln_runtimes.build._source import read_json
 if TYPE_CHECKING:
     from pathlib import Path
 
-Pooling = Literal["mean", "cls", "lasttoken"]
-_FLAGS: dict[str, Pooling] = {
-    "pooling_mode_mean_tokens": "mean",
-    "pooling_mode_cls_token": "cls",
-    "pooling_mode_lasttoken": "lasttoken",
-}
-_UNSUPPORTED = ("pooling_mode_max_tokens", "pooling_mode_mean_sqrt_len_tokens",
-                "pooling_mode_weightedmean_tokens")  # fmt: skip
+MODES = ("cls", "max", "mean", "mean_sqrt_len_tokens", "weightedmean", "lasttoken")
+"""sentence-transformers' pooling modes; the legacy ``pooling_mode_*`` flags concatenate in this
+order."""
+_FLAGS = {"pooling_mode_cls_token": "cls", "pooling_mode_max_tokens": "max",
+          "pooling_mode_mean_tokens": "mean",
+          "pooling_mode_mean_sqrt_len_tokens": "mean_sqrt_len_tokens",
+          "pooling_mode_weightedmean_tokens": "weightedmean",
+          "pooling_mode_lasttoken": "lasttoken"}  # fmt: skip
 
 
 MODULES = ("Transformer", "Pooling", "Dense", "Normalize")
@@ -32,7 +32,8 @@ class Head(msgspec.Struct, frozen=True, kw_only=True):
     the pooling (their folders, in order) and whether to normalize."""
 
     encoder_dir: str = ""
-    pooling: Pooling = "mean"
+    pooling: str = "mean"
+    """The pooling modes, ``+``-joined when several are concatenated (``cls+mean``)."""
     dense: tuple[str, ...] = ()
     normalize: bool = False
 
@@ -55,7 +56,7 @@ def read_head(folder: Path) -> Head:
         raise BuildError("no Transformer module", file="modules.json", field="type")
     if "Normalize" in kinds and order[-1][0] != "Normalize":
         raise BuildError("Normalize must be the last module", file="modules.json", field="type")
-    pooling: Pooling = "mean"
+    pooling = "mean"
     if "Pooling" in kinds:
         pooling = pooling_mode(read_json(folder / kinds["Pooling"] / "config.json"))
     dense = tuple(path for kind, path in order if kind == "Dense")
@@ -63,24 +64,18 @@ def read_head(folder: Path) -> Head:
                 normalize="Normalize" in kinds)  # fmt: skip
 
 
-def pooling_mode(config: dict[str, Any]) -> Pooling:
-    """The one pooling a ``1_Pooling/config.json`` turns on (flags, or ``pooling_mode``)."""
+def pooling_mode(config: dict[str, Any]) -> str:
+    """The pooling a ``1_Pooling/config.json`` asks for, read as sentence-transformers reads it:
+    ``pooling_mode`` (a mode or a list of modes, concatenated in its order), else the legacy
+    ``pooling_mode_*`` flags (in their fixed order), else mean."""
     named = config.get("pooling_mode")
-    if isinstance(named, str):
-        config = {f"pooling_mode_{_flag_suffix(named)}": True}
-    chosen = [mode for flag, mode in _FLAGS.items() if config.get(flag)]
-    others = [flag for flag in _UNSUPPORTED if config.get(flag)]
-    if others or len(chosen) != 1:
+    if named is None:
+        modes = [mode for flag, mode in _FLAGS.items() if config.get(flag)] or ["mean"]
+    else:
+        modes = [named] if isinstance(named, str) else named
+    if not isinstance(modes, list) or not modes or any(m not in MODES for m in modes):
         raise BuildError(
-            f"pooling must be exactly one of mean, cls, lasttoken (found {chosen + others})",
-            file="1_Pooling/config.json",
-            field=(others or list(_FLAGS))[0],
-        )
-    return chosen[0]
-
-
-def _flag_suffix(name: str) -> str:
-    """``mean`` -> ``mean_tokens`` etc., the flag a ``pooling_mode`` string stands for."""
-    return {"mean": "mean_tokens", "cls": "cls_token", "lasttoken": "lasttoken",
-            "max": "max_tokens", "mean_sqrt_len_tokens": "mean_sqrt_len_tokens",
-            "weightedmean": "weightedmean_tokens"}.get(name, name)  # fmt: skip
+            f"pooling_mode must be one or more of {', '.join(MODES)} (found {named!r})",
+            file="1_Pooling/config.json", field="pooling_mode",
+        )  # fmt: skip
+    return "+".join(modes)
