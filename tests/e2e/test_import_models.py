@@ -41,6 +41,7 @@ POOLINGS = ("mean", "cls")
 TOKENS = 32
 TEXTS = ["The quick brown fox jumps over the lazy dog.", "a cat sits on the mat", "Kiln"]
 LABELS = ("negative", "neutral", "positive")
+PROMPTS = {"query": "query: ", "passage": "passage: "}
 
 
 @pytest.fixture(scope="module")
@@ -49,9 +50,10 @@ def sources(tmp_path_factory: pytest.TempPathFactory, tiny_models: Any) -> dict[
     made = {kind: tiny_models.causal(root / kind, kind, seed=7) for kind in GENERATORS}
     generation = made["llama"] / "generation_config.json"  # the model's own default: greedy
     generation.write_text(json.dumps({**json.loads(generation.read_text()), "top_k": 1}))
-    for pooling in POOLINGS:
+    for pooling in POOLINGS:  # the CLS folder's texts get its default prompt, as e5's
+        prompts = {"prompts": PROMPTS, "default_prompt_name": "query"} if pooling == "cls" else {}
         made[f"bert-{pooling}"] = tiny_models.sentence(
-            root / f"bert-{pooling}", pooling, normalize=pooling == "mean"
+            root / f"bert-{pooling}", pooling, normalize=pooling == "mean", **prompts
         )
     made["bert-rerank"] = tiny_models.cross_encoder(root / "bert-rerank", seed=3)
     made["bert-classify"] = tiny_models.cross_encoder(root / "bert-classify", seed=4, labels=LABELS)
@@ -324,6 +326,37 @@ def test_embeddings_match_sentence_transformers(
     assert version["accuracy"]["type"] == "embeddings"
     assert version["accuracy"]["min_cosine"] >= 0.9999
     assert version["manifest"]["pooling"] == pooling
+
+
+def test_a_prompt_name_embeds_as_sentence_transformers(
+    kiln: KilnProcess, built: dict[str, dict[str, Any]], sources: dict[str, Path]
+) -> None:
+    """Text Embeddings Inference's ``prompt_name`` picks a prompt of the folder's
+    ``config_sentence_transformers.json`` (its default otherwise, which the test above
+    compares): the vectors are ``encode(prompt_name=...)``'s; an unknown name is a 400 naming
+    the field."""
+    from openai import BadRequestError
+    from sentence_transformers import SentenceTransformer
+
+    assert built["bert-cls"]["status"] == "done", built["bert-cls"]
+    client = _openai(kiln)
+    served = client.embeddings.create(model="tiny-bert-cls", input=TEXTS,
+                                      extra_body={"prompt_name": "passage"})  # fmt: skip
+    got = np.array([d.embedding for d in served.data], dtype=np.float64)
+    reference = SentenceTransformer(str(sources["bert-cls"]), device="cpu")
+    want, plain = (reference.encode(TEXTS, prompt_name=name) for name in ("passage", None))
+    cosines = (got * want).sum(1) / np.linalg.norm(got, axis=1) / np.linalg.norm(want, axis=1)
+    print("passage", cosines)
+    assert cosines.min() >= 0.9999
+    assert not np.allclose(want, plain, atol=1e-3)  # the prompt changes the vectors
+    assert served.usage.prompt_tokens == sum(
+        len(reference.tokenizer("passage: " + text)["input_ids"]) for text in TEXTS
+    )
+    with pytest.raises(BadRequestError) as refused:
+        client.embeddings.create(model="tiny-bert-cls", input=TEXTS,
+                                 extra_body={"prompt_name": "document"})  # fmt: skip
+    assert refused.value.body["param"] == "prompt_name"  # type: ignore[index]
+    assert "passage, query" in refused.value.message
 
 
 def test_a_cross_encoder_scores_pairs_as_sentence_transformers(

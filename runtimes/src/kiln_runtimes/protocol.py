@@ -94,6 +94,11 @@ class ModelManifest(msgspec.Struct, frozen=True, kw_only=True):
     when concatenated (``cls+mean``); it is inside the graph (informational)."""
     normalize: bool | None = None
     """Whether the embeddings graph L2-normalizes its output."""
+    prompts: dict[str, str] = {}
+    """Named prefixes (``config_sentence_transformers.json``'s) a request may embed its texts
+    with: ``prompt_name``."""
+    default_prompt_name: str | None = None
+    """The prompt a text gets when the request names none, as ``SentenceTransformer.encode``."""
     scores: bool = False
     """A cross-encoder (an embeddings-task graph of one output): a row is a text pair (its
     tokenizer's pair template) and its output the pair's relevance, the sigmoid of its logit,

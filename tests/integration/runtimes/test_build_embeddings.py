@@ -25,13 +25,21 @@ HEADS = {
     "lasttoken": ("lasttoken", True),
     "concatenated": ("max+mean_sqrt_len_tokens+weightedmean", False),
 }
+PROMPTS = {"query": "query: ", "passage": "passage: "}
+"""The concatenated folder's prompts; its texts get ``query: `` unless a request names one."""
 
 
 @pytest.fixture(scope="module")
 def sources(tmp_path_factory: pytest.TempPathFactory, tiny_models: Any) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("st")
+    prompted = {"prompts": PROMPTS, "default_prompt_name": "query"}
     return {
-        name: tiny_models.sentence(root / name, pooling, normalize=normalize)
+        name: tiny_models.sentence(
+            root / name,
+            pooling,
+            normalize=normalize,
+            **(prompted if name == "concatenated" else {}),
+        )
         for name, (pooling, normalize) in HEADS.items()
     }
 
@@ -60,6 +68,9 @@ def test_fp32_matches_sentence_transformers(name: str, fp32: dict[str, Any]) -> 
         "embeddings", "onnxruntime", 64 * len(pooling.split("+")),
     )  # fmt: skip
     assert (manifest["precision"], manifest["architecture"]) == ("fp32", "BertModel")
+    prompted = name == "concatenated"  # the accuracy check compared it with its default prompt
+    assert manifest["prompts"] == (PROMPTS if prompted else {})
+    assert manifest["default_prompt_name"] == ("query" if prompted else None)
     folder = Path(run.last["out_dir"])
     assert json.loads((folder / "accuracy.json").read_text()) == accuracy
 

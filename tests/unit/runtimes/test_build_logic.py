@@ -160,6 +160,38 @@ def test_read_head(tmp_path: Path) -> None:
         read_head(tmp_path)
 
 
+@pytest.mark.parametrize(
+    ("config", "pooling", "field"),
+    [
+        ({"prompts": {"query": "q: "}, "default_prompt_name": "passage"}, {},
+         "default_prompt_name"),
+        ({"prompts": {"query": 3}}, {}, "prompts"),
+        ({"prompts": {"query": "q: "}, "default_prompt_name": "query"},
+         {"include_prompt": False}, "include_prompt"),
+    ],
+)  # fmt: skip
+def test_prompts_are_read_or_refused(
+    tmp_path: Path, config: dict[str, object], pooling: dict[str, object], field: str
+) -> None:
+    kinds = [("", "Transformer"), ("1_Pooling", "Pooling")]
+    modules = [{"path": p, "type": f"sentence_transformers.models.{k}"} for p, k in kinds]
+    (tmp_path / "modules.json").write_text(json.dumps(modules))
+    (tmp_path / "1_Pooling").mkdir()
+    (tmp_path / "1_Pooling" / "config.json").write_text("{}")
+    st_config = tmp_path / "config_sentence_transformers.json"
+    st_config.write_text(json.dumps({"prompts": {"query": "q: "}, "default_prompt_name": "query"}))
+    head = read_head(tmp_path)
+    assert (head.prompts, head.default_prompt_name) == ({"query": "q: "}, "query")
+    st_config.write_text(json.dumps({"prompts": {"query": "q: "}, "default_prompt_name": None}))
+    (tmp_path / "1_Pooling" / "config.json").write_text('{"include_prompt": false}')
+    assert read_head(tmp_path).prompts == {}  # a pooling without prompts serves none
+    (tmp_path / "1_Pooling" / "config.json").write_text(json.dumps(pooling))
+    st_config.write_text(json.dumps(config))
+    with pytest.raises(BuildError) as refused:
+        read_head(tmp_path)
+    assert refused.value.field == field
+
+
 def _safetensors(path: Path, header: dict[str, object], data: bytes) -> Path:
     raw = json.dumps(header).encode()
     path.write_bytes(struct.pack("<Q", len(raw)) + raw + data)

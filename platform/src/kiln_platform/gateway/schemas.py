@@ -18,6 +18,9 @@ class EmbeddingsRequest(msgspec.Struct, forbid_unknown_fields=True, kw_only=True
     truncate_prompt_tokens: int | None = None
     """vLLM's: an input longer than this many tokens (its special tokens counted) keeps its
     last ones (-1: the model's context); ``None``: a longer input than the context is a 400."""
+    prompt_name: str | None = None
+    """Text embeddings Inference's: the model's prompt (``config_sentence_transformers.json``)
+    each text is prefixed with; ``None``: its default prompt, if it has one."""
 
 
 class Embedding(msgspec.Struct, kw_only=True):

@@ -63,10 +63,11 @@ def _field(names: Sequence[str], i: int) -> str:
 
 
 def _sequences(
-    raw: list[Any], tokenizer: Tokenizer, keep: int | None, names: Sequence[str]
+    raw: list[Any], tokenizer: Tokenizer, keep: int | None, names: Sequence[str], prefix: str
 ) -> list[list[int]]:
-    """Token ids per item of a non-empty ``input`` list (strings are tokenized); with
-    ``keep``, each item's last ``keep`` tokens at most, its special tokens kept and counted."""
+    """Token ids per item of a non-empty ``input`` list (strings are tokenized after
+    ``prefix``); with ``keep``, each item's last ``keep`` tokens at most, its special tokens
+    kept and counted."""
     if _is_ids(raw):
         return [list(raw)[-keep:] if keep else list(raw)]
     if all(isinstance(x, str) for x in raw):
@@ -74,6 +75,7 @@ def _sequences(
             if not text:
                 field = _field(names, i)
                 raise BadRequest(f"'{field}' must not be an empty string.", param=field)
+        raw = [prefix + text for text in raw] if prefix else raw
         if keep is None:
             return [e.ids for e in tokenizer.encode_batch(raw)]
         bare = tokenizer.encode_batch(raw, add_special_tokens=False)
@@ -113,13 +115,13 @@ def _chars(raw: str | list[Any], count: int) -> int:
 
 def tokenize_input(
     raw: str | list[Any], tokenizer: Tokenizer, context: int, truncate: int | None = None,
-    names: Sequence[str] = (),
+    names: Sequence[str] = (), *, prefix: str = "",
 ) -> list[list[int]]:  # fmt: skip
-    """Validate ``input`` (counted by :func:`count_items`) and return token ids per item, each
-    cut to its last ``truncate_prompt_tokens`` if given; errors name the field (``names[i]``
-    for item ``i`` when given)."""
+    """Validate ``input`` (counted by :func:`count_items`) and return token ids per item (a
+    text's after ``prefix``), each cut to its last ``truncate_prompt_tokens`` if given; errors
+    name the field (``names[i]`` for item ``i`` when given)."""
     keep = kept(truncate, context, tokenizer.num_special_tokens_to_add(False) + 1)
-    ids = _sequences([raw] if isinstance(raw, str) else raw, tokenizer, keep, names)
+    ids = _sequences([raw] if isinstance(raw, str) else raw, tokenizer, keep, names, prefix)
     vocab = tokenizer.get_vocab_size()
     for i, seq in enumerate(ids):
         field = _field(names, i)
@@ -214,15 +216,32 @@ def _checked(version: ResolvedVersion, endpoint: str) -> None:
         )  # fmt: skip
 
 
+def prompt_of(version: ResolvedVersion, name: str | None) -> str:
+    """The prefix each text is embedded after, as ``SentenceTransformer.encode``: the prompt
+    ``name``d (a 400 naming ``prompt_name`` if the model has none so named), else the model's
+    default prompt, else none."""
+    prompts, default = version.manifest.prompts, version.manifest.default_prompt_name
+    if name is None:
+        return prompts.get(default or "", "")
+    if name not in prompts:
+        known = ", ".join(sorted(prompts)) or "none"
+        raise BadRequest(
+            f"'prompt_name' must name a prompt of `{version.model}` ({known}), not {name!r}.",
+            param="prompt_name",
+        )
+    return prompts[name]
+
+
 async def encode(
     kiln: Kiln, admission: Admission, model: str, raw: str | list[Any], *, endpoint: str,
     truncate: int | None = None, dimensions: int | None = None, names: Sequence[str] = (),
-    pairs: Sequence[tuple[int, int]] | None = None,
+    pairs: Sequence[tuple[int, int]] | None = None, prompt_name: str | None = None,
 ) -> Encoded:  # fmt: skip
     """Run ``raw`` (as ``input`` of ``POST /v1/embeddings`` takes it) through an embeddings
     model or a classifier, or, on a cross-encoder, the ``pairs`` of its texts; its admission
-    records the usage under ``endpoint`` (which the model must serve). Errors name
-    ``names[i]`` for item ``i`` when given, else ``input[i]``."""
+    records the usage under ``endpoint`` (which the model must serve); texts get the model's
+    prompt (:func:`prompt_of`). Errors name ``names[i]`` for item ``i`` when given, else
+    ``input[i]``."""
     principal, request_id = admission.principal, admission.request_id
     version = await kiln.resolver.resolve(model, str(principal.tenant_id))
     manifest = version.manifest
@@ -232,10 +251,15 @@ async def encode(
         raise BadRequest(
             f"'dimensions' must be {manifest.dimensions} for `{version.model}`.", param="dimensions"
         )
+    prefix = prompt_of(version, prompt_name)
     model_dir = await local_tree(kiln.store, version.artifact_digest)
     tokenizer = load_tokenizer(model_dir / (manifest.tokenizer_file or "tokenizer.json"))
     count = count_items(raw, max_inputs(kiln.settings))
-    rows = partial(tokenize_pairs, pairs=pairs) if manifest.scores and pairs else tokenize_input
+    rows = (
+        partial(tokenize_pairs, pairs=pairs)
+        if manifest.scores and pairs
+        else partial(tokenize_input, prefix=prefix)
+    )
     with admission.screening(model):
         kiln.workers.screen(version.pool, request_id, admission.terms, count)
     with tracing.span("tokenize", {"kiln.inputs": count}):
@@ -269,6 +293,7 @@ async def embed(
     done = await encode(
         kiln, admission, request.model, request.input, endpoint="embeddings",
         truncate=request.truncate_prompt_tokens, dimensions=request.dimensions,
+        prompt_name=request.prompt_name,
     )  # fmt: skip
     if request.encoding_format == "base64":
         data = [

@@ -119,19 +119,21 @@ def _step(
     return rows
 
 
-def embeddings(source: Path, built_dir: Path, model_file: str) -> EmbedAccuracy:
-    """Cosine of each fixed input's built embedding with sentence-transformers' own."""
+def embeddings(source: Path, built_dir: Path, model_file: str, prompt: str = "") -> EmbedAccuracy:
+    """Cosine of each fixed input's built embedding with sentence-transformers' own: the
+    framework prefixes its default prompt itself, the built graph gets ``prompt`` + text (as
+    the gateway sends it), so a misread prompt shows."""
     import onnxruntime as ort
     from sentence_transformers import SentenceTransformer
     from tokenizers import Tokenizer
 
     from kiln_runtimes.build._encoder import pad
 
-    # prompt "": the text alone, as the gateway embeds it, not a default_prompt_name's prompt
     reference = SentenceTransformer(str(source), device="cpu", local_files_only=True).encode(
-        list(SENTENCES), convert_to_numpy=True, prompt=""
+        list(SENTENCES), convert_to_numpy=True
     )
-    ids, mask = pad(Tokenizer.from_file(str(built_dir / "tokenizer.json")), SENTENCES)
+    texts = tuple(prompt + text for text in SENTENCES)
+    ids, mask = pad(Tokenizer.from_file(str(built_dir / "tokenizer.json")), texts)
     session = ort.InferenceSession(str(built_dir / model_file), providers=["CPUExecutionProvider"])
     built = session.run(["embeddings"], {"input_ids": ids, "attention_mask": mask})[0]
     values = cosines(np.asarray(reference), built)

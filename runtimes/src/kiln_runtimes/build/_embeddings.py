@@ -73,17 +73,21 @@ def build_embeddings(
         target=options.target,
         pooling=None if labels else head.pooling,
         normalize=None if labels else head.normalize,
+        prompts=head.prompts,
+        default_prompt_name=head.default_prompt_name,
         scores=labels == 1,
         labels=names,
     )
-    return manifest, _checked(source, folder, labels, precision, say)
+    prompt = head.prompts.get(head.default_prompt_name or "", "")
+    return manifest, _checked(source, folder, labels, precision, say, prompt=prompt)
 
 
 def _checked(
     source: Path, folder: Path, labels: int, precision: str,
-    say: Callable[[BuildPhase, int, str], None],
+    say: Callable[[BuildPhase, int, str], None], *, prompt: str,
 ) -> EmbedAccuracy | ScoreAccuracy | ClassAccuracy:  # fmt: skip
-    """The build against its source framework; an fp32 graph that answers unlike it fails."""
+    """The build against its source framework (texts with the default ``prompt``); an fp32
+    graph that answers unlike it fails."""
     from kiln_runtimes.build import _accuracy
 
     report: EmbedAccuracy | ScoreAccuracy | ClassAccuracy
@@ -95,7 +99,7 @@ def _checked(
         report = _accuracy.classes(source, folder, MODEL_FILE)
     else:
         say("checking accuracy", 80, "cosine against sentence-transformers")
-        report = _accuracy.embeddings(source, folder, MODEL_FILE)
+        report = _accuracy.embeddings(source, folder, MODEL_FILE, prompt)
     _accuracy.faithful(report, precision)
     return report
 

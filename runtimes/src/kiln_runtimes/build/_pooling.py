@@ -1,5 +1,5 @@
-"""A sentence-transformers folder's pooling, dense layers and normalization, read from its
-module files."""
+"""A sentence-transformers folder's pooling, dense layers, normalization and prompts, read
+from its module files and ``config_sentence_transformers.json``."""
 
 from __future__ import annotations
 
@@ -36,13 +36,17 @@ class Head(msgspec.Struct, frozen=True, kw_only=True):
     """The pooling modes, ``+``-joined when several are concatenated (``cls+mean``)."""
     dense: tuple[str, ...] = ()
     normalize: bool = False
+    prompts: dict[str, str] = {}
+    """Named prefixes a text may be embedded with (``query: ``), as the folder names them."""
+    default_prompt_name: str | None = None
+    """The prompt every text gets unless another is named, as ``SentenceTransformer.encode``."""
 
 
 def read_head(folder: Path) -> Head:
     """The folder's head; a bare encoder (no ``modules.json``) pools by mean, unnormalized,
     which is what sentence-transformers does when it loads one."""
     if not (folder / "modules.json").is_file():
-        return Head()
+        return Head(**_prompts(folder, include_prompt=True))
     modules = msgspec.json.decode((folder / "modules.json").read_bytes(), type=list[dict[str, Any]])
     order = [(str(m.get("type", "")).rsplit(".", 1)[-1], str(m.get("path", ""))) for m in modules]
     kinds = dict(order)
@@ -56,12 +60,34 @@ def read_head(folder: Path) -> Head:
         raise BuildError("no Transformer module", file="modules.json", field="type")
     if "Normalize" in kinds and order[-1][0] != "Normalize":
         raise BuildError("Normalize must be the last module", file="modules.json", field="type")
-    pooling = "mean"
-    if "Pooling" in kinds:
-        pooling = pooling_mode(read_json(folder / kinds["Pooling"] / "config.json"))
+    config = read_json(folder / kinds["Pooling"] / "config.json") if "Pooling" in kinds else {}
+    prompts = _prompts(folder, include_prompt=config.get("include_prompt") is not False)
     dense = tuple(path for kind, path in order if kind == "Dense")
-    return Head(encoder_dir=kinds["Transformer"], pooling=pooling, dense=dense,
-                normalize="Normalize" in kinds)  # fmt: skip
+    return Head(encoder_dir=kinds["Transformer"], pooling=pooling_mode(config), dense=dense,
+                normalize="Normalize" in kinds, **prompts)  # fmt: skip
+
+
+def _prompts(folder: Path, *, include_prompt: bool) -> dict[str, Any]:
+    """``config_sentence_transformers.json``'s ``prompts`` and ``default_prompt_name``. A
+    pooling that leaves the prompt's tokens out (``include_prompt: false``, INSTRUCTOR's) is not
+    built: with a default prompt the folder is refused, without one its prompts are dropped."""
+    path = folder / "config_sentence_transformers.json"
+    config = read_json(path) if path.is_file() else {}
+    prompts, default = config.get("prompts") or {}, config.get("default_prompt_name")
+    where = {"file": path.name}
+    if not isinstance(prompts, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in prompts.items()
+    ):
+        raise BuildError("prompts must map names to strings", field="prompts", **where)
+    if default is not None and default not in prompts:
+        raise BuildError(f"default_prompt_name {default!r} is not one of the prompts",
+                         field="default_prompt_name", **where)  # fmt: skip
+    if not include_prompt and default is not None and prompts[default]:
+        raise BuildError(
+            "a pooling without the prompt's tokens (include_prompt: false) cannot be built with a "
+            "default prompt", file="1_Pooling/config.json", field="include_prompt",
+        )  # fmt: skip
+    return {"prompts": prompts, "default_prompt_name": default} if include_prompt else {}
 
 
 def pooling_mode(config: dict[str, Any]) -> str:
