@@ -16,6 +16,7 @@ from kiln_runtimes.build._accuracy import agreement, cosines, faithful, teacher_
 from kiln_runtimes.build._checks import (
     builder_architectures,
     chat_template,
+    chat_templates,
     check_architecture,
     safetensors_parameters,
 )
@@ -311,7 +312,22 @@ def test_a_list_of_named_chat_templates_gives_its_default(tmp_path: Path) -> Non
     assert chat_template(tmp_path) is None
 
 
-def test_the_built_folder_gets_the_default_template_inline(tmp_path: Path) -> None:
+def test_named_templates_are_read_from_a_list_or_their_own_files(tmp_path: Path) -> None:
+    extra = tmp_path / "additional_chat_templates"  # transformers' layout since 4.54
+    extra.mkdir()
+    (extra / "tool_use.jinja").write_text("T")
+    (tmp_path / "chat_template.jinja").write_text("D")
+    assert chat_templates(tmp_path) == {"default": "D", "tool_use": "T"}
+    (tmp_path / "chat_template.jinja").unlink()
+    (extra / "tool_use.jinja").unlink()
+    named = [{"name": "default", "template": "D"}, {"name": "rag", "template": "R"}, {"x": 1}]
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps({"chat_template": named}))
+    assert chat_templates(tmp_path) == {"default": "D", "rag": "R"}
+
+
+def test_the_built_folder_gets_the_default_template_inline_the_others_apart(
+    tmp_path: Path,
+) -> None:
     source, out = tmp_path / "src", tmp_path / "out"
     source.mkdir()
     out.mkdir()
@@ -321,3 +337,4 @@ def test_the_built_folder_gets_the_default_template_inline(tmp_path: Path) -> No
     (source / "tokenizer_config.json").write_text(json.dumps({"chat_template": named}))
     copy_tokenizer(source, out)
     assert json.loads((out / "tokenizer_config.json").read_text())["chat_template"] == "D"
+    assert (out / "additional_chat_templates" / "tool_use.jinja").read_text() == "T"

@@ -86,13 +86,14 @@ def _calls(i: int, calls: list[dict[str, Any]]) -> list[dict[str, Any]]:
 def chat_prompt(
     request: ChatCompletionRequest, model: TextModel, plan: ToolPlan | None = None
 ) -> list[int]:
-    """Validate the messages, render the model's chat template (with the request's ``tools``),
-    tokenize; when the model may choose to call them and its template does not show them,
-    a system message does (``_tools.brief``)."""
+    """Validate the messages, render the model's chat template (its ``tool_use`` one if the
+    request offers ``tools`` and the model has one), tokenize; when the model may choose to
+    call them and its template does not show them, a system message does (``_tools.brief``)."""
     if not request.messages:
         raise BadRequest("'messages' must contain at least one message.", param="messages")
-    messages = [_turn(i, m, model) for i, m in enumerate(request.messages)]
     tools = request.tools or None
+    model = model.tool_use if tools and model.tool_use is not None else model
+    messages = [_turn(i, m, model) for i, m in enumerate(request.messages)]
     if tools and plan is not None and plan.auto and not model.shows_tools:
         messages = _briefed(messages, _tools.brief(tools))
     prefill = bool(request.continue_final_message)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from typing import TYPE_CHECKING, Any
 
@@ -50,6 +50,9 @@ class TextModel:
     """The chat template renders assistant ``tool_calls`` itself."""
     shows_tools: bool = False
     """The chat template renders the ``tools`` a request offers."""
+    tool_use: TextModel | None = None
+    """The model with its ``tool_use`` chat template, for requests that offer tools (as
+    ``apply_chat_template`` picks it)."""
     _bytes: dict[int, bytes] = field(default_factory=dict, compare=False, repr=False)
 
     def token_bytes(self, token_id: int) -> bytes:
@@ -142,12 +145,19 @@ def load_text_model(model_dir: Path, tokenizer_file: str) -> TextModel:
         )
     if eos_token and tokenizer.token_to_id(eos_token) is not None:
         eos_ids.add(tokenizer.token_to_id(eos_token))
-    return TextModel(
-        tokenizer=tokenizer,
-        template=chat_environment().from_string(source) if source else None,
-        bos_token=_token(config.get("bos_token")),
-        eos_token=eos_token,
-        eos_token_ids=tuple(sorted(eos_ids)),
-        tool_aware=bool(source and "tool_calls" in source),
-        shows_tools=bool(source and re.search(r"\btools\b", source)),
-    )
+    model = TextModel(
+        tokenizer=tokenizer, template=None, bos_token=_token(config.get("bos_token")),
+        eos_token=eos_token, eos_token_ids=tuple(sorted(eos_ids)),
+    )  # fmt: skip
+    tool_use = model_dir / "additional_chat_templates" / "tool_use.jinja"
+    if tool_use.is_file():
+        model = replace(model, tool_use=_templated(model, tool_use.read_text()))
+    return _templated(model, source) if source else model
+
+
+def _templated(model: TextModel, source: str) -> TextModel:
+    """``model`` with the chat template ``source``."""
+    return replace(
+        model, template=chat_environment().from_string(source),
+        tool_aware="tool_calls" in source, shows_tools=bool(re.search(r"\btools\b", source)),
+    )  # fmt: skip

@@ -68,11 +68,20 @@ def check_tokenizer(folder: Path, *, chat: bool) -> None:
 
 
 def chat_template(folder: Path) -> str | None:
-    """The chat template wherever this folder keeps it: a list of named ones (Hermes', Command
-    R's) gives its ``default``, the one ``apply_chat_template`` uses without a name."""
+    """The chat template ``apply_chat_template`` uses without a name or tools: the folder's
+    ``default`` one."""
+    return chat_templates(folder).get("default")
+
+
+def chat_templates(folder: Path) -> dict[str, str]:
+    """The chat templates wherever this folder keeps them, by name: ``default`` (its only one,
+    or the one so named in a list of named ones, Hermes' and Command R's) and the others
+    (``tool_use``, ``rag``), from that list or ``additional_chat_templates/*.jinja``."""
+    extra = folder / "additional_chat_templates"
+    found = {p.stem: p.read_text(encoding="utf-8") for p in sorted(extra.glob("*.jinja"))}
     jinja = folder / "chat_template.jinja"
     if jinja.is_file():
-        return jinja.read_text(encoding="utf-8")
+        return found | {"default": jinja.read_text(encoding="utf-8")}
     for name in ("tokenizer_config.json", "chat_template.json"):
         path = folder / name
         if path.is_file():
@@ -82,10 +91,12 @@ def chat_template(folder: Path) -> str | None:
                 raise BuildError(f"not valid JSON: {exc}", file=name) from exc
             if isinstance(template, list):
                 named = {t.get("name"): t.get("template") for t in template if isinstance(t, dict)}
-                template = named.get("default")
+                kept = {k: v for k, v in named.items() if isinstance(k, str) and isinstance(v, str)}
+                if kept:
+                    return found | kept
             if isinstance(template, str) and template:
-                return template
-    return None
+                return found | {"default": template}
+    return found
 
 
 def weight_parameters(folder: Path) -> int:

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
 from typing import TYPE_CHECKING, Any
 
-from kiln_runtimes.build._checks import chat_template
+from kiln_runtimes.build._checks import chat_template, chat_templates
 from kiln_runtimes.build._options import BuildError
 from kiln_runtimes.build._source import read_json
 from kiln_runtimes.protocol import ModelManifest
@@ -43,7 +44,8 @@ def run_builder(command: list[str], out: Path) -> None:
 
 
 def copy_tokenizer(hf_dir: Path, out: Path) -> None:
-    """Make sure the gateway's tokenizer files, with the chat template inline, are in ``out``."""
+    """Make sure the gateway's tokenizer files, with the default chat template inline and any
+    named others as ``additional_chat_templates/<name>.jinja``, are in ``out``."""
     for name in TOKENIZER_FILES:
         if not (out / name).is_file():
             shutil.copy2(hf_dir / name, out / name)
@@ -56,6 +58,11 @@ def copy_tokenizer(hf_dir: Path, out: Path) -> None:
             )
         config["chat_template"] = template
         (out / "tokenizer_config.json").write_text(json.dumps(config, indent=2))
+    named = {k: v for k, v in chat_templates(hf_dir).items() if k != "default" and v}
+    for name, text in named.items():  # as transformers saves them; the gateway reads tool_use
+        if re.fullmatch(r"[\w.-]+", name):
+            (out / "additional_chat_templates").mkdir(exist_ok=True)
+            (out / "additional_chat_templates" / f"{name}.jinja").write_text(text)
 
 
 def stop_token_ids(hf_dir: Path) -> list[int]:
