@@ -1,8 +1,11 @@
-"""Generation builds of tiny random Llama, Qwen2, Phi-3 and Gemma folders through the builder.
+"""Generation builds of tiny random Llama, Qwen2, Phi-3, Gemma, Mistral and Gemma 2 folders
+through the builder.
 
 fp32 builds must reproduce transformers' greedy output token for token (the models are drawn
 with a wide init so their logits are far from ties); an int4 build reports how far it drifts;
-a CUDA-target build is produced here on CPU and its structure checked.
+a CUDA-target build is produced here on CPU and its structure checked. Mistral's and Gemma 2's
+sliding windows (on every layer; on every other layer) are far shorter than the sequences
+checked, so attending past them would show.
 """
 
 from __future__ import annotations
@@ -23,7 +26,11 @@ ARCHITECTURES = {
     "qwen2": "Qwen2ForCausalLM",
     "phi3": "Phi3ForCausalLM",
     "gemma": "GemmaForCausalLM",
+    "mistral": "MistralForCausalLM",
+    "gemma2": "Gemma2ForCausalLM",
 }
+WINDOWS = {"mistral": 24, "gemma2": 48}
+"""Sliding windows shorter than the accuracy check's 72 positions and the prompts served."""
 FIGURES = ("equal_prefix", "top1_agreement", "max_abs_logit_diff", "reference_min_margin")
 PHASES = ["validating", "converting", "optimizing", "checking accuracy", "ready"]
 
@@ -31,7 +38,14 @@ PHASES = ["validating", "converting", "optimizing", "checking accuracy", "ready"
 @pytest.fixture(scope="module")
 def sources(tmp_path_factory: pytest.TempPathFactory, tiny_models: Any) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("sources")
-    return {kind: tiny_models.causal(root / kind, kind, seed=7) for kind in ARCHITECTURES}
+    return {
+        kind: tiny_models.causal(root / kind, kind, seed=7, **windowed(kind))
+        for kind in ARCHITECTURES
+    }
+
+
+def windowed(kind: str) -> dict[str, int]:
+    return {"sliding_window": WINDOWS[kind]} if kind in WINDOWS else {}
 
 
 @pytest.fixture(scope="module")
@@ -138,12 +152,14 @@ def test_prebuilt_genai_folder_is_taken_as_it_is(
     assert (tmp_path / "copy" / "model.onnx").read_bytes() == (built / "model.onnx").read_bytes()
 
 
+@pytest.mark.parametrize("kind", ["llama", *WINDOWS])
 async def test_an_fp32_build_scores_a_prompt_as_transformers(
-    fp32: dict[str, Any], sources: dict[str, Path], tiny_models: Any
+    kind: str, fp32: dict[str, Any], sources: dict[str, Path], tiny_models: Any
 ) -> None:
     """``prompt_logprobs``: every prompt token's log-probability and top alternatives, scored
     over several prefill chunks and never from the prefix cache (a restored block has no
-    logits), equal to transformers' log-softmax on the source weights."""
+    logits), equal to transformers' log-softmax on the source weights; a model with a sliding
+    window attends to no more than it, prefilled in chunks or restored from the cache."""
     import torch
     from tokenizers import Tokenizer
     from transformers import AutoModelForCausalLM
@@ -152,7 +168,7 @@ async def test_an_fp32_build_scores_a_prompt_as_transformers(
     from kiln_runtimes.backends.genai import GenAIGenerationBackend
     from kiln_runtimes.protocol import MANIFEST_NAME, GenerateRequest, ModelManifest
 
-    folder = Path(fp32["llama"].last["out_dir"])
+    folder = Path(fp32[kind].last["out_dir"])
     text = " ".join(tiny_models.SENTENCES * 3)  # what its tokenizer was trained on
     prompt = Tokenizer.from_file(str(folder / "tokenizer.json")).encode(text).ids[:70]
     manifest = msgspec.json.decode((folder / MANIFEST_NAME).read_bytes(), type=ModelManifest)
@@ -175,9 +191,12 @@ async def test_an_fp32_build_scores_a_prompt_as_transformers(
     assert got is not None
     assert len(got) == len(prompt) - 1
     assert all(c.prompt_logprobs is None for c in scoring[1:])
-    model = AutoModelForCausalLM.from_pretrained(sources["llama"], torch_dtype=torch.float32)
+    model = AutoModelForCausalLM.from_pretrained(sources[kind], torch_dtype=torch.float32)
     with torch.no_grad():
         want = torch.log_softmax(model(torch.tensor([prompt])).logits[0], -1)
+    said = [[t for chunk in run for t in chunk.token_ids] for run in chunks]
+    assert said[0] == said[2]  # restored from the cache as prefilled
+    assert said[0][0] == int(want[-1].argmax())
     for position, (entry, token) in enumerate(zip(got, prompt[1:], strict=True)):
         row = want[position]
         assert abs(entry.logprob - float(row[token])) < 1e-3, position

@@ -61,8 +61,14 @@ def spec_from_config(config: dict[str, Any], model_path: Path, context_length: i
     """Build a ``ModelSpec`` from a parsed ``genai_config.json``."""
     model = config["model"]
     decoder = model["decoder"]
-    if "dynamic_batching" in config.get("engine", {}) or decoder.get("sliding_window"):
-        raise ValueError("paged-attention and sliding-window exports are not supported")
+    if "dynamic_batching" in config.get("engine", {}):
+        raise ValueError("paged-attention exports are not supported")
+    context = min(context_length, int(model["context_length"]))
+    window = decoder.get("sliding_window") or {}
+    if window.get("layers") and int(window.get("window_size", 0)) > context:
+        # a graph attending by windows (Gemma 2's) needs a cache of one window at least
+        raise ValueError(f"a sliding window of {window['window_size']} positions is longer than "
+                         f"the context of {context}")  # fmt: skip
     inputs, outputs = decoder.get("inputs", {}), decoder.get("outputs", {})
     eos = model["eos_token_id"]
     eos_ids = frozenset(eos if isinstance(eos, list) else [eos])
@@ -73,7 +79,7 @@ def spec_from_config(config: dict[str, Any], model_path: Path, context_length: i
         num_kv_heads=int(decoder["num_key_value_heads"]),
         head_size=int(decoder["head_size"]),
         vocab_size=int(model["vocab_size"]),
-        context_length=min(context_length, int(model["context_length"])),
+        context_length=context,
         eos_token_ids=eos_ids,
         pad_token_id=int(pad[0] if isinstance(pad, list) else pad),
         input_ids=inputs.get("input_ids", "input_ids"),

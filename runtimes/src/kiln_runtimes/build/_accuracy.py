@@ -8,6 +8,7 @@ import numpy as np
 
 from kiln_runtimes.accuracy import ClassAccuracy, EmbedAccuracy, GenerateAccuracy, ScoreAccuracy
 from kiln_runtimes.build._options import BuildError
+from kiln_runtimes.build._source import read_json
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -96,17 +97,22 @@ def _genai(
     import onnxruntime_genai as og
 
     model = og.Model(str(built_dir))
-    own = _step(og, model, prompt, None, tokens)
-    forced = _step(og, model, prompt, reference, len(reference))
+    model_config = read_json(built_dir / "genai_config.json")["model"]
+    window = (model_config["decoder"].get("sliding_window") or {}).get("window_size", 0)
+    # a graph with a local attention window holds at least that many positions in its cache
+    least = min(int(window), int(model_config["context_length"]))
+    own = _step(og, model, prompt, None, tokens, least=least)
+    forced = _step(og, model, prompt, reference, len(reference), least=least)
     return [int(np.argmax(row)) for row in own][:tokens], np.stack(forced)
 
 
 def _step(
-    og: Any, model: Any, prompt: list[int], forced: list[int] | None, tokens: int
+    og: Any, model: Any, prompt: list[int], forced: list[int] | None, tokens: int, *, least: int
 ) -> list[np.ndarray]:
-    """Last-position logits after the prompt and after each appended token (argmax or forced)."""
+    """Last-position logits after the prompt and after each appended token (argmax or forced),
+    in a cache of ``least`` positions or more."""
     params = og.GeneratorParams(model)
-    params.set_search_options(max_length=len(prompt) + tokens + 1, do_sample=False)
+    params.set_search_options(max_length=max(len(prompt) + tokens + 1, least), do_sample=False)
     generator = og.Generator(model, params)
     generator.append_tokens(prompt)
     rows: list[np.ndarray] = []

@@ -43,6 +43,37 @@ def run_builder(command: list[str], out: Path) -> None:
         raise RuntimeError(f"onnxruntime-genai builder failed ({result.returncode}):\n{tail}")
 
 
+def slide_every_layer(out: Path) -> int:
+    """Give every attention node of the graph the sliding window the builder wrote in
+    ``genai_config.json`` for all layers (``layers: []``: Mistral's, Phi-3's) but left out of
+    the graph (``local_window_size`` -1), so no position attends further back than the window,
+    as in transformers, and drop it from ``genai_config.json`` (GenAI would keep a cache of one
+    window); return the window set (0: none). Windows per layer (Gemma 2's) are in the graph
+    already, and a window no shorter than the context changes nothing."""
+    import onnx
+
+    genai = read_json(out / "genai_config.json")
+    model_config = genai["model"]
+    window = model_config["decoder"].get("sliding_window") or {}
+    size = int(window.get("window_size") or 0)
+    if not size or window.get("layers") or size >= int(model_config["context_length"]):
+        return 0
+    path = out / model_config["decoder"].get("filename", "model.onnx")
+    graph = onnx.load(str(path), load_external_data=False)  # the weights file stays as it is
+    nodes = [n for n in graph.graph.node if n.op_type == "GroupQueryAttention"]
+    sizes = [a for n in nodes for a in n.attribute if a.name == "local_window_size"]
+    if not nodes or len(sizes) != len(nodes) or any(a.i != -1 for a in sizes):
+        raise BuildError(f"cannot set the sliding window of {size} on this graph's attention",
+                         file="config.json", field="sliding_window")  # fmt: skip
+    for attribute in sizes:
+        attribute.i = size
+    onnx.save(graph, str(path))
+    # the graph holds the window now; GenAI's own cache for it would be one window long
+    del model_config["decoder"]["sliding_window"]
+    (out / "genai_config.json").write_text(json.dumps(genai, indent=4))
+    return size
+
+
 def copy_tokenizer(hf_dir: Path, out: Path) -> None:
     """Make sure the gateway's tokenizer files, with the default chat template inline and any
     named others as ``additional_chat_templates/<name>.jinja``, are in ``out``."""

@@ -106,7 +106,9 @@ def _hf_generate(
         prune_lm_head=options.prune_lm_head,
     )  # fmt: skip
     _genai.run_builder(command, folder)
-    say("optimizing", 70, "tokenizer, chat template and stop tokens")
+    window = _genai.slide_every_layer(folder)
+    slid = f"; a sliding window of {window} positions on every layer" if window else ""
+    say("optimizing", 70, f"tokenizer, chat template and stop tokens{slid}")
     _genai.copy_tokenizer(hf, folder)
     manifest = _genai.manifest(
         folder, name=_name(found, options), source=options.source_label or found.path,

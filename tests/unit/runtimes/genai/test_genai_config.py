@@ -58,6 +58,14 @@ def test_paged_exports_are_refused() -> None:
         spec_from_config(config, Path("m.onnx"), 512)
 
 
+def test_a_sliding_window_needs_a_context_of_one_window() -> None:
+    config = genai_config()
+    config["model"]["decoder"]["sliding_window"] = {"window_size": 4096, "layers": [0, 2]}
+    assert spec_from_config(config, Path("m.onnx"), 8192).context_length == 8192  # Gemma 2's
+    with pytest.raises(ValueError, match="sliding window of 4096"):
+        spec_from_config(config, Path("m.onnx"), 2048)
+
+
 def test_model_file_must_stay_inside_the_folder(tmp_path: Path) -> None:
     (tmp_path / "genai_config.json").write_text(json.dumps(genai_config()))
     manifest = ModelManifest(
