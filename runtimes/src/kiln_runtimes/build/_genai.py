@@ -39,8 +39,11 @@ def run_builder(command: list[str], out: Path) -> None:
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}  # everything it needs is in the input folder
     result = subprocess.run(command, capture_output=True, text=True, check=False, env=env)
     if result.returncode != 0 or not (out / "genai_config.json").is_file():
-        tail = (result.stderr or result.stdout)[-4000:]
-        raise RuntimeError(f"onnxruntime-genai builder failed ({result.returncode}):\n{tail}")
+        said = (result.stderr or result.stdout).strip()
+        cause = said.splitlines()[-1] if said else "no output"  # the exception, first
+        raise RuntimeError(
+            f"onnxruntime-genai builder failed ({result.returncode}): {cause}\n{said[-4000:]}"
+        )
 
 
 def slide_every_layer(out: Path) -> int:
