@@ -15,11 +15,12 @@ from tokenizers import Tokenizer
 from kiln_platform.errors import BadRequest
 from kiln_platform.gateway._prompts import _briefed, _turn
 from kiln_platform.gateway._structured import grammar
-from kiln_platform.gateway._tools import brief, plan
+from kiln_platform.gateway._tools import brief, closed, plan
 from kiln_platform.gateway.llm_schemas import ChatCompletionRequest, Message
 from tests.factories import byte_bpe
 
 ARGS = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
+CLOSED = ARGS | {"additionalProperties": False}  # the arguments a call may have: these only
 TOOLS = [{"type": "function", "function": {"name": "weather", "parameters": ARGS}},
          {"type": "function", "function": {"name": "time"}}]  # fmt: skip
 
@@ -32,7 +33,8 @@ def test_required_is_a_list_of_named_calls_each_with_its_own_schema() -> None:
     assert "maxItems" not in schema
     names = [c["properties"]["name"]["const"] for c in schema["items"]["anyOf"]]
     params = [c["properties"]["parameters"] for c in schema["items"]["anyOf"]]
-    assert (names, params) == (["weather", "time"], [ARGS, {"type": "object"}])
+    no_arguments = {"type": "object", "properties": {}, "additionalProperties": False}
+    assert (names, params) == (["weather", "time"], [CLOSED, no_arguments])
     assert plan(TOOLS, "required", False).schema()["maxItems"] == 1  # type: ignore[union-attr]
     grammar = llguidance.LLMatcher.grammar_from_json_schema(schema)
     assert llguidance.LLMatcher.validate_grammar(grammar) == ""
@@ -48,9 +50,35 @@ def test_required_is_a_list_of_named_calls_each_with_its_own_schema() -> None:
 def test_a_named_function_writes_its_arguments_alone() -> None:
     made = plan(TOOLS, {"type": "function", "function": {"name": "weather"}}, True)
     assert made is not None
-    assert (made.schema(), made.finish_reason) == (ARGS, "stop")
+    assert (made.schema(), made.finish_reason) == (CLOSED, "stop")
     (call,) = made.calls('{"city": "Rome"}', "c") or []
     assert (call.function.name, call.function.arguments) == ("weather", '{"city": "Rome"}')
+
+
+@pytest.mark.parametrize(
+    ("schema", "want"),
+    [
+        ({"type": "object", "properties": {"a": {"type": "object", "properties": {}}}},
+         {"type": "object", "properties": {"a": {"type": "object", "properties": {},
+          "additionalProperties": False}}, "additionalProperties": False}),
+        ({"properties": {"a": {}}, "additionalProperties": True},
+         {"properties": {"a": {}}, "additionalProperties": True}),  # said: kept
+        ({"type": "object"}, {"type": "object"}),  # no properties listed: any object
+        ({"properties": {"a": {}}, "allOf": [{"properties": {"b": {}}}]},
+         {"properties": {"a": {}}, "allOf": [{"properties": {"b": {}}}]}),  # composed: as written
+        ({"anyOf": [{"properties": {"a": {}}}, {"type": "string"}]},
+         {"anyOf": [{"properties": {"a": {}}, "additionalProperties": False}, {"type": "string"}]}),
+        ({"type": "array", "items": {"properties": {"a": {}}}},
+         {"type": "array", "items": {"properties": {"a": {}}, "additionalProperties": False}}),
+        ({"$defs": {"P": {"properties": {"x": {}}}}, "properties": {"p": {"$ref": "#/$defs/P"}}},
+         {"$defs": {"P": {"properties": {"x": {}}, "additionalProperties": False}},
+          "properties": {"p": {"$ref": "#/$defs/P"}}, "additionalProperties": False}),
+    ],
+)  # fmt: skip
+def test_objects_are_closed_unless_said_or_composed(
+    schema: dict[str, Any], want: dict[str, Any]
+) -> None:
+    assert closed(schema) == want
 
 
 def test_none_or_no_tools_is_text() -> None:
@@ -133,6 +161,14 @@ def _follows(tokenizer: tuple[Tokenizer, llguidance.LLTokenizer], grammar: str, 
         ("<tool_call>\nSunny", True, False),
         ('<tool_call>\n{"name": "weather", "arguments": {}}\n</tool_call>', True, False),
         ('<tool_call>\n{"name": "nope", "arguments": {}}\n</tool_call>', True, False),
+        # only the arguments a function declares, none for one that declares none
+        (
+            '<tool_call>\n{"name": "weather", "arguments": {"city": "Oslo", "rate": "x"}}\n'
+            "</tool_call>",
+            True,
+            False,
+        ),
+        ('<tool_call>\n{"name": "time", "arguments": {"city": "Oslo"}}\n</tool_call>', True, False),
         ('<tool_call>\n{"name":"time","arguments":{}}\n</tool_call>', True, False),
     ],
 )

@@ -25,7 +25,10 @@ from kiln_platform.gateway._structured import JSON_STYLE
 from kiln_platform.gateway.llm_schemas import FunctionCall, ToolCall
 
 NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
-ANY_OBJECT: dict[str, Any] = {"type": "object"}
+NO_ARGUMENTS: dict[str, Any] = {"type": "object", "properties": {}}
+"""A function's ``parameters`` when it gives none (OpenAI's: an empty parameter list)."""
+_SCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions")
+_COMPOSED = ("allOf", "anyOf", "oneOf", "if", "not", "dependentSchemas")
 OPEN = "<tool_call>"
 CALL = re.compile(r"<tool_call>\n(.*?)\n</tool_call>", re.DOTALL)
 BRIEF = """# Tools
@@ -135,7 +138,7 @@ def _functions(tools: list[Any]) -> dict[str, dict[str, Any]]:
                 f"'tools[{i}]' must be {{'type': 'function', 'function': {{...}}}}.",
                 param=f"tools[{i}]",
             )
-        name, params = spec.get("name"), spec.get("parameters", ANY_OBJECT)
+        name, params = spec.get("name"), spec.get("parameters", NO_ARGUMENTS)
         if not isinstance(name, str) or not NAME.fullmatch(name) or name in functions:
             raise BadRequest(
                 f"'tools[{i}].function.name' must be a unique name of 1-64 letters, digits, "
@@ -147,8 +150,35 @@ def _functions(tools: list[Any]) -> dict[str, dict[str, Any]]:
                 f"'tools[{i}].function.parameters' must be a JSON schema object.",
                 param=f"tools[{i}].function.parameters",
             )
-        functions[name] = params
+        functions[name] = closed(params)
     return functions
+
+
+def closed(schema: Any) -> Any:
+    """``schema`` with every object that lists its ``properties`` and says nothing of others
+    closed to them (``additionalProperties: false``), as vLLM's default JSON grammar (xgrammar's
+    strict mode) holds a call's arguments: a function gets only the arguments it declares. An
+    object composed with others (``allOf``, ``anyOf`` beside its properties...) stays as
+    written: closing its parts would refuse each other's properties."""
+    if not isinstance(schema, dict):
+        return schema
+    out = dict(schema)
+    for key in _SCHEMA_MAPS:
+        if isinstance(out.get(key), dict):
+            out[key] = {name: closed(sub) for name, sub in out[key].items()}
+    for key in ("items", "additionalProperties"):
+        if isinstance(out.get(key), dict):
+            out[key] = closed(out[key])
+    if isinstance(out.get("prefixItems"), list):
+        out["prefixItems"] = [closed(sub) for sub in out["prefixItems"]]
+    composed = any(key in out for key in _COMPOSED)
+    if "properties" not in out:  # alternatives of whole objects: each closed alone
+        for key in ("anyOf", "oneOf"):
+            if isinstance(out.get(key), list):
+                out[key] = [closed(sub) for sub in out[key]]
+    elif not composed and not {"additionalProperties", "unevaluatedProperties"} & out.keys():
+        out["additionalProperties"] = False
+    return out
 
 
 def plan(tools: list[Any] | None, choice: Any, parallel: bool | None) -> ToolPlan | None:
