@@ -32,14 +32,12 @@ PROMPTS = {"query": "query: ", "passage": "passage: "}
 @pytest.fixture(scope="module")
 def sources(tmp_path_factory: pytest.TempPathFactory, tiny_models: Any) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("st")
-    prompted = {"prompts": PROMPTS, "default_prompt_name": "query"}
+    extra: dict[str, dict[str, Any]] = {
+        "concatenated": {"prompts": PROMPTS, "default_prompt_name": "query"},
+        "cls": {"do_lower_case": True},  # a cased tokenizer the framework lowercases for
+    }
     return {
-        name: tiny_models.sentence(
-            root / name,
-            pooling,
-            normalize=normalize,
-            **(prompted if name == "concatenated" else {}),
-        )
+        name: tiny_models.sentence(root / name, pooling, normalize=normalize, **extra.get(name, {}))
         for name, (pooling, normalize) in HEADS.items()
     }
 

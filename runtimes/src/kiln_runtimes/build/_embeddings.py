@@ -49,7 +49,9 @@ def build_embeddings(
     check_memory(parameters, precision, options.max_memory_bytes, found.path)
     what = {0: f"with {head.pooling} pooling", 1: "as a cross-encoder"}
     say("converting", 20, f"exporting {found.architecture} {what.get(labels, 'as a classifier')}")
-    tokenizer = _encoder.write_tokenizer(encoder_dir / "tokenizer.json", folder / "tokenizer.json")
+    tokenizer = _encoder.write_tokenizer(
+        encoder_dir / "tokenizer.json", folder / "tokenizer.json", lowercase=head.lowercase
+    )
     embedder, dimensions, positions, names = _graph(source, head, tokenizer, labels)
     _encoder.export(embedder, tokenizer, dimensions, work / "exported.onnx")
     say("optimizing", 50, "ONNX Runtime basic graph optimizations")

@@ -7,6 +7,7 @@ by the worker) and returns ``embeddings`` (float32, ``[batch, dimensions]``).
 from __future__ import annotations
 
 import inspect
+import json
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -113,17 +114,34 @@ def _pool(hidden: torch.Tensor, attention_mask: torch.Tensor, mode: str) -> torc
     return (hidden * mask).sum(dim=1) / (count.sqrt() if mode == "mean_sqrt_len_tokens" else count)
 
 
-def write_tokenizer(source: Path, path: Path) -> Tokenizer:
-    """Save the source tokenizer with padding and truncation off; the worker pads per batch."""
-    from tokenizers import Tokenizer
+def write_tokenizer(source: Path, path: Path, *, lowercase: bool = False) -> Tokenizer:
+    """Save the source tokenizer with padding and truncation off (the worker pads per batch),
+    lowercasing first if asked and it does not already (sentence-transformers' ``do_lower_case``,
+    done the way it does it: a ``Lowercase`` normalizer before the tokenizer's own)."""
+    from tokenizers import Tokenizer, normalizers
 
     if not source.is_file():
         raise BuildError("file not found", file="tokenizer.json")
     tokenizer = Tokenizer.from_file(str(source))
     tokenizer.no_padding()
     tokenizer.no_truncation()
+    current = json.loads(tokenizer.to_str()).get("normalizer")
+    if lowercase and not _lowercases(current):
+        first = normalizers.Lowercase()
+        own = tokenizer.normalizer
+        tokenizer.normalizer = normalizers.Sequence([first, own]) if own is not None else first
     tokenizer.save(str(path))
     return tokenizer
+
+
+def _lowercases(normalizer: Any) -> bool:
+    """A tokenizer.json ``normalizer`` that lowercases."""
+    if not isinstance(normalizer, dict):
+        return False
+    kind = normalizer.get("type")
+    if kind == "Sequence":
+        return any(_lowercases(part) for part in normalizer.get("normalizers") or [])
+    return kind == "Lowercase" or (kind == "BertNormalizer" and bool(normalizer.get("lowercase")))
 
 
 def pad(

@@ -40,6 +40,8 @@ class Head(msgspec.Struct, frozen=True, kw_only=True):
     """Named prefixes a text may be embedded with (``query: ``), as the folder names them."""
     default_prompt_name: str | None = None
     """The prompt every text gets unless another is named, as ``SentenceTransformer.encode``."""
+    lowercase: bool = False
+    """``sentence_bert_config.json``'s ``do_lower_case``: texts are lowercased first."""
 
 
 def read_head(folder: Path) -> Head:
@@ -63,8 +65,10 @@ def read_head(folder: Path) -> Head:
     config = read_json(folder / kinds["Pooling"] / "config.json") if "Pooling" in kinds else {}
     prompts = _prompts(folder, include_prompt=config.get("include_prompt") is not False)
     dense = tuple(path for kind, path in order if kind == "Dense")
+    encoder = folder / kinds["Transformer"] / "sentence_bert_config.json"
+    lowercase = encoder.is_file() and read_json(encoder).get("do_lower_case") is True
     return Head(encoder_dir=kinds["Transformer"], pooling=pooling_mode(config), dense=dense,
-                normalize="Normalize" in kinds, **prompts)  # fmt: skip
+                normalize="Normalize" in kinds, lowercase=lowercase, **prompts)  # fmt: skip
 
 
 def _prompts(folder: Path, *, include_prompt: bool) -> dict[str, Any]:
