@@ -40,6 +40,15 @@ def test_an_unknown_prompt_name_is_refused(prompts: dict[str, str], known: str) 
     assert known in refused.value.message
 
 
+@pytest.mark.parametrize("raw", [[7, 8], [[7, 8], [9]]])
+def test_a_prompt_name_for_token_ids_is_refused(raw: list[object]) -> None:
+    version = _version({"query": "q: "}, "query")
+    assert prompt_of(version, None, raw) == "q: "  # the default: for the texts there are none
+    with pytest.raises(BadRequest) as refused:
+        prompt_of(version, "query", raw)
+    assert refused.value.param == "prompt_name"
+
+
 def test_texts_are_tokenized_after_the_prefix_and_ids_are_not() -> None:
     tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(WORDS)}, unk_token="[UNK]"))
     tok.pre_tokenizer = pre_tokenizers.Whitespace()

@@ -216,13 +216,16 @@ def _checked(version: ResolvedVersion, endpoint: str) -> None:
         )  # fmt: skip
 
 
-def prompt_of(version: ResolvedVersion, name: str | None) -> str:
-    """The prefix each text is embedded after, as ``SentenceTransformer.encode``: the prompt
-    ``name``d (a 400 naming ``prompt_name`` if the model has none so named), else the model's
-    default prompt, else none."""
+def prompt_of(version: ResolvedVersion, name: str | None, raw: Any = "") -> str:
+    """The prefix each text of ``raw`` is embedded after, as ``SentenceTransformer.encode``:
+    the prompt ``name``d (a 400 naming ``prompt_name`` if the model has none so named, or if
+    ``raw`` is token ids, which are embedded as given), else the model's default, else none."""
     prompts, default = version.manifest.prompts, version.manifest.default_prompt_name
     if name is None:
         return prompts.get(default or "", "")
+    if isinstance(raw, list) and raw and not any(isinstance(item, str) for item in raw):
+        raise BadRequest("'prompt_name' applies to texts; token ids are embedded as given.",
+                         param="prompt_name")  # fmt: skip
     if name not in prompts:
         known = ", ".join(sorted(prompts)) or "none"
         raise BadRequest(
@@ -251,7 +254,7 @@ async def encode(
         raise BadRequest(
             f"'dimensions' must be {manifest.dimensions} for `{version.model}`.", param="dimensions"
         )
-    prefix = prompt_of(version, prompt_name)
+    prefix = prompt_of(version, prompt_name, raw)
     model_dir = await local_tree(kiln.store, version.artifact_digest)
     tokenizer = load_tokenizer(model_dir / (manifest.tokenizer_file or "tokenizer.json"))
     count = count_items(raw, max_inputs(kiln.settings))
