@@ -19,6 +19,7 @@ from kiln_runtimes.build._checks import (
     chat_templates,
     check_architecture,
     safetensors_parameters,
+    weight_parameters,
 )
 from kiln_runtimes.build._encoder import context
 from kiln_runtimes.build._genai import (
@@ -215,6 +216,17 @@ def _safetensors(path: Path, header: dict[str, object], data: bytes) -> Path:
     raw = json.dumps(header).encode()
     path.write_bytes(struct.pack("<Q", len(raw)) + raw + data)
     return path
+
+
+def test_pickled_weights_are_refused_by_name(tmp_path: Path) -> None:
+    (tmp_path / "pytorch_model.bin").write_bytes(b"not loaded")
+    with pytest.raises(BuildError, match="unpickling can run code") as refused:
+        weight_parameters(tmp_path)
+    assert refused.value.file == "pytorch_model.bin"
+    (tmp_path / "pytorch_model.bin").unlink()
+    with pytest.raises(BuildError, match=r"no \*\.safetensors") as missing:
+        weight_parameters(tmp_path)
+    assert missing.value.file == "model.safetensors"
 
 
 def test_safetensors_parameters(tmp_path: Path) -> None:

@@ -102,6 +102,13 @@ def chat_templates(folder: Path) -> dict[str, str]:
 def weight_parameters(folder: Path) -> int:
     """Total parameters in the folder's safetensors files, each checked for corruption."""
     files = sorted(folder.glob("*.safetensors"))
+    pickled = sorted(p.name for p in (*folder.glob("*.bin"), *folder.glob("*.pt")))
+    if not files and pickled:
+        raise BuildError(
+            f"{pickled[0]} is pickled weights, which are not loaded (unpickling can run code): "
+            "save them as safetensors (safetensors.torch.save_file, or transformers' "
+            "save_pretrained) and import again", file=pickled[0],
+        )  # fmt: skip
     if not files:
         raise BuildError("no *.safetensors weights in the folder", file="model.safetensors")
     return sum(safetensors_parameters(path) for path in files)
