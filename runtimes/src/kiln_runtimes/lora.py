@@ -106,7 +106,8 @@ def read_adapter(
     config: Mapping[str, Any], tensors: Mapping[str, npt.NDArray[Any]], dims: Dims, max_rank: int
 ) -> Adapter:
     """Check a PEFT LoRA adapter against the model and the slot rank; raises ``AdapterError``."""
-    rank, alpha, modules = _check_config(config, max_rank)
+    found = {m[2] for m in map(_KEY.match, tensors) if m is not None}
+    rank, alpha, modules = _check_config(config, max_rank, found)
     a: dict[tuple[int, str], Float32] = {}
     b: dict[tuple[int, str], Float32] = {}
     scaling = alpha / (math.sqrt(rank) if config.get("use_rslora") else rank)
@@ -140,7 +141,9 @@ def read_adapter(
     return Adapter(rank=rank, alpha=alpha, modules=modules, a=a, b=b)
 
 
-def _check_config(config: Mapping[str, Any], max_rank: int) -> tuple[int, float, tuple[str, ...]]:
+def _check_config(
+    config: Mapping[str, Any], max_rank: int, found: set[str]
+) -> tuple[int, float, tuple[str, ...]]:
     if config.get("peft_type", "LORA") != "LORA":
         raise AdapterError(f"peft_type {config.get('peft_type')!r} is not LORA", "config")
     if config.get("use_dora") or config.get("bias", "none") != "none":
@@ -156,8 +159,7 @@ def _check_config(config: Mapping[str, Any], max_rank: int) -> tuple[int, float,
         raise AdapterError("r must be a positive integer", "config")
     if not isinstance(alpha, int | float) or isinstance(alpha, bool):
         raise AdapterError("lora_alpha must be a number", "config")
-    targets = config.get("target_modules")
-    names = [targets] if isinstance(targets, str) else targets
+    names = _targets(config.get("target_modules"), found)
     if not isinstance(names, list) or not names or not set(names) <= set(MODULES):
         raise AdapterError(f"target_modules must be some of {', '.join(MODULES)}", "config")
     modules = tuple(m for m in MODULES if m in names)
@@ -169,6 +171,28 @@ def _check_config(config: Mapping[str, Any], max_rank: int) -> tuple[int, float,
             "config",
         )
     return rank, float(alpha), modules
+
+
+def _targets(targets: Any, found: set[str]) -> Any:
+    """``target_modules`` as module names. PEFT reads a string as a regular expression that
+    module paths match whole (``.*\\.(q_proj|v_proj)``), or ``all-linear``: the adapter's
+    modules are then the attention ones its weights hold (any other weight is refused), each
+    of which the expression must match."""
+    if not isinstance(targets, str) or targets in MODULES:
+        return [targets] if isinstance(targets, str) else targets
+    if targets == "all-linear":  # PEFT's every linear layer: the weights say which ones
+        return sorted(found)
+    try:
+        pattern = re.compile(targets)
+    except re.error as exc:
+        raise AdapterError(f"target_modules is not a regular expression: {exc}", "config") from exc
+    paths = [f"model.layers.0.self_attn.{module}" for module in found]
+    if not found or not all(pattern.fullmatch(path) for path in paths):
+        raise AdapterError(
+            f"target_modules {targets!r} must match the attention modules the weights hold "
+            f"({', '.join(sorted(found)) or 'none'})", "config",
+        )  # fmt: skip
+    return sorted(found)
 
 
 def _json(path: Path) -> dict[str, Any]:

@@ -50,6 +50,23 @@ def test_bad_configs_are_refused_naming_the_field(
     assert caught.value.field == field
 
 
+@pytest.mark.parametrize("targets", [r".*\.(q_proj|v_proj)", "all-linear", r".*_proj"])
+def test_target_modules_may_be_a_regular_expression(peft: Any, targets: str) -> None:
+    settings = {**peft.config(2, QV), "target_modules": targets}
+    adapter = read_adapter(settings, peft.tensors(DIMS, 2, QV, seed=1), DIMS, max_rank=4)
+    assert adapter.modules == QV  # as the weights hold them
+
+
+@pytest.mark.parametrize(("targets", "words"), [(r".*\.q_proj", "must match"), ("(", "not a")])
+def test_a_regular_expression_the_weights_do_not_match_is_refused(
+    peft: Any, targets: str, words: str
+) -> None:
+    settings = {**peft.config(2, QV), "target_modules": targets}
+    with pytest.raises(AdapterError, match=words) as caught:
+        read_adapter(settings, peft.tensors(DIMS, 2, QV, seed=1), DIMS, max_rank=4)
+    assert caught.value.field == "config"
+
+
 def test_weights_that_do_not_fit_the_model_are_refused(peft: Any) -> None:
     wider = Dims(num_layers=1, hidden=16, q_size=8, kv_size=4)
     with pytest.raises(AdapterError, match=r"shape \(2, 16\), this model needs \(2, 8\)"):
