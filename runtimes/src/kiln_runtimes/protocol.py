@@ -88,7 +88,8 @@ class ModelManifest(msgspec.Struct, frozen=True, kw_only=True):
     """Generation ends at any of these (``eos_token_id`` of config and generation config)."""
     sampling: dict[str, float] = {}
     """The model's sampling defaults (``generation_config.json``'s ``temperature``, ``top_p``,
-    ``top_k``, ``min_p``, ``repetition_penalty``): a request that leaves one out gets it."""
+    ``top_k``, ``min_p``, ``repetition_penalty``, and ``max_new_tokens`` as ``max_tokens``): a
+    request that leaves one out gets it."""
     pooling: str | None = None
     """How the embeddings graph pools token states, sentence-transformers' modes ``+``-joined
     when concatenated (``cls+mean``); it is inside the graph (informational)."""

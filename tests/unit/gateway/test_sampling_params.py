@@ -7,6 +7,7 @@ from typing import Any
 import pytest
 
 from kiln_platform.errors import BadRequest
+from kiln_platform.gateway._prompts import max_tokens
 from kiln_platform.gateway._sampling import MAX_N, sampling
 from kiln_platform.gateway.llm_schemas import ChatCompletionRequest, CompletionRequest
 
@@ -37,6 +38,18 @@ def test_the_models_defaults_fill_what_the_request_leaves_out() -> None:
     fields = sampling(chat(temperature=0, top_k=-1, top_p=1.0), VOCAB, defaults=qwen).fields
     assert (fields["temperature"], fields["top_k"], fields["top_p"]) == (0.0, 0, 1.0)
     assert fields["repetition_penalty"] == 1.05
+
+
+def test_the_models_max_new_tokens_bounds_a_request_that_gives_none() -> None:
+    """transformers' ``generate`` makes ``max_new_tokens`` when a call names none; vLLM's
+    default is that too. A request's own ``max_tokens`` wins."""
+    plan = sampling(chat(), VOCAB, defaults={"max_tokens": 256.0})
+    assert plan.most == 256.0
+    assert max_tokens(chat(), 100, 4096, plan.most) == 256  # not the 3996 left in the context
+    assert max_tokens(chat(), 4000, 4096, plan.most) == 96
+    assert max_tokens(chat(max_tokens=1000), 100, 4096, plan.most) == 1000
+    assert max_tokens(CompletionRequest(model="m", prompt="a"), 10, 4096, 8.0) == 8
+    assert max_tokens(chat(), 100, 4096) == 3996
 
 
 def test_choice_seeds_keep_choice_0_and_differ_reproducibly() -> None:

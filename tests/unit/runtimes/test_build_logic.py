@@ -329,6 +329,7 @@ def test_sampling_defaults_are_generation_configs_in_range(tmp_path: Path) -> No
     }))  # fmt: skip
     assert sampling_defaults(tmp_path) == {
         "temperature": 0.7, "top_p": 0.8, "top_k": 20.0, "repetition_penalty": 1.05,
+        "max_tokens": 512.0,
     }  # fmt: skip
     (tmp_path / "generation_config.json").write_text('{"temperature": 3, "top_p": -1}')
     assert sampling_defaults(tmp_path) == {}  # out of range: not a default

@@ -193,8 +193,11 @@ completion's is the rest of the context."""
 
 
 def max_tokens(
-    request: ChatCompletionRequest | CompletionRequest, prompt: int, context: int
-) -> int:
+    request: ChatCompletionRequest | CompletionRequest, prompt: int, context: int,
+    most: float | None = None,
+) -> int:  # fmt: skip
+    """The tokens a completion may make: the request's, else the rest of the context (a chat)
+    or 16 (a text completion), at most the model's own default ``most`` (``max_new_tokens``)."""
     field, source = "max_tokens", "prompt"
     requested = request.max_tokens
     if isinstance(request, ChatCompletionRequest):
@@ -205,6 +208,7 @@ def max_tokens(
         raise BadRequest(f"'{field}' must be at least 1.", param=field)
     room = max(1, context - prompt)
     default = room if source == "messages" else min(COMPLETION_TOKENS, room)
+    default = min(default, int(most)) if most else default
     wanted = requested if requested is not None else default
     if prompt + wanted > context:
         raise ContextTooLong(

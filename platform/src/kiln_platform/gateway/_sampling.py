@@ -28,6 +28,8 @@ class Sampling:
     n: int
     seed: int | None
     fields: dict[str, Any] = field(default_factory=dict)
+    most: float | None = None
+    """The model's own ``max_tokens`` default (``max_new_tokens``), for a request without one."""
 
     def seed_of(self, index: int) -> int | None:
         """Choice ``index``'s seed: the request's own for choice 0 (so ``n=1`` is unchanged),
@@ -189,4 +191,5 @@ def sampling(
         "prompt_logprobs": _scored(request),
         **_ends(request, vocab, eos or set(), grammar is not None),
     }
-    return Sampling(_n(request, prompts), _seed(request.seed), fields)
+    most = (defaults or {}).get("max_tokens")
+    return Sampling(_n(request, prompts), _seed(request.seed), fields, most)

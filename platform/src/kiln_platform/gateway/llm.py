@@ -337,7 +337,7 @@ def _choices(
     """One sequence per (prompt, choice), indexed ``prompt * n + j`` as OpenAI and vLLM do."""
     choices = []
     for p, (prompt, echo) in enumerate(zip(prompts, echoes, strict=True)):
-        limit = _prompts.max_tokens(request, len(prompt), context)
+        limit = _prompts.max_tokens(request, len(prompt), context, plan.most)
         for j in range(plan.n):
             index = p * plan.n + j
             sequence = GenerateRequest(

@@ -84,7 +84,9 @@ async def input_tokens(kiln: Kiln, admission: Admission, request: ResponsesReque
             return count
         version, _ = await llm.resolve(kiln, admission, chat.model, slo=False)
         try:
-            _prompts.max_tokens(chat, count, version.context_length)
+            _prompts.max_tokens(
+                chat, count, version.context_length, version.manifest.sampling.get("max_tokens")
+            )
         except ContextTooLong as exc:
             return (await _cut(kiln, admission, chat, exc))[1]
         return count

@@ -124,6 +124,9 @@ def sampling_defaults(hf_dir: Path) -> dict[str, float]:
         value = config.get(key)
         if isinstance(value, int | float) and not isinstance(value, bool) and low <= value <= high:
             found[key] = float(value)
+    most = config.get("max_new_tokens")
+    if isinstance(most, int) and not isinstance(most, bool) and most >= 1:
+        found["max_tokens"] = float(most)  # vLLM's name for it; a request without one gets it
     return found
 
 
