@@ -356,6 +356,21 @@ def test_named_templates_are_read_from_a_list_or_their_own_files(tmp_path: Path)
     assert chat_templates(tmp_path) == {"default": "D", "rag": "R"}
 
 
+def test_a_ggufs_named_templates_are_read(tmp_path: Path) -> None:
+    import gguf
+
+    from kiln_runtimes.build._gguf import named_templates
+
+    writer = gguf.GGUFWriter(str(tmp_path / "m.gguf"), "llama")
+    writer.add_chat_template("D")  # the default: transformers reads it
+    writer.add_string("tokenizer.chat_template.tool_use", "T")
+    writer.add_string("tokenizer.chat_template.../x", "bad name")
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.close()
+    assert named_templates(tmp_path / "m.gguf") == {"tool_use": "T"}
+
+
 def test_the_built_folder_gets_the_default_template_inline_the_others_apart(
     tmp_path: Path,
 ) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import TYPE_CHECKING
 
 from kiln_runtimes.build._options import BuildError
@@ -69,3 +70,22 @@ def to_hf(path: Path, hf_dir: Path) -> None:
     fresh.save_pretrained(hf_dir)
     tokenizer = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
     tokenizer.save_pretrained(hf_dir)
+    for name, template in named_templates(path).items():  # transformers reads the default only
+        (hf_dir / "additional_chat_templates").mkdir(exist_ok=True)
+        (hf_dir / "additional_chat_templates" / f"{name}.jinja").write_text(template)
+
+
+def named_templates(path: Path) -> dict[str, str]:
+    """The GGUF's named chat templates besides its default (llama.cpp's
+    ``tokenizer.chat_template.<name>``: ``tool_use``, ``rag``)."""
+    import gguf
+
+    prefix = "tokenizer.chat_template."
+    found = {}
+    for key, field in gguf.GGUFReader(str(path)).fields.items():
+        name = key.removeprefix(prefix)
+        if key.startswith(prefix) and re.fullmatch(r"[\w.-]+", name):
+            value = field.contents()
+            if isinstance(value, str) and value:
+                found[name] = value
+    return found
