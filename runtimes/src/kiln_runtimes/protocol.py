@@ -102,9 +102,9 @@ class ModelManifest(msgspec.Struct, frozen=True, kw_only=True):
     """The prompt a text gets when the request names none, as ``SentenceTransformer.encode``."""
     scores: bool = False
     """A cross-encoder (an embeddings-task graph of one output): a row is a text pair (its
-    tokenizer's pair template) and its output the pair's relevance, the sigmoid of its logit,
-    as sentence-transformers' ``CrossEncoder.predict``; served by ``/v1/score`` and
-    ``/v1/rerank``, not ``/v1/embeddings``."""
+    tokenizer's pair template) and its output the pair's relevance, its logit through the
+    activation its config names (a sigmoid by default), as ``CrossEncoder.predict``; served
+    by ``/v1/score`` and ``/v1/rerank``, not ``/v1/embeddings``."""
     labels: list[str] = []
     """A classifier (a sequence classifier of two or more labels, an embeddings-task graph):
     its labels in the order of its output's columns, each row a text's probabilities

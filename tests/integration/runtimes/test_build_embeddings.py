@@ -121,6 +121,22 @@ def test_a_multi_label_classifier_answers_each_labels_sigmoid(
     assert not np.allclose(sums, 1.0, atol=1e-3)  # independent sigmoids, not one softmax
 
 
+def test_a_cross_encoder_answers_with_the_activation_its_config_names(
+    tmp_path: Path, tiny_models: Any, build_cli: Any
+) -> None:
+    """``sentence_transformers.activation_fn: Identity`` (a reranker trained on raw scores):
+    ``CrossEncoder.predict`` answers the logit, and so does the build, not its sigmoid."""
+    identity = "torch.nn.modules.linear.Identity"
+    source = tiny_models.cross_encoder(tmp_path / "src", seed=6, activation=identity)
+    run = build_cli.build(source, tmp_path / "out")
+    assert run.returncode == 0, run.stderr[-3000:]
+    accuracy = run.last["accuracy"]
+    print("identity", accuracy["max_abs_diff"], accuracy["built"])
+    assert accuracy["type"] == "score"
+    assert accuracy["max_abs_diff"] < 1e-5
+    assert not all(0 < s < 1 for s in np.ravel(accuracy["built"]))  # raw logits, not sigmoids
+
+
 @pytest.mark.parametrize("pad", [3, None])
 def test_a_decoders_classifier_reads_each_rows_last_real_token(
     pad: int | None, tmp_path: Path, tiny_models: Any, build_cli: Any

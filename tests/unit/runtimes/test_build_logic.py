@@ -194,24 +194,6 @@ def test_prompts_are_read_or_refused(
     assert refused.value.field == field
 
 
-def test_do_lower_case_lowercases_before_the_tokenizers_own_normalizer(tmp_path: Path) -> None:
-    from tokenizers import Tokenizer, models, normalizers
-
-    from kiln_runtimes.build._encoder import write_tokenizer
-
-    words = {w: i for i, w in enumerate(["[UNK]", "kiln", "Kiln", "café", "CAFÉ"])}
-    cased = Tokenizer(models.WordLevel(words, unk_token="[UNK]"))
-    cased.normalizer = normalizers.Strip()
-    cased.save(str(tmp_path / "cased.json"))
-    made = write_tokenizer(tmp_path / "cased.json", tmp_path / "out.json", lowercase=True)
-    assert made.encode("  Kiln").ids == [1]
-    assert Tokenizer.from_file(str(tmp_path / "out.json")).encode("CAFÉ").ids == [3]
-    assert write_tokenizer(tmp_path / "cased.json", tmp_path / "as.json").encode("Kiln").ids == [2]
-    lowered = json.loads((tmp_path / "out.json").read_text())["normalizer"]
-    write_tokenizer(tmp_path / "out.json", tmp_path / "again.json", lowercase=True)
-    assert json.loads((tmp_path / "again.json").read_text())["normalizer"] == lowered  # once
-
-
 def _safetensors(path: Path, header: dict[str, object], data: bytes) -> Path:
     raw = json.dumps(header).encode()
     path.write_bytes(struct.pack("<Q", len(raw)) + raw + data)

@@ -3,8 +3,9 @@ ONNX file.
 
 The graph takes what an embeddings graph takes (``input_ids`` and ``attention_mask``) and
 returns ``embeddings``, a column per label: a cross-encoder's row is a text pair (as the
-tokenizer's pair template writes it) and its column the sigmoid of the pair's logit, what
-sentence-transformers' ``CrossEncoder.predict`` answers; a classifier's row is a text and its
+tokenizer's pair template writes it) and its column the pair's logit through the activation
+its config names (a sigmoid by default), what sentence-transformers' ``CrossEncoder.predict``
+answers; a classifier's row is a text and its
 columns the softmax of its logits (the sigmoid of each for a multi-label one), what
 transformers' text-classification pipeline answers. A BERT-family model whose tokenizer gives
 segment ids (``token_type_ids``) has them made inside the graph: 1 after the row's first
@@ -56,6 +57,28 @@ def sigmoid(labels: int, problem_type: str | None) -> bool:
     return labels == 1 or problem_type == "multi_label_classification"
 
 
+ACTIVATIONS = ("Sigmoid", "Identity", "Tanh")
+"""The activations a cross-encoder's config may name for its score (``torch.nn``'s)."""
+
+
+def activation(config: Any) -> str:
+    """What ``CrossEncoder.predict`` applies to a one-label model's logit: the torch activation
+    its config names (``sentence_transformers.activation_fn``, or before sentence-transformers 4
+    ``sbert_ce_default_activation_function``), else a sigmoid; a path outside ``torch`` is
+    untrusted code it passes over too."""
+    named = (getattr(config, "sentence_transformers", None) or {}).get("activation_fn") or getattr(
+        config, "sbert_ce_default_activation_function", None
+    )
+    if not isinstance(named, str) or not named.startswith("torch."):
+        return "Sigmoid"
+    if named.rsplit(".", 1)[-1] not in ACTIVATIONS:
+        raise BuildError(
+            f"a cross-encoder's activation must be one of {', '.join(ACTIVATIONS)}, not {named}",
+            file="config.json", field="sentence_transformers.activation_fn",
+        )  # fmt: skip
+    return named.rsplit(".", 1)[-1]
+
+
 def load(folder: Path, sep: int | None) -> Classifier:
     """The sequence classifier wrapped to answer probabilities."""
     import torch
@@ -73,6 +96,7 @@ def load(folder: Path, sep: int | None) -> Classifier:
                 and "token_type_ids" in given
                 and int(getattr(config, "type_vocab_size", 1)) > 1)  # fmt: skip
     each = sigmoid(int(config.num_labels), getattr(config, "problem_type", None))
+    score = activation(config) if int(config.num_labels) == 1 else "Sigmoid"
     sep_id = -1 if sep is None else sep  # no token has it: no segments
 
     class Probabilities(torch.nn.Module):
@@ -91,8 +115,13 @@ def load(folder: Path, sep: int | None) -> Classifier:
                 seps = (input_ids == sep_id).to(torch.int64)
                 after = (torch.cumsum(seps, dim=1) - seps) > 0
                 extra = {"token_type_ids": after.to(torch.int64) * attention_mask}
-            logits = self.model(input_ids=input_ids, attention_mask=attention_mask, **extra).logits
-            return torch.sigmoid(logits) if each else torch.softmax(logits, dim=-1)
+            out = self.model(input_ids=input_ids, attention_mask=attention_mask, **extra)
+            logits: torch.Tensor = out.logits
+            if not each:
+                return torch.softmax(logits, dim=-1)
+            if score == "Identity":
+                return logits
+            return torch.tanh(logits) if score == "Tanh" else torch.sigmoid(logits)
 
     labels = [str(config.id2label[i]) for i in range(int(config.num_labels))]
     positions = context(folder, int(config.max_position_embeddings))
