@@ -206,6 +206,7 @@ def test_pickled_weights_are_refused_by_name(tmp_path: Path) -> None:
         weight_parameters(tmp_path)
     assert refused.value.file == "pytorch_model.bin"
     (tmp_path / "pytorch_model.bin").unlink()
+    (tmp_path / "training_args.bin").write_bytes(b"the trainer's, not weights")
     with pytest.raises(BuildError, match=r"no \*\.safetensors") as missing:
         weight_parameters(tmp_path)
     assert missing.value.file == "model.safetensors"

@@ -102,7 +102,10 @@ def chat_templates(folder: Path) -> dict[str, str]:
 def weight_parameters(folder: Path) -> int:
     """Total parameters in the folder's safetensors files, each checked for corruption."""
     files = sorted(folder.glob("*.safetensors"))
-    pickled = sorted(p.name for p in (*folder.glob("*.bin"), *folder.glob("*.pt")))
+    pickled = sorted(
+        p.name for pattern in ("*.bin", "*.pt", "*.pth") for p in folder.glob(pattern)
+        if p.name != "training_args.bin"  # the trainer's settings, not weights
+    )  # fmt: skip
     if not files and pickled:
         raise BuildError(
             f"{pickled[0]} is pickled weights, which are not loaded (unpickling can run code): "

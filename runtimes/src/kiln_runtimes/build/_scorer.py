@@ -5,11 +5,11 @@ The graph takes what an embeddings graph takes (``input_ids`` and ``attention_ma
 returns ``embeddings``, a column per label: a cross-encoder's row is a text pair (as the
 tokenizer's pair template writes it) and its column the pair's logit through the activation
 its config names (a sigmoid by default), what sentence-transformers' ``CrossEncoder.predict``
-answers; a classifier's row is a text and its
-columns the softmax of its logits (the sigmoid of each for a multi-label one), what
-transformers' text-classification pipeline answers. A BERT-family model whose tokenizer gives
-segment ids (``token_type_ids``) has them made inside the graph: 1 after the row's first
-separator token, as BERT's pair template sets them, so the worker needs nothing new.
+answers; a classifier's row is a text and its columns the softmax of its logits (the sigmoid of
+each for a multi-label one), what transformers' text-classification pipeline answers. A
+BERT-family model whose tokenizer gives segment ids (``token_type_ids``) has them made inside
+the graph: 1 after the row's first separator token, as BERT's pair template sets them, so the
+worker needs nothing new.
 """
 
 from __future__ import annotations
