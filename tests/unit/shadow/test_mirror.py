@@ -15,7 +15,7 @@ import structlog
 from kiln_platform import observability
 from kiln_platform.shadow.mirror import Mirror, Plan
 from kiln_platform.shadow.stats import ShadowStats
-from kiln_runtimes.protocol import EmbedRequest, EmbedResult
+from kiln_runtimes.protocol import EmbedRequest, EmbedResult, ModelManifest
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator
@@ -79,6 +79,27 @@ async def test_a_cross_encoders_copy_is_compared_by_its_scores() -> None:
     assert (report.compared, report.agreement) == (1, 0.0)
     assert report.max_abs_diff == 0.75
     assert report.cosine_min is None  # two positive scores' cosine is 1 whatever they are
+
+
+def test_a_candidate_that_prompts_otherwise_is_not_copied() -> None:
+    """An embeddings copy sends the primary's token ids, its prompt included: a candidate
+    whose prompts differ would be compared on text it does not read that way."""
+
+    def version(name: str, prompts: dict[str, str]) -> Any:
+        default = "q" if prompts else None
+        manifest = ModelManifest(name="m", task="embeddings", engine="onnxruntime", dimensions=2,
+                                 prompts=prompts, default_prompt_name=default)  # fmt: skip
+        return SimpleNamespace(model="m", version=name, pool=f"pool-{name}", manifest=manifest)
+
+    primary = version("1", {"q": "query: "})
+    served = {"m": {"2": version("2", {"q": "query: "})}}
+    resolver = SimpleNamespace(shadows={"m": SimpleNamespace(version="2", percent=100)},
+                               served=served)  # fmt: skip
+    mirror = Mirror(cast(Any, resolver), cast(Any, _Pools()), cast(Any, _Workers()), 1.0)
+    assert mirror.plan(primary, "req_1") is not None
+    served["m"]["2"] = version("2", {})
+    assert mirror.plan(primary, "req_2") is None
+    assert mirror.stats["m", "2"].not_comparable == 1
 
 
 class _FailingSessions:

@@ -113,6 +113,13 @@ class Mirror:
             return None
         key = (version.model, shadow.version)
         stats = self.stats.get(key) or self.stats.setdefault(key, ShadowStats(*key))
+        asked, offered = version.manifest, candidate.manifest
+        if (asked.prompts, asked.default_prompt_name) != (
+            offered.prompts,
+            offered.default_prompt_name,
+        ):
+            stats.skip()  # the ids carry the primary's prompt, which the candidate would not add
+            return None
         return Plan(
             candidate,
             stats,
