@@ -14,13 +14,26 @@ class WorkerError(Exception):
     status: ClassVar[int] = 500
     default_retry_after_s: ClassVar[float | None] = None
 
-    def __init__(self, message: str, retry_after_s: float | None = None) -> None:
+    def __init__(
+        self, message: str, retry_after_s: float | None = None, *, param: str | None = None
+    ) -> None:
         super().__init__(message)
         self.retry_after_s = self.default_retry_after_s if retry_after_s is None else retry_after_s
+        self.param = param
 
     def reply(self) -> ErrorReply:
         """Return the wire form of this error."""
-        return ErrorReply(code=self.code, message=str(self), retry_after_s=self.retry_after_s)
+        return ErrorReply(code=self.code, message=str(self), retry_after_s=self.retry_after_s,
+                          param=self.param)  # fmt: skip
+
+
+class FieldError(ValueError):
+    """A request a backend cannot serve because of one field (``param``, as the client named
+    it): a ``BadRequest`` naming it."""
+
+    def __init__(self, message: str, param: str) -> None:
+        super().__init__(message)
+        self.param = param
 
 
 class BadRequest(WorkerError):

@@ -54,14 +54,14 @@ async def stream(
     try:
         chunks = backend.stream(request)
     except ValueError as exc:
-        raise BadRequest(str(exc)) from None
+        raise BadRequest(str(exc), param=getattr(exc, "param", None)) from None
     try:
         try:
             first = await anext(chunks)
         except StopAsyncIteration:
             raise Internal("generation ended without a chunk") from None
         except ValueError as exc:  # an adapter this model cannot use
-            raise BadRequest(str(exc)) from None
+            raise BadRequest(str(exc), param=getattr(exc, "param", None)) from None
         response = web.StreamResponse(headers={"Content-Type": CONTENT_TYPE})
         running = backend.health().running
         try:

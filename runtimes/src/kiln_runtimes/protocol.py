@@ -352,6 +352,8 @@ class ErrorReply(msgspec.Struct, frozen=True, kw_only=True):
     code: str
     message: str
     retry_after_s: float | None = None
+    param: str | None = None
+    """The request field a ``bad_request`` is about, as the client named it."""
 
 
 encoder = msgspec.msgpack.Encoder()

@@ -21,6 +21,14 @@ def test_a_known_code_keeps_its_error() -> None:
     assert error.message == "refused: bad_request"
 
 
+def test_a_refusal_names_the_field_the_worker_names() -> None:
+    reply = {"code": "bad_request", "message": "no prompt scores", "param": "prompt_logprobs"}
+    error = dispatch._error(msgspec.msgpack.encode(reply))
+    assert isinstance(error, BadRequest)
+    assert error.param == "prompt_logprobs"
+    assert dispatch._error(_body("bad_request")).param is None  # an older worker names none
+
+
 def test_a_newer_workers_code_is_a_503_when_it_says_when_to_retry_else_a_500() -> None:
     transient = dispatch._error(_body("quota_of_the_future", 0.5))
     assert type(transient) is ServiceUnavailable

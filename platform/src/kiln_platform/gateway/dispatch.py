@@ -331,7 +331,8 @@ def _error(body: bytes) -> KilnError:
     worker's) is a 503 if the worker said when to retry, else a 500."""
     reply = _reply(body)
     transient = ServiceUnavailable if reply.retry_after_s is not None else KilnError
-    return _ERRORS.get(reply.code, transient)(reply.message, retry_after=reply.retry_after_s)
+    made = _ERRORS.get(reply.code, transient)
+    return made(reply.message, retry_after=reply.retry_after_s, param=reply.param)
 
 
 def _reply(body: bytes) -> ErrorReply:

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 import structlog
 
 from kiln_runtimes import cpus as placement
+from kiln_runtimes._errors import FieldError
 from kiln_runtimes.backends._genai_logits import token_logprobs
 from kiln_runtimes.backends._genai_scheduler import Sequence, SequenceOutput
 from kiln_runtimes.protocol import MAX_LOGPROBS, GenerateChunk
@@ -90,9 +91,10 @@ class EngineCore:
         """Validate a request into a sequence; raises ``ValueError`` before any admission."""
         _validate(request, self.spec)
         if request.prompt_logprobs is not None and self._runner.pruned:
-            raise ValueError("this model's build computes the last position's logits only (built "
+            raise FieldError("this model's build computes the last position's logits only (built "
                              "with prune_lm_head), so it cannot score prompt tokens "
-                             "('prompt_logprobs', or 'echo' with 'logprobs')")  # fmt: skip
+                             "('prompt_logprobs', or 'echo' with 'logprobs')",
+                             "prompt_logprobs")  # fmt: skip
         return Sequence(
             seq_id=next(self._ids),
             prompt_ids=list(request.prompt_ids),

@@ -13,6 +13,7 @@ import msgspec
 import numpy as np
 import pytest
 
+from kiln_runtimes._errors import BadRequest, FieldError
 from kiln_runtimes.backends._genai_config import ModelSpec
 from kiln_runtimes.backends._genai_engine import EngineCore
 from kiln_runtimes.backends._genai_scheduler import Scheduler, StepPlan
@@ -118,6 +119,20 @@ async def test_stream_yields_tokens_then_length(
     assert tokens == [5, 5, 5, 5]
     assert (last.finish_reason, last.prompt_tokens, last.completion_tokens) == ("length", 3, 4)
     assert running_waiting(generation) == (0, 0)
+
+
+async def test_a_pruned_build_refuses_prompt_logprobs_naming_the_field(
+    backend: tuple[GenAIGenerationBackend, FakeRunner],
+) -> None:
+    generation, runner = backend
+    runner.pruned = True  # prune_lm_head: the last position's logits only
+    asked = msgspec.structs.replace(request(), prompt_logprobs=1)
+    with pytest.raises(FieldError, match="prune_lm_head") as refused:
+        await collect(generation.stream(asked))
+    assert refused.value.param == "prompt_logprobs"
+    assert BadRequest(str(refused.value), param=refused.value.param).reply().param == (
+        "prompt_logprobs"
+    )
 
 
 async def test_eos_stops_without_emitting_it(
