@@ -35,6 +35,10 @@ def test_required_is_a_list_of_named_calls_each_with_its_own_schema() -> None:
     params = [c["properties"]["parameters"] for c in schema["items"]["anyOf"]]
     no_arguments = {"type": "object", "properties": {}, "additionalProperties": False}
     assert (names, params) == (["weather", "time"], [CLOSED, no_arguments])
+    nulled = plan([{"type": "function", "function": {"name": "time", "parameters": None}}],
+                  "required", None)  # fmt: skip
+    assert nulled is not None
+    assert nulled.functions == {"time": no_arguments}
     assert plan(TOOLS, "required", False).schema()["maxItems"] == 1  # type: ignore[union-attr]
     grammar = llguidance.LLMatcher.grammar_from_json_schema(schema)
     assert llguidance.LLMatcher.validate_grammar(grammar) == ""

@@ -138,7 +138,8 @@ def _functions(tools: list[Any]) -> dict[str, dict[str, Any]]:
                 f"'tools[{i}]' must be {{'type': 'function', 'function': {{...}}}}.",
                 param=f"tools[{i}]",
             )
-        name, params = spec.get("name"), spec.get("parameters", NO_ARGUMENTS)
+        name, params = spec.get("name"), spec.get("parameters")
+        params = NO_ARGUMENTS if params is None else params  # left out or null (the SDKs' None)
         if not isinstance(name, str) or not NAME.fullmatch(name) or name in functions:
             raise BadRequest(
                 f"'tools[{i}].function.name' must be a unique name of 1-64 letters, digits, "
