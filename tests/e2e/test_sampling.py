@@ -350,8 +350,9 @@ def test_too_many_prompts_is_a_400(client: openai.OpenAI) -> None:
         client.completions.create(model=MODEL, prompt=["a"] * 17, max_tokens=2)
     body: Any = err.value.body
     assert body["param"] == "prompt"
-    with pytest.raises(openai.BadRequestError, match="prune_lm_head"):  # its graph's last logits
+    with pytest.raises(openai.BadRequestError, match="prune_lm_head") as pruned:  # last logits
         client.completions.create(model=MODEL, prompt="a b", echo=True, logprobs=1, max_tokens=2)
+    assert pruned.value.body["param"] == "prompt_logprobs"  # type: ignore[index]  # the worker's
 
 
 def test_truncate_prompt_tokens_keeps_a_prompts_last_tokens(
