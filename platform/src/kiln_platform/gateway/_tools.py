@@ -157,8 +157,8 @@ def _functions(tools: list[Any]) -> dict[str, dict[str, Any]]:
 
 def closed(schema: Any) -> Any:
     """``schema`` with every object that lists its ``properties`` and says nothing of others
-    closed to them (``additionalProperties: false``), as vLLM's default JSON grammar (xgrammar's
-    strict mode) holds a call's arguments: a function gets only the arguments it declares. An
+    closed to them (``additionalProperties: false``), as xgrammar's strict mode holds a call's
+    arguments: a function gets only the arguments it declares. An
     object composed with others (``allOf``, ``anyOf`` beside its properties...) stays as
     written: closing its parts would refuse each other's properties."""
     if not isinstance(schema, dict):

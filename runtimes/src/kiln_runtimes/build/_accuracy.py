@@ -99,7 +99,7 @@ def _genai(
     model = og.Model(str(built_dir))
     model_config = read_json(built_dir / "genai_config.json")["model"]
     window = (model_config["decoder"].get("sliding_window") or {}).get("window_size", 0)
-    # a graph with a local attention window holds at least that many positions in its cache
+    # GenAI keeps a cache of one window at least for a window its genai_config names (Gemma 2's)
     least = min(int(window), int(model_config["context_length"]))
     own = _step(og, model, prompt, None, tokens, least=least)
     forced = _step(og, model, prompt, reference, len(reference), least=least)

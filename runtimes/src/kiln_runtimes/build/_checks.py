@@ -67,6 +67,10 @@ def check_tokenizer(folder: Path, *, chat: bool) -> None:
         )
 
 
+TEMPLATE_NAME = re.compile(r"[\w.-]+")
+"""A named chat template's name fit for a file (``additional_chat_templates/<name>.jinja``)."""
+
+
 def chat_template(folder: Path) -> str | None:
     """The chat template ``apply_chat_template`` uses without a name or tools: the folder's
     ``default`` one."""

@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import shutil
 import subprocess
 import sys
 from typing import TYPE_CHECKING, Any
 
-from kiln_runtimes.build._checks import chat_template, chat_templates
+from kiln_runtimes.build._checks import TEMPLATE_NAME, chat_template, chat_templates
 from kiln_runtimes.build._options import BuildError
 from kiln_runtimes.build._source import read_json
 from kiln_runtimes.protocol import ModelManifest
@@ -94,7 +93,7 @@ def copy_tokenizer(hf_dir: Path, out: Path) -> None:
         (out / "tokenizer_config.json").write_text(json.dumps(config, indent=2))
     named = {k: v for k, v in chat_templates(hf_dir).items() if k != "default" and v}
     for name, text in named.items():  # as transformers saves them; the gateway reads tool_use
-        if re.fullmatch(r"[\w.-]+", name):
+        if TEMPLATE_NAME.fullmatch(name):
             (out / "additional_chat_templates").mkdir(exist_ok=True)
             (out / "additional_chat_templates" / f"{name}.jinja").write_text(text)
 

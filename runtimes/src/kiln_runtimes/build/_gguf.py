@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-import re
 from typing import TYPE_CHECKING
 
+from kiln_runtimes.build._checks import TEMPLATE_NAME
 from kiln_runtimes.build._options import BuildError
 
 if TYPE_CHECKING:
@@ -84,7 +84,7 @@ def named_templates(path: Path) -> dict[str, str]:
     found = {}
     for key, field in gguf.GGUFReader(str(path)).fields.items():
         name = key.removeprefix(prefix)
-        if key.startswith(prefix) and re.fullmatch(r"[\w.-]+", name):
+        if key.startswith(prefix) and TEMPLATE_NAME.fullmatch(name):
             value = field.contents()
             if isinstance(value, str) and value:
                 found[name] = value

@@ -13,14 +13,13 @@ from kiln_runtimes.build._source import read_json
 if TYPE_CHECKING:
     from pathlib import Path
 
-MODES = ("cls", "max", "mean", "mean_sqrt_len_tokens", "weightedmean", "lasttoken")
-"""sentence-transformers' pooling modes; the legacy ``pooling_mode_*`` flags concatenate in this
-order."""
 _FLAGS = {"pooling_mode_cls_token": "cls", "pooling_mode_max_tokens": "max",
           "pooling_mode_mean_tokens": "mean",
           "pooling_mode_mean_sqrt_len_tokens": "mean_sqrt_len_tokens",
           "pooling_mode_weightedmean_tokens": "weightedmean",
           "pooling_mode_lasttoken": "lasttoken"}  # fmt: skip
+MODES = tuple(_FLAGS.values())
+"""sentence-transformers' pooling modes, in the order its legacy flags concatenate them."""
 
 
 MODULES = ("Transformer", "Pooling", "Dense", "Normalize")

@@ -13,7 +13,7 @@ import msgspec
 import numpy as np
 import pytest
 
-from kiln_runtimes._errors import BadRequest, FieldError
+from kiln_runtimes._errors import FieldError
 from kiln_runtimes.backends._genai_config import ModelSpec
 from kiln_runtimes.backends._genai_engine import EngineCore
 from kiln_runtimes.backends._genai_scheduler import Scheduler, StepPlan
@@ -129,10 +129,7 @@ async def test_a_pruned_build_refuses_prompt_logprobs_naming_the_field(
     asked = msgspec.structs.replace(request(), prompt_logprobs=1)
     with pytest.raises(FieldError, match="prune_lm_head") as refused:
         await collect(generation.stream(asked))
-    assert refused.value.param == "prompt_logprobs"
-    assert BadRequest(str(refused.value), param=refused.value.param).reply().param == (
-        "prompt_logprobs"
-    )
+    assert refused.value.param == "prompt_logprobs"  # the worker's 400 names it (e2e: sampling)
 
 
 async def test_eos_stops_without_emitting_it(
