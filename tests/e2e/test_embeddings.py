@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import cohere
 import httpx
 import numpy as np
 import openai
@@ -221,6 +222,39 @@ def test_score_and_rerank_give_the_source_models_cosines(kiln_up: Any) -> None:
     assert root["results"] == body["results"]
     wrong = _post(kiln_up, "score", {"text_1": [], "text_2": "c"}, under="")
     assert (wrong.status_code, wrong.json()["error"]["param"]) == (400, "text_1")  # OpenAI's shape
+
+
+def test_the_cohere_sdk_reranks_at_v1_and_v2(kiln_up: Any) -> None:
+    """Cohere's own SDK: its v2 client at ``/v2/rerank`` (with ``max_tokens_per_doc`` cutting a
+    document past the model's context), its v1 client at ``/v1/rerank``."""
+    ref = json.loads(FIXTURE.read_text())
+    texts, vecs = ref["sentences"], [np.asarray(v) for v in ref["embeddings"]]
+    want = [_cos(vecs[0], v) for v in vecs[1:]]
+    best = sorted(range(len(want)), key=lambda j: -want[j])[:3]
+    v2 = cohere.ClientV2(api_key=kiln_up.key, base_url=kiln_up.base_url)
+    ranked = v2.rerank(model=MODEL, query=texts[0], documents=texts[1:], top_n=3)
+    assert [r.index for r in ranked.results] == best
+    assert [r.relevance_score for r in ranked.results] == pytest.approx(
+        [want[j] for j in best], abs=1e-4
+    )
+    own = _post(kiln_up, "embeddings", {"input": texts[1]}).json()["usage"]["prompt_tokens"] - 2
+    long = f"{texts[1]} {'filler ' * 600}"  # past the 512 tokens of the model
+    with pytest.raises(cohere.BadRequestError) as too_long:
+        v2.rerank(model=MODEL, query=texts[0], documents=["a", long])
+    assert too_long.value.body["error"]["param"] == "documents[1]"
+    cut = v2.rerank(model=MODEL, query=texts[0], documents=["a", long], max_tokens_per_doc=own)
+    assert cut.results[0].index == 1
+    assert cut.results[0].relevance_score == pytest.approx(want[0], abs=1e-4)  # texts[1]'s own
+    assert cut.results[0].model_dump()["document"] == {"text": long}  # vLLM's: as it was given
+    with pytest.raises(cohere.BadRequestError) as none:
+        v2.rerank(model=MODEL, query=texts[0], documents=["a"], max_tokens_per_doc=0)
+    assert none.value.body["error"]["param"] == "max_tokens_per_doc"
+    v1 = cohere.Client(api_key=kiln_up.key, base_url=kiln_up.base_url)
+    old = v1.rerank(model=MODEL, query=texts[0], documents=[{"text": t} for t in texts[1:]],
+                    top_n=3, return_documents=True)  # fmt: skip
+    assert [(r.index, r.document.text if r.document else None) for r in old.results] == [
+        (j, texts[1 + j]) for j in best
+    ]
 
 
 @pytest.mark.parametrize(

@@ -363,10 +363,13 @@ def test_a_cross_encoder_scores_pairs_as_sentence_transformers(
     kiln: KilnProcess, built: dict[str, dict[str, Any]], sources: dict[str, Path]
 ) -> None:
     """A one-label ``BertForSequenceClassification`` (a reranker) is detected, built and
-    served by ``/v1/rerank`` and ``/v1/score`` with ``CrossEncoder.predict``'s scores; it is
+    served by ``/v1/rerank`` and ``/v1/score`` with ``CrossEncoder.predict``'s scores (and
+    Cohere's ``/v2/rerank``, documents cut to their first tokens); it is
     no embeddings model (a 400 naming ``model``)."""
+    import cohere
     from openai import BadRequestError
     from sentence_transformers import CrossEncoder
+    from transformers import AutoTokenizer
 
     name = "tiny-bert-rerank"
     assert built["bert-rerank"]["status"] == "done", built["bert-rerank"]
@@ -385,6 +388,15 @@ def test_a_cross_encoder_scores_pairs_as_sentence_transformers(
     }).json()["data"]  # fmt: skip
     pairwise = CrossEncoder(folder, device="cpu").predict([[query, docs[1]], [docs[0], docs[2]]])
     assert np.allclose([d["score"] for d in scored], pairwise, atol=1e-5)
+    spans = AutoTokenizer.from_pretrained(folder)(docs, add_special_tokens=False,
+                                                  return_offsets_mapping=True)  # fmt: skip
+    heads = [d[: spans["offset_mapping"][i][:2][-1][1]] for i, d in enumerate(docs)]
+    cut = cohere.ClientV2(api_key=kiln.key, base_url=kiln.base_url).rerank(
+        model=name, query=query, documents=docs, max_tokens_per_doc=2
+    )
+    assert np.allclose([r.relevance_score for r in sorted(cut.results, key=lambda r: r.index)],
+                       CrossEncoder(folder, device="cpu").predict([[query, h] for h in heads]),
+                       atol=1e-5)  # fmt: skip
     with pytest.raises(BadRequestError) as refused:
         _openai(kiln).embeddings.create(model=name, input="a cat")
     assert refused.value.body["param"] == "model"  # type: ignore[index]

@@ -36,7 +36,7 @@ from kiln_platform.audit.controllers import AuditController
 from kiln_platform.batches.controllers import BatchesController, FilesController
 from kiln_platform.batches.runner import BatchRunner
 from kiln_platform.billing.controllers import PriceBooksController
-from kiln_platform.body_limit import VLLM_ROOT, BodyLimits, body_limit_middleware
+from kiln_platform.body_limit import VLLM_PATHS, BodyLimits, body_limit_middleware
 from kiln_platform.client_limits import refusal_middleware
 from kiln_platform.context import Kiln, running
 from kiln_platform.db import migrate
@@ -81,8 +81,8 @@ from kiln_platform.webhooks.controllers import WebhooksController
 from kiln_runtimes import tracing
 
 log = structlog.get_logger("kiln.app")
-OPENAI_SHAPED = ("/v1", *sorted(VLLM_ROOT))
-"""Paths whose errors are OpenAI's error object (vLLM's root routes answer in it too)."""
+OPENAI_SHAPED = ("/v1", *sorted(VLLM_PATHS))
+"""Paths whose errors are OpenAI's error object (vLLM's other routes answer in it too)."""
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Sequence
@@ -122,13 +122,13 @@ def _error_response(request: Request[Any, Any, Any], exc: Exception) -> Response
     headers = {"retry-after": str(max(1, round(retry_after)))} if retry_after else {}
     if isinstance(exc, QuotaExceeded):  # no retry helps before the next month (OpenAI SDKs)
         headers["x-should-retry"] = "false"
-    if request.url.path.startswith("/v2"):  # the Open Inference Protocol's error shape
-        return Response({"error": message}, status_code=status, headers=headers)
     if request.url.path.startswith(OPENAI_SHAPED):
         body: Any = ErrorResponse(
             error=ErrorBody(message=message, type=kind, param=param, code=code)
         )
         return Response(body, status_code=status, headers=headers)
+    if request.url.path.startswith("/v2"):  # the Open Inference Protocol's error shape
+        return Response({"error": message}, status_code=status, headers=headers)
     problem = {"type": "about:blank", "title": code, "status": status, "detail": message}
     if param:  # an extension member (RFC 9457): the request field at fault
         problem["param"] = param

@@ -40,8 +40,9 @@ if TYPE_CHECKING:
 
 SMALL_BODY_BYTES = 1 << 20
 """Every route that is not `/v1`, `/v2` or an upload: `/admin/v1` and `/oauth` JSON, forms."""
-VLLM_ROOT = frozenset({"/tokenize", "/detokenize", "/score", "/rerank", "/classify"})
-"""vLLM's API routes at the root: bodies as large as `/v1`'s (a rerank of many documents)."""
+VLLM_PATHS = frozenset({"/tokenize", "/detokenize", "/score", "/rerank", "/classify", "/v2/rerank"})
+"""vLLM's API routes outside `/v1` (at the root, and Cohere's v2 rerank): bodies as large as
+`/v1`'s (a rerank of many documents)."""
 MIN_BODY_RATE = 1024
 """Bytes a second a request body must average once ``KILN_BODY_TIMEOUT_S`` has passed."""
 
@@ -83,7 +84,7 @@ class BodyLimits:
         if isinstance(own, int):
             return own
         path: str = scope["path"]
-        if path.startswith("/v1/") or path in VLLM_ROOT:
+        if path.startswith("/v1/") or path in VLLM_PATHS:
             return self.json
         if path.startswith("/v2/"):
             return self.tensor

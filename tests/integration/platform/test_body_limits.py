@@ -152,9 +152,10 @@ async def test_a_body_within_the_limit_reaches_the_route(server: Server) -> None
     assert "embed" in answer.json()["error"]["message"]
 
 
-@pytest.mark.parametrize("path", ["/rerank", "/classify", "/tokenize"])
-async def test_vllms_root_routes_take_v1s_limit(server: Server, path: str) -> None:
-    """A rerank of many documents at vLLM's own path is read as at ``/v1/rerank``."""
+@pytest.mark.parametrize("path", ["/rerank", "/classify", "/tokenize", "/v2/rerank"])
+async def test_vllms_other_routes_take_v1s_limit(server: Server, path: str) -> None:
+    """A rerank of many documents at vLLM's own paths is read as at ``/v1/rerank``, its errors
+    OpenAI's (Cohere's v2 rerank too, under `/v2`)."""
     documents = ["x" * 1000] * (2 * SMALL_BODY_BYTES // 1000)
     body = json.dumps({"model": "limited", "query": "q", "documents": documents}).encode()
     assert SMALL_BODY_BYTES < len(body) < JSON_LIMIT

@@ -1,5 +1,6 @@
 """A cross-encoder's rows: text pairs as the tokenizer's pair template writes them, a long pair
-cut in its second text, errors naming the text."""
+cut in its second text, errors naming the text; a document cut to its first tokens (Cohere's
+``max_tokens_per_doc``)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import pytest
 from tokenizers import Tokenizer, models, pre_tokenizers, processors
 
 from kiln_platform.errors import BadRequest
-from kiln_platform.gateway.services import tokenize_pairs
+from kiln_platform.gateway.services import heads, tokenize_pairs
 
 WORDS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "a", "b", "c", "d", "e", "f"]
 NAMES = ["query", "documents[0]", "documents[1]"]
@@ -49,3 +50,11 @@ def test_errors_name_the_text(tokenizer: Tokenizer) -> None:
     with pytest.raises(BadRequest) as first:
         tokenize_pairs(["a b c", "d"], tokenizer, 64, 5, NAMES, pairs=[(0, 1)])
     assert first.value.param == "query"  # the query alone fills it
+
+
+def test_heads_keep_each_texts_first_tokens(tokenizer: Tokenizer) -> None:
+    texts = ["a  b c\td", "e f", "a", "zz b"]
+    cut = heads(texts, tokenizer, 2)
+    assert cut == ["a  b", "e f", "a", "zz b"]  # the whitespace between kept as it was
+    assert [len(tokenizer.encode(t, add_special_tokens=False).ids) for t in cut] == [2, 2, 1, 2]
+    assert heads(texts, tokenizer, 1) == ["a", "e", "a", "zz"]  # an unknown word is a token

@@ -190,12 +190,12 @@ class VllmController(DocumentedController):
         N:N) on an embeddings model, a cross-encoder's own scores on one."""
         return await scoring.score(kiln, admission, data)
 
-    @post(["/v1/rerank", "/rerank"], status_code=200, dependencies=SCHEDULED)
+    @post(["/v1/rerank", "/rerank", "/v2/rerank"], status_code=200, dependencies=SCHEDULED)
     async def rerank(
         self, kiln: KilnDep, admission: AdmissionDep, data: scoring.RerankRequest
     ) -> scoring.RerankResponse:
-        """Jina's and Cohere's rerank API (as vLLM serves it): ``documents`` by their score
-        against ``query``, the best ``top_n``."""
+        """Jina's and Cohere's rerank API (as vLLM serves it, Cohere's v2 at ``/v2/rerank``):
+        ``documents`` by their score against ``query``, the best ``top_n``."""
         return await scoring.rerank(kiln, admission, data)
 
     @post(["/v1/classify", "/classify"], status_code=200, dependencies=SCHEDULED)

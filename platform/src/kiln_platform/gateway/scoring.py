@@ -1,4 +1,5 @@
-"""vLLM's ``/v1/score`` and the Jina/Cohere-style ``/v1/rerank``, as vLLM answers them: on an
+"""vLLM's ``/v1/score`` and the Jina/Cohere-style ``/v1/rerank`` (and Cohere's v2 at
+``/v2/rerank``), as vLLM answers them: on an
 embeddings model a pair's score is the cosine of its two texts' vectors; on a cross-encoder
 (a one-label sequence classifier) it is the model's own score of the pair, the sigmoid of its
 logit, as sentence-transformers' ``CrossEncoder.predict``."""
@@ -38,7 +39,8 @@ class Document(msgspec.Struct, forbid_unknown_fields=True):
 
 
 class RerankRequest(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
-    """``POST /v1/rerank``: ``documents`` ordered by relevance to ``query``."""
+    """``POST /v1/rerank`` (and ``/v2/rerank``): ``documents`` ordered by relevance to
+    ``query``."""
 
     model: str
     query: str
@@ -46,6 +48,8 @@ class RerankRequest(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     top_n: int | None = None
     """The best this many (``None`` or 0: all)."""
     return_documents: bool = True
+    max_tokens_per_doc: int | None = None
+    """Cohere's v2: each document cut after its first this many tokens (``None``: whole)."""
     truncate_prompt_tokens: int | None = None
     user: str | None = None
 
@@ -158,6 +162,8 @@ async def rerank(kiln: Kiln, admission: Admission, request: RerankRequest) -> Re
         raise BadRequest("'documents' must not be empty.", param="documents")
     if request.top_n is not None and request.top_n < 0:
         raise BadRequest("'top_n' must be 0 (all) or more.", param="top_n")
+    if request.max_tokens_per_doc is not None and request.max_tokens_per_doc < 1:
+        raise BadRequest("'max_tokens_per_doc' must be 1 or more.", param="max_tokens_per_doc")
     texts = [d if isinstance(d, str) else d.text for d in request.documents]
     _fits(kiln, 1 + len(texts), "documents")
     names = ["query", *_names("documents", texts, len(texts))]
@@ -165,6 +171,7 @@ async def rerank(kiln: Kiln, admission: Admission, request: RerankRequest) -> Re
     done = await services.encode(
         kiln, admission, request.model, [request.query, *texts], endpoint="rerank",
         truncate=request.truncate_prompt_tokens, names=names, pairs=pairs,
+        clip=request.max_tokens_per_doc,
     )  # fmt: skip
     scores = _scores(done, pairs)
     order = sorted(range(len(texts)), key=lambda j: -scores[j])[: request.top_n or None]

@@ -166,6 +166,18 @@ def tokenize_pairs(
     return rows
 
 
+def heads(texts: list[str], tokenizer: Tokenizer, most: int) -> list[str]:
+    """Each text cut after its first ``most`` tokens (its own, special tokens aside), as
+    Cohere's ``max_tokens_per_doc`` cuts a document; a shorter text is kept whole."""
+    cut = []
+    for text, encoding in zip(
+        texts, tokenizer.encode_batch(texts, add_special_tokens=False), strict=True
+    ):
+        offsets = encoding.offsets
+        cut.append(text[: offsets[most - 1][1]] if len(offsets) > most else text)
+    return cut
+
+
 def kept(value: int | None, context: int, least: int = 1) -> int | None:
     """vLLM's ``truncate_prompt_tokens`` checked: how many of its last tokens a prompt keeps
     (-1: the model's context; ``None``: all), at least ``least``."""
@@ -239,12 +251,14 @@ async def encode(
     kiln: Kiln, admission: Admission, model: str, raw: str | list[Any], *, endpoint: str,
     truncate: int | None = None, dimensions: int | None = None, names: Sequence[str] = (),
     pairs: Sequence[tuple[int, int]] | None = None, prompt_name: str | None = None,
+    clip: int | None = None,
 ) -> Encoded:  # fmt: skip
     """Run ``raw`` (as ``input`` of ``POST /v1/embeddings`` takes it) through an embeddings
     model or a classifier, or, on a cross-encoder, the ``pairs`` of its texts; its admission
     records the usage under ``endpoint`` (which the model must serve); texts get the model's
-    prompt (:func:`prompt_of`). Errors name ``names[i]`` for item ``i`` when given, else
-    ``input[i]``."""
+    prompt (:func:`prompt_of`); with ``clip``, the texts after the first (a rerank's documents)
+    keep their first ``clip`` tokens (:func:`heads`). Errors name ``names[i]`` for item ``i``
+    when given, else ``input[i]``."""
     principal, request_id = admission.principal, admission.request_id
     version = await kiln.resolver.resolve(model, str(principal.tenant_id))
     manifest = version.manifest
@@ -258,6 +272,8 @@ async def encode(
     model_dir = await local_tree(kiln.store, version.artifact_digest)
     tokenizer = load_tokenizer(model_dir / (manifest.tokenizer_file or "tokenizer.json"))
     count = count_items(raw, max_inputs(kiln.settings))
+    if clip is not None and isinstance(raw, list):  # a rerank's texts: the query, documents
+        raw = [raw[0], *await off_loop(_chars(raw, count), heads, raw[1:], tokenizer, clip)]
     rows = (
         partial(tokenize_pairs, pairs=pairs)
         if manifest.scores and pairs
