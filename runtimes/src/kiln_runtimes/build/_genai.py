@@ -23,9 +23,9 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
 def builder_command(
     hf_dir: Path, out: Path, cache: Path, *, precision: str, target: str, prune_lm_head: bool
 ) -> list[str]:
-    """The builder's command line for one build."""
+    """The builder's command line for one build (through :mod:`._builder`'s mends)."""
     command = [
-        sys.executable, "-m", "onnxruntime_genai.models.builder",
+        sys.executable, "-m", "kiln_runtimes.build._builder",
         "-i", str(hf_dir), "-o", str(out), "-c", str(cache), "-p", precision, "-e", target,
     ]  # fmt: skip
     if prune_lm_head:

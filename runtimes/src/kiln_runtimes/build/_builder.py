@@ -1,0 +1,59 @@
+"""The onnxruntime-genai builder run as its own ``__main__`` (same arguments), with Kiln's
+mends of what the installed version misreads; the build's accuracy check holds each to the
+source model.
+
+Gemma 3: transformers 5 configures its RoPE per layer type (``rope_parameters:
+{"full_attention": {...}, "sliding_attention": {...}}``), and the builder reads it only flat
+(a ``KeyError: 'rope_type'``). :class:`Gemma3` reads the global layers' RoPE (theta, and a
+``linear`` scaling) from ``full_attention`` and the local layers' theta from
+``sliding_attention``, unscaled, as transformers runs them.
+"""
+
+from __future__ import annotations
+
+import importlib
+import runpy
+from typing import Any
+
+import onnxruntime_genai.models  # noqa: F401 (puts the builder's own folder on sys.path)
+
+builders: Any = importlib.import_module("builders")  # the package `builder.py` imports from
+GLOBAL = ("cos_cache_global", "sin_cache_global")
+LOCAL = ("cos_cache_local", "sin_cache_local")
+
+
+class Gemma3(builders.Gemma3Model):  # type: ignore[misc]
+    """Gemma 3's builder, reading RoPE per layer type."""
+
+    def make_rope_init(self, config: Any) -> None:
+        layered = getattr(config, "rope_parameters", None)
+        if isinstance(layered, dict) and "full_attention" in layered:
+            full, local = layered["full_attention"], layered["sliding_attention"]
+            if local.get("rope_type", "default") != "default":
+                raise ValueError(
+                    f"Gemma 3's local layers with {local['rope_type']!r} RoPE are not built"
+                )
+            config.rope_parameters = full
+            config.rope_local_base_freq = local["rope_theta"]
+            self.rope_attrs["theta"] = full["rope_theta"]
+        super().make_rope_init(config)
+
+    def make_rotary_embedding_multi_cache(self) -> None:
+        self.cos_cache_global_name, self.sin_cache_global_name = GLOBAL
+        self.make_caches(*GLOBAL)
+        self.rope_attrs["create_caches"] = True
+        self.rope_attrs["theta"] = self.rope_local_theta
+        self.rope_attrs["rescale_factors"] = 1  # the global layers' scaling only
+        self.cos_cache_local_name, self.sin_cache_local_name = LOCAL
+        self.make_caches(*LOCAL)
+
+    def make_caches(self, cos: str, sin: str) -> None:
+        """The base builder's caches of these names (Gemma 3's own picks them per layer)."""
+        builders.Gemma2Model.make_rotary_embedding_caches(
+            self, cos_cache_name=cos, sin_cache_name=sin
+        )
+
+
+if __name__ == "__main__":
+    builders.Gemma3Model = Gemma3  # the builder's dispatch imports it from here
+    runpy.run_module("onnxruntime_genai.models.builder", run_name="__main__", alter_sys=True)
