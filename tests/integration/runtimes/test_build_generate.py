@@ -6,7 +6,8 @@ with a wide init so their logits are far from ties); an int4 build reports how f
 a CUDA-target build is produced here on CPU and its structure checked. Mistral's and Gemma 2's
 sliding windows (on every layer; on every other layer) are far shorter than the sequences
 checked, so attending past them would show; Gemma 3's local and global layers each have their
-own RoPE (the global one's scaled), so a layer given the other's would show too.
+own RoPE (the global one's scaled), so a layer given the other's would show too; Qwen2's RoPE
+is YaRN's.
 """
 
 from __future__ import annotations
@@ -33,6 +34,13 @@ ARCHITECTURES = {
 }
 WINDOWS = {"mistral": 24, "gemma2": 48, "gemma3": 24}
 """Sliding windows shorter than the accuracy check's 72 positions and the prompts served."""
+ROPE = {
+    "qwen2": {
+        "rope_parameters": {"rope_type": "yarn", "factor": 4.0, "rope_theta": 10000.0,
+                            "original_max_position_embeddings": 64},
+    },
+}  # fmt: skip
+"""Qwen2's long-context YaRN, its betas left to their defaults (as Qwen's own configs do)."""
 SEEDS = {"gemma3": 1}
 """Draws whose greedy continuation is a real sequence, not a loop of a few tokens (seed 7's)."""
 FIGURES = ("equal_prefix", "top1_agreement", "max_abs_logit_diff", "reference_min_margin")
@@ -43,13 +51,14 @@ PHASES = ["validating", "converting", "optimizing", "checking accuracy", "ready"
 def sources(tmp_path_factory: pytest.TempPathFactory, tiny_models: Any) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("sources")
     return {
-        kind: tiny_models.causal(root / kind, kind, seed=SEEDS.get(kind, 7), **windowed(kind))
+        kind: tiny_models.causal(root / kind, kind, seed=SEEDS.get(kind, 7), **settings(kind))
         for kind in ARCHITECTURES
     }
 
 
-def windowed(kind: str) -> dict[str, int]:
-    return {"sliding_window": WINDOWS[kind]} if kind in WINDOWS else {}
+def settings(kind: str) -> dict[str, Any]:
+    windowed = {"sliding_window": WINDOWS[kind]} if kind in WINDOWS else {}
+    return {**windowed, **ROPE.get(kind, {})}
 
 
 @pytest.fixture(scope="module")

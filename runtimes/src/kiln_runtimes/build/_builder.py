@@ -7,6 +7,12 @@ Gemma 3: transformers 5 configures its RoPE per layer type (``rope_parameters:
 (a ``KeyError: 'rope_type'``). :class:`Gemma3` reads the global layers' RoPE (theta, and a
 ``linear`` scaling) from ``full_attention`` and the local layers' theta from
 ``sliding_attention``, unscaled, as transformers runs them.
+
+YaRN (Qwen2's and Qwen3's long-context RoPE, GPT-OSS's): the builder divides by zero when the
+config leaves ``beta_fast`` and ``beta_slow`` out, asserts on a correction range transformers
+clips, never rounds the range (transformers' ``truncate``, on by default) and takes a lone
+``mscale`` as the attention factor. :func:`yarn_init` and :func:`yarn_inv_freq` compute it as
+transformers does (:mod:`._rope`).
 """
 
 from __future__ import annotations
@@ -17,7 +23,10 @@ from typing import Any
 
 import onnxruntime_genai.models  # noqa: F401 (puts the builder's own folder on sys.path)
 
+from kiln_runtimes.build import _rope
+
 builders: Any = importlib.import_module("builders")  # the package `builder.py` imports from
+BASE_ROPE_INIT = builders.Model.make_rope_init
 GLOBAL = ("cos_cache_global", "sin_cache_global")
 LOCAL = ("cos_cache_local", "sin_cache_local")
 
@@ -54,6 +63,25 @@ class Gemma3(builders.Gemma3Model):  # type: ignore[misc]
         )
 
 
+def yarn_init(self: Any, config: Any) -> None:
+    """The base builder's RoPE settings, YaRN's as transformers reads them."""
+    params = getattr(config, "rope_parameters", None)
+    if not (isinstance(params, dict) and params.get("rope_type") == "yarn"):
+        BASE_ROPE_INIT(self, config)
+        return
+    factor = params.get("factor") or config.max_position_embeddings / self.original_context_length
+    self.rope_attrs["mscale"] = _rope.attention_factor(params, factor)
+    self.rope_attrs["rescale_inv_freq"] = _rope.ntk(params, factor)
+
+
+def yarn_inv_freq(self: Any, inv_freq: Any) -> Any:
+    """YaRN's inverse frequencies, as transformers computes them."""
+    rescale = self.rope_attrs["rescale_inv_freq"]
+    return _rope.inv_freq(inv_freq, rescale, self.rope_attrs["theta"], self.original_context_length)
+
+
 if __name__ == "__main__":
     builders.Gemma3Model = Gemma3  # the builder's dispatch imports it from here
+    builders.Model.make_rope_init = yarn_init
+    builders.Model.make_inv_freq_rescaled_with_ntk = yarn_inv_freq
     runpy.run_module("onnxruntime_genai.models.builder", run_name="__main__", alter_sys=True)
