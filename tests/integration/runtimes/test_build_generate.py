@@ -1,5 +1,5 @@
-"""Generation builds of tiny random Llama, Qwen2, Phi-3, Gemma, Mistral, Gemma 2 and Gemma 3
-folders through the builder.
+"""Generation builds of tiny random Llama, Qwen2, Phi-3, Gemma, Mistral, Gemma 2, Gemma 3, OLMo
+and SmolLM3 folders through the builder (:mod:`kiln_runtimes.build._builder`'s mends).
 
 fp32 builds must reproduce transformers' greedy output token for token (the models are drawn
 with a wide init so their logits are far from ties); an int4 build reports how far it drifts;
@@ -7,7 +7,7 @@ a CUDA-target build is produced here on CPU and its structure checked. Mistral's
 sliding windows (on every layer; on every other layer) are far shorter than the sequences
 checked, so attending past them would show; Gemma 3's local and global layers each have their
 own RoPE (the global one's scaled), so a layer given the other's would show too; Qwen2's RoPE
-is YaRN's.
+is YaRN's; OLMo's norms are weightless LayerNorms; one of SmolLM3's layers has no RoPE.
 """
 
 from __future__ import annotations
@@ -31,16 +31,20 @@ ARCHITECTURES = {
     "mistral": "MistralForCausalLM",
     "gemma2": "Gemma2ForCausalLM",
     "gemma3": "Gemma3ForCausalLM",
+    "olmo": "OlmoForCausalLM",
+    "smollm3": "SmolLM3ForCausalLM",
 }
 WINDOWS = {"mistral": 24, "gemma2": 48, "gemma3": 24}
 """Sliding windows shorter than the accuracy check's 72 positions and the prompts served."""
-ROPE = {
+ROPE: dict[str, dict[str, Any]] = {
     "qwen2": {
         "rope_parameters": {"rope_type": "yarn", "factor": 4.0, "rope_theta": 10000.0,
                             "original_max_position_embeddings": 64},
     },
+    "smollm3": {"no_rope_layer_interval": 2},
 }  # fmt: skip
-"""Qwen2's long-context YaRN, its betas left to their defaults (as Qwen's own configs do)."""
+"""Qwen2's long-context YaRN, its betas left to their defaults (as Qwen's own configs do);
+SmolLM3's second layer without RoPE (its every fourth, in a model of two)."""
 SEEDS = {"gemma3": 1}
 """Draws whose greedy continuation is a real sequence, not a loop of a few tokens (seed 7's)."""
 FIGURES = ("equal_prefix", "top1_agreement", "max_abs_logit_diff", "reference_min_margin")

@@ -13,6 +13,14 @@ config leaves ``beta_fast`` and ``beta_slow`` out, asserts on a correction range
 clips, never rounds the range (transformers' ``truncate``, on by default) and takes a lone
 ``mscale`` as the attention factor. :func:`yarn_init` and :func:`yarn_inv_freq` compute it as
 transformers does (:mod:`._rope`).
+
+OLMo: its norms are LayerNorms without weights at an epsilon of 1e-5; the builder made them
+RMSNorms at 1e-6 (a logit off by 7 on a tiny model). :class:`Olmo` builds them as transformers
+runs them, and refuses ``clip_qkv``, which the builder leaves out.
+
+SmolLM3: its layers without RoPE (``no_rope_layers``, every fourth) were built with RoPE moved
+out of the attention node, which asks for a ``position_ids`` input the graph does not have
+(``KeyError: 'position_ids'``). :class:`SmolLM3` builds them with no RoPE at all.
 """
 
 from __future__ import annotations
@@ -63,6 +71,35 @@ class Gemma3(builders.Gemma3Model):  # type: ignore[misc]
         )
 
 
+class Olmo(builders.OLMoModel):  # type: ignore[misc]
+    """OLMo's builder, with OLMo's LayerNorm."""
+
+    def __init__(self, config: Any, *args: Any) -> None:
+        if getattr(config, "clip_qkv", None) is not None:
+            raise ValueError("OLMo's clip_qkv is not built by onnxruntime-genai's builder")
+        super().__init__(config, *args)
+        self.layernorm_attrs["simple"] = False
+        self.layernorm_attrs["epsilon"] = 1e-5  # transformers' OlmoLayerNorm
+
+
+class SmolLM3(builders.SmolLM3Model):  # type: ignore[misc]
+    """SmolLM3's builder: a layer of ``no_rope_layers`` 0 gets no RoPE, as in transformers."""
+
+    window_size: int
+
+    def make_attention(self, layer_id: int, attention: Any, root_input: str, **kwargs: Any) -> None:
+        attrs, window = self.attention_attrs, self.window_size
+        kept = attrs["rope"], attrs["use_rope_in_attn"]
+        if not self.no_rope_layers[layer_id]:
+            attrs["rope"] = attrs["use_rope_in_attn"] = False
+        if self.layer_types[layer_id] == "full_attention":
+            self.window_size = -1
+        try:
+            builders.LlamaModel.make_attention(self, layer_id, attention, root_input, **kwargs)
+        finally:
+            (attrs["rope"], attrs["use_rope_in_attn"]), self.window_size = kept, window
+
+
 def yarn_init(self: Any, config: Any) -> None:
     """The base builder's RoPE settings, YaRN's as transformers reads them."""
     params = getattr(config, "rope_parameters", None)
@@ -81,7 +118,9 @@ def yarn_inv_freq(self: Any, inv_freq: Any) -> Any:
 
 
 if __name__ == "__main__":
-    builders.Gemma3Model = Gemma3  # the builder's dispatch imports it from here
+    builders.Gemma3Model = Gemma3  # the builder's dispatch imports them from here
+    builders.OLMoModel = Olmo
+    builders.SmolLM3Model = SmolLM3
     builders.Model.make_rope_init = yarn_init
     builders.Model.make_inv_freq_rescaled_with_ntk = yarn_inv_freq
     runpy.run_module("onnxruntime_genai.models.builder", run_name="__main__", alter_sys=True)
