@@ -10,7 +10,7 @@ import msgspec
 import numpy as np
 import pytest
 
-from kiln_runtimes.accuracy import ClassAccuracy, EmbedAccuracy, ScoreAccuracy
+from kiln_runtimes.accuracy import ClassAccuracy, EmbedAccuracy, GenerateAccuracy, ScoreAccuracy
 from kiln_runtimes.build import BuildError
 from kiln_runtimes.build._accuracy import agreement, cosines, faithful, teacher_forced
 from kiln_runtimes.build._checks import (
@@ -279,12 +279,20 @@ def test_old_manifests_still_decode() -> None:
     assert (manifest.stop_token_ids, manifest.precision, manifest.pooling) == ([], None, None)
 
 
-def test_an_fp32_encoder_build_unlike_its_source_fails() -> None:
+def _generated(diff: float) -> GenerateAccuracy:
+    return GenerateAccuracy(
+        prompt_ids=[1], tokens=2, reference_ids=[5, 6], built_ids=[5, 7], equal_prefix=1,
+        first_divergence=1, top1_agreement=0.5, max_abs_logit_diff=diff, reference_min_margin=0.1,
+    )  # fmt: skip
+
+
+def test_an_fp32_build_unlike_its_source_fails() -> None:
     embed = EmbedAccuracy(inputs=["a"], cosines=[0.98], min_cosine=0.98)
     score = ScoreAccuracy(pairs=[["a", "b"]], reference=[0.9], built=[0.5], max_abs_diff=0.4)
     classes = ClassAccuracy(inputs=["a"], reference=[[0.5, 0.5]], built=[[0.5, 0.5]],
                             max_abs_diff=2e-7, top1_agreement=1.0)  # fmt: skip
-    for bad in (embed, score):
+    faithful(_generated(0.007), "fp32")  # a right conversion's figure (Nemotron's, tiny)
+    for bad in (embed, score, _generated(1.07), _generated(float("nan"))):
         with pytest.raises(BuildError) as refused:
             faithful(bad, "fp32")
         assert refused.value.field == "architectures"

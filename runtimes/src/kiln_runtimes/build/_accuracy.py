@@ -17,6 +17,9 @@ FP32_MIN_COSINE = 0.999
 """An fp32 encoder graph is the source's arithmetic: a lower cosine means a wrong conversion."""
 FP32_MAX_DIFF = 1e-3
 """The same for an fp32 cross-encoder's scores or a classifier's probabilities."""
+FP32_MAX_LOGIT_DIFF = 0.1
+"""The same for an fp32 generation build's logits: right conversions measure 2e-5 to 7e-3
+(tiny models of every architecture; SmolLM2-135M 6e-5), wrong ones 1 and more."""
 PROMPT = "The quick brown fox jumps over the lazy dog. Once upon a time"
 SENTENCES = (
     "a cat sits on the mat",
@@ -200,20 +203,28 @@ def classes(source: Path, built_dir: Path, model_file: str) -> ClassAccuracy:
     )  # fmt: skip
 
 
-def faithful(report: EmbedAccuracy | ScoreAccuracy | ClassAccuracy, precision: str) -> None:
-    """Refuse an fp32 encoder build that does not answer like its source: a conversion that
-    went wrong (int8's loss is the operator's choice, reported and served)."""
+def faithful(
+    report: EmbedAccuracy | ScoreAccuracy | ClassAccuracy | GenerateAccuracy, precision: str
+) -> None:
+    """Refuse an fp32 build that does not answer like its source: a conversion that went wrong
+    (int8's and int4's loss is the operator's choice, reported and served)."""
     if precision != "fp32":
         return
     if isinstance(report, EmbedAccuracy):
         if report.min_cosine < FP32_MIN_COSINE:
-            raise BuildError(
-                f"the fp32 graph answers unlike its source: min cosine {report.min_cosine:.6f} "
-                f"to sentence-transformers (at least {FP32_MIN_COSINE})",
-                file="config.json", field="architectures",
-            )  # fmt: skip
+            _unlike(f"min cosine {report.min_cosine:.6f} to sentence-transformers "
+                    f"(at least {FP32_MIN_COSINE})")  # fmt: skip
+    elif isinstance(report, GenerateAccuracy):
+        if not report.max_abs_logit_diff <= FP32_MAX_LOGIT_DIFF:  # NaN too
+            _unlike(f"max logit difference {report.max_abs_logit_diff:.3g} to transformers, "
+                    f"top-1 agreement {report.top1_agreement:.2f} "
+                    f"(at most {FP32_MAX_LOGIT_DIFF})")  # fmt: skip
     elif report.max_abs_diff > FP32_MAX_DIFF:
-        raise BuildError(
-            f"the fp32 graph answers unlike its source: max difference {report.max_abs_diff:.3g} "
-            f"(at most {FP32_MAX_DIFF})", file="config.json", field="architectures",
-        )  # fmt: skip
+        _unlike(f"max difference {report.max_abs_diff:.3g} (at most {FP32_MAX_DIFF})")
+
+
+def _unlike(figures: str) -> None:
+    raise BuildError(
+        f"the fp32 graph answers unlike its source: {figures}", file="config.json",
+        field="architectures",
+    )  # fmt: skip

@@ -118,7 +118,9 @@ def _hf_generate(
     if options.target != "cpu":
         return manifest, AccuracySkipped(reason=f"a {options.target} graph needs a GPU to run")
     say("checking accuracy", 80, f"greedy and teacher-forced, {options.accuracy_tokens} tokens")
-    return manifest, _accuracy.generate(hf, folder, options.accuracy_tokens)
+    report = _accuracy.generate(hf, folder, options.accuracy_tokens)
+    _accuracy.faithful(report, precision)
+    return manifest, report
 
 
 def _gguf(
