@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import io
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -55,6 +56,7 @@ def sources(tmp_path_factory: pytest.TempPathFactory, tiny_models: Any) -> dict[
         made[f"bert-{pooling}"] = tiny_models.sentence(
             root / f"bert-{pooling}", pooling, normalize=pooling == "mean", **prompts
         )
+    made["think"] = tiny_models.causal(root / "think", "qwen2", seed=7, think=True)
     made["bert-rerank"] = tiny_models.cross_encoder(root / "bert-rerank", seed=3)
     made["bert-classify"] = tiny_models.cross_encoder(root / "bert-classify", seed=4, labels=LABELS)
     return made
@@ -303,6 +305,42 @@ def test_vllms_prompt_logprobs_rank_each_prompt_token(
     with pytest.raises(openai.BadRequestError, match="stream"):
         client.completions.create(model="tiny-llama", prompt=prompt, max_tokens=1, stream=True,
                                   extra_body={"prompt_logprobs": 1})  # fmt: skip
+
+
+THINKING = {"structured_outputs": {"regex": "<think>[a-z]{3,6}</think>[a-z]{3,6}"}}
+"""A reasoning model's answer forced into shape: its thoughts, then its content (random weights
+write no tags of their own)."""
+
+
+def test_a_reasoning_models_thoughts_are_its_reasoning(
+    kiln: KilnProcess, built: dict[str, dict[str, Any]]
+) -> None:
+    """A model whose tokenizer has ``<think>`` and ``</think>`` answers with what it writes
+    between them as the message's ``reasoning`` (vLLM's), the rest as ``content``: whole and
+    streamed alike, left out with ``include_reasoning: false``; its text completion is raw."""
+    assert built["think"]["status"] == "done", built["think"]
+    name, client = "tiny-think", _openai(kiln)
+    kiln.wait_until_serving(name, path="completions")
+    asked: dict[str, Any] = {"model": name, "messages": [{"role": "user", "content": "a cat"}],
+                             "max_tokens": 40, "temperature": 0}  # fmt: skip
+    message = client.chat.completions.create(**asked, extra_body=THINKING).choices[0].message
+    reasoning, content = message.model_extra["reasoning"], message.content
+    assert re.fullmatch("[a-z]{3,6}", reasoning)
+    assert re.fullmatch("[a-z]{3,6}", content or "")
+    deltas = [c.choices[0].delta for c in client.chat.completions.create(
+        **asked, extra_body=THINKING, stream=True) if c.choices]  # fmt: skip
+    assert "".join(d.model_extra.get("reasoning") or "" for d in deltas) == reasoning
+    assert "".join(d.content or "" for d in deltas) == content
+    hidden = (
+        client.chat.completions.create(**asked, extra_body={**THINKING, "include_reasoning": False})
+        .choices[0]
+        .message
+    )
+    assert (hidden.content, "reasoning" in (hidden.model_extra or {})) == (content, False)
+    prompt = client.completions.create(model=name, prompt="a cat", max_tokens=40, temperature=0,
+                                       extra_body=THINKING).choices[0].text  # fmt: skip
+    assert prompt.startswith("<think>")
+    assert "</think>" in prompt
 
 
 @pytest.mark.parametrize("pooling", POOLINGS)

@@ -13,24 +13,15 @@ from jinja2.exceptions import TemplateError
 from kiln_platform.errors import BadRequest
 from kiln_platform.gateway._chat_jinja import chat_environment
 from kiln_platform.gateway._items import text_of
+from kiln_platform.gateway._reasoning import think_ids
 from kiln_platform.gateway.services import load_tokenizer
+from kiln_runtimes.byte_level import BYTE_OF
 
 if TYPE_CHECKING:
     from pathlib import Path
 
     from jinja2 import Template
     from tokenizers import Tokenizer
-
-
-def _byte_of() -> dict[str, int]:
-    """GPT-2's byte-level alphabet, reversed: the character a byte-level BPE token uses for each
-    byte -> that byte."""
-    printable = [*range(33, 127), *range(161, 173), *range(174, 256)]
-    extra = iter(range(256, 512))
-    return {chr(b if b in printable else next(extra)): b for b in range(256)}
-
-
-_BYTE_OF = _byte_of()
 
 
 RENDERED = frozenset({"messages", "tools", "add_generation_prompt", "bos_token", "eos_token"})
@@ -53,6 +44,8 @@ class TextModel:
     tool_use: TextModel | None = None
     """The model with its ``tool_use`` chat template, for requests that offer tools (as
     ``apply_chat_template`` picks it)."""
+    think: tuple[int, int] | None = None
+    """The ids of its ``<think>`` and ``</think>`` if it reasons in them (``_reasoning``)."""
     _bytes: dict[int, bytes] = field(default_factory=dict, compare=False, repr=False)
 
     def token_bytes(self, token_id: int) -> bytes:
@@ -62,9 +55,9 @@ class TextModel:
         if found is None:
             piece = self.tokenizer.id_to_token(token_id) or ""
             if type(self.tokenizer.decoder).__name__ == "ByteLevel" and all(
-                c in _BYTE_OF for c in piece
+                c in BYTE_OF for c in piece
             ):
-                found = bytes(_BYTE_OF[c] for c in piece)
+                found = bytes(BYTE_OF[c] for c in piece)
             else:
                 found = self.tokenizer.decode([token_id], skip_special_tokens=False).encode()
             self._bytes[token_id] = found
@@ -147,7 +140,7 @@ def load_text_model(model_dir: Path, tokenizer_file: str) -> TextModel:
         eos_ids.add(tokenizer.token_to_id(eos_token))
     model = TextModel(
         tokenizer=tokenizer, template=None, bos_token=_token(config.get("bos_token")),
-        eos_token=eos_token, eos_token_ids=tuple(sorted(eos_ids)),
+        eos_token=eos_token, eos_token_ids=tuple(sorted(eos_ids)), think=think_ids(tokenizer),
     )  # fmt: skip
     tool_use = model_dir / "additional_chat_templates" / "tool_use.jinja"
     if tool_use.is_file():

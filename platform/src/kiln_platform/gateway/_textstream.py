@@ -84,13 +84,13 @@ class TextStream:
             start, end = min(hits)
             text, self._held = self._held[: end if self.include_stop else start], ""
             return text
-        keep = _longest_stop_prefix_suffix(self._held, self.stop)
+        keep = longest_stop_prefix_suffix(self._held, self.stop)
         cut = len(self._held) - keep
         text, self._held = self._held[:cut], self._held[cut:]
         return text
 
 
-def _longest_stop_prefix_suffix(text: str, stops: tuple[str, ...]) -> int:
+def longest_stop_prefix_suffix(text: str, stops: tuple[str, ...]) -> int:
     """Length of the longest suffix of ``text`` that is a proper prefix of some stop string."""
     best = 0
     for stop in stops:

@@ -68,12 +68,15 @@ def assembled(chunks: list[ChatCompletionChunk], usage: Usage) -> ChatCompletion
     """The ``chat.completion`` a stream of chunks makes up (as a client joins them), with the
     generation's ``usage``."""
     texts: dict[int, list[str]] = {}
+    thoughts: dict[int, list[str]] = {}
     calls: dict[int, list[ToolCall]] = {}
     logprobs: dict[int, list[TokenLogprob]] = {}
     finish: dict[int, str] = {}
     for chunk in chunks:
         for c in chunk.choices:
             texts.setdefault(c.index, []).append(c.delta.content or "")
+            if c.delta.reasoning is not None:
+                thoughts.setdefault(c.index, []).append(c.delta.reasoning)
             for call in c.delta.tool_calls or []:
                 calls.setdefault(c.index, []).append(ToolCall(id=call.id, function=call.function))
             if c.logprobs is not None and c.logprobs.content is not None:
@@ -84,7 +87,7 @@ def assembled(chunks: list[ChatCompletionChunk], usage: Usage) -> ChatCompletion
         ChatChoice(
             index=i,
             message=AssistantMessage(content=None, tool_calls=calls[i]) if i in calls
-            else AssistantMessage(content="".join(parts)),
+            else _message("".join(parts), thoughts.get(i)),
             finish_reason=finish.get(i, "stop"),
             logprobs=ChoiceLogprobs(content=logprobs[i]) if i in logprobs else None,
         )
@@ -96,3 +99,10 @@ def assembled(chunks: list[ChatCompletionChunk], usage: Usage) -> ChatCompletion
         usage=usage, system_fingerprint=first.system_fingerprint,
         service_tier=first.service_tier,
     )  # fmt: skip
+
+
+def _message(content: str, thoughts: list[str] | None) -> AssistantMessage:
+    """A streamed text answer's message (a reasoning model's with the reasoning it sent)."""
+    if thoughts is None:
+        return AssistantMessage(content=content)
+    return AssistantMessage(content=content or None, reasoning="".join(thoughts))

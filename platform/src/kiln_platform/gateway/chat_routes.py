@@ -66,11 +66,13 @@ class ChatCompletionsController(DocumentedController):
         metadata_of(data.metadata)
         gen = await llm.prepare(kiln, admission, data)
         if data.stream:
-            events = completions.stream_chat(gen, data.stream_options)
+            events = completions.stream_chat(gen, data.stream_options,
+                                             reasoning=data.include_reasoning)  # fmt: skip
             if data.keep:
                 events = chat_kept.recorded(gen, data, events)
             return completions.streamed(gen, events)
-        body = await completions.complete_chat(gen, data.prompt_logprobs)
+        body = await completions.complete_chat(gen, data.prompt_logprobs,
+                                               reasoning=data.include_reasoning)  # fmt: skip
         await chat_kept.keep(gen, data, body)
         return Response(body, media_type=MediaType.JSON, headers=lifecycle.headers(gen.version))
 

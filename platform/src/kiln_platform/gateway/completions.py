@@ -11,6 +11,7 @@ from litestar.response import Stream
 
 from kiln_platform.errors import KilnError
 from kiln_platform.gateway import _logprobs
+from kiln_platform.gateway._reasoning import Split
 from kiln_platform.gateway.llm import Generation, Piece, sse
 from kiln_platform.gateway.llm_schemas import (
     AssistantMessage,
@@ -100,8 +101,31 @@ def tool_calls(gen: Generation, index: int, text: str, finish: str) -> list[Tool
     return gen.tools.calls(text, f"{ident('call', gen)}_{index}")
 
 
-async def complete_chat(gen: Generation, scored: int | None = None) -> ChatCompletion:
-    """A non-streamed chat completion (``scored``: vLLM's ``prompt_logprobs`` asked)."""
+def splitter(gen: Generation, index: int) -> Split | None:
+    """Choice ``index``'s split into reasoning and content, if its model reasons in tags and
+    the answer is not for tool calls (``_reasoning``)."""
+    think = gen.model.think
+    if think is None or gen.tools is not None:
+        return None
+    return Split.after(think, gen.choices[index].request.prompt_ids)
+
+
+def _message(gen: Generation, index: int, text: str, shown: bool) -> AssistantMessage:
+    """Choice ``index``'s message: its text, or a reasoning model's content and reasoning
+    (left out if none, or unless ``shown``: vLLM's ``include_reasoning``)."""
+    split = splitter(gen, index)
+    if split is None:
+        return AssistantMessage(content=text)
+    reasoning, content = split.whole(text)
+    said = reasoning if shown and reasoning else msgspec.UNSET
+    return AssistantMessage(content=content or (None if reasoning else content), reasoning=said)
+
+
+async def complete_chat(
+    gen: Generation, scored: int | None = None, *, reasoning: bool = True
+) -> ChatCompletion:
+    """A non-streamed chat completion (``scored``: vLLM's ``prompt_logprobs`` asked;
+    ``reasoning``: a reasoning model's reasoning sent)."""
     answers = await collect(gen)
     choices = []
     for i, a in enumerate(answers):
@@ -109,7 +133,7 @@ async def complete_chat(gen: Generation, scored: int | None = None) -> ChatCompl
         if a.logprobs is not None:
             logprobs = _logprobs.chat(gen.model, a.token_ids, a.logprobs)
         text, finish = "".join(a.parts), a.finish
-        message = AssistantMessage(content=text)
+        message = _message(gen, i, text, reasoning)
         if (calls := tool_calls(gen, i, text, finish)) is not None and gen.tools is not None:
             message, finish = (
                 AssistantMessage(content=None, tool_calls=calls),
@@ -193,17 +217,19 @@ def _usage_asked(options: StreamOptions | None) -> tuple[bool, bool]:
 
 
 async def stream_chat(
-    gen: Generation, options: StreamOptions | None
+    gen: Generation, options: StreamOptions | None, *, reasoning: bool = True
 ) -> AsyncGenerator[bytes, None]:
     """``chat.completion.chunk`` events, choices interleaved by ``index``, then usage (if
-    asked) and ``[DONE]``."""
+    asked) and ``[DONE]``; a reasoning model's deltas carry its ``reasoning`` (if
+    ``reasoning``) apart from its ``content``."""
     cid, created, model = ident("chatcmpl", gen), int(time.time()), gen.name
     mark, tier = fingerprint(gen.version), gen.admission.service_tier
     include_usage, every = _usage_asked(options)
+    splits = {c.index: s for c in gen.choices if (s := splitter(gen, c.index)) is not None}
 
     def chunk(piece: Piece, delta: Delta, finish: str | None = None) -> bytes:
         logprobs = None
-        if piece.logprobs is not None and delta.content is not None:
+        if piece.logprobs is not None and finish is None and delta.tool_calls is None:
             logprobs = _logprobs.chat(gen.model, piece.token_ids, piece.logprobs)
         choice = ChunkChoice(delta=delta, finish_reason=finish, index=piece.index,
                              logprobs=logprobs)  # fmt: skip
@@ -225,8 +251,9 @@ async def stream_chat(
                             yield event
                     continue
                 piece = _joined(held.pop(piece.index))  # the model chose text: streamed as is
-            if piece.text or piece.logprobs:
-                yield chunk(piece, Delta(content=piece.text))
+            delta = _delta(splits.get(piece.index), piece, reasoning)
+            if delta is not None:
+                yield chunk(piece, delta)
             if piece.finish_reason:
                 yield chunk(piece, Delta(), piece.finish_reason)
     except KilnError as exc:
@@ -237,6 +264,21 @@ async def stream_chat(
                                    service_tier=tier)  # fmt: skip
         yield sse(last)
     yield DONE
+
+
+def _delta(split: Split | None, piece: Piece, shown: bool) -> Delta | None:
+    """The delta a piece makes (``None``: none to send): its text, or a reasoning model's
+    content and reasoning (``shown``) made final by it."""
+    if split is None:
+        return Delta(content=piece.text) if piece.text or piece.logprobs else None
+    reasoning, content = split.push(piece.text)
+    if piece.finish_reason is not None:
+        rest = split.flush()
+        reasoning, content = reasoning + rest[0], content + rest[1]
+    reasoning = reasoning if shown else ""
+    if not (reasoning or content or piece.logprobs):
+        return None
+    return Delta(content=content or None, reasoning=reasoning or None)
 
 
 def is_text(gen: Generation, text: str) -> bool:

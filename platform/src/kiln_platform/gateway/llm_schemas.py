@@ -131,6 +131,8 @@ class ChatCompletionRequest(_Sampling, kw_only=True, forbid_unknown_fields=True)
     chat_template_kwargs: dict[str, Any] | None = None
     """vLLM's: more variables for the model's chat template (``enable_thinking: false`` for a
     model whose template reads it); a template that does not read one ignores it."""
+    include_reasoning: bool = True
+    """vLLM's: a reasoning model's ``reasoning`` is sent (false: left out, content alone)."""
     add_generation_prompt: bool | None = None
     """vLLM's: end the prompt with the assistant's turn (the default); false leaves it out."""
     continue_final_message: bool | None = None
@@ -214,6 +216,8 @@ class AssistantMessage(msgspec.Struct, kw_only=True, omit_defaults=False):
     role: str = "assistant"
     refusal: None = None
     tool_calls: list[ToolCall] | None = None
+    reasoning: str | msgspec.UnsetType = msgspec.UNSET
+    """A reasoning model's reasoning (vLLM's field; left out when there is none)."""
 
 
 class TopLogprob(msgspec.Struct, kw_only=True, omit_defaults=False):
@@ -280,6 +284,7 @@ class Delta(msgspec.Struct, kw_only=True, omit_defaults=True):
 
     role: str | None = None
     content: str | None = None
+    reasoning: str | None = None
     tool_calls: list[ToolCallDelta] | None = None
 
 

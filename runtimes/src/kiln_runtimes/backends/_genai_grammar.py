@@ -9,13 +9,16 @@ model's stop tokens are allowed, and the sequence ends as any other does.
 
 from __future__ import annotations
 
+import json
 import threading
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import llguidance
 import numpy as np
 import numpy.typing as npt
 from llguidance.numpy import allocate_token_bitmask, fill_next_token_bitmask
+
+from kiln_runtimes.byte_level import CHAR_OF
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -80,9 +83,37 @@ class Grammars:
         with self._lock:
             tokenizer = self._tokenizers.get(stops)
             if tokenizer is None:
-                text = self._path.read_text(encoding="utf-8")
+                text = text_added_tokens(self._path.read_text(encoding="utf-8"))
                 tokenizer = llguidance.LLTokenizer(
                     text, n_vocab=self._vocab_size, eos_token=list(stops)
                 )
                 self._tokenizers[stops] = tokenizer
             return tokenizer
+
+
+def text_added_tokens(raw: str) -> str:
+    """The tokenizer JSON for llguidance, each added token that is not special (Qwen's
+    ``<tool_call>`` and ``<think>``) moved into the model's vocabulary as the text it stands for.
+
+    llguidance takes every added token for a special one, bytes no text is made of: a grammar
+    could not take the model's own ``<tool_call>`` token for that text, and one that forces the
+    text (a regex starting ``<think>``) fails, as llguidance spells it with that token and then
+    refuses it. Special tokens stay as they are."""
+    spec: dict[str, Any] = json.loads(raw)
+    vocab = (spec.get("model") or {}).get("vocab")
+    if not isinstance(vocab, dict):  # Unigram's is a list: left as it was
+        return raw
+    byte_level = "ByteLevel" in json.dumps([spec.get("pre_tokenizer"), spec.get("decoder")])
+    kept = []
+    for token in spec.get("added_tokens") or []:
+        content = str(token.get("content", ""))
+        written = (
+            "".join(CHAR_OF[b] for b in content.encode()) if byte_level
+            else content.replace(" ", "\u2581")
+        )  # fmt: skip
+        if token.get("special") or not content or written in vocab:
+            kept.append(token)
+        else:
+            vocab[written] = token["id"]
+    spec["added_tokens"] = kept
+    return json.dumps(spec)

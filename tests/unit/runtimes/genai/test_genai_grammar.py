@@ -107,3 +107,47 @@ def test_a_matcher_in_error_allows_only_the_stop_tokens(
     forbidden = int(np.flatnonzero(~first)[-1])
     constraint.consume(forbidden)
     assert list(np.flatnonzero(constraint.allowed())) == [EOS, 3]
+
+
+def test_an_added_token_that_is_not_special_is_text_to_a_grammar(tmp_path: Path) -> None:
+    """Qwen's ``<tool_call>`` and ``<think>``: a grammar takes the model's own token for the
+    text where the model may choose it, and one that forces the text spells it (llguidance
+    alone spelled it with that token, then refused it as special); a special token stays one."""
+    from tokenizers import AddedToken
+
+    from kiln_runtimes.backends._genai_grammar import text_added_tokens
+
+    tok = byte_bpe(["hello world think call"] * 50)
+    tok.add_tokens([AddedToken(t, special=False) for t in ("<think>", " <tool call>")])
+    tok.add_special_tokens([AddedToken("<|end|>", special=True)])
+    ids = tok.get_vocab(with_added_tokens=True)
+    think, call, end = (ids[t] for t in ("<think>", " <tool call>", "<|end|>"))
+    raw = tok.to_str()
+    vocab = tok.get_vocab_size()
+    plain = llguidance.LLTokenizer(raw, n_vocab=vocab, eos_token=[end])
+    assert plain.is_special_token(think)  # what llguidance makes of it alone
+    mended = llguidance.LLTokenizer(text_added_tokens(raw), n_vocab=vocab, eos_token=[end])
+    assert not mended.is_special_token(think)
+    assert mended.decode_bytes([call]) == b" <tool call>"  # its space, as the text has it
+    assert mended.is_special_token(end)
+    path = tmp_path / "tokenizer.json"
+    path.write_text(raw)
+    grammars = Grammars(path, vocab)
+    chosen = grammars.constraint(_request(grammar_of("(<think>|hello)( <tool call>|x)"), [end]))
+    assert chosen is not None
+    assert chosen.allowed()[think]
+    chosen.consume(think)
+    assert chosen.allowed()[call]
+    chosen.consume(call)
+    assert list(np.flatnonzero(chosen.allowed())) == [end]
+    forced = grammars.constraint(_request(grammar_of("<think>hello"), [end]))
+    assert forced is not None
+    spelled: list[int] = []
+    while not (allowed := forced.allowed())[end]:
+        spelled.append(int(np.flatnonzero(allowed)[0]))
+        forced.consume(spelled[-1])
+    assert tok.decode(spelled) == "<think>hello"
+
+
+def grammar_of(regex: str) -> str:
+    return llguidance.LLMatcher.grammar_from_regex(regex)

@@ -1,0 +1,88 @@
+"""A reasoning model's answer split into its reasoning and its content, as vLLM's reasoning
+parsers split Qwen3's and DeepSeek-R1's: what the model writes between ``<think>`` and
+``</think>`` is the message's ``reasoning``, the rest its ``content``.
+
+A model reasons this way when its tokenizer has both tags as tokens of their own that its text
+shows (not special tokens, which detokenizing leaves out). Its answer starts inside the
+reasoning when the prompt left a ``<think>`` open (DeepSeek-R1's template, Qwen3's thinking
+ones), else only if it opens one itself, before any other text (Qwen3's; with
+``enable_thinking: false`` its template closes an empty one in the prompt, so all is content).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Literal
+
+from kiln_platform.gateway._textstream import longest_stop_prefix_suffix
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+
+    from tokenizers import Tokenizer
+
+OPEN, CLOSE = "<think>", "</think>"
+
+
+def think_ids(tokenizer: Tokenizer) -> tuple[int, int] | None:
+    """The ids of ``<think>`` and ``</think>`` if the tokenizer has both as added tokens its
+    text shows (``None``: the model does not reason in tags)."""
+    shown = {t.content: i for i, t in tokenizer.get_added_tokens_decoder().items() if not t.special}
+    if OPEN in shown and CLOSE in shown:
+        return shown[OPEN], shown[CLOSE]
+    return None
+
+
+def _last(ids: Sequence[int], token: int) -> int:
+    return max((i for i, t in enumerate(ids) if t == token), default=-1)
+
+
+@dataclass(slots=True)
+class Split:
+    """Feed an answer's text as it comes; get the reasoning and the content it makes final
+    (text that may still be a tag is held back)."""
+
+    state: Literal["start", "inside", "after"] = "start"
+    _held: str = ""
+
+    @classmethod
+    def after(cls, think: tuple[int, int], prompt_ids: Sequence[int]) -> Split:
+        """The split of an answer to ``prompt_ids`` (inside the reasoning if it left one open)."""
+        opened = _last(prompt_ids, think[0]) > _last(prompt_ids, think[1])
+        return cls("inside" if opened else "start")
+
+    def push(self, text: str) -> tuple[str, str]:
+        """(reasoning, content) made final by ``text``."""
+        self._held += text
+        reasoning = content = ""
+        while True:
+            if self.state == "start":
+                bare = self._held.lstrip()
+                if bare.startswith(OPEN):
+                    self._held, self.state = bare[len(OPEN) :], "inside"
+                elif OPEN.startswith(bare):  # nothing yet, or the start of the tag
+                    return reasoning, content
+                else:
+                    self.state = "after"
+            elif self.state == "inside":
+                at = self._held.find(CLOSE)
+                if at < 0:
+                    cut = len(self._held) - longest_stop_prefix_suffix(self._held, (CLOSE,))
+                    reasoning, self._held = reasoning + self._held[:cut], self._held[cut:]
+                    return reasoning, content
+                reasoning += self._held[:at]
+                self._held, self.state = self._held[at + len(CLOSE) :], "after"
+            else:
+                content, self._held = content + self._held, ""
+                return reasoning, content
+
+    def flush(self) -> tuple[str, str]:
+        """(reasoning, content) still held back, at the end of the answer."""
+        held, self._held = self._held, ""
+        return (held, "") if self.state == "inside" else ("", held)
+
+    def whole(self, text: str) -> tuple[str, str]:
+        """A whole answer's (reasoning, content)."""
+        reasoning, content = self.push(text)
+        rest = self.flush()
+        return reasoning + rest[0], content + rest[1]

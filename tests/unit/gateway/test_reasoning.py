@@ -1,0 +1,77 @@
+"""A reasoning model's answer split into reasoning and content: whole or streamed in any
+pieces alike, inside the reasoning from the start when the prompt left ``<think>`` open, and
+only for tags the tokenizer shows as text."""
+
+from __future__ import annotations
+
+import pytest
+from tokenizers import AddedToken, Tokenizer, models
+
+from kiln_platform.gateway._reasoning import Split, think_ids
+
+OPEN, CLOSE = 7, 8
+
+
+@pytest.mark.parametrize(
+    ("state", "text", "want"),
+    [
+        ("start", "<think>\nhmm, cats\n</think>\n\nA cat.", ("\nhmm, cats\n", "\n\nA cat.")),
+        ("start", "\n <think>a</think>b", ("a", "b")),  # whitespace before the tag
+        ("start", "A cat. <think>no</think>", ("", "A cat. <think>no</think>")),  # text first
+        ("start", "<thin", ("", "<thin")),  # cut inside the tag: it was never one
+        ("start", "", ("", "")),
+        ("inside", "still thinking", ("still thinking", "")),  # cut before it closed
+        ("inside", "a</think>b</think>c", ("a", "b</think>c")),  # the first close ends it
+        ("inside", "a</thi", ("a</thi", "")),
+        ("after", "<think>x</think>", ("", "<think>x</think>")),
+    ],
+)
+def test_whole_and_streamed_answers_split_alike(
+    state: str, text: str, want: tuple[str, str]
+) -> None:
+    assert Split(state).whole(text) == want  # type: ignore[arg-type]
+    for size in (1, 2, 3, 5):
+        split, parts = Split(state), ["", ""]  # type: ignore[arg-type]
+        for at in range(0, len(text), size):
+            for i, said in enumerate(split.push(text[at : at + size])):
+                parts[i] += said
+        for i, said in enumerate(split.flush()):
+            parts[i] += said
+        assert tuple(parts) == want, size
+
+
+def test_held_text_is_only_what_may_be_a_tag() -> None:
+    split = Split("inside")
+    assert split.push("abc</") == ("abc", "")
+    assert split.push("th") == ("", "")
+    assert split.push("ink>d") == ("", "d")
+    split = Split()
+    assert split.push("  <th") == ("", "")
+    assert split.push("x") == ("", "  <thx")
+
+
+@pytest.mark.parametrize(
+    ("prompt", "state"),
+    [
+        ([1, 2, OPEN, 3], "inside"),  # DeepSeek-R1's template opens it for the model
+        ([1, OPEN, 3, CLOSE, 4], "start"),  # Qwen3's enable_thinking false: closed, empty
+        ([1, OPEN, CLOSE, 4, OPEN], "inside"),
+        ([1, 2, 3], "start"),
+    ],
+)
+def test_an_answer_starts_inside_when_the_prompt_left_think_open(
+    prompt: list[int], state: str
+) -> None:
+    assert Split.after((OPEN, CLOSE), prompt).state == state
+
+
+def test_only_tags_the_text_shows_make_a_reasoning_model() -> None:
+    tokenizer = Tokenizer(models.WordLevel({"[UNK]": 0, "a": 1}, unk_token="[UNK]"))
+    assert think_ids(tokenizer) is None
+    tokenizer.add_tokens([AddedToken("<think>", special=False)])
+    assert think_ids(tokenizer) is None  # one tag alone
+    tokenizer.add_special_tokens([AddedToken("</think>", special=True)])
+    assert think_ids(tokenizer) is None  # decoding would leave the special one out
+    shown = Tokenizer(models.WordLevel({"[UNK]": 0, "a": 1}, unk_token="[UNK]"))
+    shown.add_tokens([AddedToken("<think>", special=False), AddedToken("</think>", special=False)])
+    assert think_ids(shown) == (2, 3)
