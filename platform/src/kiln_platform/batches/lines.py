@@ -134,7 +134,9 @@ async def _call(kiln: Kiln, admission: Any, endpoint: str, body: dict[str, Any])
         return await completions.complete_text(gen, request.prompt_logprobs)
     metadata_of(request.metadata, "body.metadata")
     gen = await llm.prepare(kiln, admission, request)
-    completion = await completions.complete_chat(gen, request.prompt_logprobs)
+    completion = await completions.complete_chat(
+        gen, request.prompt_logprobs, reasoning=request.include_reasoning
+    )
     await chat_kept.keep(gen, request, completion)  # a line run again keeps its first answer
     return completion
 
