@@ -325,18 +325,21 @@ def test_a_reasoning_models_thoughts_are_its_reasoning(
                              "max_tokens": 40, "temperature": 0}  # fmt: skip
     message = client.chat.completions.create(**asked, extra_body=THINKING).choices[0].message
     reasoning, content = message.model_extra["reasoning"], message.content
+    assert message.model_extra["reasoning_content"] == reasoning  # DeepSeek's name too
     assert re.fullmatch("[a-z]{3,6}", reasoning)
     assert re.fullmatch("[a-z]{3,6}", content or "")
     deltas = [c.choices[0].delta for c in client.chat.completions.create(
         **asked, extra_body=THINKING, stream=True) if c.choices]  # fmt: skip
-    assert "".join(d.model_extra.get("reasoning") or "" for d in deltas) == reasoning
+    for field in ("reasoning", "reasoning_content"):
+        assert "".join(d.model_extra.get(field) or "" for d in deltas) == reasoning
     assert "".join(d.content or "" for d in deltas) == content
     hidden = (
         client.chat.completions.create(**asked, extra_body={**THINKING, "include_reasoning": False})
         .choices[0]
         .message
     )
-    assert (hidden.content, "reasoning" in (hidden.model_extra or {})) == (content, False)
+    assert hidden.content == content
+    assert not {"reasoning", "reasoning_content"} & set(hidden.model_extra or {})
     prompt = client.completions.create(model=name, prompt="a cat", max_tokens=40, temperature=0,
                                        extra_body=THINKING).choices[0].text  # fmt: skip
     assert prompt.startswith("<think>")

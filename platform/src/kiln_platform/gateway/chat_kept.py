@@ -105,4 +105,5 @@ def _message(content: str, thoughts: list[str] | None) -> AssistantMessage:
     """A streamed text answer's message (a reasoning model's with the reasoning it sent)."""
     if thoughts is None:
         return AssistantMessage(content=content)
-    return AssistantMessage(content=content or None, reasoning="".join(thoughts))
+    said = "".join(thoughts)
+    return AssistantMessage(content=content or None, reasoning=said, reasoning_content=said)

@@ -118,7 +118,8 @@ def _message(gen: Generation, index: int, text: str, shown: bool) -> AssistantMe
         return AssistantMessage(content=text)
     reasoning, content = split.whole(text)
     said = reasoning if shown and reasoning else msgspec.UNSET
-    return AssistantMessage(content=content or (None if reasoning else content), reasoning=said)
+    return AssistantMessage(content=content or (None if reasoning else content), reasoning=said,
+                            reasoning_content=said)  # fmt: skip
 
 
 async def complete_chat(
@@ -278,7 +279,8 @@ def _delta(split: Split | None, piece: Piece, shown: bool) -> Delta | None:
     reasoning = reasoning if shown else ""
     if not (reasoning or content or piece.logprobs):
         return None
-    return Delta(content=content or None, reasoning=reasoning or None)
+    said = reasoning or None
+    return Delta(content=content or None, reasoning=said, reasoning_content=said)
 
 
 def is_text(gen: Generation, text: str) -> bool:

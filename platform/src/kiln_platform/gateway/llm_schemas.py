@@ -218,6 +218,8 @@ class AssistantMessage(msgspec.Struct, kw_only=True, omit_defaults=False):
     tool_calls: list[ToolCall] | None = None
     reasoning: str | msgspec.UnsetType = msgspec.UNSET
     """A reasoning model's reasoning (vLLM's field; left out when there is none)."""
+    reasoning_content: str | msgspec.UnsetType = msgspec.UNSET
+    """The same under DeepSeek's name, which vLLM used before and many clients read."""
 
 
 class TopLogprob(msgspec.Struct, kw_only=True, omit_defaults=False):
@@ -285,6 +287,8 @@ class Delta(msgspec.Struct, kw_only=True, omit_defaults=True):
     role: str | None = None
     content: str | None = None
     reasoning: str | None = None
+    reasoning_content: str | None = None
+    """``reasoning`` under DeepSeek's name too (``AssistantMessage.reasoning_content``)."""
     tool_calls: list[ToolCallDelta] | None = None
 
 
