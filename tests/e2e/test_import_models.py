@@ -333,6 +333,16 @@ def test_a_reasoning_models_thoughts_are_its_reasoning(
     for field in ("reasoning", "reasoning_content"):
         assert "".join(d.model_extra.get(field) or "" for d in deltas) == reasoning
     assert "".join(d.content or "" for d in deltas) == content
+    chunks = list(client.chat.completions.create(
+        **asked, extra_body=THINKING, stream=True, n=2, logprobs=True,
+        stream_options={"include_usage": True}))  # fmt: skip
+    for index in (0, 1):  # each choice split apart, every token's log-probability sent
+        mine = [c.choices[0] for c in chunks if c.choices and c.choices[0].index == index]
+        assert "".join(c.delta.model_extra.get("reasoning") or "" for c in mine) == reasoning
+        assert "".join(c.delta.content or "" for c in mine) == content
+        scored = [t for c in mine if c.logprobs and c.logprobs.content for t in c.logprobs.content]
+        assert chunks[-1].usage is not None
+        assert 2 * len(scored) == chunks[-1].usage.completion_tokens
     hidden = (
         client.chat.completions.create(**asked, extra_body={**THINKING, "include_reasoning": False})
         .choices[0]
