@@ -13,6 +13,8 @@ is YaRN's; OLMo's norms are weightless LayerNorms; one of SmolLM3's layers has n
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -172,6 +174,34 @@ def test_prebuilt_genai_folder_is_taken_as_it_is(
         "prebuilt", "cpu", [2],
     )  # fmt: skip
     assert (tmp_path / "copy" / "model.onnx").read_bytes() == (built / "model.onnx").read_bytes()
+
+
+def test_a_prebuilt_folder_gets_its_sliding_window_on_every_layer(
+    sources: dict[str, Path], tmp_path: Path, build_cli: Any
+) -> None:
+    """The builder's own Mistral folder names its window in ``genai_config.json`` only; taken
+    as a prebuilt folder, its graph's attention gets it, as a build's does."""
+    raw = tmp_path / "raw"
+    subprocess.run(
+        [sys.executable, "-m", "kiln_runtimes.build._builder", "-i", str(sources["mistral"]),
+         "-o", str(raw), "-p", "fp32", "-e", "cpu", "-c", str(tmp_path / "cache")],
+        check=True, capture_output=True, timeout=600,
+    )  # fmt: skip
+    assert _windows(raw) == ({"window_size": WINDOWS["mistral"]}, {-1})
+    run = build_cli.build(raw, tmp_path / "copy", "--name", "prebuilt-window")
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert _windows(tmp_path / "copy") == ({}, {WINDOWS["mistral"]})
+    assert _windows(raw)[1] == {-1}  # the source is left as it was
+
+
+def _windows(folder: Path) -> tuple[dict[str, Any], set[int]]:
+    """``genai_config.json``'s sliding window (its size) and the graph's attention windows."""
+    decoder = json.loads((folder / "genai_config.json").read_text())["model"]["decoder"]
+    window = {k: v for k, v in (decoder.get("sliding_window") or {}).items() if k == "window_size"}
+    graph = onnx.load(str(folder / "model.onnx"), load_external_data=False).graph
+    sizes = {a.i for n in graph.node if n.op_type == "GroupQueryAttention"
+             for a in n.attribute if a.name == "local_window_size"}  # fmt: skip
+    return window, sizes
 
 
 @pytest.mark.parametrize("kind", ["llama", *WINDOWS])

@@ -157,7 +157,10 @@ def _prebuilt(
     found: Source, folder: Path, work: Path, options: BuildOptions,
     say: Say,
 ) -> tuple[ModelManifest, AccuracyReport]:  # fmt: skip
-    """A prebuilt ONNX Runtime GenAI folder: checked and copied as it is."""
+    """A prebuilt ONNX Runtime GenAI folder: checked and copied as it is, but for a sliding
+    window its ``genai_config.json`` names for every layer and its graph leaves out, set on the
+    graph's attention as a build sets it (:func:`_genai.slide_every_layer`): Kiln's workers
+    keep the whole context, so without it every position would be attended."""
     del work
     source = Path(found.path)
     _genai.check_prebuilt(source)
@@ -165,6 +168,11 @@ def _prebuilt(
     say("converting", 30, "copying the prebuilt folder")
     shutil.copytree(source, folder, dirs_exist_ok=True)
     (folder / MANIFEST_NAME).unlink(missing_ok=True)
+    try:
+        if window := _genai.slide_every_layer(folder):
+            say("optimizing", 60, f"a sliding window of {window} positions on every layer")
+    except BuildError as exc:  # attention that cannot take it: served as it was before
+        say("optimizing", 60, f"the sliding window is left as it was: {exc}")
     architecture = None
     if (source / "config.json").is_file():
         architecture = first_architecture(read_json(source / "config.json"))
