@@ -1,5 +1,5 @@
-"""A reasoning model's answer split into its reasoning and its content, as vLLM's reasoning
-parsers split Qwen3's and DeepSeek-R1's: what the model writes between ``<think>`` and
+"""A reasoning model's answer split into its reasoning and its content (the fields vLLM's
+reasoning parsers fill): what the model writes between ``<think>`` and
 ``</think>`` is the message's ``reasoning``, the rest its ``content``.
 
 A model reasons this way when its tokenizer has both tags as tokens of their own that its text

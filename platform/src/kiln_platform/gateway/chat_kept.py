@@ -87,7 +87,8 @@ def assembled(chunks: list[ChatCompletionChunk], usage: Usage) -> ChatCompletion
         ChatChoice(
             index=i,
             message=AssistantMessage(content=None, tool_calls=calls[i]) if i in calls
-            else _message("".join(parts), thoughts.get(i)),
+            else AssistantMessage.reasoned("".join(parts), "".join(thoughts[i])) if i in thoughts
+            else AssistantMessage(content="".join(parts)),
             finish_reason=finish.get(i, "stop"),
             logprobs=ChoiceLogprobs(content=logprobs[i]) if i in logprobs else None,
         )
@@ -99,11 +100,3 @@ def assembled(chunks: list[ChatCompletionChunk], usage: Usage) -> ChatCompletion
         usage=usage, system_fingerprint=first.system_fingerprint,
         service_tier=first.service_tier,
     )  # fmt: skip
-
-
-def _message(content: str, thoughts: list[str] | None) -> AssistantMessage:
-    """A streamed text answer's message (a reasoning model's with the reasoning it sent)."""
-    if thoughts is None:
-        return AssistantMessage(content=content)
-    said = "".join(thoughts)
-    return AssistantMessage(content=content or None, reasoning=said, reasoning_content=said)

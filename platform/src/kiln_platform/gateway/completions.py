@@ -117,9 +117,9 @@ def _message(gen: Generation, index: int, text: str, shown: bool) -> AssistantMe
     if split is None:
         return AssistantMessage(content=text)
     reasoning, content = split.whole(text)
-    said = reasoning if shown and reasoning else msgspec.UNSET
-    return AssistantMessage(content=content or (None if reasoning else content), reasoning=said,
-                            reasoning_content=said)  # fmt: skip
+    if not shown:  # still no content if it wrote only reasoning
+        return AssistantMessage(content=content or (None if reasoning else content))
+    return AssistantMessage.reasoned(content, reasoning)
 
 
 async def complete_chat(

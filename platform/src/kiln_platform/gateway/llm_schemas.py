@@ -221,6 +221,14 @@ class AssistantMessage(msgspec.Struct, kw_only=True, omit_defaults=False):
     reasoning_content: str | msgspec.UnsetType = msgspec.UNSET
     """The same under DeepSeek's name, which vLLM used before and many clients read."""
 
+    @classmethod
+    def reasoned(cls, content: str, reasoning: str) -> AssistantMessage:
+        """A reasoning model's answer: its content (``None`` if it wrote only reasoning) and its
+        reasoning under both names (left out if none)."""
+        said = reasoning or msgspec.UNSET
+        return cls(content=content or (None if reasoning else content), reasoning=said,
+                   reasoning_content=said)  # fmt: skip
+
 
 class TopLogprob(msgspec.Struct, kw_only=True, omit_defaults=False):
     """An alternative token and its log-probability."""
