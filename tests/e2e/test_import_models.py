@@ -356,6 +356,80 @@ def test_a_reasoning_models_thoughts_are_its_reasoning(
     assert "</think>" in prompt
 
 
+def test_a_reasoning_models_responses_carry_its_reasoning(
+    kiln: KilnProcess, built: dict[str, dict[str, Any]]
+) -> None:
+    """``reasoning_effort`` (chat) and ``reasoning.effort`` (Responses) reach the chat template
+    (the tiny one opens ``<think>`` for it); a response gives the reasoning as a ``reasoning``
+    item before its message, whole and streamed alike, counts its tokens, and takes it back as
+    input. A model that does not reason refuses the effort."""
+    import openai
+
+    assert built["think"]["status"] == "done", built["think"]
+    name, client = "tiny-think", _openai(kiln)
+    kiln.wait_until_serving(name, path="completions")
+    said = [{"role": "user", "content": "a cat"}]
+    chat = client.chat.completions.create(model=name, messages=said, max_tokens=24, temperature=0,
+                                          reasoning_effort="high")  # fmt: skip
+    plain = client.chat.completions.create(model=name, messages=said, max_tokens=1)
+    assert chat.usage.prompt_tokens == plain.usage.prompt_tokens + 2  # "<think>\n"
+    message = chat.choices[0].message
+    reasoning, content = message.model_extra["reasoning"], message.content
+    assert reasoning
+    asked: dict[str, Any] = {
+        "model": name,
+        "input": "a cat",
+        "max_output_tokens": 24,
+        "temperature": 0,
+        "reasoning": {"effort": "high", "summary": "auto"},
+    }
+    done = client.responses.create(**asked, store=True)
+    assert client.responses.retrieve(done.id).output == done.output
+    thought, *rest = done.output
+    assert (thought.type, thought.summary, thought.content[0].text) == ("reasoning", [], reasoning)
+    assert [item.content[0].text for item in rest] == ([content] if content else [])
+    assert done.output_text == (content or "")
+    assert done.reasoning.effort == "high"
+    details = done.usage.output_tokens_details
+    assert 0 < details.reasoning_tokens <= done.usage.output_tokens
+    if not content:  # cut inside its reasoning: all of it was reasoning
+        assert details.reasoning_tokens == done.usage.output_tokens
+    kinds, deltas = [], {"reasoning": "", "text": ""}
+    for event in client.responses.create(**asked, stream=True):
+        kinds.append(event.type)
+        if event.type == "response.reasoning_text.delta":
+            deltas["reasoning"] += event.delta
+        elif event.type == "response.output_text.delta":
+            deltas["text"] += event.delta
+        elif event.type in ("response.completed", "response.incomplete"):
+            streamed = event.response
+    assert deltas == {"reasoning": reasoning, "text": content or ""}
+    assert kinds.index("response.reasoning_text.done") < kinds.index("response.output_item.done")
+    assert [item.model_dump() for item in streamed.output] == [
+        item.model_dump() | {"id": streamed_item.id}
+        for item, streamed_item in zip(done.output, streamed.output, strict=True)
+    ]
+    again = client.responses.create(
+        model=name,
+        max_output_tokens=2,
+        input=[
+            {"role": "user", "content": "a cat"},
+            *done.output,
+            {"role": "user", "content": "more"},
+        ],
+    )
+    assert again.status in ("completed", "incomplete")
+    after = client.responses.create(model=name, previous_response_id=done.id, input="more",
+                                    max_output_tokens=2)  # fmt: skip
+    assert after.usage.input_tokens == again.usage.input_tokens  # the reasoning item left out
+    with pytest.raises(openai.BadRequestError, match="reasoning_effort") as refused:
+        client.chat.completions.create(model="tiny-llama", messages=said, reasoning_effort="low")
+    assert refused.value.param == "reasoning_effort"
+    with pytest.raises(openai.BadRequestError) as refused:
+        client.responses.create(model="tiny-llama", input="a", reasoning={"effort": "low"})
+    assert refused.value.param == "reasoning.effort"
+
+
 @pytest.mark.parametrize("pooling", POOLINGS)
 def test_embeddings_match_sentence_transformers(
     pooling: str, kiln: KilnProcess, built: dict[str, dict[str, Any]], sources: dict[str, Path]

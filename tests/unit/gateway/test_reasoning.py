@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 from tokenizers import AddedToken, Tokenizer, models
 
-from kiln_platform.gateway._reasoning import Split, think_ids
+from kiln_platform.gateway._reasoning import Split, reasoning_tokens, think_ids
 
 OPEN, CLOSE = 7, 8
 
@@ -75,3 +75,21 @@ def test_only_tags_the_text_shows_make_a_reasoning_model() -> None:
     shown = Tokenizer(models.WordLevel({"[UNK]": 0, "a": 1}, unk_token="[UNK]"))
     shown.add_tokens([AddedToken("<think>", special=False), AddedToken("</think>", special=False)])
     assert think_ids(shown) == (2, 3)
+
+
+@pytest.mark.parametrize(
+    ("prompt", "answer", "spent"),
+    [
+        ([1, OPEN], [4, 5, CLOSE, 6], 3),  # inside from the start: to the close, tag included
+        ([1], [OPEN, 4, CLOSE, 6, CLOSE], 3),  # opened by the model; the first close ends it
+        ([1, OPEN], [4, 5], 2),  # cut before it closed: all of it
+        ([1], [4, OPEN, 5, CLOSE], 0),  # text first: no reasoning
+    ],
+)
+def test_reasoning_tokens_run_to_the_first_close(
+    prompt: list[int], answer: list[int], spent: int
+) -> None:
+    text = {OPEN: "<think>", CLOSE: "</think>", 4: "a", 5: "b", 6: "c"}
+    split = Split.after((OPEN, CLOSE), prompt)
+    split.whole("".join(text[t] for t in answer))
+    assert reasoning_tokens((OPEN, CLOSE), answer, split) == spent

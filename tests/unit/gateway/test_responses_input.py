@@ -58,7 +58,6 @@ def test_items_keep_their_roles_and_text_parts_and_ignore_output_fields() -> Non
         ({"text": {"verbosity": "high"}}, "text"),
         ({"text": {"format": {"type": "text"}, "stop": "x"}}, "text"),
         ({"truncation": "middle"}, "truncation"),
-        ({"reasoning": {"effort": "low"}}, "reasoning"),
         ({"include": ["message.output_text.logprobs", "output_text.everything"]}, "include[1]"),
     ],
 )  # fmt: skip
@@ -67,6 +66,25 @@ def test_what_it_cannot_map_is_a_400_naming_the_field(fields: dict[str, Any], pa
         to_chat(_request(**fields))
     assert refused.value.param == param
     assert param.split("[", maxsplit=1)[0].split(".", maxsplit=1)[0] in refused.value.message
+
+
+def test_reasoning_effort_is_chats_and_reasoning_items_are_left_out() -> None:
+    """``reasoning.effort`` is the chat template's ``reasoning_effort``; a reasoning item sent
+    back (as a stateless client sends a response's output) is not shown to the model."""
+    given = [
+        {"role": "user", "content": "a"},
+        {"id": "rs-1", "type": "reasoning", "summary": [],
+         "content": [{"type": "reasoning_text", "text": "hmm"}]},
+        {"type": "message", "role": "assistant", "content": "b"},
+    ]  # fmt: skip
+    chat = to_chat(_request(input=given, reasoning={"effort": "low", "summary": "auto"}))
+    assert [(m.role, m.content) for m in chat.messages] == [("user", "a"), ("assistant", "b")]
+    assert chat.reasoning_effort == "low"
+    assert to_chat(_request()).reasoning_effort is None
+    with pytest.raises(msgspec.ValidationError, match=r"reasoning\.effort"):
+        _request(reasoning={"effort": "extreme"})
+    with pytest.raises(msgspec.ValidationError, match="unknown field `budget`"):
+        _request(reasoning={"budget": 3})
 
 
 def test_what_means_unused_is_accepted() -> None:

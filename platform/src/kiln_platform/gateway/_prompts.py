@@ -103,8 +103,20 @@ def chat_prompt(
             "'add_generation_prompt' too.", param="continue_final_message",
         )  # fmt: skip
     turn = request.add_generation_prompt is not False
-    extra = request.chat_template_kwargs
+    extra = _template_vars(request, model)
     return model.encode(model.render(messages, tools, extra, turn=turn, prefill=prefill))
+
+
+def _template_vars(request: ChatCompletionRequest, model: TextModel) -> dict[str, Any] | None:
+    """``chat_template_kwargs``, after ``reasoning_effort`` as the template's variable of that
+    name (as vLLM gives it): a 400 for a model whose template does not read it and that does
+    not reason in tags (as OpenAI's models that do not reason refuse it)."""
+    if request.reasoning_effort is None:
+        return request.chat_template_kwargs
+    if not model.reads_effort and model.think is None:
+        raise BadRequest("This model does not reason: its chat template does not read "
+                         "'reasoning_effort'.", param="reasoning_effort")  # fmt: skip
+    return {"reasoning_effort": request.reasoning_effort, **(request.chat_template_kwargs or {})}
 
 
 def _briefed(messages: list[dict[str, Any]], brief: str) -> list[dict[str, Any]]:

@@ -43,13 +43,15 @@ class Split:
     (text that may still be a tag is held back)."""
 
     state: Literal["start", "inside", "after"] = "start"
+    reasoned: bool = False
+    """Whether the answer began inside the reasoning or opened it."""
     _held: str = ""
 
     @classmethod
     def after(cls, think: tuple[int, int], prompt_ids: Sequence[int]) -> Split:
         """The split of an answer to ``prompt_ids`` (inside the reasoning if it left one open)."""
         opened = _last(prompt_ids, think[0]) > _last(prompt_ids, think[1])
-        return cls("inside" if opened else "start")
+        return cls("inside", reasoned=True) if opened else cls()
 
     def push(self, text: str) -> tuple[str, str]:
         """(reasoning, content) made final by ``text``."""
@@ -60,6 +62,7 @@ class Split:
                 bare = self._held.lstrip()
                 if bare.startswith(OPEN):
                     self._held, self.state = bare[len(OPEN) :], "inside"
+                    self.reasoned = True
                 elif OPEN.startswith(bare):  # nothing yet, or the start of the tag
                     return reasoning, content
                 else:
@@ -86,3 +89,11 @@ class Split:
         reasoning, content = self.push(text)
         rest = self.flush()
         return reasoning + rest[0], content + rest[1]
+
+
+def reasoning_tokens(think: tuple[int, int], token_ids: Sequence[int], split: Split) -> int:
+    """How many of an answer's tokens (``token_ids``, split by ``split``) were its reasoning,
+    its tags included: to the first ``</think>``, or all if it never closed."""
+    if not split.reasoned:
+        return 0
+    return next((i + 1 for i, t in enumerate(token_ids) if t == think[1]), len(token_ids))

@@ -3,8 +3,9 @@ input items and function tools, and its 400s in its own names (``renamed``).
 
 Message items become chat messages; ``function_call`` items (a previous response's calls, sent
 back) become an assistant message's ``tool_calls`` (consecutive ones, one message), and
-``function_call_output`` items ``tool`` messages. Function tools, flat here, take chat's nested
-shape; other tool types (web search, file search…) are 400s.
+``function_call_output`` items ``tool`` messages; ``reasoning`` items (a reasoning model's,
+sent back) are left out, as chat templates leave reasoning out. Function tools, flat here,
+take chat's nested shape; other tool types (web search, file search…) are 400s.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from kiln_platform.gateway.responses_schemas import (
 )
 
 TEXT_PARTS = {"input_text", "output_text", "text"}
-ITEMS = ("message", "function_call", "function_call_output")
+ITEMS = ("message", "function_call", "function_call_output", "reasoning")
 
 
 def own(given: str | list[InputItem]) -> list[dict[str, Any]]:
@@ -95,6 +96,8 @@ def messages(items: list[InputItem]) -> list[Message]:
                 f"'input[{i}]' has type '{item.type}'; Kiln serves {', '.join(ITEMS)} items.",
                 param=f"input[{i}].type",
             )
+        if item.type == "reasoning":
+            continue
         if item.type == "message":
             out.append(_message(i, item))
         elif item.type == "function_call_output":
@@ -142,10 +145,11 @@ def chat_tool_choice(choice: Any) -> Any:
 _RENAMED = {
     "max_completion_tokens": "max_output_tokens", "messages": "input",
     "response_format.json_schema": "text.format", "response_format": "text.format",
-    ".function": "",
+    ".function": "", "reasoning_effort": "reasoning.effort",
 }  # fmt: skip
 _NAMES = re.compile(
-    r"\b(max_completion_tokens|messages|response_format(?:\.json_schema)?)\b|(?<=\])(\.function)\b"
+    r"\b(max_completion_tokens|messages|response_format(?:\.json_schema)?|reasoning_effort)\b"
+    r"|(?<=\])(\.function)\b"
 )
 
 
@@ -205,6 +209,7 @@ def to_chat(
         parallel_tool_calls=request.parallel_tool_calls,
         logprobs=_logprobs_asked(request) or None, top_logprobs=request.top_logprobs,
         service_tier=request.service_tier,
+        reasoning_effort=request.reasoning.effort if request.reasoning else None,
     )  # fmt: skip
 
 

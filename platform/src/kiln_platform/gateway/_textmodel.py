@@ -46,6 +46,8 @@ class TextModel:
     ``apply_chat_template`` picks it)."""
     think: tuple[int, int] | None = None
     """The ids of its ``<think>`` and ``</think>`` if it reasons in them (``_reasoning``)."""
+    reads_effort: bool = False
+    """The chat template reads ``reasoning_effort`` (gpt-oss's does)."""
     _bytes: dict[int, bytes] = field(default_factory=dict, compare=False, repr=False)
 
     def token_bytes(self, token_id: int) -> bytes:
@@ -153,4 +155,5 @@ def _templated(model: TextModel, source: str) -> TextModel:
     return replace(
         model, template=chat_environment().from_string(source),
         tool_aware="tool_calls" in source, shows_tools=bool(re.search(r"\btools\b", source)),
+        reads_effort=bool(re.search(r"\breasoning_effort\b", source)),
     )  # fmt: skip

@@ -16,7 +16,8 @@ from kiln_platform.gateway.responses_schemas import InputItem
 
 MAX_ITEMS = 20
 """Items one request may add (OpenAI's bound)."""
-_PREFIX = {"message": "msg", "function_call": "fc", "function_call_output": "fco"}
+_PREFIX = {"message": "msg", "function_call": "fc", "function_call_output": "fco",
+           "reasoning": "rs"}  # fmt: skip
 
 
 def metadata_of(given: Any, param: str = "metadata") -> dict[str, str]:

@@ -64,7 +64,7 @@ class Choice:
     compute_ms: float = 0.0
     queue_ms: float = 0.0
     tokens: list[int] | None = None
-    """The tokens generated, kept only for a shadow's comparison."""
+    """The tokens generated, kept for a shadow's comparison or a reasoning model's count."""
     cached_tokens: int = 0
     """Leading prompt tokens the worker took from its prefix cache instead of prefilling."""
     prompt_logprobs: tuple[TokenLogprobs, ...] = ()
@@ -385,7 +385,7 @@ async def prepare(
                      deadline, prompt_tokens, tools=tools)  # fmt: skip
     if adapter is None:  # a tenant's adapter is served by the primary's pool alone
         gen.shadow = kiln.shadows.plan(version, admission.request_id)
-        choices[0].tokens = None if gen.shadow is None else []
+    choices[0].tokens = [] if gen.shadow is not None or model.think is not None else None
     return gen
 
 

@@ -118,7 +118,9 @@ class ChatCompletionRequest(_Sampling, kw_only=True, forbid_unknown_fields=True)
     audio: Any = None
     modalities: Any = None
     prediction: Any = None
-    reasoning_effort: Any = None
+    reasoning_effort: Literal["none", "minimal", "low", "medium", "high", "xhigh"] | None = None
+    """The chat template's ``reasoning_effort`` variable (as vLLM gives it; gpt-oss's template
+    reads it); taken by a model whose template reads it or that reasons in tags, else a 400."""
     web_search_options: Any = None
     verbosity: Any = None
     prompt_cache_key: str | None = None
@@ -162,7 +164,6 @@ UNSUPPORTED: dict[str, tuple[Any, ...]] = {
     "audio": (None,),
     "modalities": (None, ["text"]),
     "prediction": (None,),
-    "reasoning_effort": (None,),
     "verbosity": (None, "medium"),
     "web_search_options": (None,),
     "suffix": (None, ""),

@@ -1,10 +1,10 @@
 """The Responses API on the chat path: input items become chat messages, the generation is
-the chat completion's, and its text comes back as one assistant message (or the Responses
-stream's typed events)."""
+the chat completion's, and it comes back as output items (``response_output``: one assistant
+message, after a reasoning model's reasoning) or the Responses stream's typed events
+(``response_stream``)."""
 
 from __future__ import annotations
 
-import itertools
 import time
 from functools import partial
 from typing import TYPE_CHECKING, Any
@@ -13,27 +13,23 @@ import msgspec
 import structlog
 from sqlalchemy.exc import SQLAlchemyError
 
-from kiln_platform.errors import BadRequest, KilnError
-from kiln_platform.gateway import _logprobs, _prompts, _response_input, llm, metrics, tokens
+from kiln_platform.errors import BadRequest
+from kiln_platform.gateway import (
+    _prompts,
+    _response_input,
+    llm,
+    metrics,
+    response_output,
+    response_stream,
+    tokens,
+)
 from kiln_platform.gateway._prompts import ContextTooLong
 from kiln_platform.gateway._response_input import to_chat
 from kiln_platform.gateway.background import Feed
-from kiln_platform.gateway.completions import Answer, collect, ident, is_text, tool_calls
-from kiln_platform.gateway.conversation_items import conversation_id, ided, named
-from kiln_platform.gateway.llm_schemas import ChatCompletionRequest, TokenLogprob
-from kiln_platform.gateway.responses_schemas import (
-    FunctionCallItem,
-    IncompleteDetails,
-    InputItem,
-    InputTokensDetails,
-    OutputMessage,
-    OutputText,
-    ResponseError,
-    ResponseObject,
-    ResponsesRequest,
-    ResponseUsage,
-)
-from kiln_platform.registry.lifecycle import fingerprint
+from kiln_platform.gateway.completions import collect
+from kiln_platform.gateway.conversation_items import conversation_id, ided
+from kiln_platform.gateway.llm_schemas import ChatCompletionRequest
+from kiln_platform.gateway.responses_schemas import InputItem, ResponseObject, ResponsesRequest
 
 if TYPE_CHECKING:
     from collections.abc import AsyncGenerator, Callable
@@ -161,57 +157,6 @@ async def _joined(gen: Generation, request: ResponsesRequest, response: Response
         await gen.kiln.conversations.join(tenant, ident, turn, response.id)
 
 
-def _usage(gen: Generation) -> ResponseUsage:
-    prompt, completion, total = gen.usage_counts()
-    return ResponseUsage(
-        input_tokens=prompt, output_tokens=completion, total_tokens=total,
-        input_tokens_details=InputTokensDetails(cached_tokens=gen.cached_tokens),
-    )  # fmt: skip
-
-
-def _response(
-    gen: Generation, request: ResponsesRequest, created: int, **fields: Any
-) -> ResponseObject:
-    return ResponseObject(
-        id=ident("resp", gen), created_at=created, model=gen.name,
-        instructions=request.instructions, max_output_tokens=request.max_output_tokens,
-        temperature=1.0 if request.temperature is None else request.temperature,
-        top_p=1.0 if request.top_p is None else request.top_p, user=request.user,
-        metadata=request.metadata or {}, system_fingerprint=fingerprint(gen.version),
-        service_tier=gen.admission.service_tier,
-        text=request.text or {"format": {"type": "text"}}, tools=request.tools or [],
-        tool_choice=request.tool_choice or "auto", store=bool(request.store),
-        parallel_tool_calls=request.parallel_tool_calls is not False,
-        truncation=request.truncation or "disabled",
-        previous_response_id=request.previous_response_id, background=bool(request.background),
-        conversation=named(request.conversation),
-        **{"status": "in_progress", "output": [], "usage": None, **fields},
-    )  # fmt: skip
-
-
-def _answered(
-    gen: Generation, request: ResponsesRequest, created: int, answer: Answer
-) -> ResponseObject:
-    """The finished response: its calls, if the request's tools were called, else its text
-    (``incomplete`` if cut at the token limit) and, if asked, its log-probabilities."""
-    text, finish = "".join(answer.parts), answer.finish
-    status = "completed" if finish == "stop" else "incomplete"
-    output: list[OutputMessage | FunctionCallItem]
-    if (calls := tool_calls(gen, 0, text, finish)) is not None:
-        output = [
-            FunctionCallItem(id=f"fc-{c.id}", call_id=c.id, name=c.function.name,
-                             arguments=c.function.arguments) for c in calls
-        ]  # fmt: skip
-    else:
-        said = OutputText(text=text, logprobs=_scored(gen, answer, 0))
-        output = [OutputMessage(id=ident("msg", gen), status=status, content=[said])]
-    details = None if status == "completed" else IncompleteDetails(reason="max_output_tokens")
-    return _response(
-        gen, request, created, status=status, output=output, usage=_usage(gen),
-        incomplete_details=details, completed_at=int(time.time()),
-    )  # fmt: skip
-
-
 async def complete(
     gen: Generation, request: ResponsesRequest, history: list[dict[str, Any]]
 ) -> ResponseObject:
@@ -222,7 +167,7 @@ async def complete(
 async def answered(gen: Generation, request: ResponsesRequest, created: int) -> ResponseObject:
     """The response ``gen`` generates (created at ``created``), not stored."""
     (answer,) = await collect(gen)
-    return _answered(gen, request, created, answer)
+    return response_output.answered(gen, request, created, answer)
 
 
 async def _ran(gen: Generation, request: ResponsesRequest, created: int) -> ResponseObject:
@@ -246,7 +191,7 @@ async def background(
     timeout_s = max(admission.terms.timeout_s or 0.0, kiln.settings.request_timeout_s)
     admission.schedule(admission.terms.priority, timeout_s)
     gen, history = await prepare(kiln, admission, request)
-    shell = _response(gen, request, int(time.time()), status="queued")
+    shell = response_output.response(gen, request, int(time.time()), status="queued")
     if not request.stream:
         work = partial(_ran, gen, request, shell.created_at)
         await kiln.background.start(admission, shell, history, work)
@@ -259,102 +204,18 @@ async def background(
     return feed
 
 
-def _scored(gen: Generation, answer: Answer, start: int) -> list[TokenLogprob]:
-    """The answer's log-probabilities from token ``start`` on (none unless asked)."""
-    if not answer.logprobs:
-        return []
-    ids, entries = answer.token_ids[start:], answer.logprobs[start:]
-    return _logprobs.chat(gen.model, ids, entries).content or []
-
-
-async def stream(
+def stream(
     gen: Generation, request: ResponsesRequest, history: list[dict[str, Any]], *,
     shell: ResponseObject | None = None, ended: Callable[[ResponseObject], None] | None = None,
 ) -> AsyncGenerator[bytes, None]:  # fmt: skip
-    """The Responses stream: ``response.created``, ``response.in_progress``, the message's item
-    and part, its ``response.output_text.delta`` events, their ``done`` events, then
-    ``response.completed`` (or ``response.incomplete``); a failure after the start is an
-    ``error`` event and ``response.failed``. Tool calls are sent whole once the answer is: each
-    ``function_call`` item added, its arguments (one delta), done. A background response's
-    stream starts from its stored ``shell`` and stores nothing: ``ended`` gets its end."""
-    created = shell.created_at if shell else int(time.time())
-    numbers, item = itertools.count(), ident("msg", gen)
-    at = {"item_id": item, "output_index": 0, "content_index": 0}
+    """The Responses stream (``response_stream``), its response stored at its end if asked. A
+    background response's stream starts from its stored ``shell`` and stores nothing (its
+    runner does): ``ended`` gets its end."""
 
-    def event(kind: str, **fields: Any) -> bytes:
-        body = msgspec.json.encode({"type": kind, "sequence_number": next(numbers), **fields})
-        return b"event: " + kind.encode() + b"\ndata: " + body + b"\n\n"
-
-    started = _response(gen, request, created)
-    yield event("response.created", response=shell or started)
-    yield event("response.in_progress", response=started)
-    opened, answer, sent = gen.tools is None, Answer.of(gen), 0
-    if opened:  # text from the start (with tools, once the model chose text: ``is_text``)
-        yield event("response.output_item.added", output_index=0, item=_opened(item))
-        yield event("response.content_part.added", **at, part=OutputText(text=""))
-    try:
-        async for piece in gen.pieces():
-            delta = piece.text if opened else "".join(answer.parts) + piece.text  # all, if held
-            answer.add(piece)
-            if delta and not opened and is_text(gen, delta):
-                opened = True
-                yield event("response.output_item.added", output_index=0, item=_opened(item))
-                yield event("response.content_part.added", **at, part=OutputText(text=""))
-            if delta and opened:
-                scored = _scored(gen, answer, sent)
-                sent += len(scored)
-                yield event("response.output_text.delta", **at, delta=delta, logprobs=scored)
-    except KilnError as exc:
-        yield event("error", code=exc.code, message=exc.message, param=exc.param)
-        failure = ResponseError(code="server_error", message=exc.message)
-        failed = _response(gen, request, created, status="failed", error=failure)
-        if ended is not None:
-            ended(failed)
-        yield event("response.failed", response=failed)
-        return
-    done = _answered(gen, request, created, answer)
-    if shell is None:
-        done = await _kept(gen, request, done, history)
-    else:  # a background one's end is stored by its runner
+    async def finish(done: ResponseObject) -> ResponseObject:
+        if shell is None:
+            return await _kept(gen, request, done, history)
         await _joined(gen, request, done)
-    if ended is not None:
-        ended(done)
-    for index, out in enumerate(done.output):
-        for kind, fields in _item_events(out, index, opened=opened):
-            yield event(kind, **fields)
-    yield event(f"response.{done.status}", response=done)
+        return done
 
-
-def _opened(item: str) -> OutputMessage:
-    return OutputMessage(id=item, status="in_progress", content=[])
-
-
-def _item_events(
-    item: OutputMessage | FunctionCallItem, index: int, *, opened: bool
-) -> list[tuple[str, dict[str, Any]]]:
-    """The events that finish one output item (and, unless its text was streamed as it came,
-    open it and carry its text in one delta)."""
-    at = {"item_id": item.id, "output_index": index}
-    events: list[tuple[str, dict[str, Any]]] = []
-    if isinstance(item, FunctionCallItem):
-        started = msgspec.structs.replace(item, status="in_progress", arguments="")
-        events += [
-            ("response.output_item.added", {"output_index": index, "item": started}),
-            ("response.function_call_arguments.delta", {**at, "delta": item.arguments}),
-            ("response.function_call_arguments.done", {**at, "arguments": item.arguments}),
-        ]
-    else:
-        part, at = item.content[0], {**at, "content_index": 0}
-        if not opened:
-            start = msgspec.structs.replace(item, status="in_progress", content=[])
-            events += [
-                ("response.output_item.added", {"output_index": index, "item": start}),
-                ("response.content_part.added", {**at, "part": OutputText(text="")}),
-                ("response.output_text.delta", {**at, "delta": part.text,
-                                                 "logprobs": part.logprobs}),
-            ]  # fmt: skip
-        events += [
-            ("response.output_text.done", {**at, "text": part.text, "logprobs": part.logprobs}),
-            ("response.content_part.done", {**at, "part": part}),
-        ]
-    return [*events, ("response.output_item.done", {"output_index": index, "item": item})]
+    return response_stream.events(gen, request, shell=shell, finish=finish, ended=ended)

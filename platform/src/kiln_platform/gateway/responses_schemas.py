@@ -1,4 +1,5 @@
-"""OpenAI Responses API shapes (msgspec): text in, one assistant message out.
+"""OpenAI Responses API shapes (msgspec): text in, one assistant message out (after a
+reasoning model's reasoning item).
 
 As with chat completions, parameters Kiln knows but does not serve are declared so that a
 request using them gets a 400 naming them (``UNSUPPORTED``); anything unknown is rejected by
@@ -27,8 +28,9 @@ class InputPart(msgspec.Struct, kw_only=True):
 class InputItem(msgspec.Struct, kw_only=True):
     """One input item: a message (``type: message``, the default), a function call sent back
     (``function_call``: ``call_id``, ``name``, ``arguments``) or its result
-    (``function_call_output``: ``call_id``, ``output``). Other fields an item carries (``id``,
-    ``status``) are ignored."""
+    (``function_call_output``: ``call_id``, ``output``), or a reasoning item sent back
+    (``reasoning``: kept, not shown to the model, as chat templates leave reasoning out). Other
+    fields an item carries (``id``, ``status``) are ignored."""
 
     type: str = "message"
     role: str | None = None
@@ -37,6 +39,17 @@ class InputItem(msgspec.Struct, kw_only=True):
     name: Any = None
     arguments: Any = None
     output: Any = None
+    summary: Any = None
+
+
+class Reasoning(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """``reasoning``: ``effort`` is the chat template's ``reasoning_effort`` (as chat's); Kiln
+    writes no summaries (a reasoning item's ``summary`` is empty, its text in ``content``), so
+    ``summary`` is taken and unused."""
+
+    effort: Literal["none", "minimal", "low", "medium", "high", "xhigh"] | None = None
+    summary: Literal["auto", "concise", "detailed"] | None = None
+    generate_summary: Literal["auto", "concise", "detailed"] | None = None
 
 
 class ResponsesRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -69,7 +82,7 @@ class ResponsesRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True)
     tools: Any = None
     tool_choice: Any = None
     max_tool_calls: Any = None
-    reasoning: Any = None
+    reasoning: Reasoning | None = None
     text: dict[str, Any] | None = None
     """``format`` (``text``, ``json_object`` or ``json_schema``: structured output, as chat's
     ``response_format``) and ``verbosity`` (``medium`` only)."""
@@ -113,7 +126,7 @@ class InputTokensRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=Tru
     previous_response_id: str | None = None
     conversation: Any = None
     text: dict[str, Any] | None = None
-    reasoning: Any = None
+    reasoning: Reasoning | None = None
     truncation: str | None = None
 
     def as_response(self) -> ResponsesRequest:
@@ -123,7 +136,6 @@ class InputTokensRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=Tru
 
 # field -> the value(s) that mean "not used"
 UNSUPPORTED: dict[str, tuple[Any, ...]] = {
-    "reasoning": (None, {}, {"effort": None}, {"effort": None, "summary": None}),
     "truncation": (None, "disabled", "auto"),
     "prompt": (None,),
 }
@@ -159,6 +171,24 @@ class FunctionCallItem(msgspec.Struct, kw_only=True, omit_defaults=False, tag="f
     status: str = "completed"
 
 
+class ReasoningText(msgspec.Struct, kw_only=True):
+    """A reasoning item's text."""
+
+    text: str
+    type: str = "reasoning_text"
+
+
+class ReasoningItem(msgspec.Struct, kw_only=True, omit_defaults=False, tag="reasoning",
+                    tag_field="type"):  # fmt: skip
+    """What a reasoning model wrote between its ``<think>`` tags (``gateway._reasoning``),
+    before its message."""
+
+    id: str
+    content: list[ReasoningText]
+    summary: list[Any] = []
+    status: str = "completed"
+
+
 class InputTokensDetails(msgspec.Struct, kw_only=True):
     """Of the input tokens, those whose KV the worker's prefix cache held (billed alike)."""
 
@@ -166,7 +196,7 @@ class InputTokensDetails(msgspec.Struct, kw_only=True):
 
 
 class OutputTokensDetails(msgspec.Struct, kw_only=True):
-    """No reasoning tokens: Kiln's models answer directly."""
+    """Of the output tokens, a reasoning model's reasoning (its tags included)."""
 
     reasoning_tokens: int = 0
 
@@ -204,7 +234,7 @@ class ResponseObject(msgspec.Struct, kw_only=True, omit_defaults=False):
     created_at: int
     model: str
     status: str
-    output: list[OutputMessage | FunctionCallItem]
+    output: list[ReasoningItem | OutputMessage | FunctionCallItem]
     instructions: str | None
     max_output_tokens: int | None
     temperature: float
@@ -229,4 +259,5 @@ class ResponseObject(msgspec.Struct, kw_only=True, omit_defaults=False):
     tool_choice: Any = "auto"
     tools: list[Any] = []
     truncation: str = "disabled"
+    reasoning: Reasoning | None = None
     text: dict[str, Any] = msgspec.field(default_factory=lambda: {"format": {"type": "text"}})

@@ -1,0 +1,85 @@
+"""A reasoning model's response, streamed: its reasoning item's events, done before its message
+is added, and the same items as the whole response's (``response_output.output``)."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+from typing import Any
+
+import msgspec
+import pytest
+
+from kiln_platform.gateway.completions import Answer, splitter
+from kiln_platform.gateway.llm import Piece
+from kiln_platform.gateway.response_output import output
+from kiln_platform.gateway.response_stream import _Live, finished
+
+OPEN, CLOSE = 7, 8
+
+
+def _gen(prompt: list[int], tokens: list[int]) -> Any:
+    """What the stream reads of a generation: its request id, model's tags, choice, tools."""
+    choice = SimpleNamespace(request=SimpleNamespace(prompt_ids=prompt), tokens=tokens)
+    return SimpleNamespace(
+        request=SimpleNamespace(request_id="req_1", logprobs=None), tools=None,
+        model=SimpleNamespace(think=(OPEN, CLOSE)), choices=[choice],
+    )  # fmt: skip
+
+
+def _streamed(gen: Any, pieces: list[Piece]) -> tuple[list[tuple[str, Any]], Answer]:
+    live, answer = _Live(gen, splitter(gen, 0)), Answer.of(gen)
+    events = [e for piece in pieces for e in live.piece(answer, piece)]
+    assert live.split is not None
+    events += live.split_text(answer, *live.split.flush())
+    status = "completed" if answer.finish == "stop" else "incomplete"
+    items, _ = output(gen, answer, status)
+    for index, item in enumerate(items):
+        if index not in live.closed:
+            events += finished(item, index, opened=index in live.opened.values())
+    return [(kind, msgspec.to_builtins(fields)) for kind, fields in events], answer
+
+
+def test_reasoning_is_done_before_the_message_is_added() -> None:
+    gen = _gen([1, OPEN], [4, 5, CLOSE, 6])
+    pieces = [Piece("hm", None, 0, (4,)), Piece("m</think>", None, 0, (5, CLOSE)),
+              Piece("\n\nA cat.", "stop", 0, (6,))]  # fmt: skip
+    events, answer = _streamed(gen, pieces)
+    assert [kind for kind, _ in events] == [
+        "response.output_item.added", "response.content_part.added",
+        "response.reasoning_text.delta", "response.reasoning_text.delta",
+        "response.reasoning_text.done", "response.content_part.done", "response.output_item.done",
+        "response.output_item.added", "response.content_part.added",
+        "response.output_text.delta",
+        "response.output_text.done", "response.content_part.done", "response.output_item.done",
+    ]  # fmt: skip
+    assert [f["output_index"] for _, f in events] == [0] * 7 + [1] * 6
+    assert "".join(f["delta"] for k, f in events if k.endswith("reasoning_text.delta")) == "hmm"
+    assert events[4][1]["text"] == "hmm"
+    assert events[7][1]["item"] == {"type": "message", "id": "msg-1", "status": "in_progress",
+                                    "content": [], "role": "assistant"}  # fmt: skip
+    items, spent = output(gen, answer, "completed")
+    whole = [msgspec.to_builtins(item) for item in items]
+    assert [f["item"] for k, f in events if k == "response.output_item.done"] == whole
+    assert whole[0]["content"] == [{"text": "hmm", "type": "reasoning_text"}]
+    assert whole[1]["content"][0]["text"] == "\n\nA cat."
+    assert spent == 3  # to the close tag, itself included
+
+
+@pytest.mark.parametrize(
+    ("prompt", "tokens", "texts", "kinds"),
+    [
+        ([1, OPEN], [4, 5], ["hm", "m"], ["reasoning"]),  # cut inside: no message
+        ([1], [4, 5], ["A ", "cat"], ["message"]),  # never reasoned: the message alone
+        ([1], [OPEN, 4], ["<think>", "a"], ["reasoning"]),  # opened by the model
+    ],
+)
+def test_each_item_is_added_once_and_done_once(
+    prompt: list[int], tokens: list[int], texts: list[str], kinds: list[str]
+) -> None:
+    gen = _gen(prompt, tokens)
+    pieces = [Piece(t, None, 0, (i,)) for t, i in zip(texts, tokens, strict=True)]
+    events, _ = _streamed(gen, [*pieces[:-1], Piece(texts[-1], "length", 0, (tokens[-1],))])
+    added = [f["item"]["type"] for k, f in events if k == "response.output_item.added"]
+    done = [f["item"] for k, f in events if k == "response.output_item.done"]
+    assert added == [d["type"] for d in done] == kinds
+    assert done[0]["status"] == "incomplete"
