@@ -14,7 +14,7 @@ QUIET  := 2>&1 | { grep -v "is ignored: it is neither" || true; }
 unexport PYTHONDONTWRITEBYTECODE
 
 .DEFAULT_GOAL := help
-.PHONY: help setup browser promtool up test test-unit test-integration test-e2e test-deploy lint bench-cold-start bench-embeddings bench-lora bench-import bench-tensor bench-tensor-latency bench-loop-stalls bench-console bench-shadow bench-tracing bench-batches bench-overload bench-soak
+.PHONY: help setup browser promtool proto up test test-unit test-integration test-e2e test-deploy lint bench-cold-start bench-embeddings bench-lora bench-import bench-tensor bench-tensor-latency bench-loop-stalls bench-console bench-shadow bench-tracing bench-batches bench-overload bench-soak
 
 help: ## List the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-18s %s\n", $$1, $$2}'
@@ -53,6 +53,10 @@ test-e2e: setup browser ## Only tests/e2e (real `kiln up`, the SDKs, Chromium)
 
 test-deploy: setup ## Only tests/deploy (terraform and manifests, offline)
 	PYTHONFAULTHANDLER=1 $(VENV)/bin/pytest -m deploy
+
+GATEWAY := platform/src/kiln_platform/gateway
+proto: setup ## Write gateway/predict_v2.binpb, the descriptor of OIP's gRPC service (from its .proto)
+	$(PY) -m grpc_tools.protoc -I $(GATEWAY) --descriptor_set_out=$(GATEWAY)/predict_v2.binpb predict_v2.proto
 
 # mypy's cache outside the work tree, so a fresh clone (CI's) reuses it: an entry whose file's
 # path or mtime differs is checked against the source's hash, not trusted (~50 s a run saved)

@@ -34,10 +34,11 @@ ENV PATH=/opt/kiln/bin:$PATH \
     PYTHONDONTWRITEBYTECODE=1 \
     KILN_HOST=0.0.0.0 \
     KILN_PORT=8000 \
+    KILN_GRPC_PORT=8001 \
     KILN_DATA_DIR=/var/lib/kiln
 USER 10001:10001
 WORKDIR /var/lib/kiln
-EXPOSE 8000
+EXPOSE 8000 8001
 # Liveness as Kubernetes probes it (gateway.yaml: /healthz; readiness is /readyz).
 HEALTHCHECK --interval=10s --timeout=3s --start-period=60s --retries=3 \
     CMD ["python", "-c", "import urllib.request as u; u.urlopen('http://127.0.0.1:8000/healthz', timeout=2)"]

@@ -23,6 +23,9 @@ from kiln_platform.db import migrate
 from kiln_platform.db.engine import asyncpg_url, create_engine, embedded_server
 from kiln_runtimes.protocol import ModelManifest, TensorSpec
 
+# The gRPC service's port is one for all: apps and `kiln up`s of tests serve none unless a
+# test gives them a free port (tests/e2e/test_tensor_grpc.py).
+os.environ.setdefault("KILN_GRPC_PORT", "0")
 T = TypeVar("T")
 P = ParamSpec("P")
 TEMPLATE = "kiln_template"

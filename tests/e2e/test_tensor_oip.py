@@ -1,4 +1,5 @@
-"""Tensor models end to end: upload through the admin API, then ``tritonclient.http`` on `/v2`."""
+"""Tensor models end to end: upload through the admin API, then ``tritonclient.http`` on `/v2`
+and ``tritonclient.grpc`` on the gRPC port (``KILN_GRPC_PORT``)."""
 
 from __future__ import annotations
 
@@ -12,9 +13,12 @@ import httpx
 import numpy as np
 import onnxruntime as ort
 import pytest
+import tritonclient.grpc as triton_grpc
 import tritonclient.http as triton
+from tritonclient.grpc import service_pb2, service_pb2_grpc
 from tritonclient.utils import InferenceServerException
 
+from .conftest import free_port
 from .pgdata import copy_migrated_pg
 
 if TYPE_CHECKING:
@@ -37,6 +41,7 @@ def tensor_up(
     copy_migrated_pg(path / "pg")
     with pytest.MonkeyPatch.context() as env:
         env.setenv("KILN_MAX_UPLOAD_BYTES", str(UPLOAD_LIMIT))
+        env.setenv("KILN_GRPC_PORT", str(free_port()))
         kiln = start_kiln(path, [])
     try:
         kiln.cli("tenants", "create", "acme")
@@ -81,6 +86,10 @@ def _wait_http(kiln: KilnProcess, timeout: float = 60) -> None:
 
 def _client(kiln: KilnProcess) -> triton.InferenceServerClient:
     return triton.InferenceServerClient(kiln.base_url.removeprefix("http://"))
+
+
+def _grpc(kiln: KilnProcess) -> triton_grpc.InferenceServerClient:
+    return triton_grpc.InferenceServerClient(f"127.0.0.1:{kiln.env['KILN_GRPC_PORT']}")
 
 
 def _wait_model(kiln: KilnProcess, name: str, timeout: float = 120) -> None:
@@ -371,8 +380,86 @@ def test_strings_in_and_out_as_bytes_tensors(
         assert result.as_numpy("id").tolist() == want_ids.tolist()
         names = [n.decode() if isinstance(n, bytes) else n for n in result.as_numpy("name")]
         assert names == want_names.tolist() == ["spam", "ünïcode", "?", "ham", "?"]
+    grpc_text = triton_grpc.InferInput("text", [len(texts)], "BYTES")
+    grpc_text.set_data_from_numpy(texts)
+    answer = _grpc(tensor_up).infer("labels", [grpc_text], headers=_auth(tensor_up))
+    assert answer.as_numpy("id").tolist() == want_ids.tolist()
+    assert [n.decode() for n in answer.as_numpy("name")] == want_names.tolist()
     raw = triton.InferInput("text", [1], "BYTES")
     raw.set_data_from_numpy(np.array([b"\xff\xfe"], dtype=object), binary_data=True)
     with pytest.raises(InferenceServerException, match=r"'text'.*UTF-8"):
         client.infer("labels", [raw], headers=auth)
     assert client.is_model_ready("labels", headers=auth)
+
+
+def test_grpc_serves_what_v2_serves(tensor_up: KilnProcess, tensor_models: dict[str, Path]) -> None:
+    """``tritonclient.grpc`` on the gRPC port: health without a key; with one, the server's and
+    the model's metadata as `/v2` gives them, readiness, and inference equal to ONNX Runtime's
+    (all outputs, or those asked for), the request's id echoed and the usage billed."""
+    client, auth = _grpc(tensor_up), _auth(tensor_up)
+    assert client.is_server_live()
+    assert client.is_server_ready()
+    assert client.get_server_metadata(headers=auth).name == "kiln"
+    meta = client.get_model_metadata("mlp", headers=auth, as_json=True)
+    rest = _client(tensor_up).get_model_metadata("mlp", headers=auth)
+    shapes = [(t["name"], t["datatype"], [int(d) for d in t["shape"]]) for t in meta["inputs"]]
+    assert shapes == [(t["name"], t["datatype"], t["shape"]) for t in rest["inputs"]]
+    assert (meta["versions"], meta["platform"]) == (["1"], rest["platform"])
+    assert client.is_model_ready("mlp", headers=auth)
+    session = ort.InferenceSession(str(tensor_models["mlp"]), providers=["CPUExecutionProvider"])
+    for n, asked in ((1, None), (7, ["norm"])):
+        feeds = {"x": np.random.default_rng(n).standard_normal((n, 16)).astype(np.float32),
+                 "scale": np.full((n, 1), 2.0, np.float32)}  # fmt: skip
+        inputs = []
+        for name, array in feeds.items():
+            inputs.append(triton_grpc.InferInput(name, list(array.shape), "FP32"))
+            inputs[-1].set_data_from_numpy(array)
+        outputs = asked and [triton_grpc.InferRequestedOutput(o) for o in asked]
+        result = client.infer("mlp", inputs, outputs=outputs, request_id=f"r{n}", headers=auth)
+        names = asked or ["y", "norm"]
+        assert [o.name for o in result.get_response().outputs] == names
+        assert result.get_response().id == f"r{n}"
+        for name, want in zip(names, session.run(names, feeds), strict=True):
+            assert float(np.max(np.abs(result.as_numpy(name) - want))) <= 1e-5
+    stats = _client(tensor_up).get_inference_statistics("mlp", headers=auth)
+    assert stats["model_stats"][0]["inference_count"] >= 8  # the gRPC rows billed too
+
+
+def test_grpc_errors_are_status_codes_with_rests_messages(tensor_up: KilnProcess) -> None:
+    """A missing key, an unknown model and a bad tensor answer the REST route's message under
+    the gRPC code of its status; typed ``contents`` (Triton's own stub sends them) are read as
+    raw data is, their count checked."""
+    import grpc
+
+    client, auth = _grpc(tensor_up), _auth(tensor_up)
+    x = triton_grpc.InferInput("x", [1, 3], "FP32")
+    x.set_data_from_numpy(np.zeros((1, 3), np.float32))
+    refusals = [("mlp", {}, "UNAUTHENTICATED", "API key"),
+                ("nope", auth, "NOT_FOUND", "does not exist"),
+                ("mlp", auth, "INVALID_ARGUMENT", "'x'")]  # fmt: skip
+    for model, headers, code, said in refusals:
+        with pytest.raises(InferenceServerException, match=said) as refused:
+            client.infer(model, [x], headers=headers)
+        assert refused.value.status() == f"StatusCode.{code}"
+    stub = service_pb2_grpc.GRPCInferenceServiceStub(
+        grpc.insecure_channel(f"127.0.0.1:{tensor_up.env['KILN_GRPC_PORT']}")
+    )
+    tensor = service_pb2.ModelInferRequest.InferInputTensor
+
+    def typed(scale: list[float]) -> service_pb2.ModelInferRequest:
+        return service_pb2.ModelInferRequest(model_name="mlp", inputs=[
+            tensor(name="x", datatype="FP32", shape=[1, 16],
+                   contents=service_pb2.InferTensorContents(fp32_contents=[0.5] * 16)),
+            tensor(name="scale", datatype="FP32", shape=[1, 1],
+                   contents=service_pb2.InferTensorContents(fp32_contents=scale)),
+        ])  # fmt: skip
+
+    metadata = tuple(auth.items())
+    reply, call = stub.ModelInfer.with_call(typed([1.0]), metadata=metadata)
+    assert [o.name for o in reply.outputs] == ["y", "norm"]
+    assert len(reply.raw_output_contents[0]) == 4 * 4  # y: 1 x 4 FP32
+    assert dict(call.trailing_metadata())["x-request-id"].startswith("req_")
+    with pytest.raises(grpc.RpcError) as refused:
+        stub.ModelInfer(typed([1.0, 2.0]), metadata=metadata)
+    assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "contents.fp32_contents" in (refused.value.details() or "")

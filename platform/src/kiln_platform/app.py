@@ -68,6 +68,7 @@ from kiln_platform.quotas.controllers import QuotasController
 from kiln_platform.registry.controllers import AdminModelsController, RoutesController
 from kiln_platform.reports.controllers import ReportsController
 from kiln_platform.scrape import metrics_route
+from kiln_platform.settings import GRACEFUL_SHUTDOWN_S
 from kiln_platform.shadow.controllers import ShadowController
 from kiln_platform.slo.controllers import (
     AlertReceiversController,
@@ -87,10 +88,20 @@ OPENAI_SHAPED = ("/v1", *sorted(VLLM_PATHS))
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Sequence
 
+    import grpc
     from litestar.template.config import TemplateConfig
     from litestar.types import ControllerRouterHandler, Middleware
 
     from kiln_platform.settings import Settings
+
+
+async def _grpc(kiln: Kiln) -> grpc.aio.Server | None:
+    """OIP's gRPC service, started on ``KILN_GRPC_PORT`` (unless 0)."""
+    if not kiln.settings.grpc_port:
+        return None
+    from kiln_platform.gateway.oip_grpc import serve  # grpc and protobuf only when served
+
+    return await serve(kiln, kiln.settings.grpc_port)
 
 
 def _error_response(request: Request[Any, Any, Any], exc: Exception) -> Response[Any]:
@@ -233,12 +244,15 @@ def create_app(
     async def lifespan(app: Litestar) -> AsyncIterator[None]:
         async with running(settings, BatchRunner(settings)) as kiln:
             app.state.kiln = kiln
+            grpc = await _grpc(kiln)
             # Everything built so far lives as long as the process: move it out of the cyclic
             # collector's reach, or each full collection walks it (~80 ms of stalled requests).
             gc.freeze()
             try:
                 yield
             finally:
+                if grpc is not None:  # calls in flight finish, as uvicorn drains HTTP's
+                    await grpc.stop(GRACEFUL_SHUTDOWN_S)
                 tracing.flush()
 
     prometheus = PrometheusConfig(app_name="kiln", prefix="kiln", group_path=True)

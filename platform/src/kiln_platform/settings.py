@@ -29,6 +29,10 @@ def _default_data_dir() -> Path:
     return Path(platformdirs.user_data_dir("kiln", appauthor=False))
 
 
+GRACEFUL_SHUTDOWN_S = 30
+"""How long requests and calls in flight may take to finish at shutdown (HTTP's and gRPC's)."""
+
+
 class Settings(WorkerSettings):
     """Kiln configuration; every field maps to ``KILN_<FIELD>`` in the environment."""
 
@@ -51,6 +55,8 @@ class Settings(WorkerSettings):
     """``rds``: ``database_url``'s user logs in with RDS IAM tokens (boto3, the ``aws`` extra)."""
     host: str = "127.0.0.1"
     port: int = 8000
+    grpc_port: int = Field(default=8001, ge=0, le=65535)
+    """OIP's gRPC service (``gateway.oip_grpc``) on ``host`` (Triton's port); 0: not served."""
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     log_format: Literal["json", "console"] = "json"
     secret_key: SecretStr | None = None

@@ -13,6 +13,7 @@ import click
 
 from kiln_platform.cli._base import settings_of, with_db
 from kiln_platform.cli.models import has_models, import_bundled
+from kiln_platform.settings import GRACEFUL_SHUTDOWN_S
 
 if TYPE_CHECKING:
     from litestar import Litestar
@@ -67,7 +68,7 @@ def serve(create_app: AppFactory, settings: Settings) -> None:
         port=settings.port,
         log_level="warning",
         access_log=False,
-        timeout_graceful_shutdown=30,
+        timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
         # header and send timeouts, connections per client (uvicorn bounds none of them)
         http=protocol(ClientLimits.from_settings(settings)),
         ws="none",  # Kiln serves no websockets: an upgrade request is plain HTTP

@@ -21,8 +21,7 @@ from kiln_platform.oauth.verifier import looks_like_jwt
 from kiln_runtimes import tracing
 
 
-async def _authenticate(request: ASGIConnection[Any, Any, Any, Any], kiln: Kiln) -> Principal:
-    header = request.headers.get("authorization", "")
+async def _authenticate(header: str, kiln: Kiln) -> Principal:
     scheme, _, token = header.partition(" ")
     if scheme.lower() != "bearer" or not token.strip():
         raise Unauthorized(
@@ -61,10 +60,14 @@ async def provide_principal(
 
 
 async def _principal(connection: ASGIConnection[Any, Any, Any, Any], kiln: Kiln) -> Principal:
-    """Authenticate ``Authorization: Bearer <key>`` and require the inference scope (quotas are
-    the admission's: ``admission.deps``)."""
+    return await inference_principal(kiln, connection.headers.get("authorization", ""))
+
+
+async def inference_principal(kiln: Kiln, authorization: str) -> Principal:
+    """Authenticate an ``Authorization: Bearer <key>`` value (a header, or gRPC's metadata) and
+    require the inference scope (quotas are the admission's: ``admission.deps``)."""
     with tracing.span("auth"):
-        principal = _not_finance(await _authenticate(connection, kiln))
+        principal = _not_finance(await _authenticate(authorization, kiln))
     if "inference" not in principal.scopes:
         raise Forbidden("This API key does not have the 'inference' scope.")
     return principal

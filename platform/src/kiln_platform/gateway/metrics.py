@@ -21,6 +21,13 @@ DEADLINE_CUTS = Counter(
     "kiln_llm_deadline_cuts", "Generations ended by KILN_STREAM_TIMEOUT_S.", ["model"]
 )
 ACTIVE_STREAMS = Gauge("kiln_llm_active_generations", "Generations in flight.", ["model"])
+GRPC_CALLS = Counter(
+    "kiln_grpc_requests", "OIP gRPC calls, by method and status code.", ["method", "code"]
+)
+GRPC_SECONDS = Histogram(
+    "kiln_grpc_request_duration_seconds", "OIP gRPC call latency.", ["method"],
+    buckets=_REQUEST_BUCKETS,
+)  # fmt: skip
 EMBEDDED_ITEMS = Counter("kiln_embeddings_items", "Inputs embedded.", ["model"])
 RESPONSES_NOT_STORED = Counter(
     "kiln_responses_not_stored",

@@ -47,6 +47,14 @@ def parse(body: bytes, header_length: str | None) -> tuple[InferRequestBody, lis
     return request, tensors
 
 
+def binary_tensor(item: InferInput, data: bytes) -> Tensor:
+    """One input from binary data of its own (gRPC's raw contents), checked as the binary
+    extension's."""
+    sized = msgspec.structs.replace(item, parameters={"binary_data_size": len(data)})
+    checked, _ = _input(sized, memoryview(data), 0)
+    return Tensor(name=item.name, datatype=item.datatype, shape=item.shape, data=checked)
+
+
 def _input(item: InferInput, binary: memoryview, offset: int) -> tuple[bytes, int]:
     """One input's bytes (from its JSON ``data`` or the binary data from ``offset``) and where
     the next input's binary data starts."""

@@ -29,9 +29,10 @@ from kiln_runtimes.protocol import InferRequest
 if TYPE_CHECKING:
     from kiln_platform.admission.services import Admission
     from kiln_platform.context import Kiln
+    from kiln_platform.gateway.oip_schemas import InferRequestBody
     from kiln_platform.registry.services import ResolvedVersion
     from kiln_platform.settings import Settings
-    from kiln_runtimes.protocol import TensorSpec
+    from kiln_runtimes.protocol import InferResult, Tensor, TensorSpec
 
 EXTENSIONS = ["binary_tensor_data", "model_configuration", "statistics"]
 """(The model repository extension is served in part: its index, not load and unload.)"""
@@ -153,13 +154,25 @@ async def infer(
     *,
     header_length: str | None,
 ) -> tuple[bytes, dict[str, str]]:
-    """Decode, schedule and run on a worker, encode; its admission records the usage.
+    """Decode a REST body, ``run`` it, encode the result."""
+    request, tensors = oip_codec.parse(body, header_length)
+    result = await run(kiln, admission, version, request, tensors)
+    return oip_codec.encode(request, result, version.model, version.version)
+
+
+async def run(
+    kiln: Kiln,
+    admission: Admission,
+    version: ResolvedVersion,
+    request: InferRequestBody,
+    tensors: list[Tensor],
+) -> InferResult:
+    """Schedule and run on a worker (REST and gRPC alike); its admission records the usage.
 
     The deadline is Triton's ``timeout`` parameter when the client sets one, else the
     admission's.
     """
     request_id, terms = admission.request_id, admission.terms
-    request, tensors = oip_codec.parse(body, header_length)
     timeout_ms = oip_codec.timeout_ms(request, terms.timeout_s or kiln.settings.request_timeout_s)
     terms = dataclasses.replace(terms, timeout_s=timeout_ms / 1000)
     batched = version.manifest.batching and tensors and tensors[0].shape
@@ -182,4 +195,4 @@ async def infer(
     shadow = kiln.shadows.plan(version, request_id)
     if shadow is not None:  # a copy to the candidate, after the answer is in hand
         kiln.shadows.infer(shadow, message, result, max(rows, 1), took_s)
-    return oip_codec.encode(request, result, version.model, version.version)
+    return result
