@@ -12,6 +12,7 @@ rate-limit headers.
 
 from __future__ import annotations
 
+import asyncio
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -114,6 +115,9 @@ class _Service:
                     trailing += _rate_headers(admission)
                 context.set_trailing_metadata(tuple(trailing))
                 return answer
+            except asyncio.CancelledError:  # the client went away, or its deadline passed
+                code = S.CANCELLED
+                raise
             except Exception as exc:
                 if not isinstance(exc, grpc.aio.AbortError):
                     code = S.INTERNAL
