@@ -257,6 +257,49 @@ def test_the_cohere_sdk_reranks_at_v1_and_v2(kiln_up: Any) -> None:
     ]
 
 
+def test_the_cohere_sdk_embeds_at_v1_and_v2(kiln_up: Any) -> None:
+    """Cohere's SDK embeds: floats equal to sentence-transformers' (its v2 and v1 clients), the
+    signs packed as ``binary``/``ubinary``, ``truncate`` cutting a text past the context from
+    the end it names (``NONE``: a 400 naming it), what Kiln does not serve a 400 naming it."""
+    ref = json.loads(FIXTURE.read_text())
+    texts, vecs = ref["sentences"][:3], np.asarray(ref["embeddings"][:3])
+    v2 = cohere.ClientV2(api_key=kiln_up.key, base_url=kiln_up.base_url)
+    got: Any = v2.embed(model=MODEL, texts=texts, input_type="search_document",
+                   embedding_types=["float", "ubinary", "binary"])  # fmt: skip
+    floats = np.asarray(got.embeddings.float_)
+    assert float(np.max(np.abs(floats - vecs))) < 1e-4
+    signs = np.packbits(vecs > 0, axis=-1)
+    assert got.embeddings.ubinary == signs.tolist()
+    assert got.embeddings.binary == (signs.astype(int) - 128).tolist()
+    assert got.texts == texts
+    openai_usage = _post(kiln_up, "embeddings", {"input": texts}).json()["usage"]
+    assert got.meta.billed_units.input_tokens == openai_usage["prompt_tokens"]
+    v1 = cohere.Client(api_key=kiln_up.key, base_url=kiln_up.base_url)
+    old = v1.embed(model=MODEL, texts=texts, input_type="search_query")
+    assert old.response_type == "embeddings_floats"
+    assert float(np.max(np.abs(np.asarray(old.embeddings) - vecs))) < 1e-4
+    long = f"{texts[0]} {'filler ' * 600}"  # past the 512 tokens of the model
+    longs = [long, f"{long} zebra crossing"]  # the same first 512 tokens, not the same last
+    head: Any = v2.embed(model=MODEL, texts=longs, input_type="search_document").embeddings.float_
+    assert head[0] == pytest.approx(head[1], abs=1e-6)  # END, the default: its start kept
+    tail: Any = v2.embed(model=MODEL, texts=longs, input_type="search_document", truncate="START")
+    last = _post(kiln_up, "embeddings", {"input": longs, "truncate_prompt_tokens": -1}).json()
+    for got_row, want in zip(tail.embeddings.float_, last["data"], strict=True):
+        assert got_row == pytest.approx(want["embedding"], abs=1e-6)  # vLLM's: its end kept
+    assert _cos(np.asarray(tail.embeddings.float_[1]), np.asarray(head[1])) < 0.99
+    refusals: list[tuple[dict[str, Any], str]] = [
+        ({"texts": ["a", long], "truncate": "NONE"}, "texts[1]"),
+        ({"texts": ["a"], "embedding_types": ["float", "int8"]}, "embedding_types[1]"),
+        ({"texts": ["a"], "output_dimension": 256}, "output_dimension"),
+        ({"texts": ["a"], "max_tokens": 0}, "max_tokens"),
+        ({"images": ["data:image/png;base64,AA=="]}, "images"),
+    ]
+    for fields, param in refusals:
+        with pytest.raises(cohere.BadRequestError) as refused:
+            v2.embed(model=MODEL, input_type="search_document", **fields)
+        assert refused.value.body["error"]["param"] == param, fields
+
+
 @pytest.mark.parametrize(
     ("path", "payload", "field"),
     [

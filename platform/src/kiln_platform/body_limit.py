@@ -40,9 +40,11 @@ if TYPE_CHECKING:
 
 SMALL_BODY_BYTES = 1 << 20
 """Every route that is not `/v1`, `/v2` or an upload: `/admin/v1` and `/oauth` JSON, forms."""
-VLLM_PATHS = frozenset({"/tokenize", "/detokenize", "/score", "/rerank", "/classify", "/v2/rerank"})
-"""vLLM's API routes outside `/v1` (at the root, and Cohere's v2 rerank): bodies as large as
-`/v1`'s (a rerank of many documents)."""
+VLLM_PATHS = frozenset(
+    {"/tokenize", "/detokenize", "/score", "/rerank", "/classify", "/v2/rerank", "/v2/embed"}
+)
+"""vLLM's API routes outside `/v1` (at the root, and Cohere's v2 rerank and embed): bodies as
+large as `/v1`'s (a rerank of many documents)."""
 MIN_BODY_RATE = 1024
 """Bytes a second a request body must average once ``KILN_BODY_TIMEOUT_S`` has passed."""
 

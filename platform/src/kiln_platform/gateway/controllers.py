@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from litestar import MediaType, Response, delete, get, post
+from litestar import MediaType, Request, Response, delete, get, post
 from litestar.di import Provide
 from litestar.params import Parameter, SkipValidation
 from litestar.response import Stream
@@ -12,7 +12,16 @@ from litestar.response import Stream
 from kiln_platform.admission.deps import provide_admission, provide_scheduled
 from kiln_platform.admission.services import Admission
 from kiln_platform.context import Kiln
-from kiln_platform.gateway import classify, completions, llm, responses, scoring, services, tokens
+from kiln_platform.gateway import (
+    classify,
+    cohere,
+    completions,
+    llm,
+    responses,
+    scoring,
+    services,
+    tokens,
+)
 from kiln_platform.gateway.auth import authenticated, provide_principal
 from kiln_platform.gateway.background import Feed
 from kiln_platform.gateway.llm_schemas import (
@@ -197,6 +206,15 @@ class VllmController(DocumentedController):
         """Jina's and Cohere's rerank API (as vLLM serves it, Cohere's v2 at ``/v2/rerank``):
         ``documents`` by their score against ``query``, the best ``top_n``."""
         return await scoring.rerank(kiln, admission, data)
+
+    @post(["/v1/embed", "/v2/embed"], status_code=200, dependencies=SCHEDULED)
+    async def cohere_embed(
+        self, request: Request[Any, Any, Any], kiln: KilnDep, admission: AdmissionDep,
+        data: cohere.EmbedRequest,
+    ) -> cohere.EmbedResponse:  # fmt: skip
+        """Cohere's embed API (``ClientV2.embed`` at ``/v2/embed``, ``Client.embed`` at
+        ``/v1/embed``) on an embeddings model."""
+        return await cohere.embed(kiln, admission, data, v1=request.url.path.startswith("/v1/"))
 
     @post(["/v1/classify", "/classify"], status_code=200, dependencies=SCHEDULED)
     async def classify_texts(

@@ -6,7 +6,7 @@ import base64
 import dataclasses
 import time
 from functools import lru_cache, partial
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import msgspec
 import numpy as np
@@ -39,6 +39,9 @@ if TYPE_CHECKING:
     from kiln_platform.registry.services import ResolvedVersion
     from kiln_platform.settings import Settings
 
+Side = Literal["left", "right"]
+"""Which end of a text too long a truncation drops (``left``: its start, vLLM's)."""
+
 
 def max_inputs(settings: Settings) -> int:
     """The most inputs one embeddings request may have: the API's limit, within a worker queue."""
@@ -63,13 +66,18 @@ def _field(names: Sequence[str], i: int) -> str:
 
 
 def _sequences(
-    raw: list[Any], tokenizer: Tokenizer, keep: int | None, names: Sequence[str], prefix: str
-) -> list[list[int]]:
+    raw: list[Any], tokenizer: Tokenizer, keep: int | None, names: Sequence[str], prefix: str,
+    *, side: Side = "left",
+) -> list[list[int]]:  # fmt: skip
     """Token ids per item of a non-empty ``input`` list (strings are tokenized after
-    ``prefix``); with ``keep``, each item's last ``keep`` tokens at most, its special tokens
-    kept and counted."""
+    ``prefix``); with ``keep``, each item's last ``keep`` tokens at most (``side`` right: its
+    first), its special tokens kept and counted."""
+
+    def cut(ids: list[int]) -> list[int]:
+        return ids if not keep else ids[-keep:] if side == "left" else ids[:keep]
+
     if _is_ids(raw):
-        return [list(raw)[-keep:] if keep else list(raw)]
+        return [cut(list(raw))]
     if all(isinstance(x, str) for x in raw):
         for i, text in enumerate(raw):
             if not text:
@@ -81,7 +89,7 @@ def _sequences(
         bare = tokenizer.encode_batch(raw, add_special_tokens=False)
         room = keep - tokenizer.num_special_tokens_to_add(False)
         for encoding in bare:
-            encoding.truncate(room, direction="left")
+            encoding.truncate(room, direction=side)
         return [tokenizer.post_process(encoding).ids for encoding in bare]
     if all(isinstance(x, list) for x in raw):
         for i, item in enumerate(raw):
@@ -89,7 +97,7 @@ def _sequences(
                 raise BadRequest(
                     f"'input[{i}]' must be a non-empty list of token ids.", param=f"input[{i}]"
                 )
-        return [list(x)[-keep:] if keep else list(x) for x in raw]
+        return [cut(list(x)) for x in raw]
     raise BadRequest(
         "'input' must be a string, a list of strings, or a list of token-id lists.", param="input"
     )
@@ -115,13 +123,15 @@ def _chars(raw: str | list[Any], count: int) -> int:
 
 def tokenize_input(
     raw: str | list[Any], tokenizer: Tokenizer, context: int, truncate: int | None = None,
-    names: Sequence[str] = (), *, prefix: str = "",
+    names: Sequence[str] = (), *, prefix: str = "", side: Side = "left",
 ) -> list[list[int]]:  # fmt: skip
     """Validate ``input`` (counted by :func:`count_items`) and return token ids per item (a
-    text's after ``prefix``), each cut to its last ``truncate_prompt_tokens`` if given; errors
-    name the field (``names[i]`` for item ``i`` when given)."""
+    text's after ``prefix``), each cut to its last ``truncate_prompt_tokens`` if given (``side``
+    right: its first, Cohere's ``truncate: END``); errors name the field (``names[i]`` for item
+    ``i`` when given)."""
     keep = kept(truncate, context, tokenizer.num_special_tokens_to_add(False) + 1)
-    ids = _sequences([raw] if isinstance(raw, str) else raw, tokenizer, keep, names, prefix)
+    texts = [raw] if isinstance(raw, str) else raw
+    ids = _sequences(texts, tokenizer, keep, names, prefix, side=side)
     vocab = tokenizer.get_vocab_size()
     for i, seq in enumerate(ids):
         field = _field(names, i)
@@ -251,13 +261,14 @@ async def encode(
     kiln: Kiln, admission: Admission, model: str, raw: str | list[Any], *, endpoint: str,
     truncate: int | None = None, dimensions: int | None = None, names: Sequence[str] = (),
     pairs: Sequence[tuple[int, int]] | None = None, prompt_name: str | None = None,
-    clip: int | None = None,
+    clip: int | None = None, side: Side = "left",
 ) -> Encoded:  # fmt: skip
     """Run ``raw`` (as ``input`` of ``POST /v1/embeddings`` takes it) through an embeddings
     model or a classifier, or, on a cross-encoder, the ``pairs`` of its texts; its admission
     records the usage under ``endpoint`` (which the model must serve); texts get the model's
     prompt (:func:`prompt_of`); with ``clip``, the texts after the first (a rerank's documents)
-    keep their first ``clip`` tokens (:func:`heads`). Errors name ``names[i]`` for item ``i``
+    keep their first ``clip`` tokens (:func:`heads`); ``truncate`` keeps texts' last tokens, or
+    with ``side`` right their first. Errors name ``names[i]`` for item ``i``
     when given, else ``input[i]``."""
     principal, request_id = admission.principal, admission.request_id
     version = await kiln.resolver.resolve(model, str(principal.tenant_id))
@@ -277,7 +288,7 @@ async def encode(
     rows = (
         partial(tokenize_pairs, pairs=pairs)
         if manifest.scores and pairs
-        else partial(tokenize_input, prefix=prefix)
+        else partial(tokenize_input, prefix=prefix, side=side)
     )
     with admission.screening(model):
         kiln.workers.screen(version.pool, request_id, admission.terms, count)
