@@ -223,6 +223,43 @@ def test_a_request_leaving_sampling_out_gets_the_models_defaults(
     assert len(sampled) > 1
 
 
+def test_tritons_generate_is_a_text_completion(
+    kiln: KilnProcess, built: dict[str, dict[str, Any]]
+) -> None:
+    """Triton's generate extension on `/v2`: ``text_output`` is the completion's text after
+    the input (unless ``exclude_input_in_output``), the sampling fields flat, in
+    ``parameters`` or in vLLM's ``sampling_parameters``; streamed, its pieces make the same
+    text; a field no completion takes is a 400 naming it, in OIP's error shape."""
+    assert built["llama"]["status"] == "done", built["llama"]
+    kiln.wait_until_serving("tiny-llama", path="completions")
+    prompt = "Once upon a time"
+    want = _openai(kiln).completions.create(model="tiny-llama", prompt=prompt, max_tokens=9,
+                                            temperature=0).choices[0].text  # fmt: skip
+    url = f"{kiln.base_url}/v2/models/tiny-llama"
+    bodies: list[dict[str, Any]] = [
+        {"text_input": prompt, "max_tokens": 9, "temperature": 0},
+        {"text_input": prompt, "parameters": {"max_tokens": 9, "temperature": 0}},
+        {"text_input": prompt, "sampling_parameters": '{"max_tokens": 9, "temperature": 0}'},
+    ]
+    for body in bodies:
+        r = httpx.post(f"{url}/generate", json=body, headers=_auth(kiln), timeout=60)
+        assert r.status_code == 200, r.text
+        assert r.json() == {"model_name": "tiny-llama", "model_version": "1",
+                            "text_output": prompt + want}  # fmt: skip
+    alone = {**bodies[0], "exclude_input_in_output": True}
+    r = httpx.post(f"{url}/versions/1/generate", json=alone, headers=_auth(kiln), timeout=60)
+    assert r.json()["text_output"] == want
+    with httpx.stream("POST", f"{url}/generate_stream", json=alone, headers=_auth(kiln),
+                      timeout=60) as events:  # fmt: skip
+        assert events.headers["content-type"].startswith("text/event-stream")
+        pieces = [json.loads(line[6:]) for line in events.iter_lines() if line.startswith("data: ")]
+    assert "".join(p["text_output"] for p in pieces) == want
+    for bad, named in (({"max_tokens": 9}, "text_input"), ({**alone, "beam": 2}, "beam")):
+        r = httpx.post(f"{url}/generate", json=bad, headers=_auth(kiln), timeout=60)
+        assert r.status_code == 400
+        assert named in r.json()["error"]
+
+
 @pytest.fixture(scope="module")
 def scoring(
     kiln: KilnProcess, built: dict[str, dict[str, Any]], sources: dict[str, Path]

@@ -7,13 +7,15 @@ from typing import Any
 from litestar import MediaType, Request, Response, get, post
 from litestar.di import Provide
 from litestar.params import SkipValidation
+from litestar.response import Stream
 
 from kiln_platform.admission.deps import provide_admission, provide_scheduled
 from kiln_platform.admission.services import Admission
 from kiln_platform.context import Kiln
+from kiln_platform.gateway import completions, generate, oip_stats
 from kiln_platform.gateway import oip_services as oip
-from kiln_platform.gateway import oip_stats
 from kiln_platform.gateway.auth import authenticated, provide_principal
+from kiln_platform.gateway.completions import SSE
 from kiln_platform.gateway.oip_codec import HEADER_LENGTH
 from kiln_platform.gateway.oip_schemas import (
     IndexedModel,
@@ -133,6 +135,34 @@ class OIPController(DocumentedController):
         to zero: a request starts a worker); ``{"ready": true}`` lists the ready ones only."""
         asked = oip.index_request(await request.body())
         return await oip.repository_index(kiln, str(admission.principal.tenant_id), asked.ready)
+
+    @post(
+        ["/models/{name:str}/generate", "/models/{name:str}/versions/{version:str}/generate"],
+        dependencies=SCHEDULED, guards=GUARDS, status_code=200,
+    )  # fmt: skip
+    async def generate(
+        self, kiln: KilnDep, admission: AdmissionDep, data: Any, name: str,
+        version: str | None = None,
+    ) -> Response[Any]:  # fmt: skip
+        """Triton's generate extension on an LLM: ``text_input`` in, ``text_output`` out."""
+        gen = await generate.prepare(kiln, admission, name, version, data, stream=False)
+        answer = await generate.complete(gen)
+        return Response(answer, media_type=MediaType.JSON, headers=lifecycle.headers(gen.version))
+
+    @post(
+        [
+            "/models/{name:str}/generate_stream",
+            "/models/{name:str}/versions/{version:str}/generate_stream",
+        ],
+        dependencies=SCHEDULED, guards=GUARDS, status_code=200, media_type=SSE,
+    )  # fmt: skip
+    async def generate_stream(
+        self, kiln: KilnDep, admission: AdmissionDep, data: Any, name: str,
+        version: str | None = None,
+    ) -> Stream:  # fmt: skip
+        """Triton's generate extension, streamed: an event per piece of ``text_output``."""
+        gen = await generate.prepare(kiln, admission, name, version, data, stream=True)
+        return completions.streamed(gen, generate.stream(gen))
 
     @post(
         ["/models/{name:str}/infer", "/models/{name:str}/versions/{version:str}/infer"],
