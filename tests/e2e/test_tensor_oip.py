@@ -15,7 +15,7 @@ import onnxruntime as ort
 import pytest
 import tritonclient.grpc as triton_grpc
 import tritonclient.http as triton
-from tritonclient.grpc import service_pb2, service_pb2_grpc
+from tritonclient.grpc import model_config_pb2, service_pb2, service_pb2_grpc
 from tritonclient.utils import InferenceServerException
 
 from .conftest import free_port
@@ -394,8 +394,9 @@ def test_strings_in_and_out_as_bytes_tensors(
 
 def test_grpc_serves_what_v2_serves(tensor_up: KilnProcess, tensor_models: dict[str, Path]) -> None:
     """``tritonclient.grpc`` on the gRPC port: health without a key; with one, the server's and
-    the model's metadata as `/v2` gives them, readiness, and inference equal to ONNX Runtime's
-    (all outputs, or those asked for), the request's id echoed and the usage billed."""
+    the model's metadata, Triton's model configuration and repository index as `/v2` gives
+    them, readiness, and inference equal to ONNX Runtime's (all outputs, or those asked for),
+    the request's id echoed and the usage billed."""
     client, auth = _grpc(tensor_up), _auth(tensor_up)
     assert client.is_server_live()
     assert client.is_server_ready()
@@ -406,6 +407,23 @@ def test_grpc_serves_what_v2_serves(tensor_up: KilnProcess, tensor_models: dict[
     assert shapes == [(t["name"], t["datatype"], t["shape"]) for t in rest["inputs"]]
     assert (meta["versions"], meta["platform"]) == (["1"], rest["platform"])
     assert client.is_model_ready("mlp", headers=auth)
+    config = client.get_model_config("mlp", headers=auth).config  # Triton's own message
+    rest_config = _client(tensor_up).get_model_config("mlp", headers=auth)
+    assert (config.name, config.platform, config.backend, config.max_batch_size) == tuple(
+        rest_config[k] for k in ("name", "platform", "backend", "max_batch_size")
+    )
+    for tensors, rest_tensors in ((config.input, rest_config["input"]),
+                                  (config.output, rest_config["output"])):  # fmt: skip
+        assert [(t.name, model_config_pb2.DataType.Name(t.data_type), list(t.dims))
+                for t in tensors] == [(t["name"], t["data_type"], t["dims"])
+                                      for t in rest_tensors]  # fmt: skip
+    assert (
+        list(config.dynamic_batching.preferred_batch_size)
+        == (rest_config["dynamic_batching"]["preferred_batch_size"])
+    )
+    index = client.get_model_repository_index(headers=auth, as_json=True)["models"]
+    rest_index = _client(tensor_up).get_model_repository_index(headers=auth)
+    assert sorted(m["name"] for m in index) == sorted(m["name"] for m in rest_index)
     session = ort.InferenceSession(str(tensor_models["mlp"]), providers=["CPUExecutionProvider"])
     for n, asked in ((1, None), (7, ["norm"])):
         feeds = {"x": np.random.default_rng(n).standard_normal((n, 16)).astype(np.float32),

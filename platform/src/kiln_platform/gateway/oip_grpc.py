@@ -6,8 +6,9 @@ Each call is its REST route's: the same bearer key (``authorization`` metadata),
 (quotas; for ``ModelInfer`` the class from ``x-kiln-priority`` and the deadline from the call's
 gRPC deadline, else ``x-kiln-timeout``), ledger and workers (``oip_services``); its errors are
 gRPC status codes with the REST message. ``ServerLive`` and ``ServerReady`` need no key, as
-``/v2/health/*``. Every call's trailing metadata carries its ``x-request-id`` and the quotas'
-rate-limit headers.
+``/v2/health/*``. Triton's ``ModelConfig`` and ``RepositoryIndex`` are REST's ``…/config``
+and ``/v2/repository/index``. Every call's trailing metadata carries its ``x-request-id`` and
+the quotas' rate-limit headers.
 """
 
 from __future__ import annotations
@@ -26,6 +27,8 @@ from kiln_platform.gateway import oip_services as oip
 from kiln_platform.gateway.auth import inference_principal
 from kiln_platform.gateway.oip_grpc_codec import (
     SERVICE,
+    config_of,
+    index_of,
     message,
     metadata_of,
     request_of,
@@ -77,6 +80,14 @@ class _Service:
     async def _model_metadata(self, admission: Admission, call: Any) -> Any:
         version = await self._resolve(admission, call.name, call.version)
         return metadata_of(oip.model_metadata(version))
+
+    async def _model_config(self, admission: Admission, call: Any) -> Any:
+        version = await self._resolve(admission, call.name, call.version)
+        return config_of(oip.model_config(version, self.kiln.settings))
+
+    async def _repository_index(self, admission: Admission, call: Any) -> Any:
+        tenant = admission.terms.tenant
+        return index_of(await oip.repository_index(self.kiln, tenant, call.ready))
 
     async def _model_infer(self, admission: Admission, call: Any) -> Any:
         version = await self._resolve(admission, call.model_name, call.model_version)
@@ -168,6 +179,8 @@ def _handlers(kiln: Kiln) -> grpc.GenericRpcHandler:
         "ModelReady": service.admitted("ModelReady", service._model_ready),
         "ModelMetadata": service.admitted("ModelMetadata", service._model_metadata),
         "ModelInfer": service.admitted("ModelInfer", service._model_infer, scheduled=True),
+        "ModelConfig": service.admitted("ModelConfig", service._model_config),
+        "RepositoryIndex": service.admitted("RepositoryIndex", service._repository_index),
     }
     return grpc.method_handlers_generic_handler(SERVICE, {
         name: grpc.unary_unary_rpc_method_handler(

@@ -28,7 +28,7 @@ from kiln_runtimes.tensor_bytes import BYTES
 if TYPE_CHECKING:
     from google.protobuf.message import Message
 
-    from kiln_platform.gateway.oip_schemas import ModelMetadata
+    from kiln_platform.gateway.oip_schemas import IndexedModel, ModelConfig, ModelMetadata
     from kiln_runtimes.protocol import InferResult, Tensor
 
 
@@ -139,3 +139,27 @@ def metadata_of(described: ModelMetadata) -> Any:
         outputs=[tensor(name=t.name, datatype=t.datatype, shape=t.shape)
                  for t in described.outputs],
     )  # fmt: skip
+
+
+def config_of(config: ModelConfig) -> Any:
+    """The ``ModelConfigResponse`` of REST's model configuration (Triton's extension)."""
+    batching = config.dynamic_batching
+    return message("ModelConfigResponse")(config=message("ModelConfig")(
+        name=config.name, platform=config.platform, backend=config.backend,
+        max_batch_size=config.max_batch_size,
+        input=[message("ModelInput")(name=t.name, data_type=t.data_type, dims=t.dims)
+               for t in config.input],
+        output=[message("ModelOutput")(name=t.name, data_type=t.data_type, dims=t.dims)
+                for t in config.output],
+        dynamic_batching=batching and message("ModelDynamicBatching")(
+            preferred_batch_size=batching.preferred_batch_size,
+            max_queue_delay_microseconds=batching.max_queue_delay_microseconds,
+        ),
+    ))  # fmt: skip
+
+
+def index_of(models: list[IndexedModel]) -> Any:
+    """The ``RepositoryIndexResponse`` of REST's repository index."""
+    reply = message("RepositoryIndexResponse")
+    return reply(models=[reply.ModelIndex(name=m.name, version=m.version, state=m.state,
+                                          reason=m.reason) for m in models])  # fmt: skip
