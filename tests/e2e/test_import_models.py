@@ -393,6 +393,33 @@ def test_a_reasoning_models_thoughts_are_its_reasoning(
     assert "</think>" in prompt
 
 
+def test_a_reasoning_models_structured_answer_follows_its_reasoning(
+    kiln: KilnProcess, built: dict[str, dict[str, Any]], sources: dict[str, Path]
+) -> None:
+    """A structured output holds a reasoning model's answer after its reasoning (vLLM's): the
+    prompt's open ``<think>`` (``reasoning_effort``, with the tiny template) or one the model
+    opens is closed first, then the content is the schema's JSON (a bias makes ``</think>``
+    come at once: random weights write no tags of their own)."""
+    from tokenizers import Tokenizer
+
+    assert built["think"]["status"] == "done", built["think"]
+    name, client = "tiny-think", _openai(kiln)
+    kiln.wait_until_serving(name, path="completions")
+    closed = Tokenizer.from_file(str(sources["think"] / "tokenizer.json")).token_to_id("</think>")
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
+    answer = {"type": "json_schema", "json_schema": {"name": "a", "schema": schema}}
+    said = [{"role": "user", "content": "a cat"}]
+    for effort in ("low", None):  # the prompt opens it; the model may
+        extra = {} if effort is None else {"reasoning_effort": effort}
+        message = client.chat.completions.create(
+            model=name, messages=said, max_tokens=40, temperature=0, response_format=answer,
+            logit_bias={closed: 100}, **extra,
+        ).choices[0].message  # fmt: skip
+        assert set(json.loads(message.content or "null")) == {"a"}, message
+        if effort is not None:  # closed at once
+            assert (message.model_extra or {}).get("reasoning") in ("", "\n", None), message
+
+
 def test_a_reasoning_models_responses_carry_its_reasoning(
     kiln: KilnProcess, built: dict[str, dict[str, Any]]
 ) -> None:

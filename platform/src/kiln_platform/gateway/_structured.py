@@ -8,6 +8,11 @@ llguidance's grammar form here, where one it cannot run is a 400 naming the fiel
 anything is held or dispatched; the worker masks each step's logits with it. JSON has fixed
 separators (``", "``, ``": "``) and no other whitespace between tokens, so a sampled answer
 cannot drift into blank lines.
+
+A reasoning model's chat answer follows the grammar after its reasoning (``after_thought``), as
+vLLM's structured outputs start at the reasoning's end: what it writes between ``<think>`` and
+``</think>`` is free, then the answer is held to the grammar (unless the grammar writes the
+tags itself).
 """
 
 from __future__ import annotations
@@ -19,8 +24,11 @@ import anyio.to_thread
 import llguidance
 
 from kiln_platform.errors import BadRequest
+from kiln_platform.gateway._reasoning import CLOSE, OPEN, Split
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
+
     from llguidance._lib import JsonCompileOptions
 
     from kiln_platform.gateway.llm_schemas import ChatCompletionRequest, CompletionRequest
@@ -171,3 +179,27 @@ def grammar(
         return None
     kind, value, where = asked[0]
     return _checked(_compile(kind, value, where), where)
+
+
+THOUGHT = f"""thought[stop="{CLOSE}"]: /(.|\\n)*/
+GAP: /[ \\t\\r\\n]*/
+"""
+"""The reasoning (free text, ended by ``</think>``) and the blank space after it."""
+
+
+def after_thought(
+    grammar: str | None, think: tuple[int, int] | None, prompt: Sequence[int]
+) -> str | None:
+    """``grammar`` after a reasoning model's reasoning (``think``: its tags' ids; ``None``, or
+    no grammar: as it is): inside it first if ``prompt`` left a ``<think>`` open, else the
+    model may open one before the answer. A grammar that writes the tags itself (a regex or
+    Lark grammar shaping the reasoning too) is the whole answer's, as it is."""
+    if grammar is None or think is None or "think>" in grammar:  # `<\/think>` in a regex too
+        return grammar
+    inside = Split.after(think, prompt).state == "inside"
+    start = "thought GAP" if inside else f'("{OPEN}" thought GAP)?'
+    spec = json.loads(grammar) if grammar.lstrip().startswith("{") else None
+    parts = spec["grammars"] if spec is not None else [{"lark_grammar": grammar}]
+    main = {**parts[0], "name": "answer"}
+    wrapper = {"name": "thinking", "lark_grammar": f"start: {start} @answer\n{THOUGHT}"}
+    return json.dumps({**(spec or {}), "grammars": [wrapper, main, *parts[1:]]})

@@ -23,7 +23,7 @@ from kiln_platform.gateway._prompts import chat_prompt
 from kiln_platform.gateway._sampling import Sampling, sampling
 from kiln_platform.gateway._textmodel import TextModel, load_text_model
 from kiln_platform.gateway._textstream import Detokenizing, TextStream
-from kiln_platform.gateway.llm_schemas import UNSUPPORTED, ChatCompletionRequest, CompletionRequest
+from kiln_platform.gateway.llm_schemas import ChatCompletionRequest, CompletionRequest, supported
 from kiln_platform.registry.artifacts import local_tree
 from kiln_runtimes import tracing
 from kiln_runtimes.protocol import GenerateRequest
@@ -301,12 +301,6 @@ class Generation:
         )  # fmt: skip
 
 
-def _reject_unsupported(request: ChatCompletionRequest | CompletionRequest) -> None:
-    for field, unused in UNSUPPORTED.items():
-        if getattr(request, field, None) not in unused:
-            raise BadRequest(f"The parameter '{field}' is not supported by Kiln.", param=field)
-
-
 async def resolve(
     kiln: Kiln, admission: Admission, name: str, *, slo: bool = True
 ) -> tuple[ResolvedVersion, str | None]:
@@ -354,7 +348,7 @@ async def prepare(
 ) -> Generation:
     """Everything up to dispatch: validation, templating, tokenization, limits, and the budget
     hold; the admission is held to the generation's deadline."""
-    _reject_unsupported(request)
+    supported(request)
     admission.serve_as(request.service_tier)
     tools = None
     if isinstance(request, ChatCompletionRequest):
@@ -365,6 +359,8 @@ async def prepare(
     prompts, echoes, endpoint = await _prompts.tokenize(
         request, model, tools, version.context_length
     )
+    chat = isinstance(request, ChatCompletionRequest) and tools is None  # the answer is split
+    grammar = _structured.after_thought(grammar, model.think if chat else None, prompts[0])
     stop, eos = _prompts.stops(request), {*model.eos_token_ids, *version.manifest.stop_token_ids}
     plan = sampling(request, model.tokenizer.get_vocab_size(), len(prompts), grammar=grammar,
                     eos=eos, defaults=version.manifest.sampling)  # fmt: skip

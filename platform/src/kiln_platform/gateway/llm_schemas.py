@@ -11,6 +11,8 @@ from typing import Any, Literal
 
 import msgspec
 
+from kiln_platform.errors import BadRequest
+
 
 class ContentPart(msgspec.Struct, kw_only=True):
     """One part of a message's content; only ``text`` parts are supported."""
@@ -169,6 +171,13 @@ UNSUPPORTED: dict[str, tuple[Any, ...]] = {
     "suffix": (None, ""),
     "best_of": (None, 1),
 }
+
+
+def supported(request: ChatCompletionRequest | CompletionRequest) -> None:
+    """A 400 naming the first parameter of ``UNSUPPORTED`` the request uses."""
+    for field, unused in UNSUPPORTED.items():
+        if getattr(request, field, None) not in unused:
+            raise BadRequest(f"The parameter '{field}' is not supported by Kiln.", param=field)
 
 
 class PromptTokensDetails(msgspec.Struct, kw_only=True):

@@ -151,3 +151,43 @@ def test_an_added_token_that_is_not_special_is_text_to_a_grammar(tmp_path: Path)
 
 def grammar_of(regex: str) -> str:
     return llguidance.LLMatcher.grammar_from_regex(regex)
+
+
+@pytest.mark.parametrize("opened", [True, False], ids=["prompt-opened", "model-may-open"])
+def test_a_reasoning_models_answer_follows_the_grammar_after_its_reasoning(
+    tmp_path: Path, opened: bool
+) -> None:
+    """``_structured.after_thought``: a reasoning model writes what it likes until ``</think>``
+    (after a ``<think>`` the prompt left open, or one it opens), then the schema; noise for
+    logits, biased towards the tags, still ends on the stop token with the schema's JSON after
+    the reasoning."""
+    from tokenizers import AddedToken
+
+    from kiln_platform.gateway._reasoning import Split
+    from kiln_platform.gateway._structured import after_thought
+
+    tok = byte_bpe(['{"ok": true, "n": 42}', "hmm so the answer is"] * 50)
+    tok.add_tokens([AddedToken(t, special=False) for t in ("<think>", "</think>")])
+    ids = tok.get_vocab(with_added_tokens=True)
+    think = (ids["<think>"], ids["</think>"])
+    path = tmp_path / "tokenizer.json"
+    tok.save(str(path))
+    prompt = [1, think[0]] if opened else [1]
+    vocab = tok.get_vocab_size()
+    thought = []
+    for seed in range(6):
+        grammar = after_thought(_grammar(), think, prompt)
+        constraint = Grammars(path, vocab).constraint(_request(grammar))
+        sampler = Sampler(constraint=constraint, temperature=1.0, top_p=1.0, seed=seed)
+        rng, drawn = np.random.default_rng(seed), list[int]()
+        while len(drawn) < 400:
+            logits = rng.normal(0, 3, vocab).astype(np.float32)
+            logits[list(think)] += 4.0  # the tags come soon, or the reasoning runs long
+            if (token := sampler.sample(logits)) == EOS:
+                break
+            drawn.append(token)
+        text = tok.decode(drawn, skip_special_tokens=False)
+        reasoning, content = Split.after(think, prompt).whole(text)
+        assert set(json.loads(content)) == {"ok", "n"}, text
+        thought.append(reasoning)
+    assert any(thought)  # some answers reasoned first
