@@ -293,6 +293,8 @@ def test_the_cohere_sdk_embeds_at_v1_and_v2(kiln_up: Any) -> None:
         ({"texts": ["a"], "output_dimension": 256}, "output_dimension"),
         ({"texts": ["a"], "max_tokens": 0}, "max_tokens"),
         ({"images": ["data:image/png;base64,AA=="]}, "images"),
+        ({"texts": []}, "texts"),
+        ({"texts": ["a", ""]}, "texts[1]"),
     ]
     for fields, param in refusals:
         with pytest.raises(cohere.BadRequestError) as refused:

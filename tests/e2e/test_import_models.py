@@ -254,7 +254,9 @@ def test_tritons_generate_is_a_text_completion(
         assert events.headers["content-type"].startswith("text/event-stream")
         pieces = [json.loads(line[6:]) for line in events.iter_lines() if line.startswith("data: ")]
     assert "".join(p["text_output"] for p in pieces) == want
-    for bad, named in (({"max_tokens": 9}, "text_input"), ({**alone, "beam": 2}, "beam")):
+    refused = (({"max_tokens": 9}, "text_input"), ({**alone, "beam": 2}, "beam"),
+               ({**alone, "text_input": ""}, "text_input"))  # fmt: skip
+    for bad, named in refused:
         r = httpx.post(f"{url}/generate", json=bad, headers=_auth(kiln), timeout=60)
         assert r.status_code == 400
         assert named in r.json()["error"]

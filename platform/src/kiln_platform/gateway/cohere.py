@@ -112,6 +112,9 @@ async def embed(
     """Serve ``POST /v2/embed`` (``v1``: ``/v1/embed``, whose default answer is float vectors
     alone); its admission records the usage under ``embeddings``."""
     texts, field = _texts(request)
+    most = services.max_inputs(kiln.settings)
+    if not 0 < len(texts) <= most:
+        raise BadRequest(f"'{field}' takes 1 to {most} texts.", param=field)
     kinds = _kinds(request, v1=v1)
     if request.max_tokens is not None and request.max_tokens < 1:
         raise BadRequest("'max_tokens' must be 1 or more.", param="max_tokens")

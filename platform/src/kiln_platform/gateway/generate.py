@@ -76,7 +76,13 @@ async def prepare(
         )
     except msgspec.ValidationError as exc:
         raise BadRequest(f"Invalid generate request: {exc}") from None
-    gen = await llm.prepare(kiln, admission, request)
+    try:
+        gen = await llm.prepare(kiln, admission, request)
+    except BadRequest as exc:
+        if exc.param != "prompt":
+            raise
+        raise BadRequest(exc.message.replace("'prompt'", "'text_input'"), param="text_input",
+                         ) from None  # fmt: skip
     gen.endpoint = "generate"
     return gen
 
