@@ -255,7 +255,7 @@ def test_tritons_generate_is_a_text_completion(
         pieces = [json.loads(line[6:]) for line in events.iter_lines() if line.startswith("data: ")]
     assert "".join(p["text_output"] for p in pieces) == want
     refused = (({"max_tokens": 9}, "text_input"), ({**alone, "beam": 2}, "beam"),
-               ({**alone, "text_input": ""}, "text_input"))  # fmt: skip
+               ({**alone, "text_input": ""}, "text_input"), ({**alone, "n": 2}, "'n'"))  # fmt: skip
     for bad, named in refused:
         r = httpx.post(f"{url}/generate", json=bad, headers=_auth(kiln), timeout=60)
         assert r.status_code == 400

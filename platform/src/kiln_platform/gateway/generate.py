@@ -61,6 +61,8 @@ async def prepare(
         raise BadRequest("'text_input' is required (a string).", param="text_input")
     fields = _fields(body)
     fields.pop("stream", None)  # the route says
+    if fields.get("n", 1) != 1:
+        raise BadRequest("'n' must be 1: a generate request has one answer.", param="n")
     model = name if version is None else f"{name}@{version}"
     echo = body.get("exclude_input_in_output") is not True
     try:
