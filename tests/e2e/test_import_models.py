@@ -236,8 +236,14 @@ def test_tritons_generate_is_a_text_completion(
     want = _openai(kiln).completions.create(model="tiny-llama", prompt=prompt, max_tokens=9,
                                             temperature=0).choices[0].text  # fmt: skip
     url = f"{kiln.base_url}/v2/models/tiny-llama"
-    bodies: list[dict[str, Any]] = [
-        {"text_input": prompt, "max_tokens": 9, "temperature": 0},
+    bodies: list[dict[str, Any]] = [  # TensorRT-LLM's example, vLLM backend's two ways
+        {
+            "text_input": prompt,
+            "max_tokens": 9,
+            "temperature": 0,
+            "bad_words": "",
+            "stop_words": "",
+        },
         {"text_input": prompt, "parameters": {"max_tokens": 9, "temperature": 0}},
         {"text_input": prompt, "sampling_parameters": '{"max_tokens": 9, "temperature": 0}'},
     ]

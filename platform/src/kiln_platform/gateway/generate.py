@@ -50,6 +50,8 @@ def _fields(body: dict[str, Any]) -> dict[str, Any]:
     fields = {RENAMED.get(k, k): v for k, v in {**nested, **parameters, **flat}.items()}
     if fields.pop("bad_words", None) not in (None, "", []):
         raise BadRequest("'bad_words' is not supported.", param="bad_words")
+    if fields.get("stop") in ("", []):  # TensorRT-LLM's examples send an empty stop_words
+        del fields["stop"]
     return fields
 
 
@@ -61,7 +63,7 @@ async def prepare(
         raise BadRequest("'text_input' is required (a string).", param="text_input")
     fields = _fields(body)
     fields.pop("stream", None)  # the route says
-    if fields.get("n", 1) != 1:
+    if fields.get("n") not in (None, 1):
         raise BadRequest("'n' must be 1: a generate request has one answer.", param="n")
     model = name if version is None else f"{name}@{version}"
     echo = body.get("exclude_input_in_output") is not True

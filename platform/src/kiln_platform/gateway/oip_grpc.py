@@ -1,5 +1,5 @@
 """OIP over gRPC beside `/v2`: ``inference.GRPCInferenceService`` (KServe's predict v2, what
-``tritonclient.grpc`` and KServe's gRPC client call) on ``KILN_GRPC_PORT``, in the gateway's
+``tritonclient.grpc`` calls, KServe's gRPC client too) on ``KILN_GRPC_PORT``, in the gateway's
 process and event loop.
 
 Each call is its REST route's: the same bearer key (``authorization`` metadata), admission
