@@ -12,6 +12,7 @@ as a binary REST input is (``oip_codec.binary_tensor``). Outputs are always raw
 from __future__ import annotations
 
 import math
+from functools import cache
 from importlib.resources import files
 from typing import TYPE_CHECKING, Any
 
@@ -44,6 +45,7 @@ _POOL = _pool()
 SERVICE = "inference.GRPCInferenceService"
 
 
+@cache
 def message(name: str) -> Any:
     """The message class ``inference.<name>``."""
     return message_factory.GetMessageClass(_POOL.FindMessageTypeByName(f"inference.{name}"))

@@ -97,11 +97,11 @@ class _Live:
             thought = [ReasoningText(text=self.thought)]
             events += finished(ReasoningItem(id=ident("rs", self.gen), content=thought), index,
                                opened=True)  # fmt: skip
-        if "message" not in self.opened:
+        if "message" not in self.opened:  # the reasoning's tokens are past: none scored
             events += self.open("message")
-        first = max(self.sent, reasoned(self.gen, self.split))
-        marks = scored(self.gen, answer, first)
-        self.sent = first + len(marks)
+            self.sent = max(self.sent, reasoned(self.gen, self.split))
+        marks = scored(self.gen, answer, self.sent)
+        self.sent += len(marks)
         delta = {**self.at("message"), "delta": text, "logprobs": marks}
         return [*events, ("response.output_text.delta", delta)]
 
