@@ -428,6 +428,49 @@ def test_a_reasoning_models_structured_answer_follows_its_reasoning(
             assert (message.model_extra or {}).get("reasoning") in ("", "\n", None), message
 
 
+WEATHER = [{"type": "function", "function": {"name": "weather", "parameters": {
+    "type": "object", "properties": {"city": {"type": "string", "maxLength": 6}},
+    "required": ["city"]}}}]  # fmt: skip
+
+
+def test_a_reasoning_models_tool_calls_follow_its_reasoning(
+    kiln: KilnProcess, built: dict[str, dict[str, Any]], sources: dict[str, Path]
+) -> None:
+    """With tools, a reasoning model reasons freely, then calls (vLLM's reasoning parser, then
+    its tool parser): the message carries its reasoning and its calls, the stream the same
+    (reasoning as it comes, the calls whole). Sampled with seeds (a bias makes ``</think>``
+    come soon, not at once)."""
+    from tokenizers import Tokenizer
+
+    assert built["think"]["status"] == "done", built["think"]
+    name, client = "tiny-think", _openai(kiln)
+    kiln.wait_until_serving(name, path="completions")
+    closed = Tokenizer.from_file(str(sources["think"] / "tokenizer.json")).token_to_id("</think>")
+    said = [{"role": "user", "content": "weather?"}]
+    thoughts = []
+    for seed in range(3):
+        asked: dict[str, Any] = {
+            "model": name, "messages": said, "tools": WEATHER, "tool_choice": "required",
+            "max_tokens": 80, "temperature": 1, "seed": seed, "logit_bias": {closed: 4},
+            "reasoning_effort": "low", "parallel_tool_calls": False,
+        }  # fmt: skip
+        whole = client.chat.completions.create(**asked).choices[0]
+        assert whole.finish_reason == "tool_calls", whole
+        message, thought = whole.message, whole.message.model_extra.get("reasoning") or ""
+        assert message.content is None
+        assert [c.function.name for c in message.tool_calls] == ["weather"]
+        assert set(json.loads(message.tool_calls[0].function.arguments)) == {"city"}
+        chunks = [c.choices[0] for c in client.chat.completions.create(**asked, stream=True)]
+        streamed = [c.delta.model_extra.get("reasoning") or "" for c in chunks]
+        assert "".join(streamed) == thought
+        calls = [call.function for c in chunks for call in c.delta.tool_calls or []]
+        assert [(f.name, f.arguments) for f in calls] == [
+            (f.name, f.arguments) for f in [message.tool_calls[0].function]]  # fmt: skip
+        assert chunks[-1].finish_reason == "tool_calls"
+        thoughts.append(thought)
+    assert any(thoughts), thoughts  # some reasoned before calling
+
+
 def test_a_reasoning_models_responses_carry_its_reasoning(
     kiln: KilnProcess, built: dict[str, dict[str, Any]]
 ) -> None:

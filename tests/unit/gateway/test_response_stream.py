@@ -9,6 +9,7 @@ from typing import Any
 import msgspec
 import pytest
 
+from kiln_platform.gateway._tools import plan
 from kiln_platform.gateway.completions import Answer, splitter
 from kiln_platform.gateway.llm import Piece
 from kiln_platform.gateway.response_output import output
@@ -83,3 +84,37 @@ def test_each_item_is_added_once_and_done_once(
     done = [f["item"] for k, f in events if k == "response.output_item.done"]
     assert added == [d["type"] for d in done] == kinds
     assert done[0]["status"] == "incomplete"
+
+
+def test_reasoning_streams_while_the_calls_after_it_are_held() -> None:
+    """With tools, the reasoning is streamed as it comes; the answer after it is held while it
+    may be calls, which come whole after the reasoning item (``output``'s order)."""
+    gen = _gen([1, OPEN], [4, CLOSE, 6, 9])
+    gen.tools = plan([{"type": "function", "function": {"name": "f"}}], "auto", None)
+    call = '<tool_call>\n{"name": "f", "arguments": {}}\n</tool_call>'
+    pieces = [Piece("hm", None, 0, (4,)), Piece("</think>\n\n<tool_", None, 0, (CLOSE, 6)),
+              Piece(call.removeprefix("<tool_"), "stop", 0, (9,))]  # fmt: skip
+    events, answer = _streamed(gen, pieces)
+    assert [kind for kind, _ in events] == [
+        "response.output_item.added", "response.content_part.added",
+        "response.reasoning_text.delta",
+        "response.reasoning_text.done", "response.content_part.done", "response.output_item.done",
+        "response.output_item.added", "response.function_call_arguments.delta",
+        "response.function_call_arguments.done", "response.output_item.done",
+    ]  # fmt: skip
+    items, spent = output(gen, answer, "completed")
+    whole = [msgspec.to_builtins(item) for item in items]
+    assert [f["item"] for k, f in events if k == "response.output_item.done"] == whole
+    assert [(i["type"], i.get("name")) for i in whole] == [
+        ("reasoning", None), ("function_call", "f")]  # fmt: skip
+    assert spent == 2
+
+
+def test_with_tools_a_reasoning_models_text_is_streamed_once_it_cannot_be_a_call() -> None:
+    gen = _gen([1, OPEN], [4, CLOSE, 6, 9])
+    gen.tools = plan([{"type": "function", "function": {"name": "f"}}], "auto", None)
+    pieces = [Piece("hm</think>", None, 0, (4, CLOSE)), Piece("\n\n", None, 0, (6,)),
+              Piece("Hi", "stop", 0, (9,))]  # fmt: skip
+    events, _ = _streamed(gen, pieces)
+    said = [f["delta"] for k, f in events if k == "response.output_text.delta"]
+    assert said == ["\n\nHi"]

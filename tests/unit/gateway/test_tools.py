@@ -160,6 +160,8 @@ def _follows(tokenizer: tuple[Tokenizer, llguidance.LLTokenizer], grammar: str, 
         (WEATHER_CALL, True, True),
         (f"{WEATHER_CALL}\n{TIME_CALL}", True, True),
         (f"{WEATHER_CALL}\n{TIME_CALL}", False, False),
+        (f"\n\n{WEATHER_CALL}\n\n{TIME_CALL}", True, True),  # blank space before each call
+        ("\n\n<tool_call>\nSunny", True, False),  # a call, not text, past the blank space
         ("<b>Sunny</b> in Oslo", True, True),
         ("<tool_callback>", True, True),
         ("<tool_call>\nSunny", True, False),
@@ -195,6 +197,7 @@ def test_auto_reads_calls_back_and_text_as_text() -> None:
     assert [(c.id, c.function.name, json.loads(c.function.arguments)) for c in calls or []] == [
         ("call-1_0", "weather", {"city": "Oslo"}), ("call-1_1", "time", {})
     ]  # fmt: skip
+    assert made.calls(f"\n\n{TIME_CALL}", "c") == made.calls(TIME_CALL, "c")
     assert made.calls("It is sunny.", "c") is None
     assert made.calls("<b>Sunny</b>", "c") is None
     assert made.calls(WEATHER_CALL[:30], "c") is None  # cut by max_tokens: its text
@@ -203,7 +206,8 @@ def test_auto_reads_calls_back_and_text_as_text() -> None:
 @pytest.mark.parametrize(
     ("begun", "text"),
     [("", False), ("<", False), ("<tool_ca", False), ("<tool_call>\n{", False),
-     ("Sun", True), ("<b", True), ("<tool_cab", True), (" <tool_call>", True)],
+     ("Sun", True), ("<b", True), ("<tool_cab", True), ("\n\n", False), (" <tool_call>", False),
+     ("\n\nSun", True)],
 )  # fmt: skip
 def test_auto_streams_text_once_it_cannot_be_a_call(begun: str, text: bool) -> None:
     """A stream holds an answer's first pieces only while they may still open a call."""
@@ -236,8 +240,9 @@ ANSWER = {"type": "object", "properties": {"a": {"type": "integer"}}, "required"
 
 @pytest.mark.parametrize(
     ("text", "follows"),
-    [('{"a": 1}', True), (WEATHER_CALL, True), ("It is sunny.", False), ('{"b": 1}', False)],
-)
+    [('{"a": 1}', True), (WEATHER_CALL, True), ("It is sunny.", False), ('{"b": 1}', False),
+     ('\n{"a": 1}', True), (f"\n{WEATHER_CALL}", True), ('\n\n\n\n\n{"a": 1}', False)],
+)  # fmt: skip
 def test_auto_with_a_json_schema_answers_that_json_or_calls(
     matcher_tokenizer: Any, text: str, follows: bool
 ) -> None:

@@ -182,9 +182,11 @@ def grammar(
 
 
 THOUGHT = f"""thought[stop="{CLOSE}"]: /(.|\\n)*/
-GAP: /[ \\t\\r\\n]*/
+GAP: /[ \\t\\r\\n]{{0,4}}/
 """
-"""The reasoning (free text, ended by ``</think>``) and the blank space after it."""
+"""The reasoning (free text, ended by ``</think>``) and a little blank space after it (with no
+bound a sampled answer can drift into blank space to its token limit, seen with random
+weights)."""
 
 
 def after_thought(

@@ -4,10 +4,12 @@ answer to a call and its text becomes ``tool_calls``.
 ``tool_choice: "required"`` writes a JSON list of ``{"name", "parameters"}`` (one item unless
 ``parallel_tool_calls``), each function's ``parameters`` schema enforced; a named function
 writes that function's arguments alone; ``"none"`` ignores the tools. ``"auto"`` (OpenAI's
-default when tools are given) lets the model choose: text that does not start with ``<``, or
-calls in the Hermes format that Qwen's and Hermes' templates teach
-(``<tool_call>\n{"name": …, "arguments": …}\n</tool_call>``, a block per call), each held to
-its function's schema, so the answer's first character says which it is. The tools are passed
+default when tools are given) lets the model choose: text that does not start with
+``<tool_call>``, or calls in the Hermes format that Qwen's and Hermes' templates teach
+(``<tool_call>\n{"name": …, "arguments": …}\n</tool_call>``, a block per call, a little
+blank space before each), each held to its function's schema, so the answer's first
+characters past blank space say which it is. A reasoning model reasons first, freely, and then
+answers so (``_structured.after_thought``; its reasoning is the message's). The tools are passed
 to the chat template (``tools``), as Hugging Face's ``apply_chat_template`` does; for a
 template that does not show them, ``"auto"`` shows them, and the format, in a system message
 (``brief``).
@@ -47,10 +49,15 @@ For each function call, return a json object with function name and arguments wi
 </tool_call>"""
 TEXT_OR_CALLS = r"""start: {answer} | call{more}
 {answer_rule}
-call: "<tool_call>\n" %json {schema} "\n</tool_call>"
+call: OPENING %json {schema} "\n</tool_call>"
+OPENING: /[ \t\r\n]{{0,4}}<tool_call>\n/
 """
-FREE_TEXT = r"TEXT: /(.|\n)+/ & ~/<tool_call>(.|\n)*/"
-"""Any text but a call (llguidance's `&` and `~` on a lexeme): HTML and XML answers too."""
+FREE_TEXT = r"TEXT: /(.|\n)+/ & ~/[ \t\r\n]*<tool_call>(.|\n)*/"
+"""Any text but calls, blank space before them too (llguidance's `&` and `~` on a lexeme):
+HTML and XML answers too."""
+BLANK = r"BLANK: /[ \t\r\n]{1,4}/"
+"""The blank space a JSON answer may open with, as a call may (a model that opens with a
+newline is not thereby held to a call)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,26 +103,26 @@ class ToolPlan:
         if not self.auto:
             return "json", self.schema()
         schema = json.dumps({"anyOf": self._call_schemas("arguments"), "x-guidance": JSON_STYLE})
-        more = r' ("\n" call)*' if self.parallel else ""
-        name, rule = (
-            ("TEXT", FREE_TEXT)
-            if answer is None
-            else ("answer", f"answer: %json {json.dumps(answer | {'x-guidance': JSON_STYLE})}")
-        )
+        more = " call*" if self.parallel else ""
+        name, rule = "TEXT", FREE_TEXT
+        if answer is not None:
+            held = json.dumps(answer | {"x-guidance": JSON_STYLE})
+            name, rule = "answer", f"answer: BLANK? %json {held}\n{BLANK}"
         return "grammar", TEXT_OR_CALLS.format(
             answer=name, answer_rule=rule, more=more, schema=schema
         )
 
     def is_text(self, begun: str) -> bool:
         """Whether an answer begun with ``begun`` is text the model chose over calls (``auto``):
-        known once it is neither empty nor still spelling (or past) ``<tool_call>``."""
+        known once it is neither blank nor still spelling (or past) ``<tool_call>``."""
+        begun = begun.lstrip()
         return self.auto and not (OPEN.startswith(begun) or begun.startswith(OPEN))
 
     def calls(self, text: str, call_id: str) -> list[ToolCall] | None:
         """The answer as tool calls (``None`` if it is text, or calls cut by ``max_tokens``)."""
         try:
             if self.auto:
-                said = CALL.findall(text) if text.startswith(OPEN) else []
+                said = CALL.findall(text) if text.lstrip().startswith(OPEN) else []
                 pairs = [(c["name"], c["arguments"]) for c in map(json.loads, said)]
             elif self.named:
                 pairs = [(self.named, json.loads(text))]

@@ -86,9 +86,10 @@ def assembled(chunks: list[ChatCompletionChunk], usage: Usage) -> ChatCompletion
     choices = [
         ChatChoice(
             index=i,
-            message=AssistantMessage(content=None, tool_calls=calls[i]) if i in calls
-            else AssistantMessage.reasoned("".join(parts), "".join(thoughts[i])) if i in thoughts
-            else AssistantMessage(content="".join(parts)),
+            message=AssistantMessage.reasoned(
+                None if i in calls else "".join(parts), "".join(thoughts.get(i, ())),
+                tool_calls=calls.get(i),
+            ) if i in calls or i in thoughts else AssistantMessage(content="".join(parts)),
             finish_reason=finish.get(i, "stop"),
             logprobs=ChoiceLogprobs(content=logprobs[i]) if i in logprobs else None,
         )

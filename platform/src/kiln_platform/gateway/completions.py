@@ -102,24 +102,29 @@ def tool_calls(gen: Generation, index: int, text: str, finish: str) -> list[Tool
 
 
 def splitter(gen: Generation, index: int) -> Split | None:
-    """Choice ``index``'s split into reasoning and content, if its model reasons in tags and
-    the answer is not for tool calls (``_reasoning``)."""
+    """Choice ``index``'s split into reasoning and content (its tool calls, if any), if its
+    model reasons in tags (``_reasoning``)."""
     think = gen.model.think
-    if think is None or gen.tools is not None:
+    if think is None:
         return None
     return Split.after(think, gen.choices[index].request.prompt_ids)
 
 
-def _message(gen: Generation, index: int, text: str, shown: bool) -> AssistantMessage:
-    """Choice ``index``'s message: its text, or a reasoning model's content and reasoning
-    (left out if none, or unless ``shown``: vLLM's ``include_reasoning``)."""
-    split = splitter(gen, index)
-    if split is None:
-        return AssistantMessage(content=text)
-    reasoning, content = split.whole(text)
-    if not shown:  # still no content if it wrote only reasoning
-        return AssistantMessage(content=content or (None if reasoning else content))
-    return AssistantMessage.reasoned(content, reasoning)
+def _message(
+    gen: Generation, index: int, answer: Answer, shown: bool
+) -> tuple[AssistantMessage, str]:
+    """Choice ``index``'s message and finish reason: its text or its tool calls, and a
+    reasoning model's reasoning apart (left out if none, or unless ``shown``: vLLM's
+    ``include_reasoning``)."""
+    text, finish, split = "".join(answer.parts), answer.finish, splitter(gen, index)
+    reasoning, content = ("", text) if split is None else split.whole(text)
+    calls = tool_calls(gen, index, content, finish)
+    if calls is not None and gen.tools is not None:
+        finish = gen.tools.finish_reason
+    elif split is None:
+        return AssistantMessage(content=text), finish
+    said = None if calls else content
+    return AssistantMessage.reasoned(said, reasoning, shown=shown, tool_calls=calls), finish
 
 
 async def complete_chat(
@@ -133,13 +138,7 @@ async def complete_chat(
         logprobs = None
         if a.logprobs is not None:
             logprobs = _logprobs.chat(gen.model, a.token_ids, a.logprobs)
-        text, finish = "".join(a.parts), a.finish
-        message = _message(gen, i, text, reasoning)
-        if (calls := tool_calls(gen, i, text, finish)) is not None and gen.tools is not None:
-            message, finish = (
-                AssistantMessage(content=None, tool_calls=calls),
-                gen.tools.finish_reason,
-            )
+        message, finish = _message(gen, i, a, reasoning)
         choices.append(ChatChoice(index=i, message=message, finish_reason=finish,
                                   logprobs=logprobs))  # fmt: skip
     return ChatCompletion(
@@ -243,16 +242,20 @@ async def stream_chat(
         yield chunk(Piece("", index=choice.index), Delta(role="assistant", content=""))
     try:
         async for arrived in gen.pieces():
-            piece = arrived
+            piece, split = arrived, splits.get(arrived.index)
             if piece.index in held:  # tool calls are sent whole
+                if split is not None:  # the reasoning is sent as it comes, the answer held
+                    thought, piece = _thought(split, piece, reasoning)
+                    if thought is not None:
+                        yield chunk(arrived, thought)
                 held[piece.index].append(piece)
                 if not is_text(gen, "".join(p.text for p in held[piece.index])):
                     if piece.finish_reason is not None:  # joined once, when it is whole
                         for event in _held(gen, _joined(held[piece.index]), chunk):
                             yield event
                     continue
-                piece = _joined(held.pop(piece.index))  # the model chose text: streamed as is
-            delta = _delta(splits.get(piece.index), piece, reasoning)
+                piece, split = _joined(held.pop(piece.index)), None  # text: streamed as is
+            delta = _delta(split, piece, reasoning)
             if delta is not None:
                 yield chunk(piece, delta)
             if piece.finish_reason:
@@ -283,6 +286,22 @@ def _delta(split: Split | None, piece: Piece, shown: bool) -> Delta | None:
     return Delta(content=content or None, reasoning=said, reasoning_content=said)
 
 
+def _thought(split: Split, piece: Piece, shown: bool) -> tuple[Delta | None, Piece]:
+    """A held piece's reasoning as a delta to send now (``None``: none, or not ``shown``), and
+    the piece of its answer left to hold (without the log-probabilities, if the delta takes
+    them)."""
+    reasoning, content = split.push(piece.text)
+    if piece.finish_reason is not None:
+        rest = split.flush()
+        reasoning, content = reasoning + rest[0], content + rest[1]
+    if not (reasoning and shown):
+        return None, Piece(content, piece.finish_reason, piece.index, piece.token_ids,
+                           piece.logprobs)  # fmt: skip
+    return Delta(reasoning=reasoning, reasoning_content=reasoning), Piece(
+        content, piece.finish_reason, piece.index
+    )
+
+
 def is_text(gen: Generation, text: str) -> bool:
     """Whether an answer begun with ``text`` is text the model chose over calls (``auto``)."""
     return gen.tools is not None and gen.tools.is_text(text)
@@ -305,8 +324,8 @@ def _held(gen: Generation, answer: Piece, chunk: Callable[..., bytes]) -> list[b
         return []
     calls = tool_calls(gen, answer.index, answer.text, answer.finish_reason)
     if calls is None:
-        return [chunk(answer, Delta(content=answer.text)),
-                chunk(answer, Delta(), answer.finish_reason)]  # fmt: skip
+        said = [chunk(answer, Delta(content=answer.text))] if answer.text or answer.logprobs else []
+        return [*said, chunk(answer, Delta(), answer.finish_reason)]
     deltas = [ToolCallDelta(index=i, id=c.id, function=c.function) for i, c in enumerate(calls)]
     finish = gen.tools.finish_reason
     return [chunk(answer, Delta(tool_calls=deltas)), chunk(answer, Delta(), finish)]

@@ -359,7 +359,7 @@ async def prepare(
     prompts, echoes, endpoint = await _prompts.tokenize(
         request, model, tools, version.context_length
     )
-    chat = isinstance(request, ChatCompletionRequest) and tools is None  # the answer is split
+    chat = isinstance(request, ChatCompletionRequest)  # the answer is split
     grammar = _structured.after_thought(grammar, model.think if chat else None, prompts[0])
     stop, eos = _prompts.stops(request), {*model.eos_token_ids, *version.manifest.stop_token_ids}
     plan = sampling(request, model.tokenizer.get_vocab_size(), len(prompts), grammar=grammar,

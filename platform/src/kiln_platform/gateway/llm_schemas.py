@@ -232,12 +232,15 @@ class AssistantMessage(msgspec.Struct, kw_only=True, omit_defaults=False):
     """The same under DeepSeek's name, which vLLM used before and many clients read."""
 
     @classmethod
-    def reasoned(cls, content: str, reasoning: str) -> AssistantMessage:
-        """A reasoning model's answer: its content (``None`` if it wrote only reasoning) and its
-        reasoning under both names (left out if none)."""
-        said = reasoning or msgspec.UNSET
+    def reasoned(
+        cls, content: str | None, reasoning: str, *, shown: bool = True,
+        tool_calls: list[ToolCall] | None = None,
+    ) -> AssistantMessage:  # fmt: skip
+        """A reasoning model's answer: its content (``None`` if it wrote only reasoning) or its
+        calls, and its reasoning under both names (left out if none, or not ``shown``)."""
+        said = reasoning if reasoning and shown else msgspec.UNSET
         return cls(content=content or (None if reasoning else content), reasoning=said,
-                   reasoning_content=said)  # fmt: skip
+                   reasoning_content=said, tool_calls=tool_calls)  # fmt: skip
 
 
 class TopLogprob(msgspec.Struct, kw_only=True, omit_defaults=False):

@@ -73,17 +73,11 @@ def reasoned(gen: Generation, split: Split | None) -> int:
 
 
 def output(gen: Generation, answer: Answer, status: str) -> tuple[list[Item], int]:
-    """The answer's output items, and how many of its tokens were reasoning: its calls, if the
-    request's tools were called; else its reasoning item (if it wrote any reasoning) and its
-    message (unless it wrote nothing after its reasoning), with its log-probabilities if
+    """The answer's output items, and how many of its tokens were reasoning: its reasoning
+    item (if it wrote any reasoning), then its calls, if the request's tools were called, else
+    its message (unless it wrote nothing after its reasoning), with its log-probabilities if
     asked."""
-    text = "".join(answer.parts)
-    if (calls := tool_calls(gen, 0, text, answer.finish)) is not None:
-        return [
-            FunctionCallItem(id=f"fc-{c.id}", call_id=c.id, name=c.function.name,
-                             arguments=c.function.arguments) for c in calls
-        ], 0  # fmt: skip
-    split = splitter(gen, 0)
+    text, split = "".join(answer.parts), splitter(gen, 0)
     thought, content = ("", text) if split is None else split.whole(text)
     items: list[Item] = []
     if thought:
@@ -91,6 +85,11 @@ def output(gen: Generation, answer: Answer, status: str) -> tuple[list[Item], in
         items.append(ReasoningItem(id=ident("rs", gen), content=[ReasoningText(text=thought)],
                                    status=closed))  # fmt: skip
     spent = reasoned(gen, split)
+    if (calls := tool_calls(gen, 0, content, answer.finish)) is not None:
+        return [*items, *(
+            FunctionCallItem(id=f"fc-{c.id}", call_id=c.id, name=c.function.name,
+                             arguments=c.function.arguments) for c in calls
+        )], spent  # fmt: skip
     if content or not thought:
         said = OutputText(text=content, logprobs=scored(gen, answer, spent))
         items.append(OutputMessage(id=ident("msg", gen), status=status, content=[said]))

@@ -47,6 +47,8 @@ class _Live:
     opened: dict[str, int] = field(default_factory=dict)
     closed: set[int] = field(default_factory=set)
     thought: str = ""
+    held: str = ""
+    """A reasoning model's answer while it may be tool calls."""
     sent: int = 0
 
     def at(self, kind: str) -> dict[str, Any]:
@@ -87,6 +89,11 @@ class _Live:
             self.thought += thought
             events.append(("response.reasoning_text.delta", {**self.at("reasoning"),
                                                              "delta": thought}))  # fmt: skip
+        if "message" not in self.opened and self.gen.tools is not None:
+            self.held += content
+            if not is_text(self.gen, self.held):
+                return events
+            content, self.held = self.held, ""
         return events + self.say(answer, content) if content else events
 
     def say(self, answer: Answer, text: str) -> Events:

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from tokenizers import Tokenizer
 
-from kiln_runtimes.backends._genai_grammar import Grammars
+from kiln_runtimes.backends._genai_grammar import Grammars, text_added_tokens
 from kiln_runtimes.backends._genai_logits import Shaping
 from kiln_runtimes.backends._genai_sampling import Sampler
 from kiln_runtimes.protocol import GenerateRequest
@@ -191,3 +191,45 @@ def test_a_reasoning_models_answer_follows_the_grammar_after_its_reasoning(
         assert set(json.loads(content)) == {"ok", "n"}, text
         thought.append(reasoning)
     assert any(thought)  # some answers reasoned first
+
+
+CALL = '<tool_call>\n{"name": "f", "arguments": {"x": 1}}\n</tool_call>'
+
+
+@pytest.mark.parametrize(
+    ("text", "follows"),
+    [
+        (f"hmm</think>\n\n{CALL}", True),
+        ("hmm</think>\n\nIt is sunny.", True),
+        (f"hmm</think>{CALL}\n{CALL}", True),
+        (f"hmm</think>\n\n{CALL.replace('f', 'g', 1)}", False),  # not one of the tools
+        (f"hmm</think>\n\n\n\n\n\n{CALL}", False),  # a little blank space, not any amount
+        ("hmm</think>\n\n<tool_call>\nSunny", False),  # a call, past the blank space
+        (f"hmm</think>\n\n\n\n{CALL}", True),
+    ],
+)
+def test_a_reasoning_models_tool_calls_follow_its_reasoning(
+    tmp_path: Path, text: str, follows: bool
+) -> None:
+    """With ``auto`` tools, the answer after the reasoning (which the prompt left open) is text
+    or calls, each call held to its function's schema."""
+    from tokenizers import AddedToken
+
+    from kiln_platform.gateway._structured import _compile, after_thought
+    from kiln_platform.gateway._tools import plan
+
+    tok = byte_bpe([CALL, "hmm it is sunny"] * 50)
+    tok.add_tokens([AddedToken(t, special=False) for t in ("<think>", "</think>")])
+    ids = tok.get_vocab(with_added_tokens=True)
+    path = tmp_path / "tokenizer.json"
+    tok.save(str(path))
+    tools = plan([{"type": "function", "function": {"name": "f", "parameters": {
+        "type": "object", "properties": {"x": {"type": "integer"}}}}}], "auto", None)  # fmt: skip
+    assert tools is not None
+    grammar = after_thought(_compile(*tools.constraint(), "tools"), (ids["<think>"],
+                            ids["</think>"]), [1, ids["<think>"]])  # fmt: skip
+    ll = llguidance.LLTokenizer(text_added_tokens(path.read_text()), n_vocab=tok.get_vocab_size(),
+                                eos_token=[EOS])  # fmt: skip
+    assert grammar is not None
+    matcher = llguidance.LLMatcher(ll, grammar, log_level=0)
+    assert (matcher.consume_tokens(ll.tokenize_str(text)) and matcher.is_accepting()) is follows
