@@ -454,8 +454,10 @@ def test_a_reasoning_models_tool_calls_follow_its_reasoning(
             "max_tokens": 80, "temperature": 1, "seed": seed, "logit_bias": {closed: 4},
             "reasoning_effort": "low", "parallel_tool_calls": False,
         }  # fmt: skip
-        whole = client.chat.completions.create(**asked).choices[0]
+        done = client.chat.completions.create(**asked)
+        whole, usage = done.choices[0], done.usage
         assert whole.finish_reason == "tool_calls", whole
+        assert 1 <= usage.completion_tokens_details.reasoning_tokens < usage.completion_tokens
         message, thought = whole.message, whole.message.model_extra.get("reasoning") or ""
         assert message.content is None
         assert [c.function.name for c in message.tool_calls] == ["weather"]
@@ -507,6 +509,7 @@ def test_a_reasoning_models_responses_carry_its_reasoning(
     assert done.reasoning.effort == "high"
     details = done.usage.output_tokens_details
     assert 0 < details.reasoning_tokens <= done.usage.output_tokens
+    assert details.reasoning_tokens == chat.usage.completion_tokens_details.reasoning_tokens
     if not content:  # cut inside its reasoning: all of it was reasoning
         assert details.reasoning_tokens == done.usage.output_tokens
     kinds, deltas = [], {"reasoning": "", "text": ""}

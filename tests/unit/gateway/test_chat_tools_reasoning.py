@@ -31,8 +31,9 @@ def _gen(pieces: list[Piece], choice: Any = "auto") -> Any:
 
     return SimpleNamespace(
         request=SimpleNamespace(request_id="req_1", logprobs=None), name="m",
-        model=SimpleNamespace(think=(OPEN, CLOSE)), tools=plan(TOOLS, choice, None),
-        choices=[SimpleNamespace(index=0, request=SimpleNamespace(prompt_ids=[1, OPEN]))],
+        model=SimpleNamespace(think=(OPEN, CLOSE), tokenizer=None), tools=plan(TOOLS, choice, None),
+        choices=[SimpleNamespace(index=0, request=SimpleNamespace(prompt_ids=[1, OPEN]),
+                                 tokens=[4, 5, CLOSE, 6])],
         version=SimpleNamespace(version=1, artifact_digest="sha256:ab"),
         admission=SimpleNamespace(service_tier="default"), cached_tokens=0,
         usage_counts=lambda: (2, 3, 5), pieces=arrived,
@@ -53,7 +54,9 @@ async def _streamed(gen: Any) -> list[dict[str, Any]]:
 )  # fmt: skip
 async def test_calls_after_reasoning_whole_and_streamed_alike(texts: list[str]) -> None:
     pieces = [Piece(t, "stop" if i == len(texts) - 1 else None) for i, t in enumerate(texts)]
-    whole = msgspec.to_builtins(await complete_chat(_gen(pieces)))["choices"][0]
+    done = msgspec.to_builtins(await complete_chat(_gen(pieces)))
+    assert done["usage"]["completion_tokens_details"] == {"reasoning_tokens": 3}  # to the tag
+    whole = done["choices"][0]
     assert whole["finish_reason"] == "tool_calls"
     message = whole["message"]
     assert (message["content"], message["reasoning"]) == (None, "hmm")

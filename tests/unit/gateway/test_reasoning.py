@@ -4,6 +4,9 @@ only for tags the tokenizer shows as text."""
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+from typing import Any
+
 import pytest
 from tokenizers import AddedToken, Tokenizer, models
 
@@ -82,14 +85,19 @@ def test_only_tags_the_text_shows_make_a_reasoning_model() -> None:
     [
         ([1, OPEN], [4, 5, CLOSE, 6], 3),  # inside from the start: to the close, tag included
         ([1], [OPEN, 4, CLOSE, 6, CLOSE], 3),  # opened by the model; the first close ends it
+        ([1], [9, OPEN, 4, CLOSE, 6], 4),  # opened after blank space
         ([1, OPEN], [4, 5], 2),  # cut before it closed: all of it
         ([1], [4, OPEN, 5, CLOSE], 0),  # text first: no reasoning
+        ([1], [4, 5], 0),
     ],
 )
-def test_reasoning_tokens_run_to_the_first_close(
+def test_reasoning_tokens_run_to_the_first_close_as_the_split_splits(
     prompt: list[int], answer: list[int], spent: int
 ) -> None:
-    text = {OPEN: "<think>", CLOSE: "</think>", 4: "a", 5: "b", 6: "c"}
+    text = {OPEN: "<think>", CLOSE: "</think>", 4: "a", 5: "b", 6: "c", 9: "\n"}
     split = Split.after((OPEN, CLOSE), prompt)
     split.whole("".join(text[t] for t in answer))
-    assert reasoning_tokens((OPEN, CLOSE), answer, split) == spent
+    assert split.reasoned is (spent > 0)
+
+    tokenizer: Any = SimpleNamespace(decode=lambda ids: "".join(text[t] for t in ids))
+    assert reasoning_tokens((OPEN, CLOSE), prompt, answer, tokenizer) == spent

@@ -23,7 +23,8 @@ def _gen(prompt: list[int], tokens: list[int]) -> Any:
     choice = SimpleNamespace(request=SimpleNamespace(prompt_ids=prompt), tokens=tokens)
     return SimpleNamespace(
         request=SimpleNamespace(request_id="req_1", logprobs=None), tools=None,
-        model=SimpleNamespace(think=(OPEN, CLOSE)), choices=[choice],
+        model=SimpleNamespace(think=(OPEN, CLOSE), tokenizer=SimpleNamespace(decode=lambda _: "")),
+        choices=[choice],
     )  # fmt: skip
 
 

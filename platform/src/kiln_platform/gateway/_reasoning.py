@@ -1,6 +1,6 @@
 """A reasoning model's answer split into its reasoning and its content (the fields vLLM's
-reasoning parsers fill): what the model writes between ``<think>`` and
-``</think>`` is the message's ``reasoning``, the rest its ``content``.
+reasoning parsers fill): what it writes between ``<think>`` and ``</think>`` is the message's
+``reasoning``, the rest its ``content`` (or its tool calls).
 
 A model reasons this way when its tokenizer has both tags as tokens of their own that its text
 shows (not special tokens, which detokenizing leaves out). Its answer starts inside the
@@ -28,9 +28,7 @@ def think_ids(tokenizer: Tokenizer) -> tuple[int, int] | None:
     """The ids of ``<think>`` and ``</think>`` if the tokenizer has both as added tokens its
     text shows (``None``: the model does not reason in tags)."""
     shown = {t.content: i for i, t in tokenizer.get_added_tokens_decoder().items() if not t.special}
-    if OPEN in shown and CLOSE in shown:
-        return shown[OPEN], shown[CLOSE]
-    return None
+    return (shown[OPEN], shown[CLOSE]) if OPEN in shown and CLOSE in shown else None
 
 
 def _last(ids: Sequence[int], token: int) -> int:
@@ -61,8 +59,7 @@ class Split:
             if self.state == "start":
                 bare = self._held.lstrip()
                 if bare.startswith(OPEN):
-                    self._held, self.state = bare[len(OPEN) :], "inside"
-                    self.reasoned = True
+                    self._held, self.state, self.reasoned = bare[len(OPEN) :], "inside", True
                 elif OPEN.startswith(bare):  # nothing yet, or the start of the tag
                     return reasoning, content
                 else:
@@ -86,14 +83,18 @@ class Split:
 
     def whole(self, text: str) -> tuple[str, str]:
         """A whole answer's (reasoning, content)."""
-        reasoning, content = self.push(text)
-        rest = self.flush()
+        (reasoning, content), rest = self.push(text), self.flush()
         return reasoning + rest[0], content + rest[1]
 
 
-def reasoning_tokens(think: tuple[int, int], token_ids: Sequence[int], split: Split) -> int:
-    """How many of an answer's tokens (``token_ids``, split by ``split``) were its reasoning,
-    its tags included: to the first ``</think>``, or all if it never closed."""
-    if not split.reasoned:
-        return 0
-    return next((i + 1 for i, t in enumerate(token_ids) if t == think[1]), len(token_ids))
+def reasoning_tokens(
+    think: tuple[int, int], prompt: Sequence[int], answer: Sequence[int], tokenizer: Tokenizer
+) -> int:
+    """How many of an answer's tokens (so far) were its reasoning, tags included, as ``Split``
+    splits its text: to the first ``</think>`` (all if it never closed) if the prompt left
+    ``<think>`` open or the answer opens it after nothing but blank space; else none."""
+    if Split.after(think, prompt).state != "inside":
+        at = next((i for i, t in enumerate(answer) if t == think[0]), None)
+        if at is None or tokenizer.decode(list(answer[:at])).strip():
+            return 0
+    return next((i + 1 for i, t in enumerate(answer) if t == think[1]), len(answer))

@@ -55,7 +55,7 @@ async def recorded(
     failed = False
     async for event in events:
         if event == DONE and not failed and chunks:
-            await keep(gen, request, assembled(chunks, token_usage(gen)))
+            await keep(gen, request, assembled(chunks, token_usage(gen, chat=True)))
         elif event != DONE:
             try:
                 chunks.append(msgspec.json.decode(event[6:], type=ChatCompletionChunk))

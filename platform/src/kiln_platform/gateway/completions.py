@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -11,7 +12,7 @@ from litestar.response import Stream
 
 from kiln_platform.errors import KilnError
 from kiln_platform.gateway import _logprobs
-from kiln_platform.gateway._reasoning import Split
+from kiln_platform.gateway._reasoning import Split, reasoning_tokens
 from kiln_platform.gateway.llm import Generation, Piece, sse
 from kiln_platform.gateway.llm_schemas import (
     AssistantMessage,
@@ -19,6 +20,7 @@ from kiln_platform.gateway.llm_schemas import (
     ChatCompletion,
     ChatCompletionChunk,
     ChunkChoice,
+    CompletionTokensDetails,
     Delta,
     PromptLogprobs,
     PromptTokensDetails,
@@ -51,12 +53,27 @@ def streamed(gen: Generation, events: AsyncGenerator[bytes, None]) -> Stream:
     return Stream(events, media_type=SSE, headers=lifecycle.headers(gen.version))
 
 
-def token_usage(gen: Generation) -> Usage:
+def token_usage(gen: Generation, *, chat: bool = False) -> Usage:
+    """The usage so far (a chat's with its reasoning tokens, as OpenAI's)."""
     prompt, completion, total = gen.usage_counts()
+    details: CompletionTokensDetails | msgspec.UnsetType = msgspec.UNSET
+    if chat:
+        reasoning = sum(spent(gen, index) for index in range(len(gen.choices)))
+        details = CompletionTokensDetails(reasoning_tokens=reasoning)
     return Usage(
         prompt_tokens=prompt, completion_tokens=completion, total_tokens=total,
         prompt_tokens_details=PromptTokensDetails(cached_tokens=gen.cached_tokens),
+        completion_tokens_details=details,
     )  # fmt: skip
+
+
+def spent(gen: Generation, index: int) -> int:
+    """How many of choice ``index``'s tokens so far were its reasoning (none unless its model
+    reasons in tags and it is a chat's, whose tokens are kept)."""
+    think, choice = gen.model.think, gen.choices[index]
+    if think is None or choice.tokens is None:
+        return 0
+    return reasoning_tokens(think, choice.request.prompt_ids, choice.tokens, gen.model.tokenizer)
 
 
 def ident(prefix: str, gen: Generation) -> str:
@@ -148,7 +165,7 @@ async def complete_chat(
         system_fingerprint=fingerprint(gen.version),
         service_tier=gen.admission.service_tier,
         choices=choices,
-        usage=token_usage(gen),
+        usage=token_usage(gen, chat=True),
         prompt_logprobs=_prompt_scores(gen, 0, scored),
     )
 
@@ -227,6 +244,8 @@ async def stream_chat(
     include_usage, every = _usage_asked(options)
     splits = {c.index: s for c in gen.choices if (s := splitter(gen, c.index)) is not None}
 
+    usage = functools.partial(token_usage, gen, chat=True)
+
     def chunk(piece: Piece, delta: Delta, finish: str | None = None) -> bytes:
         logprobs = None
         if piece.logprobs is not None and finish is None and delta.tool_calls is None:
@@ -235,7 +254,7 @@ async def stream_chat(
                              logprobs=logprobs)  # fmt: skip
         return sse(ChatCompletionChunk(id=cid, created=created, model=model, choices=[choice],
                                        system_fingerprint=mark, service_tier=tier,
-                                       usage=token_usage(gen) if every else None))  # fmt: skip
+                                       usage=usage() if every else None))  # fmt: skip
 
     held: dict[int, list[Piece]] = {c.index: [] for c in gen.choices if gen.tools is not None}
     for choice in gen.choices:
@@ -264,7 +283,7 @@ async def stream_chat(
         yield _error_event(exc)
     if include_usage:
         last = ChatCompletionChunk(id=cid, created=created, model=model, choices=[],
-                                   usage=token_usage(gen), system_fingerprint=mark,
+                                   usage=usage(), system_fingerprint=mark,
                                    service_tier=tier)  # fmt: skip
         yield sse(last)
     yield DONE

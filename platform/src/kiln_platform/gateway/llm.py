@@ -381,7 +381,8 @@ async def prepare(
                      deadline, prompt_tokens, tools=tools)  # fmt: skip
     if adapter is None:  # a tenant's adapter is served by the primary's pool alone
         gen.shadow = kiln.shadows.plan(version, admission.request_id)
-    choices[0].tokens = [] if gen.shadow is not None or model.think is not None else None
+    for c in choices:  # a shadow compares the first's, a reasoning model's chat counts them
+        c.tokens = [] if (chat and model.think) or (c.index == 0 and gen.shadow) else None
     return gen
 
 

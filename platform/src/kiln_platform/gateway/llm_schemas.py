@@ -186,6 +186,13 @@ class PromptTokensDetails(msgspec.Struct, kw_only=True):
     cached_tokens: int = 0
 
 
+class CompletionTokensDetails(msgspec.Struct, kw_only=True):
+    """Of a chat's completion tokens, those of a reasoning model's reasoning (``_reasoning``;
+    0 for any other model, as OpenAI's)."""
+
+    reasoning_tokens: int = 0
+
+
 class Usage(msgspec.Struct, kw_only=True):
     """Token counts."""
 
@@ -193,6 +200,8 @@ class Usage(msgspec.Struct, kw_only=True):
     completion_tokens: int
     total_tokens: int
     prompt_tokens_details: PromptTokensDetails = msgspec.field(default_factory=PromptTokensDetails)
+    completion_tokens_details: CompletionTokensDetails | msgspec.UnsetType = msgspec.UNSET
+    """A chat's (left out of a text completion's)."""
 
 
 class FunctionCall(msgspec.Struct, kw_only=True):

@@ -8,8 +8,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from kiln_platform.gateway import _logprobs
-from kiln_platform.gateway._reasoning import reasoning_tokens
-from kiln_platform.gateway.completions import ident, splitter, tool_calls
+from kiln_platform.gateway.completions import ident, spent, splitter, tool_calls
 from kiln_platform.gateway.conversation_items import named
 from kiln_platform.gateway.responses_schemas import (
     FunctionCallItem,
@@ -66,10 +65,7 @@ def scored(gen: Generation, answer: Answer, start: int) -> list[TokenLogprob]:
 
 def reasoned(gen: Generation, split: Split | None) -> int:
     """How many of the answer's tokens so far were its reasoning (``_reasoning``)."""
-    think, tokens = gen.model.think, gen.choices[0].tokens
-    if split is None or think is None or tokens is None:
-        return 0
-    return reasoning_tokens(think, tokens, split)
+    return spent(gen, 0) if split is not None else 0
 
 
 def output(gen: Generation, answer: Answer, status: str) -> tuple[list[Item], int]:
