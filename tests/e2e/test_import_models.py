@@ -24,6 +24,7 @@ import httpx
 import numpy as np
 import pytest
 
+from .conftest import free_port
 from .pgdata import copy_migrated_pg
 
 if TYPE_CHECKING:
@@ -114,7 +115,8 @@ def kiln(sources: dict[str, Path], start_kiln: Callable[..., KilnProcess]) -> It
     model imported through the API (the builds queue up behind each other)."""
     path = Path(tempfile.mkdtemp(prefix="kiln-e2e-"))
     copy_migrated_pg(path / "pg")
-    kiln = start_kiln(path, [], {"KILN_WORKER_MAX_MEMORY_BYTES": str(MEMORY_LIMIT)})
+    env = {"KILN_WORKER_MAX_MEMORY_BYTES": str(MEMORY_LIMIT), "KILN_GRPC_PORT": str(free_port())}
+    kiln = start_kiln(path, [], env)
     try:
         kiln.cli("tenants", "create", "acme")
         out = kiln.cli(
@@ -266,6 +268,89 @@ def test_tritons_generate_is_a_text_completion(
         r = httpx.post(f"{url}/generate", json=bad, headers=_auth(kiln), timeout=60)
         assert r.status_code == 400
         assert named in r.json()["error"]
+
+
+def _llm_inputs(module: Any, stream: bool | None = None, **sampling: Any) -> list[Any]:
+    """Triton's vLLM backend's inputs (``sampling_parameters`` JSON), or with ``sampling``
+    as TensorRT-LLM's flat tensors."""
+    given: dict[str, tuple[str, Any]] = {"text_input": ("BYTES", "Once upon a time")}
+    if stream is not None:
+        given["stream"] = ("BOOL", stream)
+    if "vllm" in sampling:
+        given["sampling_parameters"] = ("BYTES", json.dumps(sampling.pop("vllm")))
+    given |= {k: ("INT32" if isinstance(v, int) else "FP32", v) for k, v in sampling.items()}
+    made = []
+    for name, (datatype, value) in given.items():
+        tensor = module.InferInput(name, [1], datatype)
+        kind = {"BYTES": object, "BOOL": bool, "INT32": np.int32, "FP32": np.float32}[datatype]
+        tensor.set_data_from_numpy(np.array([value], dtype=kind))
+        made.append(tensor)
+    return made
+
+
+def test_an_llm_takes_tritons_llm_tensors(
+    kiln: KilnProcess, built: dict[str, dict[str, Any]]
+) -> None:
+    """Triton's LLM backends' tensor face (vLLM's, TensorRT-LLM's): ``text_input`` in and
+    ``text_output`` out over REST ``…/infer`` and gRPC ``ModelInfer``, the input first unless
+    ``exclude_input_in_output``; gRPC ``ModelStreamInfer`` with ``stream`` sends the pieces
+    (then an empty final response when asked), requests on one stream told apart by id, a bad
+    one's error a response of its own while the stream goes on."""
+    import queue
+
+    import tritonclient.grpc as triton_grpc
+    import tritonclient.http as triton_http
+
+    assert built["llama"]["status"] == "done", built["llama"]
+    kiln.wait_until_serving("tiny-llama", path="completions")
+    prompt, greedy = "Once upon a time", {"max_tokens": 9, "temperature": 0}
+    want = _openai(kiln).completions.create(model="tiny-llama", prompt=prompt,
+                                            **greedy).choices[0].text  # fmt: skip
+    http = triton_http.InferenceServerClient(kiln.base_url.removeprefix("http://"))
+    grpc = triton_grpc.InferenceServerClient(f"127.0.0.1:{kiln.env['KILN_GRPC_PORT']}")
+    described = http.get_model_metadata("tiny-llama", headers=_auth(kiln))
+    assert {i["name"] for i in described["inputs"]} >= {"text_input", "stream"}
+    (output,) = grpc.get_model_metadata("tiny-llama", headers=_auth(kiln)).outputs
+    assert output.name == "text_output"
+    answered = http.infer("tiny-llama", _llm_inputs(triton_http, False, vllm=greedy),
+                          headers=_auth(kiln))  # fmt: skip
+    assert answered.as_numpy("text_output").tolist() == [(prompt + want).encode()]
+    flat = _llm_inputs(triton_grpc, max_tokens=9, temperature=0.0)
+    alone = triton_grpc.InferInput("exclude_input_in_output", [1], "BOOL")
+    alone.set_data_from_numpy(np.array([True]))
+    answered = grpc.infer("tiny-llama", [*flat, alone], headers=_auth(kiln))
+    assert answered.as_numpy("text_output").tolist() == [want.encode()]
+    got: queue.Queue[tuple[Any, Any]] = queue.Queue()
+    grpc.start_stream(callback=lambda result, error: got.put((result, error)),
+                      headers=_auth(kiln))  # fmt: skip
+    streamed = _llm_inputs(triton_grpc, True, vllm=greedy)
+    grpc.async_stream_infer("tiny-llama", streamed, request_id="a",
+                            enable_empty_final_response=True)  # fmt: skip
+    grpc.async_stream_infer("tiny-llama", _llm_inputs(triton_grpc, True, vllm={"beam": 2}),
+                            request_id="b")  # fmt: skip
+    grpc.async_stream_infer("tiny-llama", [*streamed, alone], request_id="c")
+    grpc.stop_stream()
+    texts: dict[str, list[tuple[str, bool]]] = {"a": [], "c": []}
+    errors = []
+    while not got.empty():
+        result, error = got.get()
+        if error is not None:
+            errors.append(str(error))
+            continue
+        response = result.get_response()
+        final = response.parameters["triton_final_response"].bool_param
+        out = result.as_numpy("text_output")
+        texts[response.id].append(("" if out is None else out[0].decode(), final))
+    assert "".join(t for t, _ in texts["a"]) == prompt + want
+    assert [f for _, f in texts["a"]] == [False] * (len(texts["a"]) - 1) + [True]
+    assert texts["a"][-1][0] == ""  # the empty final response
+    assert texts["a"][0] == (prompt, False)  # the input first, then the pieces
+    assert "".join(t for t, _ in texts["c"]) == want
+    assert texts["c"][-1][1]  # final with its last piece
+    assert texts["c"][-1][0]
+    assert len(errors) == 1
+    assert "beam" in errors[0]
+    grpc.close()
 
 
 @pytest.fixture(scope="module")

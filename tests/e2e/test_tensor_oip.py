@@ -3,6 +3,7 @@ and ``tritonclient.grpc`` on the gRPC port (``KILN_GRPC_PORT``)."""
 
 from __future__ import annotations
 
+import queue
 import shutil
 import tempfile
 import time
@@ -439,8 +440,18 @@ def test_grpc_serves_what_v2_serves(tensor_up: KilnProcess, tensor_models: dict[
         assert result.get_response().id == f"r{n}"
         for name, want in zip(names, session.run(names, feeds), strict=True):
             assert float(np.max(np.abs(result.as_numpy(name) - want))) <= 1e-5
+    got: queue.Queue[tuple[Any, Any]] = queue.Queue()  # a stream: one final response each
+    client.start_stream(callback=lambda result, error: got.put((result, error)), headers=auth)
+    client.async_stream_infer("mlp", inputs, request_id="s1")
+    client.async_stream_infer("nope", inputs, request_id="s2")
+    client.stop_stream()
+    (result, _), (_, error) = sorted([got.get(), got.get()], key=lambda r: r[1] is not None)
+    response = result.get_response()
+    assert (response.id, response.parameters["triton_final_response"].bool_param) == ("s1", True)
+    assert float(np.max(np.abs(result.as_numpy("y") - session.run(["y"], feeds)[0]))) <= 1e-5
+    assert "nope" in str(error)
     stats = _client(tensor_up).get_inference_statistics("mlp", headers=auth)
-    assert stats["model_stats"][0]["inference_count"] >= 8  # the gRPC rows billed too
+    assert stats["model_stats"][0]["inference_count"] >= 15  # the gRPC rows billed too
 
 
 def test_grpc_errors_are_status_codes_with_rests_messages(tensor_up: KilnProcess) -> None:

@@ -12,7 +12,7 @@ from litestar.response import Stream
 from kiln_platform.admission.deps import provide_admission, provide_scheduled
 from kiln_platform.admission.services import Admission
 from kiln_platform.context import Kiln
-from kiln_platform.gateway import completions, generate, oip_stats
+from kiln_platform.gateway import completions, generate, oip_llm, oip_stats
 from kiln_platform.gateway import oip_services as oip
 from kiln_platform.gateway.auth import authenticated, provide_principal
 from kiln_platform.gateway.completions import SSE
@@ -71,9 +71,13 @@ class OIPController(DocumentedController):
     async def model_metadata(
         self, kiln: KilnDep, admission: AdmissionDep, name: str, version: str | None = None
     ) -> Response[ModelMetadata]:
-        """A model's inputs and outputs (``-1`` marks a dynamic dimension)."""
-        resolved = await oip.resolve(kiln, name, version, str(admission.principal.tenant_id))
-        return Response(oip.model_metadata(resolved), headers=lifecycle.headers(resolved))
+        """A model's inputs and outputs (``-1`` marks a dynamic dimension); an LLM's, as
+        Triton's vLLM backend's (``oip_llm``)."""
+        tenant = str(admission.principal.tenant_id)
+        resolved = await oip.resolve(kiln, name, version, tenant, llm=True)
+        described = (oip_llm.metadata(resolved) if resolved.manifest.task == "generate"
+                     else oip.model_metadata(resolved))  # fmt: skip
+        return Response(described, headers=lifecycle.headers(resolved))
 
     @get(
         ["/models/{name:str}/config", "/models/{name:str}/versions/{version:str}/config"],
@@ -123,7 +127,8 @@ class OIPController(DocumentedController):
         self, kiln: KilnDep, admission: AdmissionDep, name: str, version: str | None = None
     ) -> Response[Any]:
         """200 when a worker of the version that serves this tenant is ready."""
-        resolved = await oip.resolve(kiln, name, version, str(admission.principal.tenant_id))
+        tenant = str(admission.principal.tenant_id)
+        resolved = await oip.resolve(kiln, name, version, tenant, llm=True)
         ready = oip.model_ready(kiln, resolved)
         return _status(ready, f"the model `{name}`", lifecycle.headers(resolved))
 
@@ -178,16 +183,19 @@ class OIPController(DocumentedController):
         name: str,
         version: str | None = None,
     ) -> Response[bytes]:
-        """Run inference: JSON tensors, or the binary tensor data extension."""
+        """Run inference: JSON tensors, or the binary tensor data extension; an LLM's text in
+        and out (``oip_llm``)."""
         tenant = str(admission.principal.tenant_id)
-        resolved = await oip.resolve(kiln, name, version, tenant)
+        resolved = await oip.resolve(kiln, name, version, tenant, llm=True)
         admission.serves(
             resolved.model, split=version is None and kiln.resolver.split(name, tenant)
         )
-        body, headers = await oip.infer(
-            kiln, admission, resolved, await request.body(),
-            header_length=request.headers.get(HEADER_LENGTH),
-        )  # fmt: skip
+        body, length = await request.body(), request.headers.get(HEADER_LENGTH)
+        if resolved.manifest.task == "generate":
+            answered = oip_llm.infer(kiln, admission, (name, version), body, header_length=length)
+        else:
+            answered = oip.infer(kiln, admission, resolved, body, header_length=length)
+        body, headers = await answered
         media_type = headers.pop("content-type")
         headers.update(lifecycle.headers(resolved))
         return Response(body, status_code=200, headers=headers, media_type=media_type)

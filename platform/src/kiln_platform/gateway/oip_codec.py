@@ -150,7 +150,7 @@ def encode(
             outputs.append(
                 InferOutput(
                     name=tensor.name, datatype=tensor.datatype, shape=tensor.shape,
-                    data=_values(tensor),
+                    data=values(tensor),
                 )
             )  # fmt: skip
     header = msgspec.json.encode(
@@ -162,7 +162,7 @@ def encode(
     return b"".join([header, *buffers]), headers
 
 
-def _values(tensor: Tensor) -> list[Any]:
+def values(tensor: Tensor) -> list[Any]:
     """An output's elements as JSON values (``BYTES``: strings), flat in row-major order."""
     array = (tensor_bytes.unpack(tensor.data, math.prod(tensor.shape))
              if tensor.datatype == BYTES

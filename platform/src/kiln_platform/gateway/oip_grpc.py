@@ -8,12 +8,14 @@ gRPC deadline, else ``x-kiln-timeout``), ledger and workers (``oip_services``); 
 gRPC status codes with the REST message. ``ServerLive`` and ``ServerReady`` need no key, as
 ``/v2/health/*``. Triton's ``ModelConfig`` and ``RepositoryIndex`` are REST's ``…/config``
 and ``/v2/repository/index``. Every call's trailing metadata carries its ``x-request-id`` and
-the quotas' rate-limit headers.
+the quotas' rate-limit headers. An LLM takes ``ModelInfer`` as Triton's LLM backends do
+(``oip_llm``); ``ModelStreamInfer`` streams (``oip_grpc_stream``).
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -22,11 +24,13 @@ import structlog
 
 from kiln_platform.admission.deps import priority_of, timeout_of
 from kiln_platform.errors import KilnError
-from kiln_platform.gateway import metrics
+from kiln_platform.gateway import metrics, oip_llm
+from kiln_platform.gateway import oip_grpc_stream as streamed
 from kiln_platform.gateway import oip_services as oip
 from kiln_platform.gateway.auth import inference_principal
 from kiln_platform.gateway.oip_grpc_codec import (
     SERVICE,
+    code_of,
     config_of,
     index_of,
     message,
@@ -46,13 +50,6 @@ if TYPE_CHECKING:
 
 log = structlog.get_logger(__name__)
 S = grpc.StatusCode
-CODES = {
-    400: S.INVALID_ARGUMENT, 401: S.UNAUTHENTICATED, 403: S.PERMISSION_DENIED, 404: S.NOT_FOUND,
-    408: S.DEADLINE_EXCEEDED, 409: S.FAILED_PRECONDITION, 413: S.RESOURCE_EXHAUSTED,
-    429: S.RESOURCE_EXHAUSTED, 499: S.CANCELLED, 501: S.UNIMPLEMENTED, 502: S.UNAVAILABLE,
-    503: S.UNAVAILABLE, 504: S.DEADLINE_EXCEEDED,
-}  # fmt: skip
-"""The gRPC code of each REST status (others: ``INTERNAL``)."""
 
 
 class _Service:
@@ -74,11 +71,13 @@ class _Service:
         )
 
     async def _model_ready(self, admission: Admission, call: Any) -> Any:
-        version = await self._resolve(admission, call.name, call.version)
+        version = await self._resolve(admission, call.name, call.version, llm=True)
         return message("ModelReadyResponse")(ready=oip.model_ready(self.kiln, version))
 
     async def _model_metadata(self, admission: Admission, call: Any) -> Any:
-        version = await self._resolve(admission, call.name, call.version)
+        version = await self._resolve(admission, call.name, call.version, llm=True)
+        if version.manifest.task == "generate":
+            return metadata_of(oip_llm.metadata(version))
         return metadata_of(oip.model_metadata(version))
 
     async def _model_config(self, admission: Admission, call: Any) -> Any:
@@ -90,17 +89,25 @@ class _Service:
         return index_of(await oip.repository_index(self.kiln, tenant, call.ready))
 
     async def _model_infer(self, admission: Admission, call: Any) -> Any:
-        version = await self._resolve(admission, call.model_name, call.model_version)
+        version = await self._resolve(admission, call.model_name, call.model_version, llm=True)
         split = not call.model_version and self.kiln.resolver.split(
             call.model_name, admission.terms.tenant
         )
         admission.serves(version.model, split=split)
         request, tensors = request_of(call)
-        result = await oip.run(self.kiln, admission, version, request, tensors)
+        if version.manifest.task == "generate":
+            address = (call.model_name, call.model_version or None)
+            gen, _ = await oip_llm.prepare(self.kiln, admission, address, tensors)
+            result = await oip_llm.answer(gen)
+        else:
+            result = await oip.run(self.kiln, admission, version, request, tensors)
         return response_of(request, result, version.model, version.version)
 
-    async def _resolve(self, admission: Admission, name: str, version: str) -> Any:
-        return await oip.resolve(self.kiln, name, version or None, admission.terms.tenant)
+    async def _resolve(
+        self, admission: Admission, name: str, version: str, *, llm: bool = False
+    ) -> Any:
+        tenant = admission.terms.tenant
+        return await oip.resolve(self.kiln, name, version or None, tenant, llm=llm)
 
     def admitted(self, method: str, work: Work, *, scheduled: bool = False) -> Any:
         """The handler of an authenticated call: ``work`` inside its admission."""
@@ -118,7 +125,7 @@ class _Service:
                                                     work=work, scheduled=scheduled)  # fmt: skip
                     except KilnError as exc:
                         admission.response_status = exc.status_code
-                        code = CODES.get(exc.status_code, S.INTERNAL)
+                        code = code_of(exc.status_code)
                         log.warning("grpc call failed", method=method, code=code.name,
                                     error=exc.message)  # fmt: skip
                         trailing += _rate_headers(admission)
@@ -182,14 +189,20 @@ def _handlers(kiln: Kiln) -> grpc.GenericRpcHandler:
         "ModelConfig": service.admitted("ModelConfig", service._model_config),
         "RepositoryIndex": service.admitted("RepositoryIndex", service._repository_index),
     }
-    return grpc.method_handlers_generic_handler(SERVICE, {
+    handlers = {
         name: grpc.unary_unary_rpc_method_handler(
             handler,
             request_deserializer=message(f"{name}Request").FromString,
             response_serializer=lambda reply: reply.SerializeToString(),
         )
         for name, handler in calls.items()
-    })  # fmt: skip
+    }
+    handlers[streamed.METHOD] = grpc.stream_stream_rpc_method_handler(
+        functools.partial(streamed.serve, kiln),
+        request_deserializer=message("ModelInferRequest").FromString,
+        response_serializer=lambda reply: reply.SerializeToString(),
+    )
+    return grpc.method_handlers_generic_handler(SERVICE, handlers)
 
 
 async def serve(kiln: Kiln, port: int) -> grpc.aio.Server:

@@ -16,6 +16,7 @@ from functools import cache
 from importlib.resources import files
 from typing import TYPE_CHECKING, Any
 
+import grpc
 import numpy as np
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 
@@ -31,6 +32,21 @@ if TYPE_CHECKING:
 
     from kiln_platform.gateway.oip_schemas import IndexedModel, ModelConfig, ModelMetadata
     from kiln_runtimes.protocol import InferResult, Tensor
+
+
+S = grpc.StatusCode
+CODES = {
+    400: S.INVALID_ARGUMENT, 401: S.UNAUTHENTICATED, 403: S.PERMISSION_DENIED, 404: S.NOT_FOUND,
+    408: S.DEADLINE_EXCEEDED, 409: S.FAILED_PRECONDITION, 413: S.RESOURCE_EXHAUSTED,
+    429: S.RESOURCE_EXHAUSTED, 499: S.CANCELLED, 501: S.UNIMPLEMENTED, 502: S.UNAVAILABLE,
+    503: S.UNAVAILABLE, 504: S.DEADLINE_EXCEEDED,
+}  # fmt: skip
+"""The gRPC code of each REST status (others: ``INTERNAL``)."""
+
+
+def code_of(status: int) -> grpc.StatusCode:
+    """The gRPC code of a REST status."""
+    return CODES.get(status, S.INTERNAL)
 
 
 def _pool() -> descriptor_pool.DescriptorPool:

@@ -55,13 +55,16 @@ async def server_ready(kiln: Kiln) -> bool:
         return kiln.ledger.degraded()
 
 
-async def resolve(kiln: Kiln, name: str, version: str | None, sticky: str = "") -> ResolvedVersion:
-    """The version of a tensor model that serves: the one the path names (a version, an alias,
-    ``stable`` or ``canary``; any but a retired one), else what the plain name gives ``sticky``
-    (a tenant id: its operator pin, the route's sticky choice, or the default version)."""
+async def resolve(
+    kiln: Kiln, name: str, version: str | None, sticky: str = "", *, llm: bool = False
+) -> ResolvedVersion:
+    """The version of a tensor model (or, ``llm``, of an LLM: ``oip_llm``) that serves: the
+    one the path names (a version, an alias, ``stable`` or ``canary``; any but a retired one),
+    else what the plain name gives ``sticky`` (a tenant id: its operator pin, the route's
+    sticky choice, or the default version)."""
     address = name if version is None else f"{name}@{version}"
     resolved = await kiln.resolver.resolve(address, sticky)
-    if resolved.manifest.task != "tensor":
+    if resolved.manifest.task not in (("tensor", "generate") if llm else ("tensor",)):
         raise BadRequest(f"The model `{name}` is not a tensor model; use /v1.")
     return resolved
 
