@@ -395,9 +395,9 @@ def test_strings_in_and_out_as_bytes_tensors(
 
 def test_grpc_serves_what_v2_serves(tensor_up: KilnProcess, tensor_models: dict[str, Path]) -> None:
     """``tritonclient.grpc`` on the gRPC port: health without a key; with one, the server's and
-    the model's metadata, Triton's model configuration and repository index as `/v2` gives
-    them, readiness, and inference equal to ONNX Runtime's (all outputs, or those asked for),
-    the request's id echoed and the usage billed."""
+    the model's metadata, Triton's model configuration, repository index and statistics as
+    `/v2` gives them, readiness, and inference equal to ONNX Runtime's (all outputs, or those
+    asked for; streamed too), the request's id echoed and the usage billed."""
     client, auth = _grpc(tensor_up), _auth(tensor_up)
     assert client.is_server_live()
     assert client.is_server_ready()
@@ -452,6 +452,14 @@ def test_grpc_serves_what_v2_serves(tensor_up: KilnProcess, tensor_models: dict[
     assert "nope" in str(error)
     stats = _client(tensor_up).get_inference_statistics("mlp", headers=auth)
     assert stats["model_stats"][0]["inference_count"] >= 15  # the gRPC rows billed too
+    grpc_stats = client.get_inference_statistics("mlp", headers=auth, as_json=True)
+    (first,) = [m for m in grpc_stats["model_stats"] if m["version"] == "1"]
+    (rest_first,) = [m for m in stats["model_stats"] if m["version"] == "1"]
+    assert int(first["inference_count"]) == rest_first["inference_count"]
+    success = first["inference_stats"]["success"]
+    assert int(success["count"]) == rest_first["inference_stats"]["success"]["count"]
+    everything = client.get_inference_statistics(headers=auth, as_json=True)["model_stats"]
+    assert "mlp" in {m["name"] for m in everything}
 
 
 def test_grpc_errors_are_status_codes_with_rests_messages(tensor_up: KilnProcess) -> None:

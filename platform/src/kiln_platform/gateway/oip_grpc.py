@@ -6,10 +6,10 @@ Each call is its REST route's: the same bearer key (``authorization`` metadata),
 (quotas; for ``ModelInfer`` the class from ``x-kiln-priority`` and the deadline from the call's
 gRPC deadline, else ``x-kiln-timeout``), ledger and workers (``oip_services``); its errors are
 gRPC status codes with the REST message. ``ServerLive`` and ``ServerReady`` need no key, as
-``/v2/health/*``. Triton's ``ModelConfig`` and ``RepositoryIndex`` are REST's ``…/config``
-and ``/v2/repository/index``. Every call's trailing metadata carries its ``x-request-id`` and
-the quotas' rate-limit headers. An LLM takes ``ModelInfer`` as Triton's LLM backends do
-(``oip_llm``); ``ModelStreamInfer`` streams (``oip_grpc_stream``).
+``/v2/health/*``. Triton's ``ModelConfig``, ``RepositoryIndex`` and ``ModelStatistics`` are
+REST's ``…/config``, ``/v2/repository/index`` and ``…/stats``. Every call's trailing metadata
+carries its ``x-request-id`` and the quotas' rate-limit headers. An LLM takes ``ModelInfer`` as
+Triton's LLM backends do (``oip_llm``); ``ModelStreamInfer`` streams (``oip_grpc_stream``).
 """
 
 from __future__ import annotations
@@ -18,13 +18,14 @@ import asyncio
 import functools
 import time
 from typing import TYPE_CHECKING, Any
+from uuid import UUID
 
 import grpc
 import structlog
 
 from kiln_platform.admission.deps import priority_of, timeout_of
 from kiln_platform.errors import KilnError
-from kiln_platform.gateway import metrics, oip_llm
+from kiln_platform.gateway import metrics, oip_llm, oip_stats
 from kiln_platform.gateway import oip_grpc_stream as streamed
 from kiln_platform.gateway import oip_services as oip
 from kiln_platform.gateway.auth import inference_principal
@@ -37,6 +38,7 @@ from kiln_platform.gateway.oip_grpc_codec import (
     metadata_of,
     request_of,
     response_of,
+    stats_of,
 )
 from kiln_platform.observability import REQUEST_ID_HEADER, new_request_id
 
@@ -87,6 +89,16 @@ class _Service:
     async def _repository_index(self, admission: Admission, call: Any) -> Any:
         tenant = admission.terms.tenant
         return index_of(await oip.repository_index(self.kiln, tenant, call.ready))
+
+    async def _model_statistics(self, admission: Admission, call: Any) -> Any:
+        tenant = admission.terms.tenant
+        if call.name:
+            versions = [await self._resolve(admission, call.name, call.version)]
+        else:
+            versions = await oip.tensor_models(self.kiln, tenant)
+        only = bool(call.name and call.version)
+        stats = await oip_stats.model_stats(self.kiln, UUID(tenant), versions, only=only)
+        return stats_of(stats)
 
     async def _model_infer(self, admission: Admission, call: Any) -> Any:
         version = await self._resolve(admission, call.model_name, call.model_version, llm=True)
@@ -188,6 +200,7 @@ def _handlers(kiln: Kiln) -> grpc.GenericRpcHandler:
         "ModelInfer": service.admitted("ModelInfer", service._model_infer, scheduled=True),
         "ModelConfig": service.admitted("ModelConfig", service._model_config),
         "RepositoryIndex": service.admitted("RepositoryIndex", service._repository_index),
+        "ModelStatistics": service.admitted("ModelStatistics", service._model_statistics),
     }
     handlers = {
         name: grpc.unary_unary_rpc_method_handler(

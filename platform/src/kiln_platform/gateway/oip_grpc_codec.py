@@ -17,6 +17,7 @@ from importlib.resources import files
 from typing import TYPE_CHECKING, Any
 
 import grpc
+import msgspec
 import numpy as np
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 
@@ -30,7 +31,13 @@ from kiln_runtimes.tensor_bytes import BYTES
 if TYPE_CHECKING:
     from google.protobuf.message import Message
 
-    from kiln_platform.gateway.oip_schemas import IndexedModel, ModelConfig, ModelMetadata
+    from kiln_platform.gateway.oip_schemas import (
+        IndexedModel,
+        InferenceStats,
+        ModelConfig,
+        ModelMetadata,
+        ModelStats,
+    )
     from kiln_runtimes.protocol import InferResult, Tensor
 
 
@@ -181,3 +188,22 @@ def index_of(models: list[IndexedModel]) -> Any:
     reply = message("RepositoryIndexResponse")
     return reply(models=[reply.ModelIndex(name=m.name, version=m.version, state=m.state,
                                           reason=m.reason) for m in models])  # fmt: skip
+
+
+def stats_of(stats: ModelStats) -> Any:
+    """The ``ModelStatisticsResponse`` of REST's statistics (Triton's extension)."""
+    duration = message("StatisticDuration")
+
+    def timed(stat: InferenceStats) -> Any:
+        return message("InferStatistics")(**{
+            name: duration(count=value.count, ns=value.ns)
+            for name, value in msgspec.structs.asdict(stat).items()
+        })  # fmt: skip
+
+    return message("ModelStatisticsResponse")(model_stats=[
+        message("ModelStatistics")(
+            name=m.name, version=m.version, last_inference=m.last_inference,
+            inference_count=m.inference_count, execution_count=m.execution_count,
+            inference_stats=timed(m.inference_stats),
+        ) for m in stats.model_stats
+    ])  # fmt: skip
