@@ -50,9 +50,11 @@ from kiln_platform.errors import (
     ServiceUnavailable,
     disk_full,
 )
+from kiln_platform.gateway import messages
 from kiln_platform.gateway.chat_routes import ChatCompletionsController
 from kiln_platform.gateway.controllers import OpenAIController, VllmController
 from kiln_platform.gateway.conversation_routes import ConversationsController
+from kiln_platform.gateway.messages_routes import MessagesController
 from kiln_platform.gateway.oip import OIPController
 from kiln_platform.gateway.schemas import ErrorBody, ErrorResponse
 from kiln_platform.idempotency.middleware import idempotency_middleware
@@ -133,12 +135,23 @@ def _error_response(request: Request[Any, Any, Any], exc: Exception) -> Response
     headers = {"retry-after": str(max(1, round(retry_after)))} if retry_after else {}
     if isinstance(exc, QuotaExceeded):  # no retry helps before the next month (OpenAI SDKs)
         headers["x-should-retry"] = "false"
-    if request.url.path.startswith(OPENAI_SHAPED):
+    return _shaped(request.url.path, status, message, param=param, code=code, kind=kind,
+                   headers=headers)  # fmt: skip
+
+
+def _shaped(
+    path: str, status: int, message: str, *, param: str | None, code: str, kind: str,
+    headers: dict[str, str],
+) -> Response[Any]:  # fmt: skip
+    """The error in its API's shape: Anthropic's, OpenAI's, OIP's, or problem details."""
+    if path.startswith("/v1/messages"):  # Anthropic's error object
+        return Response(messages.error_body(status, message), status_code=status, headers=headers)
+    if path.startswith(OPENAI_SHAPED):
         body: Any = ErrorResponse(
             error=ErrorBody(message=message, type=kind, param=param, code=code)
         )
         return Response(body, status_code=status, headers=headers)
-    if request.url.path.startswith("/v2"):  # the Open Inference Protocol's error shape
+    if path.startswith("/v2"):  # the Open Inference Protocol's error shape
         return Response({"error": message}, status_code=status, headers=headers)
     problem = {"type": "about:blank", "title": code, "status": status, "detail": message}
     if param:  # an extension member (RFC 9457): the request field at fault
@@ -190,6 +203,7 @@ async def readyz(kiln: SkipValidation[Kiln]) -> Response[dict[str, Any]]:
 
 _CONTROLLERS = (
     OpenAIController, ChatCompletionsController, ConversationsController, VllmController,
+    MessagesController,
     FilesController, BatchesController, OIPController, AdminModelsController, RoutesController,
     TenantsController,
     KeysController, UsersController, ClientsController, AdaptersController, AuditController,

@@ -1,10 +1,10 @@
 """The error responses each API documents in the OpenAPI document.
 
 ``app._error_response`` answers every error in its API's shape: OpenAI's error object on
-``/v1``, ``{"error": ...}`` on ``/v2`` (the Open Inference Protocol), RFC 6749 error bodies on
-``/oauth`` and RFC 9457 problem details elsewhere. Controllers derive from
-``DocumentedController`` and name their ``errors`` so the document says what is sent
-(schemathesis checks every response against it).
+``/v1`` (Anthropic's on ``/v1/messages``), ``{"error": ...}`` on ``/v2`` (the Open Inference
+Protocol), RFC 6749 error bodies on ``/oauth`` and RFC 9457 problem details elsewhere.
+Controllers derive from ``DocumentedController`` and name their ``errors`` so the document
+says what is sent (schemathesis checks every response against it).
 """
 
 from __future__ import annotations
@@ -23,6 +23,18 @@ class OIPError(msgspec.Struct):
     """An Open Inference Protocol error."""
 
     error: str
+
+
+class AnthropicErrorBody(msgspec.Struct):
+    type: str
+    message: str
+
+
+class AnthropicError(msgspec.Struct):
+    """Anthropic's error object (``/v1/messages``)."""
+
+    type: str
+    error: AnthropicErrorBody
 
 
 class OAuthError(msgspec.Struct, omit_defaults=True):
@@ -63,6 +75,7 @@ _SERVING = {
 }
 OPENAI_ERRORS = responses(ErrorResponse, _SERVING)
 OIP_ERRORS = responses(OIPError, _SERVING)
+ANTHROPIC_ERRORS = responses(AnthropicError, _SERVING)
 OAUTH_ERRORS = responses(
     OAuthError,
     {400: "Invalid request, grant or scope (RFC 6749)", 401: "Client authentication failed"},

@@ -60,7 +60,11 @@ async def provide_principal(
 
 
 async def _principal(connection: ASGIConnection[Any, Any, Any, Any], kiln: Kiln) -> Principal:
-    return await inference_principal(kiln, connection.headers.get("authorization", ""))
+    """The key of ``Authorization: Bearer``, else of ``x-api-key`` (Anthropic's SDKs send it)."""
+    given = connection.headers.get("authorization")
+    if given is None and (key := connection.headers.get("x-api-key")):
+        given = f"Bearer {key}"
+    return await inference_principal(kiln, given or "")
 
 
 async def inference_principal(kiln: Kiln, authorization: str) -> Principal:

@@ -1,0 +1,124 @@
+"""Anthropic's Messages API (``/v1/messages``) through the official ``anthropic`` SDK, its key
+in ``x-api-key``: the same model, prompt and sampling answer as the chat completion does,
+whole and streamed; tools come back as ``tool_use`` blocks and take ``tool_result`` turns; the
+token count is the chat's prompt; a block Kiln cannot take is a 400 in Anthropic's shape."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import anthropic
+import openai
+import pytest
+
+pytestmark = pytest.mark.slow
+MODEL = "smollm2-135m-instruct"
+SYSTEM = "You answer in one short sentence."
+ASK: Any = [{"role": "user", "content": "What is the capital of France?"}]
+WEATHER = {
+    "type": "object",
+    "properties": {"city": {"type": "string", "maxLength": 20}, "unit": {"enum": ["c", "f"]}},
+    "required": ["city", "unit"],
+}
+
+
+@pytest.fixture(scope="module")
+def clients(llm_up: Any) -> tuple[Any, Any]:
+    return (
+        anthropic.Anthropic(base_url=llm_up.base_url, api_key=llm_up.key, max_retries=0),
+        openai.OpenAI(base_url=f"{llm_up.base_url}/v1", api_key=llm_up.key, max_retries=0),
+    )
+
+
+def test_a_message_is_the_chat_completions_answer(
+    clients: tuple[Any, Any],
+) -> None:
+    claude, client = clients
+    asked: dict[str, Any] = {"model": MODEL, "max_tokens": 24}
+    chat = client.chat.completions.create(
+        messages=[{"role": "system", "content": SYSTEM}, *ASK], temperature=0, **asked
+    )
+    asked["extra_body"] = {"temperature": 0}  # the SDK's own fields have no sampling now
+    message = claude.messages.create(system=SYSTEM, messages=ASK, **asked)
+    (block,) = message.content
+    assert (block.type, block.text) == ("text", chat.choices[0].message.content)
+    finish = chat.choices[0].finish_reason
+    assert message.stop_reason == {"stop": "end_turn", "length": "max_tokens"}[finish]
+    usage = message.usage
+    assert usage.input_tokens + (usage.cache_read_input_tokens or 0) == chat.usage.prompt_tokens
+    assert usage.output_tokens == chat.usage.completion_tokens
+    assert message.id.startswith("msg-")
+    with claude.messages.stream(system=SYSTEM, messages=ASK, **asked) as stream:
+        text = "".join(stream.text_stream)
+        final = stream.get_final_message()
+    assert text == block.text
+    assert [(b.type, b.text) for b in final.content] == [(block.type, block.text)]
+    assert (final.stop_reason, final.usage.output_tokens) == (message.stop_reason,
+                                                              usage.output_tokens)  # fmt: skip
+    counted = claude.messages.count_tokens(model=MODEL, system=SYSTEM, messages=ASK)
+    assert counted.input_tokens == chat.usage.prompt_tokens
+    schema = {"type": "object", "properties": {"capital": {"type": "string", "maxLength": 20}},
+              "required": ["capital"], "additionalProperties": False}  # fmt: skip
+    shaped = claude.messages.create(messages=ASK, model=MODEL, max_tokens=40,
+                                    output_config={"format": {"type": "json_schema",
+                                                              "schema": schema}})  # fmt: skip
+    assert set(json.loads(shaped.content[0].text)) == {"capital"}
+
+
+def test_tools_are_tool_use_blocks_and_take_results(
+    clients: tuple[Any, Any],
+) -> None:
+    claude, _ = clients
+    tools: Any = [{"name": "get_weather", "description": "The weather in a city.",
+                   "input_schema": WEATHER}]  # fmt: skip
+    said: Any = [{"role": "user", "content": "What is the weather in Oslo?"}]
+    asked: dict[str, Any] = {
+        "model": MODEL,
+        "max_tokens": 80,
+        "tools": tools,
+        "extra_body": {"temperature": 0},
+        "tool_choice": {"type": "any", "disable_parallel_tool_use": True},
+    }
+    called = claude.messages.create(messages=said, **asked)
+    assert called.stop_reason == "tool_use", called
+    (use,) = [b for b in called.content if b.type == "tool_use"]
+    assert use.name == "get_weather"
+    assert set(use.input) == {"city", "unit"}
+    with claude.messages.stream(messages=said, **asked) as stream:
+        final = stream.get_final_message()
+    assert [(b.name, b.input) for b in final.content if b.type == "tool_use"] == [
+        (use.name, use.input)]  # fmt: skip
+    history = [*said, {"role": "assistant", "content": [b.model_dump() for b in called.content]},
+               {"role": "user", "content": [{"type": "tool_result", "tool_use_id": use.id,
+                                             "content": "Sunny, 21 C"}]}]  # fmt: skip
+    answer = claude.messages.create(model=MODEL, max_tokens=24, tools=tools, messages=history,
+                                    extra_body={"temperature": 0})  # fmt: skip
+    assert answer.content
+    assert answer.content[0].type in ("text", "tool_use")
+
+
+def test_a_block_kiln_cannot_take_is_a_400_in_anthropics_shape(
+    clients: tuple[Any, Any],
+) -> None:
+    claude, _ = clients
+    image = {"type": "image", "source": {"type": "base64", "media_type": "image/png",
+                                         "data": "iVBORw0KGgo="}}  # fmt: skip
+    bad: list[tuple[dict[str, Any], str]] = [
+        ({"messages": [{"role": "user", "content": [image]}]}, "messages[0].content[0].type"),
+        ({"messages": ASK, "tools": [{"type": "web_search_20250305", "name": "web_search"}]},
+         "tools[0].type"),
+        ({"messages": [{"role": "system", "content": "x"}]}, "messages[0].role"),
+    ]  # fmt: skip
+    for fields, named in bad:
+        with pytest.raises(anthropic.BadRequestError) as refused:
+            claude.messages.create(model=MODEL, max_tokens=8, **fields)
+        body = refused.value.body
+        assert isinstance(body, dict)
+        assert body["type"] == "error"
+        assert body["error"]["type"] == "invalid_request_error"
+        assert named in body["error"]["message"], json.dumps(body)
+    with pytest.raises(anthropic.AuthenticationError):
+        anthropic.Anthropic(base_url=str(claude.base_url), api_key="nope",
+                            max_retries=0).messages.create(model=MODEL, max_tokens=8,
+                                                           messages=ASK)  # fmt: skip
