@@ -56,6 +56,10 @@ def test_a_message_is_the_chat_completions_answer(
     assert [(b.type, b.text) for b in final.content] == [(block.type, block.text)]
     assert (final.stop_reason, final.usage.output_tokens) == (message.stop_reason,
                                                               usage.output_tokens)  # fmt: skip
+    word = block.text.split()[2]
+    cut = claude.messages.create(system=SYSTEM, messages=ASK, stop_sequences=[word], **asked)
+    assert (cut.stop_reason, cut.stop_sequence) == ("stop_sequence", word)
+    assert cut.content[0].text == block.text[: block.text.index(word)]
     counted = claude.messages.count_tokens(model=MODEL, system=SYSTEM, messages=ASK)
     assert counted.input_tokens == chat.usage.prompt_tokens
     schema = {"type": "object", "properties": {"capital": {"type": "string", "maxLength": 20}},

@@ -112,7 +112,8 @@ def _byte_char(b: int) -> int:
 def test_vllm_length_controls_end_where_asked(client: openai.OpenAI, smollm2_dir: Any) -> None:
     """``ignore_eos`` runs to ``max_tokens`` (a benchmark's fixed lengths), ``min_tokens`` holds
     the end back (greedy: the same answer, then more), ``stop_token_ids`` ends at a token of the
-    caller's (not part of the answer), ``include_stop_str_in_output`` keeps a stop string."""
+    caller's (not part of the answer), ``include_stop_str_in_output`` keeps a stop string;
+    ``stop_reason`` names the stop met (vLLM's)."""
     from tokenizers import Tokenizer
 
     greedy = _chat(client, messages=BRIEF, temperature=0, max_tokens=64, logprobs=True).parse()
@@ -138,7 +139,8 @@ def test_vllm_length_controls_end_where_asked(client: openai.OpenAI, smollm2_dir
     cut = _chat(client, messages=BRIEF, temperature=0, max_tokens=64,
                 extra_body={"stop_token_ids": [ends]})  # fmt: skip
     stopped = cut.parse().choices[0]
-    assert stopped.finish_reason == "stop"
+    assert (stopped.finish_reason, stopped.model_extra["stop_reason"]) == ("stop", ends)
+    assert greedy.choices[0].model_extra["stop_reason"] is None  # its end-of-sequence token
     assert said.startswith(stopped.message.content)
     assert len(stopped.message.content) < len(said)
     word = said.split()[2]  # the stop string ends the answer, and is kept when asked
@@ -150,6 +152,10 @@ def test_vllm_length_controls_end_where_asked(client: openai.OpenAI, smollm2_dir
         cut = _chat(client, messages=BRIEF, temperature=0, max_tokens=64, stop=[word],
                     extra_body=kept).parse()  # fmt: skip
         assert cut.choices[0].message.content == ends_with
+        assert cut.choices[0].model_extra["stop_reason"] == word  # vLLM's: the stop met
+    chunks = _chat(client, messages=BRIEF, temperature=0, max_tokens=64, stop=[word], stream=True)
+    assert [c.choices[0].model_extra["stop_reason"] for c in chunks.parse()
+            if c.choices and c.choices[0].finish_reason] == [word]  # fmt: skip
 
 
 def test_chat_template_kwargs_a_template_does_not_read_change_nothing(

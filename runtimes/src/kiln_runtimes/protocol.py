@@ -260,6 +260,9 @@ class GenerateChunk(msgspec.Struct, frozen=True, kw_only=True):
     prompt_logprobs: list[TokenLogprobs] | None = None
     """On the first chunk of a request that asked for ``prompt_logprobs``: one entry per
     prompt token from the second on."""
+    stop_token: int | None = None
+    """On a last chunk whose ``finish_reason`` is ``stop``: the stop token that ended it (an
+    end-of-sequence token or a ``stop_token_ids`` entry; not in ``token_ids``)."""
 
 
 class Tensor(msgspec.Struct, frozen=True, kw_only=True):

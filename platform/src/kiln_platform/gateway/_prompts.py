@@ -187,7 +187,8 @@ def stops(request: ChatCompletionRequest | CompletionRequest) -> Detokenizing:
         raise BadRequest(f"'stop' takes up to {MAX_STOP} non-empty strings.", param="stop")
     return Detokenizing(tuple(stops), include_stop=bool(request.include_stop_str_in_output),
                         skip_special=request.skip_special_tokens is not False,
-                        min_tokens=request.min_tokens or 0)  # fmt: skip
+                        min_tokens=request.min_tokens or 0,
+                        stop_ids=tuple(request.stop_token_ids or ()))  # fmt: skip
 
 
 class ContextTooLong(BadRequest):

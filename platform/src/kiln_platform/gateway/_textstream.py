@@ -24,11 +24,14 @@ class Detokenizing:
     include_stop: bool = False
     skip_special: bool = True
     min_tokens: int = 0
+    stop_ids: tuple[int, ...] = ()
+    """The request's ``stop_token_ids`` (vLLM's ``stop_reason`` names the one met)."""
 
     def stream(self, tokenizer: Tokenizer) -> TextStream:
         """A choice's text stream."""
         return TextStream(tokenizer, self.stop, include_stop=self.include_stop,
-                          skip_special=self.skip_special, min_tokens=self.min_tokens)  # fmt: skip
+                          skip_special=self.skip_special, min_tokens=self.min_tokens,
+                          stop_ids=self.stop_ids)  # fmt: skip
 
 
 @dataclass
@@ -38,6 +41,9 @@ class TextStream:
     tokenizer: Tokenizer
     stop: tuple[str, ...] = ()
     stopped: bool = False
+    stop_ids: tuple[int, ...] = ()
+    matched: str | None = None
+    """The stop string that ended the text."""
     include_stop: bool = False
     skip_special: bool = True
     min_tokens: int = 0
@@ -64,6 +70,14 @@ class TextStream:
                 early += self._release(search=False)
         return early + self._release()
 
+    def reason(self, token: int | None) -> str | int | None:
+        """vLLM's ``stop_reason`` of a text that ended (on the stop token ``token``, if one):
+        the stop string met, or the ``stop_token_ids`` entry (``None``: an end-of-sequence
+        token, or a limit)."""
+        if self.matched is not None:
+            return self.matched
+        return token if token in self.stop_ids else None
+
     def flush(self) -> str:
         """Everything still held back (at the end of generation)."""
         if self.stopped:
@@ -82,6 +96,7 @@ class TextStream:
         if hits:
             self.stopped = True
             start, end = min(hits)
+            self.matched = self._held[start:end]
             text, self._held = self._held[: end if self.include_stop else start], ""
             return text
         keep = longest_stop_prefix_suffix(self._held, self.stop)

@@ -72,6 +72,7 @@ def assembled(chunks: list[ChatCompletionChunk], usage: Usage) -> ChatCompletion
     calls: dict[int, list[ToolCall]] = {}
     logprobs: dict[int, list[TokenLogprob]] = {}
     finish: dict[int, str] = {}
+    stops: dict[int, str | int | None] = {}
     for chunk in chunks:
         for c in chunk.choices:
             texts.setdefault(c.index, []).append(c.delta.content or "")
@@ -82,7 +83,7 @@ def assembled(chunks: list[ChatCompletionChunk], usage: Usage) -> ChatCompletion
             if c.logprobs is not None and c.logprobs.content is not None:
                 logprobs.setdefault(c.index, []).extend(c.logprobs.content)
             if c.finish_reason is not None:
-                finish[c.index] = c.finish_reason
+                finish[c.index], stops[c.index] = c.finish_reason, c.stop_reason
     choices = [
         ChatChoice(
             index=i,
@@ -90,7 +91,7 @@ def assembled(chunks: list[ChatCompletionChunk], usage: Usage) -> ChatCompletion
                 None if i in calls else "".join(parts), "".join(thoughts.get(i, ())),
                 tool_calls=calls.get(i),
             ) if i in calls or i in thoughts else AssistantMessage(content="".join(parts)),
-            finish_reason=finish.get(i, "stop"),
+            finish_reason=finish.get(i, "stop"), stop_reason=stops.get(i),
             logprobs=ChoiceLogprobs(content=logprobs[i]) if i in logprobs else None,
         )
         for i, parts in sorted(texts.items())

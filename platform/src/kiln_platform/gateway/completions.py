@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import time
 from dataclasses import dataclass, field
@@ -89,6 +90,8 @@ class Answer:
     finish: str = "stop"
     token_ids: list[int] = field(default_factory=list)
     logprobs: list[TokenLogprobs] | None = None
+    stop: str | int | None = None
+    """vLLM's ``stop_reason``."""
 
     @classmethod
     def of(cls, gen: Generation) -> Answer:
@@ -97,6 +100,7 @@ class Answer:
     def add(self, piece: Piece) -> None:
         self.parts.append(piece.text)
         self.finish = piece.finish_reason or self.finish
+        self.stop = piece.stop if piece.finish_reason else self.stop
         if self.logprobs is not None and piece.logprobs is not None:
             self.token_ids.extend(piece.token_ids)
             self.logprobs.extend(piece.logprobs)
@@ -157,7 +161,7 @@ async def complete_chat(
             logprobs = _logprobs.chat(gen.model, a.token_ids, a.logprobs)
         message, finish = _message(gen, i, a, reasoning)
         choices.append(ChatChoice(index=i, message=message, finish_reason=finish,
-                                  logprobs=logprobs))  # fmt: skip
+                                  logprobs=logprobs, stop_reason=a.stop))  # fmt: skip
     return ChatCompletion(
         id=ident("chatcmpl", gen),
         created=int(time.time()),
@@ -184,7 +188,8 @@ async def complete_text(gen: Generation, scored: int | None = None) -> TextCompl
         text = choice.echo + "".join(a.parts)
         scores = _prompt_scores(gen, choice.index, scored)
         choices.append(TextChoice(text=text, finish_reason=a.finish, index=choice.index,
-                                  logprobs=logprobs, prompt_logprobs=scores))  # fmt: skip
+                                  logprobs=logprobs, prompt_logprobs=scores,
+                                  stop_reason=a.stop))  # fmt: skip
     return TextCompletion(
         id=ident("cmpl", gen),
         created=int(time.time()),
@@ -251,7 +256,8 @@ async def stream_chat(
         if piece.logprobs is not None and finish is None and delta.tool_calls is None:
             logprobs = _logprobs.chat(gen.model, piece.token_ids, piece.logprobs)
         choice = ChunkChoice(delta=delta, finish_reason=finish, index=piece.index,
-                             logprobs=logprobs)  # fmt: skip
+                             logprobs=logprobs,
+                             stop_reason=piece.stop if finish else None)  # fmt: skip
         return sse(ChatCompletionChunk(id=cid, created=created, model=model, choices=[choice],
                                        system_fingerprint=mark, service_tier=tier,
                                        usage=usage() if every else None))  # fmt: skip
@@ -314,11 +320,9 @@ def _thought(split: Split, piece: Piece, shown: bool) -> tuple[Delta | None, Pie
         rest = split.flush()
         reasoning, content = reasoning + rest[0], content + rest[1]
     if not (reasoning and shown):
-        return None, Piece(content, piece.finish_reason, piece.index, piece.token_ids,
-                           piece.logprobs)  # fmt: skip
-    return Delta(reasoning=reasoning, reasoning_content=reasoning), Piece(
-        content, piece.finish_reason, piece.index
-    )
+        return None, dataclasses.replace(piece, text=content)
+    said = Delta(reasoning=reasoning, reasoning_content=reasoning)
+    return said, dataclasses.replace(piece, text=content, token_ids=(), logprobs=None)
 
 
 def is_text(gen: Generation, text: str) -> bool:
@@ -332,7 +336,7 @@ def _joined(pieces: list[Piece]) -> Piece:
     return Piece(
         "".join(p.text for p in pieces), last.finish_reason, last.index,
         tuple(t for p in pieces for t in p.token_ids),
-        tuple(lp for group in logprobs for lp in group) if logprobs else None,
+        tuple(lp for group in logprobs for lp in group) if logprobs else None, last.stop,
     )  # fmt: skip
 
 
@@ -359,8 +363,12 @@ async def stream_text(
     include_usage, every = _usage_asked(options)
     offsets = {choice.index: len(choice.echo) for choice in gen.choices}
 
-    def event(index: int, text: str, finish: str | None, logprobs: TextLogprobs | None) -> bytes:
-        choice = TextChoice(text=text, finish_reason=finish, index=index, logprobs=logprobs)
+    def event(
+        index: int, text: str, finish: str | None, logprobs: TextLogprobs | None,
+        stop: str | int | None = None,
+    ) -> bytes:  # fmt: skip
+        choice = TextChoice(text=text, finish_reason=finish, index=index, logprobs=logprobs,
+                            stop_reason=stop)  # fmt: skip
         return sse(TextCompletion(id=cid, created=created, model=model, choices=[choice],
                                   usage=token_usage(gen) if every else None))  # fmt: skip
 
@@ -380,7 +388,7 @@ async def stream_text(
                     start = offsets[piece.index]
                     logprobs = _logprobs.text(gen.model, piece.token_ids, piece.logprobs, start)
                     offsets[piece.index] = start + sum(len(t) for t in logprobs.tokens)
-                yield event(piece.index, piece.text, piece.finish_reason, logprobs)
+                yield event(piece.index, piece.text, piece.finish_reason, logprobs, piece.stop)
     except KilnError as exc:
         yield _error_event(exc)
     if include_usage:

@@ -50,6 +50,8 @@ class Piece:
     index: int = 0
     token_ids: tuple[int, ...] = ()
     logprobs: tuple[TokenLogprobs, ...] | None = None
+    stop: str | int | None = None
+    """vLLM's ``stop_reason``: the stop string or ``stop_token_ids`` entry that ended it."""
 
 
 @dataclass(slots=True)
@@ -270,13 +272,14 @@ class Generation:
                     piece = text.push(chunk.token_ids)
                     if text.stopped:
                         self.status = 200
-                        yield Piece(piece, "stop", index, ids, logprobs)
+                        yield Piece(piece, "stop", index, ids, logprobs, text.reason(None))
                         return
                     if chunk.finish_reason in ("cancelled", "error"):
                         raise KilnError("The model failed while generating; please retry.")
                     if chunk.finish_reason is not None:
                         self.status = 200
-                        yield Piece(piece + text.flush(), chunk.finish_reason, index, ids, logprobs)
+                        end, reason = chunk.finish_reason, text.reason(chunk.stop_token)
+                        yield Piece(piece + text.flush(), end, index, ids, logprobs, reason)
                         return
                     if piece or logprobs:
                         yield Piece(piece, None, index, ids, logprobs)

@@ -293,6 +293,8 @@ class ChatChoice(msgspec.Struct, kw_only=True, omit_defaults=False):
     finish_reason: str
     index: int = 0
     logprobs: ChoiceLogprobs | None = None
+    stop_reason: str | int | None = None
+    """vLLM's: the stop string or ``stop_token_ids`` entry that ended it (``None``: EOS)."""
 
 
 class ChatCompletion(msgspec.Struct, kw_only=True):
@@ -329,6 +331,7 @@ class ChunkChoice(msgspec.Struct, kw_only=True, omit_defaults=False):
     finish_reason: str | None = None
     index: int = 0
     logprobs: ChoiceLogprobs | None = None
+    stop_reason: str | int | None = None
 
 
 class ChatCompletionChunk(msgspec.Struct, kw_only=True, omit_defaults=False):
@@ -365,6 +368,7 @@ class TextChoice(msgspec.Struct, kw_only=True, omit_defaults=False):
     index: int = 0
     logprobs: TextLogprobs | None = None
     prompt_logprobs: PromptLogprobs | msgspec.UnsetType = msgspec.UNSET
+    stop_reason: str | int | None = None
 
 
 class TextCompletion(msgspec.Struct, kw_only=True, omit_defaults=False):

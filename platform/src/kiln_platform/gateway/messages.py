@@ -14,12 +14,12 @@ A block or tool Kiln cannot run (images, documents, server tools) is a 400 namin
 
 The answer: a ``message`` whose content is a reasoning model's ``thinking`` block (its
 ``signature`` empty: nothing is signed), the ``text`` and the ``tool_use`` blocks;
-``stop_reason`` ``end_turn``, ``max_tokens`` or ``tool_use``; ``usage`` with the prompt's
-cached tokens as ``cache_read_input_tokens`` (not in ``input_tokens``, as Anthropic counts
-them). Streamed: ``message_start``, each block's ``content_block_start``, deltas
-(``thinking_delta``, ``text_delta``, ``input_json_delta``: a call's arguments whole) and
-``content_block_stop``, then ``message_delta`` (the stop reason, the output tokens) and
-``message_stop``; a failure after the start is an ``error`` event.
+``stop_reason`` ``end_turn``, ``stop_sequence`` (with the one met), ``max_tokens`` or
+``tool_use``; ``usage`` with the prompt's cached tokens as ``cache_read_input_tokens`` (not in
+``input_tokens``, as Anthropic counts them). Streamed: ``message_start``, each block's
+``content_block_start``, deltas (``thinking_delta``, ``text_delta``, ``input_json_delta``: a
+call's arguments whole) and ``content_block_stop``, then ``message_delta`` (the stop reason,
+the output tokens) and ``message_stop``; a failure after the start is an ``error`` event.
 """
 
 from __future__ import annotations
@@ -214,12 +214,21 @@ def answered(gen: Generation, chat: ChatCompletion) -> dict[str, Any]:
     for call in message.tool_calls or []:
         content.append({"type": "tool_use", "id": call.id, "name": call.function.name,
                         "input": json.loads(call.function.arguments)})  # fmt: skip
+    stop, sequence = _stop(choice.finish_reason, choice.stop_reason)
     return {
         "id": ident("msg", gen), "type": "message", "role": "assistant", "model": gen.name,
-        "content": content, "stop_reason": STOP.get(choice.finish_reason or "", "end_turn"),
-        "stop_sequence": None, "usage": _usage(usage.prompt_tokens,
-        usage.prompt_tokens_details.cached_tokens, usage.completion_tokens),
+        "content": content, "stop_reason": stop, "stop_sequence": sequence,
+        "usage": _usage(usage.prompt_tokens, usage.prompt_tokens_details.cached_tokens,
+                        usage.completion_tokens),
     }  # fmt: skip
+
+
+def _stop(finish: str | None, met: str | int | None) -> tuple[str, str | None]:
+    """Anthropic's ``stop_reason`` and ``stop_sequence`` of a chat's finish and the stop
+    string it met (vLLM's ``stop_reason``)."""
+    if finish == "stop" and isinstance(met, str):
+        return "stop_sequence", met
+    return STOP.get(finish or "", "end_turn"), None
 
 
 def _event(kind: str, **fields: Any) -> bytes:
@@ -239,7 +248,7 @@ async def streamed(
     }  # fmt: skip
     yield _event("message_start", message=start)
     blocks = _Blocks()
-    stop, output = "end_turn", 0
+    stop, sequence, output = "end_turn", None, 0
     async for raw in chunks:
         if raw == DONE:
             break
@@ -253,10 +262,10 @@ async def streamed(
             for event in blocks.delta(choice["delta"]):
                 yield event
             if choice.get("finish_reason"):
-                stop = STOP.get(choice["finish_reason"], "end_turn")
+                stop, sequence = _stop(choice["finish_reason"], choice.get("stop_reason"))
     for event in blocks.close():
         yield event
-    yield _event("message_delta", delta={"stop_reason": stop, "stop_sequence": None},
+    yield _event("message_delta", delta={"stop_reason": stop, "stop_sequence": sequence},
                  usage={"output_tokens": output})  # fmt: skip
     yield _event("message_stop")
 

@@ -271,6 +271,7 @@ def _chunk(
         compute_ms=out.compute_s * 1000,
         logprobs=logprobs,
         prompt_logprobs=prompt_logprobs,
+        stop_token=out.stop_token,
     )
 
 

@@ -132,6 +132,8 @@ class SequenceOutput:
     cached_tokens: int = 0
     queue_s: float = 0.0
     compute_s: float = 0.0
+    stop_token: int | None = None
+    """The stop token that ended the sequence (counted, not emitted)."""
 
 
 def finish_reason(seq: Sequence, token: int, context_length: int) -> FinishReason | None:
@@ -144,9 +146,11 @@ def finish_reason(seq: Sequence, token: int, context_length: int) -> FinishReaso
 
 
 def output(
-    seq: Sequence, token_ids: tuple[int, ...], reason: FinishReason | None
-) -> SequenceOutput:
-    """What the stream of ``seq`` receives; stop tokens are counted but not emitted."""
+    seq: Sequence, token_ids: tuple[int, ...], reason: FinishReason | None,
+    stop_token: int | None = None,
+) -> SequenceOutput:  # fmt: skip
+    """What the stream of ``seq`` receives; stop tokens are counted but not emitted (the one
+    that ended it is named)."""
     return SequenceOutput(
         seq_id=seq.seq_id,
         token_ids=token_ids,
@@ -156,6 +160,7 @@ def output(
         cached_tokens=seq.cached_tokens,
         queue_s=seq.queue_s,
         compute_s=seq.compute_s,
+        stop_token=stop_token,
     )
 
 
@@ -268,7 +273,9 @@ class Scheduler:
             reason = finish_reason(seq, token, self.context_length)
             if reason is not None:
                 self._free(seq)
-            outputs.append(output(seq, () if reason == "stop" else (token,), reason))
+            stopped = reason == "stop"
+            outputs.append(output(seq, () if stopped else (token,), reason,
+                                  token if stopped else None))  # fmt: skip
         return outputs
 
     def _admit(self) -> tuple[tuple[tuple[int, Adapter], ...], tuple[Restore, ...]]:

@@ -225,4 +225,5 @@ async def _next_chunk(queue: asyncio.Queue[GenerateChunk | BaseException]) -> Ge
         compute_ms=last.compute_ms,
         logprobs=logprobs,
         prompt_logprobs=prompt,
+        stop_token=last.stop_token,
     )

@@ -139,7 +139,7 @@ async def test_eos_stops_without_emitting_it(
     runner.eos_after = 2
     tokens, last = await collect(generation.stream(request(max_tokens=10)))
     assert tokens == [5, 5]
-    assert (last.finish_reason, last.completion_tokens) == ("stop", 3)
+    assert (last.finish_reason, last.completion_tokens, last.stop_token) == ("stop", 3, EOS)
 
 
 async def test_ignore_eos_runs_to_max_tokens_and_min_tokens_holds_eos_back(

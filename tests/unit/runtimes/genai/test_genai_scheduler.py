@@ -165,6 +165,7 @@ def test_stop_token_finishes_counted_but_not_emitted() -> None:
     batch, _ = run_step(scheduler)
     (out,) = scheduler.update(batch, {0: EOS})
     assert (out.token_ids, out.finish_reason, out.completion_tokens) == ((), "stop", 2)
+    assert (out.stop_token, outputs[0].stop_token) == (EOS, None)  # named, for stop_reason
     assert out.prompt_tokens == 4
     assert scheduler.running == 0
 
@@ -173,7 +174,7 @@ def test_request_stop_token_ids_stop_too() -> None:
     scheduler = make_scheduler()
     scheduler.add(make_seq(1, stop=(99,)))
     (out,) = scheduler.update(*run_step(scheduler, token=99))
-    assert out.finish_reason == "stop"
+    assert (out.finish_reason, out.stop_token) == ("stop", 99)
 
 
 def test_max_tokens_finishes_with_length_and_frees_the_slot() -> None:
