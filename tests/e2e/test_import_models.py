@@ -558,6 +558,37 @@ def test_a_reasoning_models_tool_calls_follow_its_reasoning(
     assert any(thoughts), thoughts  # some reasoned before calling
 
 
+def test_a_reasoning_models_message_has_thinking_blocks(
+    kiln: KilnProcess, built: dict[str, dict[str, Any]]
+) -> None:
+    """Anthropic's Messages (the ``anthropic`` SDK) on a reasoning model: its reasoning is a
+    ``thinking`` block before the text, whole and streamed alike (the chat's reasoning and
+    content); ``thinking: disabled`` leaves it out."""
+    import anthropic
+
+    assert built["think"]["status"] == "done", built["think"]
+    name = "tiny-think"
+    kiln.wait_until_serving(name, path="completions")
+    claude = anthropic.Anthropic(base_url=kiln.base_url, api_key=kiln.key, max_retries=0)
+    asked: dict[str, Any] = {"model": name, "max_tokens": 24, "output_config": {"effort": "high"},
+                             "messages": [{"role": "user", "content": "a cat"}],
+                             "extra_body": {"temperature": 0}}  # fmt: skip
+    chat = _openai(kiln).chat.completions.create(
+        model=name, messages=asked["messages"], max_tokens=24, temperature=0,
+        reasoning_effort="high",
+    ).choices[0].message  # fmt: skip
+    message = claude.messages.create(**asked)
+    kinds = [b.type for b in message.content]
+    assert kinds == ["thinking"] + (["text"] if chat.content else [])
+    assert message.content[0].thinking == chat.model_extra["reasoning"]
+    with claude.messages.stream(**asked) as stream:
+        final = stream.get_final_message()
+    assert [b.model_dump(exclude={"parsed_output"}) for b in final.content] == [
+        b.model_dump() for b in message.content]  # fmt: skip
+    hidden = claude.messages.create(**asked, thinking={"type": "disabled"})
+    assert "thinking" not in [b.type for b in hidden.content]
+
+
 def test_a_reasoning_models_responses_carry_its_reasoning(
     kiln: KilnProcess, built: dict[str, dict[str, Any]]
 ) -> None:

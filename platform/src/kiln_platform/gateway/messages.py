@@ -24,6 +24,7 @@ the output tokens) and ``message_stop``; a failure after the start is an ``error
 
 from __future__ import annotations
 
+import contextlib
 import json
 from typing import TYPE_CHECKING, Any
 
@@ -249,20 +250,21 @@ async def streamed(
     yield _event("message_start", message=start)
     blocks = _Blocks()
     stop, sequence, output = "end_turn", None, 0
-    async for raw in chunks:
-        if raw == DONE:
-            break
-        payload = json.loads(raw[6:])
-        if "error" in payload:
-            yield _event("error", **error_body(500, payload["error"]["message"]))
-            return
-        if payload.get("usage") and not payload["choices"]:
-            output = payload["usage"]["completion_tokens"]
-        for choice in payload["choices"]:
-            for event in blocks.delta(choice["delta"]):
-                yield event
-            if choice.get("finish_reason"):
-                stop, sequence = _stop(choice["finish_reason"], choice.get("stop_reason"))
+    async with contextlib.aclosing(chunks):  # closed with this stream (a client gone)
+        async for raw in chunks:
+            if raw == DONE:
+                break
+            payload = json.loads(raw[6:])
+            if "error" in payload:
+                yield _event("error", **error_body(500, payload["error"]["message"]))
+                return
+            if payload.get("usage") and not payload["choices"]:
+                output = payload["usage"]["completion_tokens"]
+            for choice in payload["choices"]:
+                for event in blocks.delta(choice["delta"]):
+                    yield event
+                if choice.get("finish_reason"):
+                    stop, sequence = _stop(choice["finish_reason"], choice.get("stop_reason"))
     for event in blocks.close():
         yield event
     yield _event("message_delta", delta={"stop_reason": stop, "stop_sequence": sequence},
