@@ -500,3 +500,9 @@ def test_grpc_errors_are_status_codes_with_rests_messages(tensor_up: KilnProcess
         stub.ModelInfer(typed([1.0, 2.0]), metadata=metadata)
     assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert "contents.fp32_contents" in (refused.value.details() or "")
+    with pytest.raises(grpc.RpcError) as refused:  # a stream without a key ends at once
+        list(stub.ModelStreamInfer(iter([typed([1.0])])))
+    assert refused.value.code() == grpc.StatusCode.UNAUTHENTICATED
+    (streamed,) = stub.ModelStreamInfer(iter([typed([1.0])]), metadata=metadata)
+    assert ([o.name for o in streamed.infer_response.outputs], streamed.error_message) == (
+        ["y", "norm"], "")  # fmt: skip

@@ -61,7 +61,8 @@ def test_a_conversation_with_tools_is_the_chats() -> None:
      ({"messages": [], "tools": [{"type": "bash_20250124", "name": "bash"}]}, "tools[0].type"),
      ({"messages": [], "tool_choice": {"type": "some"}}, "tool_choice.type"),
      ({"messages": [], "output_config": {"format": {"type": "regex"}}},
-      "output_config.format.type")],
+      "output_config.format.type"),
+     ({"messages": [], "stop_sequences": ["a", "b", "c", "d", "e"]}, "stop_sequences")],
 )  # fmt: skip
 def test_what_kiln_cannot_take_is_a_400_naming_it(fields: dict[str, Any], param: str) -> None:
     with pytest.raises(BadRequest) as refused:

@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 
 from kiln_platform.errors import BadRequest
+from kiln_platform.gateway._prompts import MAX_STOP
 from kiln_platform.gateway.completions import DONE, ident
 from kiln_platform.gateway.llm_schemas import ChatCompletionRequest
 
@@ -180,6 +181,9 @@ def chat_request(data: MessagesRequest, *, generates: bool = True) -> ChatComple
     """The chat completion a Messages request is (``generates``: ``max_tokens`` needed)."""
     if generates and data.max_tokens is None:
         raise BadRequest("'max_tokens' is required.", param="max_tokens")
+    if len(data.stop_sequences or ()) > MAX_STOP:
+        raise BadRequest(f"'stop_sequences' takes up to {MAX_STOP} sequences.",
+                         param="stop_sequences")  # fmt: skip
     messages = [] if data.system is None else [
         {"role": "system", "content": _text(data.system, "system")}]  # fmt: skip
     for i, message in enumerate(data.messages):
