@@ -312,6 +312,12 @@ def test_an_llm_takes_tritons_llm_tensors(
     assert {i["name"] for i in described["inputs"]} >= {"text_input", "stream"}
     (output,) = grpc.get_model_metadata("tiny-llama", headers=_auth(kiln)).outputs
     assert output.name == "text_output"
+    config = grpc.get_model_config("tiny-llama", headers=_auth(kiln)).config
+    assert (config.max_batch_size, config.model_transaction_policy.decoupled) == (0, True)
+    assert http.get_model_config("tiny-llama", headers=_auth(kiln))["input"][0] == {
+        "name": "text_input", "data_type": "TYPE_STRING", "dims": [1]}  # fmt: skip
+    listed = http.get_model_repository_index(headers=_auth(kiln))
+    assert "tiny-llama" in {m["name"] for m in listed}
     answered = http.infer("tiny-llama", _llm_inputs(triton_http, False, vllm=greedy),
                           headers=_auth(kiln))  # fmt: skip
     assert answered.as_numpy("text_output").tolist() == [(prompt + want).encode()]

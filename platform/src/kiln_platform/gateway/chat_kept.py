@@ -65,8 +65,7 @@ async def recorded(
 
 
 def assembled(chunks: list[ChatCompletionChunk], usage: Usage) -> ChatCompletion:
-    """The ``chat.completion`` a stream of chunks makes up (as a client joins them), with the
-    generation's ``usage``."""
+    """The ``chat.completion`` a stream's chunks make up (as a client joins them), ``usage``'s."""
     texts: dict[int, list[str]] = {}
     thoughts: dict[int, list[str]] = {}
     calls: dict[int, list[ToolCall]] = {}
@@ -76,8 +75,7 @@ def assembled(chunks: list[ChatCompletionChunk], usage: Usage) -> ChatCompletion
     for chunk in chunks:
         for c in chunk.choices:
             texts.setdefault(c.index, []).append(c.delta.content or "")
-            if c.delta.reasoning is not None:
-                thoughts.setdefault(c.index, []).append(c.delta.reasoning)
+            thoughts.setdefault(c.index, []).append(c.delta.reasoning or "")
             for call in c.delta.tool_calls or []:
                 calls.setdefault(c.index, []).append(ToolCall(id=call.id, function=call.function))
             if c.logprobs is not None and c.logprobs.content is not None:
@@ -87,10 +85,8 @@ def assembled(chunks: list[ChatCompletionChunk], usage: Usage) -> ChatCompletion
     choices = [
         ChatChoice(
             index=i,
-            message=AssistantMessage.reasoned(
-                None if i in calls else "".join(parts), "".join(thoughts.get(i, ())),
-                tool_calls=calls.get(i),
-            ) if i in calls or i in thoughts else AssistantMessage(content="".join(parts)),
+            message=AssistantMessage.reasoned(None if i in calls else "".join(parts),
+                                              "".join(thoughts[i]), tool_calls=calls.get(i)),
             finish_reason=finish.get(i, "stop"), stop_reason=stops.get(i),
             logprobs=ChoiceLogprobs(content=logprobs[i]) if i in logprobs else None,
         )

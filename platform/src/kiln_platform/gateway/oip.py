@@ -87,9 +87,12 @@ class OIPController(DocumentedController):
     async def model_config(
         self, kiln: KilnDep, admission: AdmissionDep, name: str, version: str | None = None
     ) -> Response[ModelConfig]:
-        """A model's configuration in Triton's shape (the model configuration extension)."""
-        resolved = await oip.resolve(kiln, name, version, str(admission.principal.tenant_id))
-        config = oip.model_config(resolved, kiln.settings)
+        """A model's configuration in Triton's shape (the model configuration extension); an
+        LLM's as Triton's vLLM backend's (decoupled)."""
+        tenant = str(admission.principal.tenant_id)
+        resolved = await oip.resolve(kiln, name, version, tenant, llm=True)
+        config = (oip_llm.config(resolved) if resolved.manifest.task == "generate"
+                  else oip.model_config(resolved, kiln.settings))  # fmt: skip
         return Response(config, headers=lifecycle.headers(resolved))
 
     @get(
@@ -136,8 +139,9 @@ class OIPController(DocumentedController):
     async def repository_index(
         self, request: Request[Any, Any, Any], kiln: KilnDep, admission: AdmissionDep
     ) -> list[IndexedModel]:
-        """The tensor models this key's tenant may call, ``READY`` or ``UNAVAILABLE`` (scaled
-        to zero: a request starts a worker); ``{"ready": true}`` lists the ready ones only."""
+        """The tensor models and LLMs this key's tenant may call, ``READY`` or ``UNAVAILABLE``
+        (scaled to zero: a request starts a worker); ``{"ready": true}`` lists the ready ones
+        only."""
         asked = oip.index_request(await request.body())
         return await oip.repository_index(kiln, str(admission.principal.tenant_id), asked.ready)
 

@@ -83,7 +83,9 @@ class _Service:
         return metadata_of(oip.model_metadata(version))
 
     async def _model_config(self, admission: Admission, call: Any) -> Any:
-        version = await self._resolve(admission, call.name, call.version)
+        version = await self._resolve(admission, call.name, call.version, llm=True)
+        if version.manifest.task == "generate":
+            return config_of(oip_llm.config(version))
         return config_of(oip.model_config(version, self.kiln.settings))
 
     async def _repository_index(self, admission: Admission, call: Any) -> Any:

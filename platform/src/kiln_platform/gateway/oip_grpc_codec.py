@@ -180,6 +180,8 @@ def config_of(config: ModelConfig) -> Any:
             preferred_batch_size=batching.preferred_batch_size,
             max_queue_delay_microseconds=batching.max_queue_delay_microseconds,
         ),
+        model_transaction_policy=config.model_transaction_policy and message(
+            "ModelTransactionPolicy")(decoupled=config.model_transaction_policy.decoupled),
     ))  # fmt: skip
 
 

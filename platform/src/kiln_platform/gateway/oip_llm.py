@@ -13,7 +13,13 @@ from typing import TYPE_CHECKING, Any
 from kiln_platform.errors import BadRequest
 from kiln_platform.gateway import generate, oip_codec
 from kiln_platform.gateway.completions import collect
-from kiln_platform.gateway.oip_schemas import MetadataTensor, ModelMetadata
+from kiln_platform.gateway.oip_schemas import (
+    ConfigTensor,
+    MetadataTensor,
+    ModelConfig,
+    ModelMetadata,
+    TransactionPolicy,
+)
 from kiln_runtimes import tensor_bytes
 from kiln_runtimes.protocol import InferResult, Tensor
 
@@ -40,6 +46,23 @@ def metadata(version: ResolvedVersion) -> ModelMetadata:
     return ModelMetadata(
         name=version.model, versions=[version.version], platform="onnxruntime_onnx",
         inputs=INPUTS, outputs=[MetadataTensor(name=OUTPUT, datatype="BYTES", shape=[-1])],
+    )  # fmt: skip
+
+
+def config(version: ResolvedVersion) -> ModelConfig:
+    """``GET /v2/models/{name}/config`` of an LLM, as Triton's vLLM backend's: no batch
+    dimension (one prompt a request), decoupled (``ModelStreamInfer`` streams its pieces)."""
+
+    def typed(t: MetadataTensor) -> ConfigTensor:
+        kind = "TYPE_STRING" if t.datatype == "BYTES" else f"TYPE_{t.datatype}"
+        return ConfigTensor(name=t.name, data_type=kind, dims=t.shape)
+
+    described = metadata(version)
+    return ModelConfig(
+        name=version.model, platform=described.platform, backend="onnxruntime_genai",
+        max_batch_size=0, input=[typed(t) for t in described.inputs],
+        output=[typed(t) for t in described.outputs],
+        model_transaction_policy=TransactionPolicy(decoupled=True),
     )  # fmt: skip
 
 

@@ -94,6 +94,13 @@ class DynamicBatching(msgspec.Struct, kw_only=True):
     max_queue_delay_microseconds: int
 
 
+class TransactionPolicy(msgspec.Struct, kw_only=True):
+    """Triton's ``model_transaction_policy``: ``decoupled``, a request answered by any number of
+    responses (an LLM's pieces over ``ModelStreamInfer``)."""
+
+    decoupled: bool
+
+
 class ModelConfig(msgspec.Struct, kw_only=True, omit_defaults=True):
     """``GET /v2/models/{name}[/versions/{v}]/config``: Triton's model configuration extension,
     in its JSON field names (what ``tritonclient``'s ``get_model_config`` reads)."""
@@ -105,6 +112,7 @@ class ModelConfig(msgspec.Struct, kw_only=True, omit_defaults=True):
     input: list[ConfigTensor]
     output: list[ConfigTensor]
     dynamic_batching: DynamicBatching | None = None
+    model_transaction_policy: TransactionPolicy | None = None
 
 
 class IndexRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):

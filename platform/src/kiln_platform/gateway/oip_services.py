@@ -127,9 +127,9 @@ def index_request(body: bytes) -> IndexRequest:
 
 async def repository_index(kiln: Kiln, tenant: str, ready_only: bool) -> list[IndexedModel]:
     """``POST /v2/repository/index`` (Triton's model repository extension, the index only):
-    the tensor models ``tenant`` may call, as their plain names give them to it."""
+    the tensor models and LLMs ``tenant`` may call, as their plain names give them to it."""
     index = []
-    for version in await tensor_models(kiln, tenant):
+    for version in await tensor_models(kiln, tenant, llm=True):
         ready = kiln.pools.is_ready(version.pool)
         if ready or not ready_only:
             index.append(IndexedModel(name=version.model, version=version.version,
@@ -138,10 +138,12 @@ async def repository_index(kiln: Kiln, tenant: str, ready_only: bool) -> list[In
     return index
 
 
-async def tensor_models(kiln: Kiln, tenant: str) -> list[ResolvedVersion]:
-    """The tensor models ``tenant`` may call, each as its plain name gives it to the tenant."""
+async def tensor_models(kiln: Kiln, tenant: str, *, llm: bool = False) -> list[ResolvedVersion]:
+    """The tensor models (and LLMs, ``llm``: ``oip_llm``) ``tenant`` may call, each as its
+    plain name gives it to the tenant."""
     await kiln.resolver.refresh()
-    return [v for v in kiln.resolver.listed(tenant) if v.manifest.task == "tensor"]
+    tasks = ("tensor", "generate") if llm else ("tensor",)
+    return [v for v in kiln.resolver.listed(tenant) if v.manifest.task in tasks]
 
 
 def model_ready(kiln: Kiln, version: ResolvedVersion) -> bool:
