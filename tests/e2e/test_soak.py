@@ -27,9 +27,13 @@ def test_three_minutes_of_mixed_traffic_leak_nothing(tmp_path: Path) -> None:
         check=True, timeout=400,
     )  # fmt: skip
     growth = json.loads(out.read_text())["growth"]
-    # p99 drift is reported, asserted only loosely: 10 s windows on a shared machine are noisy
-    first, last, drift = growth["p99_first_ms"], growth["p99_last_ms"], growth["p99_drift_pct"]
-    print(f"p99 {first} -> {last} ms (drift {drift}%), RSS gateway {growth['rss_gateway_pct']}%")
+    # p99 drift is reported, asserted only loosely and on the windows' median: a third of this
+    # run pools ~600 latencies, so one stall of the host (a 0.4 s one once, 2026-12-07) lifts
+    # its pooled p99 alone; a drift lifts every window
+    pooled, drift = (growth["p99_first_ms"], growth["p99_last_ms"]), growth["p99_drift_pct"]
+    first, last = growth["p99_windows_first_last_ms"]
+    print(f"p99 {pooled[0]} -> {pooled[1]} ms (drift {drift}%), windows {first} -> {last} ms, "
+          f"RSS gateway {growth['rss_gateway_pct']}%")  # fmt: skip
     failed = {k: n for k, n in growth["statuses"].items() if not k.endswith(("200", "201"))}
     assert failed == {}, f"requests failed during the soak: {failed}"
     assert growth["statuses"]["rotated key 200"] >= 30
