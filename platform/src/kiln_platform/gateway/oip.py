@@ -12,7 +12,7 @@ from litestar.response import Stream
 from kiln_platform.admission.deps import provide_admission, provide_scheduled
 from kiln_platform.admission.services import Admission
 from kiln_platform.context import Kiln
-from kiln_platform.gateway import completions, generate, oip_llm, oip_stats
+from kiln_platform.gateway import completions, generate, oip_models, oip_stats
 from kiln_platform.gateway import oip_services as oip
 from kiln_platform.gateway.auth import authenticated, provide_principal
 from kiln_platform.gateway.completions import SSE
@@ -75,9 +75,7 @@ class OIPController(DocumentedController):
         Triton's vLLM backend's (``oip_llm``)."""
         tenant = str(admission.principal.tenant_id)
         resolved = await oip.resolve(kiln, name, version, tenant, llm=True)
-        described = (oip_llm.metadata(resolved) if resolved.manifest.task == "generate"
-                     else oip.model_metadata(resolved))  # fmt: skip
-        return Response(described, headers=lifecycle.headers(resolved))
+        return Response(oip_models.metadata(resolved), headers=lifecycle.headers(resolved))
 
     @get(
         ["/models/{name:str}/config", "/models/{name:str}/versions/{version:str}/config"],
@@ -91,8 +89,7 @@ class OIPController(DocumentedController):
         LLM's as Triton's vLLM backend's (decoupled)."""
         tenant = str(admission.principal.tenant_id)
         resolved = await oip.resolve(kiln, name, version, tenant, llm=True)
-        config = (oip_llm.config(resolved) if resolved.manifest.task == "generate"
-                  else oip.model_config(resolved, kiln.settings))  # fmt: skip
+        config = oip_models.config(resolved, kiln.settings)
         return Response(config, headers=lifecycle.headers(resolved))
 
     @get(
@@ -195,11 +192,9 @@ class OIPController(DocumentedController):
             resolved.model, split=version is None and kiln.resolver.split(name, tenant)
         )
         body, length = await request.body(), request.headers.get(HEADER_LENGTH)
-        if resolved.manifest.task == "generate":
-            answered = oip_llm.infer(kiln, admission, (name, version), body, header_length=length)
-        else:
-            answered = oip.infer(kiln, admission, resolved, body, header_length=length)
-        body, headers = await answered
+        body, headers = await oip_models.infer(
+            kiln, admission, resolved, body, address=(name, version), header_length=length
+        )
         media_type = headers.pop("content-type")
         headers.update(lifecycle.headers(resolved))
         return Response(body, status_code=200, headers=headers, media_type=media_type)

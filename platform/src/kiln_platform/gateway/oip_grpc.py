@@ -25,7 +25,7 @@ import structlog
 
 from kiln_platform.admission.deps import priority_of, timeout_of
 from kiln_platform.errors import KilnError
-from kiln_platform.gateway import metrics, oip_llm, oip_stats
+from kiln_platform.gateway import metrics, oip_models, oip_stats
 from kiln_platform.gateway import oip_grpc_stream as streamed
 from kiln_platform.gateway import oip_services as oip
 from kiln_platform.gateway.auth import inference_principal
@@ -78,15 +78,11 @@ class _Service:
 
     async def _model_metadata(self, admission: Admission, call: Any) -> Any:
         version = await self._resolve(admission, call.name, call.version, llm=True)
-        if version.manifest.task == "generate":
-            return metadata_of(oip_llm.metadata(version))
-        return metadata_of(oip.model_metadata(version))
+        return metadata_of(oip_models.metadata(version))
 
     async def _model_config(self, admission: Admission, call: Any) -> Any:
         version = await self._resolve(admission, call.name, call.version, llm=True)
-        if version.manifest.task == "generate":
-            return config_of(oip_llm.config(version))
-        return config_of(oip.model_config(version, self.kiln.settings))
+        return config_of(oip_models.config(version, self.kiln.settings))
 
     async def _repository_index(self, admission: Admission, call: Any) -> Any:
         tenant = admission.terms.tenant
@@ -109,13 +105,11 @@ class _Service:
         )
         admission.serves(version.model, split=split)
         request, tensors = request_of(call)
-        if version.manifest.task == "generate":
-            address = (call.model_name, call.model_version or None)
-            gen, _ = await oip_llm.prepare(self.kiln, admission, address, tensors)
-            result = await oip_llm.answer(gen)
-        else:
-            result = await oip.run(self.kiln, admission, version, request, tensors)
-        return response_of(request, result, version.model, version.version)
+        address = (call.model_name, call.model_version or None)
+        result, served = await oip_models.run(
+            self.kiln, admission, version, request, tensors, address=address
+        )
+        return response_of(request, result, served.model, served.version)
 
     async def _resolve(
         self, admission: Admission, name: str, version: str, *, llm: bool = False

@@ -25,7 +25,7 @@ import structlog
 
 from kiln_platform.admission.deps import priority_of, timeout_of
 from kiln_platform.errors import KilnError
-from kiln_platform.gateway import metrics, oip_llm
+from kiln_platform.gateway import metrics, oip_llm, oip_models
 from kiln_platform.gateway import oip_services as oip
 from kiln_platform.gateway.auth import inference_principal
 from kiln_platform.gateway.oip_grpc_codec import code_of, message, request_of, response_of
@@ -108,12 +108,13 @@ class Stream:
         request, tensors = request_of(call)
         empty_final = (request.parameters or {}).get(EMPTY_FINAL) is True
         model, number = version.model, version.version
-        if version.manifest.task != "generate":
+        if not oip_models.is_llm(version):
             result = await oip.run(self.kiln, admission, version, request, tensors)
             self.out.put_nowait(_response(request, result, model, number, final=True))
             return
         address = (name, call.model_version or None)
         gen, streams = await oip_llm.prepare(self.kiln, admission, address, tensors, streams=True)
+        model, number = gen.version.model, gen.version.version  # the version that answers
         if not streams:
             result = await oip_llm.answer(gen)
             self.out.put_nowait(_response(request, result, model, number, final=True))

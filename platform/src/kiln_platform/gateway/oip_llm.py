@@ -110,13 +110,3 @@ async def answer(gen: Generation) -> InferResult:
     return InferResult(request_id=gen.request.request_id,
                        outputs=[output(choice.echo + "".join(whole.parts))],
                        queue_ms=choice.queue_ms, compute_ms=choice.compute_ms)  # fmt: skip
-
-
-async def infer(
-    kiln: Kiln, admission: Admission, address: tuple[str, str | None], body: bytes,
-    *, header_length: str | None,
-) -> tuple[bytes, dict[str, str]]:  # fmt: skip
-    """REST's ``…/infer`` of an LLM: decode, generate, encode."""
-    request, tensors = oip_codec.parse(body, header_length)
-    gen, _ = await prepare(kiln, admission, address, tensors)
-    return oip_codec.encode(request, await answer(gen), gen.version.model, gen.version.version)

@@ -151,20 +151,6 @@ def model_ready(kiln: Kiln, version: ResolvedVersion) -> bool:
     return kiln.pools.is_ready(version.pool)
 
 
-async def infer(
-    kiln: Kiln,
-    admission: Admission,
-    version: ResolvedVersion,
-    body: bytes,
-    *,
-    header_length: str | None,
-) -> tuple[bytes, dict[str, str]]:
-    """Decode a REST body, ``run`` it, encode the result."""
-    request, tensors = oip_codec.parse(body, header_length)
-    result = await run(kiln, admission, version, request, tensors)
-    return oip_codec.encode(request, result, version.model, version.version)
-
-
 async def run(
     kiln: Kiln,
     admission: Admission,
