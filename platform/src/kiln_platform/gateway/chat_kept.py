@@ -10,7 +10,7 @@ import structlog
 from sqlalchemy.exc import SQLAlchemyError
 
 from kiln_platform.gateway import metrics
-from kiln_platform.gateway.completions import DONE, token_usage
+from kiln_platform.gateway.completions import DONE
 from kiln_platform.gateway.conversation_items import metadata_of
 from kiln_platform.gateway.llm_schemas import (
     AssistantMessage,
@@ -22,6 +22,7 @@ from kiln_platform.gateway.llm_schemas import (
     ToolCall,
     Usage,
 )
+from kiln_platform.gateway.llm_usage import token_usage
 
 if TYPE_CHECKING:
     from collections.abc import AsyncGenerator
@@ -75,7 +76,8 @@ def assembled(chunks: list[ChatCompletionChunk], usage: Usage) -> ChatCompletion
     for chunk in chunks:
         for c in chunk.choices:
             texts.setdefault(c.index, []).append(c.delta.content or "")
-            thoughts.setdefault(c.index, []).append(c.delta.reasoning or "")
+            if c.delta.reasoning:
+                thoughts.setdefault(c.index, []).append(c.delta.reasoning)
             for call in c.delta.tool_calls or []:
                 calls.setdefault(c.index, []).append(ToolCall(id=call.id, function=call.function))
             if c.logprobs is not None and c.logprobs.content is not None:
@@ -85,8 +87,9 @@ def assembled(chunks: list[ChatCompletionChunk], usage: Usage) -> ChatCompletion
     choices = [
         ChatChoice(
             index=i,
-            message=AssistantMessage.reasoned(None if i in calls else "".join(parts),
-                                              "".join(thoughts[i]), tool_calls=calls.get(i)),
+            message=AssistantMessage.reasoned(
+                None if i in calls else "".join(parts), "".join(thoughts.get(i, ())),
+                tool_calls=calls.get(i)),
             finish_reason=finish.get(i, "stop"), stop_reason=stops.get(i),
             logprobs=ChoiceLogprobs(content=logprobs[i]) if i in logprobs else None,
         )
