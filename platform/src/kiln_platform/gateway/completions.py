@@ -13,7 +13,7 @@ from litestar.response import Stream
 
 from kiln_platform.errors import KilnError
 from kiln_platform.gateway import _logprobs
-from kiln_platform.gateway._reasoning import Split, reasoning_tokens
+from kiln_platform.gateway._reasoning import Split
 from kiln_platform.gateway.llm import Generation, Piece, sse
 from kiln_platform.gateway.llm_schemas import (
     AssistantMessage,
@@ -21,17 +21,15 @@ from kiln_platform.gateway.llm_schemas import (
     ChatCompletion,
     ChatCompletionChunk,
     ChunkChoice,
-    CompletionTokensDetails,
     Delta,
     PromptLogprobs,
-    PromptTokensDetails,
     TextChoice,
     TextCompletion,
     TextLogprobs,
     ToolCall,
     ToolCallDelta,
-    Usage,
 )
+from kiln_platform.gateway.llm_usage import token_usage
 from kiln_platform.gateway.schemas import ErrorBody, ErrorResponse
 from kiln_platform.registry import lifecycle
 from kiln_platform.registry.lifecycle import fingerprint
@@ -52,29 +50,6 @@ def streamed(gen: Generation, events: AsyncGenerator[bytes, None]) -> Stream:
     suspended: closing it cancels the worker's sequence)."""
     gen.admission.closers.append(events.aclose)
     return Stream(events, media_type=SSE, headers=lifecycle.headers(gen.version))
-
-
-def token_usage(gen: Generation, *, chat: bool = False) -> Usage:
-    """The usage so far (a chat's with its reasoning tokens, as OpenAI's)."""
-    prompt, completion, total = gen.usage_counts()
-    details: CompletionTokensDetails | msgspec.UnsetType = msgspec.UNSET
-    if chat:
-        reasoning = sum(spent(gen, index) for index in range(len(gen.choices)))
-        details = CompletionTokensDetails(reasoning_tokens=reasoning)
-    return Usage(
-        prompt_tokens=prompt, completion_tokens=completion, total_tokens=total,
-        prompt_tokens_details=PromptTokensDetails(cached_tokens=gen.cached_tokens),
-        completion_tokens_details=details,
-    )  # fmt: skip
-
-
-def spent(gen: Generation, index: int) -> int:
-    """How many of choice ``index``'s tokens so far were its reasoning (none unless its model
-    reasons in tags and it is a chat's, whose tokens are kept)."""
-    think, choice = gen.model.think, gen.choices[index]
-    if think is None or choice.tokens is None:
-        return 0
-    return reasoning_tokens(think, choice.request.prompt_ids, choice.tokens, gen.model.tokenizer)
 
 
 def ident(prefix: str, gen: Generation) -> str:
@@ -249,7 +224,7 @@ async def stream_chat(
     include_usage, every = _usage_asked(options)
     splits = {c.index: s for c in gen.choices if (s := splitter(gen, c.index)) is not None}
 
-    usage = functools.partial(token_usage, gen, chat=True)
+    usage = functools.partial(token_usage, gen, chat=True, settled={})
 
     def chunk(piece: Piece, delta: Delta, finish: str | None = None) -> bytes:
         logprobs = None

@@ -8,8 +8,9 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from kiln_platform.gateway import _logprobs
-from kiln_platform.gateway.completions import ident, spent, splitter, tool_calls
+from kiln_platform.gateway.completions import ident, splitter, tool_calls
 from kiln_platform.gateway.conversation_items import named
+from kiln_platform.gateway.llm_usage import spent
 from kiln_platform.gateway.responses_schemas import (
     FunctionCallItem,
     IncompleteDetails,
