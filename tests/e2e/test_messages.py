@@ -73,7 +73,7 @@ def test_a_message_is_the_chat_completions_answer(
 def test_tools_are_tool_use_blocks_and_take_results(
     clients: tuple[Any, Any],
 ) -> None:
-    claude, _ = clients
+    claude, client = clients
     tools: Any = [{"name": "get_weather", "description": "The weather in a city.",
                    "input_schema": WEATHER}]  # fmt: skip
     said: Any = [{"role": "user", "content": "What is the weather in Oslo?"}]
@@ -98,8 +98,21 @@ def test_tools_are_tool_use_blocks_and_take_results(
                                              "content": "Sunny, 21 C"}]}]  # fmt: skip
     answer = claude.messages.create(model=MODEL, max_tokens=24, tools=tools, messages=history,
                                     extra_body={"temperature": 0})  # fmt: skip
-    assert answer.content
-    assert answer.content[0].type in ("text", "tool_use")
+    call = {"id": use.id, "type": "function",
+            "function": {"name": use.name, "arguments": json.dumps(use.input)}}  # fmt: skip
+    chat = client.chat.completions.create(
+        model=MODEL, max_tokens=24, temperature=0, messages=[
+            *said, {"role": "assistant", "content": None, "tool_calls": [call]},
+            {"role": "tool", "tool_call_id": use.id, "content": "Sunny, 21 C"}],
+        tools=[{"type": "function", "function": {"name": "get_weather", "parameters": WEATHER,
+                                                 "description": "The weather in a city."}}],
+    )  # fmt: skip
+    said_back = chat.choices[0].message  # the same turn as a chat: the same greedy answer
+    assert [b.text for b in answer.content if b.type == "text"] == (
+        [said_back.content] if said_back.content else [])  # fmt: skip
+    assert [(b.name, b.input) for b in answer.content if b.type == "tool_use"] == [
+        (c.function.name, json.loads(c.function.arguments))
+        for c in said_back.tool_calls or []]  # fmt: skip
 
 
 def test_a_block_kiln_cannot_take_is_a_400_in_anthropics_shape(
