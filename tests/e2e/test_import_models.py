@@ -318,6 +318,11 @@ def test_an_llm_takes_tritons_llm_tensors(
         "name": "text_input", "data_type": "TYPE_STRING", "dims": [1]}  # fmt: skip
     listed = http.get_model_repository_index(headers=_auth(kiln))
     assert "tiny-llama" in {m["name"] for m in listed}
+    before = _llm_stat(http.get_inference_statistics("tiny-llama", headers=_auth(kiln)))
+    unknown = triton_http.InferRequestedOutput("logits")
+    with pytest.raises(triton_http.InferenceServerException, match=r"outputs\[0\]\.name"):
+        http.infer("tiny-llama", _llm_inputs(triton_http, False, vllm=greedy),
+                   outputs=[unknown], headers=_auth(kiln))  # fmt: skip
     answered = http.infer("tiny-llama", _llm_inputs(triton_http, False, vllm=greedy),
                           headers=_auth(kiln))  # fmt: skip
     assert answered.as_numpy("text_output").tolist() == [(prompt + want).encode()]
@@ -356,7 +361,22 @@ def test_an_llm_takes_tritons_llm_tensors(
     assert texts["c"][-1][0]
     assert len(errors) == 1
     assert "beam" in errors[0]
+    deadline = time.monotonic() + 10  # 4 answered: REST, gRPC, and 2 on the stream
+    while (stat := _llm_stat(grpc.get_inference_statistics("tiny-llama", headers=_auth(kiln),
+                                                           as_json=True)))["inference_count"] < (
+            before["inference_count"] + 4):  # fmt: skip
+        assert time.monotonic() < deadline, (before, stat)
+        time.sleep(0.1)
+    assert int(stat["inference_count"]) == before["inference_count"] + 4
+    assert int(stat["execution_count"]) == before["execution_count"] + 4
     grpc.close()
+
+
+def _llm_stat(stats: Any) -> Any:
+    """tiny-llama's statistics entry (gRPC's JSON has its counts as strings)."""
+    (stat,) = [s for s in stats["model_stats"] if s["name"] == "tiny-llama"]
+    return {**stat, "inference_count": int(stat.get("inference_count", 0)),
+            "execution_count": int(stat.get("execution_count", 0))}  # fmt: skip
 
 
 @pytest.fixture(scope="module")

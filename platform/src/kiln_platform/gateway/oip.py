@@ -74,7 +74,7 @@ class OIPController(DocumentedController):
         """A model's inputs and outputs (``-1`` marks a dynamic dimension); an LLM's, as
         Triton's vLLM backend's (``oip_llm``)."""
         tenant = str(admission.principal.tenant_id)
-        resolved = await oip.resolve(kiln, name, version, tenant, llm=True)
+        resolved = await oip.resolve(kiln, name, version, tenant)
         return Response(oip_models.metadata(resolved), headers=lifecycle.headers(resolved))
 
     @get(
@@ -88,7 +88,7 @@ class OIPController(DocumentedController):
         """A model's configuration in Triton's shape (the model configuration extension); an
         LLM's as Triton's vLLM backend's (decoupled)."""
         tenant = str(admission.principal.tenant_id)
-        resolved = await oip.resolve(kiln, name, version, tenant, llm=True)
+        resolved = await oip.resolve(kiln, name, version, tenant)
         config = oip_models.config(resolved, kiln.settings)
         return Response(config, headers=lifecycle.headers(resolved))
 
@@ -112,7 +112,7 @@ class OIPController(DocumentedController):
         (UTC) per version, from its ledger rows; every tensor model it may call without a name."""
         tenant = admission.principal.tenant_id
         if name is None:
-            versions = await oip.tensor_models(kiln, str(tenant))
+            versions = await oip.served_models(kiln, str(tenant))
         else:
             versions = [await oip.resolve(kiln, name, version, str(tenant))]
         return await oip_stats.model_stats(kiln, tenant, versions, only=version is not None)
@@ -128,7 +128,7 @@ class OIPController(DocumentedController):
     ) -> Response[Any]:
         """200 when a worker of the version that serves this tenant is ready."""
         tenant = str(admission.principal.tenant_id)
-        resolved = await oip.resolve(kiln, name, version, tenant, llm=True)
+        resolved = await oip.resolve(kiln, name, version, tenant)
         ready = oip.model_ready(kiln, resolved)
         return _status(ready, f"the model `{name}`", lifecycle.headers(resolved))
 
@@ -187,7 +187,7 @@ class OIPController(DocumentedController):
         """Run inference: JSON tensors, or the binary tensor data extension; an LLM's text in
         and out (``oip_llm``)."""
         tenant = str(admission.principal.tenant_id)
-        resolved = await oip.resolve(kiln, name, version, tenant, llm=True)
+        resolved = await oip.resolve(kiln, name, version, tenant)
         admission.serves(
             resolved.model, split=version is None and kiln.resolver.split(name, tenant)
         )

@@ -73,15 +73,15 @@ class _Service:
         )
 
     async def _model_ready(self, admission: Admission, call: Any) -> Any:
-        version = await self._resolve(admission, call.name, call.version, llm=True)
+        version = await self._resolve(admission, call.name, call.version)
         return message("ModelReadyResponse")(ready=oip.model_ready(self.kiln, version))
 
     async def _model_metadata(self, admission: Admission, call: Any) -> Any:
-        version = await self._resolve(admission, call.name, call.version, llm=True)
+        version = await self._resolve(admission, call.name, call.version)
         return metadata_of(oip_models.metadata(version))
 
     async def _model_config(self, admission: Admission, call: Any) -> Any:
-        version = await self._resolve(admission, call.name, call.version, llm=True)
+        version = await self._resolve(admission, call.name, call.version)
         return config_of(oip_models.config(version, self.kiln.settings))
 
     async def _repository_index(self, admission: Admission, call: Any) -> Any:
@@ -93,13 +93,13 @@ class _Service:
         if call.name:
             versions = [await self._resolve(admission, call.name, call.version)]
         else:
-            versions = await oip.tensor_models(self.kiln, tenant)
+            versions = await oip.served_models(self.kiln, tenant)
         only = bool(call.name and call.version)
         stats = await oip_stats.model_stats(self.kiln, UUID(tenant), versions, only=only)
         return stats_of(stats)
 
     async def _model_infer(self, admission: Admission, call: Any) -> Any:
-        version = await self._resolve(admission, call.model_name, call.model_version, llm=True)
+        version = await self._resolve(admission, call.model_name, call.model_version)
         split = not call.model_version and self.kiln.resolver.split(
             call.model_name, admission.terms.tenant
         )
@@ -111,11 +111,9 @@ class _Service:
         )
         return response_of(request, result, served.model, served.version)
 
-    async def _resolve(
-        self, admission: Admission, name: str, version: str, *, llm: bool = False
-    ) -> Any:
+    async def _resolve(self, admission: Admission, name: str, version: str) -> Any:
         tenant = admission.terms.tenant
-        return await oip.resolve(self.kiln, name, version or None, tenant, llm=llm)
+        return await oip.resolve(self.kiln, name, version or None, tenant)
 
     def admitted(self, method: str, work: Work, *, scheduled: bool = False) -> Any:
         """The handler of an authenticated call: ``work`` inside its admission."""

@@ -101,8 +101,7 @@ class Stream:
         admission.schedule(priority_of(self.headers),
                            timeout_of(self.headers, settings.request_timeout_s))  # fmt: skip
         tenant, name = admission.terms.tenant, call.model_name
-        version = await oip.resolve(self.kiln, name, call.model_version or None, tenant,
-                                    llm=True)  # fmt: skip
+        version = await oip.resolve(self.kiln, name, call.model_version or None, tenant)
         split = not call.model_version and self.kiln.resolver.split(name, tenant)
         admission.serves(version.model, split=split)
         request, tensors = request_of(call)
@@ -113,7 +112,9 @@ class Stream:
             self.out.put_nowait(_response(request, result, model, number, final=True))
             return
         address = (name, call.model_version or None)
-        gen, streams = await oip_llm.prepare(self.kiln, admission, address, tensors, streams=True)
+        gen, streams = await oip_llm.prepare(
+            self.kiln, admission, address, request, tensors, streams=True
+        )
         model, number = gen.version.model, gen.version.version  # the version that answers
         if not streams:
             result = await oip_llm.answer(gen)

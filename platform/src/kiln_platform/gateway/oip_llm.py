@@ -27,6 +27,7 @@ if TYPE_CHECKING:
     from kiln_platform.admission.services import Admission
     from kiln_platform.context import Kiln
     from kiln_platform.gateway.llm import Generation
+    from kiln_platform.gateway.oip_schemas import InferRequestBody
     from kiln_platform.registry.services import ResolvedVersion
 
 INPUTS = [
@@ -84,12 +85,22 @@ def body_of(tensors: list[Tensor]) -> dict[str, Any]:
     return body
 
 
+def check_outputs(request: InferRequestBody) -> None:
+    """A request may ask for ``text_output`` alone (or for no output by name: it is sent)."""
+    for at, asked in enumerate(request.outputs or ()):
+        if asked.name != OUTPUT:
+            raise BadRequest(f"outputs[{at}].name: unknown output {asked.name!r}; the model has "
+                             f"['{OUTPUT}']",
+                             param=f"outputs[{at}].name")  # fmt: skip
+
+
 async def prepare(
-    kiln: Kiln, admission: Admission, address: tuple[str, str | None], tensors: list[Tensor],
-    *, streams: bool = False,
+    kiln: Kiln, admission: Admission, address: tuple[str, str | None],
+    request: InferRequestBody, tensors: list[Tensor], *, streams: bool = False,
 ) -> tuple[Generation, bool]:  # fmt: skip
     """The generate request the tensors make for the model at ``address`` (name, version),
     prepared, and whether it streams (``stream``: only where responses can, ``streams``)."""
+    check_outputs(request)
     body = body_of(tensors)
     stream = body.pop("stream", False) is True
     if stream and not streams:

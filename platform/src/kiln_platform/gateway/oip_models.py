@@ -42,7 +42,7 @@ async def run(
     may pick another version than ``version``."""
     if not is_llm(version):
         return await oip.run(kiln, admission, version, request, tensors), version
-    gen, _ = await oip_llm.prepare(kiln, admission, address, tensors)
+    gen, _ = await oip_llm.prepare(kiln, admission, address, request, tensors)
     return await oip_llm.answer(gen), gen.version
 
 

@@ -36,6 +36,8 @@ if TYPE_CHECKING:
 
 EXTENSIONS = ["binary_tensor_data", "model_configuration", "statistics"]
 """(The model repository extension is served in part: its index, not load and unload.)"""
+TASKS = ("tensor", "generate")
+"""The tasks ``/v2`` serves: tensor models, and LLMs through their text tensors (``oip_llm``)."""
 SCALED_TO_ZERO = "no worker is up (scaled to zero): the next request starts one"
 
 
@@ -55,17 +57,15 @@ async def server_ready(kiln: Kiln) -> bool:
         return kiln.ledger.degraded()
 
 
-async def resolve(
-    kiln: Kiln, name: str, version: str | None, sticky: str = "", *, llm: bool = False
-) -> ResolvedVersion:
-    """The version of a tensor model (or, ``llm``, of an LLM: ``oip_llm``) that serves: the
-    one the path names (a version, an alias, ``stable`` or ``canary``; any but a retired one),
-    else what the plain name gives ``sticky`` (a tenant id: its operator pin, the route's
-    sticky choice, or the default version)."""
+async def resolve(kiln: Kiln, name: str, version: str | None, sticky: str = "") -> ResolvedVersion:
+    """The version of a tensor model or an LLM (``oip_llm``) that serves: the one the path
+    names (a version, an alias, ``stable`` or ``canary``; any but a retired one), else what the
+    plain name gives ``sticky`` (a tenant id: its operator pin, the route's sticky choice, or
+    the default version)."""
     address = name if version is None else f"{name}@{version}"
     resolved = await kiln.resolver.resolve(address, sticky)
-    if resolved.manifest.task not in (("tensor", "generate") if llm else ("tensor",)):
-        raise BadRequest(f"The model `{name}` is not a tensor model; use /v1.")
+    if resolved.manifest.task not in TASKS:
+        raise BadRequest(f"The model `{name}` is not a tensor model or an LLM; use /v1.")
     return resolved
 
 
@@ -129,7 +129,7 @@ async def repository_index(kiln: Kiln, tenant: str, ready_only: bool) -> list[In
     """``POST /v2/repository/index`` (Triton's model repository extension, the index only):
     the tensor models and LLMs ``tenant`` may call, as their plain names give them to it."""
     index = []
-    for version in await tensor_models(kiln, tenant, llm=True):
+    for version in await served_models(kiln, tenant):
         ready = kiln.pools.is_ready(version.pool)
         if ready or not ready_only:
             index.append(IndexedModel(name=version.model, version=version.version,
@@ -138,12 +138,10 @@ async def repository_index(kiln: Kiln, tenant: str, ready_only: bool) -> list[In
     return index
 
 
-async def tensor_models(kiln: Kiln, tenant: str, *, llm: bool = False) -> list[ResolvedVersion]:
-    """The tensor models (and LLMs, ``llm``: ``oip_llm``) ``tenant`` may call, each as its
-    plain name gives it to the tenant."""
+async def served_models(kiln: Kiln, tenant: str) -> list[ResolvedVersion]:
+    """The tensor models and LLMs ``tenant`` may call, each as its plain name gives it."""
     await kiln.resolver.refresh()
-    tasks = ("tensor", "generate") if llm else ("tensor",)
-    return [v for v in kiln.resolver.listed(tenant) if v.manifest.task in tasks]
+    return [v for v in kiln.resolver.listed(tenant) if v.manifest.task in TASKS]
 
 
 def model_ready(kiln: Kiln, version: ResolvedVersion) -> bool:

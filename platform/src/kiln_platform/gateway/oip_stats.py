@@ -1,7 +1,8 @@
 """Triton's statistics extension for one tenant: ``GET /v2/models[/{name}[/versions/{v}]]/stats``.
 
-Counted from the tenant's own ledger rows (``usage_events`` of endpoint ``infer``) since 00:00
-UTC, in a transaction confined to the tenant: a tenant sees its own traffic, never the model's
+Counted from the tenant's own ledger rows (``usage_events`` of endpoint ``infer``; an LLM's of
+endpoint ``generate``, its tensor face's and the generate extension's: one inference a row) since
+00:00 UTC, in a transaction confined to the tenant: a tenant sees its own traffic, never the model's
 other callers' (Prometheus has the totals, for operators). The counters start again at midnight
 UTC, as a Triton server's do when it restarts.
 """
@@ -12,7 +13,7 @@ from datetime import UTC, datetime
 from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import Select, func, select
+from sqlalchemy import Select, case, func, select
 
 from kiln_platform.db.engine import tenant_transaction
 from kiln_platform.db.tables import UsageEvent
@@ -60,14 +61,15 @@ def _query(tenant: uuid.UUID, names: list[str], since: datetime) -> Select[Any]:
             e.model,
             e.version,
             func.count().filter(ok).label("ok"),
-            total(e.items, ok, "items"),
+            total(case((e.endpoint == "generate", 1), else_=e.items), ok, "items"),
             total(e.queue_ms, ok, "queue_ms"),
             total(e.compute_ms, ok, "compute_ms"),
             func.count().filter(failed).label("failed"),
             total(e.queue_ms + e.compute_ms, failed, "failed_ms"),
             func.max(e.created_at).label("last"),
         )
-        .where(e.tenant_id == tenant, e.created_at >= since, e.endpoint == "infer")
+        .where(e.tenant_id == tenant, e.created_at >= since)
+        .where(e.endpoint.in_(("infer", "generate")))
         .where(e.model.in_(names))
         .group_by(e.model, e.version)
     )
