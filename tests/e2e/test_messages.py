@@ -48,7 +48,7 @@ def test_a_message_is_the_chat_completions_answer(
     usage = message.usage
     assert usage.input_tokens + (usage.cache_read_input_tokens or 0) == chat.usage.prompt_tokens
     assert usage.output_tokens == chat.usage.completion_tokens
-    assert message.id.startswith("msg-")
+    assert message.id.startswith("msg_")
     with claude.messages.stream(system=SYSTEM, messages=ASK, **asked) as stream:
         text = "".join(stream.text_stream)
         final = stream.get_final_message()
@@ -139,3 +139,18 @@ def test_a_block_kiln_cannot_take_is_a_400_in_anthropics_shape(
         anthropic.Anthropic(base_url=str(claude.base_url), api_key="nope",
                             max_retries=0).messages.create(model=MODEL, max_tokens=8,
                                                            messages=ASK)  # fmt: skip
+
+
+def test_the_sdks_models_calls_get_anthropics_shape(clients: tuple[Any, Any]) -> None:
+    claude, client = clients
+    listed = [m.id for m in client.models.list()]
+    paged = claude.models.list(limit=1)  # the SDK pages on by after_id
+    assert [m.id for m in paged] == listed
+    assert paged.has_more is (len(listed) > 1)
+    model = claude.models.retrieve(MODEL)
+    assert (model.type, model.id, model.display_name) == ("model", MODEL, MODEL)
+    assert model.created_at.timestamp() == client.models.retrieve(MODEL).created
+    with pytest.raises(anthropic.NotFoundError) as missing:
+        claude.models.retrieve("no-such-model")
+    assert isinstance(missing.value.body, dict)
+    assert missing.value.body["type"] == "error"

@@ -51,6 +51,7 @@ from kiln_platform.errors import (
     disk_full,
 )
 from kiln_platform.gateway import messages
+from kiln_platform.gateway.anthropic_models import VERSION_HEADER
 from kiln_platform.gateway.chat_routes import ChatCompletionsController
 from kiln_platform.gateway.controllers import OpenAIController, VllmController
 from kiln_platform.gateway.conversation_routes import ConversationsController
@@ -135,8 +136,10 @@ def _error_response(request: Request[Any, Any, Any], exc: Exception) -> Response
     headers = {"retry-after": str(max(1, round(retry_after)))} if retry_after else {}
     if isinstance(exc, QuotaExceeded):  # no retry helps before the next month (OpenAI SDKs)
         headers["x-should-retry"] = "false"
-    return _shaped(request.url.path, status, message, param=param, code=code, kind=kind,
-                   headers=headers)  # fmt: skip
+    path = request.url.path
+    if path.startswith("/v1/models") and VERSION_HEADER in request.headers:
+        path = "/v1/messages"  # the anthropic SDK's models calls: its error object
+    return _shaped(path, status, message, param=param, code=code, kind=kind, headers=headers)
 
 
 def _shaped(

@@ -13,6 +13,7 @@ from kiln_platform.admission.deps import provide_admission, provide_scheduled
 from kiln_platform.admission.services import Admission
 from kiln_platform.context import Kiln
 from kiln_platform.gateway import (
+    anthropic_models,
     classify,
     cohere,
     completions,
@@ -21,6 +22,11 @@ from kiln_platform.gateway import (
     scoring,
     services,
     tokens,
+)
+from kiln_platform.gateway.anthropic_models import (
+    VERSION_HEADER,
+    AnthropicModel,
+    AnthropicModelPage,
 )
 from kiln_platform.gateway.auth import authenticated, provide_principal
 from kiln_platform.gateway.background import Feed
@@ -62,17 +68,26 @@ class OpenAIController(DocumentedController):
     }
 
     @get("/models")
-    async def list_models(self, kiln: KilnDep, admission: AdmissionDep) -> ModelList:
-        """List served models."""
-        return ModelList(data=await services.model_cards(kiln, admission.principal.tenant_id))
+    async def list_models(
+        self, request: Request[Any, Any, Any], kiln: KilnDep, admission: AdmissionDep
+    ) -> ModelList | AnthropicModelPage:
+        """List served models (in Anthropic's shape, paged, for an ``anthropic-version``
+        caller: ``anthropic_models``)."""
+        cards = await services.model_cards(kiln, admission.principal.tenant_id)
+        if VERSION_HEADER in request.headers:
+            return anthropic_models.page(cards, request.query_params)
+        return ModelList(data=cards)
 
     @get("/models/{model_id:str}")
     async def get_model(
-        self, kiln: KilnDep, admission: AdmissionDep, model_id: str
-    ) -> Response[ModelCard]:
+        self, request: Request[Any, Any, Any], kiln: KilnDep, admission: AdmissionDep,
+        model_id: str,
+    ) -> Response[ModelCard | AnthropicModel]:  # fmt: skip
         """Describe one model (or one of the tenant's adapters, ``<model>:<adapter>``)."""
         card, version = await services.describe(kiln, admission.principal.tenant_id, model_id)
-        return Response(card, headers=lifecycle.headers(version))
+        described = (anthropic_models.model_of(card) if VERSION_HEADER in request.headers
+                     else card)  # fmt: skip
+        return Response(described, headers=lifecycle.headers(version))
 
     @post("/embeddings", status_code=200, dependencies=SCHEDULED)
     async def embeddings(

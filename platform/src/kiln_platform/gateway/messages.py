@@ -32,7 +32,7 @@ import msgspec
 
 from kiln_platform.errors import BadRequest
 from kiln_platform.gateway._prompts import MAX_STOP
-from kiln_platform.gateway.completions import DONE, ident
+from kiln_platform.gateway.completions import DONE
 from kiln_platform.gateway.llm_schemas import ChatCompletionRequest
 
 if TYPE_CHECKING:
@@ -203,6 +203,11 @@ def chat_request(data: MessagesRequest, *, generates: bool = True) -> ChatComple
         raise BadRequest(f"Invalid messages request: {exc}") from None
 
 
+def message_id(gen: Generation) -> str:
+    """``msg_<request id>``, as Anthropic's ids are written."""
+    return f"msg_{gen.request.request_id.removeprefix('req_')}"
+
+
 def _usage(prompt: int, cached: int, output: int) -> dict[str, int]:
     return {"input_tokens": prompt - cached, "output_tokens": output,
             "cache_read_input_tokens": cached, "cache_creation_input_tokens": 0}  # fmt: skip
@@ -221,7 +226,7 @@ def answered(gen: Generation, chat: ChatCompletion) -> dict[str, Any]:
                         "input": json.loads(call.function.arguments)})  # fmt: skip
     stop, sequence = _stop(choice.finish_reason, choice.stop_reason)
     return {
-        "id": ident("msg", gen), "type": "message", "role": "assistant", "model": gen.name,
+        "id": message_id(gen), "type": "message", "role": "assistant", "model": gen.name,
         "content": content, "stop_reason": stop, "stop_sequence": sequence,
         "usage": _usage(usage.prompt_tokens, usage.prompt_tokens_details.cached_tokens,
                         usage.completion_tokens),
@@ -247,7 +252,7 @@ async def streamed(
     """Anthropic's stream of events from a chat completion's chunks (``stream_chat`` with the
     usage asked)."""
     start: dict[str, Any] = {
-        "id": ident("msg", gen), "type": "message", "role": "assistant", "model": gen.name,
+        "id": message_id(gen), "type": "message", "role": "assistant", "model": gen.name,
         "content": [], "stop_reason": None, "stop_sequence": None,
         "usage": _usage(gen.prompt_tokens, 0, 0),
     }  # fmt: skip
