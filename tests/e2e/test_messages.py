@@ -6,6 +6,7 @@ token count is the chat's prompt; a block Kiln cannot take is a 400 in Anthropic
 from __future__ import annotations
 
 import json
+import time
 from typing import Any
 
 import anthropic
@@ -154,3 +155,65 @@ def test_the_sdks_models_calls_get_anthropics_shape(clients: tuple[Any, Any]) ->
         claude.models.retrieve("no-such-model")
     assert isinstance(missing.value.body, dict)
     assert missing.value.body["type"] == "error"
+
+
+def test_a_message_batch_answers_as_messages_do(clients: tuple[Any, Any]) -> None:
+    """Anthropic's Message Batches through the SDK: a bad request refuses the batch whole
+    (naming it, nothing stored); a good batch runs, counts its outcomes, and its results are
+    the messages the same requests get online (greedy), or Anthropic's error object."""
+    claude, _ = clients
+    params: Any = {"model": MODEL, "max_tokens": 12, "messages": ASK, "temperature": 0}
+    before = [b.id for b in claude.messages.batches.list()]
+    with pytest.raises(anthropic.BadRequestError, match=r"requests\[1\]\.custom_id"):
+        claude.messages.batches.create(requests=[{"custom_id": "a", "params": params},
+                                                 {"custom_id": "a", "params": params}])  # fmt: skip
+    with pytest.raises(anthropic.BadRequestError, match=r"requests\[0\]\.params\.stop_sequences"):
+        claude.messages.batches.create(requests=[
+            {"custom_id": "a", "params": {**params, "stop_sequences": list("abcde")}}])  # fmt: skip
+    assert [b.id for b in claude.messages.batches.list()] == before
+    other = {**params, "system": SYSTEM}
+    batch = claude.messages.batches.create(requests=[
+        {"custom_id": "plain", "params": params}, {"custom_id": "told", "params": other},
+        {"custom_id": "too-long", "params": {**params, "max_tokens": 10**7}}])  # fmt: skip
+    assert (batch.id[:9], batch.processing_status) == ("msgbatch_", "in_progress")
+    assert batch.request_counts.processing == 3
+    deadline = time.monotonic() + 120
+    while (batch := claude.messages.batches.retrieve(batch.id)).processing_status != "ended":
+        assert time.monotonic() < deadline, batch
+        time.sleep(0.5)
+    counts = batch.request_counts
+    assert (counts.succeeded, counts.errored, counts.processing) == (2, 1, 0)
+    assert batch.results_url.endswith(f"/v1/messages/batches/{batch.id}/results")
+    results = {r.custom_id: r.result for r in claude.messages.batches.results(batch.id)}
+    assert list(results) == ["plain", "told", "too-long"]
+    for name, asked in (("plain", params), ("told", other)):
+        online = claude.messages.create(**{k: v for k, v in asked.items() if k != "temperature"},
+                                        extra_body={"temperature": 0})  # fmt: skip
+        assert results[name].type == "succeeded"
+        assert results[name].message.content[0].text == online.content[0].text
+    assert results["too-long"].type == "errored"
+    assert results["too-long"].error.error.type == "invalid_request_error"
+    assert batch.id in [b.id for b in claude.messages.batches.list(limit=5)]
+    assert claude.messages.batches.delete(batch.id).type == "message_batch_deleted"
+    with pytest.raises(anthropic.NotFoundError):
+        claude.messages.batches.retrieve(batch.id)
+
+
+def test_a_canceled_message_batch_reports_what_never_ran(clients: tuple[Any, Any]) -> None:
+    claude, _ = clients
+    params: Any = {"model": MODEL, "max_tokens": 40, "messages": ASK}
+    asked = [{"custom_id": f"r{i}", "params": params} for i in range(20)]  # ~10 s of work
+    batch = claude.messages.batches.create(requests=asked)
+    canceling = claude.messages.batches.cancel(batch.id)
+    assert canceling.processing_status in ("canceling", "ended")
+    assert canceling.cancel_initiated_at is not None
+    deadline = time.monotonic() + 60
+    while (batch := claude.messages.batches.retrieve(batch.id)).processing_status != "ended":
+        assert time.monotonic() < deadline, batch
+        time.sleep(0.2)
+    counts = batch.request_counts
+    assert counts.canceled > 0
+    assert counts.succeeded + counts.canceled == len(asked)
+    kinds = {r.custom_id: r.result.type for r in claude.messages.batches.results(batch.id)}
+    assert sorted(kinds) == sorted(a["custom_id"] for a in asked)
+    assert list(kinds.values()).count("canceled") == counts.canceled

@@ -33,7 +33,11 @@ from kiln_platform.admin.deps import BAD_TEXT_MESSAGE, bad_text
 from kiln_platform.admission.gate import shed_middleware
 from kiln_platform.admission.middleware import admission_middleware
 from kiln_platform.audit.controllers import AuditController
-from kiln_platform.batches.controllers import BatchesController, FilesController
+from kiln_platform.batches.controllers import (
+    BatchesController,
+    FilesController,
+    MessageBatchesController,
+)
 from kiln_platform.batches.runner import BatchRunner
 from kiln_platform.billing.controllers import PriceBooksController
 from kiln_platform.body_limit import VLLM_PATHS, BodyLimits, body_limit_middleware
@@ -206,7 +210,7 @@ async def readyz(kiln: SkipValidation[Kiln]) -> Response[dict[str, Any]]:
 
 _CONTROLLERS = (
     OpenAIController, ChatCompletionsController, ConversationsController, VllmController,
-    MessagesController,
+    MessagesController, MessageBatchesController,
     FilesController, BatchesController, OIPController, AdminModelsController, RoutesController,
     TenantsController,
     KeysController, UsersController, ClientsController, AdaptersController, AuditController,

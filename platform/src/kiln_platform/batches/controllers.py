@@ -1,4 +1,5 @@
-"""`/v1/files` and `/v1/batches`: thin, the behaviour lives in ``files`` and ``services``."""
+"""`/v1/files`, `/v1/batches` and `/v1/messages/batches`: thin, the behaviour lives in
+``files``, ``services`` and ``message_batches``."""
 
 from __future__ import annotations
 
@@ -7,9 +8,15 @@ from typing import Annotated, Any, Literal
 from litestar import Request, delete, get, post
 from litestar.di import Provide
 from litestar.params import Parameter, SkipValidation
-from litestar.response import File
+from litestar.response import File, Stream
 
-from kiln_platform.batches import files, services
+from kiln_platform.batches import files, message_batches, services
+from kiln_platform.batches.message_batch_schemas import (
+    DeletedMessageBatch,
+    MessageBatch,
+    MessageBatchCreate,
+    MessageBatchList,
+)
 from kiln_platform.batches.schemas import (
     BatchCreate,
     BatchList,
@@ -22,11 +29,12 @@ from kiln_platform.context import Kiln
 from kiln_platform.errors import BadRequest
 from kiln_platform.gateway.auth import authenticated, provide_principal
 from kiln_platform.keys.services import Principal
-from kiln_platform.openapi import OPENAI_ERRORS, DocumentedController
+from kiln_platform.openapi import ANTHROPIC_ERRORS, OPENAI_ERRORS, DocumentedController
 
 KilnDep = SkipValidation[Kiln]
 PrincipalDep = SkipValidation[Principal]
 Limit = Annotated[int, Parameter(ge=1, le=10_000)]
+JSONL = "application/x-jsonl"
 
 
 class FilesController(DocumentedController):
@@ -110,3 +118,68 @@ class BatchesController(DocumentedController):
     ) -> BatchObject:
         """Cancel: no new line starts; ``cancelling`` until the running ones are done."""
         return await services.cancel(kiln, principal.tenant_id, batch_id)
+
+
+class MessageBatchesController(DocumentedController):
+    """Anthropic's Message Batches API (``message_batches``), on the same batches."""
+
+    errors = ANTHROPIC_ERRORS
+    path = "/v1/messages/batches"
+    guards = [authenticated]  # noqa: RUF012
+    dependencies = {"principal": Provide(provide_principal)}  # noqa: RUF012
+
+    @post("/", status_code=200)
+    async def create_message_batch(
+        self, request: Request[Any, Any, Any], kiln: KilnDep, principal: PrincipalDep,
+        data: MessageBatchCreate,
+    ) -> MessageBatch:  # fmt: skip
+        """Create a batch of Messages requests (one model; each checked now)."""
+        return await message_batches.create(kiln, principal, data, _base(request))
+
+    @get("/")
+    async def list_message_batches(
+        self, request: Request[Any, Any, Any], kiln: KilnDep, principal: PrincipalDep, *,
+        limit: Annotated[int, Parameter(ge=1, le=1000)] = 20, after_id: str | None = None,
+        before_id: str | None = None,
+    ) -> MessageBatchList:  # fmt: skip
+        """The tenant's message batches, newest first."""
+        return await message_batches.listed(kiln, principal.tenant_id, _base(request),
+                                            limit=limit, after_id=after_id,
+                                            before_id=before_id)  # fmt: skip
+
+    @get("/{message_batch_id:str}")
+    async def get_message_batch(
+        self, request: Request[Any, Any, Any], kiln: KilnDep, principal: PrincipalDep,
+        message_batch_id: str,
+    ) -> MessageBatch:  # fmt: skip
+        """One message batch, its requests counted by outcome."""
+        return await message_batches.retrieve(kiln, principal.tenant_id, message_batch_id,
+                                              _base(request))  # fmt: skip
+
+    @post("/{message_batch_id:str}/cancel", status_code=200)
+    async def cancel_message_batch(
+        self, request: Request[Any, Any, Any], kiln: KilnDep, principal: PrincipalDep,
+        message_batch_id: str,
+    ) -> MessageBatch:  # fmt: skip
+        """Cancel: no new request starts; ``canceling`` until the running ones are done."""
+        return await message_batches.cancel(kiln, principal.tenant_id, message_batch_id,
+                                            _base(request))  # fmt: skip
+
+    @delete("/{message_batch_id:str}", status_code=200)
+    async def delete_message_batch(
+        self, kiln: KilnDep, principal: PrincipalDep, message_batch_id: str
+    ) -> DeletedMessageBatch:
+        """Delete an ended batch with its results."""
+        return await message_batches.delete(kiln, principal.tenant_id, message_batch_id)
+
+    @get("/{message_batch_id:str}/results", media_type=JSONL)
+    async def message_batch_results(
+        self, kiln: KilnDep, principal: PrincipalDep, message_batch_id: str
+    ) -> Stream:
+        """An ended batch's results: a JSON line a request."""
+        lines = await message_batches.result_lines(kiln, principal.tenant_id, message_batch_id)
+        return Stream(lines, media_type=JSONL)
+
+
+def _base(request: Request[Any, Any, Any]) -> str:
+    return str(request.base_url).rstrip("/")

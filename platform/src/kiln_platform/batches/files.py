@@ -249,10 +249,12 @@ async def pruning(kiln: Kiln) -> None:
         await asyncio.sleep(PRUNE_EVERY_S)
 
 
-def _output(tenant_id: uuid.UUID, filename: str, lines: list[str], expires_s: int | None,
-            tmp: Path) -> tuple[StoredFile, Path] | None:  # fmt: skip
-    """A ``batch_output`` file of ``lines`` (None for no lines) and its bytes, written in
-    ``tmp``."""
+def _output(
+    tenant_id: uuid.UUID, filename: str, lines: list[str], expires_s: int | None, tmp: Path,
+    *, purpose: str = "batch_output",
+) -> tuple[StoredFile, Path] | None:  # fmt: skip
+    """A ``batch_output`` file (or of ``purpose``) of ``lines`` (None for no lines) and its
+    bytes, written in ``tmp``."""
     if not lines:
         return None
     data = ("\n".join(lines) + "\n").encode()
@@ -260,7 +262,7 @@ def _output(tenant_id: uuid.UUID, filename: str, lines: list[str], expires_s: in
     path.write_bytes(data)
     digest = hashlib.sha256(data).hexdigest()
     row = StoredFile(id=uuid.uuid4(), tenant_id=tenant_id, filename=filename,
-                     purpose="batch_output", bytes=len(data), lines=len(lines),
+                     purpose=purpose, bytes=len(data), lines=len(lines),
                      digest=digest, expires_at=_until(expires_s))  # fmt: skip
     return row, path
 
@@ -283,3 +285,22 @@ async def store_outputs(
                 await add(kiln, session, *made)
             outputs.append(made[0] if made else None)
     return outputs[0], outputs[1]
+
+
+async def store_input(
+    kiln: Kiln, tenant_id: uuid.UUID, filename: str, lines: list[str], tokens: int
+) -> StoredFile:
+    """A ``purpose=batch`` file of ``lines`` made here (an Anthropic batch's requests:
+    ``message_batches``), ``tokens`` its estimate, kept as an upload is."""
+    kept_s = expiry(None, "expires_after", kiln.settings.batch_file_ttl_s)
+    with tempfile.TemporaryDirectory(dir=upload_dir(kiln.settings), prefix="file-") as tmp:
+        made = await asyncio.to_thread(
+            _output, tenant_id, filename, lines, kept_s, Path(tmp), purpose="batch"
+        )
+        if made is None:
+            raise BadRequest("A batch needs at least one request.", param="requests")
+        row, path = made
+        row.estimated_tokens = tokens
+        async with tenant_tx(kiln, tenant_id) as session:
+            await add(kiln, session, row, path)
+    return row

@@ -23,7 +23,7 @@ from kiln_platform.errors import (
     Overloaded,
     ServiceUnavailable,
 )
-from kiln_platform.gateway import chat_kept, completions, llm, responses, services
+from kiln_platform.gateway import chat_kept, completions, llm, messages, responses, services
 from kiln_platform.gateway.conversation_items import metadata_of
 from kiln_platform.gateway.llm_schemas import ChatCompletionRequest, CompletionRequest
 from kiln_platform.gateway.responses_schemas import ResponsesRequest
@@ -113,8 +113,25 @@ _SHAPES: dict[str, type[ChatCompletionRequest | CompletionRequest | ResponsesReq
 }
 
 
+async def _message(kiln: Kiln, admission: Any, body: dict[str, Any]) -> Any:
+    """An Anthropic message (``/v1/messages``), as the online handler answers it."""
+    try:
+        data = msgspec.convert(body, messages.MessagesRequest)
+    except msgspec.ValidationError as exc:
+        raise BadRequest(f"{exc} (in 'body').", param="body") from None
+    if data.stream:
+        raise BadRequest("'stream' is not supported in a batch.", param="body.stream")
+    chat = messages.chat_request(data)
+    gen = await llm.prepare(kiln, admission, chat)
+    gen.endpoint = "messages"
+    completion = await completions.complete_chat(gen, reasoning=chat.include_reasoning)
+    return messages.answered(gen, completion)
+
+
 async def _call(kiln: Kiln, admission: Any, endpoint: str, body: dict[str, Any]) -> Any:
     """The online handler's response to ``body``."""
+    if endpoint == "/v1/messages":
+        return await _message(kiln, admission, body)
     try:
         if endpoint == "/v1/embeddings":
             embed = msgspec.convert(body, EmbeddingsRequest)

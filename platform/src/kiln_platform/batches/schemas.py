@@ -6,7 +6,9 @@ from typing import Any, Literal
 
 import msgspec
 
-ENDPOINTS = ("/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/responses")
+ENDPOINTS = (
+    "/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/responses", "/v1/messages",
+)  # fmt: skip
 """What a batch may run (one endpoint per batch, as OpenAI's)."""
 OPEN = ("validating", "in_progress", "finalizing", "cancelling")
 """Statuses a runner still has work in; the others are final."""

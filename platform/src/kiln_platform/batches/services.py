@@ -183,3 +183,40 @@ async def cancel(kiln: Kiln, tenant_id: uuid.UUID, batch_id: str) -> BatchObject
         await session.refresh(row)
         found = await counts(session, [row])
     return batch_object(row, found[row.id])
+
+
+async def remove(kiln: Kiln, tenant_id: uuid.UUID, batch_id: str) -> None:
+    """Delete one of the tenant's batches with its recorded lines (its files stay: the
+    caller's to remove)."""
+    async with tenant_tx(kiln, tenant_id) as session:
+        await session.delete(await _one(session, tenant_id, batch_id))
+
+
+async def page(
+    kiln: Kiln, tenant_id: uuid.UUID, endpoint: str, *, limit: int,
+    after: uuid.UUID | None = None, before: uuid.UUID | None = None,
+) -> tuple[list[BatchObject], bool]:  # fmt: skip
+    """The tenant's batches of ``endpoint``, newest first: ``limit`` of them older than the
+    one ``after`` names, or the ``limit`` just newer than ``before``'s; and whether more lie
+    that way."""
+    query = select(BatchJob).where(BatchJob.tenant_id == tenant_id, BatchJob.endpoint == endpoint)
+    key = tuple_(BatchJob.created_at, BatchJob.id)
+    newest = (BatchJob.created_at.desc(), BatchJob.id.desc())
+    async with tenant_tx(kiln, tenant_id) as session:
+        mark = await session.get(BatchJob, after or before) if after or before else None
+        if (after or before) and (mark is None or mark.tenant_id != tenant_id):
+            raise NotFound(
+                "No such batch to page from.", param="after_id" if after else "before_id"
+            )
+        order = newest
+        if mark is not None and after:
+            query = query.where(key < tuple_(mark.created_at, mark.id))
+        elif mark is not None:
+            query = query.where(key > tuple_(mark.created_at, mark.id))
+            order = (BatchJob.created_at.asc(), BatchJob.id.asc())
+        rows = list(await session.scalars(query.order_by(*order).limit(limit + 1)))
+        more, rows = len(rows) > limit, rows[:limit]
+        if before:
+            rows.reverse()
+        found = await counts(session, rows)
+    return [batch_object(r, found[r.id]) for r in rows], more

@@ -18,7 +18,8 @@ if TYPE_CHECKING:
 
 MAX_ERRORS = 100
 TASKS = {"/v1/embeddings": "embeddings", "/v1/chat/completions": "generate",
-         "/v1/completions": "generate", "/v1/responses": "generate"}  # fmt: skip
+         "/v1/completions": "generate", "/v1/responses": "generate",
+         "/v1/messages": "generate"}  # fmt: skip
 
 
 def read_lines(path: Path) -> Iterator[tuple[int, bytes]]:

@@ -69,7 +69,7 @@ class MessagesRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     output_config: dict[str, Any] | None = None
     service_tier: str | None = None
     cache_control: Any = None
-    """Accepted, as on blocks: Kiln's prefix cache keeps every prompt's prefix unasked."""
+    """Accepted, as on blocks, and not needed: the prefix cache reuses earlier prompts' blocks."""
 
 
 def error_body(status: int, message: str) -> dict[str, Any]:

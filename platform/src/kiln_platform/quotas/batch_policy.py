@@ -38,11 +38,15 @@ def _measure(value: Any) -> tuple[int, int]:
     return chars, ids
 
 
+TEXTS = ("input", "prompt", "messages", "system")
+"""A line body's fields of text (``system``: an Anthropic message's)."""
+
+
 def line_tokens(body: dict[str, Any]) -> int:
-    """A batch line's estimated tokens: its text (``input``, ``prompt``, ``messages``) at
+    """A batch line's estimated tokens: its text (``TEXTS``) at
     ``CHARS_PER_TOKEN`` characters a token, its token ids, plus the output it asks for at most
     (``max_completion_tokens`` or ``max_tokens``; none set: input only, as OpenAI counts)."""
-    chars, ids = _measure({k: body[k] for k in ("input", "prompt", "messages") if k in body})
+    chars, ids = _measure({k: body[k] for k in TEXTS if k in body})
     most = body.get("max_completion_tokens", body.get("max_tokens"))
     out = most if isinstance(most, int) and not isinstance(most, bool) and most > 0 else 0
     return math.ceil(chars / CHARS_PER_TOKEN) + ids + out
