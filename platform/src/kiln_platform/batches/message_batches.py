@@ -13,7 +13,7 @@ from __future__ import annotations
 import contextlib
 import re
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import msgspec
 
@@ -49,7 +49,7 @@ def _time(epoch: int | None) -> str | None:
     return datetime.fromtimestamp(epoch, UTC).isoformat().replace("+00:00", "Z")
 
 
-def _status(batch: BatchObject) -> Any:
+def _status(batch: BatchObject) -> Literal["in_progress", "canceling", "ended"]:
     if batch.status == "cancelling":
         return "canceling"
     return "in_progress" if batch.status in OPEN else "ended"
