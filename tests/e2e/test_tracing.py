@@ -20,7 +20,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
     ExportTraceServiceResponse,
 )
 
-from tests.e2e.conftest import MINILM, SMOLLM2, KilnProcess
+from tests.e2e.conftest import MINILM, SMOLLM2, KilnProcess, free_port
 
 
 @dataclass(frozen=True)
@@ -103,7 +103,8 @@ def receiver() -> Iterator[Receiver]:
 def kiln(
     receiver: Receiver, both_models: Callable[..., AbstractContextManager[KilnProcess]]
 ) -> Iterator[KilnProcess]:
-    env = {"OTEL_EXPORTER_OTLP_ENDPOINT": receiver.endpoint, "OTEL_BSP_SCHEDULE_DELAY": "50"}
+    env = {"OTEL_EXPORTER_OTLP_ENDPOINT": receiver.endpoint, "OTEL_BSP_SCHEDULE_DELAY": "50",
+           "KILN_GRPC_PORT": str(free_port())}  # fmt: skip
     with both_models(env) as up:
         up.env["TEST_TENANT_ID"] = up.cli("tenants", "create", "acme").strip()
         up.env["TEST_KEY"] = up.new_key("acme")
@@ -176,3 +177,49 @@ def test_worker_spans_under_dispatch_and_client_traceparent_honoured(
         detokenize = by_name["detokenize"]
         assert detokenize.parent_id == by_name["POST /v1/chat/completions"].span_id
         assert by_name["dispatch"].parent_id == detokenize.span_id
+
+
+def test_a_grpc_call_is_traced_as_an_http_one(kiln: KilnProcess, receiver: Receiver) -> None:
+    """``ModelInfer`` (an LLM's text tensors, ``tritonclient.grpc``) with the client's
+    ``traceparent`` metadata: its server span sits under the client's span, the worker's under
+    its ``dispatch``; a refused call's span has its status code, and its ``traceparent`` comes
+    back in the trailing metadata."""
+    import grpc
+    import numpy as np
+    import tritonclient.grpc as triton_grpc
+    from tritonclient.grpc import service_pb2, service_pb2_grpc
+
+    trace_id, span_id, headers = _parent(4)
+    client = triton_grpc.InferenceServerClient(f"127.0.0.1:{kiln.env['KILN_GRPC_PORT']}")
+    prompt = triton_grpc.InferInput("text_input", [1], "BYTES")
+    prompt.set_data_from_numpy(np.array(["Hi"], dtype=object))
+    most = triton_grpc.InferInput("max_tokens", [1], "INT32")
+    most.set_data_from_numpy(np.array([4], dtype=np.int32))
+    name = "inference.GRPCInferenceService/ModelInfer"
+    result = client.infer(SMOLLM2, [prompt, most],
+                          headers={"authorization": f"Bearer {kiln.key}", **headers})  # fmt: skip
+    assert result.as_numpy("text_output") is not None
+    spans = _settled(receiver, trace_id, name, "worker /generate")
+    _check(spans, name, span_id, "worker /generate")
+    server = {s.name: s for s in spans}[name]
+    assert server.attributes["rpc.method"] == "ModelInfer"
+    assert server.attributes["rpc.grpc.status_code"] == 0
+    client.close()
+
+    trace_id, span_id, headers = _parent(5)
+    channel = grpc.insecure_channel(f"127.0.0.1:{kiln.env['KILN_GRPC_PORT']}")
+    stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
+    metadata = (("authorization", f"Bearer {kiln.key}"), *headers.items())
+    with pytest.raises(grpc.RpcError) as refused:
+        stub.ModelMetadata(service_pb2.ModelMetadataRequest(name="nope"), metadata=metadata)
+    echoed = dict(refused.value.trailing_metadata())["traceparent"]
+    name = "inference.GRPCInferenceService/ModelMetadata"
+    deadline = time.monotonic() + 15
+    while not (found := [s for s in receiver.trace(trace_id) if s.name == name]):
+        assert time.monotonic() < deadline, "the server span did not arrive"
+        time.sleep(0.05)
+    (server,) = found
+    assert server.parent_id == span_id
+    assert echoed == f"00-{trace_id}-{server.span_id}-01"
+    assert server.attributes["rpc.grpc.status_code"] == grpc.StatusCode.NOT_FOUND.value[0]
+    channel.close()

@@ -29,6 +29,7 @@ from kiln_platform.gateway import metrics, oip_models, oip_stats
 from kiln_platform.gateway import oip_grpc_stream as streamed
 from kiln_platform.gateway import oip_services as oip
 from kiln_platform.gateway.auth import inference_principal
+from kiln_platform.gateway.grpc_spans import traced
 from kiln_platform.gateway.oip_grpc_codec import (
     SERVICE,
     code_of,
@@ -124,34 +125,39 @@ class _Service:
             trailing: list[tuple[str, str]] = [(REQUEST_ID_HEADER, request_id)]
             code = S.OK
             structlog.contextvars.bind_contextvars(request_id=request_id)
-            try:
-                async with self.kiln.admissions.open({"request_id": request_id}) as admission:
-                    try:
-                        answer = await self._answer(admission, call, context, headers,
-                                                    work=work, scheduled=scheduled)  # fmt: skip
-                    except KilnError as exc:
-                        admission.response_status = exc.status_code
-                        code = code_of(exc.status_code)
-                        log.warning("grpc call failed", method=method, code=code.name,
-                                    error=exc.message)  # fmt: skip
+            with traced(method, headers, request_id, trailing) as span:
+                try:
+                    async with self.kiln.admissions.open({"request_id": request_id}) as admission:
+                        try:
+                            answer = await self._answer(admission, call, context, headers,
+                                                        work=work, scheduled=scheduled)  # fmt: skip
+                        except KilnError as exc:
+                            admission.response_status = exc.status_code
+                            code = code_of(exc.status_code)
+                            log.warning("grpc call failed", method=method, code=code.name,
+                                        error=exc.message)  # fmt: skip
+                            trailing += _rate_headers(admission)
+                            await context.abort(code, exc.message, tuple(trailing))
                         trailing += _rate_headers(admission)
-                        await context.abort(code, exc.message, tuple(trailing))
-                    trailing += _rate_headers(admission)
-                context.set_trailing_metadata(tuple(trailing))
-                return answer
-            except asyncio.CancelledError:  # the client went away, or its deadline passed
-                code = S.CANCELLED
-                raise
-            except Exception as exc:
-                if not isinstance(exc, grpc.aio.AbortError):
-                    code = S.INTERNAL
-                    log.exception("grpc call failed", method=method)
-                    await context.abort(code, "The server failed; please retry.", tuple(trailing))
-                raise
-            finally:
-                metrics.GRPC_CALLS.labels(method, code.name).inc()
-                metrics.GRPC_SECONDS.labels(method).observe(time.perf_counter() - started)
-                structlog.contextvars.unbind_contextvars("request_id")
+                    context.set_trailing_metadata(tuple(trailing))
+                    return answer
+                except asyncio.CancelledError:  # the client went away, or its deadline passed
+                    code = S.CANCELLED
+                    raise
+                except Exception as exc:
+                    if not isinstance(exc, grpc.aio.AbortError):
+                        code = S.INTERNAL
+                        log.exception("grpc call failed", method=method)
+                        await context.abort(
+                            code, "The server failed; please retry.", tuple(trailing)
+                        )
+                    raise
+                finally:
+                    if span is not None:
+                        span.set_attribute("rpc.grpc.status_code", code.value[0])
+                    metrics.GRPC_CALLS.labels(method, code.name).inc()
+                    metrics.GRPC_SECONDS.labels(method).observe(time.perf_counter() - started)
+                    structlog.contextvars.unbind_contextvars("request_id")
 
         return handler
 

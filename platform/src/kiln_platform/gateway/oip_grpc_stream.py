@@ -28,6 +28,7 @@ from kiln_platform.errors import KilnError
 from kiln_platform.gateway import metrics, oip_llm, oip_models
 from kiln_platform.gateway import oip_services as oip
 from kiln_platform.gateway.auth import inference_principal
+from kiln_platform.gateway.grpc_spans import traced
 from kiln_platform.gateway.oip_grpc_codec import code_of, message, request_of, response_of
 from kiln_platform.observability import new_request_id
 from kiln_runtimes.protocol import InferResult
@@ -72,28 +73,32 @@ class Stream:
         """One request, in its own admission; its responses (or its error) on ``out``."""
         request_id, started, code = new_request_id(), time.perf_counter(), grpc.StatusCode.OK
         structlog.contextvars.bind_contextvars(request_id=request_id)
-        try:
-            async with self.kiln.admissions.open({"request_id": request_id}) as admission:
-                try:
-                    await self._answer(admission, call)
-                    admission.response_status = 200
-                except KilnError as exc:
-                    admission.response_status = exc.status_code
-                    code = code_of(exc.status_code)
-                    log.warning("grpc stream request failed", code=code.name, error=exc.message)
-                    error = message("ModelStreamInferResponse")(error_message=exc.message)
-                    self.out.put_nowait(error)
-        except asyncio.CancelledError:
-            code = grpc.StatusCode.CANCELLED
-            raise
-        except Exception:
-            code = grpc.StatusCode.INTERNAL
-            log.exception("grpc stream request failed")
-            error = "The server failed; please retry."
-            self.out.put_nowait(message("ModelStreamInferResponse")(error_message=error))
-        finally:
-            metrics.GRPC_CALLS.labels(METHOD, code.name).inc()
-            metrics.GRPC_SECONDS.labels(METHOD).observe(time.perf_counter() - started)
+        with traced(METHOD, self.headers, request_id, []) as span:
+            try:
+                async with self.kiln.admissions.open({"request_id": request_id}) as admission:
+                    try:
+                        await self._answer(admission, call)
+                        admission.response_status = 200
+                    except KilnError as exc:
+                        admission.response_status = exc.status_code
+                        code = code_of(exc.status_code)
+                        log.warning("grpc stream request failed", code=code.name,
+                                    error=exc.message)  # fmt: skip
+                        error = message("ModelStreamInferResponse")(error_message=exc.message)
+                        self.out.put_nowait(error)
+            except asyncio.CancelledError:
+                code = grpc.StatusCode.CANCELLED
+                raise
+            except Exception:
+                code = grpc.StatusCode.INTERNAL
+                log.exception("grpc stream request failed")
+                error = "The server failed; please retry."
+                self.out.put_nowait(message("ModelStreamInferResponse")(error_message=error))
+            finally:
+                if span is not None:
+                    span.set_attribute("rpc.grpc.status_code", code.value[0])
+                metrics.GRPC_CALLS.labels(METHOD, code.name).inc()
+                metrics.GRPC_SECONDS.labels(METHOD).observe(time.perf_counter() - started)
 
     async def _answer(self, admission: Admission, call: Any) -> None:
         await admission.enter(self.principal)
