@@ -189,7 +189,7 @@ def test_a_responses_batch_answers_as_the_online_responses(
 def test_cancel_mid_run_stops_new_lines_and_keeps_finished_ones(
     client: openai.OpenAI, kiln: KilnProcess
 ) -> None:
-    bodies = [_chat(f"Count to {n}.", max_tokens=24) for n in range(40)]
+    bodies = [_chat(f"Count to {n}.", max_tokens=24) for n in range(200)]  # cancelled long before
     batch = _submit(client, _jsonl(CHAT, bodies), CHAT)
     deadline = time.monotonic() + 60
     while _counts(client.batches.retrieve(batch.id)).completed < 2:
@@ -201,7 +201,7 @@ def test_cancel_mid_run_stops_new_lines_and_keeps_finished_ones(
     at_cancel = _counts(cancelling).completed
     done = _finished(client, batch.id)
     counts = _counts(done)
-    assert (done.status, counts.total, counts.failed) == ("cancelled", 40, 0)
+    assert (done.status, counts.total, counts.failed) == ("cancelled", 200, 0)
     # Only the lines in flight when the cancel landed finish (KILN_BATCH_CONCURRENCY of them).
     assert 2 <= at_cancel <= counts.completed <= at_cancel + CONCURRENCY
     assert done.cancelled_at is not None
