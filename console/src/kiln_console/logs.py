@@ -133,19 +133,21 @@ class Logs(Controller):
         tag: Annotated[str | None, Parameter(max_length=600)] = None,
     ) -> Template:  # fmt: skip
         """A page of the tenant's stored chat completions (or ``kind=responses``: responses),
-        newest first (``after``: older than that one); chat completions of one ``model`` and
-        carrying the metadata pair ``tag`` (``key=value``) if given."""
+        newest first (``after``: older than that one); those of one ``model`` and carrying the
+        metadata pair ``tag`` (``key=value``) if given."""
         async with transaction(kiln, viewer.actor) as session:
             tenant = await get_tenant(session, viewer.actor, tenant_id)
         found: list[Any]
-        shown = {}  # the filters a page of chat completions applies
+        shown = {k: v for k, v in (("model", model), ("tag", tag)) if v}  # the page's filters
+        which, pair = model or None, _pair(tag)
         if kind == "responses":
-            found = await kiln.responses.entries(tenant_id, after=after, limit=PAGE)
+            found = await kiln.responses.entries(
+                tenant_id, after=after, limit=PAGE, model=which, metadata=pair
+            )
             rows = [_response_row(kept) for kept in found[:PAGE]]
         else:
-            shown = {k: v for k, v in (("model", model), ("tag", tag)) if v}
             found = await kiln.chats.entries(
-                tenant_id, after=after, limit=PAGE, model=model or None, metadata=_pair(tag)
+                tenant_id, after=after, limit=PAGE, model=which, metadata=pair
             )
             rows = [_chat_row(kept) for kept in found[:PAGE]]
         older = {"kind": kind, "after": rows[-1]["id"], **shown} if len(found) > PAGE else None

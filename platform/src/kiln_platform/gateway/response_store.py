@@ -37,6 +37,7 @@ from kiln_platform.db.tables import Base
 from kiln_platform.errors import BadRequest, NotFound
 from kiln_platform.gateway import response_events
 from kiln_platform.gateway._items import page, with_parts
+from kiln_platform.gateway.chat_store import SCAN
 from kiln_platform.gateway.response_events import split
 from kiln_platform.sealing import Seal
 
@@ -279,21 +280,39 @@ class ResponseStore:
         items = _listed(response_id, kept.history)[:: -1 if order == "desc" else 1]
         return page(items, after, limit, f"'{response_id}'")
 
-    async def entries(self, tenant_id: uuid.UUID, *, after: str | None, limit: int) -> list[Kept]:
+    async def entries(
+        self, tenant_id: uuid.UUID, *, after: str | None, limit: int, model: str | None = None,
+        metadata: dict[str, str] | None = None,
+    ) -> list[Kept]:  # fmt: skip
         """Up to ``limit + 1`` stored responses (one more: there are more), newest first, older
-        than the ``after`` one: one range of ``ix_responses_tenant_created`` (the console's
-        Logs page; OpenAI's API lists no responses)."""
+        than the ``after`` one, of ``model`` and carrying every ``metadata`` pair if given: one
+        range of ``ix_responses_tenant_created``, read ``SCAN`` rows at a time until it has
+        enough (the bodies are sealed: a filter reads them; the console's Logs page, as
+        OpenAI's API lists no responses)."""
         key = tuple_(StoredResponse.created_at, StoredResponse.id)
         query = select(StoredResponse).where(
             StoredResponse.tenant_id == tenant_id, StoredResponse.expires_at > datetime.now(UTC)
         )
+        wanted, found = (metadata or {}).items(), []
         async with tenant_transaction(self._sessions, tenant_id) as session:
             if after is not None:
                 start = await _row(session, tenant_id, after, "after")
                 query = query.where(key < tuple_(start.created_at, start.id))
             newest = (StoredResponse.created_at.desc(), StoredResponse.id.desc())
-            rows = await session.scalars(query.order_by(*newest).limit(limit + 1))
-            return [self._opened(row) for row in rows]
+            query = query.order_by(*newest).execution_options(yield_per=SCAN)
+            rows = await session.stream_scalars(query)
+            async for row in rows:
+                kept = self._opened(row)
+                body = kept.body
+                if (
+                    model in (None, body.get("model"))
+                    and wanted <= (body.get("metadata") or {}).items()
+                ):
+                    found.append(kept)
+                if len(found) > limit:
+                    break
+            await rows.close()
+        return found
 
     async def kept(self, tenant_id: uuid.UUID, response_id: str) -> Kept:
         """A stored response and its input items (a 404 naming ``response_id``)."""
