@@ -539,6 +539,49 @@ def test_a_reasoning_models_structured_answer_follows_its_reasoning(
             assert (message.model_extra or {}).get("reasoning") in ("", "\n", None), message
 
 
+def test_a_thinking_budget_closes_the_reasoning(
+    kiln: KilnProcess, built: dict[str, dict[str, Any]], sources: dict[str, Path]
+) -> None:
+    """vLLM's ``thinking_token_budget``: a reasoning model's reasoning is closed once it has
+    written so many tokens, though the model would not close it (a bias keeps ``</think>``
+    away), the answer going on after it; Anthropic's ``budget_tokens`` is the same budget."""
+    import anthropic
+    import openai
+    from tokenizers import Tokenizer
+
+    assert built["think"]["status"] == "done", built["think"]
+    name, client = "tiny-think", _openai(kiln)
+    kiln.wait_until_serving(name, path="completions")
+    closed = Tokenizer.from_file(str(sources["think"] / "tokenizer.json")).token_to_id("</think>")
+    asked: dict[str, Any] = {"model": name, "messages": [{"role": "user", "content": "a cat"}],
+                             "max_tokens": 16, "temperature": 0,
+                             "reasoning_effort": "low"}  # fmt: skip  # the prompt opens it
+    free = client.chat.completions.create(**asked, logit_bias={closed: -100})
+    assert free.usage is not None
+    assert free.usage.completion_tokens_details is not None
+    assert free.usage.completion_tokens_details.reasoning_tokens == 16  # never closed
+    unbounded = free.choices[0].message.model_extra["reasoning"]
+    for budget in (0, 5):
+        done = client.chat.completions.create(
+            **asked, logit_bias={closed: -100}, extra_body={"thinking_token_budget": budget}
+        )
+        assert done.usage is not None
+        assert done.usage.completion_tokens_details is not None
+        assert done.usage.completion_tokens_details.reasoning_tokens == budget + 1  # and the tag
+        reasoning = done.choices[0].message.model_extra.get("reasoning") or ""
+        assert unbounded.startswith(reasoning)  # the same greedy tokens, cut at the budget
+    with pytest.raises(openai.BadRequestError, match="thinking_token_budget"):
+        client.chat.completions.create(**asked, extra_body={"thinking_token_budget": -1})
+    chat = client.chat.completions.create(**asked, extra_body={"thinking_token_budget": 3})
+    claude = anthropic.Anthropic(base_url=kiln.base_url, api_key=kiln.key, max_retries=0)
+    message = claude.messages.create(
+        model=name, max_tokens=16, messages=asked["messages"], output_config={"effort": "low"},
+        thinking={"type": "enabled", "budget_tokens": 3}, extra_body={"temperature": 0},
+    )  # fmt: skip
+    thought = [b.thinking for b in message.content if b.type == "thinking"]
+    assert thought == [chat.choices[0].message.model_extra.get("reasoning")]
+
+
 WEATHER = [{"type": "function", "function": {"name": "weather", "parameters": {
     "type": "object", "properties": {"city": {"type": "string", "maxLength": 6}},
     "required": ["city"]}}}]  # fmt: skip

@@ -171,6 +171,17 @@ MAX_LOGPROBS = 20
 """The most alternatives a ``GenerateRequest`` may ask per token (OpenAI's chat limit)."""
 
 
+class ThinkBudget(msgspec.Struct, frozen=True, kw_only=True, array_like=True):
+    """A reasoning model's reasoning budget: once ``tokens`` tokens are written inside its
+    reasoning (after ``open``, or from the start when ``inside``: the prompt left it open), the
+    next token drawn is ``close``."""
+
+    open: int
+    close: int
+    tokens: int
+    inside: bool
+
+
 class GenerateRequest(_Call, frozen=True, kw_only=True):
     """One sequence to generate from prompt token ids."""
 
@@ -222,6 +233,9 @@ class GenerateRequest(_Call, frozen=True, kw_only=True):
     ``max_tokens`` do)."""
     min_tokens: int = 0
     """vLLM's: no token that would end the sequence is drawn before this many are generated."""
+    think_budget: ThinkBudget | None = None
+    """vLLM's ``thinking_token_budget`` (Anthropic's ``budget_tokens``): the reasoning is closed
+    when it reaches its budget (``None``: unbounded)."""
     prompt_logprobs: int | None = None
     """Score the prompt: each prompt token's log-probability given those before it (from the
     second on) and this many top alternatives (0 to ``MAX_LOGPROBS``), of the model's raw

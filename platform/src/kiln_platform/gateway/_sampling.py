@@ -7,11 +7,12 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from kiln_platform.errors import BadRequest
+from kiln_platform.gateway._reasoning import Split
 from kiln_platform.gateway.llm_schemas import ChatCompletionRequest, CompletionRequest
-from kiln_runtimes.protocol import MAX_LOGPROBS
+from kiln_runtimes.protocol import MAX_LOGPROBS, ThinkBudget
 
 if TYPE_CHECKING:
-    from collections.abc import Mapping
+    from collections.abc import Mapping, Sequence
 
 MAX_N = 16
 """Choices one request may ask for (each is its own sequence on a worker)."""
@@ -193,3 +194,20 @@ def sampling(
     }
     most = (defaults or {}).get("max_tokens")
     return Sampling(_n(request, prompts), _seed(request.seed), fields, most)
+
+
+def think_budget(
+    request: ChatCompletionRequest | CompletionRequest, think: tuple[int, int] | None,
+    prompt: Sequence[int],
+) -> ThinkBudget | None:  # fmt: skip
+    """vLLM's ``thinking_token_budget`` of a chat on a model that reasons in tags (``think``:
+    their ids; a model that does not reason ignores it): its reasoning is closed once it has
+    written so many tokens (0: at once). A negative budget is a 400 naming it."""
+    budget = getattr(request, "thinking_token_budget", None)
+    if budget is None or think is None:
+        return None
+    if budget < 0:
+        raise BadRequest("'thinking_token_budget' must be at least 0.",
+                         param="thinking_token_budget")  # fmt: skip
+    inside = Split.after(think, prompt).state == "inside"
+    return ThinkBudget(open=think[0], close=think[1], tokens=budget, inside=inside)

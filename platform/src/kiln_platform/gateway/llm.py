@@ -20,7 +20,7 @@ from kiln_platform.billing.pricing import Quantities
 from kiln_platform.errors import BadRequest, DeadlineExceeded, KilnError, ModelNotFound
 from kiln_platform.gateway import _prompts, _structured, _tools, metrics
 from kiln_platform.gateway._prompts import chat_prompt
-from kiln_platform.gateway._sampling import Sampling, sampling
+from kiln_platform.gateway._sampling import Sampling, sampling, think_budget
 from kiln_platform.gateway._textmodel import TextModel, load_text_model
 from kiln_platform.gateway._textstream import Detokenizing, TextStream
 from kiln_platform.gateway.llm_schemas import ChatCompletionRequest, CompletionRequest, supported
@@ -371,11 +371,11 @@ async def prepare(
         request, admission.request_id, prompts=prompts, echoes=echoes, plan=plan,
         context=version.context_length, adapter=adapter,
         tenant=str(admission.principal.tenant_id), grammar=grammar,
+        think_budget=think_budget(request, model.think if chat else None, prompts[0]),
     )  # fmt: skip
     prompt_tokens = sum(len(prompt) for prompt in prompts)
-    most = Quantities(
-        input_tokens=prompt_tokens, output_tokens=sum(c.request.max_tokens for c in choices)
-    )
+    most = Quantities(input_tokens=prompt_tokens,
+                      output_tokens=sum(c.request.max_tokens for c in choices))  # fmt: skip
     run_s = kiln.settings.stream_timeout_s
     deadline = asyncio.get_running_loop().time() + run_s
     await admission.hold(version, most, run_s)

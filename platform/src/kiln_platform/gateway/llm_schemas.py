@@ -137,6 +137,8 @@ class ChatCompletionRequest(_Sampling, kw_only=True, forbid_unknown_fields=True)
     model whose template reads it); a template that does not read one ignores it."""
     include_reasoning: bool = True
     """vLLM's: a reasoning model's ``reasoning`` is sent (false: left out, content alone)."""
+    thinking_token_budget: int | None = None
+    """vLLM's: a reasoning model's reasoning is closed once it has written so many tokens."""
     add_generation_prompt: bool | None = None
     """vLLM's: end the prompt with the assistant's turn (the default); false leaves it out."""
     continue_final_message: bool | None = None

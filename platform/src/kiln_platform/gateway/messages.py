@@ -9,7 +9,7 @@ an assistant's ``thinking`` (left out, as a chat's reasoning sent back is) — `
 ``stop_sequences``, ``temperature``, ``top_p``, ``top_k``, ``tools`` (``input_schema``: the
 function's parameters), ``tool_choice`` (``auto``, ``any``: required, ``tool``: named,
 ``none``; ``disable_parallel_tool_use``), ``metadata.user_id``, ``thinking``
-(``disabled`` leaves a reasoning model's reasoning out; ``budget_tokens`` is not enforced).
+(``disabled`` leaves a reasoning model's reasoning out; ``budget_tokens`` closes it once spent).
 A block or tool Kiln cannot run (images, documents, server tools) is a 400 naming it.
 
 The answer: a ``message`` whose content is a reasoning model's ``thinking`` block (its
@@ -194,6 +194,8 @@ def chat_request(data: MessagesRequest, *, generates: bool = True) -> ChatComple
         "stop": data.stop_sequences, "temperature": data.temperature, "top_p": data.top_p,
         "top_k": data.top_k, "stream": data.stream and generates,
         "user": (data.metadata or {}).get("user_id"), "include_reasoning": thinking != "disabled",
+        "thinking_token_budget": (data.thinking or {}).get("budget_tokens")
+        if thinking == "enabled" else None,
         **_tools(data), **_output(data.output_config or {}),
     }  # fmt: skip
     try:

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import numpy.typing as npt
 
-from kiln_runtimes.protocol import MAX_LOGPROBS, TokenLogprobs
+from kiln_runtimes.protocol import MAX_LOGPROBS, ThinkBudget, TokenLogprobs
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
@@ -34,6 +34,7 @@ class Shaping:
     min_tokens: int = 0
     held: frozenset[int] = frozenset()
     """The tokens that would end the sequence: not drawn before ``min_tokens`` are."""
+    think: ThinkBudget | None = None
 
     @classmethod
     def of(cls, request: GenerateRequest, ends: frozenset[int] = frozenset()) -> Shaping:
@@ -45,6 +46,7 @@ class Shaping:
             repetition_penalty=request.repetition_penalty,
             logit_bias=request.logit_bias, logprobs=request.logprobs,
             min_tokens=request.min_tokens, held=ends if request.min_tokens else frozenset(),
+            think=request.think_budget,
         )  # fmt: skip
 
     def validate(self) -> None:
@@ -68,7 +70,8 @@ class Shaping:
     @property
     def processes(self) -> bool:
         """Whether the logits change before the draw."""
-        return self.counts_output or bool(self.logit_bias) or bool(self.min_tokens and self.held)
+        held = bool(self.min_tokens and self.held)
+        return self.counts_output or bool(self.logit_bias) or held or self.think is not None
 
 
 class Processor:
@@ -83,6 +86,11 @@ class Processor:
         self._bias = np.fromiter(bias.values(), np.float32, len(bias))
         self._held = np.fromiter(shaping.held, np.intp, len(shaping.held))
         self.made = 0
+        think = shaping.think
+        self.thinking = self.opened = think is not None and think.inside
+        """Inside the reasoning now (a budget's); whether it was ever opened."""
+        self.thought = 0
+        """Tokens written inside it."""
 
     def record(self, token: int) -> None:
         """Count a generated token."""
@@ -90,6 +98,14 @@ class Processor:
         self.counts[token] = self.counts.get(token, 0) + 1
         if self.shaping.repeats:
             self.seen.add(token)
+        think = self.shaping.think
+        if think is None:
+            return
+        if self.thinking:
+            self.thinking = token != think.close
+            self.thought += self.thinking
+        elif token == think.open and not self.opened:  # opened (once) by the model
+            self.thinking = self.opened = True
 
     def apply(self, logits: npt.NDArray[np.float32]) -> npt.NDArray[np.float32]:
         s, out = self.shaping, logits.astype(np.float32, copy=True)
@@ -106,6 +122,9 @@ class Processor:
             out[self._bias_ids] += self._bias
         if self.made < s.min_tokens and self._held.size:
             out[self._held] = -np.inf
+        if self.thinking and s.think is not None and self.thought >= s.think.tokens:
+            out.fill(-np.inf)  # the budget is spent: the reasoning closes
+            out[s.think.close] = 0.0
         return out
 
 

@@ -7,6 +7,7 @@ import pytest
 
 from kiln_runtimes.backends._genai_logits import Processor, Shaping, largest, token_logprobs
 from kiln_runtimes.backends._genai_sampling import Sampler, draw, nucleus, unnormalized
+from kiln_runtimes.protocol import ThinkBudget
 
 
 def logits(size: int = 1000, seed: int = 0) -> np.ndarray:
@@ -195,3 +196,36 @@ def test_largest_is_the_k_largest_entries_of_any_row(k: int) -> None:
         got = largest(row, k)
         assert len(set(got.tolist())) == got.size == min(k, row.size)
         assert np.array_equal(np.sort(row[got]), np.sort(row)[row.size - got.size :])
+
+
+OPEN, CLOSE = 7, 8
+
+
+@pytest.mark.parametrize(
+    ("inside", "drawn", "forced_at"),
+    [
+        (True, [3, 4, 5], 3),  # the prompt left it open: the 4th token is the close
+        (True, [], 0),  # a budget of 0 (no tokens to draw) closes it at once
+        (False, [2, OPEN, 3, 4, 5], 5),  # opened by the model: counted from there
+        (True, [3, CLOSE, 4, 5, 6, 7], None),  # closed by the model: nothing forced after
+        (False, [2, 3, 4, 5, 6], None),  # never opened
+    ],
+)
+def test_a_spent_thinking_budget_forces_the_close(
+    inside: bool, drawn: list[int], forced_at: int | None
+) -> None:
+    budget = 3 if drawn else 0
+    processor = Processor(Shaping(think=ThinkBudget(open=OPEN, close=CLOSE, tokens=budget,
+                                                    inside=inside)), [1])  # fmt: skip
+    row = np.zeros(16, np.float32)
+    row[CLOSE] = -100.0  # the model would never close it
+    for at, token in enumerate([*drawn, 9]):
+        shaped = processor.apply(row)
+        forced = bool(np.isneginf(shaped[np.arange(16) != CLOSE]).all())
+        assert forced is (at == forced_at), at
+        if forced:
+            assert int(np.argmax(shaped)) == CLOSE
+            break
+        processor.record(token)
+    processor.record(CLOSE)
+    assert not np.isneginf(processor.apply(row)[:CLOSE]).any()  # closed: free again
