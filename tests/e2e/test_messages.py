@@ -217,3 +217,19 @@ def test_a_canceled_message_batch_reports_what_never_ran(clients: tuple[Any, Any
     kinds = {r.custom_id: r.result.type for r in claude.messages.batches.results(batch.id)}
     assert sorted(kinds) == sorted(a["custom_id"] for a in asked)
     assert list(kinds.values()).count("canceled") == counts.canceled
+
+
+def test_a_message_batch_for_an_unknown_model_ends_with_each_request_errored(
+    clients: tuple[Any, Any],
+) -> None:
+    claude, _ = clients
+    params: Any = {"model": "no-such-model", "max_tokens": 8, "messages": ASK}
+    batch = claude.messages.batches.create(requests=[{"custom_id": "x", "params": params}])
+    deadline = time.monotonic() + 60
+    while (batch := claude.messages.batches.retrieve(batch.id)).processing_status != "ended":
+        assert time.monotonic() < deadline, batch
+        time.sleep(0.2)
+    assert (batch.request_counts.errored, batch.request_counts.succeeded) == (1, 0)
+    (result,) = claude.messages.batches.results(batch.id)
+    assert result.result.type == "errored"
+    assert "no-such-model" in result.result.error.error.message
