@@ -1,5 +1,6 @@
-"""An ended message batch's results, in Anthropic's shape: a JSON line a request, in the order
-of its requests, ``{"custom_id", "result": {"type": "succeeded", "message"}}``, ``errored``
+"""An ended message batch's results, in Anthropic's shape: a JSON line a request (those that ran
+in the order of the requests, then those that never ran, as Anthropic's come in no set order),
+``{"custom_id", "result": {"type": "succeeded", "message"}}``, ``errored``
 (with Anthropic's error object), ``canceled`` (never started: the batch was canceled) or
 ``expired`` (never started within its window). Read from the batch's recorded lines, a page at
 a time, then its input file for the requests that never ran."""
