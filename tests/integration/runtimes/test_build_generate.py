@@ -35,6 +35,7 @@ ARCHITECTURES = {
     "gemma2": "Gemma2ForCausalLM",
     "gemma3": "Gemma3ForCausalLM",
     "olmo": "OlmoForCausalLM",
+    "olmo2": "Olmo2ForCausalLM",
     "smollm3": "SmolLM3ForCausalLM",
 }
 WINDOWS = {"mistral": 24, "gemma2": 48, "gemma3": 24}
@@ -48,7 +49,7 @@ ROPE: dict[str, dict[str, Any]] = {
 }  # fmt: skip
 """Qwen2's long-context YaRN, its betas left to their defaults (as Qwen's own configs do);
 SmolLM3's second layer without RoPE (its every fourth, in a model of two)."""
-SEEDS = {"gemma3": 1}
+SEEDS = {"gemma3": 1, "olmo2": 1}
 """Draws whose greedy continuation is a real sequence, not a loop of a few tokens (seed 7's)."""
 FIGURES = ("equal_prefix", "top1_agreement", "max_abs_logit_diff", "reference_min_margin")
 PHASES = ["validating", "converting", "optimizing", "checking accuracy", "ready"]

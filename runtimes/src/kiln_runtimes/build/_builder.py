@@ -18,6 +18,9 @@ OLMo: its norms are LayerNorms without weights at an epsilon of 1e-5; the builde
 RMSNorms at 1e-6 (a logit off by 7 on a tiny model). :class:`Olmo` builds them as transformers
 runs them, and refuses ``clip_qkv``, which the builder leaves out.
 
+OLMo 2, which the builder does not know: :class:`._olmo2.Olmo2` (its post-norms and its Q/K
+norms across all heads), dispatched as OLMo (:func:`olmo`).
+
 SmolLM3: its layers without RoPE (``no_rope_layers``, every fourth) were built with RoPE moved
 out of the attention node, which asks for a ``position_ids`` input the graph does not have
 (``KeyError: 'position_ids'``). :class:`SmolLM3` builds them with no RoPE at all.
@@ -30,13 +33,16 @@ import runpy
 from typing import Any
 
 import onnxruntime_genai.models  # noqa: F401 (puts the builder's own folder on sys.path)
+import transformers
 
 from kiln_runtimes.build import _rope
+from kiln_runtimes.build._olmo2 import Olmo2, renamed
 
 builders: Any = importlib.import_module("builders")  # the package `builder.py` imports from
 BASE_ROPE_INIT = builders.Model.make_rope_init
 GLOBAL = ("cos_cache_global", "sin_cache_global")
 LOCAL = ("cos_cache_local", "sin_cache_local")
+READ_CONFIG = transformers.AutoConfig.from_pretrained
 
 
 class Gemma3(builders.Gemma3Model):  # type: ignore[misc]
@@ -82,6 +88,17 @@ class Olmo(builders.OLMoModel):  # type: ignore[misc]
         self.layernorm_attrs["epsilon"] = 1e-5  # transformers' OlmoLayerNorm
 
 
+def olmo(config: Any, *args: Any) -> Any:
+    """What the builder builds for ``OlmoForCausalLM``: OLMo 2's decoder for an ``olmo2``
+    config (read under OLMo's name, ``_olmo2.renamed``), else OLMo's."""
+    return Olmo2(config, *args) if config.model_type == "olmo2" else Olmo(config, *args)
+
+
+def read_config(*args: Any, **kwargs: Any) -> Any:
+    """``AutoConfig.from_pretrained``, an OLMo 2 config under OLMo's architecture name."""
+    return renamed(READ_CONFIG(*args, **kwargs))
+
+
 class SmolLM3(builders.SmolLM3Model):  # type: ignore[misc]
     """SmolLM3's builder: a layer of ``no_rope_layers`` 0 gets no RoPE, as in transformers."""
 
@@ -119,7 +136,8 @@ def yarn_inv_freq(self: Any, inv_freq: Any) -> Any:
 
 if __name__ == "__main__":
     builders.Gemma3Model = Gemma3  # the builder's dispatch imports them from here
-    builders.OLMoModel = Olmo
+    builders.OLMoModel = olmo
+    transformers.AutoConfig.from_pretrained = read_config  # type: ignore[method-assign]
     builders.SmolLM3Model = SmolLM3
     builders.Model.make_rope_init = yarn_init
     builders.Model.make_inv_freq_rescaled_with_ntk = yarn_inv_freq

@@ -15,11 +15,14 @@ from kiln_runtimes.build._options import BuildError
 
 _HEADER_LIMIT = 100 * 1024 * 1024  # the safetensors format's own cap on the JSON header
 _BUILDER_BRANCH = re.compile(r'config\.architectures\[0\] == "(\w+ForCausalLM)"')
+KILNS_OWN = frozenset({"Olmo2ForCausalLM"})
+"""Architectures Kiln's builder mends add (``_builder``: OLMo 2)."""
 
 
 @functools.cache
 def builder_architectures() -> frozenset[str]:
-    """The ``*ForCausalLM`` architectures the installed onnxruntime-genai builder exports.
+    """The ``*ForCausalLM`` architectures the installed onnxruntime-genai builder exports, and
+    those Kiln's mends add.
 
     Read from the builder's own dispatch (``config.architectures[0] == "..."``) without
     importing it (that imports torch), so the list follows the installed version.
@@ -30,7 +33,7 @@ def builder_architectures() -> frozenset[str]:
     for location in spec.submodule_search_locations:
         builder = Path(location) / "models" / "builder.py"
         if builder.is_file():
-            return frozenset(_BUILDER_BRANCH.findall(builder.read_text(encoding="utf-8")))
+            return KILNS_OWN | frozenset(_BUILDER_BRANCH.findall(builder.read_text("utf-8")))
     raise BuildError("onnxruntime_genai/models/builder.py not found")
 
 
