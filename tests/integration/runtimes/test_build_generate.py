@@ -36,9 +36,10 @@ ARCHITECTURES = {
     "gemma3": "Gemma3ForCausalLM",
     "olmo": "OlmoForCausalLM",
     "olmo2": "Olmo2ForCausalLM",
+    "olmo3": "Olmo3ForCausalLM",
     "smollm3": "SmolLM3ForCausalLM",
 }
-WINDOWS = {"mistral": 24, "gemma2": 48, "gemma3": 24}
+WINDOWS = {"mistral": 24, "gemma2": 48, "gemma3": 24, "olmo3": 24}
 """Sliding windows shorter than the accuracy check's 72 positions and the prompts served."""
 ROPE: dict[str, dict[str, Any]] = {
     "qwen2": {

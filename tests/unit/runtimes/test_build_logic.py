@@ -107,7 +107,7 @@ def test_detect_kinds(tmp_path: Path) -> None:
 def test_builder_architectures_cover_the_brief() -> None:
     wanted = {"LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM",
               "Phi3ForCausalLM", "GemmaForCausalLM", "Gemma2ForCausalLM",
-              "Olmo2ForCausalLM"}  # fmt: skip  # the last: Kiln's own (_olmo2)
+              "Olmo2ForCausalLM", "Olmo3ForCausalLM"}  # fmt: skip  # the last two: Kiln's own
     assert wanted <= builder_architectures()
     with pytest.raises(BuildError) as refused:
         check_architecture("GPTNeoXForCausalLM")

@@ -18,8 +18,8 @@ OLMo: its norms are LayerNorms without weights at an epsilon of 1e-5; the builde
 RMSNorms at 1e-6 (a logit off by 7 on a tiny model). :class:`Olmo` builds them as transformers
 runs them, and refuses ``clip_qkv``, which the builder leaves out.
 
-OLMo 2, which the builder does not know: :class:`._olmo2.Olmo2` (its post-norms and its Q/K
-norms across all heads), dispatched as OLMo (:func:`olmo`).
+OLMo 2 and 3, which the builder does not know: :mod:`._olmo2` (their post-norms and Q/K norms
+across all heads; OLMo 3's sliding windows), dispatched as OLMo (:func:`olmo`).
 
 SmolLM3: its layers without RoPE (``no_rope_layers``, every fourth) were built with RoPE moved
 out of the attention node, which asks for a ``position_ids`` input the graph does not have
@@ -36,7 +36,7 @@ import onnxruntime_genai.models  # noqa: F401 (puts the builder's own folder on 
 import transformers
 
 from kiln_runtimes.build import _rope
-from kiln_runtimes.build._olmo2 import Olmo2, renamed
+from kiln_runtimes.build._olmo2 import Olmo2, Olmo3, renamed
 
 builders: Any = importlib.import_module("builders")  # the package `builder.py` imports from
 BASE_ROPE_INIT = builders.Model.make_rope_init
@@ -89,9 +89,10 @@ class Olmo(builders.OLMoModel):  # type: ignore[misc]
 
 
 def olmo(config: Any, *args: Any) -> Any:
-    """What the builder builds for ``OlmoForCausalLM``: OLMo 2's decoder for an ``olmo2``
-    config (read under OLMo's name, ``_olmo2.renamed``), else OLMo's."""
-    return Olmo2(config, *args) if config.model_type == "olmo2" else Olmo(config, *args)
+    """What the builder builds for ``OlmoForCausalLM``: OLMo 2's or 3's decoder for their
+    configs (read under OLMo's name, ``_olmo2.renamed``), else OLMo's."""
+    built = {"olmo2": Olmo2, "olmo3": Olmo3}.get(config.model_type, Olmo)
+    return built(config, *args)
 
 
 def read_config(*args: Any, **kwargs: Any) -> Any:

@@ -1,12 +1,13 @@
-"""OLMo 2 for the onnxruntime-genai builder, which has no such model (``Olmo2ForCausalLM``).
+"""OLMo 2 and 3 for the onnxruntime-genai builder, which has neither (``Olmo2ForCausalLM``,
+``Olmo3ForCausalLM``).
 
 OLMo 2's layer is Llama's but for where its norms sit, as transformers runs it: none before
 attention or the MLP, an RMSNorm of each one's output before it joins the residual stream
 (``post_attention_layernorm``, ``post_feedforward_layernorm``), and RMSNorms of the whole query
 and key projections (``q_norm``, ``k_norm``: across all heads, not per head as Qwen 3's and
 Gemma 3's, so not the builder's own ``make_qk_norm``). The builder's dispatch knows OLMo's name
-only: an OLMo 2 config is read under it (:func:`renamed`), and ``_builder.olmo`` builds OLMo 2's
-class for an ``olmo2`` config.
+only: their configs are read under it (:func:`renamed`), and ``_builder.olmo`` builds their
+classes by ``model_type``. OLMo 3 is OLMo 2 with sliding windows on some layers (:class:`Olmo3`).
 """
 
 from __future__ import annotations
@@ -76,8 +77,41 @@ class Olmo2(builders.LlamaModel):  # type: ignore[misc]
         norms["root_input"] = norms["skip_input"] = f"{name}/output_0"
 
 
+RENAMED = ("Olmo2ForCausalLM", "Olmo3ForCausalLM")
+
+
 def renamed(config: Any) -> Any:
-    """``config`` with OLMo 2's architecture under OLMo's name, which the dispatch knows."""
-    if list(getattr(config, "architectures", None) or ()) == ["Olmo2ForCausalLM"]:
-        config.architectures = ["OlmoForCausalLM"]
+    """``config`` with OLMo 2's (or 3's) architecture under OLMo's name, which the dispatch
+    knows."""
+    names = list(getattr(config, "architectures", None) or ())
+    if names[:1] and names[0] in RENAMED:
+        config.architectures = ["OlmoForCausalLM", *names[1:]]
     return config
+
+
+class Olmo3(Olmo2):
+    """OLMo 3: OLMo 2's layer with sliding-window attention on the ``sliding_attention`` layers
+    (``layer_types``), its RoPE given per layer type (transformers 5) and the same for both
+    (OLMo 3's own configs); RoPE that differs between them is refused, not built wrong."""
+
+    window_size: int
+
+    def make_rope_init(self, config: Any) -> None:
+        layered = getattr(config, "rope_parameters", None)
+        if isinstance(layered, dict) and "full_attention" in layered:
+            if layered["full_attention"] != layered.get(
+                "sliding_attention", layered["full_attention"]
+            ):
+                raise ValueError("OLMo 3 with a different RoPE per layer type is not built")
+            config.rope_parameters = layered["full_attention"]
+            self.rope_attrs["theta"] = layered["full_attention"]["rope_theta"]  # not read flat
+        super().make_rope_init(config)
+
+    def make_attention(self, layer_id: int, attention: Any, root_input: str, **kwargs: Any) -> None:
+        window = self.window_size
+        if self.layer_types[layer_id] == "full_attention":
+            self.window_size = -1
+        try:
+            super().make_attention(layer_id, attention, root_input, **kwargs)
+        finally:
+            self.window_size = window
