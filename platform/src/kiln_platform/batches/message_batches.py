@@ -78,6 +78,14 @@ def shaped(batch: BatchObject, expired: int, base_url: str) -> MessageBatch:
     )  # fmt: skip
 
 
+async def _shaped_all(
+    kiln: Kiln, tenant_id: uuid.UUID, batches: list[BatchObject], base_url: str
+) -> list[MessageBatch]:
+    """``shaped`` of each batch, their expired lines counted in one query."""
+    expired = await failures(kiln, tenant_id, batches)
+    return [shaped(b, expired.get(b.id, 0), base_url) for b in batches]
+
+
 def _params(params: dict[str, Any], where: str) -> None:
     """A request's ``params``, checked as ``/v1/messages`` checks its body."""
     try:
@@ -153,8 +161,7 @@ async def _batch(kiln: Kiln, tenant_id: uuid.UUID, batch_id: str) -> BatchObject
 async def retrieve(kiln: Kiln, tenant_id: uuid.UUID, batch_id: str, base_url: str) -> MessageBatch:
     """One of the tenant's message batches."""
     batch = await _batch(kiln, tenant_id, batch_id)
-    expired = await failures(kiln, tenant_id, [batch])
-    return shaped(batch, expired.get(batch.id, 0), base_url)
+    return (await _shaped_all(kiln, tenant_id, [batch], base_url))[0]
 
 
 async def listed(
@@ -170,8 +177,7 @@ async def listed(
     )
     found, more = await services.page(kiln, tenant_id, ENDPOINT, limit=limit, after=after,
                                       before=before)  # fmt: skip
-    expired = await failures(kiln, tenant_id, found)
-    data = [shaped(b, expired.get(b.id, 0), base_url) for b in found]
+    data = await _shaped_all(kiln, tenant_id, found, base_url)
     return MessageBatchList(data=data, has_more=more, first_id=data[0].id if data else None,
                             last_id=data[-1].id if data else None)  # fmt: skip
 
@@ -180,8 +186,7 @@ async def cancel(kiln: Kiln, tenant_id: uuid.UUID, batch_id: str, base_url: str)
     """Cancel: no new request starts; ``canceling`` until the running ones are done."""
     await _batch(kiln, tenant_id, batch_id)
     batch = await services.cancel(kiln, tenant_id, _openai_id(batch_id))
-    expired = await failures(kiln, tenant_id, [batch])
-    return shaped(batch, expired.get(batch.id, 0), base_url)
+    return (await _shaped_all(kiln, tenant_id, [batch], base_url))[0]
 
 
 async def delete(kiln: Kiln, tenant_id: uuid.UUID, batch_id: str) -> DeletedMessageBatch:
