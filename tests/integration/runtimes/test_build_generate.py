@@ -1,5 +1,6 @@
 """Generation builds of tiny random Llama, Qwen2, Phi-3, Gemma, Mistral, Gemma 2, Gemma 3, OLMo
-and SmolLM3 folders through the builder (:mod:`kiln_runtimes.build._builder`'s mends).
+(1-3), SmolLM3, StableLM and Starcoder2 folders through the builder
+(:mod:`kiln_runtimes.build._builder`'s mends).
 
 fp32 builds must reproduce transformers' greedy output token for token (the models are drawn
 with a wide init so their logits are far from ties); an int4 build reports how far it drifts;
@@ -7,7 +8,9 @@ a CUDA-target build is produced here on CPU and its structure checked. Mistral's
 sliding windows (on every layer; on every other layer) are far shorter than the sequences
 checked, so attending past them would show; Gemma 3's local and global layers each have their
 own RoPE (the global one's scaled), so a layer given the other's would show too; Qwen2's RoPE
-is YaRN's; OLMo's norms are weightless LayerNorms; one of SmolLM3's layers has no RoPE.
+is YaRN's; OLMo's norms are weightless LayerNorms; one of SmolLM3's layers has no RoPE;
+StableLM turns a quarter of each head; StableLM's and Starcoder2's norms are LayerNorms with
+biases.
 """
 
 from __future__ import annotations
@@ -38,8 +41,10 @@ ARCHITECTURES = {
     "olmo2": "Olmo2ForCausalLM",
     "olmo3": "Olmo3ForCausalLM",
     "smollm3": "SmolLM3ForCausalLM",
+    "stablelm": "StableLmForCausalLM",
+    "starcoder2": "Starcoder2ForCausalLM",
 }
-WINDOWS = {"mistral": 24, "gemma2": 48, "gemma3": 24, "olmo3": 24}
+WINDOWS = {"mistral": 24, "gemma2": 48, "gemma3": 24, "olmo3": 24, "starcoder2": 24}
 """Sliding windows shorter than the accuracy check's 72 positions and the prompts served."""
 ROPE: dict[str, dict[str, Any]] = {
     "qwen2": {
@@ -47,10 +52,13 @@ ROPE: dict[str, dict[str, Any]] = {
                             "original_max_position_embeddings": 64},
     },
     "smollm3": {"no_rope_layer_interval": 2},
+    "stablelm": {"use_qkv_bias": True},
+    "starcoder2": {"tie_word_embeddings": True},
 }  # fmt: skip
 """Qwen2's long-context YaRN, its betas left to their defaults (as Qwen's own configs do);
-SmolLM3's second layer without RoPE (its every fourth, in a model of two)."""
-SEEDS = {"gemma3": 1, "olmo2": 1}
+SmolLM3's second layer without RoPE (its every fourth, in a model of two); StableLM 2's Q, K
+and V biases; Starcoder2's tied head."""
+SEEDS = {"gemma3": 1, "olmo2": 1, "starcoder2": 3}
 """Draws whose greedy continuation is a real sequence, not a loop of a few tokens (seed 7's)."""
 FIGURES = ("equal_prefix", "top1_agreement", "max_abs_logit_diff", "reference_min_margin")
 PHASES = ["validating", "converting", "optimizing", "checking accuracy", "ready"]

@@ -107,7 +107,8 @@ def test_detect_kinds(tmp_path: Path) -> None:
 def test_builder_architectures_cover_the_brief() -> None:
     wanted = {"LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM",
               "Phi3ForCausalLM", "GemmaForCausalLM", "Gemma2ForCausalLM",
-              "Olmo2ForCausalLM", "Olmo3ForCausalLM"}  # fmt: skip  # the last two: Kiln's own
+              "Olmo2ForCausalLM", "Olmo3ForCausalLM", "StableLmForCausalLM",
+              "Starcoder2ForCausalLM"}  # fmt: skip  # the last four: Kiln's own
     assert wanted <= builder_architectures()
     with pytest.raises(BuildError) as refused:
         check_architecture("GPTNeoXForCausalLM")

@@ -19,7 +19,9 @@ RMSNorms at 1e-6 (a logit off by 7 on a tiny model). :class:`Olmo` builds them a
 runs them, and refuses ``clip_qkv``, which the builder leaves out.
 
 OLMo 2 and 3, which the builder does not know: :mod:`._olmo2` (their post-norms and Q/K norms
-across all heads; OLMo 3's sliding windows), dispatched as OLMo (:func:`olmo`).
+across all heads; OLMo 3's sliding windows), dispatched as OLMo (:func:`olmo`). StableLM and
+Starcoder2, which it does not know either: :mod:`._llamalike` (LayerNorms, StableLM's partial
+RoPE and parallel residual, Starcoder2's biased GELU MLP), dispatched as Llama (:func:`llama`).
 
 SmolLM3: its layers without RoPE (``no_rope_layers``, every fourth) were built with RoPE moved
 out of the attention node, which asks for a ``position_ids`` input the graph does not have
@@ -35,14 +37,21 @@ from typing import Any
 import onnxruntime_genai.models  # noqa: F401 (puts the builder's own folder on sys.path)
 import transformers
 
-from kiln_runtimes.build import _rope
-from kiln_runtimes.build._olmo2 import Olmo2, Olmo3, renamed
+from kiln_runtimes.build import _llamalike, _rope
+from kiln_runtimes.build._olmo2 import Olmo2, Olmo3
 
 builders: Any = importlib.import_module("builders")  # the package `builder.py` imports from
 BASE_ROPE_INIT = builders.Model.make_rope_init
+LLAMA = builders.LlamaModel
 GLOBAL = ("cos_cache_global", "sin_cache_global")
 LOCAL = ("cos_cache_local", "sin_cache_local")
 READ_CONFIG = transformers.AutoConfig.from_pretrained
+HOSTS = {
+    "Olmo2ForCausalLM": "OlmoForCausalLM", "Olmo3ForCausalLM": "OlmoForCausalLM",
+    **dict.fromkeys(("StableLmForCausalLM", "Starcoder2ForCausalLM"), _llamalike.HOST),
+}  # fmt: skip
+"""Architectures the builder does not know, read under the name of one it does, whose class
+:func:`olmo` or :func:`llama` swaps for Kiln's by ``model_type``."""
 
 
 class Gemma3(builders.Gemma3Model):  # type: ignore[misc]
@@ -90,14 +99,25 @@ class Olmo(builders.OLMoModel):  # type: ignore[misc]
 
 def olmo(config: Any, *args: Any) -> Any:
     """What the builder builds for ``OlmoForCausalLM``: OLMo 2's or 3's decoder for their
-    configs (read under OLMo's name, ``_olmo2.renamed``), else OLMo's."""
+    configs (read under OLMo's name, :data:`HOSTS`), else OLMo's."""
     built = {"olmo2": Olmo2, "olmo3": Olmo3}.get(config.model_type, Olmo)
     return built(config, *args)
 
 
+def llama(config: Any, *args: Any) -> Any:
+    """What the builder builds for ``LlamaForCausalLM``: StableLM's or Starcoder2's decoder
+    for their configs (read under Llama's name, :data:`HOSTS`), else Llama's."""
+    built = _llamalike.MODEL_TYPES.get(config.model_type, LLAMA)
+    return built(config, *args)
+
+
 def read_config(*args: Any, **kwargs: Any) -> Any:
-    """``AutoConfig.from_pretrained``, an OLMo 2 config under OLMo's architecture name."""
-    return renamed(READ_CONFIG(*args, **kwargs))
+    """``AutoConfig.from_pretrained``, an architecture of :data:`HOSTS` under its host's name."""
+    config = READ_CONFIG(*args, **kwargs)
+    names = list(getattr(config, "architectures", None) or ())
+    if names[:1] and names[0] in HOSTS:
+        config.architectures = [HOSTS[names[0]], *names[1:]]
+    return config
 
 
 class SmolLM3(builders.SmolLM3Model):  # type: ignore[misc]
@@ -138,6 +158,7 @@ def yarn_inv_freq(self: Any, inv_freq: Any) -> Any:
 if __name__ == "__main__":
     builders.Gemma3Model = Gemma3  # the builder's dispatch imports them from here
     builders.OLMoModel = olmo
+    builders.LlamaModel = llama
     transformers.AutoConfig.from_pretrained = read_config  # type: ignore[method-assign]
     builders.SmolLM3Model = SmolLM3
     builders.Model.make_rope_init = yarn_init

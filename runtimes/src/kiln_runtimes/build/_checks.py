@@ -15,8 +15,11 @@ from kiln_runtimes.build._options import BuildError
 
 _HEADER_LIMIT = 100 * 1024 * 1024  # the safetensors format's own cap on the JSON header
 _BUILDER_BRANCH = re.compile(r'config\.architectures\[0\] == "(\w+ForCausalLM)"')
-KILNS_OWN = frozenset({"Olmo2ForCausalLM", "Olmo3ForCausalLM"})
-"""Architectures Kiln's builder mends add (``_builder``: OLMo 2 and 3)."""
+KILNS_OWN = frozenset({
+    "Olmo2ForCausalLM", "Olmo3ForCausalLM", "StableLmForCausalLM", "Starcoder2ForCausalLM",
+})  # fmt: skip
+"""Architectures Kiln's builder mends add (``_builder.HOSTS``: OLMo 2 and 3, StableLM,
+Starcoder2)."""
 
 
 @functools.cache

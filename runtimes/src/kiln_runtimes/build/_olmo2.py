@@ -6,8 +6,9 @@ attention or the MLP, an RMSNorm of each one's output before it joins the residu
 (``post_attention_layernorm``, ``post_feedforward_layernorm``), and RMSNorms of the whole query
 and key projections (``q_norm``, ``k_norm``: across all heads, not per head as Qwen 3's and
 Gemma 3's, so not the builder's own ``make_qk_norm``). The builder's dispatch knows OLMo's name
-only: their configs are read under it (:func:`renamed`), and ``_builder.olmo`` builds their
-classes by ``model_type``. OLMo 3 is OLMo 2 with sliding windows on some layers (:class:`Olmo3`).
+only: their configs are read under it (``_builder.read_config``), and ``_builder.olmo`` builds
+their classes by ``model_type``. OLMo 3 is OLMo 2 with sliding windows on some layers
+(:class:`Olmo3`).
 """
 
 from __future__ import annotations
@@ -75,18 +76,6 @@ class Olmo2(builders.LlamaModel):  # type: ignore[misc]
         self.make_add(name, [norms["root_input"], norms["output_0"]], dtype=self.io_dtype,
                       shape=self.make_hidden_state_shape())  # fmt: skip
         norms["root_input"] = norms["skip_input"] = f"{name}/output_0"
-
-
-RENAMED = ("Olmo2ForCausalLM", "Olmo3ForCausalLM")
-
-
-def renamed(config: Any) -> Any:
-    """``config`` with OLMo 2's (or 3's) architecture under OLMo's name, which the dispatch
-    knows."""
-    names = list(getattr(config, "architectures", None) or ())
-    if names[:1] and names[0] in RENAMED:
-        config.architectures = ["OlmoForCausalLM", *names[1:]]
-    return config
 
 
 class Olmo3(Olmo2):
