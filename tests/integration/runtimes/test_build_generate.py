@@ -1,5 +1,5 @@
 """Generation builds of tiny random Llama, Qwen2, Phi-3, Gemma, Mistral, Gemma 2, Gemma 3, OLMo
-(1-3), SmolLM3, StableLM and Starcoder2 folders through the builder
+(1-3), SmolLM3, StableLM, Starcoder2 and Command R7B folders through the builder
 (:mod:`kiln_runtimes.build._builder`'s mends).
 
 fp32 builds must reproduce transformers' greedy output token for token (the models are drawn
@@ -10,7 +10,8 @@ checked, so attending past them would show; Gemma 3's local and global layers ea
 own RoPE (the global one's scaled), so a layer given the other's would show too; Qwen2's RoPE
 is YaRN's; OLMo's norms are weightless LayerNorms; one of SmolLM3's layers has no RoPE;
 StableLM turns a quarter of each head; StableLM's and Starcoder2's norms are LayerNorms with
-biases.
+biases; Command R7B's (Cohere 2's) layer runs attention and MLP in parallel, its RoPE turns
+interleaved pairs on its windowed layer only, and its logits are scaled by 1/16.
 """
 
 from __future__ import annotations
@@ -43,8 +44,9 @@ ARCHITECTURES = {
     "smollm3": "SmolLM3ForCausalLM",
     "stablelm": "StableLmForCausalLM",
     "starcoder2": "Starcoder2ForCausalLM",
+    "cohere2": "Cohere2ForCausalLM",
 }
-WINDOWS = {"mistral": 24, "gemma2": 48, "gemma3": 24, "olmo3": 24, "starcoder2": 24}
+WINDOWS = {"mistral": 24, "gemma2": 48, "gemma3": 24, "olmo3": 24, "starcoder2": 24, "cohere2": 24}
 """Sliding windows shorter than the accuracy check's 72 positions and the prompts served."""
 ROPE: dict[str, dict[str, Any]] = {
     "qwen2": {

@@ -48,7 +48,7 @@ LOCAL = ("cos_cache_local", "sin_cache_local")
 READ_CONFIG = transformers.AutoConfig.from_pretrained
 HOSTS = {
     "Olmo2ForCausalLM": "OlmoForCausalLM", "Olmo3ForCausalLM": "OlmoForCausalLM",
-    **dict.fromkeys(("StableLmForCausalLM", "Starcoder2ForCausalLM"), _llamalike.HOST),
+    **dict.fromkeys(_llamalike.ARCHITECTURES, _llamalike.HOST),
 }  # fmt: skip
 """Architectures the builder does not know, read under the name of one it does, whose class
 :func:`olmo` or :func:`llama` swaps for Kiln's by ``model_type``."""
@@ -133,7 +133,7 @@ class SmolLM3(builders.SmolLM3Model):  # type: ignore[misc]
         if self.layer_types[layer_id] == "full_attention":
             self.window_size = -1
         try:
-            builders.LlamaModel.make_attention(self, layer_id, attention, root_input, **kwargs)
+            LLAMA.make_attention(self, layer_id, attention, root_input, **kwargs)
         finally:
             (attrs["rope"], attrs["use_rope_in_attn"]), self.window_size = kept, window
 

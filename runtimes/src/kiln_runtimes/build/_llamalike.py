@@ -1,13 +1,18 @@
-"""StableLM and Starcoder2 for the onnxruntime-genai builder, which has neither
-(``StableLmForCausalLM``, ``Starcoder2ForCausalLM``).
+"""StableLM, Starcoder2 and Cohere's Command R (1 and 2) for the onnxruntime-genai builder,
+which has none of them (``StableLmForCausalLM``, ``Starcoder2ForCausalLM``,
+``CohereForCausalLM``, ``Cohere2ForCausalLM``).
 
-Both are Llama's decoder with LayerNorms (weight and bias, at the config's epsilon) where Llama
+Each is Llama's decoder with LayerNorms (weight and bias, at the config's epsilon) where Llama
 has RMSNorms. StableLM keeps Llama's gated MLP and turns a share of each head
 (``partial_rotary_factor``, a quarter) with RoPE; with ``use_parallel_residual`` its attention
 and MLP read the same norm's output and both join the stream at once (Phi's layer). Starcoder2's
 MLP is ``c_fc``, a tanh GELU, ``c_proj``, each with a bias (Phi's ``fc1``/``fc2``), its
 attention has biases, and a ``sliding_window`` is served as Mistral's. StableLM 2 12B's
-per-head Q/K LayerNorms (``qk_layernorm``) are refused, not built wrong. The builder's dispatch
+per-head Q/K LayerNorms (``qk_layernorm``) are refused, not built wrong. Cohere's layer is the
+parallel one, its LayerNorms have no bias, its RoPE turns interleaved pairs (``x[..., ::2]``
+with ``x[..., 1::2]``) and its logits are scaled (``logit_scale``); Command R+'s Q/K norms
+(``use_qk_norm``) are refused. Cohere 2 (Command R7B) slides a window on its
+``sliding_attention`` layers, and only those turn with RoPE. The builder's dispatch
 knows Llama's name: their configs are read under it (``_builder.read_config``) and
 ``_builder.llama`` builds these classes by ``model_type``.
 """
@@ -53,6 +58,48 @@ class Starcoder2(builders.LlamaModel):  # type: ignore[misc]
         super().make_mlp(layer_id, SimpleNamespace(fc1=mlp.c_fc, fc2=mlp.c_proj), root_input)
 
 
-MODEL_TYPES = {"stablelm": StableLm, "starcoder2": Starcoder2}
+class Cohere(builders.LlamaModel):  # type: ignore[misc]
+    """Command R's decoder: parallel layers, bias-free LayerNorms, interleaved RoPE."""
+
+    def __init__(self, config: Any, *args: Any) -> None:
+        if getattr(config, "use_qk_norm", False):
+            raise ValueError("Cohere's use_qk_norm (Command R+'s Q/K norms) is not built")
+        super().__init__(config, *args)
+        self.layernorm_attrs["simple"] = False
+        self.layernorm_attrs["epsilon"] = config.layer_norm_eps
+        self.rope_attrs["interleaved"] = 1
+        self.lm_head_attrs["scale"] = config.logit_scale
+
+    def make_layer(self, layer_id: int, layer: Any) -> None:
+        builders.PhiModel.make_layer(self, layer_id, layer)
+
+    def make_layernorm(self, layer_id: int, layernorm: Any, *args: Any, **kwargs: Any) -> None:
+        if getattr(layernorm, "bias", None) is None:  # CohereLayerNorm: a scale, no shift
+            layernorm = SimpleNamespace(
+                weight=layernorm.weight, bias=layernorm.weight.new_zeros(layernorm.weight.shape)
+            )
+        super().make_layernorm(layer_id, layernorm, *args, **kwargs)
+
+
+class Cohere2(Cohere):
+    """Command R7B's decoder: Cohere's, windowed layers with RoPE, global ones without."""
+
+    window_size: int
+
+    def make_attention(self, layer_id: int, attention: Any, root_input: str, **kwargs: Any) -> None:
+        attrs, window = self.attention_attrs, self.window_size
+        kept = attrs["rope"], attrs["use_rope_in_attn"]
+        if self.layer_types[layer_id] == "full_attention":
+            attrs["rope"] = attrs["use_rope_in_attn"] = False
+            self.window_size = -1
+        try:
+            super().make_attention(layer_id, attention, root_input, **kwargs)
+        finally:
+            (attrs["rope"], attrs["use_rope_in_attn"]), self.window_size = kept, window
+
+
+MODEL_TYPES = {"stablelm": StableLm, "starcoder2": Starcoder2, "cohere": Cohere, "cohere2": Cohere2}
+ARCHITECTURES = ("StableLmForCausalLM", "Starcoder2ForCausalLM", "CohereForCausalLM",
+                 "Cohere2ForCausalLM")  # fmt: skip
 HOST = "LlamaForCausalLM"
 """The builder's name these are read under."""
