@@ -28,15 +28,25 @@ import onnxruntime_genai.models  # noqa: F401 (puts the builder's own folder on 
 builders: Any = importlib.import_module("builders")
 
 
-class StableLm(builders.LlamaModel):  # type: ignore[misc]
-    """StableLM's decoder: LayerNorms, partial RoPE, the parallel residual if configured."""
+class LayerNormed(builders.LlamaModel):  # type: ignore[misc]
+    """Llama's decoder with LayerNorms at the epsilon its config names (``epsilon``); a config
+    that turns on what is not built (``refused``) is refused."""
+
+    epsilon = "layer_norm_eps"
+    refused: tuple[str, str] | None = None
 
     def __init__(self, config: Any, *args: Any) -> None:
-        if getattr(config, "qk_layernorm", False):
-            raise ValueError("StableLM's per-head qk_layernorm is not built")
+        if self.refused and getattr(config, self.refused[0], False):
+            raise ValueError(f"{self.refused[1]} ({self.refused[0]}) are not built")
         super().__init__(config, *args)
         self.layernorm_attrs["simple"] = False
-        self.layernorm_attrs["epsilon"] = config.layer_norm_eps
+        self.layernorm_attrs["epsilon"] = getattr(config, self.epsilon)
+
+
+class StableLm(LayerNormed):
+    """StableLM's decoder: LayerNorms, partial RoPE, the parallel residual if configured."""
+
+    refused = ("qk_layernorm", "StableLM's per-head Q/K norms")
 
     def make_layer(self, layer_id: int, layer: Any) -> None:
         if layer.use_parallel_residual:
@@ -45,28 +55,26 @@ class StableLm(builders.LlamaModel):  # type: ignore[misc]
             super().make_layer(layer_id, layer)
 
 
-class Starcoder2(builders.LlamaModel):  # type: ignore[misc]
+class Starcoder2(LayerNormed):
     """Starcoder2's decoder: LayerNorms, biases, a plain GELU MLP."""
+
+    epsilon = "norm_epsilon"
 
     def __init__(self, config: Any, *args: Any) -> None:
         super().__init__(config, *args)
-        self.layernorm_attrs["simple"] = False
-        self.layernorm_attrs["epsilon"] = config.norm_epsilon
         self.mlp_attrs["use_proj"], self.mlp_attrs["use_fc"] = False, True
 
     def make_mlp(self, layer_id: int, mlp: Any, root_input: str) -> None:
         super().make_mlp(layer_id, SimpleNamespace(fc1=mlp.c_fc, fc2=mlp.c_proj), root_input)
 
 
-class Cohere(builders.LlamaModel):  # type: ignore[misc]
+class Cohere(LayerNormed):
     """Command R's decoder: parallel layers, bias-free LayerNorms, interleaved RoPE."""
 
+    refused = ("use_qk_norm", "Command R+'s Q/K norms")
+
     def __init__(self, config: Any, *args: Any) -> None:
-        if getattr(config, "use_qk_norm", False):
-            raise ValueError("Cohere's use_qk_norm (Command R+'s Q/K norms) is not built")
         super().__init__(config, *args)
-        self.layernorm_attrs["simple"] = False
-        self.layernorm_attrs["epsilon"] = config.layer_norm_eps
         self.rope_attrs["interleaved"] = 1
         self.lm_head_attrs["scale"] = config.logit_scale
 
