@@ -1,5 +1,5 @@
 """Generation builds of tiny random Llama, Qwen2, Phi-3, Gemma, Mistral, Gemma 2, Gemma 3, OLMo
-(1-3), SmolLM3, StableLM, Starcoder2 and Command R7B folders through the builder
+(1-3), SmolLM3, StableLM, Starcoder2, Command R7B and Qwen3-MoE folders through the builder
 (:mod:`kiln_runtimes.build._builder`'s mends).
 
 fp32 builds must reproduce transformers' greedy output token for token (the models are drawn
@@ -45,10 +45,11 @@ ARCHITECTURES = {
     "stablelm": "StableLmForCausalLM",
     "starcoder2": "Starcoder2ForCausalLM",
     "cohere2": "Cohere2ForCausalLM",
+    "qwen3_moe": "Qwen3MoeForCausalLM",
 }
 WINDOWS = {"mistral": 24, "gemma2": 48, "gemma3": 24, "olmo3": 24, "starcoder2": 24, "cohere2": 24}
 """Sliding windows shorter than the accuracy check's 72 positions and the prompts served."""
-ROPE: dict[str, dict[str, Any]] = {
+SHAPES: dict[str, dict[str, Any]] = {
     "qwen2": {
         "rope_parameters": {"rope_type": "yarn", "factor": 4.0, "rope_theta": 10000.0,
                             "original_max_position_embeddings": 64},
@@ -56,10 +57,13 @@ ROPE: dict[str, dict[str, Any]] = {
     "smollm3": {"no_rope_layer_interval": 2},
     "stablelm": {"use_qkv_bias": True},
     "starcoder2": {"tie_word_embeddings": True},
+    "qwen3_moe": {"num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 32,
+                  "norm_topk_prob": True, "mlp_only_layers": [1]},
 }  # fmt: skip
 """Qwen2's long-context YaRN, its betas left to their defaults (as Qwen's own configs do);
 SmolLM3's second layer without RoPE (its every fourth, in a model of two); StableLM 2's Q, K
-and V biases; Starcoder2's tied head."""
+and V biases; Starcoder2's tied head; Qwen3-MoE's four experts, two a token, renormalized,
+and a dense second layer (``mlp_only_layers``)."""
 SEEDS = {"gemma3": 1, "olmo2": 1, "starcoder2": 3}
 """Draws whose greedy continuation is a real sequence, not a loop of a few tokens (seed 7's)."""
 FIGURES = ("equal_prefix", "top1_agreement", "max_abs_logit_diff", "reference_min_margin")
@@ -77,7 +81,7 @@ def sources(tmp_path_factory: pytest.TempPathFactory, tiny_models: Any) -> dict[
 
 def settings(kind: str) -> dict[str, Any]:
     windowed = {"sliding_window": WINDOWS[kind]} if kind in WINDOWS else {}
-    return {**windowed, **ROPE.get(kind, {})}
+    return {**windowed, **SHAPES.get(kind, {})}
 
 
 @pytest.fixture(scope="module")

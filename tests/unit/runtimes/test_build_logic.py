@@ -108,7 +108,8 @@ def test_builder_architectures_cover_the_brief() -> None:
     wanted = {"LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM",
               "Phi3ForCausalLM", "GemmaForCausalLM", "Gemma2ForCausalLM",
               "Olmo2ForCausalLM", "Olmo3ForCausalLM", "StableLmForCausalLM",
-              "Starcoder2ForCausalLM"}  # fmt: skip  # the last four: Kiln's own
+              "Starcoder2ForCausalLM", "CohereForCausalLM", "Cohere2ForCausalLM",
+              "MixtralForCausalLM", "Qwen3MoeForCausalLM"}  # fmt: skip  # from Olmo2: Kiln's own
     assert wanted <= builder_architectures()
     with pytest.raises(BuildError) as refused:
         check_architecture("GPTNeoXForCausalLM")

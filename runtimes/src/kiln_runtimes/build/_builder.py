@@ -19,9 +19,10 @@ RMSNorms at 1e-6 (a logit off by 7 on a tiny model). :class:`Olmo` builds them a
 runs them, and refuses ``clip_qkv``, which the builder leaves out.
 
 OLMo 2 and 3, which the builder does not know: :mod:`._olmo2` (their post-norms and Q/K norms
-across all heads; OLMo 3's sliding windows), dispatched as OLMo (:func:`olmo`). StableLM and
-Starcoder2, which it does not know either: :mod:`._llamalike` (LayerNorms, StableLM's partial
-RoPE and parallel residual, Starcoder2's biased GELU MLP), dispatched as Llama (:func:`llama`).
+across all heads; OLMo 3's sliding windows), dispatched as OLMo. StableLM, Starcoder2 and
+Command R, which it does not know either: :mod:`._llamalike`, dispatched as Llama. Mixtral and
+Qwen3-MoE: :mod:`._experts` (the sparse block as ONNX Runtime's ``MoE`` node), dispatched as
+Mistral and Qwen 3 (:func:`by_model_type`).
 
 SmolLM3: its layers without RoPE (``no_rope_layers``, every fourth) were built with RoPE moved
 out of the attention node, which asks for a ``position_ids`` input the graph does not have
@@ -37,7 +38,7 @@ from typing import Any
 import onnxruntime_genai.models  # noqa: F401 (puts the builder's own folder on sys.path)
 import transformers
 
-from kiln_runtimes.build import _llamalike, _rope
+from kiln_runtimes.build import _experts, _llamalike, _rope
 from kiln_runtimes.build._olmo2 import Olmo2, Olmo3
 
 builders: Any = importlib.import_module("builders")  # the package `builder.py` imports from
@@ -48,10 +49,10 @@ LOCAL = ("cos_cache_local", "sin_cache_local")
 READ_CONFIG = transformers.AutoConfig.from_pretrained
 HOSTS = {
     "Olmo2ForCausalLM": "OlmoForCausalLM", "Olmo3ForCausalLM": "OlmoForCausalLM",
-    **dict.fromkeys(_llamalike.ARCHITECTURES, _llamalike.HOST),
+    **dict.fromkeys(_llamalike.ARCHITECTURES, _llamalike.HOST), **_experts.HOSTS,
 }  # fmt: skip
 """Architectures the builder does not know, read under the name of one it does, whose class
-:func:`olmo` or :func:`llama` swaps for Kiln's by ``model_type``."""
+:func:`by_model_type` swaps for Kiln's."""
 
 
 class Gemma3(builders.Gemma3Model):  # type: ignore[misc]
@@ -97,18 +98,14 @@ class Olmo(builders.OLMoModel):  # type: ignore[misc]
         self.layernorm_attrs["epsilon"] = 1e-5  # transformers' OlmoLayerNorm
 
 
-def olmo(config: Any, *args: Any) -> Any:
-    """What the builder builds for ``OlmoForCausalLM``: OLMo 2's or 3's decoder for their
-    configs (read under OLMo's name, :data:`HOSTS`), else OLMo's."""
-    built = {"olmo2": Olmo2, "olmo3": Olmo3}.get(config.model_type, Olmo)
-    return built(config, *args)
+def by_model_type(host: Any, kinds: dict[str, Any]) -> Any:
+    """What the builder builds for a host architecture of :data:`HOSTS`: Kiln's class for the
+    configs read under its name (``kinds``, by ``model_type``), else the host's own."""
 
+    def build(config: Any, *args: Any) -> Any:
+        return kinds.get(config.model_type, host)(config, *args)
 
-def llama(config: Any, *args: Any) -> Any:
-    """What the builder builds for ``LlamaForCausalLM``: StableLM's or Starcoder2's decoder
-    for their configs (read under Llama's name, :data:`HOSTS`), else Llama's."""
-    built = _llamalike.MODEL_TYPES.get(config.model_type, LLAMA)
-    return built(config, *args)
+    return build
 
 
 def read_config(*args: Any, **kwargs: Any) -> Any:
@@ -157,8 +154,10 @@ def yarn_inv_freq(self: Any, inv_freq: Any) -> Any:
 
 if __name__ == "__main__":
     builders.Gemma3Model = Gemma3  # the builder's dispatch imports them from here
-    builders.OLMoModel = olmo
-    builders.LlamaModel = llama
+    builders.OLMoModel = by_model_type(Olmo, {"olmo2": Olmo2, "olmo3": Olmo3})
+    builders.LlamaModel = by_model_type(LLAMA, _llamalike.MODEL_TYPES)
+    builders.MistralModel = by_model_type(builders.MistralModel, {"mixtral": _experts.Mixtral})
+    builders.Qwen3Model = by_model_type(builders.Qwen3Model, {"qwen3_moe": _experts.Qwen3Moe})
     transformers.AutoConfig.from_pretrained = read_config  # type: ignore[method-assign]
     builders.SmolLM3Model = SmolLM3
     builders.Model.make_rope_init = yarn_init

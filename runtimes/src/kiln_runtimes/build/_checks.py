@@ -17,10 +17,10 @@ _HEADER_LIMIT = 100 * 1024 * 1024  # the safetensors format's own cap on the JSO
 _BUILDER_BRANCH = re.compile(r'config\.architectures\[0\] == "(\w+ForCausalLM)"')
 KILNS_OWN = frozenset({
     "Olmo2ForCausalLM", "Olmo3ForCausalLM", "StableLmForCausalLM", "Starcoder2ForCausalLM",
-    "CohereForCausalLM", "Cohere2ForCausalLM",
+    "CohereForCausalLM", "Cohere2ForCausalLM", "MixtralForCausalLM", "Qwen3MoeForCausalLM",
 })  # fmt: skip
 """Architectures Kiln's builder mends add (``_builder.HOSTS``: OLMo 2 and 3, StableLM,
-Starcoder2, Command R 1 and 2)."""
+Starcoder2, Command R 1 and 2, Mixtral, Qwen3-MoE)."""
 
 
 @functools.cache

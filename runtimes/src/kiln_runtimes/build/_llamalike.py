@@ -14,7 +14,7 @@ with ``x[..., 1::2]``) and its logits are scaled (``logit_scale``); Command R+'s
 (``use_qk_norm``) are refused. Cohere 2 (Command R7B) slides a window on its
 ``sliding_attention`` layers, and only those turn with RoPE. The builder's dispatch
 knows Llama's name: their configs are read under it (``_builder.read_config``) and
-``_builder.llama`` builds these classes by ``model_type``.
+``_builder.by_model_type`` builds these classes.
 """
 
 from __future__ import annotations

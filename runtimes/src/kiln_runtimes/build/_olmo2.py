@@ -6,9 +6,9 @@ attention or the MLP, an RMSNorm of each one's output before it joins the residu
 (``post_attention_layernorm``, ``post_feedforward_layernorm``), and RMSNorms of the whole query
 and key projections (``q_norm``, ``k_norm``: across all heads, not per head as Qwen 3's and
 Gemma 3's, so not the builder's own ``make_qk_norm``). The builder's dispatch knows OLMo's name
-only: their configs are read under it (``_builder.read_config``), and ``_builder.olmo`` builds
-their classes by ``model_type``. OLMo 3 is OLMo 2 with sliding windows on some layers
-(:class:`Olmo3`).
+only: their configs are read under it (``_builder.read_config``), and
+``_builder.by_model_type`` builds their classes. OLMo 3 is OLMo 2 with sliding windows on some
+layers (:class:`Olmo3`).
 """
 
 from __future__ import annotations
