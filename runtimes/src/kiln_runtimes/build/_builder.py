@@ -20,9 +20,10 @@ runs them, and refuses ``clip_qkv``, which the builder leaves out.
 
 OLMo 2 and 3, which the builder does not know: :mod:`._olmo2` (their post-norms and Q/K norms
 across all heads; OLMo 3's sliding windows), dispatched as OLMo. StableLM, Starcoder2 and
-Command R, which it does not know either: :mod:`._llamalike`, dispatched as Llama. Mixtral and
-Qwen3-MoE: :mod:`._experts` (the sparse block as ONNX Runtime's ``MoE`` node), dispatched as
-Mistral and Qwen 3 (:func:`by_model_type`).
+Command R, which it does not know either: :mod:`._llamalike`, :mod:`._cohere`, dispatched as
+Llama. Mixture-of-experts decoders (Mixtral, Qwen2/3-MoE, Granite's, OLMoE): :mod:`._moe`
+(the sparse block as ONNX Runtime's ``MoE`` node, :mod:`._experts`), dispatched as their dense
+hosts (:func:`by_model_type`).
 
 SmolLM3: its layers without RoPE (``no_rope_layers``, every fourth) were built with RoPE moved
 out of the attention node, which asks for a ``position_ids`` input the graph does not have
@@ -38,7 +39,7 @@ from typing import Any
 import onnxruntime_genai.models  # noqa: F401 (puts the builder's own folder on sys.path)
 import transformers
 
-from kiln_runtimes.build import _experts, _llamalike, _rope
+from kiln_runtimes.build import _cohere, _llamalike, _moe, _rope
 from kiln_runtimes.build._olmo2 import Olmo2, Olmo3
 
 builders: Any = importlib.import_module("builders")  # the package `builder.py` imports from
@@ -49,7 +50,8 @@ LOCAL = ("cos_cache_local", "sin_cache_local")
 READ_CONFIG = transformers.AutoConfig.from_pretrained
 HOSTS = {
     "Olmo2ForCausalLM": "OlmoForCausalLM", "Olmo3ForCausalLM": "OlmoForCausalLM",
-    **dict.fromkeys(_llamalike.ARCHITECTURES, _llamalike.HOST), **_experts.HOSTS,
+    **dict.fromkeys(_llamalike.ARCHITECTURES + _cohere.ARCHITECTURES, _llamalike.HOST),
+    **_moe.HOSTS,
 }  # fmt: skip
 """Architectures the builder does not know, read under the name of one it does, whose class
 :func:`by_model_type` swaps for Kiln's."""
@@ -154,10 +156,11 @@ def yarn_inv_freq(self: Any, inv_freq: Any) -> Any:
 
 if __name__ == "__main__":
     builders.Gemma3Model = Gemma3  # the builder's dispatch imports them from here
-    builders.OLMoModel = by_model_type(Olmo, {"olmo2": Olmo2, "olmo3": Olmo3})
-    builders.LlamaModel = by_model_type(LLAMA, _llamalike.MODEL_TYPES)
-    builders.MistralModel = by_model_type(builders.MistralModel, {"mixtral": _experts.Mixtral})
-    builders.Qwen3Model = by_model_type(builders.Qwen3Model, {"qwen3_moe": _experts.Qwen3Moe})
+    builders.OLMoModel = by_model_type(Olmo, {"olmo2": Olmo2, "olmo3": Olmo3, "olmoe": _moe.Olmoe})
+    builders.LlamaModel = by_model_type(LLAMA, {**_llamalike.MODEL_TYPES, **_cohere.MODEL_TYPES})
+    for host, model_type in _moe.HOSTED:
+        kiln = {model_type: _moe.MODEL_TYPES[model_type]}
+        setattr(builders, host, by_model_type(getattr(builders, host), kiln))
     transformers.AutoConfig.from_pretrained = read_config  # type: ignore[method-assign]
     builders.SmolLM3Model = SmolLM3
     builders.Model.make_rope_init = yarn_init

@@ -1,15 +1,13 @@
-"""Mixtral and Qwen3-MoE for the onnxruntime-genai builder, which has neither
-(``MixtralForCausalLM``, ``Qwen3MoeForCausalLM``).
+"""A mixture-of-experts block for the onnxruntime-genai builder's dense decoders (:mod:`._moe`).
 
-Both are a dense decoder (Mistral's, Qwen 3's) whose MLP is a sparse block: a router (``gate``,
-no bias) scores every expert, the softmax's top ``num_experts_per_tok`` are kept, renormalized
-to sum to one (Mixtral always; Qwen3-MoE if ``norm_topk_prob``), and each kept expert's SwiGLU
+A sparse block's router (``gate``, Granite's ``router``; no bias) scores every expert, the
+softmax's top ``num_experts_per_tok`` are kept, renormalized to sum to one if the config says
+so (``norm_topk_prob``; Mixtral's and Granite's always), and each kept expert's SwiGLU
 (``experts.gate_up_proj`` ``[E, 2I, H]``, ``experts.down_proj`` ``[E, H, I]``, as transformers 5
-keeps them) is weighed by its score. ONNX Runtime's ``MoE`` operator does all of it: the
-router's logits in, the weighted sum out. Qwen3-MoE's ``mlp_only_layers`` (and the layers
-``decoder_sparse_step`` skips) keep a dense MLP of ``intermediate_size``. The builder's
-dispatch knows Mistral's and Qwen 3's names: their configs are read under them
-(``_builder.HOSTS``) and ``_builder.by_model_type`` builds these classes.
+keeps them) is weighed by its score. ONNX Runtime's ``MoE`` operator does all of it (``QMoE``
+at int4/int8): the router's logits in, the weighted sum out. A shared expert (Qwen2-MoE's) joins
+through its sigmoid gate. Layers whose MLP is dense (``mlp_only_layers``) keep it, at
+``intermediate_size``.
 """
 
 from __future__ import annotations
@@ -54,7 +52,14 @@ class Experts:
         builders.Model.make_interleaved_swiglu_moe_preprocessing(self, layer_id, moe)
 
     def make_moe_router(self, layer_id: int, moe: Any, root_input: str) -> None:
-        builders.Qwen35MoETextModel.make_moe_router(self, layer_id, moe, root_input)
+        router = moe.router if hasattr(moe, "router") else moe.gate  # Granite's, the others'
+        name = f"/model/layers.{layer_id}/moe/router"
+        logits = builders.Model.make_matmul(self, router, f"{name}/MatMul", root_input)
+        builders.Model.make_reshape(
+            self, f"{name}/Reshape",
+            [f"{logits}/output_0", f"/model/constants/INT64/{[-1, self.moe_attrs['num_experts']]}"],
+            dtype=self.io_dtype, shape=builders.Model.make_moe_router_shape(self),
+        )  # fmt: skip
 
     def make_moe_subgraph(self, layer_id: int, moe: Any, root_input: str) -> None:
         names = builders.Model.make_moe_expert_names(self, layer_id)
@@ -69,18 +74,16 @@ class Experts:
             scales2=names["down_scales"] if quantized else "",
         )  # fmt: skip
         self.layernorm_attrs["skip_input"] = f"{name}/output_0"
+        if hasattr(moe, "shared_expert"):  # Qwen2-MoE's, gated by a sigmoid
+            shared, gate = builders.Qwen35MoETextModel.make_shared_expert(
+                self, layer_id, moe.shared_expert, moe.shared_expert_gate, root_input
+            )
+            added = f"/model/layers.{layer_id}/moe/GatedAdd"
+            self.make_gated_add(added, f"{name}/output_0", shared, gate,
+                                shape=self.make_hidden_state_shape())  # fmt: skip
+            self.layernorm_attrs["skip_input"] = f"{added}/output_0"
 
+    io_dtype: Any
     layernorm_attrs: dict[str, Any]
-
-
-class Mixtral(Experts, builders.MistralModel):  # type: ignore[misc]
-    """Mixtral: Mistral's decoder, a sparse block in every layer."""
-
-
-class Qwen3Moe(Experts, builders.Qwen3Model):  # type: ignore[misc]
-    """Qwen3-MoE: Qwen 3's decoder (per-head Q/K norms), sparse blocks."""
-
-
-MODEL_TYPES = {"mixtral": Mixtral, "qwen3_moe": Qwen3Moe}
-HOSTS = {"MixtralForCausalLM": "MistralForCausalLM", "Qwen3MoeForCausalLM": "Qwen3ForCausalLM"}
-"""The builder's names these are read under."""
+    make_gated_add: Any
+    make_hidden_state_shape: Any

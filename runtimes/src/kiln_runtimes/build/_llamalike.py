@@ -1,20 +1,15 @@
-"""StableLM, Starcoder2 and Cohere's Command R (1 and 2) for the onnxruntime-genai builder,
-which has none of them (``StableLmForCausalLM``, ``Starcoder2ForCausalLM``,
-``CohereForCausalLM``, ``Cohere2ForCausalLM``).
+"""StableLM and Starcoder2 for the onnxruntime-genai builder, which has neither
+(``StableLmForCausalLM``, ``Starcoder2ForCausalLM``).
 
 Each is Llama's decoder with LayerNorms (weight and bias, at the config's epsilon) where Llama
-has RMSNorms. StableLM keeps Llama's gated MLP and turns a share of each head
-(``partial_rotary_factor``, a quarter) with RoPE; with ``use_parallel_residual`` its attention
-and MLP read the same norm's output and both join the stream at once (Phi's layer). Starcoder2's
-MLP is ``c_fc``, a tanh GELU, ``c_proj``, each with a bias (Phi's ``fc1``/``fc2``), its
-attention has biases, and a ``sliding_window`` is served as Mistral's. StableLM 2 12B's
-per-head Q/K LayerNorms (``qk_layernorm``) are refused, not built wrong. Cohere's layer is the
-parallel one, its LayerNorms have no bias, its RoPE turns interleaved pairs (``x[..., ::2]``
-with ``x[..., 1::2]``) and its logits are scaled (``logit_scale``); Command R+'s Q/K norms
-(``use_qk_norm``) are refused. Cohere 2 (Command R7B) slides a window on its
-``sliding_attention`` layers, and only those turn with RoPE. The builder's dispatch
-knows Llama's name: their configs are read under it (``_builder.read_config``) and
-``_builder.by_model_type`` builds these classes.
+has RMSNorms (:class:`LayerNormed`, :mod:`._cohere`'s too). StableLM keeps Llama's gated MLP and
+turns a share of each head (``partial_rotary_factor``, a quarter) with RoPE; with
+``use_parallel_residual`` its attention and MLP read the same norm's output and both join the
+stream at once (Phi's layer). Starcoder2's MLP is ``c_fc``, a tanh GELU, ``c_proj``, each with
+a bias (Phi's ``fc1``/``fc2``), its attention has biases, and a ``sliding_window`` is served as
+Mistral's. StableLM 2 12B's per-head Q/K LayerNorms (``qk_layernorm``) are refused, not built
+wrong. The builder's dispatch knows Llama's name: their configs are read under it
+(``_builder.read_config``) and ``_builder.by_model_type`` builds these classes.
 """
 
 from __future__ import annotations
@@ -68,46 +63,7 @@ class Starcoder2(LayerNormed):
         super().make_mlp(layer_id, SimpleNamespace(fc1=mlp.c_fc, fc2=mlp.c_proj), root_input)
 
 
-class Cohere(LayerNormed):
-    """Command R's decoder: parallel layers, bias-free LayerNorms, interleaved RoPE."""
-
-    refused = ("use_qk_norm", "Command R+'s Q/K norms")
-
-    def __init__(self, config: Any, *args: Any) -> None:
-        super().__init__(config, *args)
-        self.rope_attrs["interleaved"] = 1
-        self.lm_head_attrs["scale"] = config.logit_scale
-
-    def make_layer(self, layer_id: int, layer: Any) -> None:
-        builders.PhiModel.make_layer(self, layer_id, layer)
-
-    def make_layernorm(self, layer_id: int, layernorm: Any, *args: Any, **kwargs: Any) -> None:
-        if getattr(layernorm, "bias", None) is None:  # CohereLayerNorm: a scale, no shift
-            layernorm = SimpleNamespace(
-                weight=layernorm.weight, bias=layernorm.weight.new_zeros(layernorm.weight.shape)
-            )
-        super().make_layernorm(layer_id, layernorm, *args, **kwargs)
-
-
-class Cohere2(Cohere):
-    """Command R7B's decoder: Cohere's, windowed layers with RoPE, global ones without."""
-
-    window_size: int
-
-    def make_attention(self, layer_id: int, attention: Any, root_input: str, **kwargs: Any) -> None:
-        attrs, window = self.attention_attrs, self.window_size
-        kept = attrs["rope"], attrs["use_rope_in_attn"]
-        if self.layer_types[layer_id] == "full_attention":
-            attrs["rope"] = attrs["use_rope_in_attn"] = False
-            self.window_size = -1
-        try:
-            super().make_attention(layer_id, attention, root_input, **kwargs)
-        finally:
-            (attrs["rope"], attrs["use_rope_in_attn"]), self.window_size = kept, window
-
-
-MODEL_TYPES = {"stablelm": StableLm, "starcoder2": Starcoder2, "cohere": Cohere, "cohere2": Cohere2}
-ARCHITECTURES = ("StableLmForCausalLM", "Starcoder2ForCausalLM", "CohereForCausalLM",
-                 "Cohere2ForCausalLM")  # fmt: skip
+MODEL_TYPES = {"stablelm": StableLm, "starcoder2": Starcoder2}
+ARCHITECTURES = ("StableLmForCausalLM", "Starcoder2ForCausalLM")
 HOST = "LlamaForCausalLM"
 """The builder's name these are read under."""
