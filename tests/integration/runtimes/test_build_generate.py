@@ -1,6 +1,6 @@
 """Generation builds of tiny random Llama, Qwen2, Phi-3, Gemma, Mistral, Gemma 2, Gemma 3, OLMo
-(1-3), SmolLM3, StableLM, Starcoder2, Command R7B and Qwen3-MoE folders through the builder
-(:mod:`kiln_runtimes.build._builder`'s mends).
+(1-3), SmolLM3, StableLM, Starcoder2, Command R7B, Qwen3-MoE, GPT-2 and OPT folders through the
+builder (:mod:`kiln_runtimes.build._builder`'s mends).
 
 fp32 builds must reproduce transformers' greedy output token for token (the models are drawn
 with a wide init so their logits are far from ties); an int4 build reports how far it drifts;
@@ -46,6 +46,8 @@ ARCHITECTURES = {
     "starcoder2": "Starcoder2ForCausalLM",
     "cohere2": "Cohere2ForCausalLM",
     "qwen3_moe": "Qwen3MoeForCausalLM",
+    "gpt2": "GPT2LMHeadModel",
+    "opt": "OPTForCausalLM",
 }
 WINDOWS = {"mistral": 24, "gemma2": 48, "gemma3": 24, "olmo3": 24, "starcoder2": 24, "cohere2": 24}
 """Sliding windows shorter than the accuracy check's 72 positions and the prompts served."""
@@ -220,14 +222,15 @@ def _windows(folder: Path) -> tuple[dict[str, Any], set[int]]:
     return window, sizes
 
 
-@pytest.mark.parametrize("kind", ["llama", *WINDOWS])
+@pytest.mark.parametrize("kind", ["llama", *WINDOWS, "opt"])
 async def test_an_fp32_build_scores_a_prompt_as_transformers(
     kind: str, fp32: dict[str, Any], sources: dict[str, Path], tiny_models: Any
 ) -> None:
     """``prompt_logprobs``: every prompt token's log-probability and top alternatives, scored
     over several prefill chunks and never from the prefix cache (a restored block has no
     logits), equal to transformers' log-softmax on the source weights; a model with a sliding
-    window attends to no more than it, prefilled in chunks or restored from the cache."""
+    window attends to no more than it, prefilled in chunks or restored from the cache; OPT's
+    learned positions, read from the mask in the graph, are right in every chunk."""
     import torch
     from tokenizers import Tokenizer
     from transformers import AutoModelForCausalLM

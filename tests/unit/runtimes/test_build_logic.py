@@ -42,6 +42,7 @@ from kiln_runtimes.protocol import ModelManifest
     [
         ({"architectures": ["LlamaForCausalLM"]}, False, "generate"),
         ({"architectures": ["Qwen3ForCausalLM"]}, False, "generate"),
+        ({"architectures": ["GPT2LMHeadModel"]}, False, "generate"),
         ({"architectures": ["BertModel"]}, False, "embeddings"),
         ({"architectures": ["XLMRobertaModel"]}, True, "embeddings"),
         ({"model_type": "bert"}, False, "embeddings"),
@@ -109,7 +110,9 @@ def test_builder_architectures_cover_the_brief() -> None:
               "Phi3ForCausalLM", "GemmaForCausalLM", "Gemma2ForCausalLM",
               "Olmo2ForCausalLM", "Olmo3ForCausalLM", "StableLmForCausalLM",
               "Starcoder2ForCausalLM", "CohereForCausalLM", "Cohere2ForCausalLM",
-              "MixtralForCausalLM", "Qwen3MoeForCausalLM"}  # fmt: skip  # from Olmo2: Kiln's own
+              "MixtralForCausalLM", "Qwen3MoeForCausalLM", "Qwen2MoeForCausalLM",
+              "GraniteMoeForCausalLM", "OlmoeForCausalLM", "GPT2LMHeadModel",
+              "OPTForCausalLM"}  # fmt: skip  # from Olmo2: Kiln's own
     assert wanted <= builder_architectures()
     with pytest.raises(BuildError) as refused:
         check_architecture("GPTNeoXForCausalLM")

@@ -45,7 +45,8 @@ def detect(path: Path, task: Task | None = None) -> Source:
         if found is None:
             raise BuildError(
                 f"cannot tell the task from architecture {architecture!r}: a generation model "
-                "is *ForCausalLM, an embeddings model a BERT-family encoder or a "
+                "is *ForCausalLM (or GPT2LMHeadModel), an embeddings model a BERT-family "
+                "encoder or a "
                 "*ForSequenceClassification (a cross-encoder of one label, a classifier of "
                 "more) (pass --task)",
                 file="config.json",
@@ -64,7 +65,7 @@ def detect(path: Path, task: Task | None = None) -> Source:
 def task_for(config: dict[str, Any], *, has_modules: bool) -> Task | None:
     """The task a Hugging Face ``config.json`` implies, or None if it implies none."""
     architecture = first_architecture(config) or ""
-    if architecture.endswith("ForCausalLM"):
+    if architecture.endswith(("ForCausalLM", "LMHeadModel")):  # GPT-2's: GPT2LMHeadModel
         return "generate"
     if has_modules or architecture in ENCODER_ARCHITECTURES or classes(config):
         return "embeddings"

@@ -1,0 +1,163 @@
+"""GPT-2 and OPT for the onnxruntime-genai builder, which has neither (``GPT2LMHeadModel``,
+``OPTForCausalLM``): decoders whose positions are learned embeddings, not RoPE.
+
+A position's embedding is added to its token's before the first layer. The graph has no
+``position_ids`` input (Kiln's runner and GenAI's Generator feed ``input_ids`` and
+``attention_mask``), so positions are read from the mask, as the attention reads lengths from
+it: token ``i`` of a row of ``S`` new tokens is at ``sum(mask) - S + i``. That holds for what
+runs these graphs: a prefill is one row without padding, a decode step one new token a row.
+
+GPT-2: LayerNorms with biases, the fused Q/K/V and output projections stored as ``Conv1D``
+(``[in, out]``: transposed to a linear layer's ``[out, in]`` here), a tanh-GELU MLP of the same
+kind, a tied head; ``scale_attn_by_inverse_layer_idx`` and ``reorder_and_upcast_attn`` are
+refused. OPT: its positions offset by 2 rows, pre-norm layers whose MLP (``fc1``, ReLU,
+``fc2``) sits on the layer itself; a post-norm config (``do_layer_norm_before`` false, OPT-350m's)
+or one that projects its embeddings (``word_embed_proj_dim``) is refused.
+"""
+
+from __future__ import annotations
+
+import importlib
+from types import SimpleNamespace
+from typing import Any
+
+import onnx_ir as ir
+import onnxruntime_genai.models  # noqa: F401 (puts the builder's own folder on sys.path)
+
+builders: Any = importlib.import_module("builders")
+INT64 = "/model/constants/INT64"
+
+
+class Learned(builders.Model):  # type: ignore[misc]
+    """A decoder with learned positions, LayerNorms and no RoPE."""
+
+    offset = 0
+    """Rows of the position table before position 0 (OPT's 2)."""
+
+    def __init__(self, config: Any, *args: Any) -> None:
+        config.hidden_act = config.activation_function
+        config.num_key_value_heads = config.num_attention_heads  # no grouped queries
+        super().__init__(config, *args)
+        self.layernorm_attrs["simple"] = False
+        self.attention_attrs["rope"] = self.attention_attrs["use_rope_in_attn"] = False
+        self.input_names.pop("position_ids", None)
+        self.mlp_attrs["use_proj"], self.mlp_attrs["use_fc"] = False, True
+
+    def positions(self) -> Any:
+        """The position table, ``[rows, hidden]``."""
+        raise NotImplementedError
+
+    def make_embedding(self, embedding: Any) -> None:
+        super().make_embedding(embedding)
+        table = "model.embed_positions.weight"
+        self.make_initializer(self.positions(), table, to=self.io_dtype)
+        name, shape = "/model/embed_positions", self.make_hidden_state_shape()
+        rows = ["batch_size", "sequence_length"]
+        mask, ids = self.input_names["attention_mask"], self.input_names["input_ids"]
+        # op, inputs (":X": node X's output), output shape, attributes
+        nodes: tuple[tuple[str, list[str], list[Any], dict[str, Any]], ...] = (
+            ("ReduceSum", [mask, f"{INT64}/[1]"], ["batch_size", 1], {"keepdims": 1}),
+            ("Cast", [":ReduceSum"], ["batch_size", 1], {"to": ir.DataType.INT64}),
+            ("Shape", [ids], [1], {"start": 1, "end": 2}),
+            ("Sub", [":Cast", ":Shape"], ["batch_size", 1], {}),
+            ("Squeeze", [":Shape"], [], {}),
+            ("Range", [f"{INT64}/0", ":Squeeze", f"{INT64}/1"], ["sequence_length"], {}),
+            ("Add", [":Sub", ":Range"], rows, {}),
+            ("Offset", [":Add", f"{INT64}/{self.offset}"], rows, {}),
+            ("Gather", [table, ":Offset"], shape, {}),
+            ("Tokens", [self.layernorm_attrs["root_input"], ":Gather"], shape, {}),
+        )
+        for op, inputs, dims, attrs in nodes:
+            named = [f"{name}/{i[1:]}/output_0" if i.startswith(":") else i for i in inputs]
+            kind = "Add" if op in ("Offset", "Tokens") else op
+            dtype = self.io_dtype if op in ("Gather", "Tokens") else ir.DataType.INT64
+            self.make_node(kind, named, [f"{name}/{op}/output_0"], name=f"{name}/{op}", **attrs)
+            self.make_value(f"{name}/{op}/output_0", dtype, shape=dims)
+        self.layernorm_attrs["root_input"] = self.layernorm_attrs["skip_input"] = (
+            f"{name}/Tokens/output_0"
+        )
+
+
+class Gpt2(Learned):
+    """GPT-2: ``transformer.h`` blocks of ``Conv1D`` projections."""
+
+    def __init__(self, config: Any, *args: Any) -> None:
+        for flag in ("scale_attn_by_inverse_layer_idx", "reorder_and_upcast_attn"):
+            if getattr(config, flag, False):
+                raise ValueError(f"GPT-2's {flag} is not built")
+        config.intermediate_size = config.n_inner or 4 * config.n_embd
+        super().__init__(config, *args)
+        self.layernorm_attrs["epsilon"] = config.layer_norm_epsilon
+
+    def positions(self) -> Any:
+        return self.weights.transformer.wpe.weight
+
+    def is_layer(self, module: Any) -> bool:
+        return type(module).__name__ == "GPT2Block"
+
+    def has_final_norm(self, module: Any, model: Any) -> bool:
+        return module is model.transformer.ln_f
+
+    def make_layer(self, layer_id: int, block: Any) -> None:
+        q, k, v = (_linear(part) for part in _conv_split(block.attn.c_attn, 3))
+        layer = SimpleNamespace(
+            input_layernorm=block.ln_1, post_attention_layernorm=block.ln_2,
+            self_attn=SimpleNamespace(q_proj=q, k_proj=k, v_proj=v,
+                                      o_proj=_linear(block.attn.c_proj)),
+            mlp=SimpleNamespace(fc1=_linear(block.mlp.c_fc), fc2=_linear(block.mlp.c_proj)),
+        )  # fmt: skip
+        super().make_layer(layer_id, layer)
+
+    weights: Any
+
+
+def _conv_split(conv: Any, parts: int) -> list[SimpleNamespace]:
+    """A fused ``Conv1D``'s ``parts`` equal column blocks, each a ``Conv1D``-like namespace."""
+    width = conv.weight.shape[1] // parts
+    return [
+        SimpleNamespace(weight=conv.weight[:, i * width:(i + 1) * width],
+                        bias=conv.bias[i * width:(i + 1) * width])
+        for i in range(parts)
+    ]  # fmt: skip
+
+
+def _linear(conv: Any) -> SimpleNamespace:
+    """A ``Conv1D`` (``[in, out]``) as a linear layer (``[out, in]``)."""
+    return SimpleNamespace(weight=conv.weight.t().contiguous(), bias=conv.bias)
+
+
+class Opt(Learned):
+    """OPT: pre-norm layers, their MLP on the layer, the final norm before the layers."""
+
+    offset = 2
+
+    def __init__(self, config: Any, *args: Any) -> None:
+        if not config.do_layer_norm_before or config.word_embed_proj_dim != config.hidden_size:
+            raise ValueError("OPT with post-norm layers or projected embeddings is not built")
+        config.intermediate_size = config.ffn_dim
+        super().__init__(config, *args)
+        self.layernorm_attrs["epsilon"] = 1e-5  # torch's LayerNorm, OPT's
+
+    def positions(self) -> Any:
+        return self.weights.model.decoder.embed_positions.weight
+
+    def has_final_norm(self, module: Any, model: Any) -> bool:
+        return False  # listed before the layers, so :meth:`make_layer` makes it after the last
+
+    def make_layer(self, layer_id: int, layer: Any) -> None:
+        flat = SimpleNamespace(
+            input_layernorm=layer.self_attn_layer_norm, self_attn=layer.self_attn,
+            post_attention_layernorm=layer.final_layer_norm,
+            mlp=SimpleNamespace(fc1=layer.fc1, fc2=layer.fc2),
+        )  # fmt: skip
+        super().make_layer(layer_id, flat)
+        if layer_id == self.num_layers - 1:
+            norm = self.weights.model.decoder.final_layer_norm
+            self.make_layernorm(layer_id + 1, norm, skip=True, simple=False, location="final_norm")
+
+    num_layers: int
+    weights: Any
+
+
+MODEL_TYPES = {"gpt2": Gpt2, "opt": Opt}
+ARCHITECTURES = ("GPT2LMHeadModel", "OPTForCausalLM")
