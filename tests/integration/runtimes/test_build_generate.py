@@ -1,6 +1,6 @@
 """Generation builds of tiny random Llama, Qwen2, Phi-3, Gemma, Mistral, Gemma 2, Gemma 3, OLMo
-(1-3), SmolLM3, StableLM, Starcoder2, Command R7B, Qwen3-MoE, GPT-2 and OPT folders through the
-builder (:mod:`kiln_runtimes.build._builder`'s mends).
+(1-3), SmolLM3, StableLM, Starcoder2, Command R7B, Qwen3-MoE, GPT-2, OPT and GPT-NeoX
+folders through the builder (:mod:`kiln_runtimes.build._builder`'s mends).
 
 fp32 builds must reproduce transformers' greedy output token for token (the models are drawn
 with a wide init so their logits are far from ties); an int4 build reports how far it drifts;
@@ -48,6 +48,7 @@ ARCHITECTURES = {
     "qwen3_moe": "Qwen3MoeForCausalLM",
     "gpt2": "GPT2LMHeadModel",
     "opt": "OPTForCausalLM",
+    "gpt_neox": "GPTNeoXForCausalLM",
 }
 WINDOWS = {"mistral": 24, "gemma2": 48, "gemma3": 24, "olmo3": 24, "starcoder2": 24, "cohere2": 24}
 """Sliding windows shorter than the accuracy check's 72 positions and the prompts served."""

@@ -39,7 +39,7 @@ from typing import Any
 import onnxruntime_genai.models  # noqa: F401 (puts the builder's own folder on sys.path)
 import transformers
 
-from kiln_runtimes.build import _cohere, _learned, _llamalike, _moe, _rope
+from kiln_runtimes.build import _cohere, _learned, _llamalike, _moe, _neox, _rope
 from kiln_runtimes.build._olmo2 import Olmo2, Olmo3
 
 builders: Any = importlib.import_module("builders")  # the package `builder.py` imports from
@@ -51,7 +51,9 @@ READ_CONFIG = transformers.AutoConfig.from_pretrained
 HOSTS = {
     "Olmo2ForCausalLM": "OlmoForCausalLM", "Olmo3ForCausalLM": "OlmoForCausalLM",
     **dict.fromkeys(
-        _llamalike.ARCHITECTURES + _cohere.ARCHITECTURES + _learned.ARCHITECTURES, _llamalike.HOST
+        _llamalike.ARCHITECTURES + _cohere.ARCHITECTURES + _learned.ARCHITECTURES
+        + _neox.ARCHITECTURES,
+        _llamalike.HOST,
     ),
     **_moe.HOSTS,
 }  # fmt: skip
@@ -159,7 +161,8 @@ def yarn_inv_freq(self: Any, inv_freq: Any) -> Any:
 if __name__ == "__main__":
     builders.Gemma3Model = Gemma3  # the builder's dispatch imports them from here
     builders.OLMoModel = by_model_type(Olmo, {"olmo2": Olmo2, "olmo3": Olmo3, "olmoe": _moe.Olmoe})
-    kinds = {**_llamalike.MODEL_TYPES, **_cohere.MODEL_TYPES, **_learned.MODEL_TYPES}
+    kinds = {**_llamalike.MODEL_TYPES, **_cohere.MODEL_TYPES, **_learned.MODEL_TYPES,
+             **_neox.MODEL_TYPES}  # fmt: skip
     builders.LlamaModel = by_model_type(LLAMA, kinds)
     for host, model_type in _moe.HOSTED:
         kiln = {model_type: _moe.MODEL_TYPES[model_type]}
