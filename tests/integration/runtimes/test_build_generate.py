@@ -1,6 +1,6 @@
 """Generation builds of tiny random Llama, Qwen2, Phi-3, Gemma, Mistral, Gemma 2, Gemma 3, OLMo
-(1-3), SmolLM3, StableLM, Starcoder2, Command R7B, Qwen3-MoE, GPT-2, OPT and GPT-NeoX
-folders through the builder (:mod:`kiln_runtimes.build._builder`'s mends).
+(1-3), SmolLM3, StableLM, Starcoder2, Command R7B, Qwen3-MoE, GPT-2, OPT, GPT-NeoX and
+Phi-2 folders through the builder (:mod:`kiln_runtimes.build._builder`'s mends).
 
 fp32 builds must reproduce transformers' greedy output token for token (the models are drawn
 with a wide init so their logits are far from ties); an int4 build reports how far it drifts;
@@ -10,7 +10,8 @@ checked, so attending past them would show; Gemma 3's local and global layers ea
 own RoPE (the global one's scaled), so a layer given the other's would show too; Qwen2's RoPE
 is YaRN's; OLMo's norms are weightless LayerNorms; one of SmolLM3's layers has no RoPE;
 StableLM turns a quarter of each head; StableLM's and Starcoder2's norms are LayerNorms with
-biases; Command R7B's (Cohere 2's) layer runs attention and MLP in parallel, its RoPE turns
+biases, at their configs' epsilon (Phi-2's too: the builder's 1e-6 made it 1.8e-3 off);
+Command R7B's (Cohere 2's) layer runs attention and MLP in parallel, its RoPE turns
 interleaved pairs on its windowed layer only, and its logits are scaled by 1/16.
 """
 
@@ -49,6 +50,7 @@ ARCHITECTURES = {
     "gpt2": "GPT2LMHeadModel",
     "opt": "OPTForCausalLM",
     "gpt_neox": "GPTNeoXForCausalLM",
+    "phi": "PhiForCausalLM",
 }
 WINDOWS = {"mistral": 24, "gemma2": 48, "gemma3": 24, "olmo3": 24, "starcoder2": 24, "cohere2": 24}
 """Sliding windows shorter than the accuracy check's 72 positions and the prompts served."""

@@ -25,6 +25,11 @@ Llama. Mixture-of-experts decoders (Mixtral, Qwen2/3-MoE, Granite's, OLMoE): :mo
 (the sparse block as ONNX Runtime's ``MoE`` node, :mod:`._experts`), dispatched as their dense
 hosts (:func:`by_model_type`).
 
+LayerNorms' epsilon: the builder reads ``rms_norm_eps`` only, else takes 1e-6, so Phi-2's and
+Nemotron's norms (``layer_norm_eps``, ``norm_eps``, 1e-5) were built at 1e-6 (logits 1.8e-3
+and 9.5e-3 off on tiny models, 3.4e-5 and 1.1e-4 now). :func:`read_epsilon` reads the config's
+own (:data:`EPSILONS`).
+
 SmolLM3: its layers without RoPE (``no_rope_layers``, every fourth) were built with RoPE moved
 out of the attention node, which asks for a ``position_ids`` input the graph does not have
 (``KeyError: 'position_ids'``). :class:`SmolLM3` builds them with no RoPE at all.
@@ -43,6 +48,7 @@ from kiln_runtimes.build import _cohere, _learned, _llamalike, _moe, _neox, _rop
 from kiln_runtimes.build._olmo2 import Olmo2, Olmo3
 
 builders: Any = importlib.import_module("builders")  # the package `builder.py` imports from
+BASE_INIT = builders.Model.__init__
 BASE_ROPE_INIT = builders.Model.make_rope_init
 LLAMA = builders.LlamaModel
 GLOBAL = ("cos_cache_global", "sin_cache_global")
@@ -141,6 +147,20 @@ class SmolLM3(builders.SmolLM3Model):  # type: ignore[misc]
             (attrs["rope"], attrs["use_rope_in_attn"]), self.window_size = kept, window
 
 
+EPSILONS = ("layer_norm_eps", "norm_eps", "layer_norm_epsilon", "norm_epsilon")
+"""Where configs without ``rms_norm_eps`` keep their norms' epsilon (Phi-2's and GPT-NeoX's,
+Nemotron's, GPT-2's, Starcoder2's)."""
+
+
+def read_epsilon(self: Any, config: Any, *args: Any) -> None:
+    """The base builder's settings, its norms' epsilon the config's under any of
+    :data:`EPSILONS` (the builder reads ``rms_norm_eps`` only, else 1e-6)."""
+    BASE_INIT(self, config, *args)
+    if getattr(config, "rms_norm_eps", None) is None:
+        named = (getattr(config, name, None) for name in EPSILONS)
+        self.layernorm_attrs["epsilon"] = next((e for e in named if e is not None), 1e-6)
+
+
 def yarn_init(self: Any, config: Any) -> None:
     """The base builder's RoPE settings, YaRN's as transformers reads them."""
     params = getattr(config, "rope_parameters", None)
@@ -169,6 +189,7 @@ if __name__ == "__main__":
         setattr(builders, host, by_model_type(getattr(builders, host), kiln))
     transformers.AutoConfig.from_pretrained = read_config  # type: ignore[method-assign]
     builders.SmolLM3Model = SmolLM3
+    builders.Model.__init__ = read_epsilon
     builders.Model.make_rope_init = yarn_init
     builders.Model.make_inv_freq_rescaled_with_ntk = yarn_inv_freq
     runpy.run_module("onnxruntime_genai.models.builder", run_name="__main__", alter_sys=True)

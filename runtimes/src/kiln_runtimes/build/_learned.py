@@ -87,7 +87,6 @@ class Gpt2(Learned):
                 raise ValueError(f"GPT-2's {flag} is not built")
         config.intermediate_size = config.n_inner or 4 * config.n_embd
         super().__init__(config, *args)
-        self.layernorm_attrs["epsilon"] = config.layer_norm_epsilon
 
     def positions(self) -> Any:
         return self.weights.transformer.wpe.weight

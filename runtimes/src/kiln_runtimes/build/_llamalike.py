@@ -24,10 +24,9 @@ builders: Any = importlib.import_module("builders")
 
 
 class LayerNormed(builders.LlamaModel):  # type: ignore[misc]
-    """Llama's decoder with LayerNorms at the epsilon its config names (``epsilon``); a config
-    that turns on what is not built (``refused``) is refused."""
+    """Llama's decoder with LayerNorms (at the config's epsilon: ``_builder.read_epsilon``); a
+    config that turns on what is not built (``refused``) is refused."""
 
-    epsilon = "layer_norm_eps"
     refused: tuple[str, str] | None = None
 
     def __init__(self, config: Any, *args: Any) -> None:
@@ -35,7 +34,6 @@ class LayerNormed(builders.LlamaModel):  # type: ignore[misc]
             raise ValueError(f"{self.refused[1]} ({self.refused[0]}) are not built")
         super().__init__(config, *args)
         self.layernorm_attrs["simple"] = False
-        self.layernorm_attrs["epsilon"] = getattr(config, self.epsilon)
 
 
 class StableLm(LayerNormed):
@@ -52,8 +50,6 @@ class StableLm(LayerNormed):
 
 class Starcoder2(LayerNormed):
     """Starcoder2's decoder: LayerNorms, biases, a plain GELU MLP."""
-
-    epsilon = "norm_epsilon"
 
     def __init__(self, config: Any, *args: Any) -> None:
         super().__init__(config, *args)
