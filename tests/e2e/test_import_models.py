@@ -986,10 +986,10 @@ def _failed(kiln: KilnProcess, name: str, body: bytes, **params: str) -> dict[st
 def test_unsupported_architecture_fails_the_job(
     kiln: KilnProcess, built: dict[str, Any], sources: dict[str, Path], tmp_path: Path
 ) -> None:
-    folder = _damaged(sources["llama"], tmp_path, _architecture("GPTNeoXForCausalLM"))
+    folder = _damaged(sources["llama"], tmp_path, _architecture("BloomForCausalLM"))
     job = _failed(kiln, "bad-arch", _tar(folder))
     assert (job["error_file"], job["error_field"]) == ("config.json", "architectures")
-    assert "GPTNeoXForCausalLM" in job["reason"]
+    assert "BloomForCausalLM" in job["reason"]
 
 
 def test_missing_tokenizer_fails_the_job(

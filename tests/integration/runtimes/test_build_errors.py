@@ -34,13 +34,13 @@ def _refused(build_cli: Any, source: Path, tmp_path: Path, *args: str) -> dict[s
 
 
 def test_unsupported_architecture(llama: Path, tmp_path: Path, build_cli: Any) -> None:
-    source = _copy(llama, tmp_path / "neox")
+    source = _copy(llama, tmp_path / "bloom")
     config = json.loads((source / "config.json").read_text())
-    config["architectures"] = ["GPTNeoXForCausalLM"]
+    config["architectures"] = ["BloomForCausalLM"]
     (source / "config.json").write_text(json.dumps(config))
     error = _refused(build_cli, source, tmp_path)
     assert (error["file"], error["field"]) == ("config.json", "architectures")
-    assert "GPTNeoXForCausalLM" in error["error"]
+    assert "BloomForCausalLM" in error["error"]
     assert "LlamaForCausalLM" in error["error"]  # the list of what is supported
 
 

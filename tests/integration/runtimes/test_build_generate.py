@@ -1,6 +1,6 @@
 """Generation builds of tiny random Llama, Qwen2, Phi-3, Gemma, Mistral, Gemma 2, Gemma 3, OLMo
-(1-3), SmolLM3, StableLM, Starcoder2, Command R7B, Qwen3-MoE, GPT-2, OPT, GPT-NeoX and
-Phi-2 folders through the builder (:mod:`kiln_runtimes.build._builder`'s mends).
+(1-3), SmolLM3, StableLM, Starcoder2, Command R7B, Qwen3-MoE, GPT-2, OPT, GPT-NeoX,
+Phi-2 and GLM-4 folders through the builder (:mod:`kiln_runtimes.build._builder`'s mends).
 
 fp32 builds must reproduce transformers' greedy output token for token (the models are drawn
 with a wide init so their logits are far from ties); an int4 build reports how far it drifts;
@@ -12,7 +12,8 @@ is YaRN's; OLMo's norms are weightless LayerNorms; one of SmolLM3's layers has n
 StableLM turns a quarter of each head; StableLM's and Starcoder2's norms are LayerNorms with
 biases, at their configs' epsilon (Phi-2's too: the builder's 1e-6 made it 1.8e-3 off);
 Command R7B's (Cohere 2's) layer runs attention and MLP in parallel, its RoPE turns
-interleaved pairs on its windowed layer only, and its logits are scaled by 1/16.
+interleaved pairs on its windowed layer only, and its logits are scaled by 1/16; GLM-4's on
+half of each head, and it norms each sublayer's output before the residual add.
 """
 
 from __future__ import annotations
@@ -51,6 +52,7 @@ ARCHITECTURES = {
     "opt": "OPTForCausalLM",
     "gpt_neox": "GPTNeoXForCausalLM",
     "phi": "PhiForCausalLM",
+    "glm4": "Glm4ForCausalLM",
 }
 WINDOWS = {"mistral": 24, "gemma2": 48, "gemma3": 24, "olmo3": 24, "starcoder2": 24, "cohere2": 24}
 """Sliding windows shorter than the accuracy check's 72 positions and the prompts served."""

@@ -19,11 +19,11 @@ RMSNorms at 1e-6 (a logit off by 7 on a tiny model). :class:`Olmo` builds them a
 runs them, and refuses ``clip_qkv``, which the builder leaves out.
 
 OLMo 2 and 3, which the builder does not know: :mod:`._olmo2` (their post-norms and Q/K norms
-across all heads; OLMo 3's sliding windows), dispatched as OLMo. StableLM, Starcoder2 and
-Command R, which it does not know either: :mod:`._llamalike`, :mod:`._cohere`, dispatched as
-Llama. Mixture-of-experts decoders (Mixtral, Qwen2/3-MoE, Granite's, OLMoE): :mod:`._moe`
-(the sparse block as ONNX Runtime's ``MoE`` node, :mod:`._experts`), dispatched as their dense
-hosts (:func:`by_model_type`).
+across all heads; OLMo 3's sliding windows), dispatched as OLMo. StableLM, Starcoder2, Command
+R, GPT-2, OPT, GPT-NeoX and GLM, which it does not know either: :data:`AS_LLAMA`'s modules,
+dispatched as Llama. Mixture-of-experts decoders (Mixtral, Qwen2/3-MoE, Granite's, OLMoE):
+:mod:`._moe` (the sparse block as ONNX Runtime's ``MoE`` node, :mod:`._experts`), dispatched as
+their dense hosts (:func:`by_model_type`).
 
 LayerNorms' epsilon: the builder reads ``rms_norm_eps`` only, else takes 1e-6, so Phi-2's and
 Nemotron's norms (``layer_norm_eps``, ``norm_eps``, 1e-5) were built at 1e-6 (logits 1.8e-3
@@ -44,7 +44,7 @@ from typing import Any
 import onnxruntime_genai.models  # noqa: F401 (puts the builder's own folder on sys.path)
 import transformers
 
-from kiln_runtimes.build import _cohere, _learned, _llamalike, _moe, _neox, _rope
+from kiln_runtimes.build import _cohere, _glm, _learned, _llamalike, _moe, _neox, _rope
 from kiln_runtimes.build._olmo2 import Olmo2, Olmo3
 
 builders: Any = importlib.import_module("builders")  # the package `builder.py` imports from
@@ -54,13 +54,11 @@ LLAMA = builders.LlamaModel
 GLOBAL = ("cos_cache_global", "sin_cache_global")
 LOCAL = ("cos_cache_local", "sin_cache_local")
 READ_CONFIG = transformers.AutoConfig.from_pretrained
+AS_LLAMA = (_llamalike, _cohere, _learned, _neox, _glm)
+"""Modules of Kiln's decoders the builder builds in the place of Llama's."""
 HOSTS = {
     "Olmo2ForCausalLM": "OlmoForCausalLM", "Olmo3ForCausalLM": "OlmoForCausalLM",
-    **dict.fromkeys(
-        _llamalike.ARCHITECTURES + _cohere.ARCHITECTURES + _learned.ARCHITECTURES
-        + _neox.ARCHITECTURES,
-        _llamalike.HOST,
-    ),
+    **{name: "LlamaForCausalLM" for module in AS_LLAMA for name in module.ARCHITECTURES},
     **_moe.HOSTS,
 }  # fmt: skip
 """Architectures the builder does not know, read under the name of one it does, whose class
@@ -181,8 +179,7 @@ def yarn_inv_freq(self: Any, inv_freq: Any) -> Any:
 if __name__ == "__main__":
     builders.Gemma3Model = Gemma3  # the builder's dispatch imports them from here
     builders.OLMoModel = by_model_type(Olmo, {"olmo2": Olmo2, "olmo3": Olmo3, "olmoe": _moe.Olmoe})
-    kinds = {**_llamalike.MODEL_TYPES, **_cohere.MODEL_TYPES, **_learned.MODEL_TYPES,
-             **_neox.MODEL_TYPES}  # fmt: skip
+    kinds = {kind: built for module in AS_LLAMA for kind, built in module.MODEL_TYPES.items()}
     builders.LlamaModel = by_model_type(LLAMA, kinds)
     for host, model_type in _moe.HOSTED:
         kiln = {model_type: _moe.MODEL_TYPES[model_type]}

@@ -19,7 +19,8 @@ KILNS_OWN = frozenset({
     "Olmo2ForCausalLM", "Olmo3ForCausalLM", "StableLmForCausalLM", "Starcoder2ForCausalLM",
     "CohereForCausalLM", "Cohere2ForCausalLM", "MixtralForCausalLM", "Qwen3MoeForCausalLM",
     "Qwen2MoeForCausalLM", "GraniteMoeForCausalLM", "OlmoeForCausalLM", "GPT2LMHeadModel",
-    "OPTForCausalLM", "GPTNeoXForCausalLM",
+    "OPTForCausalLM", "GPTNeoXForCausalLM", "GlmForCausalLM", "Glm4ForCausalLM",
+    "FalconForCausalLM",
 })  # fmt: skip
 """Architectures Kiln's builder mends add (``_builder.HOSTS``: OLMo 2 and 3, StableLM,
 Starcoder2, Command R 1 and 2, Mixtral, Qwen2-MoE, Qwen3-MoE, Granite MoE, OLMoE)."""

@@ -61,5 +61,3 @@ class Starcoder2(LayerNormed):
 
 MODEL_TYPES = {"stablelm": StableLm, "starcoder2": Starcoder2}
 ARCHITECTURES = ("StableLmForCausalLM", "Starcoder2ForCausalLM")
-HOST = "LlamaForCausalLM"
-"""The builder's name these are read under."""
