@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import struct
 from pathlib import Path
+from typing import Any
 
 import msgspec
 import numpy as np
@@ -382,3 +383,17 @@ def test_the_built_folder_gets_the_default_template_inline_the_others_apart(
     copy_tokenizer(source, out)
     assert json.loads((out / "tokenizer_config.json").read_text())["chat_template"] == "D"
     assert (out / "additional_chat_templates" / "tool_use.jinja").read_text() == "T"
+
+
+@pytest.mark.parametrize("architecture", ["qwen3moe", "qwen2moe", "gpt-oss"])
+def test_a_gguf_named_as_llama_cpp_names_it_is_taken(
+    architecture: str, tmp_path: Path, tiny_models: Any
+) -> None:
+    """llama.cpp writes ``qwen3moe`` where transformers lists ``qwen3_moe`` (and reads it as
+    that): such a file passes the check; an architecture neither knows does not."""
+    from kiln_runtimes.build._gguf import inspect
+
+    assert inspect(tiny_models.gguf_file(tmp_path / "m.gguf", "F32", architecture=architecture))
+    with pytest.raises(BuildError) as refused:
+        inspect(tiny_models.gguf_file(tmp_path / "x.gguf", "F32", architecture="qwen4moe"))
+    assert refused.value.field == "general.architecture"

@@ -13,6 +13,9 @@ if TYPE_CHECKING:
 # transformers loads tensors with ``gguf.dequantize``: these two as they are, others through a
 # ``gguf.quants`` dequantizer (Q8_1, Q8_K, I8... have none and fail deep in the load).
 _PLAIN_TYPES = frozenset({"F32", "F16"})
+LLAMA_CPP_NAMES = {"qwen2moe": "qwen2_moe", "qwen3moe": "qwen3_moe", "gpt-oss": "gpt_oss",
+                   "minimax-m2": "minimax_m2"}  # fmt: skip
+"""llama.cpp's names of architectures transformers lists under its own (and reads as them)."""
 
 
 def inspect(path: Path) -> int:
@@ -28,7 +31,7 @@ def inspect(path: Path) -> int:
     field = reader.get_field("general.architecture")
     architecture = field.contents() if field is not None else None
     supported = set(GGUF_SUPPORTED_ARCHITECTURES) - {"general", "tokenizer"}  # mapping sections
-    if architecture not in supported:
+    if architecture not in supported and LLAMA_CPP_NAMES.get(str(architecture)) not in supported:
         raise BuildError(
             f"GGUF architecture {architecture!r} cannot be loaded by transformers "
             f"(supported: {', '.join(sorted(supported))})",
@@ -57,7 +60,16 @@ def to_hf(path: Path, hf_dir: Path) -> None:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    loaded = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name)
+    try:
+        loaded = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name)
+    except RuntimeError as exc:  # its weights unlike the config it read from the metadata
+        if "mismatch" not in str(exc):
+            raise
+        raise BuildError(
+            "transformers read a configuration from this GGUF's metadata that its tensors do "
+            "not match (a size it does not map from llama.cpp's keys, and took its default)",
+            file=path.name,
+        ) from exc
     settings = loaded.config.to_dict()
     for key in ("quantization_config", "_model_name_or_path", "transformers_version"):
         settings.pop(key, None)
