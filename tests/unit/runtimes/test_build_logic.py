@@ -116,6 +116,9 @@ def test_builder_architectures_cover_the_brief() -> None:
               "OPTForCausalLM", "GPTNeoXForCausalLM", "GlmForCausalLM",
               "Glm4ForCausalLM", "FalconForCausalLM"}  # fmt: skip  # from Olmo2: Kiln's own
     assert wanted <= builder_architectures()
+    from kiln_runtimes.build._kilns import HOSTS
+
+    assert set(HOSTS.values()) <= builder_architectures() - set(HOSTS)  # the builder's own
     with pytest.raises(BuildError) as refused:
         check_architecture("BloomForCausalLM")
     assert (refused.value.file, refused.value.field) == ("config.json", "architectures")

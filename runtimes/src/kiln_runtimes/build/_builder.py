@@ -20,10 +20,11 @@ runs them, and refuses ``clip_qkv``, which the builder leaves out.
 
 OLMo 2 and 3, which the builder does not know: :mod:`._olmo2` (their post-norms and Q/K norms
 across all heads; OLMo 3's sliding windows), dispatched as OLMo. StableLM, Starcoder2, Command
-R, GPT-2, OPT, GPT-NeoX and GLM, which it does not know either: :data:`AS_LLAMA`'s modules,
-dispatched as Llama. Mixture-of-experts decoders (Mixtral, Qwen2/3-MoE, Granite's, OLMoE):
-:mod:`._moe` (the sparse block as ONNX Runtime's ``MoE`` node, :mod:`._experts`), dispatched as
-their dense hosts (:func:`by_model_type`).
+R, GPT-2, OPT, GPT-NeoX, Falcon and GLM, which it does not know either: :data:`AS_LLAMA`'s
+modules, dispatched as Llama. Mixture-of-experts decoders (Mixtral, Qwen2/3-MoE, Granite's,
+OLMoE): :mod:`._moe` (the sparse block as ONNX Runtime's ``MoE`` node, :mod:`._experts`),
+dispatched as their dense hosts. Each is read under its host's name (``_kilns.HOSTS``), whose
+class :func:`by_model_type` swaps for Kiln's.
 
 LayerNorms' epsilon: the builder reads ``rms_norm_eps`` only, else takes 1e-6, so Phi-2's and
 Nemotron's norms (``layer_norm_eps``, ``norm_eps``, 1e-5) were built at 1e-6 (logits 1.8e-3
@@ -45,6 +46,7 @@ import onnxruntime_genai.models  # noqa: F401 (puts the builder's own folder on 
 import transformers
 
 from kiln_runtimes.build import _cohere, _glm, _learned, _llamalike, _moe, _neox, _rope
+from kiln_runtimes.build._kilns import HOSTS
 from kiln_runtimes.build._olmo2 import Olmo2, Olmo3
 
 builders: Any = importlib.import_module("builders")  # the package `builder.py` imports from
@@ -56,13 +58,6 @@ LOCAL = ("cos_cache_local", "sin_cache_local")
 READ_CONFIG = transformers.AutoConfig.from_pretrained
 AS_LLAMA = (_llamalike, _cohere, _learned, _neox, _glm)
 """Modules of Kiln's decoders the builder builds in the place of Llama's."""
-HOSTS = {
-    "Olmo2ForCausalLM": "OlmoForCausalLM", "Olmo3ForCausalLM": "OlmoForCausalLM",
-    **{name: "LlamaForCausalLM" for module in AS_LLAMA for name in module.ARCHITECTURES},
-    **_moe.HOSTS,
-}  # fmt: skip
-"""Architectures the builder does not know, read under the name of one it does, whose class
-:func:`by_model_type` swaps for Kiln's."""
 
 
 class Gemma3(builders.Gemma3Model):  # type: ignore[misc]
@@ -109,7 +104,7 @@ class Olmo(builders.OLMoModel):  # type: ignore[misc]
 
 
 def by_model_type(host: Any, kinds: dict[str, Any]) -> Any:
-    """What the builder builds for a host architecture of :data:`HOSTS`: Kiln's class for the
+    """What the builder builds for a host architecture of ``_kilns.HOSTS``: Kiln's class for the
     configs read under its name (``kinds``, by ``model_type``), else the host's own."""
 
     def build(config: Any, *args: Any) -> Any:
@@ -119,7 +114,7 @@ def by_model_type(host: Any, kinds: dict[str, Any]) -> Any:
 
 
 def read_config(*args: Any, **kwargs: Any) -> Any:
-    """``AutoConfig.from_pretrained``, an architecture of :data:`HOSTS` under its host's name."""
+    """``AutoConfig.from_pretrained``, an architecture of ``_kilns.HOSTS`` under its host's name."""
     config = READ_CONFIG(*args, **kwargs)
     names = list(getattr(config, "architectures", None) or ())
     if names[:1] and names[0] in HOSTS:

@@ -11,19 +11,11 @@ import struct
 from pathlib import Path
 from typing import Any
 
+from kiln_runtimes.build._kilns import HOSTS
 from kiln_runtimes.build._options import BuildError
 
 _HEADER_LIMIT = 100 * 1024 * 1024  # the safetensors format's own cap on the JSON header
 _BUILDER_BRANCH = re.compile(r'config\.architectures\[0\] == "(\w+ForCausalLM)"')
-KILNS_OWN = frozenset({
-    "Olmo2ForCausalLM", "Olmo3ForCausalLM", "StableLmForCausalLM", "Starcoder2ForCausalLM",
-    "CohereForCausalLM", "Cohere2ForCausalLM", "MixtralForCausalLM", "Qwen3MoeForCausalLM",
-    "Qwen2MoeForCausalLM", "GraniteMoeForCausalLM", "OlmoeForCausalLM", "GPT2LMHeadModel",
-    "OPTForCausalLM", "GPTNeoXForCausalLM", "GlmForCausalLM", "Glm4ForCausalLM",
-    "FalconForCausalLM",
-})  # fmt: skip
-"""Architectures Kiln's builder mends add (``_builder.HOSTS``: OLMo 2 and 3, StableLM,
-Starcoder2, Command R 1 and 2, Mixtral, Qwen2-MoE, Qwen3-MoE, Granite MoE, OLMoE)."""
 
 
 @functools.cache
@@ -40,7 +32,7 @@ def builder_architectures() -> frozenset[str]:
     for location in spec.submodule_search_locations:
         builder = Path(location) / "models" / "builder.py"
         if builder.is_file():
-            return KILNS_OWN | frozenset(_BUILDER_BRANCH.findall(builder.read_text("utf-8")))
+            return frozenset(HOSTS) | frozenset(_BUILDER_BRANCH.findall(builder.read_text("utf-8")))
     raise BuildError("onnxruntime_genai/models/builder.py not found")
 
 

@@ -61,4 +61,3 @@ class Cohere2(Cohere):
 
 
 MODEL_TYPES = {"cohere": Cohere, "cohere2": Cohere2}
-ARCHITECTURES = ("CohereForCausalLM", "Cohere2ForCausalLM")

@@ -5,7 +5,7 @@ GLM is Llama's decoder whose RoPE turns interleaved pairs (``x[..., ::2]`` with 
 on half of each head (``partial_rotary_factor``), with Q/K/V biases and one fused
 ``gate_up_proj`` (the builder splits it). GLM-4 adds a norm after each sublayer, before it joins
 the stream (``post_self_attn_layernorm``, ``post_mlp_layernorm``), OLMo 2's post-norms beside
-Llama's pre-norms. Read under Llama's name and built by ``model_type`` (``_builder.HOSTS``).
+Llama's pre-norms. Read under Llama's name and built by ``model_type`` (``_kilns.HOSTS``).
 """
 
 from __future__ import annotations
@@ -50,4 +50,3 @@ class Glm4(Glm):
 
 
 MODEL_TYPES = {"glm": Glm, "glm4": Glm4}
-ARCHITECTURES = ("GlmForCausalLM", "Glm4ForCausalLM")

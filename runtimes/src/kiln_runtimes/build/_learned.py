@@ -159,4 +159,3 @@ class Opt(Learned):
 
 
 MODEL_TYPES = {"gpt2": Gpt2, "opt": Opt}
-ARCHITECTURES = ("GPT2LMHeadModel", "OPTForCausalLM")

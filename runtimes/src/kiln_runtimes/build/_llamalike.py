@@ -60,4 +60,3 @@ class Starcoder2(LayerNormed):
 
 
 MODEL_TYPES = {"stablelm": StableLm, "starcoder2": Starcoder2}
-ARCHITECTURES = ("StableLmForCausalLM", "Starcoder2ForCausalLM")

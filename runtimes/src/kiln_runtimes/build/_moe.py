@@ -2,7 +2,7 @@
 onnxruntime-genai builder, which has none of them: each is a dense decoder it builds (Mistral's,
 Qwen2's, Qwen 3's, Granite's, Llama's layer with OLMo 2's Q/K norms) with :mod:`._experts`' sparse
 block. The builder's dispatch knows the dense ones' names: these configs are read under them
-(:data:`HOSTS`, ``_builder.read_config``) and ``_builder.by_model_type`` builds these classes in
+(``_kilns.HOSTS``, ``_builder.read_config``) and ``_builder.by_model_type`` builds these classes in
 the place of :data:`HOSTED`'s.
 """
 
@@ -62,9 +62,3 @@ MODEL_TYPES = {"mixtral": Mixtral, "qwen3_moe": Qwen3Moe, "qwen2_moe": Qwen2Moe,
 HOSTED = (("MistralModel", "mixtral"), ("Qwen3Model", "qwen3_moe"), ("QwenModel", "qwen2_moe"),
           ("GraniteModel", "granitemoe"))  # fmt: skip
 """The builder's classes these stand in for (OLMoE's, OLMo's, is ``_builder``'s own)."""
-HOSTS = {
-    "MixtralForCausalLM": "MistralForCausalLM", "Qwen3MoeForCausalLM": "Qwen3ForCausalLM",
-    "Qwen2MoeForCausalLM": "Qwen2ForCausalLM", "GraniteMoeForCausalLM": "GraniteForCausalLM",
-    "OlmoeForCausalLM": "OlmoForCausalLM",
-}  # fmt: skip
-"""The builder's names these are read under."""

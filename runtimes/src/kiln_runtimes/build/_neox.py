@@ -125,4 +125,3 @@ def _split(fused: Any, groups: int, queries: int) -> dict[str, SimpleNamespace]:
 
 
 MODEL_TYPES = {"gpt_neox": GptNeox, "falcon": Falcon}
-ARCHITECTURES = ("GPTNeoXForCausalLM", "FalconForCausalLM")

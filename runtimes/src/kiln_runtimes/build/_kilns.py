@@ -1,0 +1,20 @@
+"""The architectures Kiln's mends add to the onnxruntime-genai builder's own, each read under
+the name of one it builds (its host), whose class ``_builder.by_model_type`` swaps for Kiln's.
+Torch-free: the checks before a build read it (``_checks.builder_architectures``)."""
+
+from __future__ import annotations
+
+LLAMA = "LlamaForCausalLM"
+HOSTS = {
+    "Olmo2ForCausalLM": "OlmoForCausalLM", "Olmo3ForCausalLM": "OlmoForCausalLM",
+    "OlmoeForCausalLM": "OlmoForCausalLM",
+    "StableLmForCausalLM": LLAMA, "Starcoder2ForCausalLM": LLAMA, "CohereForCausalLM": LLAMA,
+    "Cohere2ForCausalLM": LLAMA, "GPT2LMHeadModel": LLAMA, "OPTForCausalLM": LLAMA,
+    "GPTNeoXForCausalLM": LLAMA, "FalconForCausalLM": LLAMA, "GlmForCausalLM": LLAMA,
+    "Glm4ForCausalLM": LLAMA,
+    "MixtralForCausalLM": "MistralForCausalLM", "Qwen2MoeForCausalLM": "Qwen2ForCausalLM",
+    "Qwen3MoeForCausalLM": "Qwen3ForCausalLM", "GraniteMoeForCausalLM": "GraniteForCausalLM",
+}  # fmt: skip
+"""Kiln's architecture -> the builder's: OLMo 2 and 3 and OLMoE as OLMo (``_olmo2``,
+``_moe``); StableLM, Starcoder2, Command R and R7B, GPT-2, OPT, GPT-NeoX, Falcon, GLM and GLM-4
+as Llama (``_builder.AS_LLAMA``); the mixtures of experts as their dense hosts (``_moe``)."""
