@@ -20,11 +20,12 @@ runs them, and refuses ``clip_qkv``, which the builder leaves out.
 
 OLMo 2 and 3, which the builder does not know: :mod:`._olmo2` (their post-norms and Q/K norms
 across all heads; OLMo 3's sliding windows), dispatched as OLMo. StableLM, Starcoder2, Command
-R, GPT-2, OPT, GPT-NeoX, Falcon and GLM, which it does not know either: :data:`AS_LLAMA`'s
-modules, dispatched as Llama. Mixture-of-experts decoders (Mixtral, Qwen2/3-MoE, Granite's,
-OLMoE): :mod:`._moe` (the sparse block as ONNX Runtime's ``MoE`` node, :mod:`._experts`),
-dispatched as their dense hosts. Each is read under its host's name (``_kilns.HOSTS``), whose
-class :func:`by_model_type` swaps for Kiln's.
+R, GPT-2, OPT, GPT-NeoX, Falcon and GLM, which it does not know either: :mod:`._llamalike`,
+:mod:`._cohere`, :mod:`._learned`, :mod:`._neox`, :mod:`._glm`, dispatched as Llama.
+Mixture-of-experts decoders (Mixtral, Qwen2/3-MoE, Granite's, OLMoE): :mod:`._moe` (the sparse
+block as ONNX Runtime's ``MoE`` node, :mod:`._experts`), dispatched as their dense hosts.
+Each is read under its host's name (``_kilns.HOSTS``), whose class :func:`by_model_type` swaps
+for Kiln's (:data:`KILNS`).
 
 LayerNorms' epsilon: the builder reads ``rms_norm_eps`` only, else takes 1e-6, so Phi-2's and
 Nemotron's norms (``layer_norm_eps``, ``norm_eps``, 1e-5) were built at 1e-6 (logits 1.8e-3
@@ -56,8 +57,14 @@ LLAMA = builders.LlamaModel
 GLOBAL = ("cos_cache_global", "sin_cache_global")
 LOCAL = ("cos_cache_local", "sin_cache_local")
 READ_CONFIG = transformers.AutoConfig.from_pretrained
-AS_LLAMA = (_llamalike, _cohere, _learned, _neox, _glm)
-"""Modules of Kiln's decoders the builder builds in the place of Llama's."""
+KILNS = {
+    "olmo2": Olmo2, "olmo3": Olmo3, **_llamalike.MODEL_TYPES, **_cohere.MODEL_TYPES,
+    **_learned.MODEL_TYPES, **_neox.MODEL_TYPES, **_glm.MODEL_TYPES, **_moe.MODEL_TYPES,
+}  # fmt: skip
+"""Kiln's decoder class for each ``model_type`` it builds (whatever host it is read under)."""
+HOST_CLASSES = ("OLMoModel", "LlamaModel", "MistralModel", "QwenModel", "Qwen3Model",
+                "GraniteModel")  # fmt: skip
+"""The builder's classes for the hosts of ``_kilns.HOSTS`` (``QwenModel``: Qwen2's)."""
 
 
 class Gemma3(builders.Gemma3Model):  # type: ignore[misc]
@@ -103,12 +110,12 @@ class Olmo(builders.OLMoModel):  # type: ignore[misc]
         self.layernorm_attrs["epsilon"] = 1e-5  # transformers' OlmoLayerNorm
 
 
-def by_model_type(host: Any, kinds: dict[str, Any]) -> Any:
-    """What the builder builds for a host architecture of ``_kilns.HOSTS``: Kiln's class for the
-    configs read under its name (``kinds``, by ``model_type``), else the host's own."""
+def by_model_type(host: Any) -> Any:
+    """What the builder builds for a host architecture of ``_kilns.HOSTS``: Kiln's class for a
+    config read under its name (:data:`KILNS`, by ``model_type``), else the host's own."""
 
     def build(config: Any, *args: Any) -> Any:
-        return kinds.get(config.model_type, host)(config, *args)
+        return KILNS.get(config.model_type, host)(config, *args)
 
     return build
 
@@ -149,9 +156,8 @@ def read_epsilon(self: Any, config: Any, *args: Any) -> None:
     """The base builder's settings, its norms' epsilon the config's under any of
     :data:`EPSILONS` (the builder reads ``rms_norm_eps`` only, else 1e-6)."""
     BASE_INIT(self, config, *args)
-    if getattr(config, "rms_norm_eps", None) is None:
-        named = (getattr(config, name, None) for name in EPSILONS)
-        self.layernorm_attrs["epsilon"] = next((e for e in named if e is not None), 1e-6)
+    named = (getattr(config, name, None) for name in ("rms_norm_eps", *EPSILONS))
+    self.layernorm_attrs["epsilon"] = next((e for e in named if e is not None), 1e-6)
 
 
 def yarn_init(self: Any, config: Any) -> None:
@@ -173,12 +179,9 @@ def yarn_inv_freq(self: Any, inv_freq: Any) -> Any:
 
 if __name__ == "__main__":
     builders.Gemma3Model = Gemma3  # the builder's dispatch imports them from here
-    builders.OLMoModel = by_model_type(Olmo, {"olmo2": Olmo2, "olmo3": Olmo3, "olmoe": _moe.Olmoe})
-    kinds = {kind: built for module in AS_LLAMA for kind, built in module.MODEL_TYPES.items()}
-    builders.LlamaModel = by_model_type(LLAMA, kinds)
-    for host, model_type in _moe.HOSTED:
-        kiln = {model_type: _moe.MODEL_TYPES[model_type]}
-        setattr(builders, host, by_model_type(getattr(builders, host), kiln))
+    builders.OLMoModel = Olmo  # OLMo's own, mended
+    for name in HOST_CLASSES:
+        setattr(builders, name, by_model_type(getattr(builders, name)))
     transformers.AutoConfig.from_pretrained = read_config  # type: ignore[method-assign]
     builders.SmolLM3Model = SmolLM3
     builders.Model.__init__ = read_epsilon

@@ -17,4 +17,4 @@ HOSTS = {
 }  # fmt: skip
 """Kiln's architecture -> the builder's: OLMo 2 and 3 and OLMoE as OLMo (``_olmo2``,
 ``_moe``); StableLM, Starcoder2, Command R and R7B, GPT-2, OPT, GPT-NeoX, Falcon, GLM and GLM-4
-as Llama (``_builder.AS_LLAMA``); the mixtures of experts as their dense hosts (``_moe``)."""
+as Llama; the mixtures of experts as their dense hosts (``_moe``)."""

@@ -2,8 +2,8 @@
 onnxruntime-genai builder, which has none of them: each is a dense decoder it builds (Mistral's,
 Qwen2's, Qwen 3's, Granite's, Llama's layer with OLMo 2's Q/K norms) with :mod:`._experts`' sparse
 block. The builder's dispatch knows the dense ones' names: these configs are read under them
-(``_kilns.HOSTS``, ``_builder.read_config``) and ``_builder.by_model_type`` builds these classes in
-the place of :data:`HOSTED`'s.
+(``_kilns.HOSTS``, ``_builder.read_config``) and ``_builder.by_model_type`` builds these
+classes in their place.
 """
 
 from __future__ import annotations
@@ -54,11 +54,8 @@ class Olmoe(Experts, Olmo2):
             raise ValueError("OLMoE's clip_qkv is not built")
         super().__init__(config, *args)
 
-    make_layer = builders.LlamaModel.make_layer
+    make_layer = builders.Model.make_layer  # pre-norms (not OLMo 2's post-norms)
 
 
 MODEL_TYPES = {"mixtral": Mixtral, "qwen3_moe": Qwen3Moe, "qwen2_moe": Qwen2Moe,
                "granitemoe": GraniteMoe, "olmoe": Olmoe}  # fmt: skip
-HOSTED = (("MistralModel", "mixtral"), ("Qwen3Model", "qwen3_moe"), ("QwenModel", "qwen2_moe"),
-          ("GraniteModel", "granitemoe"))  # fmt: skip
-"""The builder's classes these stand in for (OLMoE's, OLMo's, is ``_builder``'s own)."""
