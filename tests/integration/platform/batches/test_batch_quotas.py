@@ -7,6 +7,7 @@ on when there is room again; the day's count is the tokens its lines were billed
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -91,8 +92,10 @@ async def test_a_batch_past_the_enqueued_tokens_is_refused(world: World) -> None
     assert f"batch_enqueued_tokens is {150 * each:,} tokens" in refused.value.message
     assert f"{100 * each:,} are enqueued in open batches" in refused.value.message
     fits = await submit(sdk, [BODY] * 50)  # exactly what is left
-    await sdk.batches.cancel(running.id)
-    assert (await finished(sdk, running.id)).status == "cancelled"  # no longer enqueued
+    with contextlib.suppress(openai.ConflictError):  # it may have completed meanwhile
+        await sdk.batches.cancel(running.id)
+    closed = (await finished(sdk, running.id)).status
+    assert closed in {"cancelled", "completed"}  # either way, no longer enqueued
     later = await submit(sdk, [BODY] * 60)
     for batch in (fits, later):
         await sdk.batches.cancel(batch.id)
