@@ -1,6 +1,7 @@
 """Generation builds of tiny random Llama, Qwen2, Phi-3, Gemma, Mistral, Gemma 2, Gemma 3, OLMo
-(1-3), SmolLM3, StableLM, Starcoder2, Command R7B, Qwen3-MoE, GPT-2, OPT, GPT-NeoX,
-Phi-2 and GLM-4 folders through the builder (:mod:`kiln_runtimes.build._builder`'s mends).
+(1-3), SmolLM3, StableLM 2, Starcoder2, Command R+, Command R7B, Qwen3-MoE, GPT-2, OPT,
+GPT-NeoX, Phi-2 and GLM-4 folders through the builder (:mod:`kiln_runtimes.build._builder`'s
+mends).
 
 fp32 builds must reproduce transformers' greedy output token for token (the models are drawn
 with a wide init so their logits are far from ties); an int4 build reports how far it drifts;
@@ -46,6 +47,7 @@ ARCHITECTURES = {
     "smollm3": "SmolLM3ForCausalLM",
     "stablelm": "StableLmForCausalLM",
     "starcoder2": "Starcoder2ForCausalLM",
+    "cohere": "CohereForCausalLM",
     "cohere2": "Cohere2ForCausalLM",
     "qwen3_moe": "Qwen3MoeForCausalLM",
     "gpt2": "GPT2LMHeadModel",
@@ -61,17 +63,23 @@ SHAPES: dict[str, dict[str, Any]] = {
         "rope_parameters": {"rope_type": "yarn", "factor": 4.0, "rope_theta": 10000.0,
                             "original_max_position_embeddings": 64},
     },
+    "olmo": {"clip_qkv": 2.0},
     "smollm3": {"no_rope_layer_interval": 2},
-    "stablelm": {"use_qkv_bias": True},
+    "stablelm": {"use_qkv_bias": True, "use_parallel_residual": True, "qk_layernorm": True,
+                 "drawn_norms": True},
+    "cohere": {"use_qk_norm": True, "drawn_norms": True},
     "starcoder2": {"tie_word_embeddings": True},
     "qwen3_moe": {"num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 32,
                   "norm_topk_prob": True, "mlp_only_layers": [1]},
 }  # fmt: skip
 """Qwen2's long-context YaRN, its betas left to their defaults (as Qwen's own configs do);
+OLMo 7B 0424's clamped Q, K and V (``clip_qkv``: unclamped, a logit moves by 9);
 SmolLM3's second layer without RoPE (its every fourth, in a model of two); StableLM 2's Q, K
-and V biases; Starcoder2's tied head; Qwen3-MoE's four experts, two a token, renormalized,
-and a dense second layer (``mlp_only_layers``)."""
-SEEDS = {"gemma3": 1, "olmo2": 1, "starcoder2": 3}
+and V biases, and 12B's parallel layer and per-head Q/K LayerNorms (Command R+'s too: every
+norm's scale drawn, so a head given another's would show); Starcoder2's tied head;
+Qwen3-MoE's four experts, two a token, renormalized, and a dense second layer
+(``mlp_only_layers``)."""
+SEEDS = {"gemma3": 1, "olmo2": 1, "starcoder2": 3, "stablelm": 4}
 """Draws whose greedy continuation is a real sequence, not a loop of a few tokens (seed 7's)."""
 FIGURES = ("equal_prefix", "top1_agreement", "max_abs_logit_diff", "reference_min_margin")
 PHASES = ["validating", "converting", "optimizing", "checking accuracy", "ready"]

@@ -16,7 +16,7 @@ transformers does (:mod:`._rope`).
 
 OLMo: its norms are LayerNorms without weights at an epsilon of 1e-5; the builder made them
 RMSNorms at 1e-6 (a logit off by 7 on a tiny model). :class:`Olmo` builds them as transformers
-runs them, and refuses ``clip_qkv``, which the builder leaves out.
+runs them, with ``clip_qkv``, which the builder leaves out (:class:`._olmo2.Clipped`).
 
 OLMo 2 and 3, which the builder does not know: :mod:`._olmo2` (their post-norms and Q/K norms
 across all heads; OLMo 3's sliding windows), dispatched as OLMo. StableLM, Starcoder2, Command
@@ -48,7 +48,7 @@ import transformers
 
 from kiln_runtimes.build import _cohere, _glm, _learned, _llamalike, _moe, _neox, _rope
 from kiln_runtimes.build._kilns import HOSTS
-from kiln_runtimes.build._olmo2 import Olmo2, Olmo3
+from kiln_runtimes.build._olmo2 import Clipped, Olmo2, Olmo3
 
 builders: Any = importlib.import_module("builders")  # the package `builder.py` imports from
 BASE_INIT = builders.Model.__init__
@@ -99,12 +99,10 @@ class Gemma3(builders.Gemma3Model):  # type: ignore[misc]
         )
 
 
-class Olmo(builders.OLMoModel):  # type: ignore[misc]
-    """OLMo's builder, with OLMo's LayerNorm."""
+class Olmo(Clipped, builders.OLMoModel):  # type: ignore[misc]
+    """OLMo's builder, with OLMo's LayerNorm and ``clip_qkv``."""
 
     def __init__(self, config: Any, *args: Any) -> None:
-        if getattr(config, "clip_qkv", None) is not None:
-            raise ValueError("OLMo's clip_qkv is not built by onnxruntime-genai's builder")
         super().__init__(config, *args)
         self.layernorm_attrs["simple"] = False
         self.layernorm_attrs["epsilon"] = 1e-5  # transformers' OlmoLayerNorm

@@ -4,9 +4,9 @@
 Llama's decoder with :mod:`._llamalike`'s LayerNorms, here without bias, in Phi's parallel
 layer (attention and MLP read one norm's output and join the stream at once); its RoPE turns
 interleaved pairs (``x[..., ::2]`` with ``x[..., 1::2]``) and its logits are scaled
-(``logit_scale``); Command R+'s Q/K norms (``use_qk_norm``) are refused. Cohere 2 slides a window
-on its ``sliding_attention`` layers, and only those turn with RoPE. Read under Llama's name and
-built by ``model_type`` as :mod:`._llamalike`'s.
+(``logit_scale``); Command R+ norms each head's query and key (``use_qk_norm``). Cohere 2
+slides a window on its ``sliding_attention`` layers, and only those turn with RoPE. Read under
+Llama's name and built by ``model_type`` as :mod:`._llamalike`'s.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ builders: Any = importlib.import_module("builders")
 class Cohere(LayerNormed):
     """Command R's decoder: parallel layers, bias-free LayerNorms, interleaved RoPE."""
 
-    refused = ("use_qk_norm", "Command R+'s Q/K norms")
+    qk_norms = "use_qk_norm"
 
     def __init__(self, config: Any, *args: Any) -> None:
         super().__init__(config, *args)

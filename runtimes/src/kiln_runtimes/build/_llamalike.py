@@ -7,9 +7,10 @@ turns a share of each head (``partial_rotary_factor``, a quarter) with RoPE; wit
 ``use_parallel_residual`` its attention and MLP read the same norm's output and both join the
 stream at once (Phi's layer). Starcoder2's MLP is ``c_fc``, a tanh GELU, ``c_proj``, each with
 a bias (Phi's ``fc1``/``fc2``), its attention has biases, and a ``sliding_window`` is served as
-Mistral's. StableLM 2 12B's per-head Q/K LayerNorms (``qk_layernorm``) are refused, not built
-wrong. The builder's dispatch knows Llama's name: their configs are read under it
-(``_builder.read_config``) and ``_builder.by_model_type`` builds these classes.
+Mistral's. StableLM 2 12B norms each head's query and key with its own LayerNorm
+(``qk_layernorm``; :meth:`LayerNormed.make_qk_norm`, Command R+'s too). The builder's dispatch
+knows Llama's name: their configs are read under it (``_builder.read_config``) and
+``_builder.by_model_type`` builds these classes.
 """
 
 from __future__ import annotations
@@ -19,27 +20,63 @@ from types import SimpleNamespace
 from typing import Any
 
 import onnxruntime_genai.models  # noqa: F401 (puts the builder's own folder on sys.path)
+import torch
 
 builders: Any = importlib.import_module("builders")
 
 
 class LayerNormed(builders.LlamaModel):  # type: ignore[misc]
-    """Llama's decoder with LayerNorms (at the config's epsilon: ``_builder.read_epsilon``); a
-    config that turns on what is not built (``refused``) is refused."""
+    """Llama's decoder with LayerNorms (at the config's epsilon: ``_builder.read_epsilon``); if
+    the config's ``qk_norms`` flag is on, each head's query and key are LayerNormed with that
+    head's own scale (no shift) before RoPE."""
 
-    refused: tuple[str, str] | None = None
+    qk_norms = ""
 
     def __init__(self, config: Any, *args: Any) -> None:
-        if self.refused and getattr(config, self.refused[0], False):
-            raise ValueError(f"{self.refused[1]} ({self.refused[0]}) are not built")
         super().__init__(config, *args)
         self.layernorm_attrs["simple"] = False
+        if self.qk_norms and getattr(config, self.qk_norms, False):
+            self.attention_attrs["q_norm"] = self.attention_attrs["k_norm"] = True
+            self.attention_attrs["use_packed_matmul"] = False
+
+    def is_fused_qk_norm_gqa_supported(self) -> bool:
+        return False  # the fused op's norms are RMSNorms with one scale for every head
+
+    def head_scales(self, attention: Any, kind: str) -> Any:
+        """The ``kind`` (q or k) norms' scales, a row a head."""
+        return getattr(attention, f"{kind}_norm").weight
+
+    def make_qk_norm(self, layer_id: int, attention: Any) -> None:
+        attrs, size = self.attention_attrs, self.head_size
+        for kind, heads in (("q", self.num_attn_heads), ("k", self.num_kv_heads)):
+            path, scales = f"/model/layers.{layer_id}/attn/{kind}_norm", f"model.layers.{layer_id}"
+            split = ["batch_size", "sequence_length", heads, size]
+            self.make_reshape(f"{path}/Reshape_1", [attrs[f"{kind}_path"],
+                              f"/model/constants/INT64/[0, 0, {heads}, {size}]"],
+                              self.io_dtype, split)  # fmt: skip
+            unit = f"{scales}.attn.{kind}_norm.unit"
+            self.make_initializer(torch.ones(size), unit, to=self.io_dtype)
+            normed = f"{path}/LayerNormalization/output_0"
+            self.make_node("LayerNormalization", [f"{path}/Reshape_1/output_0", unit], [normed],
+                           name=f"{path}/LayerNormalization", axis=-1, stash_type=1,
+                           epsilon=self.layernorm_attrs["epsilon"])  # fmt: skip
+            self.make_value(normed, self.io_dtype, split)
+            weight = f"{scales}.attn.{kind}_norm.layernorm.weight"
+            self.make_initializer(self.head_scales(attention, kind), weight, to=self.io_dtype)
+            self.make_mul(f"{path}/Mul", [normed, weight], self.io_dtype, split)
+            self.make_reshape(f"{path}/Reshape_2", [f"{path}/Mul/output_0",
+                              f"/model/constants/INT64/[0, 0, {heads * size}]"], self.io_dtype,
+                              ["batch_size", "sequence_length", heads * size])  # fmt: skip
+            attrs[f"{kind}_path"] = f"{path}/Reshape_2/output_0"
 
 
 class StableLm(LayerNormed):
     """StableLM's decoder: LayerNorms, partial RoPE, the parallel residual if configured."""
 
-    refused = ("qk_layernorm", "StableLM's per-head Q/K norms")
+    qk_norms = "qk_layernorm"
+
+    def head_scales(self, attention: Any, kind: str) -> Any:
+        return torch.stack([norm.weight for norm in getattr(attention, f"{kind}_layernorm").norms])
 
     def make_layer(self, layer_id: int, layer: Any) -> None:
         if layer.use_parallel_residual:

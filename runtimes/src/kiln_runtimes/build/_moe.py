@@ -14,7 +14,7 @@ from typing import Any
 import onnxruntime_genai.models  # noqa: F401 (puts the builder's own folder on sys.path)
 
 from kiln_runtimes.build._experts import Experts
-from kiln_runtimes.build._olmo2 import Olmo2
+from kiln_runtimes.build._olmo2 import Clipped, Olmo2
 
 builders: Any = importlib.import_module("builders")
 
@@ -46,13 +46,8 @@ class GraniteMoe(Experts, builders.GraniteModel):  # type: ignore[misc]
         self.make_moe(layer_id, mlp, root_input)
 
 
-class Olmoe(Experts, Olmo2):
-    """OLMoE: Llama's layer, OLMo 2's Q/K norms across heads, sparse blocks."""
-
-    def __init__(self, config: Any, *args: Any) -> None:
-        if getattr(config, "clip_qkv", None) is not None:
-            raise ValueError("OLMoE's clip_qkv is not built")
-        super().__init__(config, *args)
+class Olmoe(Experts, Clipped, Olmo2):
+    """OLMoE: Llama's layer, OLMo 2's Q/K norms across heads, sparse blocks, ``clip_qkv``."""
 
     make_layer = builders.Model.make_layer  # pre-norms (not OLMo 2's post-norms)
 

@@ -8,7 +8,8 @@ and key projections (``q_norm``, ``k_norm``: across all heads, not per head as Q
 Gemma 3's, so not the builder's own ``make_qk_norm``). The builder's dispatch knows OLMo's name
 only: their configs are read under it (``_builder.read_config``), and
 ``_builder.by_model_type`` builds their classes. OLMo 3 is OLMo 2 with sliding windows on some
-layers (:class:`Olmo3`).
+layers (:class:`Olmo3`). OLMo's and OLMoE's ``clip_qkv`` clamps the projections
+(:class:`Clipped`).
 """
 
 from __future__ import annotations
@@ -17,8 +18,35 @@ import importlib
 from typing import Any
 
 import onnxruntime_genai.models  # noqa: F401 (puts the builder's own folder on sys.path)
+import torch
 
 builders: Any = importlib.import_module("builders")
+
+
+class Clipped(builders.Model):  # type: ignore[misc]
+    """Q, K and V clamped to ``±clip_qkv`` after their projections and norms, before RoPE, as
+    OLMo (7B 0424) and OLMoE run them, if the config sets it."""
+
+    def __init__(self, config: Any, *args: Any) -> None:
+        super().__init__(config, *args)
+        self.clip_qkv = getattr(config, "clip_qkv", None)
+        if self.clip_qkv is not None:  # each projection its own path to clamp
+            self.attention_attrs["use_packed_matmul"] = False
+
+    def make_attention_qk_norm(self, layer_id: int, attention: Any) -> None:
+        super().make_attention_qk_norm(layer_id, attention)
+        if self.clip_qkv is None:
+            return
+        attrs, bounds = self.attention_attrs, f"model.layers.{layer_id}.attn.clip_qkv"
+        for end, value in (("min", -self.clip_qkv), ("max", self.clip_qkv)):
+            self.make_initializer(torch.tensor(value), f"{bounds}.{end}", to=self.io_dtype)
+        for kind, size in (("q", self.q_size), ("k", self.kv_size), ("v", self.kv_size)):
+            name = f"/model/layers.{layer_id}/attn/{kind}_clip/Clip"
+            self.make_node("Clip", [attrs[f"{kind}_path"], f"{bounds}.min", f"{bounds}.max"],
+                           [f"{name}/output_0"], name=name)  # fmt: skip
+            self.make_value(f"{name}/output_0", self.io_dtype,
+                            ["batch_size", "sequence_length", size])  # fmt: skip
+            attrs[f"{kind}_path"] = f"{name}/output_0"
 
 
 class Olmo2(builders.LlamaModel):  # type: ignore[misc]
