@@ -1,7 +1,7 @@
 """Generation builds of tiny random Llama, Qwen2, Phi-3, Gemma, Mistral, Gemma 2, Gemma 3, OLMo
 (1-3), SmolLM3, StableLM 2, Starcoder2, Command R+, Command R7B, Qwen3-MoE, GPT-2, OPT,
-GPT-NeoX, Phi-2 and GLM-4 folders through the builder (:mod:`kiln_runtimes.build._builder`'s
-mends).
+GPT-NeoX, Phi-2 and GLM-4 folders, and Gemma 3's and Ministral 3's vision-language ones (their
+text decoders), through the builder (:mod:`kiln_runtimes.build._builder`'s mends).
 
 fp32 builds must reproduce transformers' greedy output token for token (the models are drawn
 with a wide init so their logits are far from ties); an int4 build reports how far it drifts;
@@ -20,6 +20,7 @@ half of each head, and it norms each sublayer's output before the residual add.
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
@@ -41,6 +42,8 @@ ARCHITECTURES = {
     "mistral": "MistralForCausalLM",
     "gemma2": "Gemma2ForCausalLM",
     "gemma3": "Gemma3ForCausalLM",
+    "gemma3_vl": "Gemma3ForConditionalGeneration",
+    "mistral3": "Mistral3ForConditionalGeneration",
     "olmo": "OlmoForCausalLM",
     "olmo2": "Olmo2ForCausalLM",
     "olmo3": "Olmo3ForCausalLM",
@@ -56,12 +59,19 @@ ARCHITECTURES = {
     "phi": "PhiForCausalLM",
     "glm4": "Glm4ForCausalLM",
 }
-WINDOWS = {"mistral": 24, "gemma2": 48, "gemma3": 24, "olmo3": 24, "starcoder2": 24, "cohere2": 24}
+WINDOWS = {"mistral": 24, "gemma2": 48, "gemma3": 24, "gemma3_vl": 24, "olmo3": 24,
+           "starcoder2": 24, "cohere2": 24}  # fmt: skip
 """Sliding windows shorter than the accuracy check's 72 positions and the prompts served."""
 SHAPES: dict[str, dict[str, Any]] = {
     "qwen2": {
         "rope_parameters": {"rope_type": "yarn", "factor": 4.0, "rope_theta": 10000.0,
                             "original_max_position_embeddings": 64},
+    },
+    "mistral3": {
+        "rope_parameters": {"rope_type": "yarn", "factor": 8.0, "rope_theta": 10000.0,
+                            "original_max_position_embeddings": 32, "beta_fast": 32.0,
+                            "beta_slow": 1.0, "mscale": 1.0, "mscale_all_dim": 1.0,
+                            "llama_4_scaling_beta": 0.1},
     },
     "olmo": {"clip_qkv": 2.0},
     "smollm3": {"no_rope_layer_interval": 2},
@@ -73,7 +83,8 @@ SHAPES: dict[str, dict[str, Any]] = {
                   "norm_topk_prob": True, "mlp_only_layers": [1]},
 }  # fmt: skip
 """Qwen2's long-context YaRN, its betas left to their defaults (as Qwen's own configs do);
-OLMo 7B 0424's clamped Q, K and V (``clip_qkv``: unclamped, a logit moves by 9);
+Ministral 3's YaRN and its queries' temperature past 32 positions (without it, a logit
+moves by 4); OLMo 7B 0424's clamped Q, K and V (``clip_qkv``: unclamped, a logit moves by 9);
 SmolLM3's second layer without RoPE (its every fourth, in a model of two); StableLM 2's Q, K
 and V biases, and 12B's parallel layer and per-head Q/K LayerNorms (Command R+'s too: every
 norm's scale drawn, so a head given another's would show); Starcoder2's tied head;
@@ -205,6 +216,23 @@ def test_prebuilt_genai_folder_is_taken_as_it_is(
         "prebuilt", "cpu", [2],
     )  # fmt: skip
     assert (tmp_path / "copy" / "model.onnx").read_bytes() == (built / "model.onnx").read_bytes()
+
+
+def test_a_prebuilt_folder_the_runner_cannot_feed_is_refused(
+    fp32: dict[str, Any], tmp_path: Path, build_cli: Any
+) -> None:
+    """A folder whose decoder takes a recurrent state (LFM2's, as the builder writes it) is
+    refused naming the input, not served until its first request fails."""
+    folder = tmp_path / "conv"
+    shutil.copytree(Path(fp32["llama"].last["out_dir"]), folder)
+    config = json.loads((folder / "genai_config.json").read_text())
+    config["model"]["decoder"]["inputs"]["past_conv_names"] = "past.%d.conv"
+    (folder / "genai_config.json").write_text(json.dumps(config))
+    run = build_cli.build(folder, tmp_path / "copy")
+    assert run.returncode == 2
+    assert (run.last["file"], run.last["field"]) == ("genai_config.json", "model.decoder.inputs")
+    assert "does not feed (past_conv_names)" in run.last["error"]
+    assert not (tmp_path / "copy").exists()
 
 
 def test_a_prebuilt_folder_gets_its_sliding_window_on_every_layer(

@@ -14,6 +14,21 @@ if TYPE_CHECKING:
     from kiln_runtimes.protocol import ModelManifest
 
 GENAI_CONFIG = "genai_config.json"
+FED = frozenset({"input_ids", "attention_mask", "past_key_names", "past_value_names"})
+"""The decoder inputs Kiln's runner feeds: token ids, the mask, and a KV cache of every layer."""
+
+
+def unfed(decoder: dict[str, Any]) -> str | None:
+    """Why Kiln's runner cannot run a ``genai_config.json`` decoder, if it cannot: inputs it
+    does not feed (a recurrent state, LFM2's or a hybrid Granite 4's; positions in sections,
+    Qwen2.5-VL's), named."""
+    extra = sorted(set(decoder.get("inputs") or {}) - FED)
+    if not extra:
+        return None
+    return (
+        f"the graph takes inputs Kiln's runner does not feed ({', '.join(extra)}): it runs "
+        "decoders whose only state is a KV cache, their positions read from the mask"
+    )
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -63,6 +78,8 @@ def spec_from_config(config: dict[str, Any], model_path: Path, context_length: i
     decoder = model["decoder"]
     if "dynamic_batching" in config.get("engine", {}):
         raise ValueError("paged-attention exports are not supported")
+    if why := unfed(decoder):
+        raise ValueError(why)
     context = min(context_length, int(model["context_length"]))
     window = decoder.get("sliding_window") or {}
     if window.get("layers") and int(window.get("window_size", 0)) > context:

@@ -8,7 +8,7 @@ import numpy as np
 
 from kiln_runtimes.accuracy import ClassAccuracy, EmbedAccuracy, GenerateAccuracy, ScoreAccuracy
 from kiln_runtimes.build._options import BuildError
-from kiln_runtimes.build._source import read_json
+from kiln_runtimes.build._source import first_architecture, read_json
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -76,12 +76,15 @@ def generate(hf_dir: Path, built_dir: Path, tokens: int) -> GenerateAccuracy:
 def _transformers(hf_dir: Path, prompt: list[int], tokens: int) -> tuple[list[int], np.ndarray]:
     """transformers' greedy continuation (EOS ignored) and its logits along it, fp32."""
     import torch
-    from transformers import AutoModelForCausalLM, GenerationConfig
+    import transformers
 
-    model = AutoModelForCausalLM.from_pretrained(str(hf_dir), dtype=torch.float32)
+    architecture = first_architecture(read_json(hf_dir / "config.json")) or ""
+    auto = "ImageTextToText" if architecture.endswith("ForConditionalGeneration") else "CausalLM"
+    loader = getattr(transformers, f"AutoModelFor{auto}")  # a vision model's text: ids only
+    model = loader.from_pretrained(str(hf_dir), dtype=torch.float32)
     model.eval()
     model.generation_config.eos_token_id = None  # generate merges it in: never stop early
-    settings = GenerationConfig(
+    settings = transformers.GenerationConfig(
         do_sample=False, max_new_tokens=tokens, eos_token_id=None,
         pad_token_id=0, bos_token_id=None,
     )  # fmt: skip

@@ -46,7 +46,7 @@ from typing import Any
 import onnxruntime_genai.models  # noqa: F401 (puts the builder's own folder on sys.path)
 import transformers
 
-from kiln_runtimes.build import _cohere, _glm, _learned, _llamalike, _moe, _neox, _rope
+from kiln_runtimes.build import _cohere, _glm, _learned, _llamalike, _mistral3, _moe, _neox, _rope
 from kiln_runtimes.build._kilns import HOSTS
 from kiln_runtimes.build._olmo2 import Clipped, Olmo2, Olmo3
 
@@ -177,6 +177,7 @@ def yarn_inv_freq(self: Any, inv_freq: Any) -> Any:
 
 if __name__ == "__main__":
     builders.Gemma3Model = Gemma3  # the builder's dispatch imports them from here
+    builders.Mistral3TextModel = _mistral3.Mistral3
     builders.OLMoModel = Olmo  # OLMo's own, mended
     for name in HOST_CLASSES:
         setattr(builders, name, by_model_type(getattr(builders, name)))

@@ -11,17 +11,20 @@ import struct
 from pathlib import Path
 from typing import Any
 
-from kiln_runtimes.build._kilns import HOSTS
+from kiln_runtimes.build._kilns import HOSTS, VISION_TEXT
 from kiln_runtimes.build._options import BuildError
 
 _HEADER_LIMIT = 100 * 1024 * 1024  # the safetensors format's own cap on the JSON header
-_BUILDER_BRANCH = re.compile(r'config\.architectures\[0\] == "(\w+ForCausalLM)"')
+_BUILDER_BRANCH = re.compile(
+    r'config\.architectures\[0\] == "(\w+For(?:CausalLM|ConditionalGeneration))"'
+)
 
 
 @functools.cache
 def builder_architectures() -> frozenset[str]:
-    """The ``*ForCausalLM`` architectures the installed onnxruntime-genai builder exports, and
-    those Kiln's mends add.
+    """The ``*ForCausalLM`` architectures the installed onnxruntime-genai builder exports, the
+    vision-language ones whose text decoder it exports and Kiln serves
+    (:data:`._kilns.VISION_TEXT`), and those Kiln's mends add.
 
     Read from the builder's own dispatch (``config.architectures[0] == "..."``) without
     importing it (that imports torch), so the list follows the installed version.
@@ -32,7 +35,9 @@ def builder_architectures() -> frozenset[str]:
     for location in spec.submodule_search_locations:
         builder = Path(location) / "models" / "builder.py"
         if builder.is_file():
-            return frozenset(HOSTS) | frozenset(_BUILDER_BRANCH.findall(builder.read_text("utf-8")))
+            branches = _BUILDER_BRANCH.findall(builder.read_text("utf-8"))
+            decoders = {b for b in branches if b.endswith("ForCausalLM") or b in VISION_TEXT}
+            return frozenset(HOSTS) | frozenset(decoders)
     raise BuildError("onnxruntime_genai/models/builder.py not found")
 
 

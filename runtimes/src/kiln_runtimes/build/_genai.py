@@ -9,6 +9,7 @@ import subprocess
 import sys
 from typing import TYPE_CHECKING, Any
 
+from kiln_runtimes.backends._genai_config import unfed
 from kiln_runtimes.build._checks import TEMPLATE_NAME, chat_template, chat_templates
 from kiln_runtimes.build._options import BuildError
 from kiln_runtimes.build._source import read_json
@@ -168,6 +169,13 @@ def manifest(
     )
 
 
+def check_inputs(folder: Path) -> None:
+    """Refuse a decoder Kiln's runner cannot feed (``_genai_config.unfed``), naming its inputs."""
+    decoder = read_json(folder / "genai_config.json").get("model", {}).get("decoder", {})
+    if why := unfed(decoder if isinstance(decoder, dict) else {}):
+        raise BuildError(why, file="genai_config.json", field="model.decoder.inputs")
+
+
 def provider(genai: dict[str, Any]) -> str:
     """``cuda`` when the session options name the CUDA provider, else ``cpu``."""
     options = genai.get("model", {}).get("decoder", {}).get("session_options", {})
@@ -176,11 +184,13 @@ def provider(genai: dict[str, Any]) -> str:
 
 
 def check_prebuilt(folder: Path) -> None:
-    """A prebuilt GenAI folder must name a decoder file it has and carry a tokenizer."""
+    """A prebuilt GenAI folder must name a decoder file it has, one Kiln's runner can feed
+    (:func:`check_inputs`), and carry a tokenizer."""
     genai = read_json(folder / "genai_config.json")
     decoder = genai.get("model", {}).get("decoder", {})
     filename = decoder.get("filename") if isinstance(decoder, dict) else None
     if not isinstance(filename, str):
         raise BuildError("no decoder file named", file="genai_config.json", field="model.decoder")
+    check_inputs(folder)
     if not (folder / filename).is_file():
         raise BuildError("file not found (named by genai_config.json)", file=filename)

@@ -18,3 +18,8 @@ HOSTS = {
 """Kiln's architecture -> the builder's: OLMo 2 and 3 and OLMoE as OLMo (``_olmo2``,
 ``_moe``); StableLM, Starcoder2, Command R and R7B, GPT-2, OPT, GPT-NeoX, Falcon, GLM and GLM-4
 as Llama; the mixtures of experts as their dense hosts (``_moe``)."""
+VISION_TEXT = frozenset({"Gemma3ForConditionalGeneration", "Mistral3ForConditionalGeneration"})
+"""Vision-language checkpoints whose text decoder the builder exports and Kiln serves, text in
+and out (an image in a request is refused): Gemma 3 4B-27B, Mistral Small 3.1/3.2, Ministral 3
+and Magistral (``_mistral3``). Others the builder takes (Qwen2.5/3-VL: positions in three
+sections; Qwen 3.5: a recurrent state) need inputs Kiln's runner does not feed."""

@@ -52,30 +52,44 @@ class Learned(builders.Model):  # type: ignore[misc]
         table = "model.embed_positions.weight"
         self.make_initializer(self.positions(), table, to=self.io_dtype)
         name, shape = "/model/embed_positions", self.make_hidden_state_shape()
-        rows = ["batch_size", "sequence_length"]
-        mask, ids = self.input_names["attention_mask"], self.input_names["input_ids"]
-        # op, inputs (":X": node X's output), output shape, attributes
-        nodes: tuple[tuple[str, list[str], list[Any], dict[str, Any]], ...] = (
-            ("ReduceSum", [mask, f"{INT64}/[1]"], ["batch_size", 1], {"keepdims": 1}),
-            ("Cast", [":ReduceSum"], ["batch_size", 1], {"to": ir.DataType.INT64}),
-            ("Shape", [ids], [1], {"start": 1, "end": 2}),
-            ("Sub", [":Cast", ":Shape"], ["batch_size", 1], {}),
-            ("Squeeze", [":Shape"], [], {}),
-            ("Range", [f"{INT64}/0", ":Squeeze", f"{INT64}/1"], ["sequence_length"], {}),
-            ("Add", [":Sub", ":Range"], rows, {}),
-            ("Offset", [":Add", f"{INT64}/{self.offset}"], rows, {}),
-            ("Gather", [table, ":Offset"], shape, {}),
-            ("Tokens", [self.layernorm_attrs["root_input"], ":Gather"], shape, {}),
+        positions = make_positions(self, name)
+        # op, inputs (":X": node X's output), output shape
+        nodes: tuple[tuple[str, list[str], list[Any]], ...] = (
+            ("Offset", [positions, f"{INT64}/{self.offset}"], ["batch_size", "sequence_length"]),
+            ("Gather", [table, ":Offset"], shape),
+            ("Tokens", [self.layernorm_attrs["root_input"], ":Gather"], shape),
         )
-        for op, inputs, dims, attrs in nodes:
+        for op, inputs, dims in nodes:
             named = [f"{name}/{i[1:]}/output_0" if i.startswith(":") else i for i in inputs]
             kind = "Add" if op in ("Offset", "Tokens") else op
-            dtype = self.io_dtype if op in ("Gather", "Tokens") else ir.DataType.INT64
-            self.make_node(kind, named, [f"{name}/{op}/output_0"], name=f"{name}/{op}", **attrs)
+            dtype = ir.DataType.INT64 if op == "Offset" else self.io_dtype
+            self.make_node(kind, named, [f"{name}/{op}/output_0"], name=f"{name}/{op}")
             self.make_value(f"{name}/{op}/output_0", dtype, shape=dims)
         self.layernorm_attrs["root_input"] = self.layernorm_attrs["skip_input"] = (
             f"{name}/Tokens/output_0"
         )
+
+
+def make_positions(model: Any, name: str) -> str:
+    """Nodes under ``name`` computing the new tokens' positions, ``[batch, sequence]`` int64,
+    from the attention mask (``sum(mask) - S + i`` for the ``i``th of ``S`` new tokens: Kiln's
+    runner feeds no ``position_ids``); returns the output's name."""
+    mask, ids = model.input_names["attention_mask"], model.input_names["input_ids"]
+    # op, inputs (":X": node X's output), output shape, attributes
+    nodes: tuple[tuple[str, list[str], list[Any], dict[str, Any]], ...] = (
+        ("ReduceSum", [mask, f"{INT64}/[1]"], ["batch_size", 1], {"keepdims": 1}),
+        ("Cast", [":ReduceSum"], ["batch_size", 1], {"to": ir.DataType.INT64}),
+        ("Shape", [ids], [1], {"start": 1, "end": 2}),
+        ("Sub", [":Cast", ":Shape"], ["batch_size", 1], {}),
+        ("Squeeze", [":Shape"], [], {}),
+        ("Range", [f"{INT64}/0", ":Squeeze", f"{INT64}/1"], ["sequence_length"], {}),
+        ("Add", [":Sub", ":Range"], ["batch_size", "sequence_length"], {}),
+    )
+    for op, inputs, dims, attrs in nodes:
+        named = [f"{name}/{i[1:]}/output_0" if i.startswith(":") else i for i in inputs]
+        model.make_node(op, named, [f"{name}/{op}/output_0"], name=f"{name}/{op}", **attrs)
+        model.make_value(f"{name}/{op}/output_0", ir.DataType.INT64, shape=dims)
+    return f"{name}/Add/output_0"
 
 
 class Gpt2(Learned):

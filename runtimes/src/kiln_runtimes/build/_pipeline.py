@@ -106,6 +106,7 @@ def _hf_generate(
         prune_lm_head=options.prune_lm_head,
     )  # fmt: skip
     _genai.run_builder(command, folder)
+    _genai.check_inputs(folder)
     window = _genai.slide_every_layer(folder)
     slid = f"; a sliding window of {window} positions on every layer" if window else ""
     say("optimizing", 70, f"tokenizer, chat template and stop tokens{slid}")

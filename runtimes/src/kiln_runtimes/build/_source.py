@@ -8,6 +8,7 @@ from typing import Any, Literal
 
 import msgspec
 
+from kiln_runtimes.build._kilns import VISION_TEXT
 from kiln_runtimes.build._options import BuildError
 from kiln_runtimes.protocol import Task
 
@@ -45,7 +46,8 @@ def detect(path: Path, task: Task | None = None) -> Source:
         if found is None:
             raise BuildError(
                 f"cannot tell the task from architecture {architecture!r}: a generation model "
-                "is *ForCausalLM (or GPT2LMHeadModel), an embeddings model a BERT-family "
+                "is *ForCausalLM (or GPT2LMHeadModel, Gemma 3's or Mistral 3's "
+                "*ForConditionalGeneration), an embeddings model a BERT-family "
                 "encoder or a "
                 "*ForSequenceClassification (a cross-encoder of one label, a classifier of "
                 "more) (pass --task)",
@@ -65,8 +67,8 @@ def detect(path: Path, task: Task | None = None) -> Source:
 def task_for(config: dict[str, Any], *, has_modules: bool) -> Task | None:
     """The task a Hugging Face ``config.json`` implies, or None if it implies none."""
     architecture = first_architecture(config) or ""
-    if architecture.endswith(("ForCausalLM", "LMHeadModel")):  # GPT-2's: GPT2LMHeadModel
-        return "generate"
+    if architecture.endswith(("ForCausalLM", "LMHeadModel")) or architecture in VISION_TEXT:
+        return "generate"  # GPT-2's: GPT2LMHeadModel; a vision model's text decoder
     if has_modules or architecture in ENCODER_ARCHITECTURES or classes(config):
         return "embeddings"
     if not architecture and config.get("model_type") in ENCODER_TYPES:

@@ -58,6 +58,20 @@ def test_paged_exports_are_refused() -> None:
         spec_from_config(config, Path("m.onnx"), 512)
 
 
+def test_a_decoder_with_inputs_the_runner_does_not_feed_is_refused_naming_them() -> None:
+    config = genai_config()
+    config["model"]["decoder"]["inputs"] = {  # LFM2's: a convolution state beside the KV cache
+        "input_ids": "input_ids", "attention_mask": "attention_mask",
+        "past_key_names": "past_key_values.%d.key", "past_value_names": "past_key_values.%d.value",
+        "past_conv_names": "past.%d.conv",
+    }  # fmt: skip
+    with pytest.raises(ValueError, match=r"does not feed \(past_conv_names\)"):
+        spec_from_config(config, Path("m.onnx"), 512)
+    config["model"]["decoder"]["inputs"]["position_ids"] = "position_ids"  # Qwen3-VL's too
+    with pytest.raises(ValueError, match=r"\(past_conv_names, position_ids\)"):
+        spec_from_config(config, Path("m.onnx"), 512)
+
+
 def test_a_sliding_window_needs_a_context_of_one_window() -> None:
     config = genai_config()
     config["model"]["decoder"]["sliding_window"] = {"window_size": 4096, "layers": [0, 2]}
