@@ -60,6 +60,7 @@ READ_CONFIG = transformers.AutoConfig.from_pretrained
 KILNS = {
     "olmo2": Olmo2, "olmo3": Olmo3, **_llamalike.MODEL_TYPES, **_cohere.MODEL_TYPES,
     **_learned.MODEL_TYPES, **_neox.MODEL_TYPES, **_glm.MODEL_TYPES, **_moe.MODEL_TYPES,
+    **_mistral3.MODEL_TYPES,
 }  # fmt: skip
 """Kiln's decoder class for each ``model_type`` it builds (whatever host it is read under)."""
 HOST_CLASSES = ("OLMoModel", "LlamaModel", "MistralModel", "QwenModel", "Qwen3Model",

@@ -4,20 +4,24 @@ Torch-free: the checks before a build read it (``_checks.builder_architectures``
 
 from __future__ import annotations
 
-LLAMA = "LlamaForCausalLM"
+LLAMA, MISTRAL = "LlamaForCausalLM", "MistralForCausalLM"
 HOSTS = {
     "Olmo2ForCausalLM": "OlmoForCausalLM", "Olmo3ForCausalLM": "OlmoForCausalLM",
     "OlmoeForCausalLM": "OlmoForCausalLM",
     "StableLmForCausalLM": LLAMA, "Starcoder2ForCausalLM": LLAMA, "CohereForCausalLM": LLAMA,
     "Cohere2ForCausalLM": LLAMA, "GPT2LMHeadModel": LLAMA, "OPTForCausalLM": LLAMA,
     "GPTNeoXForCausalLM": LLAMA, "FalconForCausalLM": LLAMA, "GlmForCausalLM": LLAMA,
-    "Glm4ForCausalLM": LLAMA,
-    "MixtralForCausalLM": "MistralForCausalLM", "Qwen2MoeForCausalLM": "Qwen2ForCausalLM",
+    "Glm4ForCausalLM": LLAMA, "HeliumForCausalLM": LLAMA, "SeedOssForCausalLM": LLAMA,
+    "ArceeForCausalLM": LLAMA, "MinistralForCausalLM": MISTRAL,
+    "Ministral3ForCausalLM": MISTRAL,
+    "MixtralForCausalLM": MISTRAL, "Qwen2MoeForCausalLM": "Qwen2ForCausalLM",
     "Qwen3MoeForCausalLM": "Qwen3ForCausalLM", "GraniteMoeForCausalLM": "GraniteForCausalLM",
 }  # fmt: skip
 """Kiln's architecture -> the builder's: OLMo 2 and 3 and OLMoE as OLMo (``_olmo2``,
-``_moe``); StableLM, Starcoder2, Command R and R7B, GPT-2, OPT, GPT-NeoX, Falcon, GLM and GLM-4
-as Llama; the mixtures of experts as their dense hosts (``_moe``)."""
+``_moe``); StableLM, Starcoder2, Command R and R7B, GPT-2, OPT, GPT-NeoX, Falcon, GLM and GLM-4,
+Arcee's AFM and Helium as Llama (Seed-OSS is Llama's decoder, its optional biases too);
+Ministral (windows on some layers, which the builder reads from ``layer_types``) and Ministral
+3 (``_mistral3``) as Mistral; the mixtures of experts as their dense hosts (``_moe``)."""
 VISION_TEXT = frozenset({"Gemma3ForConditionalGeneration", "Mistral3ForConditionalGeneration"})
 """Vision-language checkpoints whose text decoder the builder exports and Kiln serves, text in
 and out (an image in a request is refused): Gemma 3 4B-27B, Mistral Small 3.1/3.2, Ministral 3

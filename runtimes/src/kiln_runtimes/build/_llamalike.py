@@ -7,7 +7,8 @@ turns a share of each head (``partial_rotary_factor``, a quarter) with RoPE; wit
 ``use_parallel_residual`` its attention and MLP read the same norm's output and both join the
 stream at once (Phi's layer). Starcoder2's MLP is ``c_fc``, a tanh GELU, ``c_proj``, each with
 a bias (Phi's ``fc1``/``fc2``), its attention has biases, and a ``sliding_window`` is served as
-Mistral's. StableLM 2 12B norms each head's query and key with its own LayerNorm
+Mistral's. Arcee's AFM is Llama with Nemotron's ungated ReLU² MLP, Kyutai's Helium Llama with
+interleaved RoPE. StableLM 2 12B norms each head's query and key with its own LayerNorm
 (``qk_layernorm``; :meth:`LayerNormed.make_qk_norm`, Command R+'s too). The builder's dispatch
 knows Llama's name: their configs are read under it (``_builder.read_config``) and
 ``_builder.by_model_type`` builds these classes.
@@ -96,4 +97,22 @@ class Starcoder2(LayerNormed):
         super().make_mlp(layer_id, SimpleNamespace(fc1=mlp.c_fc, fc2=mlp.c_proj), root_input)
 
 
-MODEL_TYPES = {"stablelm": StableLm, "starcoder2": Starcoder2}
+class Arcee(builders.LlamaModel):  # type: ignore[misc]
+    """Arcee's AFM: Llama's decoder, Nemotron's MLP (``up_proj``, ReLU squared, ``down_proj``)."""
+
+    def __init__(self, config: Any, *args: Any) -> None:
+        super().__init__(config, *args)
+        self.mlp_attrs["fuse_gate_up"] = False  # no gate to fuse
+
+    make_mlp_proj = builders.NemotronModel.make_mlp_proj
+
+
+class Helium(builders.LlamaModel):  # type: ignore[misc]
+    """Kyutai's Helium: Llama's decoder, its RoPE turning interleaved pairs (Cohere's)."""
+
+    def __init__(self, config: Any, *args: Any) -> None:
+        super().__init__(config, *args)
+        self.rope_attrs["interleaved"] = 1
+
+
+MODEL_TYPES = {"stablelm": StableLm, "starcoder2": Starcoder2, "arcee": Arcee, "helium": Helium}

@@ -3,7 +3,9 @@ Ministral 3, Magistral), which the onnxruntime-genai builder exports without Min
 attention temperature: transformers scales each query by ``1 + beta * log(1 + floor(p / n))``
 at position ``p`` (``llama_4_scaling_beta``, ``n`` its ``original_max_position_embeddings``), so
 a build without it answers unlike its source past ``n`` positions. :class:`Mistral3` scales it
-in the graph, the positions read from the attention mask (:func:`._learned.make_positions`).
+in the graph, the positions read from the attention mask (:func:`._learned.make_positions`), and
+so does :class:`Ministral3` for its text-only checkpoints (``Ministral3ForCausalLM``, read under
+Mistral's name).
 """
 
 from __future__ import annotations
@@ -20,8 +22,8 @@ builders: Any = importlib.import_module("builders")
 SCALE = "/model/attn_temperature"
 
 
-class Mistral3(builders.Mistral3TextModel):  # type: ignore[misc]
-    """The builder's Mistral 3 text decoder, with the queries' temperature if configured."""
+class Tempered(builders.Model):  # type: ignore[misc]
+    """A decoder whose queries' temperature rises past the original context, if configured."""
 
     def __init__(self, config: Any, *args: Any) -> None:
         super().__init__(config, *args)
@@ -66,3 +68,14 @@ class Mistral3(builders.Mistral3TextModel):  # type: ignore[misc]
             dtype = self.io_dtype if op == "Cast" else ir.DataType.FLOAT
             dims = [*rows, 1] if op in ("Unsqueeze", "Cast") else rows
             self.make_value(f"{SCALE}/{op}/output_0", dtype, dims)
+
+
+class Mistral3(Tempered, builders.Mistral3TextModel):  # type: ignore[misc]
+    """The builder's Mistral 3 text decoder (of a vision checkpoint), tempered."""
+
+
+class Ministral3(Tempered, builders.MistralModel):  # type: ignore[misc]
+    """Ministral 3's text-only decoder: Mistral's, tempered."""
+
+
+MODEL_TYPES = {"ministral3": Ministral3}
