@@ -1,7 +1,7 @@
 """Generation builds of tiny random Llama, Qwen2, Phi-3, Gemma, Mistral, Gemma 2, Gemma 3, OLMo
 (1-3), SmolLM3, StableLM 2, Starcoder2, Command R+, Command R7B, Qwen3-MoE, GPT-2, OPT,
-GPT-NeoX, Phi-2, GLM-4, Helium and Arcee AFM folders, and Gemma 3's and Ministral 3's
-vision-language ones (their text decoders), through the builder
+GPT-NeoX, Phi-2, GLM-4, Helium, Arcee AFM, EXAONE 4.0 and GPTBigCode folders, and Gemma 3's,
+Ministral 3's and Qwen3-VL's vision-language ones (their text decoders), through the builder
 (:mod:`kiln_runtimes.build._builder`'s mends).
 
 fp32 builds must reproduce transformers' greedy output token for token (the models are drawn
@@ -61,9 +61,12 @@ ARCHITECTURES = {
     "glm4": "Glm4ForCausalLM",
     "helium": "HeliumForCausalLM",
     "arcee": "ArceeForCausalLM",
+    "exaone4": "Exaone4ForCausalLM",
+    "gpt_bigcode": "GPTBigCodeForCausalLM",
+    "qwen3_vl": "Qwen3VLForConditionalGeneration",
 }
 WINDOWS = {"mistral": 24, "gemma2": 48, "gemma3": 24, "gemma3_vl": 24, "olmo3": 24,
-           "starcoder2": 24, "cohere2": 24}  # fmt: skip
+           "starcoder2": 24, "cohere2": 24, "exaone4": 24}  # fmt: skip
 """Sliding windows shorter than the accuracy check's 72 positions and the prompts served."""
 SHAPES: dict[str, dict[str, Any]] = {
     "qwen2": {
@@ -78,6 +81,7 @@ SHAPES: dict[str, dict[str, Any]] = {
     },
     "olmo": {"clip_qkv": 2.0},
     "helium": {"head_dim": 16, "attention_bias": True},
+    "exaone4": {"head_dim": 16, "layer_types": ["sliding_attention", "full_attention"]},
     "smollm3": {"no_rope_layer_interval": 2},
     "stablelm": {"use_qkv_bias": True, "use_parallel_residual": True, "qk_layernorm": True,
                  "drawn_norms": True},
@@ -90,11 +94,11 @@ SHAPES: dict[str, dict[str, Any]] = {
 Ministral 3's YaRN and its queries' temperature past 32 positions (without it, a logit
 moves by 4); OLMo 7B 0424's clamped Q, K and V (``clip_qkv``: unclamped, a logit moves by 9);
 Helium's biased Q, K and V (its interleaved RoPE: turned in halves, the check refuses it at
-13.4); SmolLM3's second layer without RoPE (its every fourth, in a model of two); StableLM 2's
-Q, K and V biases, and 12B's parallel layer and per-head Q/K LayerNorms (Command R+'s too:
-every norm's scale drawn, so a head given another's would show); Starcoder2's tied head;
-Qwen3-MoE's four experts, two a token, renormalized, and a dense second layer
-(``mlp_only_layers``)."""
+13.4); EXAONE 4.0's windowed layer with RoPE and global one without; SmolLM3's second layer
+without RoPE (its every fourth, in a model of two); StableLM 2's Q, K and V biases, and 12B's
+parallel layer and per-head Q/K LayerNorms (Command R+'s too: every norm's scale drawn, so a
+head given another's would show); Starcoder2's tied head; Qwen3-MoE's four experts, two a
+token, renormalized, and a dense second layer (``mlp_only_layers``)."""
 SEEDS = {"gemma3": 1, "olmo2": 1, "starcoder2": 3, "stablelm": 4}
 """Draws whose greedy continuation is a real sequence, not a loop of a few tokens (seed 7's)."""
 FIGURES = ("equal_prefix", "top1_agreement", "max_abs_logit_diff", "reference_min_margin")

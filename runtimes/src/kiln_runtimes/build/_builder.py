@@ -46,7 +46,18 @@ from typing import Any
 import onnxruntime_genai.models  # noqa: F401 (puts the builder's own folder on sys.path)
 import transformers
 
-from kiln_runtimes.build import _cohere, _glm, _learned, _llamalike, _mistral3, _moe, _neox, _rope
+from kiln_runtimes.build import (
+    _cohere,
+    _exaone,
+    _glm,
+    _learned,
+    _llamalike,
+    _mistral3,
+    _moe,
+    _neox,
+    _qwen_vl,
+    _rope,
+)
 from kiln_runtimes.build._kilns import HOSTS
 from kiln_runtimes.build._olmo2 import Clipped, Olmo2, Olmo3
 
@@ -60,7 +71,7 @@ READ_CONFIG = transformers.AutoConfig.from_pretrained
 KILNS = {
     "olmo2": Olmo2, "olmo3": Olmo3, **_llamalike.MODEL_TYPES, **_cohere.MODEL_TYPES,
     **_learned.MODEL_TYPES, **_neox.MODEL_TYPES, **_glm.MODEL_TYPES, **_moe.MODEL_TYPES,
-    **_mistral3.MODEL_TYPES,
+    **_mistral3.MODEL_TYPES, **_exaone.MODEL_TYPES,
 }  # fmt: skip
 """Kiln's decoder class for each ``model_type`` it builds (whatever host it is read under)."""
 HOST_CLASSES = ("OLMoModel", "LlamaModel", "MistralModel", "QwenModel", "Qwen3Model",
@@ -179,6 +190,7 @@ def yarn_inv_freq(self: Any, inv_freq: Any) -> Any:
 if __name__ == "__main__":
     builders.Gemma3Model = Gemma3  # the builder's dispatch imports them from here
     builders.Mistral3TextModel = _mistral3.Mistral3
+    builders.Qwen25VLTextModel, builders.Qwen3VLTextModel = _qwen_vl.Qwen25VL, _qwen_vl.Qwen3VL
     builders.OLMoModel = Olmo  # OLMo's own, mended
     for name in HOST_CLASSES:
         setattr(builders, name, by_model_type(getattr(builders, name)))

@@ -7,9 +7,10 @@ from __future__ import annotations
 LLAMA, MISTRAL = "LlamaForCausalLM", "MistralForCausalLM"
 HOSTS = {
     "Olmo2ForCausalLM": "OlmoForCausalLM", "Olmo3ForCausalLM": "OlmoForCausalLM",
-    "OlmoeForCausalLM": "OlmoForCausalLM",
+    "OlmoeForCausalLM": "OlmoForCausalLM", "Exaone4ForCausalLM": "OlmoForCausalLM",
     "StableLmForCausalLM": LLAMA, "Starcoder2ForCausalLM": LLAMA, "CohereForCausalLM": LLAMA,
     "Cohere2ForCausalLM": LLAMA, "GPT2LMHeadModel": LLAMA, "OPTForCausalLM": LLAMA,
+    "GPTBigCodeForCausalLM": LLAMA,
     "GPTNeoXForCausalLM": LLAMA, "FalconForCausalLM": LLAMA, "GlmForCausalLM": LLAMA,
     "Glm4ForCausalLM": LLAMA, "HeliumForCausalLM": LLAMA, "SeedOssForCausalLM": LLAMA,
     "ArceeForCausalLM": LLAMA, "MinistralForCausalLM": MISTRAL,
@@ -17,13 +18,17 @@ HOSTS = {
     "MixtralForCausalLM": MISTRAL, "Qwen2MoeForCausalLM": "Qwen2ForCausalLM",
     "Qwen3MoeForCausalLM": "Qwen3ForCausalLM", "GraniteMoeForCausalLM": "GraniteForCausalLM",
 }  # fmt: skip
-"""Kiln's architecture -> the builder's: OLMo 2 and 3 and OLMoE as OLMo (``_olmo2``,
-``_moe``); StableLM, Starcoder2, Command R and R7B, GPT-2, OPT, GPT-NeoX, Falcon, GLM and GLM-4,
-Arcee's AFM and Helium as Llama (Seed-OSS is Llama's decoder, its optional biases too);
-Ministral (windows on some layers, which the builder reads from ``layer_types``) and Ministral
-3 (``_mistral3``) as Mistral; the mixtures of experts as their dense hosts (``_moe``)."""
-VISION_TEXT = frozenset({"Gemma3ForConditionalGeneration", "Mistral3ForConditionalGeneration"})
+"""Kiln's architecture -> the builder's: OLMo 2 and 3, OLMoE and EXAONE 4.0 as OLMo
+(``_olmo2``, ``_moe``, ``_exaone``); StableLM, Starcoder2, Command R and R7B, GPT-2,
+GPTBigCode, OPT, GPT-NeoX, Falcon, GLM and GLM-4, Arcee's AFM and Helium as Llama (Seed-OSS is
+Llama's decoder, its optional biases too); Ministral (windows on some layers, which the builder
+reads from ``layer_types``) and Ministral 3 (``_mistral3``) as Mistral; the mixtures of experts
+as their dense hosts (``_moe``)."""
+VISION_TEXT = frozenset({
+    "Gemma3ForConditionalGeneration", "Mistral3ForConditionalGeneration",
+    "Qwen2_5_VLForConditionalGeneration", "Qwen3VLForConditionalGeneration",
+})  # fmt: skip
 """Vision-language checkpoints whose text decoder the builder exports and Kiln serves, text in
 and out (an image in a request is refused): Gemma 3 4B-27B, Mistral Small 3.1/3.2, Ministral 3
-and Magistral (``_mistral3``). Others the builder takes (Qwen2.5/3-VL: positions in three
-sections; Qwen 3.5: a recurrent state) need inputs Kiln's runner does not feed."""
+and Magistral (``_mistral3``), Qwen2.5-VL and Qwen3-VL (``_qwen_vl``). Others the builder takes
+(Qwen 3.5's recurrent state, Whisper's encoder) are not decoders Kiln's runner feeds."""

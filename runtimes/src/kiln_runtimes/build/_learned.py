@@ -1,5 +1,6 @@
-"""GPT-2 and OPT for the onnxruntime-genai builder, which has neither (``GPT2LMHeadModel``,
-``OPTForCausalLM``): decoders whose positions are learned embeddings, not RoPE.
+"""GPT-2, GPTBigCode and OPT for the onnxruntime-genai builder, which has none of them
+(``GPT2LMHeadModel``, ``GPTBigCodeForCausalLM``, ``OPTForCausalLM``): decoders whose positions
+are learned embeddings, not RoPE.
 
 A position's embedding is added to its token's before the first layer. The graph has no
 ``position_ids`` input (Kiln's runner and GenAI's Generator feed ``input_ids`` and
@@ -10,9 +11,10 @@ runs these graphs: a prefill is one row without padding, a decode step one new t
 GPT-2: LayerNorms with biases, the fused Q/K/V and output projections stored as ``Conv1D``
 (``[in, out]``: transposed to a linear layer's ``[out, in]`` here), a tanh-GELU MLP of the same
 kind, a tied head; ``scale_attn_by_inverse_layer_idx`` and ``reorder_and_upcast_attn`` are
-refused. OPT: its positions offset by 2 rows, pre-norm layers whose MLP (``fc1``, ReLU,
-``fc2``) sits on the layer itself; a post-norm config (``do_layer_norm_before`` false, OPT-350m's)
-or one that projects its embeddings (``word_embed_proj_dim``) is refused.
+refused. GPTBigCode (StarCoder 1, SantaCoder): GPT-2's block in ``Linear`` layers, multi-query
+(one key and value head) or not. OPT: its positions offset by 2 rows, pre-norm layers whose MLP
+(``fc1``, ReLU, ``fc2``) sits on the layer itself; a post-norm config (``do_layer_norm_before``
+false, OPT-350m's) or one that projects its embeddings (``word_embed_proj_dim``) is refused.
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ class Learned(builders.Model):  # type: ignore[misc]
 
     def __init__(self, config: Any, *args: Any) -> None:
         config.hidden_act = config.activation_function
-        config.num_key_value_heads = config.num_attention_heads  # no grouped queries
+        config.num_key_value_heads = self.kv_heads(config)
         super().__init__(config, *args)
         self.layernorm_attrs["simple"] = False
         self.attention_attrs["rope"] = self.attention_attrs["use_rope_in_attn"] = False
@@ -46,6 +48,10 @@ class Learned(builders.Model):  # type: ignore[misc]
     def positions(self) -> Any:
         """The position table, ``[rows, hidden]``."""
         raise NotImplementedError
+
+    def kv_heads(self, config: Any) -> int:
+        """Key and value heads: one a query head (no grouped queries)."""
+        return int(config.num_attention_heads)
 
     def make_embedding(self, embedding: Any) -> None:
         super().make_embedding(embedding)
@@ -172,4 +178,44 @@ class Opt(Learned):
     weights: Any
 
 
-MODEL_TYPES = {"gpt2": Gpt2, "opt": Opt}
+class BigCode(Gpt2):
+    """GPTBigCode (StarCoder, SantaCoder, WizardCoder): GPT-2's block in ``Linear`` layers, one
+    key and value head for every query head if ``multi_query`` (else each head's query, key
+    and value rows side by side)."""
+
+    def __init__(self, config: Any, *args: Any) -> None:
+        if not config.scale_attn_weights:
+            raise ValueError("GPTBigCode without scale_attn_weights is not built")
+        super().__init__(config, *args)
+
+    def kv_heads(self, config: Any) -> int:
+        return 1 if config.multi_query else int(config.num_attention_heads)
+
+    def is_layer(self, module: Any) -> bool:
+        return type(module).__name__ == "GPTBigCodeBlock"
+
+    def make_layer(self, layer_id: int, block: Any) -> None:
+        fused, size = block.attn.c_attn, self.head_size
+        if self.num_kv_heads == 1:  # the queries' rows, then one key's, one value's
+            rows = (self.q_size, size, size)
+            q, k, v = (SimpleNamespace(weight=w, bias=b) for w, b in zip(
+                fused.weight.split(rows), fused.bias.split(rows), strict=True))  # fmt: skip
+        else:  # each head's query, key and value rows in turn
+            heads = self.num_attn_heads
+            weight, bias = fused.weight.view(heads, 3, size, -1), fused.bias.view(heads, 3, size)
+            q, k, v = (SimpleNamespace(weight=weight[:, i].reshape(heads * size, -1),
+                                       bias=bias[:, i].reshape(-1)) for i in range(3))  # fmt: skip
+        layer = SimpleNamespace(
+            input_layernorm=block.ln_1, post_attention_layernorm=block.ln_2,
+            self_attn=SimpleNamespace(q_proj=q, k_proj=k, v_proj=v, o_proj=block.attn.c_proj),
+            mlp=SimpleNamespace(fc1=block.mlp.c_fc, fc2=block.mlp.c_proj),
+        )  # fmt: skip
+        Learned.make_layer(self, layer_id, layer)
+
+    num_attn_heads: int
+    head_size: int
+    q_size: int
+    num_kv_heads: int
+
+
+MODEL_TYPES = {"gpt2": Gpt2, "opt": Opt, "gpt_bigcode": BigCode}

@@ -1,0 +1,56 @@
+"""Qwen2.5-VL's and Qwen3-VL's text decoders (``Qwen2_5_VLForConditionalGeneration``,
+``Qwen3VLForConditionalGeneration``), which the onnxruntime-genai builder exports taking
+``position_ids`` in three sections (time, height, width: M-RoPE). Kiln's runner feeds no
+positions, and for text all three sections are the token's position, so :class:`Sectioned`
+reads it from the attention mask (:func:`._learned.make_positions`) and stacks it thrice.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+import onnx_ir as ir
+import onnxruntime_genai.models  # noqa: F401 (puts the builder's own folder on sys.path)
+
+from kiln_runtimes.build._learned import make_positions
+
+builders: Any = importlib.import_module("builders")
+POSITIONS = "/model/mrope_positions"
+
+
+class Sectioned(builders.Model):  # type: ignore[misc]
+    """An M-RoPE decoder whose text positions are read from the mask, not fed."""
+
+    def __init__(self, config: Any, *args: Any) -> None:
+        super().__init__(config, *args)
+        self.input_names.pop("position_ids", None)
+
+    def make_attention_qk_rope(self, layer_id: int, **kwargs: Any) -> Any:
+        if layer_id == 0:
+            self.make_sections()
+        self.input_names["position_ids"] = f"{POSITIONS}/Concat/output_0"  # what RoPE reads
+        try:
+            return super().make_attention_qk_rope(layer_id, **kwargs)
+        finally:  # never a graph input, nor one genai_config.json names
+            del self.input_names["position_ids"]
+
+    def make_sections(self) -> None:
+        """``[3, batch, sequence]``: each new token's position, in every section."""
+        positions = make_positions(self, f"{POSITIONS}/positions")
+        rows = ["batch_size", "sequence_length"]
+        unsqueezed = f"{POSITIONS}/Unsqueeze/output_0"
+        self.make_node("Unsqueeze", [positions, "/model/constants/INT64/[0]"], [unsqueezed],
+                       name=f"{POSITIONS}/Unsqueeze")  # fmt: skip
+        self.make_value(unsqueezed, ir.DataType.INT64, [1, *rows])
+        self.make_node("Concat", [unsqueezed] * 3, [f"{POSITIONS}/Concat/output_0"],
+                       name=f"{POSITIONS}/Concat", axis=0)  # fmt: skip
+        self.make_value(f"{POSITIONS}/Concat/output_0", ir.DataType.INT64, [3, *rows])
+
+
+class Qwen25VL(Sectioned, builders.Qwen25VLTextModel):  # type: ignore[misc]
+    """Qwen2.5-VL's text decoder, its positions read from the mask."""
+
+
+class Qwen3VL(Sectioned, builders.Qwen3VLTextModel):  # type: ignore[misc]
+    """Qwen3-VL's text decoder, its positions read from the mask."""
