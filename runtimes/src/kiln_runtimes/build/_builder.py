@@ -47,6 +47,7 @@ import onnxruntime_genai.models  # noqa: F401 (puts the builder's own folder on 
 import transformers
 
 from kiln_runtimes.build import (
+    _apertus,
     _cohere,
     _exaone,
     _glm,
@@ -71,7 +72,7 @@ READ_CONFIG = transformers.AutoConfig.from_pretrained
 KILNS = {
     "olmo2": Olmo2, "olmo3": Olmo3, **_llamalike.MODEL_TYPES, **_cohere.MODEL_TYPES,
     **_learned.MODEL_TYPES, **_neox.MODEL_TYPES, **_glm.MODEL_TYPES, **_moe.MODEL_TYPES,
-    **_mistral3.MODEL_TYPES, **_exaone.MODEL_TYPES,
+    **_mistral3.MODEL_TYPES, **_exaone.MODEL_TYPES, **_apertus.MODEL_TYPES,
 }  # fmt: skip
 """Kiln's decoder class for each ``model_type`` it builds (whatever host it is read under)."""
 HOST_CLASSES = ("OLMoModel", "LlamaModel", "MistralModel", "QwenModel", "Qwen3Model",

@@ -13,17 +13,17 @@ HOSTS = {
     "GPTBigCodeForCausalLM": LLAMA,
     "GPTNeoXForCausalLM": LLAMA, "FalconForCausalLM": LLAMA, "GlmForCausalLM": LLAMA,
     "Glm4ForCausalLM": LLAMA, "HeliumForCausalLM": LLAMA, "SeedOssForCausalLM": LLAMA,
-    "ArceeForCausalLM": LLAMA, "MinistralForCausalLM": MISTRAL,
+    "ArceeForCausalLM": LLAMA, "ApertusForCausalLM": LLAMA, "MinistralForCausalLM": MISTRAL,
     "Ministral3ForCausalLM": MISTRAL,
     "MixtralForCausalLM": MISTRAL, "Qwen2MoeForCausalLM": "Qwen2ForCausalLM",
     "Qwen3MoeForCausalLM": "Qwen3ForCausalLM", "GraniteMoeForCausalLM": "GraniteForCausalLM",
 }  # fmt: skip
 """Kiln's architecture -> the builder's: OLMo 2 and 3, OLMoE and EXAONE 4.0 as OLMo
 (``_olmo2``, ``_moe``, ``_exaone``); StableLM, Starcoder2, Command R and R7B, GPT-2,
-GPTBigCode, OPT, GPT-NeoX, Falcon, GLM and GLM-4, Arcee's AFM and Helium as Llama (Seed-OSS is
-Llama's decoder, its optional biases too); Ministral (windows on some layers, which the builder
-reads from ``layer_types``) and Ministral 3 (``_mistral3``) as Mistral; the mixtures of experts
-as their dense hosts (``_moe``)."""
+GPTBigCode, OPT, GPT-NeoX, Falcon, GLM and GLM-4, Arcee's AFM, Apertus and Helium as Llama
+(Seed-OSS is Llama's decoder, its optional biases too); Ministral (windows on some layers, which
+the builder reads from ``layer_types``) and Ministral 3 (``_mistral3``) as Mistral; the
+mixtures of experts as their dense hosts (``_moe``)."""
 VISION_TEXT = frozenset({
     "Gemma3ForConditionalGeneration", "Mistral3ForConditionalGeneration",
     "Qwen2_5_VLForConditionalGeneration", "Qwen3VLForConditionalGeneration",
