@@ -20,7 +20,7 @@ FED = frozenset({"input_ids", "attention_mask", "past_key_names", "past_value_na
 
 def unfed(decoder: dict[str, Any]) -> str | None:
     """Why Kiln's runner cannot run a ``genai_config.json`` decoder, if it cannot: inputs it
-    does not feed (a recurrent state, LFM2's or a hybrid Granite 4's; ``position_ids``, as a
+    does not feed (a recurrent state, LFM2's convolution state; ``position_ids``, as a
     Qwen2.5-VL folder built without Kiln's mends takes them), named."""
     extra = sorted(set(decoder.get("inputs") or {}) - FED)
     if not extra:

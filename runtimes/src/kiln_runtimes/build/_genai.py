@@ -185,12 +185,13 @@ def provider(genai: dict[str, Any]) -> str:
 
 def check_prebuilt(folder: Path) -> None:
     """A prebuilt GenAI folder must name a decoder file it has, one Kiln's runner can feed
-    (:func:`check_inputs`), and carry a tokenizer."""
+    (``_genai_config.unfed``), and carry a tokenizer."""
     genai = read_json(folder / "genai_config.json")
     decoder = genai.get("model", {}).get("decoder", {})
     filename = decoder.get("filename") if isinstance(decoder, dict) else None
     if not isinstance(filename, str):
         raise BuildError("no decoder file named", file="genai_config.json", field="model.decoder")
-    check_inputs(folder)
+    if why := unfed(decoder):
+        raise BuildError(why, file="genai_config.json", field="model.decoder.inputs")
     if not (folder / filename).is_file():
         raise BuildError("file not found (named by genai_config.json)", file=filename)

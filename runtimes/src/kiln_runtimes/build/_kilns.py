@@ -31,4 +31,5 @@ VISION_TEXT = frozenset({
 """Vision-language checkpoints whose text decoder the builder exports and Kiln serves, text in
 and out (an image in a request is refused): Gemma 3 4B-27B, Mistral Small 3.1/3.2, Ministral 3
 and Magistral (``_mistral3``), Qwen2.5-VL and Qwen3-VL (``_qwen_vl``). Others the builder takes
-(Qwen 3.5's recurrent state, Whisper's encoder) are not decoders Kiln's runner feeds."""
+(Qwen 3.5, a hybrid with a recurrent state, not built here; Whisper, an encoder-decoder) are
+left out."""
