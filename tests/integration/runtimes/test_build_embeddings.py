@@ -47,7 +47,8 @@ def fp32(
     sources: dict[str, Path], tmp_path_factory: pytest.TempPathFactory, build_cli: Any
 ) -> dict[str, Any]:
     out = tmp_path_factory.mktemp("built")
-    return {name: build_cli.build(source, out / name) for name, source in sources.items()}
+    runs = build_cli.build_many([(source, out / name, []) for name, source in sources.items()])
+    return dict(zip(sources, runs, strict=True))
 
 
 @pytest.mark.parametrize("name", list(HEADS))

@@ -22,7 +22,7 @@ from kiln_runtimes.build._options import PRECISIONS, TARGETS, BuildError, BuildO
 from kiln_runtimes.protocol import BuildFailure
 
 if TYPE_CHECKING:
-    from collections.abc import Sequence
+    from collections.abc import Callable, Sequence
 
 
 def parse(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -50,13 +50,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parse(argv)
     out = _private_stdout()
     # A cancelled build job is sent SIGTERM: unwind, so the staging folder and the builder
-    # subprocess go too (subprocess.run kills its child when interrupted).
+    # process go too (``_genai.run_builder`` kills it when interrupted).
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
 
     def emit(value: object) -> None:
         out.write(msgspec.json.encode(value).decode() + "\n")
         out.flush()
 
+    return run(args, emit)
+
+
+def run(args: argparse.Namespace, emit: Callable[[object], None]) -> int:
+    """One build (or ``--detect``) of a parsed command line, each line to ``emit``; its exit
+    status. A process may run several: the builder's imports are paid once."""
     try:
         from kiln_runtimes.build import build, detect
 

@@ -40,10 +40,12 @@ out of the attention node, which asks for a ``position_ids`` input the graph doe
 from __future__ import annotations
 
 import importlib
+import os
 import runpy
+import sys
 from typing import Any
 
-import onnxruntime_genai.models  # noqa: F401 (puts the builder's own folder on sys.path)
+import onnxruntime_genai.models
 import transformers
 
 from kiln_runtimes.build import (
@@ -188,7 +190,9 @@ def yarn_inv_freq(self: Any, inv_freq: Any) -> Any:
     return _rope.inv_freq(inv_freq, rescale, self.rope_attrs["theta"], self.original_context_length)
 
 
-if __name__ == "__main__":
+def main(argv: list[str]) -> None:
+    """Run the builder on its own command line ``argv``, with Kiln's mends (once a process:
+    each build's builder is a process of its own, ``_genai.run_builder``)."""
     builders.Gemma3Model = Gemma3  # the builder's dispatch imports them from here
     builders.Mistral3TextModel = _mistral3.Mistral3
     builders.Qwen25VLTextModel, builders.Qwen3VLTextModel = _qwen_vl.Qwen25VL, _qwen_vl.Qwen3VL
@@ -200,4 +204,11 @@ if __name__ == "__main__":
     builders.Model.__init__ = read_epsilon
     builders.Model.make_rope_init = yarn_init
     builders.Model.make_inv_freq_rescaled_with_ntk = yarn_inv_freq
+    folder = os.path.dirname(onnxruntime_genai.models.__file__)  # its sibling modules
+    sys.path += [] if folder in sys.path else [folder]  # (a forked process's path is reset)
+    sys.argv = ["builder", *argv]
     runpy.run_module("onnxruntime_genai.models.builder", run_name="__main__", alter_sys=True)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

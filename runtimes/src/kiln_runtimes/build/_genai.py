@@ -1,12 +1,11 @@
-"""Generation folders: the onnxruntime-genai builder in a subprocess, tokenizer, manifest."""
+"""Generation folders: the onnxruntime-genai builder in its own process, tokenizer, manifest."""
 
 from __future__ import annotations
 
 import json
+import multiprocessing
 import os
 import shutil
-import subprocess
-import sys
 from typing import TYPE_CHECKING, Any
 
 from kiln_runtimes.backends._genai_config import unfed
@@ -24,26 +23,45 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
 def builder_command(
     hf_dir: Path, out: Path, cache: Path, *, precision: str, target: str, prune_lm_head: bool
 ) -> list[str]:
-    """The builder's command line for one build (through :mod:`._builder`'s mends)."""
-    command = [
-        sys.executable, "-m", "kiln_runtimes.build._builder",
-        "-i", str(hf_dir), "-o", str(out), "-c", str(cache), "-p", precision, "-e", target,
-    ]  # fmt: skip
+    """The builder's own command line for one build (``_builder.main``'s ``argv``)."""
+    command = ["-i", str(hf_dir), "-o", str(out), "-c", str(cache), "-p", precision, "-e", target]
     if prune_lm_head:
         command += ["--extra_options", "prune_lm_head=true"]
     return command
 
 
-def run_builder(command: list[str], out: Path) -> None:
-    """Run the builder (it holds the whole model in memory: a process of its own)."""
-    env = {**os.environ, "HF_HUB_OFFLINE": "1"}  # everything it needs is in the input folder
-    result = subprocess.run(command, capture_output=True, text=True, check=False, env=env)
-    if result.returncode != 0 or not (out / "genai_config.json").is_file():
-        said = (result.stderr or result.stdout).strip()
+def run_builder(command: list[str], out: Path, log: Path) -> None:
+    """Run the builder in a process of its own (it holds the whole model in memory, freed when
+    it exits), forked from a server that imported it once (~5 s of imports), so a process that
+    builds more than once pays them once; what it prints goes to ``log``."""
+    context = multiprocessing.get_context("forkserver")
+    context.set_forkserver_preload(["kiln_runtimes.build._builder"])
+    process = context.Process(target=_builder_main, args=(command, str(log)), name="builder")
+    process.start()
+    try:
+        process.join()
+    finally:  # a cancelled build (SIGTERM: SystemExit here) takes its builder with it
+        if process.is_alive():
+            process.kill()
+            process.join()
+    if process.exitcode != 0 or not (out / "genai_config.json").is_file():
+        said = log.read_text(errors="replace").strip() if log.is_file() else ""
         cause = said.splitlines()[-1] if said else "no output"  # the exception, first
         raise RuntimeError(
-            f"onnxruntime-genai builder failed ({result.returncode}): {cause}\n{said[-4000:]}"
+            f"onnxruntime-genai builder failed ({process.exitcode}): {cause}\n{said[-4000:]}"
         )
+
+
+def _builder_main(command: list[str], log: str) -> None:
+    """The builder process: its output to ``log``, nothing from the network (everything it
+    needs is in the input folder)."""
+    fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    os.environ["HF_HUB_OFFLINE"] = "1"
+    from kiln_runtimes.build import _builder
+
+    _builder.main(command)
 
 
 def slide_every_layer(out: Path) -> int:

@@ -105,7 +105,7 @@ def _hf_generate(
         hf, folder, work / "cache", precision=precision, target=options.target,
         prune_lm_head=options.prune_lm_head,
     )  # fmt: skip
-    _genai.run_builder(command, folder)
+    _genai.run_builder(command, folder, work / "builder.log")
     _genai.check_inputs(folder)
     window = _genai.slide_every_layer(folder)
     slid = f"; a sliding window of {window} positions on every layer" if window else ""
