@@ -170,11 +170,23 @@ def test_fp32_greedy_equals_transformers(kind: str, fp32: dict[str, Any]) -> Non
     assert "<|im_start|>" in tokenizer_config["chat_template"]
 
 
+@pytest.fixture(scope="module")
+def quantized(
+    sources: dict[str, Path], tmp_path_factory: pytest.TempPathFactory, build_cli: Any
+) -> dict[str, tuple[Any, Path]]:
+    """Llama at int4 and int8 and Qwen2 at int4 for CUDA, built in one process."""
+    out = tmp_path_factory.mktemp("quantized")
+    builds = {"int4": ("llama", []), "int8": ("llama", []), "cuda": ("qwen2", ["--target", "cuda"])}
+    runs = build_cli.build_many([
+        (sources[kind], out / name, ["--precision", "int8" if name == "int8" else "int4", *more])
+        for name, (kind, more) in builds.items()
+    ])  # fmt: skip
+    return {name: (run, out / name) for name, run in zip(builds, runs, strict=True)}
+
+
 @pytest.mark.parametrize("precision", ["int4", "int8"])
-def test_quantized_build_reports_agreement(
-    precision: str, sources: dict[str, Path], tmp_path: Path, build_cli: Any
-) -> None:
-    run = build_cli.build(sources["llama"], tmp_path / precision, "--precision", precision)
+def test_quantized_build_reports_agreement(precision: str, quantized: dict[str, Any]) -> None:
+    run, folder = quantized[precision]
     assert run.returncode == 0, run.stderr[-3000:]
     assert run.phases == ["validating", "quantizing", "optimizing", "checking accuracy", "ready"]
     accuracy = run.last["accuracy"]
@@ -182,16 +194,13 @@ def test_quantized_build_reports_agreement(
     assert 0.0 <= accuracy["top1_agreement"] <= 1.0
     assert 0 <= accuracy["equal_prefix"] <= 32
     assert accuracy["max_abs_logit_diff"] > 1e-3  # weights really were quantized
-    model = onnx.load(str(tmp_path / precision / "model.onnx"), load_external_data=False)
+    model = onnx.load(str(folder / "model.onnx"), load_external_data=False)
     assert "MatMulNBits" in {node.op_type for node in model.graph.node}
     assert run.last["manifest"]["precision"] == precision
 
 
-def test_cuda_target_builds_on_cpu(
-    sources: dict[str, Path], tmp_path: Path, build_cli: Any
-) -> None:
-    out = tmp_path / "cuda"
-    run = build_cli.build(sources["qwen2"], out, "--precision", "int4", "--target", "cuda")
+def test_cuda_target_builds_on_cpu(quantized: dict[str, Any]) -> None:
+    run, out = quantized["cuda"]
     assert run.returncode == 0, run.stderr[-3000:]
     assert run.last["accuracy"] == {"type": "skipped", "reason": "a cuda graph needs a GPU to run"}
     assert run.last["manifest"]["target"] == "cuda"

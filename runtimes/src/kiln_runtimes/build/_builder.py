@@ -1,4 +1,4 @@
-"""The onnxruntime-genai builder run as its own ``__main__`` (same arguments), with Kiln's
+"""The onnxruntime-genai builder on its own arguments (:func:`main`, or ``python -m``), with Kiln's
 mends of what the installed version misreads; the build's accuracy check holds each to the
 source model.
 
@@ -148,16 +148,9 @@ class SmolLM3(builders.SmolLM3Model):  # type: ignore[misc]
     window_size: int
 
     def make_attention(self, layer_id: int, attention: Any, root_input: str, **kwargs: Any) -> None:
-        attrs, window = self.attention_attrs, self.window_size
-        kept = attrs["rope"], attrs["use_rope_in_attn"]
-        if not self.no_rope_layers[layer_id]:
-            attrs["rope"] = attrs["use_rope_in_attn"] = False
-        if self.layer_types[layer_id] == "full_attention":
-            self.window_size = -1
-        try:
+        full = self.layer_types[layer_id] == "full_attention"
+        with _rope.without(self, rope=not self.no_rope_layers[layer_id], window=full):
             LLAMA.make_attention(self, layer_id, attention, root_input, **kwargs)
-        finally:
-            (attrs["rope"], attrs["use_rope_in_attn"]), self.window_size = kept, window
 
 
 EPSILONS = ("layer_norm_eps", "norm_eps", "layer_norm_epsilon", "norm_epsilon")

@@ -17,6 +17,7 @@ from typing import Any
 
 import onnxruntime_genai.models  # noqa: F401 (puts the builder's own folder on sys.path)
 
+from kiln_runtimes.build import _rope
 from kiln_runtimes.build._llamalike import LayerNormed
 
 builders: Any = importlib.import_module("builders")
@@ -49,15 +50,9 @@ class Cohere2(Cohere):
     window_size: int
 
     def make_attention(self, layer_id: int, attention: Any, root_input: str, **kwargs: Any) -> None:
-        attrs, window = self.attention_attrs, self.window_size
-        kept = attrs["rope"], attrs["use_rope_in_attn"]
-        if self.layer_types[layer_id] == "full_attention":
-            attrs["rope"] = attrs["use_rope_in_attn"] = False
-            self.window_size = -1
-        try:
+        full = self.layer_types[layer_id] == "full_attention"
+        with _rope.without(self, rope=full, window=full):
             super().make_attention(layer_id, attention, root_input, **kwargs)
-        finally:
-            (attrs["rope"], attrs["use_rope_in_attn"]), self.window_size = kept, window
 
 
 MODEL_TYPES = {"cohere": Cohere, "cohere2": Cohere2}

@@ -13,6 +13,7 @@ from typing import Any
 
 import onnxruntime_genai.models  # noqa: F401 (puts the builder's own folder on sys.path)
 
+from kiln_runtimes.build import _rope
 from kiln_runtimes.build._olmo2 import Olmo2
 
 builders: Any = importlib.import_module("builders")
@@ -26,15 +27,9 @@ class Exaone4(Olmo2):
     is_fused_qk_norm_gqa_supported = builders.Model.is_fused_qk_norm_gqa_supported
 
     def make_attention(self, layer_id: int, attention: Any, root_input: str, **kwargs: Any) -> None:
-        attrs = self.attention_attrs
-        kept = attrs["rope"], attrs["use_rope_in_attn"]
         hybrid = self.window_size is not None and self.window_size > 0
-        if hybrid and self.layer_types[layer_id] == "full_attention":
-            attrs["rope"] = attrs["use_rope_in_attn"] = False
-        try:
+        with _rope.without(self, rope=hybrid and self.layer_types[layer_id] == "full_attention"):
             super().make_attention(layer_id, attention, root_input, **kwargs)
-        finally:
-            attrs["rope"], attrs["use_rope_in_attn"] = kept
 
 
 MODEL_TYPES = {"exaone4": Exaone4}

@@ -1,12 +1,16 @@
-"""YaRN's RoPE as transformers computes it (``_compute_yarn_parameters``), for the builder
-(:mod:`._builder`): its inverse frequencies and the scale of its cos and sin."""
+"""RoPE for the builder (:mod:`._builder`): YaRN's as transformers computes it
+(``_compute_yarn_parameters``), its inverse frequencies and the scale of its cos and sin; and
+a layer made without RoPE or without the model's window (:func:`without`)."""
 
 from __future__ import annotations
 
 import math
+from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from collections.abc import Iterator
+
     import torch
 
 BETA_FAST, BETA_SLOW = 32.0, 1.0
@@ -56,3 +60,20 @@ def inv_freq(plain: torch.Tensor, rescale: dict[str, Any], theta: float, origina
     ramp = ((torch.arange(dim // 2, dtype=torch.float32) - low) / (high - low)).clamp(0, 1)
     extrapolated = 1 - ramp
     return plain / rescale["factor"] * (1 - extrapolated) + plain * extrapolated
+
+
+@contextmanager
+def without(model: Any, *, rope: bool, window: bool = False) -> Iterator[None]:
+    """While a layer is made: the builder's ``model`` without RoPE if ``rope`` (SmolLM3's,
+    Command R7B's and EXAONE 4.0's layers that turn none), without its sliding window if
+    ``window`` (their global layers, where the builder windows every one)."""
+    attrs = model.attention_attrs
+    kept = attrs["rope"], attrs["use_rope_in_attn"], model.window_size
+    if rope:
+        attrs["rope"] = attrs["use_rope_in_attn"] = False
+    if window:
+        model.window_size = -1
+    try:
+        yield
+    finally:
+        attrs["rope"], attrs["use_rope_in_attn"], model.window_size = kept
