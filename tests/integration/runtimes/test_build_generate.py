@@ -1,8 +1,8 @@
 """Generation builds of tiny random Llama, Qwen2, Phi-3, Gemma, Mistral, Gemma 2, Gemma 3, OLMo
 (1-3), SmolLM3, StableLM 2, Starcoder2, Command R+, Command R7B, Qwen3-MoE, GPT-2, OPT,
-GPT-NeoX, Phi-2, GLM-4, Helium, Arcee AFM, EXAONE 4.0 and GPTBigCode folders, and Gemma 3's,
-Ministral 3's and Qwen3-VL's vision-language ones (their text decoders), through the builder
-(:mod:`kiln_runtimes.build._builder`'s mends).
+GPT-NeoX, Phi-2, GLM-4, Helium, Arcee AFM, EXAONE 4.0, GPTBigCode, ERNIE 4.5 and HunYuan
+folders, and Gemma 3's, Ministral 3's and Qwen3-VL's vision-language ones (their text
+decoders), through the builder (:mod:`kiln_runtimes.build._builder`'s mends).
 
 fp32 builds must reproduce transformers' greedy output token for token (the models are drawn
 with a wide init so their logits are far from ties); an int4 build reports how far it drifts;
@@ -64,6 +64,8 @@ ARCHITECTURES = {
     "exaone4": "Exaone4ForCausalLM",
     "gpt_bigcode": "GPTBigCodeForCausalLM",
     "qwen3_vl": "Qwen3VLForConditionalGeneration",
+    "ernie4_5": "Ernie4_5ForCausalLM",
+    "hunyuan": "HunYuanDenseV1ForCausalLM",
 }
 WINDOWS = {"mistral": 24, "gemma2": 48, "gemma3": 24, "gemma3_vl": 24, "olmo3": 24,
            "starcoder2": 24, "cohere2": 24, "exaone4": 24}  # fmt: skip
@@ -80,6 +82,10 @@ SHAPES: dict[str, dict[str, Any]] = {
                             "llama_4_scaling_beta": 0.1},
     },
     "olmo": {"clip_qkv": 2.0},
+    "ernie4_5": {"use_bias": True, "drawn_norms": True},
+    "hunyuan": {"rope_parameters": {"rope_type": "dynamic", "alpha": 1000.0, "factor": 1.0,
+                                    "rope_theta": 10000.0},
+                "drawn_norms": True},
     "helium": {"head_dim": 16, "attention_bias": True},
     "exaone4": {"head_dim": 16, "layer_types": ["sliding_attention", "full_attention"]},
     "smollm3": {"no_rope_layer_interval": 2},
@@ -98,7 +104,9 @@ Helium's biased Q, K and V (its interleaved RoPE: turned in halves, the check re
 without RoPE (its every fourth, in a model of two); StableLM 2's Q, K and V biases, and 12B's
 parallel layer and per-head Q/K LayerNorms (Command R+'s too: every norm's scale drawn, so a
 head given another's would show); Starcoder2's tied head; Qwen3-MoE's four experts, two a
-token, renormalized, and a dense second layer (``mlp_only_layers``)."""
+token, renormalized, and a dense second layer (``mlp_only_layers``); ERNIE 4.5's biases;
+HunYuan's NTK-alpha RoPE (its Q/K norms after RoPE, which is turned outside the attention
+node on positions read from the mask)."""
 SEEDS = {"gemma3": 1, "olmo2": 1, "starcoder2": 3, "stablelm": 4}
 """Draws whose greedy continuation is a real sequence, not a loop of a few tokens (seed 7's)."""
 FIGURES = ("equal_prefix", "top1_agreement", "max_abs_logit_diff", "reference_min_margin")
@@ -284,7 +292,7 @@ def _windows(folder: Path) -> tuple[dict[str, Any], set[int]]:
     return window, sizes
 
 
-@pytest.mark.parametrize("kind", ["llama", *WINDOWS, "opt"])
+@pytest.mark.parametrize("kind", ["llama", *WINDOWS, "opt", "hunyuan"])
 async def test_an_fp32_build_scores_a_prompt_as_transformers(
     kind: str, fp32: dict[str, Any], sources: dict[str, Path], tiny_models: Any
 ) -> None:
@@ -292,7 +300,8 @@ async def test_an_fp32_build_scores_a_prompt_as_transformers(
     over several prefill chunks and never from the prefix cache (a restored block has no
     logits), equal to transformers' log-softmax on the source weights; a model with a sliding
     window attends to no more than it, prefilled in chunks or restored from the cache; OPT's
-    learned positions, read from the mask in the graph, are right in every chunk."""
+    learned positions, read from the mask in the graph, are right in every chunk, and so are
+    HunYuan's, which its RoPE reads outside the attention node."""
     import torch
     from tokenizers import Tokenizer
     from transformers import AutoModelForCausalLM

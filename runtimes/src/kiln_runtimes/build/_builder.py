@@ -58,6 +58,7 @@ from kiln_runtimes.build import (
     _mistral3,
     _moe,
     _neox,
+    _positions,
     _qwen_vl,
     _rope,
 )
@@ -189,6 +190,7 @@ def main(argv: list[str]) -> None:
     builders.Gemma3Model = Gemma3  # the builder's dispatch imports them from here
     builders.Mistral3TextModel = _mistral3.Mistral3
     builders.Qwen25VLTextModel, builders.Qwen3VLTextModel = _qwen_vl.Qwen25VL, _qwen_vl.Qwen3VL
+    builders.HunyuanDenseV1Model = _positions.HunYuan
     builders.OLMoModel = Olmo  # OLMo's own, mended
     for name in HOST_CLASSES:
         setattr(builders, name, by_model_type(getattr(builders, name)))

@@ -34,6 +34,9 @@ def run_builder(command: list[str], out: Path, log: Path) -> None:
     """Run the builder in a process of its own (it holds the whole model in memory, freed when
     it exits), forked from a server that imported it once (~5 s of imports), so a process that
     builds more than once pays them once; what it prints goes to ``log``."""
+    # nothing from the network (all it needs is in the input folder); read at import, so set
+    # before the fork server, which imports it, starts
+    os.environ["HF_HUB_OFFLINE"] = "1"
     context = multiprocessing.get_context("forkserver")
     context.set_forkserver_preload(["kiln_runtimes.build._builder"])
     process = context.Process(target=_builder_main, args=(command, str(log)), name="builder")
@@ -53,12 +56,10 @@ def run_builder(command: list[str], out: Path, log: Path) -> None:
 
 
 def _builder_main(command: list[str], log: str) -> None:
-    """The builder process: its output to ``log``, nothing from the network (everything it
-    needs is in the input folder)."""
+    """The builder process, its output to ``log``."""
     fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     os.dup2(fd, 1)
     os.dup2(fd, 2)
-    os.environ["HF_HUB_OFFLINE"] = "1"
     from kiln_runtimes.build import _builder
 
     _builder.main(command)

@@ -26,6 +26,8 @@ from typing import Any
 import onnx_ir as ir
 import onnxruntime_genai.models  # noqa: F401 (puts the builder's own folder on sys.path)
 
+from kiln_runtimes.build._positions import make_positions
+
 builders: Any = importlib.import_module("builders")
 INT64 = "/model/constants/INT64"
 
@@ -74,28 +76,6 @@ class Learned(builders.Model):  # type: ignore[misc]
         self.layernorm_attrs["root_input"] = self.layernorm_attrs["skip_input"] = (
             f"{name}/Tokens/output_0"
         )
-
-
-def make_positions(model: Any, name: str) -> str:
-    """Nodes under ``name`` computing the new tokens' positions, ``[batch, sequence]`` int64,
-    from the attention mask (``sum(mask) - S + i`` for the ``i``th of ``S`` new tokens: Kiln's
-    runner feeds no ``position_ids``); returns the output's name."""
-    mask, ids = model.input_names["attention_mask"], model.input_names["input_ids"]
-    # op, inputs (":X": node X's output), output shape, attributes
-    nodes: tuple[tuple[str, list[str], list[Any], dict[str, Any]], ...] = (
-        ("ReduceSum", [mask, f"{INT64}/[1]"], ["batch_size", 1], {"keepdims": 1}),
-        ("Cast", [":ReduceSum"], ["batch_size", 1], {"to": ir.DataType.INT64}),
-        ("Shape", [ids], [1], {"start": 1, "end": 2}),
-        ("Sub", [":Cast", ":Shape"], ["batch_size", 1], {}),
-        ("Squeeze", [":Shape"], [], {}),
-        ("Range", [f"{INT64}/0", ":Squeeze", f"{INT64}/1"], ["sequence_length"], {}),
-        ("Add", [":Sub", ":Range"], ["batch_size", "sequence_length"], {}),
-    )
-    for op, inputs, dims, attrs in nodes:
-        named = [f"{name}/{i[1:]}/output_0" if i.startswith(":") else i for i in inputs]
-        model.make_node(op, named, [f"{name}/{op}/output_0"], name=f"{name}/{op}", **attrs)
-        model.make_value(f"{name}/{op}/output_0", ir.DataType.INT64, shape=dims)
-    return f"{name}/Add/output_0"
 
 
 class Gpt2(Learned):

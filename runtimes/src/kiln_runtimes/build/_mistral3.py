@@ -3,7 +3,7 @@ Ministral 3, Magistral), which the onnxruntime-genai builder exports without Min
 attention temperature: transformers scales each query by ``1 + beta * log(1 + floor(p / n))``
 at position ``p`` (``llama_4_scaling_beta``, ``n`` its ``original_max_position_embeddings``), so
 a build without it answers unlike its source past ``n`` positions. :class:`Mistral3` scales it
-in the graph, the positions read from the attention mask (:func:`._learned.make_positions`), and
+in the graph, the positions read from the attention mask (:func:`._positions.make_positions`), and
 so does :class:`Ministral3` for its text-only checkpoints (``Ministral3ForCausalLM``, read under
 Mistral's name).
 """
@@ -16,7 +16,7 @@ from typing import Any
 import onnx_ir as ir
 import onnxruntime_genai.models  # noqa: F401 (puts the builder's own folder on sys.path)
 
-from kiln_runtimes.build._learned import make_positions
+from kiln_runtimes.build._positions import make_positions
 
 builders: Any = importlib.import_module("builders")
 SCALE = "/model/attn_temperature"

@@ -2,7 +2,7 @@
 ``Qwen3VLForConditionalGeneration``), which the onnxruntime-genai builder exports taking
 ``position_ids`` in three sections (time, height, width: M-RoPE). Kiln's runner feeds no
 positions, and for text all three sections are the token's position, so :class:`Sectioned`
-reads it from the attention mask (:func:`._learned.make_positions`) and stacks it thrice.
+reads it from the attention mask (:class:`._positions.FromMask`) and stacks it thrice.
 """
 
 from __future__ import annotations
@@ -13,29 +13,16 @@ from typing import Any
 import onnx_ir as ir
 import onnxruntime_genai.models  # noqa: F401 (puts the builder's own folder on sys.path)
 
-from kiln_runtimes.build._learned import make_positions
+from kiln_runtimes.build._positions import FromMask, make_positions
 
 builders: Any = importlib.import_module("builders")
 POSITIONS = "/model/mrope_positions"
 
 
-class Sectioned(builders.Model):  # type: ignore[misc]
+class Sectioned(FromMask):
     """An M-RoPE decoder whose text positions are read from the mask, not fed."""
 
-    def __init__(self, config: Any, *args: Any) -> None:
-        super().__init__(config, *args)
-        self.input_names.pop("position_ids", None)
-
-    def make_attention_qk_rope(self, layer_id: int, **kwargs: Any) -> Any:
-        if layer_id == 0:
-            self.make_sections()
-        self.input_names["position_ids"] = f"{POSITIONS}/Concat/output_0"  # what RoPE reads
-        try:
-            return super().make_attention_qk_rope(layer_id, **kwargs)
-        finally:  # never a graph input, nor one genai_config.json names
-            del self.input_names["position_ids"]
-
-    def make_sections(self) -> None:
+    def make_mask_positions(self) -> str:
         """``[3, batch, sequence]``: each new token's position, in every section."""
         positions = make_positions(self, f"{POSITIONS}/positions")
         rows = ["batch_size", "sequence_length"]
@@ -46,6 +33,7 @@ class Sectioned(builders.Model):  # type: ignore[misc]
         self.make_node("Concat", [unsqueezed] * 3, [f"{POSITIONS}/Concat/output_0"],
                        name=f"{POSITIONS}/Concat", axis=0)  # fmt: skip
         self.make_value(f"{POSITIONS}/Concat/output_0", ir.DataType.INT64, [3, *rows])
+        return f"{POSITIONS}/Concat/output_0"
 
 
 class Qwen25VL(Sectioned, builders.Qwen25VLTextModel):  # type: ignore[misc]
