@@ -1,8 +1,8 @@
 """Generation builds of tiny random Llama, Qwen2, Phi-3, Gemma, Mistral, Gemma 2, Gemma 3, OLMo
 (1-3), SmolLM3, StableLM 2, Starcoder2, Command R+, Command R7B, Qwen3-MoE, GPT-2, OPT,
-GPT-NeoX, Phi-2, GLM-4, Helium, Arcee AFM, EXAONE 4.0, GPTBigCode, ERNIE 4.5 and HunYuan
-folders, and Gemma 3's, Ministral 3's and Qwen3-VL's vision-language ones (their text
-decoders), through the builder (:mod:`kiln_runtimes.build._builder`'s mends).
+GPT-NeoX, Phi-2, GLM-4, Helium, Arcee AFM, EXAONE 4.0, GPTBigCode, ERNIE 4.5, HunYuan,
+Granite and GPT-OSS folders, and Gemma 3's, Ministral 3's and Qwen3-VL's vision-language ones
+(their text decoders), through the builder (:mod:`kiln_runtimes.build._builder`'s mends).
 
 fp32 builds must reproduce transformers' greedy output token for token (the models are drawn
 with a wide init so their logits are far from ties); an int4 build reports how far it drifts;
@@ -66,9 +66,11 @@ ARCHITECTURES = {
     "qwen3_vl": "Qwen3VLForConditionalGeneration",
     "ernie4_5": "Ernie4_5ForCausalLM",
     "hunyuan": "HunYuanDenseV1ForCausalLM",
+    "granite": "GraniteForCausalLM",
+    "gpt_oss": "GptOssForCausalLM",
 }
 WINDOWS = {"mistral": 24, "gemma2": 48, "gemma3": 24, "gemma3_vl": 24, "olmo3": 24,
-           "starcoder2": 24, "cohere2": 24, "exaone4": 24}  # fmt: skip
+           "starcoder2": 24, "cohere2": 24, "exaone4": 24, "gpt_oss": 24}  # fmt: skip
 """Sliding windows shorter than the accuracy check's 72 positions and the prompts served."""
 SHAPES: dict[str, dict[str, Any]] = {
     "qwen2": {
@@ -87,6 +89,11 @@ SHAPES: dict[str, dict[str, Any]] = {
                                     "rope_theta": 10000.0},
                 "drawn_norms": True},
     "helium": {"head_dim": 16, "attention_bias": True},
+    "granite": {"embedding_multiplier": 12.0, "residual_multiplier": 0.22,
+                "attention_multiplier": 0.0078125, "logits_scaling": 8.0, "drawn_norms": True},
+    "gpt_oss": {"head_dim": 16, "num_local_experts": 4, "num_experts_per_tok": 2,
+                "intermediate_size": 64, "layer_types": ["sliding_attention", "full_attention"],
+                "drawn_norms": True},
     "exaone4": {"head_dim": 16, "layer_types": ["sliding_attention", "full_attention"]},
     "smollm3": {"no_rope_layer_interval": 2},
     "stablelm": {"use_qkv_bias": True, "use_parallel_residual": True, "qk_layernorm": True,
@@ -106,8 +113,9 @@ parallel layer and per-head Q/K LayerNorms (Command R+'s too: every norm's scale
 head given another's would show); Starcoder2's tied head; Qwen3-MoE's four experts, two a
 token, renormalized, and a dense second layer (``mlp_only_layers``); ERNIE 4.5's biases;
 HunYuan's NTK-alpha RoPE (its Q/K norms after RoPE, which is turned outside the attention
-node on positions read from the mask)."""
-SEEDS = {"gemma3": 1, "olmo2": 1, "starcoder2": 3, "stablelm": 4}
+node on positions read from the mask); Granite's four multipliers; GPT-OSS's four experts, two
+a token, its attention sinks, YaRN and a windowed and a global layer."""
+SEEDS = {"gemma3": 1, "olmo2": 1, "starcoder2": 3, "stablelm": 4, "granite": 1}
 """Draws whose greedy continuation is a real sequence, not a loop of a few tokens (seed 7's)."""
 FIGURES = ("equal_prefix", "top1_agreement", "max_abs_logit_diff", "reference_min_margin")
 PHASES = ["validating", "converting", "optimizing", "checking accuracy", "ready"]
