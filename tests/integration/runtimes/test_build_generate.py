@@ -1,8 +1,9 @@
 """Generation builds of tiny random Llama, Qwen2, Phi-3, Gemma, Mistral, Gemma 2, Gemma 3, OLMo
 (1-3), SmolLM3, StableLM 2, Starcoder2, Command R+, Command R7B, Qwen3-MoE, GPT-2, OPT,
 GPT-NeoX, Phi-2, GLM-4, Helium, Arcee AFM, EXAONE 4.0, GPTBigCode, ERNIE 4.5, HunYuan,
-Granite and GPT-OSS folders, and Gemma 3's, Ministral 3's and Qwen3-VL's vision-language ones
-(their text decoders), through the builder (:mod:`kiln_runtimes.build._builder`'s mends).
+Granite, GPT-OSS and ERNIE 4.5 MoE folders, and Gemma 3's, Ministral 3's and Qwen3-VL's
+vision-language ones (their text decoders), through the builder
+(:mod:`kiln_runtimes.build._builder`'s mends).
 
 fp32 builds must reproduce transformers' greedy output token for token (the models are drawn
 with a wide init so their logits are far from ties); an int4 build reports how far it drifts;
@@ -68,6 +69,7 @@ ARCHITECTURES = {
     "hunyuan": "HunYuanDenseV1ForCausalLM",
     "granite": "GraniteForCausalLM",
     "gpt_oss": "GptOssForCausalLM",
+    "ernie4_5_moe": "Ernie4_5_MoeForCausalLM",
 }
 WINDOWS = {"mistral": 24, "gemma2": 48, "gemma3": 24, "gemma3_vl": 24, "olmo3": 24,
            "starcoder2": 24, "cohere2": 24, "exaone4": 24, "gpt_oss": 24}  # fmt: skip
@@ -100,6 +102,8 @@ SHAPES: dict[str, dict[str, Any]] = {
                  "drawn_norms": True},
     "cohere": {"use_qk_norm": True, "drawn_norms": True},
     "starcoder2": {"tie_word_embeddings": True},
+    "ernie4_5_moe": {"moe_num_experts": 4, "moe_k": 2, "moe_intermediate_size": 32,
+                     "moe_num_shared_experts": 1, "drawn_norms": True},
     "qwen3_moe": {"num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 32,
                   "norm_topk_prob": True, "mlp_only_layers": [1]},
 }  # fmt: skip
@@ -111,7 +115,9 @@ Helium's biased Q, K and V (its interleaved RoPE: turned in halves, the check re
 without RoPE (its every fourth, in a model of two); StableLM 2's Q, K and V biases, and 12B's
 parallel layer and per-head Q/K LayerNorms (Command R+'s too: every norm's scale drawn, so a
 head given another's would show); Starcoder2's tied head; Qwen3-MoE's four experts, two a
-token, renormalized, and a dense second layer (``mlp_only_layers``); ERNIE 4.5's biases;
+token, renormalized, and a dense second layer (``mlp_only_layers``); ERNIE 4.5's biases, and
+its MoE's four experts, two a token, chosen on a drawn correction bias (without it, a logit
+moves by 3.2), beside a shared expert, after a dense first layer;
 HunYuan's NTK-alpha RoPE (its Q/K norms after RoPE, which is turned outside the attention
 node on positions read from the mask); Granite's four multipliers; GPT-OSS's four experts, two
 a token, its attention sinks, YaRN and a windowed and a global layer."""

@@ -5,9 +5,10 @@ softmax's top ``num_experts_per_tok`` are kept, renormalized to sum to one if th
 so (``norm_topk_prob``; Mixtral's and Granite's always), and each kept expert's SwiGLU
 (``experts.gate_up_proj`` ``[E, 2I, H]``, ``experts.down_proj`` ``[E, H, I]``, as transformers 5
 keeps them) is weighed by its score. ONNX Runtime's ``MoE`` operator does all of it (``QMoE``
-at int4/int8): the router's logits in, the weighted sum out. A shared expert (Qwen2-MoE's) joins
-through its sigmoid gate. Layers whose MLP is dense (``mlp_only_layers``) keep it, at
-``intermediate_size``.
+at int4/int8): the router's logits in, the weighted sum out (a decoder that chooses its experts
+otherwise feeds it the chosen experts' logits alone, :meth:`Experts.make_selection`). A shared
+expert (Qwen2-MoE's) joins through its sigmoid gate, shared experts (ERNIE 4.5's) as they are.
+Layers whose MLP is dense (``mlp_only_layers``) keep it, at ``intermediate_size``.
 """
 
 from __future__ import annotations
@@ -60,6 +61,11 @@ class Experts:
             [f"{logits}/output_0", f"/model/constants/INT64/{[-1, self.moe_attrs['num_experts']]}"],
             dtype=self.io_dtype, shape=builders.Model.make_moe_router_shape(self),
         )  # fmt: skip
+        self.router_probs = self.make_selection(layer_id, moe, f"{name}/Reshape/output_0")
+
+    def make_selection(self, layer_id: int, moe: Any, logits: str) -> str:
+        """What the ``MoE`` node routes on (the top k of its softmax): the router's logits."""
+        return logits
 
     def make_moe_subgraph(self, layer_id: int, moe: Any, root_input: str) -> None:
         names = builders.Model.make_moe_expert_names(self, layer_id)
@@ -67,7 +73,7 @@ class Experts:
         quantized = self.moe_attrs["op_type"] == "QMoE"
         builders.Model.make_moe_op(
             self, name, root_input=root_input,
-            router_probs=f"/model/layers.{layer_id}/moe/router/Reshape/output_0",
+            router_probs=self.router_probs,
             weight1=names["gate_up_weight"], bias1=names["gate_up_bias"],
             scales1=names["gate_up_scales"] if quantized else "",
             weight2=names["down_weight"], bias2=names["down_bias"],
@@ -82,8 +88,25 @@ class Experts:
             self.make_gated_add(added, f"{name}/output_0", shared, gate,
                                 shape=self.make_hidden_state_shape())  # fmt: skip
             self.layernorm_attrs["skip_input"] = f"{added}/output_0"
+        elif getattr(moe, "shared_experts", None) is not None:  # ERNIE 4.5's, added as they are
+            dense, self.intermediate_size = (
+                self.intermediate_size,
+                self.shared_expert_intermediate_size,
+            )
+            try:
+                builders.Model.make_mlp_proj(self, layer_id, moe.shared_experts, root_input)
+            finally:
+                self.intermediate_size = dense
+            added = f"/model/layers.{layer_id}/moe/SharedAdd"
+            self.make_add(added, [f"{name}/output_0", self.mlp_attrs["output_0"]],
+                          dtype=self.io_dtype, shape=self.make_hidden_state_shape())  # fmt: skip
+            self.layernorm_attrs["skip_input"] = f"{added}/output_0"
 
     io_dtype: Any
     layernorm_attrs: dict[str, Any]
+    mlp_attrs: dict[str, Any]
+    router_probs: str
+    shared_expert_intermediate_size: int
+    make_add: Any
     make_gated_add: Any
     make_hidden_state_shape: Any
