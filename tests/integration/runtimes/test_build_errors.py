@@ -149,3 +149,27 @@ def test_failed_rebuild_keeps_the_previous_folder(
     assert run.returncode == 2
     assert sorted(p.name for p in out.parent.iterdir()) == ["model"]
     assert [p.name for p in out.iterdir()] == ["kiln.json"]
+
+
+def test_settings_a_mend_does_not_build_are_refused_by_name(
+    tmp_path: Path, tiny_models: Any, build_cli: Any
+) -> None:
+    """A setting the builder's mends refuse (found in the builder's own process) is exit 2 and
+    an error line naming ``config.json`` and the field, as the checks before the builder are;
+    nothing is left in or beside the output folder."""
+    refused: dict[str, tuple[str, dict[str, Any], str]] = {
+        "falcon": ("falcon", {"alibi": True}, "alibi"),
+        "glm4_moe": ("glm4_moe", {"n_routed_experts": 4, "num_experts_per_tok": 2,
+                                  "moe_intermediate_size": 32, "n_group": 2, "topk_group": 1},
+                     "n_group"),
+        "gpt2": ("gpt2", {"scale_attn_by_inverse_layer_idx": True},
+                 "scale_attn_by_inverse_layer_idx"),
+    }  # fmt: skip
+    sources = {name: tiny_models.causal(tmp_path / "src" / name, kind, **settings)
+               for name, (kind, settings, _) in refused.items()}  # fmt: skip
+    runs = build_cli.build_many([(sources[n], tmp_path / n / "model", []) for n in refused])
+    for name, run in zip(refused, runs, strict=True):
+        assert run.returncode == 2, (name, run.lines[-1:])
+        assert (run.last["file"], run.last["field"]) == ("config.json", refused[name][2])
+        assert "not built" in run.last["error"]
+        assert list((tmp_path / name).iterdir()) == []

@@ -64,6 +64,7 @@ from kiln_runtimes.build import (
 )
 from kiln_runtimes.build._kilns import HOSTS
 from kiln_runtimes.build._olmo2 import Clipped, Olmo2, Olmo3
+from kiln_runtimes.build._options import BuildError
 
 builders: Any = importlib.import_module("builders")  # the package `builder.py` imports from
 BASE_INIT = builders.Model.__init__
@@ -91,8 +92,10 @@ class Gemma3(builders.Gemma3Model):  # type: ignore[misc]
         if isinstance(layered, dict) and "full_attention" in layered:
             full, local = layered["full_attention"], layered["sliding_attention"]
             if local.get("rope_type", "default") != "default":
-                raise ValueError(
-                    f"Gemma 3's local layers with {local['rope_type']!r} RoPE are not built"
+                raise BuildError(
+                    f"Gemma 3's local layers with {local['rope_type']!r} RoPE are not built",
+                    file="config.json",
+                    field="rope_parameters.sliding_attention.rope_type",
                 )
             config.rope_parameters = full
             config.rope_local_base_freq = local["rope_theta"]

@@ -7,7 +7,8 @@ so (``norm_topk_prob``; Mixtral's and Granite's always), and each kept expert's 
 keeps them) is weighed by its score. ONNX Runtime's ``MoE`` operator does all of it (``QMoE``
 at int4/int8): the router's logits in, the weighted sum out (a decoder that chooses its experts
 otherwise feeds it the chosen experts' logits alone, :meth:`Experts.make_selection`). A shared
-expert (Qwen2-MoE's) joins through its sigmoid gate, shared experts (ERNIE 4.5's) as they are.
+expert (Qwen2-MoE's) joins through its sigmoid gate, shared experts (ERNIE 4.5's, GLM-4.5's) as
+they are.
 Layers whose MLP is dense (``mlp_only_layers``) keep it, at ``intermediate_size``.
 """
 
@@ -79,34 +80,44 @@ class Experts:
             weight2=names["down_weight"], bias2=names["down_bias"],
             scales2=names["down_scales"] if quantized else "",
         )  # fmt: skip
-        self.layernorm_attrs["skip_input"] = f"{name}/output_0"
+        routed = f"{name}/output_0"
+        if self.routed_scaling != 1.0:  # GLM-4.5's weights, times a constant
+            scale = f"/model/constants/{self.to_str_dtype(self.io_dtype)}/{self.routed_scaling}"
+            self.make_mul(f"{name}/Scale", [routed, scale], dtype=self.io_dtype,
+                          shape=self.make_hidden_state_shape())  # fmt: skip
+            routed = f"{name}/Scale/output_0"
+        self.layernorm_attrs["skip_input"] = self.make_shared(layer_id, moe, root_input, routed)
+
+    def make_shared(self, layer_id: int, moe: Any, root_input: str, routed: str) -> str:
+        """The block's output: the routed experts' plus any shared expert's."""
+        added = f"/model/layers.{layer_id}/moe/SharedAdd"
         if hasattr(moe, "shared_expert"):  # Qwen2-MoE's, gated by a sigmoid
             shared, gate = builders.Qwen35MoETextModel.make_shared_expert(
                 self, layer_id, moe.shared_expert, moe.shared_expert_gate, root_input
             )
-            added = f"/model/layers.{layer_id}/moe/GatedAdd"
-            self.make_gated_add(added, f"{name}/output_0", shared, gate,
-                                shape=self.make_hidden_state_shape())  # fmt: skip
-            self.layernorm_attrs["skip_input"] = f"{added}/output_0"
-        elif getattr(moe, "shared_experts", None) is not None:  # ERNIE 4.5's, added as they are
-            dense, self.intermediate_size = (
-                self.intermediate_size,
-                self.shared_expert_intermediate_size,
-            )
-            try:
-                builders.Model.make_mlp_proj(self, layer_id, moe.shared_experts, root_input)
-            finally:
-                self.intermediate_size = dense
-            added = f"/model/layers.{layer_id}/moe/SharedAdd"
-            self.make_add(added, [f"{name}/output_0", self.mlp_attrs["output_0"]],
-                          dtype=self.io_dtype, shape=self.make_hidden_state_shape())  # fmt: skip
-            self.layernorm_attrs["skip_input"] = f"{added}/output_0"
+            self.make_gated_add(added, routed, shared, gate, shape=self.make_hidden_state_shape())
+            return f"{added}/output_0"
+        if getattr(moe, "shared_experts", None) is None:
+            return routed
+        # ERNIE 4.5's and GLM-4.5's, added as they are
+        dense, self.intermediate_size = self.intermediate_size, self.shared_expert_intermediate_size
+        try:
+            builders.Model.make_mlp_proj(self, layer_id, moe.shared_experts, root_input)
+        finally:
+            self.intermediate_size = dense
+        self.make_add(added, [routed, self.mlp_attrs["output_0"]], dtype=self.io_dtype,
+                      shape=self.make_hidden_state_shape())  # fmt: skip
+        return f"{added}/output_0"
 
     io_dtype: Any
     layernorm_attrs: dict[str, Any]
     mlp_attrs: dict[str, Any]
     router_probs: str
+    routed_scaling = 1.0
+    """What the routed experts' sum is multiplied by (GLM-4.5's ``routed_scaling_factor``)."""
     shared_expert_intermediate_size: int
     make_add: Any
+    make_mul: Any
     make_gated_add: Any
+    to_str_dtype: Any
     make_hidden_state_shape: Any

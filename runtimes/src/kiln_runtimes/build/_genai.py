@@ -6,16 +6,17 @@ import json
 import multiprocessing
 import os
 import shutil
-from typing import TYPE_CHECKING, Any
+import sys
+from pathlib import Path
+from typing import Any
+
+import msgspec
 
 from kiln_runtimes.backends._genai_config import unfed
 from kiln_runtimes.build._checks import TEMPLATE_NAME, chat_template, chat_templates
 from kiln_runtimes.build._options import BuildError
 from kiln_runtimes.build._source import read_json
-from kiln_runtimes.protocol import ModelManifest
-
-if TYPE_CHECKING:
-    from pathlib import Path
+from kiln_runtimes.protocol import BuildFailure, ModelManifest
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
 
@@ -47,6 +48,10 @@ def run_builder(command: list[str], out: Path, log: Path) -> None:
         if process.is_alive():
             process.kill()
             process.join()
+    refused = log.with_suffix(".refused.json")
+    if process.exitcode == 2 and refused.is_file():  # a mend refused the input, naming it
+        failure = msgspec.json.decode(refused.read_bytes(), type=BuildFailure)
+        raise BuildError(failure.error, file=failure.file, field=failure.field)
     if process.exitcode != 0 or not (out / "genai_config.json").is_file():
         said = log.read_text(errors="replace").strip() if log.is_file() else ""
         cause = said.splitlines()[-1] if said else "no output"  # the exception, first
@@ -56,13 +61,19 @@ def run_builder(command: list[str], out: Path, log: Path) -> None:
 
 
 def _builder_main(command: list[str], log: str) -> None:
-    """The builder process, its output to ``log``."""
+    """The builder process, its output to ``log``; input a mend refuses (a ``BuildError``:
+    file, field) goes back as ``*.refused.json``, exit status 2."""
     fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     os.dup2(fd, 1)
     os.dup2(fd, 2)
     from kiln_runtimes.build import _builder
 
-    _builder.main(command)
+    try:
+        _builder.main(command)
+    except BuildError as exc:
+        refused = Path(log).with_suffix(".refused.json")
+        refused.write_bytes(msgspec.json.encode(exc.failure()))
+        sys.exit(2)
 
 
 def slide_every_layer(out: Path) -> int:

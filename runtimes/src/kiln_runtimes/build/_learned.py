@@ -26,6 +26,7 @@ from typing import Any
 import onnx_ir as ir
 import onnxruntime_genai.models  # noqa: F401 (puts the builder's own folder on sys.path)
 
+from kiln_runtimes.build._options import BuildError
 from kiln_runtimes.build._positions import make_positions
 
 builders: Any = importlib.import_module("builders")
@@ -84,7 +85,7 @@ class Gpt2(Learned):
     def __init__(self, config: Any, *args: Any) -> None:
         for flag in ("scale_attn_by_inverse_layer_idx", "reorder_and_upcast_attn"):
             if getattr(config, flag, False):
-                raise ValueError(f"GPT-2's {flag} is not built")
+                raise BuildError(f"GPT-2's {flag} is not built", file="config.json", field=flag)
         config.intermediate_size = config.n_inner or 4 * config.n_embd
         super().__init__(config, *args)
 
@@ -131,8 +132,12 @@ class Opt(Learned):
     offset = 2
 
     def __init__(self, config: Any, *args: Any) -> None:
-        if not config.do_layer_norm_before or config.word_embed_proj_dim != config.hidden_size:
-            raise ValueError("OPT with post-norm layers or projected embeddings is not built")
+        if not config.do_layer_norm_before:
+            raise BuildError("OPT with post-norm layers is not built", file="config.json",
+                             field="do_layer_norm_before")  # fmt: skip
+        if config.word_embed_proj_dim != config.hidden_size:
+            raise BuildError("OPT with projected embeddings is not built", file="config.json",
+                             field="word_embed_proj_dim")  # fmt: skip
         config.intermediate_size = config.ffn_dim
         super().__init__(config, *args)
         self.layernorm_attrs["epsilon"] = 1e-5  # torch's LayerNorm, OPT's
@@ -165,7 +170,8 @@ class BigCode(Gpt2):
 
     def __init__(self, config: Any, *args: Any) -> None:
         if not config.scale_attn_weights:
-            raise ValueError("GPTBigCode without scale_attn_weights is not built")
+            raise BuildError("GPTBigCode without scale_attn_weights is not built",
+                             file="config.json", field="scale_attn_weights")  # fmt: skip
         super().__init__(config, *args)
 
     def kv_heads(self, config: Any) -> int:

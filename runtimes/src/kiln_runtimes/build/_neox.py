@@ -18,6 +18,7 @@ from types import SimpleNamespace
 from typing import Any
 
 from kiln_runtimes.build._llamalike import LayerNormed
+from kiln_runtimes.build._options import BuildError
 
 
 class GptNeox(LayerNormed):
@@ -80,7 +81,8 @@ class Falcon(GptNeox):
 
     def __init__(self, config: Any, *args: Any) -> None:
         if config.alibi:
-            raise ValueError("Falcon's ALiBi positions (alibi) are not built")
+            raise BuildError("Falcon's ALiBi positions are not built", file="config.json",
+                             field="alibi")  # fmt: skip
         self.key_value_heads = (
             config.num_kv_heads if config.new_decoder_architecture
             else 1 if config.multi_query else config.num_attention_heads

@@ -20,6 +20,8 @@ from typing import Any
 import onnxruntime_genai.models  # noqa: F401 (puts the builder's own folder on sys.path)
 import torch
 
+from kiln_runtimes.build._options import BuildError
+
 builders: Any = importlib.import_module("builders")
 
 
@@ -119,7 +121,8 @@ class Olmo3(Olmo2):
             if layered["full_attention"] != layered.get(
                 "sliding_attention", layered["full_attention"]
             ):
-                raise ValueError("OLMo 3 with a different RoPE per layer type is not built")
+                raise BuildError("OLMo 3 with a different RoPE per layer type is not built",
+                                 file="config.json", field="rope_parameters")  # fmt: skip
             config.rope_parameters = layered["full_attention"]
             self.rope_attrs["theta"] = layered["full_attention"]["rope_theta"]  # not read flat
         super().make_rope_init(config)
