@@ -80,7 +80,7 @@ KILNS = {
 }  # fmt: skip
 """Kiln's decoder class for each ``model_type`` it builds (whatever host it is read under)."""
 HOST_CLASSES = ("OLMoModel", "LlamaModel", "MistralModel", "QwenModel", "Qwen3Model",
-                "GraniteModel", "ErnieModel")  # fmt: skip
+                "GraniteModel", "ErnieModel", "HunyuanDenseV1Model")  # fmt: skip
 """The builder's classes for the hosts of ``_kilns.HOSTS`` (``QwenModel``: Qwen2's)."""
 
 

@@ -7,8 +7,8 @@ so (``norm_topk_prob``; Mixtral's and Granite's always), and each kept expert's 
 keeps them) is weighed by its score. ONNX Runtime's ``MoE`` operator does all of it (``QMoE``
 at int4/int8): the router's logits in, the weighted sum out (a decoder that chooses its experts
 otherwise feeds it the chosen experts' logits alone, :meth:`Experts.make_selection`). A shared
-expert (Qwen2-MoE's) joins through its sigmoid gate, shared experts (ERNIE 4.5's, GLM-4.5's) as
-they are.
+expert (Qwen2-MoE's) joins through its sigmoid gate, shared experts (ERNIE 4.5's, GLM-4.5's,
+HunYuan's) as they are.
 Layers whose MLP is dense (``mlp_only_layers``) keep it, at ``intermediate_size``.
 """
 
@@ -55,6 +55,7 @@ class Experts:
 
     def make_moe_router(self, layer_id: int, moe: Any, root_input: str) -> None:
         router = moe.router if hasattr(moe, "router") else moe.gate  # Granite's, the others'
+        router = getattr(router, "wg", router)  # HunYuan's gate keeps its linear layer there
         name = f"/model/layers.{layer_id}/moe/router"
         logits = builders.Model.make_matmul(self, router, f"{name}/MatMul", root_input)
         builders.Model.make_reshape(
@@ -97,12 +98,13 @@ class Experts:
             )
             self.make_gated_add(added, routed, shared, gate, shape=self.make_hidden_state_shape())
             return f"{added}/output_0"
-        if getattr(moe, "shared_experts", None) is None:
+        shared = getattr(moe, "shared_experts", None) or getattr(moe, "shared_mlp", None)
+        if shared is None:
             return routed
-        # ERNIE 4.5's and GLM-4.5's, added as they are
+        # ERNIE 4.5's, GLM-4.5's and HunYuan's, added as they are
         dense, self.intermediate_size = self.intermediate_size, self.shared_expert_intermediate_size
         try:
-            builders.Model.make_mlp_proj(self, layer_id, moe.shared_experts, root_input)
+            builders.Model.make_mlp_proj(self, layer_id, shared, root_input)
         finally:
             self.intermediate_size = dense
         self.make_add(added, [routed, self.mlp_attrs["output_0"]], dtype=self.io_dtype,

@@ -1,9 +1,9 @@
-"""Mixtral, Qwen2-MoE (Qwen1.5-MoE), Qwen3-MoE, Granite 3's MoE, OLMoE, ERNIE 4.5's MoE and
-GLM-4.5 for the onnxruntime-genai builder, which has none of them: each is a dense decoder it
-builds (Mistral's, Qwen2's, Qwen 3's, Granite's, Llama's layer with OLMo 2's Q/K norms, ERNIE
-4.5's, Llama's) with :mod:`._experts`' sparse block. The builder's dispatch knows the dense ones'
-names: these configs are read under them (``_kilns.HOSTS``, ``_builder.read_config``) and
-``_builder.by_model_type`` builds these classes in their place.
+"""Mixtral, Qwen2-MoE (Qwen1.5-MoE), Qwen3-MoE, Granite 3's MoE, OLMoE, ERNIE 4.5's MoE, GLM-4.5
+and HunYuan's MoE for the onnxruntime-genai builder, which has none of them: each is a dense
+decoder it builds (Mistral's, Qwen2's, Qwen 3's, Granite's, Llama's layer with OLMo 2's Q/K
+norms, ERNIE 4.5's, Llama's, HunYuan's) with :mod:`._experts`' sparse block. The builder's
+dispatch knows the dense ones' names: these configs are read under them (``_kilns.HOSTS``,
+``_builder.read_config``) and ``_builder.by_model_type`` builds these classes in their place.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ import onnxruntime_genai.models  # noqa: F401 (puts the builder's own folder on 
 from kiln_runtimes.build._experts import Experts
 from kiln_runtimes.build._olmo2 import Clipped, Olmo2
 from kiln_runtimes.build._options import BuildError
+from kiln_runtimes.build._positions import HunYuan
 
 builders: Any = importlib.import_module("builders")
 
@@ -148,6 +149,23 @@ class Glm4Moe(Chosen, builders.LlamaModel):  # type: ignore[misc]
         return self.make_chosen(name, logits, indices, f"{name}/Log/output_0")
 
 
+class HunYuanMoe(Experts, HunYuan):
+    """Tencent's HunYuan MoE (Hunyuan-A13B): HunYuan's dense decoder (its RoPE outside attention,
+    on positions read from the mask), a sparse block in every layer beside a shared MLP."""
+
+    def __init__(self, config: Any, *args: Any) -> None:
+        for field in ("moe_topk", "num_experts"):  # one value, or one a layer
+            values = getattr(config, field)
+            if isinstance(values, list):
+                if len(set(values)) != 1:
+                    raise BuildError(f"HunYuan with a different {field} per layer is not built",
+                                     file="config.json", field=field)  # fmt: skip
+                setattr(config, field, values[0])
+        super().__init__(config, *args)
+        self.moe_attrs["normalize_routing_weights"] = True
+        self.shared_expert_intermediate_size = config.intermediate_size
+
+
 MODEL_TYPES = {"mixtral": Mixtral, "qwen3_moe": Qwen3Moe, "qwen2_moe": Qwen2Moe,
                "granitemoe": GraniteMoe, "olmoe": Olmoe, "ernie4_5_moe": ErnieMoe,
-               "glm4_moe": Glm4Moe}  # fmt: skip
+               "glm4_moe": Glm4Moe, "hunyuan_v1_moe": HunYuanMoe}  # fmt: skip
