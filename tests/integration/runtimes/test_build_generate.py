@@ -1,9 +1,9 @@
 """Generation builds of tiny random Llama, Qwen2, Phi-3, Gemma, Mistral, Gemma 2, Gemma 3, OLMo
 (1-3), SmolLM3, StableLM 2, Starcoder2, Command R+, Command R7B, Qwen3-MoE, GPT-2, OPT,
 GPT-NeoX, Phi-2, GLM-4, Helium, Arcee AFM, EXAONE 4.0, GPTBigCode, ERNIE 4.5, HunYuan,
-Granite, GPT-OSS, ERNIE 4.5 MoE, GLM-4.5 and HunYuan MoE folders, and Gemma 3's, Ministral
-3's and Qwen3-VL's vision-language ones (their text decoders), through the builder
-(:mod:`kiln_runtimes.build._builder`'s mends).
+Granite, GPT-OSS, ERNIE 4.5 MoE, GLM-4.5, HunYuan MoE, MiniMax-M2 and dots.llm1 folders, and
+Gemma 3's, Ministral 3's and Qwen3-VL's vision-language ones (their text decoders), through
+the builder (:mod:`kiln_runtimes.build._builder`'s mends).
 
 fp32 builds must reproduce transformers' greedy output token for token (the models are drawn
 with a wide init so their logits are far from ties); an int4 build reports how far it drifts;
@@ -72,6 +72,8 @@ ARCHITECTURES = {
     "ernie4_5_moe": "Ernie4_5_MoeForCausalLM",
     "glm4_moe": "Glm4MoeForCausalLM",
     "hunyuan_moe": "HunYuanMoEV1ForCausalLM",
+    "minimax_m2": "MiniMaxM2ForCausalLM",
+    "dots1": "Dots1ForCausalLM",
 }
 WINDOWS = {"mistral": 24, "gemma2": 48, "gemma3": 24, "gemma3_vl": 24, "olmo3": 24,
            "starcoder2": 24, "cohere2": 24, "exaone4": 24, "gpt_oss": 24}  # fmt: skip
@@ -110,6 +112,11 @@ SHAPES: dict[str, dict[str, Any]] = {
                  "n_shared_experts": 1, "routed_scaling_factor": 2.5, "attention_bias": True,
                  "use_qk_norm": True, "drawn_norms": True},
     "hunyuan_moe": {"num_experts": 4, "moe_topk": [2, 2], "drawn_norms": True},
+    "minimax_m2": {"head_dim": 32, "rotary_dim": 16, "num_local_experts": 4,
+                   "num_experts_per_tok": 2, "intermediate_size": 32, "drawn_norms": True},
+    "dots1": {"head_dim": 16, "n_routed_experts": 4, "num_experts_per_tok": 2,
+              "moe_intermediate_size": 32, "n_shared_experts": 1, "routed_scaling_factor": 2.5,
+              "norm_topk_prob": True, "drawn_norms": True},
     "qwen3_moe": {"num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 32,
                   "norm_topk_prob": True, "mlp_only_layers": [1]},
 }  # fmt: skip
@@ -126,7 +133,9 @@ its MoE's four experts, two a token, chosen on a drawn correction bias (without 
 moves by 3.2), beside a shared expert, after a dense first layer; GLM-4.5's, chosen on its
 sigmoid and a drawn bias (without it, a logit moves by 5.1), times 2.5 (without, 4.1), with Q/K
 biases and per-head norms; HunYuan MoE's top 2 of 4 (given per layer) beside a shared MLP
-(without it, a logit moves by 11.7); HunYuan's NTK-alpha RoPE (its Q/K norms after RoPE,
+(without it, a logit moves by 11.7); MiniMax-M2's sigmoid choice with its bias on the block
+(without it, 7.1), Q/K norms across heads and RoPE on half of each head; dots.llm1's GLM-4.5
+routing on Qwen 3's decoder; HunYuan's NTK-alpha RoPE (its Q/K norms after RoPE,
 which is turned outside the attention node on positions read from the mask); Granite's four
 multipliers; GPT-OSS's four experts, two a token, its attention sinks, YaRN and a windowed and
 a global layer."""

@@ -18,7 +18,8 @@ HOSTS = {
     "MixtralForCausalLM": MISTRAL, "Qwen2MoeForCausalLM": "Qwen2ForCausalLM",
     "Qwen3MoeForCausalLM": "Qwen3ForCausalLM", "GraniteMoeForCausalLM": "GraniteForCausalLM",
     "Ernie4_5_MoeForCausalLM": "Ernie4_5ForCausalLM", "Glm4MoeForCausalLM": LLAMA,
-    "HunYuanMoEV1ForCausalLM": "HunYuanDenseV1ForCausalLM",
+    "HunYuanMoEV1ForCausalLM": "HunYuanDenseV1ForCausalLM", "MiniMaxM2ForCausalLM": LLAMA,
+    "Dots1ForCausalLM": LLAMA,
 }  # fmt: skip
 """Kiln's architecture -> the builder's: OLMo 2 and 3, OLMoE and EXAONE 4.0 as OLMo
 (``_olmo2``, ``_moe``, ``_exaone``); StableLM, Starcoder2, Command R and R7B, GPT-2,

@@ -1,9 +1,10 @@
-"""Mixtral, Qwen2-MoE (Qwen1.5-MoE), Qwen3-MoE, Granite 3's MoE, OLMoE, ERNIE 4.5's MoE, GLM-4.5
-and HunYuan's MoE for the onnxruntime-genai builder, which has none of them: each is a dense
-decoder it builds (Mistral's, Qwen2's, Qwen 3's, Granite's, Llama's layer with OLMo 2's Q/K
-norms, ERNIE 4.5's, Llama's, HunYuan's) with :mod:`._experts`' sparse block. The builder's
-dispatch knows the dense ones' names: these configs are read under them (``_kilns.HOSTS``,
-``_builder.read_config``) and ``_builder.by_model_type`` builds these classes in their place.
+"""Mixtral, Qwen2-MoE (Qwen1.5-MoE), Qwen3-MoE, Granite 3's MoE, OLMoE, ERNIE 4.5's MoE, GLM-4.5,
+HunYuan's MoE, MiniMax-M2 and dots.llm1 for the onnxruntime-genai builder, which has none of
+them: each is a dense decoder it builds (Mistral's, Qwen2's, Qwen 3's, Granite's, Llama's layer
+with OLMo 2's Q/K norms, ERNIE 4.5's, Llama's, HunYuan's) with :mod:`._experts`' sparse block.
+The builder's dispatch knows the dense ones' names: these configs are read under them
+(``_kilns.HOSTS``, ``_builder.read_config``) and ``_builder.by_model_type`` builds these
+classes in their place.
 """
 
 from __future__ import annotations
@@ -13,6 +14,8 @@ from typing import Any
 
 import onnx_ir as ir
 import onnxruntime_genai.models  # noqa: F401 (puts the builder's own folder on sys.path)
+import torch
+from onnx_ir.tensor_adapters import to_torch_dtype
 
 from kiln_runtimes.build._experts import Experts
 from kiln_runtimes.build._olmo2 import Clipped, Olmo2
@@ -66,10 +69,9 @@ class Chosen(Experts, builders.Model):  # type: ignore[misc]
     def __init__(self, config: Any, *args: Any) -> None:
         super().__init__(config, *args)
         self.moe_attrs["normalize_routing_weights"] = True
-        shared = getattr(config, "moe_num_shared_experts", None) or getattr(
-            config, "n_shared_experts", 0
-        )
-        self.shared_expert_intermediate_size = config.moe_intermediate_size * (shared or 0)
+        shared = getattr(config, "moe_num_shared_experts", None)  # ERNIE's; GLM's below
+        shared = shared or getattr(config, "n_shared_experts", None) or 0
+        self.shared_expert_intermediate_size = self.moe_intermediate_size * shared
 
     def make_choice(self, name: str, scores: str, bias: Any) -> str:
         """The top k of ``scores`` plus the router's correction ``bias``: their indices."""
@@ -110,12 +112,39 @@ class ErnieMoe(Chosen, builders.ErnieModel):  # type: ignore[misc]
         return self.make_chosen(name, logits, indices, f"{name}/GatherElements/output_0")
 
 
-class Glm4Moe(Chosen, builders.LlamaModel):  # type: ignore[misc]
+class Sigmoided(Chosen):
+    """Experts chosen on the router's sigmoid plus a correction bias and mixed on the chosen
+    sigmoids alone, renormalized (GLM-4.5's, MiniMax-M2's)."""
+
+    def correction_bias(self, moe: Any) -> Any:
+        """The sparse block's correction bias (``[experts]``)."""
+        return moe.gate.e_score_correction_bias
+
+    def make_selection(self, layer_id: int, moe: Any, logits: str) -> str:
+        """Log of the chosen experts' sigmoids: the node's softmax over them is their sigmoids,
+        renormalized (clipped at the dtype's least normal number above zero, so none falls below
+        the sentinel, in fp16 too)."""
+        name = f"/model/layers.{layer_id}/moe/router"
+        k, rows = self.moe_attrs["top_k"], self.make_moe_router_shape()
+        chosen = self.make_moe_router_shape(last_dim=k)
+        self.make_sigmoid(f"{name}/Sigmoid", logits, self.io_dtype, rows)
+        scores = f"{name}/Sigmoid/output_0"
+        tiny = torch.finfo(to_torch_dtype(self.io_dtype)).tiny
+        indices = self.make_choice(name, scores, self.correction_bias(moe))
+        self.make_gather_elements(f"{name}/GatherElements", [scores, indices], self.io_dtype,
+                                  chosen, axis=1)  # fmt: skip
+        self.make_clip(f"{name}/Clip", [f"{name}/GatherElements/output_0",
+                       f"/model/constants/{self.to_str_dtype(self.io_dtype)}/{tiny}", ""],
+                       self.io_dtype, chosen)  # fmt: skip
+        self.make_log(f"{name}/Log", f"{name}/Clip/output_0", self.io_dtype, chosen)
+        return self.make_chosen(name, logits, indices, f"{name}/Log/output_0")
+
+
+class Glm4Moe(Sigmoided, builders.LlamaModel):  # type: ignore[misc]
     """GLM-4.5, 4.6 and 4.7 (``Glm4MoeForCausalLM``): Llama's decoder with Q/K/V biases, RoPE
     on half of each head, Qwen 3's per-head Q/K norms if ``use_qk_norm``; sparse blocks after
-    ``first_k_dense_replace`` dense layers, beside shared experts, whose experts are chosen on
-    the router's sigmoid plus a correction bias and mixed on the sigmoid alone, renormalized and
-    times ``routed_scaling_factor``."""
+    ``first_k_dense_replace`` dense layers, beside shared experts, their sum times
+    ``routed_scaling_factor``."""
 
     def __init__(self, config: Any, *args: Any) -> None:
         if (config.n_group or 1) > 1:
@@ -128,25 +157,25 @@ class Glm4Moe(Chosen, builders.LlamaModel):  # type: ignore[misc]
         self.routed_scaling = float(config.routed_scaling_factor)
 
     def make_attention_init(self, config: Any) -> None:
-        self.attention_attrs["q_norm"] = self.attention_attrs["k_norm"] = bool(config.use_qk_norm)
+        normed = bool(getattr(config, "use_qk_norm", True))  # dots.llm1's has no such flag: on
+        self.attention_attrs["q_norm"] = self.attention_attrs["k_norm"] = normed
         super().make_attention_init(config)
 
-    def make_selection(self, layer_id: int, moe: Any, logits: str) -> str:
-        """Log of the chosen experts' sigmoids: the node's softmax over them is their sigmoids,
-        renormalized (clipped above zero, so none falls below the sentinel)."""
-        name = f"/model/layers.{layer_id}/moe/router"
-        k, rows = self.moe_attrs["top_k"], self.make_moe_router_shape()
-        chosen = self.make_moe_router_shape(last_dim=k)
-        self.make_sigmoid(f"{name}/Sigmoid", logits, self.io_dtype, rows)
-        scores = f"{name}/Sigmoid/output_0"
-        indices = self.make_choice(name, scores, moe.gate.e_score_correction_bias)
-        self.make_gather_elements(f"{name}/GatherElements", [scores, indices], self.io_dtype,
-                                  chosen, axis=1)  # fmt: skip
-        self.make_clip(f"{name}/Clip", [f"{name}/GatherElements/output_0",
-                       f"/model/constants/{self.to_str_dtype(self.io_dtype)}/1e-30", ""],
-                       self.io_dtype, chosen)  # fmt: skip
-        self.make_log(f"{name}/Log", f"{name}/Clip/output_0", self.io_dtype, chosen)
-        return self.make_chosen(name, logits, indices, f"{name}/Log/output_0")
+
+class Dots1(Glm4Moe):
+    """rednote's dots.llm1 (``Dots1ForCausalLM``): GLM-4.5's sparse blocks, routing and shared
+    experts on Qwen 3's decoder (per-head Q/K norms, RoPE on whole heads)."""
+
+
+class MiniMaxM2(Sigmoided, Olmo2):
+    """MiniMax-M2 (``MiniMaxM2ForCausalLM``, M2 to M2.5): Llama's layer with OLMo 2's Q/K
+    RMSNorms across all heads and RoPE on part of each head, a sparse block in every layer (its
+    correction bias kept on the block, not its router)."""
+
+    make_layer = builders.Model.make_layer  # pre-norms (not OLMo 2's post-norms)
+
+    def correction_bias(self, moe: Any) -> Any:
+        return moe.e_score_correction_bias
 
 
 class HunYuanMoe(Experts, HunYuan):
@@ -168,4 +197,5 @@ class HunYuanMoe(Experts, HunYuan):
 
 MODEL_TYPES = {"mixtral": Mixtral, "qwen3_moe": Qwen3Moe, "qwen2_moe": Qwen2Moe,
                "granitemoe": GraniteMoe, "olmoe": Olmoe, "ernie4_5_moe": ErnieMoe,
-               "glm4_moe": Glm4Moe, "hunyuan_v1_moe": HunYuanMoe}  # fmt: skip
+               "glm4_moe": Glm4Moe, "hunyuan_v1_moe": HunYuanMoe,
+               "minimax_m2": MiniMaxM2, "dots1": Dots1}  # fmt: skip
