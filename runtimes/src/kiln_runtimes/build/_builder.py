@@ -22,8 +22,10 @@ OLMo 2 and 3, which the builder does not know: :mod:`._olmo2` (their post-norms 
 across all heads; OLMo 3's sliding windows), dispatched as OLMo. StableLM, Starcoder2, Command
 R, GPT-2, OPT, GPT-NeoX, Falcon and GLM, which it does not know either: :mod:`._llamalike`,
 :mod:`._cohere`, :mod:`._learned`, :mod:`._neox`, :mod:`._glm`, dispatched as Llama.
-Mixture-of-experts decoders (Mixtral, Qwen2/3-MoE, Granite's, OLMoE): :mod:`._moe` (the sparse
-block as ONNX Runtime's ``MoE`` node, :mod:`._experts`), dispatched as their dense hosts.
+Mixture-of-experts decoders (Mixtral, Qwen2/3-MoE, Granite's, OLMoE, ERNIE 4.5's, GLM-4.5,
+HunYuan's, MiniMax-M2, dots.llm1): :mod:`._moe` (the sparse block as ONNX Runtime's ``MoE``
+node, :mod:`._experts`; where a biased score chooses the experts, chosen in the graph),
+dispatched as their dense hosts.
 Each is read under its host's name (``_kilns.HOSTS``), whose class :func:`by_model_type` swaps
 for Kiln's (:data:`KILNS`).
 
@@ -31,6 +33,11 @@ LayerNorms' epsilon: the builder reads ``rms_norm_eps`` only, else takes 1e-6, s
 Nemotron's norms (``layer_norm_eps``, ``norm_eps``, 1e-5) were built at 1e-6 (logits 1.8e-3
 and 9.5e-3 off on tiny models, 3.4e-5 and 1.1e-4 now). :func:`read_epsilon` reads the config's
 own (:data:`EPSILONS`).
+
+HunYuan: its Q/K norms come after RoPE, so the builder turns RoPE outside the attention node
+on a ``position_ids`` input Kiln's runner does not feed; :class:`._positions.HunYuan` reads the
+positions from the mask. Input a mend refuses is a ``BuildError`` naming ``config.json`` and
+the field (``_genai.run_builder`` sends it back from the builder's process).
 
 SmolLM3: its layers without RoPE (``no_rope_layers``, every fourth) were built with RoPE moved
 out of the attention node, which asks for a ``position_ids`` input the graph does not have

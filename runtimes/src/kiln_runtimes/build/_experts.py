@@ -8,8 +8,8 @@ keeps them) is weighed by its score. ONNX Runtime's ``MoE`` operator does all of
 at int4/int8): the router's logits in, the weighted sum out (a decoder that chooses its experts
 otherwise feeds it the chosen experts' logits alone, :meth:`Experts.make_selection`). A shared
 expert (Qwen2-MoE's) joins through its sigmoid gate, shared experts (ERNIE 4.5's, GLM-4.5's,
-HunYuan's) as they are.
-Layers whose MLP is dense (``mlp_only_layers``) keep it, at ``intermediate_size``.
+HunYuan's) as they are. Layers whose MLP is dense (``mlp_only_layers``) keep it, at
+``intermediate_size``.
 """
 
 from __future__ import annotations
