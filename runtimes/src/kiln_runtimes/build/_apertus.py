@@ -18,6 +18,8 @@ import onnx_ir as ir
 import onnxruntime_genai.models  # noqa: F401 (puts the builder's own folder on sys.path)
 import torch
 
+from kiln_runtimes.build._nodes import make_labelled
+
 builders: Any = importlib.import_module("builders")
 
 
@@ -64,10 +66,8 @@ class Apertus(builders.LlamaModel):  # type: ignore[misc]
         )  # fmt: skip
         shape = ["batch_size", "sequence_length", self.intermediate_size]
         for op, node, inputs in nodes:
-            named = [f"{name}/{i[1:]}/output_0" if i.startswith(":") else i for i in inputs]
-            self.make_node(op, named, [f"{name}/{node}/output_0"], name=f"{name}/{node}")
             dtype = ir.DataType.BOOL if op == "Greater" else self.io_dtype
-            self.make_value(f"{name}/{node}/output_0", dtype, shape)
+            make_labelled(self, name, node, op, inputs, dtype=dtype, dims=shape)
         return f"{name}/Where"
 
     intermediate_size: int

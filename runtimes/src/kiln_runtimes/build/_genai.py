@@ -40,7 +40,8 @@ def run_builder(command: list[str], out: Path, log: Path) -> None:
     os.environ["HF_HUB_OFFLINE"] = "1"
     context = multiprocessing.get_context("forkserver")
     context.set_forkserver_preload(["kiln_runtimes.build._builder"])
-    process = context.Process(target=_builder_main, args=(command, str(log)), name="builder")
+    refused = log.with_suffix(".refused.json")  # where a mend's refusal comes back
+    process = context.Process(target=_builder_main, args=(command, log, refused), name="builder")
     process.start()
     try:
         process.join()
@@ -48,7 +49,6 @@ def run_builder(command: list[str], out: Path, log: Path) -> None:
         if process.is_alive():
             process.kill()
             process.join()
-    refused = log.with_suffix(".refused.json")
     if process.exitcode == 2 and refused.is_file():  # a mend refused the input, naming it
         failure = msgspec.json.decode(refused.read_bytes(), type=BuildFailure)
         raise BuildError(failure.error, file=failure.file, field=failure.field)
@@ -60,9 +60,9 @@ def run_builder(command: list[str], out: Path, log: Path) -> None:
         )
 
 
-def _builder_main(command: list[str], log: str) -> None:
+def _builder_main(command: list[str], log: Path, refused: Path) -> None:
     """The builder process, its output to ``log``; input a mend refuses (a ``BuildError``:
-    file, field) goes back as ``*.refused.json``, exit status 2."""
+    file, field) goes back in ``refused``, exit status 2."""
     fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     os.dup2(fd, 1)
     os.dup2(fd, 2)
@@ -71,7 +71,6 @@ def _builder_main(command: list[str], log: str) -> None:
     try:
         _builder.main(command)
     except BuildError as exc:
-        refused = Path(log).with_suffix(".refused.json")
         refused.write_bytes(msgspec.json.encode(exc.failure()))
         sys.exit(2)
 

@@ -26,6 +26,7 @@ from typing import Any
 import onnx_ir as ir
 import onnxruntime_genai.models  # noqa: F401 (puts the builder's own folder on sys.path)
 
+from kiln_runtimes.build._nodes import make_labelled
 from kiln_runtimes.build._options import BuildError
 from kiln_runtimes.build._positions import make_positions
 
@@ -69,11 +70,9 @@ class Learned(builders.Model):  # type: ignore[misc]
             ("Tokens", [self.layernorm_attrs["root_input"], ":Gather"], shape),
         )
         for op, inputs, dims in nodes:
-            named = [f"{name}/{i[1:]}/output_0" if i.startswith(":") else i for i in inputs]
             kind = "Add" if op in ("Offset", "Tokens") else op
             dtype = ir.DataType.INT64 if op == "Offset" else self.io_dtype
-            self.make_node(kind, named, [f"{name}/{op}/output_0"], name=f"{name}/{op}")
-            self.make_value(f"{name}/{op}/output_0", dtype, shape=dims)
+            make_labelled(self, name, op, kind, inputs, dtype=dtype, dims=dims)
         self.layernorm_attrs["root_input"] = self.layernorm_attrs["skip_input"] = (
             f"{name}/Tokens/output_0"
         )

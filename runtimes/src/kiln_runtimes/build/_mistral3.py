@@ -16,6 +16,7 @@ from typing import Any
 import onnx_ir as ir
 import onnxruntime_genai.models  # noqa: F401 (puts the builder's own folder on sys.path)
 
+from kiln_runtimes.build._nodes import make_labelled
 from kiln_runtimes.build._positions import make_positions
 
 builders: Any = importlib.import_module("builders")
@@ -62,12 +63,10 @@ class Tempered(builders.Model):  # type: ignore[misc]
             ("Cast", [":Unsqueeze"], {"to": self.io_dtype}),
         )
         for op, inputs, attrs in nodes:
-            named = [f"{SCALE}/{i[1:]}/output_0" if i.startswith(":") else i for i in inputs]
             kind = {"ToFloat": "Cast", "Log1p": "Add", "Scale": "Add"}.get(op, op)
-            self.make_node(kind, named, [f"{SCALE}/{op}/output_0"], name=f"{SCALE}/{op}", **attrs)
             dtype = self.io_dtype if op == "Cast" else ir.DataType.FLOAT
             dims = [*rows, 1] if op in ("Unsqueeze", "Cast") else rows
-            self.make_value(f"{SCALE}/{op}/output_0", dtype, dims)
+            make_labelled(self, SCALE, op, kind, inputs, dtype=dtype, dims=dims, **attrs)
 
 
 class Mistral3(Tempered, builders.Mistral3TextModel):  # type: ignore[misc]

@@ -157,14 +157,17 @@ class Glm4Moe(Sigmoided, builders.LlamaModel):  # type: ignore[misc]
         self.routed_scaling = float(config.routed_scaling_factor)
 
     def make_attention_init(self, config: Any) -> None:
-        normed = bool(getattr(config, "use_qk_norm", True))  # dots.llm1's has no such flag: on
-        self.attention_attrs["q_norm"] = self.attention_attrs["k_norm"] = normed
+        self.attention_attrs["q_norm"] = self.attention_attrs["k_norm"] = bool(config.use_qk_norm)
         super().make_attention_init(config)
 
 
 class Dots1(Glm4Moe):
     """rednote's dots.llm1 (``Dots1ForCausalLM``): GLM-4.5's sparse blocks, routing and shared
     experts on Qwen 3's decoder (per-head Q/K norms, RoPE on whole heads)."""
+
+    def make_attention_init(self, config: Any) -> None:
+        config.use_qk_norm = True  # Qwen 3's per-head norms, always (its config has no flag)
+        super().make_attention_init(config)
 
 
 class MiniMaxM2(Sigmoided, Olmo2):

@@ -17,6 +17,8 @@ from typing import Any
 import onnx_ir as ir
 import onnxruntime_genai.models  # noqa: F401 (puts the builder's own folder on sys.path)
 
+from kiln_runtimes.build._nodes import make_labelled
+
 builders: Any = importlib.import_module("builders")
 INT64 = "/model/constants/INT64"
 
@@ -37,10 +39,9 @@ def make_positions(model: Any, name: str) -> str:
         ("Add", [":Sub", ":Range"], ["batch_size", "sequence_length"], {}),
     )
     for op, inputs, dims, attrs in nodes:
-        named = [f"{name}/{i[1:]}/output_0" if i.startswith(":") else i for i in inputs]
-        model.make_node(op, named, [f"{name}/{op}/output_0"], name=f"{name}/{op}", **attrs)
-        model.make_value(f"{name}/{op}/output_0", ir.DataType.INT64, shape=dims)
-    return f"{name}/Add/output_0"
+        output = make_labelled(model, name, op, op, inputs, dtype=ir.DataType.INT64, dims=dims,
+                               **attrs)  # fmt: skip
+    return output
 
 
 class FromMask(builders.Model):  # type: ignore[misc]
