@@ -24,7 +24,12 @@ HEADS = {
     "cls": ("cls", False),
     "lasttoken": ("lasttoken", True),
     "concatenated": ("max+mean_sqrt_len_tokens+weightedmean", False),
+    "embeddinggemma": ("mean", True),
+    "qwen3-embedding": ("lasttoken", True),
 }
+ENCODERS = {"embeddinggemma": "gemma3", "qwen3-embedding": "qwen3"}
+"""Decoders as encoders: EmbeddingGemma's shape (bidirectional, a window of 8 its texts pass,
+two ``Dense`` layers) and Qwen3-Embedding's (causal, last token); the rest are BERTs."""
 PROMPTS = {"query": "query: ", "passage": "passage: "}
 """The concatenated folder's prompts; its texts get ``query: `` unless a request names one."""
 
@@ -37,9 +42,10 @@ def sources(tmp_path_factory: pytest.TempPathFactory, tiny_models: Any) -> dict[
         "cls": {"do_lower_case": True},  # a cased tokenizer the framework lowercases for
     }
     return {
-        name: tiny_models.sentence(root / name, pooling, normalize=normalize, **extra.get(name, {}))
+        name: tiny_models.sentence(root / name, pooling, normalize=normalize,
+                                   encoder=ENCODERS.get(name, "bert"), **extra.get(name, {}))
         for name, (pooling, normalize) in HEADS.items()
-    }
+    }  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -66,7 +72,10 @@ def test_fp32_matches_sentence_transformers(name: str, fp32: dict[str, Any]) -> 
     assert (manifest["task"], manifest["engine"], manifest["dimensions"]) == (
         "embeddings", "onnxruntime", 64 * len(pooling.split("+")),
     )  # fmt: skip
-    assert (manifest["precision"], manifest["architecture"]) == ("fp32", "BertModel")
+    architecture = {"gemma3": "Gemma3TextModel", "qwen3": "Qwen3Model"}
+    assert (manifest["precision"], manifest["architecture"]) == (
+        "fp32", architecture.get(ENCODERS.get(name, ""), "BertModel"),
+    )  # fmt: skip
     prompted = name == "concatenated"  # the accuracy check compared it with its default prompt
     assert manifest["prompts"] == (PROMPTS if prompted else {})
     assert manifest["default_prompt_name"] == ("query" if prompted else None)
@@ -74,7 +83,7 @@ def test_fp32_matches_sentence_transformers(name: str, fp32: dict[str, Any]) -> 
     assert json.loads((folder / "accuracy.json").read_text()) == accuracy
 
 
-@pytest.mark.parametrize("name", ["mean", "cls"])
+@pytest.mark.parametrize("name", ["mean", "cls", "embeddinggemma", "qwen3-embedding"])
 def test_worker_backend_serves_the_build(name: str, fp32: dict[str, Any]) -> None:
     folder = Path(fp32[name].last["out_dir"])
     manifest = msgspec.json.decode((folder / MANIFEST_NAME).read_bytes(), type=ModelManifest)

@@ -6,6 +6,7 @@ by the worker) and returns ``embeddings`` (float32, ``[batch, dimensions]``).
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import json
 from typing import TYPE_CHECKING, Any
@@ -16,6 +17,7 @@ from kiln_runtimes.build._options import BuildError
 from kiln_runtimes.build._source import read_json
 
 if TYPE_CHECKING:
+    from collections.abc import Iterator
     from pathlib import Path
 
     import torch
@@ -166,7 +168,7 @@ def export(embedder: torch.nn.Module, tokenizer: Tokenizer, dimensions: int, pat
 
     ids, mask = pad(tokenizer, EXPORT_SENTENCES)
     axes = {0: "batch", 1: "sequence"}
-    with torch.inference_mode():
+    with torch.inference_mode(), _indexed_masks():
         torch.onnx.export(
             embedder,
             (torch.from_numpy(ids), torch.from_numpy(mask)),
@@ -184,6 +186,27 @@ def export(embedder: torch.nn.Module, tokenizer: Tokenizer, dimensions: int, pat
     model.graph.output[0].type.tensor_type.shape.dim[1].dim_value = dimensions
     onnx.checker.check_model(model, full_check=True)
     onnx.save(model, str(path))
+
+
+@contextlib.contextmanager
+def _indexed_masks() -> Iterator[None]:
+    """transformers builds a mask with ``or``/``and`` terms (EmbeddingGemma's bidirectional
+    and windowed attention) through ``torch.vmap``, which tracing cannot follow; its terms are
+    comparisons of broadcast indices, so they are built by broadcasting here, as transformers
+    builds its own causal masks. (A term that is not would trace wrong: the accuracy check
+    compares the graph with sentence-transformers.)"""
+    from transformers import masking_utils
+
+    made = masking_utils.sdpa_mask
+
+    def broadcast(*args: Any, **kwargs: Any) -> Any:
+        return made(*args, **{**kwargs, "use_vmap": False})
+
+    masking_utils.sdpa_mask = broadcast
+    try:
+        yield
+    finally:
+        masking_utils.sdpa_mask = made
 
 
 def optimize(path: Path, out: Path) -> None:
