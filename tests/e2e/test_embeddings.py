@@ -255,6 +255,20 @@ def test_the_cohere_sdk_reranks_at_v1_and_v2(kiln_up: Any) -> None:
     assert [(r.index, r.document.text if r.document else None) for r in old.results] == [
         (j, texts[1 + j]) for j in best
     ]
+    # Cohere v1's structured documents: the ranked fields as "key: value" lines, the rest kept
+    docs = [{"title": f"t{j}", "body": t, "id": j} for j, t in enumerate(texts[1:4])]
+    fields = v1.rerank(model=MODEL, query=texts[0], documents=docs, rank_fields=["title", "body"],
+                       return_documents=True)  # fmt: skip
+    lines = [f"title: t{j}\nbody: {t}" for j, t in enumerate(texts[1:4])]
+    data = _post(kiln_up, "embeddings", {"input": [texts[0], *lines]}).json()["data"]
+    query, *rest = (np.asarray(d["embedding"]) for d in data)
+    own = [_cos(query, v) for v in rest]
+    assert [r.index for r in fields.results] == sorted(range(3), key=lambda j: -own[j])
+    assert [r.relevance_score for r in fields.results] == pytest.approx(
+        sorted(own, reverse=True), abs=1e-4
+    )
+    given = fields.results[0].model_dump()["document"]  # the SDK's model adds "text": None
+    assert {key: given[key] for key in docs[0]} == docs[fields.results[0].index]
 
 
 def test_the_cohere_sdk_embeds_at_v1_and_v2(kiln_up: Any) -> None:
@@ -312,11 +326,13 @@ def test_the_cohere_sdk_embeds_at_v1_and_v2(kiln_up: Any) -> None:
         ("rerank", {"query": "q", "documents": ["a", "word " * 600]}, "documents[1]"),
         ("rerank", {"query": "", "documents": ["a"]}, "query"),
         ("rerank", {"query": "q", "documents": ["a"], "top_n": -1}, "top_n"),
+        ("rerank", {"query": "q", "documents": [{"title": "t"}]}, "documents[0].text"),
         (
             "rerank",
-            {"query": "q", "documents": [{"text": "a", "title": "t"}]},
+            {"query": "q", "documents": [{"text": "a"}], "rank_fields": ["text", "title"]},
             "documents[0].title",
         ),
+        ("rerank", {"query": "q", "documents": [{"text": "a"}], "rank_fields": []}, "rank_fields"),
         ("rerank", {"query": "q", "documents": ["a"] * 2048}, "documents"),
         ("rerank", {"query": "q", "documents": ["a"], "model": "nope"}, "model"),
     ],

@@ -7,7 +7,7 @@ logit, as sentence-transformers' ``CrossEncoder.predict``."""
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 import numpy as np
@@ -32,19 +32,17 @@ class ScoreRequest(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     user: str | None = None
 
 
-class Document(msgspec.Struct, forbid_unknown_fields=True):
-    """A document as Jina's and Cohere's v1 rerank take it too."""
-
-    text: str
-
-
 class RerankRequest(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     """``POST /v1/rerank`` (and ``/v2/rerank``): ``documents`` ordered by relevance to
     ``query``."""
 
     model: str
     query: str
-    documents: list[str | Document]
+    documents: list[str | dict[str, Any]]
+    """Texts, or objects (Jina's and Cohere's v1): their ``rank_fields`` are what is ranked."""
+    rank_fields: list[str] | None = None
+    """Cohere's v1: the keys of object documents ranked (``None``: ``text``); several are
+    ranked as ``key: value`` lines, in this order."""
     top_n: int | None = None
     """The best this many (``None`` or 0: all)."""
     return_documents: bool = True
@@ -78,7 +76,9 @@ class Ranked(msgspec.Struct, kw_only=True, omit_defaults=True):
 
     index: int
     relevance_score: float
-    document: Document | None = None
+    document: dict[str, Any] | None = None
+    """The document as given (a text as ``{"text": ...}``), unless ``return_documents`` is
+    false."""
 
 
 class RerankResponse(msgspec.Struct, kw_only=True):
@@ -131,6 +131,23 @@ def _names(field: str, value: str | list[str], count: int) -> list[str]:
     return [field] if isinstance(value, str) else [f"{field}[{i}]" for i in range(count)]
 
 
+def _text(document: str | dict[str, Any], index: int, fields: list[str]) -> str:
+    """What a rerank ranks of one document: a text itself; of an object, its ``fields`` (one:
+    its value; several: ``key: value`` lines, as Cohere asks structured documents to be sent)."""
+    if isinstance(document, str):
+        return document
+    values = []
+    for field in fields:
+        value = document.get(field)
+        if value is None:
+            raise BadRequest(f"'documents[{index}]' has no '{field}' to rank.",
+                             param=f"documents[{index}].{field}")  # fmt: skip
+        values.append(value if isinstance(value, str) else msgspec.json.encode(value).decode())
+    if len(fields) == 1:
+        return values[0]
+    return "\n".join(f"{field}: {value}" for field, value in zip(fields, values, strict=True))
+
+
 def _fits(kiln: Kiln, texts: int, field: str) -> None:
     most = services.max_inputs(kiln.settings)
     if texts > most:
@@ -156,6 +173,10 @@ async def score(kiln: Kiln, admission: Admission, request: ScoreRequest) -> Scor
     )  # fmt: skip
 
 
+def _given(document: str | dict[str, Any]) -> dict[str, Any]:
+    return {"text": document} if isinstance(document, str) else document
+
+
 async def rerank(kiln: Kiln, admission: Admission, request: RerankRequest) -> RerankResponse:
     """Serve ``POST /v1/rerank``; its admission records the usage."""
     if not request.documents:
@@ -164,7 +185,10 @@ async def rerank(kiln: Kiln, admission: Admission, request: RerankRequest) -> Re
         raise BadRequest("'top_n' must be 0 (all) or more.", param="top_n")
     if request.max_tokens_per_doc is not None and request.max_tokens_per_doc < 1:
         raise BadRequest("'max_tokens_per_doc' must be 1 or more.", param="max_tokens_per_doc")
-    texts = [d if isinstance(d, str) else d.text for d in request.documents]
+    if request.rank_fields is not None and not request.rank_fields:
+        raise BadRequest("'rank_fields' must not be empty.", param="rank_fields")
+    fields = request.rank_fields or ["text"]
+    texts = [_text(d, i, fields) for i, d in enumerate(request.documents)]
     _fits(kiln, 1 + len(texts), "documents")
     names = ["query", *_names("documents", texts, len(texts))]
     pairs = pairing([request.query], texts)
@@ -176,8 +200,8 @@ async def rerank(kiln: Kiln, admission: Admission, request: RerankRequest) -> Re
     scores = _scores(done, pairs)
     order = sorted(range(len(texts)), key=lambda j: -scores[j])[: request.top_n or None]
     results = [
-        Ranked(index=j, relevance_score=scores[j],
-               document=Document(texts[j]) if request.return_documents else None)
+        Ranked(index=j, relevance_score=scores[j], document=_given(request.documents[j])
+               if request.return_documents else None)
         for j in order
     ]  # fmt: skip
     return RerankResponse(
