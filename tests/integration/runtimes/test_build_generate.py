@@ -1,9 +1,9 @@
 """Generation builds of tiny random Llama, Qwen2, Phi-3, Gemma, Mistral, Gemma 2, Gemma 3, OLMo
 (1-3), SmolLM3, StableLM 2, Starcoder2, Command R+, Command R7B, Qwen3-MoE, GPT-2, OPT,
 GPT-NeoX, Phi-2, GLM-4, Helium, Arcee AFM, EXAONE 4.0, GPTBigCode, ERNIE 4.5, HunYuan,
-Granite, GPT-OSS, ERNIE 4.5 MoE, GLM-4.5, HunYuan MoE, MiniMax-M2 and dots.llm1 folders, and
-Gemma 3's, Ministral 3's and Qwen3-VL's vision-language ones (their text decoders), through
-the builder (:mod:`kiln_runtimes.build._builder`'s mends).
+Granite, GPT-OSS, ERNIE 4.5 MoE, GLM-4.5, HunYuan MoE, MiniMax-M2, dots.llm1 and LFM2 folders,
+and Gemma 3's, Ministral 3's, Qwen3-VL's and Qwen 3.5's (and its MoE's) vision-language ones
+(their text decoders), through the builder (:mod:`kiln_runtimes.build._builder`'s mends).
 
 fp32 builds must reproduce transformers' greedy output token for token (the models are drawn
 with a wide init so their logits are far from ties); an int4 build reports how far it drifts;
@@ -21,6 +21,7 @@ half of each head, and it norms each sublayer's output before the residual add.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import shutil
 import subprocess
@@ -74,6 +75,9 @@ ARCHITECTURES = {
     "hunyuan_moe": "HunYuanMoEV1ForCausalLM",
     "minimax_m2": "MiniMaxM2ForCausalLM",
     "dots1": "Dots1ForCausalLM",
+    "qwen3_5": "Qwen3_5ForConditionalGeneration",
+    "qwen3_5_moe": "Qwen3_5MoeForConditionalGeneration",
+    "lfm2": "Lfm2ForCausalLM",
 }
 WINDOWS = {"mistral": 24, "gemma2": 48, "gemma3": 24, "gemma3_vl": 24, "olmo3": 24,
            "starcoder2": 24, "cohere2": 24, "exaone4": 24, "gpt_oss": 24}  # fmt: skip
@@ -119,6 +123,10 @@ SHAPES: dict[str, dict[str, Any]] = {
               "norm_topk_prob": True, "drawn_norms": True},
     "qwen3_moe": {"num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 32,
                   "norm_topk_prob": True, "mlp_only_layers": [1]},
+    "qwen3_5": {"drawn_norms": True},
+    "qwen3_5_moe": {"num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 32,
+                    "shared_expert_intermediate_size": 48, "drawn_norms": True},
+    "lfm2": {"drawn_norms": True},
 }  # fmt: skip
 """Qwen2's long-context YaRN, its betas left to their defaults (as Qwen's own configs do);
 Ministral 3's YaRN and its queries' temperature past 32 positions (without it, a logit
@@ -138,8 +146,10 @@ biases and per-head norms; HunYuan MoE's top 2 of 4 (given per layer) beside a s
 routing on Qwen 3's decoder; HunYuan's NTK-alpha RoPE (its Q/K norms after RoPE,
 which is turned outside the attention node on positions read from the mask); Granite's four
 multipliers; GPT-OSS's four experts, two a token, its attention sinks, YaRN and a windowed and
-a global layer."""
-SEEDS = {"gemma3": 1, "olmo2": 1, "starcoder2": 3, "stablelm": 4, "granite": 1}
+a global layer; Qwen 3.5's Gated DeltaNet layer before its gated attention one (and its MoE's
+four experts beside a shared one), and LFM2's short convolution before its attention layer:
+hybrids whose first layer carries a recurrent state, not a KV cache."""
+SEEDS = {"gemma3": 1, "olmo2": 1, "starcoder2": 3, "stablelm": 4, "granite": 1, "qwen3_5": 2}
 """Draws whose greedy continuation is a real sequence, not a loop of a few tokens (seed 7's)."""
 FIGURES = ("equal_prefix", "top1_agreement", "max_abs_logit_diff", "reference_min_margin")
 PHASES = ["validating", "converting", "optimizing", "checking accuracy", "ready"]
@@ -282,17 +292,18 @@ def test_prebuilt_genai_folder_is_taken_as_it_is(
 def test_a_prebuilt_folder_the_runner_cannot_feed_is_refused(
     fp32: dict[str, Any], tmp_path: Path, build_cli: Any
 ) -> None:
-    """A folder whose decoder takes a recurrent state (LFM2's, as the builder writes it) is
-    refused naming the input, not served until its first request fails."""
-    folder = tmp_path / "conv"
+    """A folder whose decoder takes ``position_ids`` (a Qwen2.5-VL folder the builder wrote
+    without Kiln's mends) is refused naming the input, not served until its first request
+    fails."""
+    folder = tmp_path / "positions"
     shutil.copytree(Path(fp32["llama"].last["out_dir"]), folder)
     config = json.loads((folder / "genai_config.json").read_text())
-    config["model"]["decoder"]["inputs"]["past_conv_names"] = "past.%d.conv"
+    config["model"]["decoder"]["inputs"]["position_ids"] = "position_ids"
     (folder / "genai_config.json").write_text(json.dumps(config))
     run = build_cli.build(folder, tmp_path / "copy")
     assert run.returncode == 2
     assert (run.last["file"], run.last["field"]) == ("genai_config.json", "model.decoder.inputs")
-    assert "does not feed (past_conv_names)" in run.last["error"]
+    assert "does not feed (position_ids)" in run.last["error"]
     assert not (tmp_path / "copy").exists()
 
 
@@ -380,3 +391,52 @@ async def test_an_fp32_build_scores_a_prompt_as_transformers(
         assert entry.top_ids == row.topk(3).indices.tolist()
         assert max(abs(a - float(row[i])) for a, i in zip(entry.top_logprobs, entry.top_ids,
                                                             strict=True)) < 1e-3  # fmt: skip
+
+
+@pytest.mark.parametrize("kind", ["qwen3_5", "lfm2"])
+async def test_a_hybrids_concurrent_streams_equal_transformers(
+    kind: str, fp32: dict[str, Any], sources: dict[str, Path], tiny_models: Any
+) -> None:
+    """A hybrid's recurrent states through Kiln's runner: five greedy streams on three slots at
+    once, prefilled in chunks, equal transformers' each alone. A decode step also steps rows
+    that are not decoding (a row between its prefill's chunks), whose states must not move,
+    and a slot taken again starts from zero states; the prefix cache, which holds no states,
+    is not used."""
+    import torch
+    import transformers
+    from tokenizers import Tokenizer
+
+    from kiln_runtimes.backends.base import EngineOptions
+    from kiln_runtimes.backends.genai import GenAIGenerationBackend
+    from kiln_runtimes.protocol import MANIFEST_NAME, GenerateRequest, ModelManifest
+
+    folder = Path(fp32[kind].last["out_dir"])
+    tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
+    texts = [" ".join(tiny_models.SENTENCES[i:] * 3) for i in range(4)]
+    prompts = [tokenizer.encode(text).ids[: 60 - 13 * i] for i, text in enumerate(texts)]
+    prompts.append(prompts[2])  # on a slot another stream held
+    manifest = msgspec.json.decode((folder / MANIFEST_NAME).read_bytes(), type=ModelManifest)
+    backend = GenAIGenerationBackend(EngineOptions(max_batch_size=3, prefix_cache_bytes=1 << 20),
+                                     prefill_chunk=16)  # fmt: skip
+
+    async def stream(n: int) -> tuple[list[int], int]:
+        await asyncio.sleep(0.002 * n)
+        request = GenerateRequest(request_id=f"h{n}", prompt_ids=prompts[n], max_tokens=20,
+                                  temperature=0.0, ignore_eos=True)  # fmt: skip
+        chunks = [chunk async for chunk in backend.stream(request)]
+        return [t for chunk in chunks for t in chunk.token_ids], chunks[-1].cached_tokens
+
+    await backends.start(backend, folder, manifest, None)
+    try:
+        got = await asyncio.gather(*(stream(n) for n in range(len(prompts))))
+    finally:
+        backend.unload()
+    architecture = ARCHITECTURES[kind]
+    model_class = getattr(transformers, architecture) if kind == "qwen3_5" else \
+        transformers.AutoModelForCausalLM  # fmt: skip
+    model = model_class.from_pretrained(sources[kind], dtype=torch.float32).eval()
+    for (said, cached), prompt in zip(got, prompts, strict=True):
+        with torch.no_grad():
+            want = model.generate(torch.tensor([prompt]), max_new_tokens=20, min_new_tokens=20,
+                                  do_sample=False)[0, len(prompt) :].tolist()  # fmt: skip
+        assert (said, cached) == (want, 0)

@@ -14,20 +14,25 @@ if TYPE_CHECKING:
     from kiln_runtimes.protocol import ModelManifest
 
 GENAI_CONFIG = "genai_config.json"
-FED = frozenset({"input_ids", "attention_mask", "past_key_names", "past_value_names"})
-"""The decoder inputs Kiln's runner feeds: token ids, the mask, and a KV cache of every layer."""
+STATES = ("past_conv_names", "past_recurrent_names")
+"""Recurrent states a decoder's linear-attention layers carry (Qwen 3.5's Gated DeltaNet: its
+convolution's last inputs and the recurrent matrix), one of each such layer."""
+FED = frozenset({"input_ids", "attention_mask", "past_key_names", "past_value_names", *STATES})
+"""The decoder inputs Kiln's runner feeds: token ids, the mask, a KV cache of every attention
+layer and the states of every linear-attention one."""
 
 
 def unfed(decoder: dict[str, Any]) -> str | None:
     """Why Kiln's runner cannot run a ``genai_config.json`` decoder, if it cannot: inputs it
-    does not feed (a recurrent state, LFM2's convolution state; ``position_ids``, as a
-    Qwen2.5-VL folder built without Kiln's mends takes them), named."""
+    does not feed (``position_ids``, as a Qwen2.5-VL folder built without Kiln's mends takes
+    them; a state of a kind it does not know), named."""
     extra = sorted(set(decoder.get("inputs") or {}) - FED)
     if not extra:
         return None
     return (
         f"the graph takes inputs Kiln's runner does not feed ({', '.join(extra)}): it runs "
-        "decoders whose only state is a KV cache, their positions read from the mask"
+        "decoders whose state is a KV cache and linear-attention states, their positions read "
+        "from the mask"
     )
 
 
@@ -50,6 +55,8 @@ class ModelSpec:
     present_key: str = "present.%d.key"
     present_value: str = "present.%d.value"
     logits: str = "logits"
+    states: tuple[tuple[str, str], ...] = ()
+    """``(past input, present output)`` name templates of the recurrent states (``STATES``)."""
     dims: Dims | None = None
     """Attention shapes, for adapter slots (``None``: the config does not say)."""
 
@@ -60,6 +67,11 @@ class ModelSpec:
             pairs.append((self.past_key % layer, self.present_key % layer))
             pairs.append((self.past_value % layer, self.present_value % layer))
         return pairs
+
+    def state_names(self) -> list[tuple[str, str]]:
+        """``(past input, present output)`` name pairs of every layer's recurrent states."""
+        return [(past % layer, present % layer)
+                for layer in range(self.num_layers) for past, present in self.states]  # fmt: skip
 
 
 def load_spec(model_dir: Path, manifest: ModelManifest) -> ModelSpec:
@@ -106,6 +118,11 @@ def spec_from_config(config: dict[str, Any], model_path: Path, context_length: i
         present_key=outputs.get("present_key_names", "present.%d.key"),
         present_value=outputs.get("present_value_names", "present.%d.value"),
         logits=outputs.get("logits", "logits"),
+        states=tuple(
+            (inputs[name], outputs[name.replace("past_", "present_")])
+            for name in STATES
+            if name in inputs
+        ),
         dims=Dims.from_genai_config(config) if _has_dims(decoder) else None,
     )
 

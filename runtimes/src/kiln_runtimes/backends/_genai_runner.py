@@ -71,13 +71,16 @@ class ModelRunner:
         self._session = ort.InferenceSession(
             model, sess_options=options, providers=["CPUExecutionProvider"]
         )
-        types = {i.name: ORT_TYPES[i.type] for i in self._session.get_inputs()}
+        inputs = self._session.get_inputs()
+        types = {i.name: ORT_TYPES[i.type] for i in inputs}
         if adapter_slots:
             self.adapters = AdapterSlots(targets, adapter_slots, adapter_rank, types[MASK])
         self.spec = spec
         self._id_type = types[spec.input_ids]
         self._mask_type = types[spec.attention_mask]
-        self._kv_type = types[spec.past_key % 0]
+        self._kv_names = [pair for pair in spec.kv_names() if pair[0] in types]
+        """Of attention layers only: a hybrid's linear-attention layers keep no KV cache."""
+        self._kv_type = types[self._kv_names[0][0]]
         logits = next(o for o in self._session.get_outputs() if o.name == spec.logits)
         self._logits_type = ORT_TYPES[logits.type]
         self.pruned: bool = logits.shape[1] == 1
@@ -85,8 +88,9 @@ class ModelRunner:
         score prompts)."""
         self.capacity = spec.context_length
         shape = (max_sequences, spec.num_kv_heads, self.capacity, spec.head_size)
-        self._areas = [_kv_area(shape, self._kv_type) for _ in spec.kv_names()]
+        self._areas = [_kv_area(shape, self._kv_type) for _ in self._kv_names]
         self._kv = [np.frombuffer(area, self._kv_type).reshape(shape) for area in self._areas]
+        self._states = _States(spec, inputs, max_sequences)
         self._decode_bindings: dict[int, Any] = {}
         self._written = 0  # the most positions a row has held since the last ``shrink``
         self.scored: list[tuple[PrefillWork, npt.NDArray[np.float32]]] = []
@@ -109,7 +113,8 @@ class ModelRunner:
             if work.last:
                 logits[work.slot] = rows[-1]
         if plan.decode_slots:
-            rows = self._decode(plan.decode_tokens, plan.decode_lengths, plan.decode_adapters)
+            rows = self._decode(plan.decode_tokens, plan.decode_lengths, plan.decode_adapters,
+                                plan.decode_slots)  # fmt: skip
             logits.update((slot, rows[slot]) for slot in plan.decode_slots)
         return logits
 
@@ -132,9 +137,12 @@ class ModelRunner:
         end = work.start + len(work.token_ids)
         self._track(end)
         binding = self._bind_kv(work.slot, work.slot + 1)
+        if work.start == 0:
+            self._states.clear(work.slot)
         ids = np.asarray([work.token_ids], dtype=self._id_type)
         mask = np.ones((1, end), dtype=self._mask_type)
         logits: npt.NDArray[np.float32] = self._run(binding, ids, mask, [work.adapter])[0]
+        self._states.keep((work.slot,))
         return logits
 
     def _restore(self, restore: Restore) -> None:
@@ -154,8 +162,9 @@ class ModelRunner:
             self.prefix.put(key, block, sum(part.nbytes for part in block))
 
     def _decode(
-        self, tokens: tuple[int, ...], lengths: tuple[int, ...], adapters: tuple[int, ...]
-    ) -> npt.NDArray[np.float32]:
+        self, tokens: tuple[int, ...], lengths: tuple[int, ...], adapters: tuple[int, ...],
+        slots: tuple[int, ...],
+    ) -> npt.NDArray[np.float32]:  # fmt: skip
         totals = np.asarray(lengths, dtype=np.int64) + 1
         width = int(totals.max())
         self._track(width)
@@ -164,7 +173,9 @@ class ModelRunner:
             binding = self._decode_bindings[len(tokens)] = self._bind_kv(0, len(tokens))
         ids = np.asarray(tokens, dtype=self._id_type)[:, None]
         mask = (np.arange(width)[None, :] < totals[:, None]).astype(self._mask_type)
-        return self._run(binding, ids, mask, list(adapters or (-1,) * len(tokens)))[:, -1]
+        logits = self._run(binding, ids, mask, list(adapters or (-1,) * len(tokens)))[:, -1]
+        self._states.keep(slots)
+        return logits
 
     def _run(
         self, binding: Any, ids: npt.NDArray[Any], mask: npt.NDArray[Any], adapters: list[int]
@@ -185,10 +196,11 @@ class ModelRunner:
     def _bind_kv(self, start: int, stop: int) -> Any:
         """A binding whose past and present tensors are rows ``start:stop`` of the cache."""
         binding = self._session.io_binding()
-        for buffer, (past, present) in zip(self._kv, self.spec.kv_names(), strict=True):
+        for buffer, (past, present) in zip(self._kv, self._kv_names, strict=True):
             rows = buffer[start:stop]
             _bind_array(binding.bind_input, past, rows)
             _bind_array(binding.bind_output, present, rows)
+        self._states.bind(binding, start, stop)
         for name, array in (self.adapters.inputs if self.adapters else {}).items():
             _bind_array(binding.bind_input, name, array)  # written in place by ``load``
         return binding
@@ -197,6 +209,41 @@ class ModelRunner:
         if self.adapters is None:
             raise RuntimeError("this model was loaded without adapter slots")
         return self.adapters
+
+
+class _States:
+    """The recurrent states of a hybrid's linear-attention layers (none for other decoders), one
+    row a slot like the KV cache. A run reads a row's state and writes the next one apart
+    (``fresh``); only the rows that really stepped keep it (:meth:`keep`), since a decode step
+    also runs throwaway tokens on rows that are not decoding, which must not advance their
+    state as they do not advance their KV cache."""
+
+    def __init__(self, spec: ModelSpec, inputs: list[Any], rows: int) -> None:
+        shapes = {i.name: (i.shape, ORT_TYPES[i.type]) for i in inputs}
+        self.names = [pair for pair in spec.state_names() if pair[0] in shapes]
+        self.held = [np.zeros((rows, *shapes[past][0][1:]), shapes[past][1])
+                     for past, _ in self.names]  # fmt: skip
+        self.fresh = [np.zeros_like(state) for state in self.held]
+
+    def bind(self, binding: Any, start: int, stop: int) -> None:
+        for (past, present), held, fresh in zip(self.names, self.held, self.fresh, strict=True):
+            _bind_array(binding.bind_input, past, held[start:stop])
+            _bind_array(binding.bind_output, present, fresh[start:stop])
+
+    def clear(self, slot: int) -> None:
+        """A new sequence in ``slot`` starts from zero states."""
+        for held in self.held:
+            held[slot] = 0
+
+    def keep(self, slots: tuple[int, ...]) -> None:
+        """``slots`` stepped: their new states become theirs."""
+        if len(slots) == 1:
+            for held, fresh in zip(self.held, self.fresh, strict=True):
+                held[slots[0]] = fresh[slots[0]]
+            return
+        rows = np.asarray(slots, dtype=np.intp)
+        for held, fresh in zip(self.held, self.fresh, strict=True):
+            held[rows] = fresh[rows]
 
 
 def _kv_area(shape: tuple[int, ...], dtype: Any) -> mmap.mmap:

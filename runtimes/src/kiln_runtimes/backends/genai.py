@@ -79,7 +79,10 @@ class GenAIGenerationBackend:
         o = self._options
         spec = load_spec(model_dir, manifest)
         prefix: PrefixCache[Block] | None = None
-        if o.prefix_cache_bytes:
+        if spec.states and o.adapter_slots:
+            raise ValueError("LoRA adapter slots are not supported on a decoder with "
+                             "linear-attention states")  # fmt: skip
+        if o.prefix_cache_bytes and not spec.states:  # a state is not rebuilt from KV blocks
             prefix = PrefixCache(self._prefill_chunk, o.prefix_cache_bytes)
         runner = ModelRunner(
             spec, o.max_batch_size, o.threads, self._spin,

@@ -201,6 +201,8 @@ def main(argv: list[str]) -> None:
     builders.Mistral3TextModel = _mistral3.Mistral3
     builders.Qwen25VLTextModel, builders.Qwen3VLTextModel = _qwen_vl.Qwen25VL, _qwen_vl.Qwen3VL
     builders.HunyuanDenseV1Model = _positions.HunYuan
+    builders.qwen.Qwen35Model = _qwen_vl.Qwen35  # the builder imports them from there
+    builders.qwen.Qwen35MoEModel = _qwen_vl.Qwen35Moe
     builders.OLMoModel = Olmo  # OLMo's own, mended
     for name in HOST_CLASSES:
         setattr(builders, name, by_model_type(getattr(builders, name)))

@@ -26,9 +26,10 @@ def builder_command(
 ) -> list[str]:
     """The builder's own command line for one build (``_builder.main``'s ``argv``)."""
     command = ["-i", str(hf_dir), "-o", str(out), "-c", str(cache), "-p", precision, "-e", target]
-    if prune_lm_head:
-        command += ["--extra_options", "prune_lm_head=true"]
-    return command
+    # Kiln's runner drives no draft head: a checkpoint's multi-token-prediction layers (Qwen
+    # 3.5's) are left out, which pruning the LM head needs too.
+    extra = ["exclude_mtp=true", *(["prune_lm_head=true"] if prune_lm_head else [])]
+    return [*command, "--extra_options", *extra]
 
 
 def run_builder(command: list[str], out: Path, log: Path) -> None:

@@ -30,9 +30,10 @@ mixtures of experts as their dense hosts (``_moe``)."""
 VISION_TEXT = frozenset({
     "Gemma3ForConditionalGeneration", "Mistral3ForConditionalGeneration",
     "Qwen2_5_VLForConditionalGeneration", "Qwen3VLForConditionalGeneration",
+    "Qwen3_5ForConditionalGeneration", "Qwen3_5MoeForConditionalGeneration",
 })  # fmt: skip
 """Vision-language checkpoints whose text decoder the builder exports and Kiln serves, text in
 and out (an image in a request is refused): Gemma 3 4B-27B, Mistral Small 3.1/3.2, Ministral 3
-and Magistral (``_mistral3``), Qwen2.5-VL and Qwen3-VL (``_qwen_vl``). Others the builder takes
-(Qwen 3.5, a hybrid with a recurrent state, not built here; Whisper, an encoder-decoder) are
-left out."""
+and Magistral (``_mistral3``), Qwen2.5-VL, Qwen3-VL and Qwen 3.5 and its MoE (``_qwen_vl``;
+hybrids whose Gated DeltaNet layers carry recurrent states). Whisper, an encoder-decoder the
+builder takes too, is left out."""

@@ -1,8 +1,9 @@
-"""Qwen2.5-VL's and Qwen3-VL's text decoders (``Qwen2_5_VLForConditionalGeneration``,
-``Qwen3VLForConditionalGeneration``), which the onnxruntime-genai builder exports taking
-``position_ids`` in three sections (time, height, width: M-RoPE). Kiln's runner feeds no
-positions, and for text all three sections are the token's position, so :class:`Sectioned`
-reads it from the attention mask (:class:`._positions.FromMask`) and stacks it thrice.
+"""Qwen2.5-VL's, Qwen3-VL's and Qwen 3.5's text decoders (``Qwen2_5_VLForConditionalGeneration``,
+``Qwen3VLForConditionalGeneration``, ``Qwen3_5ForConditionalGeneration`` and its MoE), which
+the onnxruntime-genai builder exports taking ``position_ids`` in three sections (time, height,
+width: M-RoPE). Kiln's runner feeds no positions, and for text all three sections are the
+token's position, so :class:`Sectioned` reads it from the attention mask
+(:class:`._positions.FromMask`) and stacks it thrice.
 """
 
 from __future__ import annotations
@@ -42,3 +43,27 @@ class Qwen25VL(Sectioned, builders.Qwen25VLTextModel):  # type: ignore[misc]
 
 class Qwen3VL(Sectioned, builders.Qwen3VLTextModel):  # type: ignore[misc]
     """Qwen3-VL's text decoder, its positions read from the mask."""
+
+
+class Qwen35Text(Sectioned, builders.Qwen35TextModel):  # type: ignore[misc]
+    """Qwen 3.5's hybrid text decoder (Gated DeltaNet layers between attention layers), its
+    positions read from the mask."""
+
+
+class Qwen35MoeText(Sectioned, builders.Qwen35MoETextModel):  # type: ignore[misc]
+    """Qwen 3.5's mixture-of-experts text decoder, its positions read from the mask."""
+
+
+class Qwen35(builders.Qwen35Model):  # type: ignore[misc]
+    """Qwen 3.5's composite builder (decoder and multi-token-prediction head), its decoder
+    :class:`Qwen35Text`."""
+
+    def get_decoder_model_class(self) -> Any:
+        return Qwen35Text
+
+
+class Qwen35Moe(builders.Qwen35MoEModel):  # type: ignore[misc]
+    """Qwen 3.5 MoE's composite builder, its decoder :class:`Qwen35MoeText`."""
+
+    def get_decoder_model_class(self) -> Any:
+        return Qwen35MoeText

@@ -60,15 +60,23 @@ def test_paged_exports_are_refused() -> None:
 
 def test_a_decoder_with_inputs_the_runner_does_not_feed_is_refused_naming_them() -> None:
     config = genai_config()
-    config["model"]["decoder"]["inputs"] = {  # LFM2's: a convolution state beside the KV cache
+    config["model"]["decoder"]["inputs"] = {  # Qwen 3.5's: recurrent states beside the KV cache
         "input_ids": "input_ids", "attention_mask": "attention_mask",
         "past_key_names": "past_key_values.%d.key", "past_value_names": "past_key_values.%d.value",
-        "past_conv_names": "past.%d.conv",
+        "past_conv_names": "past.%d.conv", "past_recurrent_names": "past.%d.recurrent",
     }  # fmt: skip
-    with pytest.raises(ValueError, match=r"does not feed \(past_conv_names\)"):
-        spec_from_config(config, Path("m.onnx"), 512)
-    config["model"]["decoder"]["inputs"]["position_ids"] = "position_ids"  # Qwen3-VL's too
-    with pytest.raises(ValueError, match=r"\(past_conv_names, position_ids\)"):
+    config["model"]["decoder"]["outputs"] = {
+        "logits": "logits", "present_conv_names": "present.%d.conv",
+        "present_recurrent_names": "present.%d.recurrent",
+    }  # fmt: skip
+    spec = spec_from_config(config, Path("m.onnx"), 512)
+    assert spec.state_names()[:3] == [
+        ("past.0.conv", "present.0.conv"), ("past.0.recurrent", "present.0.recurrent"),
+        ("past.1.conv", "present.1.conv"),
+    ]  # fmt: skip
+    config["model"]["decoder"]["inputs"]["position_ids"] = "position_ids"  # Qwen3-VL's unmended
+    config["model"]["decoder"]["inputs"]["past_ssm_names"] = "past.%d.ssm"
+    with pytest.raises(ValueError, match=r"does not feed \(past_ssm_names, position_ids\)"):
         spec_from_config(config, Path("m.onnx"), 512)
 
 
