@@ -59,11 +59,11 @@ def test_growing_past_the_old_boundaries_allocates_copies_and_rebinds_nothing(
     runner: ModelRunner,
 ) -> None:
     _decode(runner, 10)
-    buffers, binding = _addresses(runner), runner._decode_bindings[ROWS]
+    buffers, binding = _addresses(runner), runner._decode_bindings[ROWS, 0]
     for length in (255, 256, 511, 512, 1023, 1024, LONG):
         _decode(runner, length)
         assert _addresses(runner) == buffers, length
-        assert runner._decode_bindings[ROWS] is binding, length
+        assert runner._decode_bindings[ROWS, 0] is binding, length
 
 
 def test_a_decode_past_the_boundaries_reads_what_prefill_wrote(runner: ModelRunner) -> None:
@@ -105,11 +105,11 @@ def test_the_kv_a_prompt_leaves_is_the_same_bit_for_bit_however_it_is_cut(
 
 def test_shrink_hands_pages_back_and_keeps_buffers_and_bindings(runner: ModelRunner) -> None:
     _decode(runner, LONG)
-    binding = runner._decode_bindings[ROWS]
+    binding = runner._decode_bindings[ROWS, 0]
     buffers = _addresses(runner)
     assert any(buffer[:, :, :LONG].any() for buffer in runner._kv)
     runner.shrink()
     assert not any(buffer[:, :, :LONG].any() for buffer in runner._kv)  # released: zeros again
     assert _addresses(runner) == buffers
     _decode(runner, 300)
-    assert runner._decode_bindings[ROWS] is binding
+    assert runner._decode_bindings[ROWS, 0] is binding

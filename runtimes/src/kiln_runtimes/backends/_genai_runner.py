@@ -91,7 +91,7 @@ class ModelRunner:
         self._areas = [_kv_area(shape, self._kv_type) for _ in self._kv_names]
         self._kv = [np.frombuffer(area, self._kv_type).reshape(shape) for area in self._areas]
         self._states = _States(spec, inputs, max_sequences)
-        self._decode_bindings: dict[int, Any] = {}
+        self._decode_bindings: dict[tuple[int, int], Any] = {}
         self._written = 0  # the most positions a row has held since the last ``shrink``
         self.scored: list[tuple[PrefillWork, npt.NDArray[np.float32]]] = []
         """The last step's prefills that score their prompt, with every position's logits."""
@@ -136,13 +136,14 @@ class ModelRunner:
         """The chunk's logits, ``[positions, vocab]`` (one position if the graph is pruned)."""
         end = work.start + len(work.token_ids)
         self._track(end)
-        binding = self._bind_kv(work.slot, work.slot + 1)
+        side = self._states.gather(work.slot, work.slot + 1)
+        binding = self._bind_kv(work.slot, work.slot + 1, side)
         if work.start == 0:
             self._states.clear(work.slot)
         ids = np.asarray([work.token_ids], dtype=self._id_type)
         mask = np.ones((1, end), dtype=self._mask_type)
         logits: npt.NDArray[np.float32] = self._run(binding, ids, mask, [work.adapter])[0]
-        self._states.keep((work.slot,))
+        self._states.stepped((work.slot,), side)
         return logits
 
     def _restore(self, restore: Restore) -> None:
@@ -168,13 +169,15 @@ class ModelRunner:
         totals = np.asarray(lengths, dtype=np.int64) + 1
         width = int(totals.max())
         self._track(width)
-        binding = self._decode_bindings.get(len(tokens))
+        side = self._states.gather(0, len(tokens))
+        binding = self._decode_bindings.get((len(tokens), side))
         if binding is None:
-            binding = self._decode_bindings[len(tokens)] = self._bind_kv(0, len(tokens))
+            binding = self._bind_kv(0, len(tokens), side)
+            self._decode_bindings[len(tokens), side] = binding
         ids = np.asarray(tokens, dtype=self._id_type)[:, None]
         mask = (np.arange(width)[None, :] < totals[:, None]).astype(self._mask_type)
         logits = self._run(binding, ids, mask, list(adapters or (-1,) * len(tokens)))[:, -1]
-        self._states.keep(slots)
+        self._states.stepped(slots, side)
         return logits
 
     def _run(
@@ -193,14 +196,15 @@ class ModelRunner:
         self._session.run_with_iobinding(binding)
         return logits.astype(np.float32, copy=False)
 
-    def _bind_kv(self, start: int, stop: int) -> Any:
-        """A binding whose past and present tensors are rows ``start:stop`` of the cache."""
+    def _bind_kv(self, start: int, stop: int, side: int) -> Any:
+        """A binding whose past and present tensors are rows ``start:stop`` of the cache (and of
+        the states, read from ``side``)."""
         binding = self._session.io_binding()
         for buffer, (past, present) in zip(self._kv, self._kv_names, strict=True):
             rows = buffer[start:stop]
             _bind_array(binding.bind_input, past, rows)
             _bind_array(binding.bind_output, present, rows)
-        self._states.bind(binding, start, stop)
+        self._states.bind(binding, start, stop, side)
         for name, array in (self.adapters.inputs if self.adapters else {}).items():
             _bind_array(binding.bind_input, name, array)  # written in place by ``load``
         return binding
@@ -213,37 +217,47 @@ class ModelRunner:
 
 class _States:
     """The recurrent states of a hybrid's linear-attention layers (none for other decoders), one
-    row a slot like the KV cache. A run reads a row's state and writes the next one apart
-    (``fresh``); only the rows that really stepped keep it (:meth:`keep`), since a decode step
-    also runs throwaway tokens on rows that are not decoding, which must not advance their
-    state as they do not advance their KV cache."""
+    row a slot like the KV cache, in two buffers a state: a step reads rows of one side and
+    writes the next states to the other, and a row's state is on the side it was last written
+    to (``side``). A decode step over rows ``0..n-1`` reads them all from one side, so a row on
+    the other is copied over first (one prefilled since, or one that did not decode): rows that
+    decode together flip together and copy nothing. A decode step also runs throwaway tokens on
+    rows that are not decoding; their written states are left on the side they do not read."""
 
     def __init__(self, spec: ModelSpec, inputs: list[Any], rows: int) -> None:
         shapes = {i.name: (i.shape, ORT_TYPES[i.type]) for i in inputs}
         self.names = [pair for pair in spec.state_names() if pair[0] in shapes]
-        self.held = [np.zeros((rows, *shapes[past][0][1:]), shapes[past][1])
-                     for past, _ in self.names]  # fmt: skip
-        self.fresh = [np.zeros_like(state) for state in self.held]
+        self.buffers = [[np.zeros((rows, *shapes[past][0][1:]), shapes[past][1])
+                         for past, _ in self.names] for _ in range(2)]  # fmt: skip
+        self.side = np.zeros(rows, dtype=np.intp)
 
-    def bind(self, binding: Any, start: int, stop: int) -> None:
-        for (past, present), held, fresh in zip(self.names, self.held, self.fresh, strict=True):
-            _bind_array(binding.bind_input, past, held[start:stop])
-            _bind_array(binding.bind_output, present, fresh[start:stop])
+    def gather(self, start: int, stop: int) -> int:
+        """Bring rows ``start:stop`` to one side (the one most of them are on); return it."""
+        if not self.names:
+            return 0
+        sides = self.side[start:stop]
+        side = int(np.count_nonzero(sides) * 2 > len(sides))
+        for row in np.flatnonzero(sides != side) + start:
+            for there, here in zip(self.buffers[1 - side], self.buffers[side], strict=True):
+                here[row] = there[row]
+        sides[:] = side
+        return side
+
+    def bind(self, binding: Any, start: int, stop: int, side: int) -> None:
+        pairs = zip(self.names, self.buffers[side], self.buffers[1 - side], strict=True)
+        for (past, present), read, written in pairs:
+            _bind_array(binding.bind_input, past, read[start:stop])
+            _bind_array(binding.bind_output, present, written[start:stop])
 
     def clear(self, slot: int) -> None:
         """A new sequence in ``slot`` starts from zero states."""
-        for held in self.held:
-            held[slot] = 0
+        for state in self.buffers[self.side[slot]]:
+            state[slot] = 0
 
-    def keep(self, slots: tuple[int, ...]) -> None:
-        """``slots`` stepped: their new states become theirs."""
-        if len(slots) == 1:
-            for held, fresh in zip(self.held, self.fresh, strict=True):
-                held[slots[0]] = fresh[slots[0]]
-            return
-        rows = np.asarray(slots, dtype=np.intp)
-        for held, fresh in zip(self.held, self.fresh, strict=True):
-            held[rows] = fresh[rows]
+    def stepped(self, slots: tuple[int, ...], side: int) -> None:
+        """``slots`` stepped from ``side``: their states are now on the other."""
+        if self.names:
+            self.side[list(slots)] = 1 - side
 
 
 def _kv_area(shape: tuple[int, ...], dtype: Any) -> mmap.mmap:
