@@ -401,7 +401,7 @@ async def test_a_hybrids_concurrent_streams_equal_transformers(
     once, prefilled in chunks, equal transformers' each alone. A decode step also steps rows
     that are not decoding (a row between its prefill's chunks), whose states must not move,
     and a slot taken again starts from zero states; the prefix cache, which holds no states,
-    is not used."""
+    is not used, nor adapter slots (the model is served, an adapter request refused)."""
     import torch
     import transformers
     from tokenizers import Tokenizer
@@ -416,8 +416,8 @@ async def test_a_hybrids_concurrent_streams_equal_transformers(
     prompts = [tokenizer.encode(text).ids[: 60 - 13 * i] for i, text in enumerate(texts)]
     prompts.append(prompts[2])  # on a slot another stream held
     manifest = msgspec.json.decode((folder / MANIFEST_NAME).read_bytes(), type=ModelManifest)
-    backend = GenAIGenerationBackend(EngineOptions(max_batch_size=3, prefix_cache_bytes=1 << 20),
-                                     prefill_chunk=16)  # fmt: skip
+    options = EngineOptions(max_batch_size=3, prefix_cache_bytes=1 << 20, adapter_slots=2)
+    backend = GenAIGenerationBackend(options, prefill_chunk=16)
 
     async def stream(n: int) -> tuple[list[int], int]:
         await asyncio.sleep(0.002 * n)
@@ -426,9 +426,13 @@ async def test_a_hybrids_concurrent_streams_equal_transformers(
         chunks = [chunk async for chunk in backend.stream(request)]
         return [t for chunk in chunks for t in chunk.token_ids], chunks[-1].cached_tokens
 
-    await backends.start(backend, folder, manifest, None)
+    await backends.start(backend, folder, manifest, None)  # its adapter slots left off
     try:
         got = await asyncio.gather(*(stream(n) for n in range(len(prompts))))
+        with pytest.raises(ValueError, match="without adapter slots"):
+            backend.stream(
+                GenerateRequest(request_id="a", prompt_ids=prompts[0], max_tokens=1, adapter="x")
+            )
     finally:
         backend.unload()
     architecture = ARCHITECTURES[kind]

@@ -14,6 +14,7 @@ Generator: ~630 vs ~400 tokens/s at 16 streams, ~250 vs ~200 single-stream (docs
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections import OrderedDict
 from typing import TYPE_CHECKING
 
@@ -76,12 +77,13 @@ class GenAIGenerationBackend:
         after ``warmup``)."""
         if self._core is not None:
             raise RuntimeError("backend is already loaded")
-        o = self._options
         spec = load_spec(model_dir, manifest)
+        if spec.states and self._options.adapter_slots:  # served, its adapter requests refused
+            log.warning("no adapter slots on a decoder with linear-attention states",
+                        slots=self._options.adapter_slots)  # fmt: skip
+            self._options = dataclasses.replace(self._options, adapter_slots=0)
+        o = self._options
         prefix: PrefixCache[Block] | None = None
-        if spec.states and o.adapter_slots:
-            raise ValueError("LoRA adapter slots are not supported on a decoder with "
-                             "linear-attention states")  # fmt: skip
         if o.prefix_cache_bytes and not spec.states:  # a state is not rebuilt from KV blocks
             prefix = PrefixCache(self._prefill_chunk, o.prefix_cache_bytes)
         runner = ModelRunner(
