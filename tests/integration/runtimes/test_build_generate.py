@@ -77,6 +77,7 @@ ARCHITECTURES = {
     "dots1": "Dots1ForCausalLM",
     "qwen3_5": "Qwen3_5ForConditionalGeneration",
     "qwen3_5_moe": "Qwen3_5MoeForConditionalGeneration",
+    "qwen3_5_text": "Qwen3_5ForCausalLM",
     "lfm2": "Lfm2ForCausalLM",
 }
 WINDOWS = {"mistral": 24, "gemma2": 48, "gemma3": 24, "gemma3_vl": 24, "olmo3": 24,
@@ -124,6 +125,7 @@ SHAPES: dict[str, dict[str, Any]] = {
     "qwen3_moe": {"num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 32,
                   "norm_topk_prob": True, "mlp_only_layers": [1]},
     "qwen3_5": {"drawn_norms": True},
+    "qwen3_5_text": {"drawn_norms": True},
     "qwen3_5_moe": {"num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 32,
                     "shared_expert_intermediate_size": 48, "drawn_norms": True},
     "lfm2": {"drawn_norms": True},
@@ -147,9 +149,18 @@ routing on Qwen 3's decoder; HunYuan's NTK-alpha RoPE (its Q/K norms after RoPE,
 which is turned outside the attention node on positions read from the mask); Granite's four
 multipliers; GPT-OSS's four experts, two a token, its attention sinks, YaRN and a windowed and
 a global layer; Qwen 3.5's Gated DeltaNet layer before its gated attention one (and its MoE's
-four experts beside a shared one), and LFM2's short convolution before its attention layer:
-hybrids whose first layer carries a recurrent state, not a KV cache."""
-SEEDS = {"gemma3": 1, "olmo2": 1, "starcoder2": 3, "stablelm": 4, "granite": 1, "qwen3_5": 2}
+four experts beside a shared one; its text-only checkpoint, as a fine-tune saves it), and LFM2's
+short convolution before its attention layer: hybrids whose first layer carries a recurrent
+state, not a KV cache."""
+SEEDS = {
+    "gemma3": 1,
+    "olmo2": 1,
+    "starcoder2": 3,
+    "stablelm": 4,
+    "granite": 1,
+    "qwen3_5": 2,
+    "qwen3_5_text": 2,
+}
 """Draws whose greedy continuation is a real sequence, not a loop of a few tokens (seed 7's)."""
 FIGURES = ("equal_prefix", "top1_agreement", "max_abs_logit_diff", "reference_min_margin")
 PHASES = ["validating", "converting", "optimizing", "checking accuracy", "ready"]

@@ -19,14 +19,17 @@ HOSTS = {
     "Qwen3MoeForCausalLM": "Qwen3ForCausalLM", "GraniteMoeForCausalLM": "GraniteForCausalLM",
     "Ernie4_5_MoeForCausalLM": "Ernie4_5ForCausalLM", "Glm4MoeForCausalLM": LLAMA,
     "HunYuanMoEV1ForCausalLM": "HunYuanDenseV1ForCausalLM", "MiniMaxM2ForCausalLM": LLAMA,
-    "Dots1ForCausalLM": LLAMA,
+    "Dots1ForCausalLM": LLAMA, "Qwen3_5ForCausalLM": "Qwen3_5ForConditionalGeneration",
+    "Qwen3_5MoeForCausalLM": "Qwen3_5MoeForConditionalGeneration",
 }  # fmt: skip
 """Kiln's architecture -> the builder's: OLMo 2 and 3, OLMoE and EXAONE 4.0 as OLMo
 (``_olmo2``, ``_moe``, ``_exaone``); StableLM, Starcoder2, Command R and R7B, GPT-2,
 GPTBigCode, OPT, GPT-NeoX, Falcon, GLM and GLM-4, Arcee's AFM, Apertus and Helium as Llama
 (Seed-OSS is Llama's decoder, its optional biases too); Ministral (windows on some layers, which
 the builder reads from ``layer_types``) and Ministral 3 (``_mistral3``) as Mistral; the
-mixtures of experts as their dense hosts (``_moe``)."""
+mixtures of experts as their dense hosts (``_moe``); Qwen 3.5's text-only checkpoints (what
+``AutoModelForCausalLM`` loads and a fine-tune saves) as its vision-language one, whose
+builder reads the text config either way."""
 VISION_TEXT = frozenset({
     "Gemma3ForConditionalGeneration", "Mistral3ForConditionalGeneration",
     "Qwen2_5_VLForConditionalGeneration", "Qwen3VLForConditionalGeneration",
