@@ -7,7 +7,8 @@ one row. Sequence lengths travel in ``attention_mask``; rows never move, and nei
 each is mapped once at full size (``_kv_area``) and costs memory only where positions were written,
 so a sequence never waits for the cache to grow. ``shrink`` hands the written pages back when idle.
 A plan's ``restores`` copy prefix-cache blocks into a row; a prefill's ``saves`` copy the blocks
-it completes out of the row into the cache.
+it completes out of the row into the cache. A hybrid's linear-attention layers keep recurrent
+states instead of a KV cache, a row a slot too (:class:`_States`).
 """
 
 from __future__ import annotations
