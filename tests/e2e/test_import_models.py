@@ -57,6 +57,8 @@ def sources(tmp_path_factory: pytest.TempPathFactory, tiny_models: Any) -> dict[
         made[f"bert-{pooling}"] = tiny_models.sentence(
             root / f"bert-{pooling}", pooling, normalize=pooling == "mean", **prompts
         )
+    config = made["bert-mean"] / "config.json"  # trained to be cut to 32 (Matryoshka)
+    config.write_text(json.dumps({**json.loads(config.read_text()), "matryoshka_dimensions": [32]}))
     made["think"] = tiny_models.causal(root / "think", "qwen2", seed=7, think=True)
     made["bert-rerank"] = tiny_models.cross_encoder(root / "bert-rerank", seed=3)
     made["bert-classify"] = tiny_models.cross_encoder(root / "bert-classify", seed=4, labels=LABELS)
@@ -737,6 +739,9 @@ def test_a_reasoning_models_responses_carry_its_reasoning(
 def test_embeddings_match_sentence_transformers(
     pooling: str, kiln: KilnProcess, built: dict[str, dict[str, Any]], sources: dict[str, Path]
 ) -> None:
+    """Vectors equal sentence-transformers'; the Matryoshka one (``matryoshka_dimensions``) also
+    cut to 32 with OpenAI's ``dimensions``, the other only whole."""
+    import openai
     from sentence_transformers import SentenceTransformer
 
     name = f"bert-{pooling}"
@@ -754,6 +759,22 @@ def test_embeddings_match_sentence_transformers(
     assert version["accuracy"]["type"] == "embeddings"
     assert version["accuracy"]["min_cosine"] >= 0.9999
     assert version["manifest"]["pooling"] == pooling
+    cuts = [32] if pooling == "mean" else None
+    assert version["manifest"]["matryoshka_dimensions"] == cuts
+    if cuts is None:  # not trained to be cut: its whole width only
+        with pytest.raises(openai.BadRequestError) as refused:
+            _openai(kiln).embeddings.create(model=f"tiny-{name}", input=TEXTS, dimensions=32)
+        assert refused.value.param == "dimensions"
+        return
+    short = _openai(kiln).embeddings.create(model=f"tiny-{name}", input=TEXTS, dimensions=32)
+    kept = np.array([d.embedding for d in short.data], dtype=np.float64)
+    assert kept.shape == (len(TEXTS), 32)
+    first = want[:, :32] / np.linalg.norm(want[:, :32], axis=1, keepdims=True)
+    assert np.abs(kept - first).max() < 1e-4  # its first 32 numbers, normalized again
+    assert short.usage.total_tokens == served.usage.total_tokens
+    with pytest.raises(openai.BadRequestError) as refused:
+        _openai(kiln).embeddings.create(model=f"tiny-{name}", input=TEXTS, dimensions=48)
+    assert refused.value.param == "dimensions"
 
 
 def test_a_prompt_name_embeds_as_sentence_transformers(

@@ -95,6 +95,10 @@ class ModelManifest(msgspec.Struct, frozen=True, kw_only=True):
     when concatenated (``cls+mean``); it is inside the graph (informational)."""
     normalize: bool | None = None
     """Whether the embeddings graph L2-normalizes its output."""
+    matryoshka_dimensions: list[int] | None = None
+    """The widths its embeddings were trained to be cut to (Matryoshka), which a request's
+    ``dimensions`` may ask for: its ``config.json``'s ``matryoshka_dimensions``, or ``[]`` (any
+    width) for ``is_matryoshka``, as vLLM reads them; ``None``: only the whole width."""
     prompts: dict[str, str] = {}
     """Named prefixes (``config_sentence_transformers.json``'s) a request may embed its texts
     with: ``prompt_name``."""

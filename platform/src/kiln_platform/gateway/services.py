@@ -16,7 +16,7 @@ from kiln_platform.adapters.directory import SEPARATOR, split
 from kiln_platform.billing.ledger import usage_of
 from kiln_platform.billing.pricing import Quantities
 from kiln_platform.errors import BadRequest, ModelNotFound
-from kiln_platform.gateway import metrics
+from kiln_platform.gateway import _matryoshka, metrics
 from kiln_platform.gateway._offload import off_loop
 from kiln_platform.gateway.schemas import (
     Embedding,
@@ -275,10 +275,7 @@ async def encode(
     manifest = version.manifest
     _checked(version, endpoint)
     admission.serves(version.model, split=kiln.resolver.split(model, str(principal.tenant_id)))
-    if dimensions is not None and dimensions != manifest.dimensions:
-        raise BadRequest(
-            f"'dimensions' must be {manifest.dimensions} for `{version.model}`.", param="dimensions"
-        )
+    cut_to = _matryoshka.width(manifest, dimensions, version.model)
     prefix = prompt_of(version, prompt_name, raw)
     model_dir = await local_tree(kiln.store, version.artifact_digest)
     tokenizer = load_tokenizer(model_dir / (manifest.tokenizer_file or "tokenizer.json"))
@@ -313,6 +310,8 @@ async def encode(
     shadow = kiln.shadows.plan(version, request_id)
     if shadow is not None:  # a copy to the candidate, after the answer is in hand
         kiln.shadows.embed(shadow, ids, vectors, took_s)
+    if cut_to is not None:
+        vectors = _matryoshka.cut(vectors, cut_to, normalize=bool(manifest.normalize))
     return Encoded(vectors, tokens, version)
 
 

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 
 from kiln_runtimes.build import _checks, _encoder, _scorer
 from kiln_runtimes.build._options import BuildError, check_memory
-from kiln_runtimes.build._pooling import Head, read_head
+from kiln_runtimes.build._pooling import Head, matryoshka, read_head
 from kiln_runtimes.build._source import classes, read_json
 from kiln_runtimes.protocol import ModelManifest
 
@@ -53,6 +53,7 @@ def build_embeddings(
         encoder_dir / "tokenizer.json", folder / "tokenizer.json", lowercase=head.lowercase
     )
     embedder, dimensions, positions, names = _graph(source, head, tokenizer, labels)
+    cuts = None if labels else matryoshka(read_json(encoder_dir / "config.json"), dimensions)
     _encoder.export(embedder, tokenizer, dimensions, work / "exported.onnx")
     say("optimizing", 50, "ONNX Runtime basic graph optimizations")
     _encoder.optimize(work / "exported.onnx", work / "optimized.onnx")
@@ -75,6 +76,7 @@ def build_embeddings(
         target=options.target,
         pooling=None if labels else head.pooling,
         normalize=None if labels else head.normalize,
+        matryoshka_dimensions=cuts,
         prompts=head.prompts,
         default_prompt_name=head.default_prompt_name,
         scores=labels == 1,

@@ -108,3 +108,17 @@ def pooling_mode(config: dict[str, Any]) -> str:
             file="1_Pooling/config.json", field="pooling_mode",
         )  # fmt: skip
     return "+".join(modes)
+
+
+def matryoshka(config: dict[str, Any], width: int) -> list[int] | None:
+    """The widths an encoder's ``config.json`` says its embeddings may be cut to (vLLM's keys:
+    ``matryoshka_dimensions``, or ``is_matryoshka`` for any: ``[]``); ``None`` if it says none."""
+    widths = config.get("matryoshka_dimensions")
+    if widths is None:
+        return [] if config.get("is_matryoshka") is True else None
+    if not isinstance(widths, list) or not all(
+        isinstance(w, int) and not isinstance(w, bool) and 0 < w <= width for w in widths
+    ):
+        raise BuildError(f"must be a list of widths from 1 to the model's {width}",
+                         file="config.json", field="matryoshka_dimensions")  # fmt: skip
+    return sorted(set(widths), reverse=True)
