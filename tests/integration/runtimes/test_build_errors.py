@@ -164,6 +164,10 @@ def test_settings_a_mend_does_not_build_are_refused_by_name(
                      "n_group"),
         "gpt2": ("gpt2", {"scale_attn_by_inverse_layer_idx": True},
                  "scale_attn_by_inverse_layer_idx"),
+        "granite4_h": ("granitemoehybrid", {"layer_types": ["mamba", "attention"]},
+                       "layer_types"),
+        "granite4_moe": ("granitemoehybrid", {"num_local_experts": 4, "num_experts_per_tok": 2},
+                         "num_local_experts"),
     }  # fmt: skip
     sources = {name: tiny_models.causal(tmp_path / "src" / name, kind, **settings)
                for name, (kind, settings, _) in refused.items()}  # fmt: skip

@@ -1,7 +1,8 @@
 """Generation builds of tiny random Llama, Qwen2, Phi-3, Gemma, Mistral, Gemma 2, Gemma 3, OLMo
 (1-3), SmolLM3, StableLM 2, Starcoder2, Command R+, Command R7B, Qwen3-MoE, GPT-2, OPT,
 GPT-NeoX, Phi-2, GLM-4, Helium, Arcee AFM, EXAONE 4.0, GPTBigCode, ERNIE 4.5, HunYuan,
-Granite, GPT-OSS, ERNIE 4.5 MoE, GLM-4.5, HunYuan MoE, MiniMax-M2, dots.llm1 and LFM2 folders,
+Granite, Granite 4.0 Micro, GPT-OSS, ERNIE 4.5 MoE, GLM-4.5, HunYuan MoE, MiniMax-M2, dots.llm1
+and LFM2 folders,
 and Gemma 3's, Ministral 3's, Qwen3-VL's and Qwen 3.5's (and its MoE's) vision-language ones
 (their text decoders), through the builder (:mod:`kiln_runtimes.build._builder`'s mends).
 
@@ -79,6 +80,7 @@ ARCHITECTURES = {
     "qwen3_5_moe": "Qwen3_5MoeForConditionalGeneration",
     "qwen3_5_text": "Qwen3_5ForCausalLM",
     "lfm2": "Lfm2ForCausalLM",
+    "granitemoehybrid": "GraniteMoeHybridForCausalLM",
 }
 WINDOWS = {"mistral": 24, "gemma2": 48, "gemma3": 24, "gemma3_vl": 24, "olmo3": 24,
            "starcoder2": 24, "cohere2": 24, "exaone4": 24, "gpt_oss": 24}  # fmt: skip
@@ -129,6 +131,9 @@ SHAPES: dict[str, dict[str, Any]] = {
     "qwen3_5_moe": {"num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 32,
                     "shared_expert_intermediate_size": 48, "drawn_norms": True},
     "lfm2": {"drawn_norms": True},
+    "granitemoehybrid": {"embedding_multiplier": 12.0, "residual_multiplier": 0.22,
+                         "attention_multiplier": 0.0078125, "logits_scaling": 8.0,
+                         "drawn_norms": True},
 }  # fmt: skip
 """Qwen2's long-context YaRN, its betas left to their defaults (as Qwen's own configs do);
 Ministral 3's YaRN and its queries' temperature past 32 positions (without it, a logit
@@ -151,7 +156,8 @@ multipliers; GPT-OSS's four experts, two a token, its attention sinks, YaRN and 
 a global layer; Qwen 3.5's Gated DeltaNet layer before its gated attention one (and its MoE's
 four experts beside a shared one; its text-only checkpoint, as a fine-tune saves it), and LFM2's
 short convolution before its attention layer: hybrids whose first layer carries a recurrent
-state, not a KV cache."""
+state, not a KV cache; Granite 4.0 Micro's attention layers and shared MLP, with Granite's
+multipliers."""
 SEEDS = {
     "gemma3": 1,
     "olmo2": 1,

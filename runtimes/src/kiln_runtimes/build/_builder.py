@@ -134,6 +134,23 @@ class Olmo(Clipped, builders.OLMoModel):  # type: ignore[misc]
         self.layernorm_attrs["epsilon"] = 1e-5  # transformers' OlmoLayerNorm
 
 
+class GraniteHybrid(builders.GraniteMoEHybridModel):  # type: ignore[misc]
+    """Granite 4's builder, which exports attention layers and the shared MLP only (Granite 4.0
+    Micro): Mamba layers (the H models) and routed experts are refused by field, not built
+    into a graph that answers unlike its source."""
+
+    def __init__(self, config: Any, *args: Any) -> None:
+        kinds = set(getattr(config, "layer_types", None) or ()) - {"attention", "full_attention"}
+        if kinds:
+            raise BuildError(f"Granite 4's Mamba layers ({', '.join(sorted(kinds))}) are not built "
+                             "(attention layers only)", file="config.json",
+                             field="layer_types")  # fmt: skip
+        if getattr(config, "num_local_experts", 0):
+            raise BuildError("Granite 4's routed experts are not built (its shared MLP only)",
+                             file="config.json", field="num_local_experts")  # fmt: skip
+        super().__init__(config, *args)
+
+
 def by_model_type(host: Any) -> Any:
     """What the builder builds for a host architecture of ``_kilns.HOSTS``: Kiln's class for a
     config read under its name (:data:`KILNS`, by ``model_type``), else the host's own."""
@@ -201,6 +218,7 @@ def main(argv: list[str]) -> None:
     builders.Mistral3TextModel = _mistral3.Mistral3
     builders.Qwen25VLTextModel, builders.Qwen3VLTextModel = _qwen_vl.Qwen25VL, _qwen_vl.Qwen3VL
     builders.HunyuanDenseV1Model = _positions.HunYuan
+    builders.GraniteMoEHybridModel = GraniteHybrid
     builders.qwen.Qwen35Model = _qwen_vl.Qwen35  # the builder imports them from there
     builders.qwen.Qwen35MoEModel = _qwen_vl.Qwen35Moe
     builders.OLMoModel = Olmo  # OLMo's own, mended
