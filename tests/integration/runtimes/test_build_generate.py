@@ -415,10 +415,12 @@ async def test_a_hybrids_concurrent_streams_equal_transformers(
     kind: str, fp32: dict[str, Any], sources: dict[str, Path], tiny_models: Any
 ) -> None:
     """A hybrid's recurrent states through Kiln's runner: five greedy streams on three slots at
-    once, prefilled in chunks, equal transformers' each alone. A decode step also steps rows
-    that are not decoding (a row between its prefill's chunks), whose states must not move,
-    and a slot taken again starts from zero states; the prefix cache, which holds no states,
-    is not used, nor adapter slots (the model is served, an adapter request refused)."""
+    once, prefilled in chunks (6 tokens a step while others decode), equal transformers' each
+    alone. A decode step also steps rows that are not decoding (a row between its prefill's
+    chunks), whose states must not move, and a slot taken again starts from zero states. The
+    prefix cache keeps a block's states at its end, where a chunk is made to end: a prompt
+    again, and one sharing two blocks of another, restore them and answer the same. Adapter
+    slots are left off (the model is served, an adapter request refused)."""
     import torch
     import transformers
     from tokenizers import Tokenizer
@@ -432,20 +434,23 @@ async def test_a_hybrids_concurrent_streams_equal_transformers(
     texts = [" ".join(tiny_models.SENTENCES[i:] * 3) for i in range(4)]
     prompts = [tokenizer.encode(text).ids[: 60 - 13 * i] for i, text in enumerate(texts)]
     prompts.append(prompts[2])  # on a slot another stream held
+    later = [prompts[2], prompts[0][:40] + prompts[1][:9]]  # 32 tokens of each in the cache
     manifest = msgspec.json.decode((folder / MANIFEST_NAME).read_bytes(), type=ModelManifest)
-    options = EngineOptions(max_batch_size=3, prefix_cache_bytes=1 << 20, adapter_slots=2)
+    options = EngineOptions(max_batch_size=3, prefix_cache_bytes=1 << 20, adapter_slots=2,
+                            decoding_prefill=6)  # fmt: skip
     backend = GenAIGenerationBackend(options, prefill_chunk=16)
 
-    async def stream(n: int) -> tuple[list[int], int]:
+    async def stream(prompt: list[int], n: int) -> tuple[list[int], int]:
         await asyncio.sleep(0.002 * n)
-        request = GenerateRequest(request_id=f"h{n}", prompt_ids=prompts[n], max_tokens=20,
-                                  temperature=0.0, ignore_eos=True)  # fmt: skip
+        request = GenerateRequest(request_id=f"h{n}-{len(prompt)}", prompt_ids=prompt,
+                                  max_tokens=20, temperature=0.0, ignore_eos=True)  # fmt: skip
         chunks = [chunk async for chunk in backend.stream(request)]
         return [t for chunk in chunks for t in chunk.token_ids], chunks[-1].cached_tokens
 
     await backends.start(backend, folder, manifest, None)  # its adapter slots left off
     try:
-        got = await asyncio.gather(*(stream(n) for n in range(len(prompts))))
+        got = await asyncio.gather(*(stream(p, n) for n, p in enumerate(prompts)))
+        got += [await stream(prompt, 0) for prompt in later]
         with pytest.raises(ValueError, match="without adapter slots"):
             backend.stream(
                 GenerateRequest(request_id="a", prompt_ids=prompts[0], max_tokens=1, adapter="x")
@@ -456,8 +461,9 @@ async def test_a_hybrids_concurrent_streams_equal_transformers(
     model_class = getattr(transformers, architecture) if kind == "qwen3_5" else \
         transformers.AutoModelForCausalLM  # fmt: skip
     model = model_class.from_pretrained(sources[kind], dtype=torch.float32).eval()
-    for (said, cached), prompt in zip(got, prompts, strict=True):
+    assert [cached for _, cached in got[-2:]] == [32, 32]
+    for (said, _), prompt in zip(got, [*prompts, *later], strict=True):
         with torch.no_grad():
             want = model.generate(torch.tensor([prompt]), max_new_tokens=20, min_new_tokens=20,
                                   do_sample=False)[0, len(prompt) :].tolist()  # fmt: skip
-        assert (said, cached) == (want, 0)
+        assert said == want

@@ -24,7 +24,8 @@ if TYPE_CHECKING:
     import numpy.typing as npt
 
     Block = tuple[npt.NDArray[Any], ...]
-    """One block: its positions of every KV buffer, in ``ModelSpec.kv_names`` order."""
+    """One block: its positions of every KV buffer, in ``ModelSpec.kv_names`` order (of the
+    attention layers), then a hybrid's recurrent states at its end."""
 
 PUBLIC = "public"
 """The scope of blocks inside a request's public prefix (a tenant's is ``tenant:<id>``)."""

@@ -148,19 +148,23 @@ class ModelRunner:
         return logits
 
     def _restore(self, restore: Restore) -> None:
-        end = 0
+        end, kv = 0, len(self._kv)
         for block in restore.blocks:
             start, end = end, end + block[0].shape[1]
             self._track(end)
-            for buffer, part in zip(self._kv, block, strict=True):
+            for buffer, part in zip(self._kv, block[:kv], strict=True):
                 buffer[restore.slot, :, start:end] = part
+        self._states.restore(restore.slot, restore.blocks[-1][kv:])
 
     def _save(self, work: PrefillWork) -> None:
+        """Keep the blocks the chunk completed; a hybrid's with its states at the block's end,
+        which is the chunk's (``Scheduler.aligned``)."""
         if self.prefix is None:
             return
         for start, key in work.saves:
             end = start + self.prefix.block
             block = tuple(buffer[work.slot, :, start:end].copy() for buffer in self._kv)
+            block += self._states.snapshot(work.slot)
             self.prefix.put(key, block, sum(part.nbytes for part in block))
 
     def _decode(
@@ -254,6 +258,15 @@ class _States:
         """A new sequence in ``slot`` starts from zero states."""
         for state in self.buffers[self.side[slot]]:
             state[slot] = 0
+
+    def snapshot(self, slot: int) -> tuple[npt.NDArray[Any], ...]:
+        """Copies of ``slot``'s states (none for other decoders)."""
+        return tuple(state[slot].copy() for state in self.buffers[self.side[slot]])
+
+    def restore(self, slot: int, states: tuple[npt.NDArray[Any], ...]) -> None:
+        """Put a snapshot back as ``slot``'s states."""
+        for state, saved in zip(self.buffers[self.side[slot]], states, strict=True):
+            state[slot] = saved
 
     def stepped(self, slots: tuple[int, ...], side: int) -> None:
         """``slots`` stepped from ``side``: their states are now on the other."""

@@ -192,11 +192,12 @@ class Scheduler:
     def __init__(
         self, max_sequences: int, prefill_chunk: int, context_length: int, pad_token_id: int,
         adapter_slots: int = 0, *, prefix: PrefixCache[Block] | None = None,
-        decoding_budget: int | None = None,
+        decoding_budget: int | None = None, aligned: bool = False,
     ) -> None:  # fmt: skip
         """``prefix``: the prefix cache, its blocks ``prefill_chunk`` tokens long;
         ``decoding_budget``: prompt tokens per step while a sequence decodes (default
-        ``prefill_chunk``)."""
+        ``prefill_chunk``); ``aligned``: a block is saved only where a chunk ends (a hybrid's
+        recurrent state is known there only), so chunks end at blocks to save."""
         decoding_budget = prefill_chunk if decoding_budget is None else decoding_budget
         if max_sequences < 1 or prefill_chunk < 2 or decoding_budget < 2:
             raise ValueError(
@@ -205,6 +206,7 @@ class Scheduler:
         if prefix is not None and prefix.block != prefill_chunk:
             raise ValueError("prefix cache blocks must be prefill_chunk tokens long")
         self.prefix = prefix
+        self.aligned = aligned
         self.adapters = SlotTable(adapter_slots) if adapter_slots else None
         self.slots: list[Sequence | None] = [None] * max_sequences
         self.waiting: deque[Sequence] = deque()
@@ -319,7 +321,9 @@ class Scheduler:
         for seq in pending:
             if budget < 1:
                 break
-            end = seq.prefilled + chunk_length(len(seq.prompt_ids) - seq.prefilled, budget)
+            end = self._block_end(
+                seq, seq.prefilled + chunk_length(len(seq.prompt_ids) - seq.prefilled, budget)
+            )
             if end == seq.prefilled:
                 continue
             chunk = tuple(seq.prompt_ids[seq.prefilled : end])
@@ -336,7 +340,22 @@ class Scheduler:
             return ()
         size, keys = self.prefix.block, seq.prefix_keys
         done = range(seq.prefilled // size, min(end // size, len(keys)))
-        return tuple((i * size, keys[i]) for i in done if keys[i] not in self.prefix)
+        return tuple((i * size, keys[i]) for i in done if keys[i] not in self.prefix
+                     and (not self.aligned or (i + 1) * size == end))  # fmt: skip
+
+    def _block_end(self, seq: Sequence, end: int) -> int:
+        """``aligned``: a chunk that would pass the end of a block the cache lacks ends there
+        (unless that would leave a one-token chunk, whose kernels differ: the block is not
+        saved then)."""
+        if not self.aligned or self.prefix is None:
+            return end
+        size, keys = self.prefix.block, seq.prefix_keys
+        block = seq.prefilled // size  # the block the chunk starts in
+        boundary = (block + 1) * size
+        if boundary >= end or block >= len(keys) or keys[block] in self.prefix:
+            return end
+        take, rest = boundary - seq.prefilled, len(seq.prompt_ids) - seq.prefilled
+        return boundary if take >= 2 and rest - take != 1 else end
 
     def _plan_decode(self, prefills: tuple[PrefillWork, ...]) -> StepPlan:
         ready = [s for s in self.slots if s is not None and s.prefill_done and s.output_ids]

@@ -84,7 +84,7 @@ class GenAIGenerationBackend:
             self._options = dataclasses.replace(self._options, adapter_slots=0)
         o = self._options
         prefix: PrefixCache[Block] | None = None
-        if o.prefix_cache_bytes and not spec.states:  # a state is not rebuilt from KV blocks
+        if o.prefix_cache_bytes:
             prefix = PrefixCache(self._prefill_chunk, o.prefix_cache_bytes)
         runner = ModelRunner(
             spec, o.max_batch_size, o.threads, self._spin,
@@ -93,6 +93,7 @@ class GenAIGenerationBackend:
         scheduler = Scheduler(
             o.max_batch_size, self._prefill_chunk, spec.context_length, spec.pad_token_id,
             o.adapter_slots, prefix=prefix, decoding_budget=o.decoding_prefill,
+            aligned=bool(spec.states),  # a block keeps a hybrid's states at its end
         )  # fmt: skip
         owner = ArtifactStore.owning(model_dir)
         self._store = owner[0] if owner else None

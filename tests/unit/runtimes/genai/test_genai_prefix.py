@@ -165,6 +165,28 @@ def test_a_block_is_saved_by_the_chunk_that_completes_it_wherever_chunks_end() -
     assert restored == [(2, ("block@0", "block@4"))]
 
 
+def test_a_hybrids_chunks_end_where_the_blocks_they_save_end() -> None:
+    """``aligned`` (a hybrid's: its states are known only where a chunk ends): a chunk that
+    would pass the end of a block the cache lacks stops there and saves it; one that would
+    leave a single token before it does not stop, and saves nothing."""
+    chunks, saved, restored = [], [], list[Any]()
+    for aligned in (False, True):
+        prefix: PrefixCache[Any] = PrefixCache(BLOCK, 100)
+        scheduler = Scheduler(3, BLOCK, 64, PAD, prefix=prefix, decoding_budget=3,
+                              aligned=aligned)  # fmt: skip
+        scheduler.add(seq(1, [90, 91]))  # decodes from the second step on: 3-token chunks
+        scheduler.add(seq(2, list(range(10))))
+        chunks.append(prefill_all(scheduler, prefix))
+        saved.append(prefix.stats().blocks)
+        scheduler.add(seq(3, [*range(8), 50, 51]))
+        restored.append([r.blocks for r in scheduler.schedule().restores])
+    assert chunks[0] == [(0, 2), (0, 2), (2, 3), (5, 3), (8, 2)]
+    assert (saved[0], restored[0]) == (2, [("block@0", "block@4")])
+    # 2-5 stops at 4 (block 0 saved); 7-10 cannot stop at 8 (a 1-token chunk): block 1 is not
+    assert chunks[1] == [(0, 2), (0, 2), (2, 2), (4, 3), (7, 3)]
+    assert (saved[1], restored[1]) == (1, [("block@0",)])
+
+
 def test_the_worker_exports_the_cache_counts() -> None:
     from kiln_runtimes._metrics import WorkerMetrics
 
