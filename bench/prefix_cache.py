@@ -51,7 +51,8 @@ class Prompts:
         words = (SENTENCE * (system // 20 + 1)).split(" ")
         ids = self._encode(" ".join(words))
         while len(ids) > system:  # drop words until the system turn is ``system`` tokens at most
-            words = words[: -max(1, (len(ids) - system) // 2)]
+            keep = len(words) * system // len(ids)  # as many words a token (whatever the vocab)
+            words = words[: max(1, min(len(words) - 1, keep))]
             ids = self._encode(" ".join(words))
         self.system = " ".join(words)
         self.system_tokens = len(ids)
