@@ -97,8 +97,9 @@ async def test_a_batch_past_the_enqueued_tokens_is_refused(world: World) -> None
     closed = (await finished(sdk, running.id)).status
     assert closed in {"cancelled", "completed"}  # either way, no longer enqueued
     later = await submit(sdk, [BODY] * 60)
-    for batch in (fits, later):
-        await sdk.batches.cancel(batch.id)
+    for batch in (fits, later):  # clean up; on a slow host one may have completed meanwhile
+        with contextlib.suppress(openai.ConflictError):
+            await sdk.batches.cancel(batch.id)
 
 
 async def test_a_batch_past_todays_tokens_is_refused(world: World) -> None:
