@@ -40,7 +40,11 @@ def width(manifest: ModelManifest, dimensions: int | None, model: str) -> int | 
 def cut(vectors: np.ndarray, dimensions: int, *, normalize: bool) -> np.ndarray:
     """Each vector's first ``dimensions`` numbers, L2-normalized again if ``normalize``."""
     kept = np.ascontiguousarray(vectors[:, :dimensions])
-    if normalize:
-        norms = np.linalg.norm(kept, axis=1, keepdims=True)
-        kept = kept / np.maximum(norms, np.finfo(np.float32).tiny)
-    return kept.astype(np.float32, copy=False)
+    return (unit(kept) if normalize else kept).astype(np.float32, copy=False)
+
+
+def unit(vectors: np.ndarray) -> np.ndarray:
+    """Each row over its L2 norm (a zero row stays zero)."""
+    norms = np.linalg.norm(vectors, axis=1, keepdims=True)
+    rows: np.ndarray = vectors / np.maximum(norms, np.finfo(np.float32).tiny)
+    return rows

@@ -13,7 +13,7 @@ import msgspec
 import numpy as np
 
 from kiln_platform.errors import BadRequest
-from kiln_platform.gateway import services
+from kiln_platform.gateway import _matryoshka, services
 from kiln_platform.gateway.schemas import EmbeddingsUsage as Usage
 
 if TYPE_CHECKING:
@@ -114,8 +114,7 @@ def pairing(first: list[str], second: list[str]) -> list[tuple[int, int]]:
 
 def cosines(vectors: np.ndarray, pairs: list[tuple[int, int]]) -> list[float]:
     """The cosine of each pair of rows (0 for a zero vector)."""
-    norms = np.linalg.norm(vectors, axis=1, keepdims=True)
-    unit = vectors / np.maximum(norms, np.finfo(np.float32).tiny)
+    unit = _matryoshka.unit(vectors)
     left, right = (np.asarray(side, dtype=np.intp) for side in zip(*pairs, strict=True))
     return [float(x) for x in np.einsum("ij,ij->i", unit[left], unit[right])]
 

@@ -268,7 +268,8 @@ async def encode(
     records the usage under ``endpoint`` (which the model must serve); texts get the model's
     prompt (:func:`prompt_of`); with ``clip``, the texts after the first (a rerank's documents)
     keep their first ``clip`` tokens (:func:`heads`); ``truncate`` keeps texts' last tokens, or
-    with ``side`` right their first. Errors name ``names[i]`` for item ``i``
+    with ``side`` right their first; ``dimensions`` cuts a Matryoshka model's vectors
+    (:mod:`._matryoshka`). Errors name ``names[i]`` for item ``i``
     when given, else ``input[i]``."""
     principal, request_id = admission.principal, admission.request_id
     version = await kiln.resolver.resolve(model, str(principal.tenant_id))
