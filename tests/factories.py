@@ -9,6 +9,7 @@ import uuid
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
+import llguidance
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 from kiln_platform.admin.authz import Actor, Role
@@ -93,3 +94,12 @@ def byte_bpe(texts: Sequence[str], vocab_size: int = 400) -> Tokenizer:
     )  # fmt: skip
     tok.train_from_iterator(texts, trainer)
     return tok
+
+
+def accepts(tok: Tokenizer, grammar: str, text: str) -> bool:
+    """Whether ``text``, in ``tok``'s tokens (a ``byte_bpe``), is a whole answer ``grammar``
+    (llguidance's) takes."""
+    ll = llguidance.LLTokenizer(tok.to_str(), eos_token=0)
+    matcher = llguidance.LLMatcher(ll, grammar, log_level=0)
+    ids = tok.encode(text, add_special_tokens=False).ids
+    return matcher.consume_tokens(ids) and matcher.is_accepting()

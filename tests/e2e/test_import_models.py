@@ -527,7 +527,9 @@ def test_a_reasoning_models_structured_answer_follows_its_reasoning(
     name, client = "tiny-think", _openai(kiln)
     kiln.wait_until_serving(name, path="completions")
     closed = Tokenizer.from_file(str(sources["think"] / "tokenizer.json")).token_to_id("</think>")
-    schema = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
+    bounded = {"type": "integer", "minimum": 0, "maximum": 999}  # random weights write on
+    schema = {"type": "object", "properties": {"a": bounded}, "required": ["a"],
+              "additionalProperties": False}  # fmt: skip
     answer = {"type": "json_schema", "json_schema": {"name": "a", "schema": schema}}
     said = [{"role": "user", "content": "a cat"}]
     for effort in ("low", None):  # the prompt opens it; the model may
@@ -554,18 +556,20 @@ def test_a_thinking_budget_closes_the_reasoning(
     assert built["think"]["status"] == "done", built["think"]
     name, client = "tiny-think", _openai(kiln)
     kiln.wait_until_serving(name, path="completions")
-    closed = Tokenizer.from_file(str(sources["think"] / "tokenizer.json")).token_to_id("</think>")
+    tokenizer = Tokenizer.from_file(str(sources["think"] / "tokenizer.json"))
+    closed, eos = tokenizer.token_to_id("</think>"), tokenizer.token_to_id("</s>")
     asked: dict[str, Any] = {"model": name, "messages": [{"role": "user", "content": "a cat"}],
                              "max_tokens": 16, "temperature": 0,
                              "reasoning_effort": "low"}  # fmt: skip  # the prompt opens it
-    free = client.chat.completions.create(**asked, logit_bias={closed: -100})
+    kept = {closed: -100, eos: -100}  # random weights may end at once
+    free = client.chat.completions.create(**asked, logit_bias=kept)
     assert free.usage is not None
     assert free.usage.completion_tokens_details is not None
     assert free.usage.completion_tokens_details.reasoning_tokens == 16  # never closed
     unbounded = free.choices[0].message.model_extra["reasoning"]
     for budget in (0, 5):
         done = client.chat.completions.create(
-            **asked, logit_bias={closed: -100}, extra_body={"thinking_token_budget": budget}
+            **asked, logit_bias=kept, extra_body={"thinking_token_budget": budget}
         )
         assert done.usage is not None
         assert done.usage.completion_tokens_details is not None
@@ -627,6 +631,44 @@ def test_a_reasoning_models_tool_calls_follow_its_reasoning(
         assert chunks[-1].finish_reason == "tool_calls"
         thoughts.append(thought)
     assert any(thoughts), thoughts  # some reasoned before calling
+
+
+def test_auto_tools_are_called_in_the_format_the_template_teaches(
+    kiln: KilnProcess, built: dict[str, dict[str, Any]], sources: dict[str, Path]
+) -> None:
+    """``auto`` tools on a model whose template teaches Qwen 3.5's XML calls: once the model
+    opens a call (a bias on its ``<tool_call>`` token), it writes it in that format, each
+    parameter held to its schema, and it comes back as ``tool_calls``, whole and streamed."""
+    from tokenizers import Tokenizer
+
+    assert built["think"]["status"] == "done", built["think"]
+    name, client = "tiny-think", _openai(kiln)
+    kiln.wait_until_serving(name, path="completions")
+    opening = Tokenizer.from_file(str(sources["think"] / "tokenizer.json")).token_to_id(
+        "<tool_call>"
+    )
+    tools = [{"type": "function", "function": {"name": "w", "parameters": {  # written a
+        "type": "object", "properties": {"u": {"enum": ["C", "F"]}, "t": {  # byte a token
+            "type": "boolean"}}, "required": ["u", "t"]}}}]  # fmt: skip
+    asked: dict[str, Any] = {
+        "model": name, "messages": [{"role": "user", "content": "weather?"}], "tools": tools,
+        "logit_bias": {opening: 100}, "parallel_tool_calls": False, "max_tokens": 100,
+        "temperature": 0,
+    }  # fmt: skip
+    done = client.chat.completions.create(**asked, logprobs=True)
+    (choice,) = done.choices
+    assert choice.finish_reason == "tool_calls", "".join(t.token for t in choice.logprobs.content)
+    written = "".join(t.token for t in choice.logprobs.content)
+    assert written.startswith("<tool_call>\n<function=w>\n<parameter=u>\n"), written
+    (call,) = choice.message.tool_calls
+    arguments = json.loads(call.function.arguments)
+    assert (call.function.name, set(arguments)) == ("w", {"u", "t"})
+    assert arguments["u"] in ("C", "F")
+    assert isinstance(arguments["t"], bool)
+    chunks = [c.choices[0] for c in client.chat.completions.create(**asked, stream=True)]
+    calls = [c.function for chunk in chunks for c in chunk.delta.tool_calls or []]
+    assert [(f.name, f.arguments) for f in calls] == [("w", call.function.arguments)]
+    assert chunks[-1].finish_reason == "tool_calls"
 
 
 def test_a_reasoning_models_message_has_thinking_blocks(

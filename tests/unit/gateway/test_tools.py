@@ -17,7 +17,7 @@ from kiln_platform.gateway._prompts import _briefed, _turn
 from kiln_platform.gateway._structured import grammar
 from kiln_platform.gateway._tools import brief, closed, plan
 from kiln_platform.gateway.llm_schemas import ChatCompletionRequest, Message
-from tests.factories import byte_bpe
+from tests.factories import accepts, byte_bpe
 
 ARGS = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
 CLOSED = ARGS | {"additionalProperties": False}  # the arguments a call may have: these only
@@ -139,17 +139,9 @@ TIME_CALL = '<tool_call>\n{"name": "time", "arguments": {}}\n</tool_call>'
 
 
 @pytest.fixture(scope="module")
-def matcher_tokenizer() -> tuple[Tokenizer, llguidance.LLTokenizer]:
+def matcher_tokenizer() -> Tokenizer:
     """A byte-level BPE trained here (any byte string can be written in its tokens)."""
-    tok = byte_bpe([WEATHER_CALL, TIME_CALL, "It is sunny in Oslo."] * 20)
-    return tok, llguidance.LLTokenizer(tok.to_str(), eos_token=0)
-
-
-def _follows(tokenizer: tuple[Tokenizer, llguidance.LLTokenizer], grammar: str, text: str) -> bool:
-    tok, ll = tokenizer
-    matcher = llguidance.LLMatcher(ll, grammar, log_level=0)
-    ids = tok.encode(text, add_special_tokens=False).ids
-    return matcher.consume_tokens(ids) and matcher.is_accepting()
+    return byte_bpe([WEATHER_CALL, TIME_CALL, "It is sunny in Oslo."] * 20)
 
 
 @pytest.mark.parametrize(
@@ -187,7 +179,7 @@ def test_auto_is_text_or_hermes_calls_each_held_to_its_schema(
     kind, lark = made.constraint()
     grammar = llguidance.LLMatcher.grammar_from_lark(lark)
     assert (kind, llguidance.LLMatcher.validate_grammar(grammar)) == ("grammar", "")
-    assert _follows(matcher_tokenizer, grammar, text) is follows
+    assert accepts(matcher_tokenizer, grammar, text) is follows
 
 
 def test_auto_reads_calls_back_and_text_as_text() -> None:
@@ -252,7 +244,7 @@ def test_auto_with_a_json_schema_answers_that_json_or_calls(
     fmt = {"type": "json_schema", "json_schema": {"schema": ANSWER}}
     compiled = grammar(_chat(response_format=fmt), made)
     assert compiled is not None
-    assert _follows(matcher_tokenizer, compiled, text) is follows
+    assert accepts(matcher_tokenizer, compiled, text) is follows
 
 
 @pytest.mark.parametrize(

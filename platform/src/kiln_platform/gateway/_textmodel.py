@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 from jinja2.exceptions import TemplateError
 
 from kiln_platform.errors import BadRequest
+from kiln_platform.gateway._call_formats import HERMES, CallFormat, taught
 from kiln_platform.gateway._chat_jinja import chat_environment
 from kiln_platform.gateway._items import text_of
 from kiln_platform.gateway._reasoning import think_ids
@@ -48,6 +49,8 @@ class TextModel:
     """The ids of its ``<think>`` and ``</think>`` if it reasons in them (``_reasoning``)."""
     reads_effort: bool = False
     """The chat template reads ``reasoning_effort`` (gpt-oss's does)."""
+    calls: CallFormat = HERMES
+    """How the chat template teaches the model to call tools (``_call_formats``)."""
     _bytes: dict[int, bytes] = field(default_factory=dict, compare=False, repr=False)
 
     def token_bytes(self, token_id: int) -> bytes:
@@ -152,8 +155,10 @@ def load_text_model(model_dir: Path, tokenizer_file: str) -> TextModel:
 
 def _templated(model: TextModel, source: str) -> TextModel:
     """``model`` with the chat template ``source``."""
+    shows_tools = bool(re.search(r"\btools\b", source))
     return replace(
         model, template=chat_environment().from_string(source),
-        tool_aware="tool_calls" in source, shows_tools=bool(re.search(r"\btools\b", source)),
+        tool_aware="tool_calls" in source, shows_tools=shows_tools,
         reads_effort=bool(re.search(r"\breasoning_effort\b", source)),
+        calls=taught(source) if shows_tools else HERMES,
     )  # fmt: skip

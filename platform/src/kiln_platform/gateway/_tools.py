@@ -4,35 +4,36 @@ answer to a call and its text becomes ``tool_calls``.
 ``tool_choice: "required"`` writes a JSON list of ``{"name", "parameters"}`` (one item unless
 ``parallel_tool_calls``), each function's ``parameters`` schema enforced; a named function
 writes that function's arguments alone; ``"none"`` ignores the tools. ``"auto"`` (OpenAI's
-default when tools are given) lets the model choose: text that does not start with
-``<tool_call>``, or calls in the Hermes format that Qwen's and Hermes' templates teach
-(``<tool_call>\n{"name": …, "arguments": …}\n</tool_call>``, a block per call, a little
-blank space before each), each held to its function's schema, so the answer's first
-characters past blank space say which it is. A reasoning model reasons first, freely, and then
-answers so (``_structured.after_thought``; its reasoning is the message's). The tools are passed
-to the chat template (``tools``), as Hugging Face's ``apply_chat_template`` does; for a
-template that does not show them, ``"auto"`` shows them, and the format, in a system message
-(``brief``).
+default when tools are given) lets the model choose: text that does not start as a call, or
+calls in the format its chat template teaches (``_call_formats``: Hermes', Qwen3-Coder's XML,
+Llama 3's JSON; a little blank space before each), each held to its function's schema, so the
+answer's first characters past blank space say which it is. A reasoning model reasons first,
+freely, and then answers so (``_structured.after_thought``; its reasoning is the message's).
+The tools are passed to the chat template (``tools``), as Hugging Face's
+``apply_chat_template`` does; for a template that does not show them, ``"auto"`` shows them,
+and Hermes' format, in a system message (``brief``).
 """
 
 from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any
 
 from kiln_platform.errors import BadRequest
-from kiln_platform.gateway._structured import JSON_STYLE
-from kiln_platform.gateway.llm_schemas import FunctionCall, ToolCall
+from kiln_platform.gateway._call_formats import HERMES, CallFormat, held, schemas
+from kiln_platform.gateway.llm_schemas import ChatCompletionRequest, FunctionCall, ToolCall
+
+if TYPE_CHECKING:
+    from kiln_platform.gateway._textmodel import TextModel
+    from kiln_platform.gateway.llm_schemas import CompletionRequest
 
 NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
 NO_ARGUMENTS: dict[str, Any] = {"type": "object", "properties": {}}
 """A function's ``parameters`` when it gives none (OpenAI's: an empty parameter list)."""
 _SCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions")
 _COMPOSED = ("allOf", "anyOf", "oneOf", "if", "not", "dependentSchemas")
-OPEN = "<tool_call>"
-CALL = re.compile(r"<tool_call>\n(.*?)\n</tool_call>", re.DOTALL)
 BRIEF = """# Tools
 
 You may call one or more functions to assist with the user query.
@@ -47,12 +48,10 @@ For each function call, return a json object with function name and arguments wi
 <tool_call>
 {{"name": <function-name>, "arguments": <args-json-object>}}
 </tool_call>"""
-TEXT_OR_CALLS = r"""start: {answer} | call{more}
+TEXT_OR_CALLS = """start: {answer} | call{more}
 {answer_rule}
-call: OPENING %json {schema} "\n</tool_call>"
-OPENING: /[ \t\r\n]{{0,4}}<tool_call>\n/
-"""
-FREE_TEXT = r"TEXT: /(.|\n)+/ & ~/[ \t\r\n]*<tool_call>(.|\n)*/"
+{calls}"""
+FREE_TEXT = r"TEXT: /(.|\n)+/ & ~/[ \t\r\n]*{opening}(.|\n)*/"
 """Any text but calls, blank space before them too (llguidance's `&` and `~` on a lexeme):
 HTML and XML answers too."""
 BLANK = r"BLANK: /[ \t\r\n]{1,4}/"
@@ -71,6 +70,12 @@ class ToolPlan:
     parallel: bool
     auto: bool = False
     """The model chooses between text and calls (``tool_choice: "auto"``)."""
+    format: CallFormat = HERMES
+    """How the model writes the calls it chooses (``written``)."""
+
+    def written(self, call_format: CallFormat) -> ToolPlan:
+        """The plan for a model whose template teaches ``call_format``."""
+        return replace(self, format=call_format)
 
     @property
     def finish_reason(self) -> str:
@@ -81,54 +86,44 @@ class ToolPlan:
         """The JSON schema the answer is held to."""
         if self.named is not None:
             return self.functions[self.named]
-        calls = self._call_schemas("parameters")
+        calls = schemas(self.functions, "parameters")
         items = calls[0] if len(calls) == 1 else {"anyOf": calls}
         return {"type": "array", "items": items, "minItems": 1} | (
             {} if self.parallel else {"maxItems": 1}
         )
 
-    def _call_schemas(self, arguments: str) -> list[dict[str, Any]]:
-        """One schema per function: its ``name`` and, under ``arguments`` (the key the format
-        names them by), its parameters."""
-        return [
-            {"type": "object", "properties": {"name": {"const": name}, arguments: params},
-             "required": ["name", arguments], "additionalProperties": False}
-            for name, params in self.functions.items()
-        ]  # fmt: skip
-
     def constraint(self, answer: dict[str, Any] | None = None) -> tuple[str, Any]:
         """The structured output the answer follows, as (kind, value): the calls' JSON schema,
         or, for ``auto``, a Lark grammar of text (or JSON following ``answer``, a schema) or
-        Hermes calls."""
+        calls in the model's format."""
         if not self.auto:
             return "json", self.schema()
-        schema = json.dumps({"anyOf": self._call_schemas("arguments"), "x-guidance": JSON_STYLE})
-        more = " call*" if self.parallel else ""
-        name, rule = "TEXT", FREE_TEXT
+        more = f" ({self.format.separator} call)*" if self.parallel else ""
+        name, rule = "TEXT", FREE_TEXT.format(opening=self.format.pattern)
         if answer is not None:
-            held = json.dumps(answer | {"x-guidance": JSON_STYLE})
-            name, rule = "answer", f"answer: BLANK? %json {held}\n{BLANK}"
+            name, rule = "answer", f"answer: BLANK? %json {held(answer)}\n{BLANK}"
+        calls = self.format.rules(self.functions, answered=answer is not None)
         return "grammar", TEXT_OR_CALLS.format(
-            answer=name, answer_rule=rule, more=more, schema=schema
+            answer=name, answer_rule=rule, more=more, calls=calls
         )
 
     def is_text(self, begun: str) -> bool:
         """Whether an answer begun with ``begun`` is text the model chose over calls (``auto``):
-        known once it is neither blank nor still spelling (or past) ``<tool_call>``."""
-        begun = begun.lstrip()
-        return self.auto and not (OPEN.startswith(begun) or begun.startswith(OPEN))
+        known once it is neither blank nor still spelling (or past) a call's opening."""
+        begun, opening = begun.lstrip(), self.format.open
+        return self.auto and not (opening.startswith(begun) or begun.startswith(opening))
 
     def calls(self, text: str, call_id: str) -> list[ToolCall] | None:
         """The answer as tool calls (``None`` if it is text, or calls cut by ``max_tokens``)."""
         try:
             if self.auto:
-                said = CALL.findall(text) if text.lstrip().startswith(OPEN) else []
-                pairs = [(c["name"], c["arguments"]) for c in map(json.loads, said)]
+                said = text.lstrip().startswith(self.format.open)
+                pairs = self.format.read(text, self.functions) if said else []
             elif self.named:
                 pairs = [(self.named, json.loads(text))]
             else:
                 pairs = [(call["name"], call["parameters"]) for call in json.loads(text)]
-        except ValueError:
+        except (ValueError, KeyError, TypeError):
             return None
         return [
             ToolCall(id=f"{call_id}_{i}", function=FunctionCall(name=n, arguments=json.dumps(a)))
@@ -211,6 +206,17 @@ def plan(tools: list[Any] | None, choice: Any, parallel: bool | None) -> ToolPla
                 param="tool_choice",
             )
     return ToolPlan(functions, named, parallel is not False)
+
+
+def requested(
+    request: ChatCompletionRequest | CompletionRequest, model: TextModel
+) -> ToolPlan | None:
+    """The plan of a chat's tools, its calls written as the model's (tool-use) template
+    teaches."""
+    if not isinstance(request, ChatCompletionRequest):
+        return None
+    made = plan(request.tools, request.tool_choice, request.parallel_tool_calls)
+    return made and made.written((model.tool_use or model).calls)
 
 
 def brief(tools: list[dict[str, Any]]) -> str:

@@ -353,12 +353,10 @@ async def prepare(
     hold; the admission is held to the generation's deadline."""
     supported(request)
     admission.serve_as(request.service_tier)
-    tools = None
-    if isinstance(request, ChatCompletionRequest):
-        tools = _tools.plan(request.tools, request.tool_choice, request.parallel_tool_calls)
-    grammar = await _structured.compiled(request, tools)
     version, adapter = await resolve(kiln, admission, request.model)
     model = await text_model(kiln, version)
+    tools = _tools.requested(request, model)
+    grammar = await _structured.compiled(request, tools)
     prompts, echoes, endpoint = await _prompts.tokenize(
         request, model, tools, version.context_length
     )

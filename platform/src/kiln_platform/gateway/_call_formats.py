@@ -1,0 +1,169 @@
+"""How a model writes the calls it chooses to make (``tool_choice: "auto"``): the format its
+chat template teaches, read from the template as vLLM's operators pick a tool parser by hand.
+
+- ``HERMES`` (Qwen2.5, Qwen3, Hermes, SmolLM3, and any template that does not show the tools,
+  which gets them in Hermes' words): ``<tool_call>\\n{"name": …, "arguments": {…}}\\n
+  </tool_call>``, a block per call.
+- ``XML`` (Qwen3-Coder, Qwen 3.5: ``<function=`` and ``<parameter=`` in the template; vLLM's
+  ``qwen3_coder``): ``<tool_call>\\n<function=NAME>\\n<parameter=KEY>\\nVALUE\\n</parameter>\\n
+  …</function>\\n</tool_call>``, a plain string parameter as raw text, any other as JSON,
+  parameters in their schema's order.
+- ``JSON`` (Llama 3.1-3.3's ``{"name": function name, "parameters": dictionary of argument
+  name and its value}``; vLLM's ``llama3_json``): the call's JSON alone, calls parted by
+  ``; ``.
+
+Each holds a call's name to the offered functions and its arguments to the function's schema
+(a format's ``rules`` are Lark lines defining ``call``; ``read`` takes them back).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+from kiln_platform.gateway._structured import JSON_STYLE
+
+_ANNOTATIONS = frozenset({"type", "description", "title", "default", "examples", "deprecated",
+                          "readOnly", "writeOnly", "$comment"})  # fmt: skip
+_DEFS = ("$defs", "definitions")
+
+
+def held(schema: dict[str, Any]) -> str:
+    """``schema`` as a Lark ``%json`` argument, written as the templates write JSON."""
+    return json.dumps(schema | {"x-guidance": JSON_STYLE})
+
+
+class CallFormat:
+    """Hermes' calls: the base the others vary."""
+
+    name = "hermes"
+    open = "<tool_call>"
+    """What a call starts with (past blank space): text that does not is the model's answer."""
+    pattern = open
+    """``open`` as a regular expression."""
+    separator = ""
+    """Lark between two calls."""
+    _call = re.compile(r"<tool_call>\n(.*?)\n</tool_call>", re.DOTALL)
+
+    def rules(self, functions: dict[str, dict[str, Any]], answered: bool) -> str:
+        """Lark defining ``call`` (``answered``: beside a JSON answer, not text)."""
+        del answered
+        schema = held({"anyOf": schemas(functions, "arguments")})
+        return f'call: OPENING %json {schema} "\\n</tool_call>"\n' + OPENING
+
+    def read(self, text: str, functions: dict[str, dict[str, Any]]) -> list[tuple[str, Any]]:
+        """(name, arguments) of each call in ``text``; a ``ValueError`` if it holds none."""
+        del functions
+        return [(c["name"], c["arguments"]) for c in map(json.loads, self._call.findall(text))]
+
+
+OPENING = "OPENING: /[ \\t\\r\\n]{0,4}<tool_call>\\n/\n"
+
+
+def schemas(functions: dict[str, dict[str, Any]], arguments: str) -> list[dict[str, Any]]:
+    """One schema per function: its ``name`` and, under ``arguments`` (the key the format
+    names them by), its parameters."""
+    return [
+        {"type": "object", "properties": {"name": {"const": name}, arguments: params},
+         "required": ["name", arguments], "additionalProperties": False}
+        for name, params in functions.items()
+    ]  # fmt: skip
+
+
+class Xml(CallFormat):
+    """Qwen3-Coder's and Qwen 3.5's calls."""
+
+    name = "xml"
+    _call = re.compile(r"<tool_call>\n<function=(.*?)>\n(.*?)</function>\n</tool_call>", re.DOTALL)
+    _parameter = re.compile(r"<parameter=(.*?)>\n(.*?)\n</parameter>\n", re.DOTALL)
+
+    def rules(self, functions: dict[str, dict[str, Any]], answered: bool) -> str:
+        del answered
+        lines = ["call: OPENING (" + " | ".join(f"f{i}" for i in range(len(functions))) + ")"
+                 ' "</tool_call>"', OPENING.strip(), VALUE]  # fmt: skip
+        for i, (name, params) in enumerate(functions.items()):
+            lines.extend(_function(f"f{i}", name, params))
+        return "\n".join(lines) + "\n"
+
+    def read(self, text: str, functions: dict[str, dict[str, Any]]) -> list[tuple[str, Any]]:
+        calls = []
+        for name, body in self._call.findall(text):
+            properties = functions[name].get("properties", {})
+            calls.append((name, {
+                key: value if raw(properties.get(key)) else json.loads(value)
+                for key, value in self._parameter.findall(body)
+            }))  # fmt: skip
+        return calls
+
+
+VALUE = r"VALUE: /(.|\n)*\n<\/parameter>\n/ & ~/(.|\n)*\n<\/parameter>\n(.|\n)+/"
+"""A raw parameter's text and its closing tag (the first one ends it)."""
+
+
+def raw(schema: Any) -> bool:
+    """Whether a parameter is written as raw text: a plain string (or one its schema does not
+    describe, as an open object's); a string with a pattern, bounds or choices, and anything
+    else, is JSON, so the grammar can hold it."""
+    if not isinstance(schema, dict):
+        return True
+    return schema.get("type") == "string" and _ANNOTATIONS.issuperset(schema)
+
+
+def _function(rule: str, name: str, params: dict[str, Any]) -> list[str]:
+    """Lark for one function's block: its declared parameters in order, the required ones
+    required; an object that declares none takes any, as raw text."""
+    properties = params.get("properties")
+    if not isinstance(properties, dict):
+        return [f'{rule}: "<function={name}>\\n" {rule}_any* "</function>\\n"',
+                f'{rule}_any: "<parameter=" /[^>\\n]+/ ">\\n" VALUE']  # fmt: skip
+    required = set(params.get("required", []))
+    defs = {key: params[key] for key in _DEFS if key in params}
+    parts, lines = [], []
+    for j, (key, schema) in enumerate(properties.items()):
+        opened = json.dumps(f"<parameter={key}>\n")
+        value = "VALUE" if raw(schema) else f'%json {held(schema | defs)} "\\n</parameter>\\n"'
+        lines.append(f"{rule}_{j}: {opened} {value}")
+        parts.append(f"{rule}_{j}" + ("" if key in required else "?"))
+    head = f'{rule}: "<function={name}>\\n" {" ".join(parts)} "</function>\\n"'
+    return [head, *lines]
+
+
+class Json(CallFormat):
+    """Llama 3.1-3.3's calls."""
+
+    name = "json"
+    open = '{"name": "'
+    pattern = r'\{"name": "'
+    separator = '"; "'
+
+    def rules(self, functions: dict[str, dict[str, Any]], answered: bool) -> str:
+        if answered:  # beside a JSON answer: two JSON grammars (a lexeme would not part them)
+            return f"call: BLANK? %json {held({'anyOf': schemas(functions, 'parameters')})}\n"
+        alternatives, lexemes = [], []
+        for i, (name, params) in enumerate(functions.items()):
+            alternatives.append(f'OPEN{i} %json {held(params)} "}}"')
+            lexemes.append(f'OPEN{i}: /[ \\t\\r\\n]{{0,4}}\\{{"name": "{name}", "parameters": /')
+        return "call: " + " | ".join(alternatives) + "\n" + "\n".join(lexemes) + "\n"
+
+    def read(self, text: str, functions: dict[str, dict[str, Any]]) -> list[tuple[str, Any]]:
+        del functions
+        decoder, calls, at = json.JSONDecoder(), [], 0
+        text = text.strip()
+        while at < len(text):
+            call, at = decoder.raw_decode(text, at)
+            calls.append((call["name"], call["parameters"]))
+            at += len(text[at:]) - len(text[at:].lstrip("; \t\r\n"))
+        return calls
+
+
+HERMES, XML, JSON = CallFormat(), Xml(), Json()
+
+
+def taught(template: str) -> CallFormat:
+    """The format a chat template teaches (Hermes' unless it teaches another)."""
+    if "<function=" in template and "<parameter=" in template:
+        return XML
+    if '"parameters": dictionary of argument name' in template:
+        return JSON
+    return HERMES
