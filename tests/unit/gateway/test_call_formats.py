@@ -4,15 +4,29 @@ format a template teaches, the grammar each holds an answer to, and calls read b
 from __future__ import annotations
 
 import json
+import re
+from pathlib import Path
 from typing import Any
 
 import jinja2
 import llguidance
+import msgspec
 import pytest
-from tokenizers import Tokenizer
+from tokenizers import AddedToken, Tokenizer
 
-from kiln_platform.gateway._call_formats import HERMES, JSON, XML, CallFormat, raw, taught
+from kiln_platform.gateway._call_formats import (
+    HERMES,
+    JSON,
+    XML,
+    CallFormat,
+    Mistral,
+    raw,
+    taught,
+)
+from kiln_platform.gateway._prompts import chat_prompt
+from kiln_platform.gateway._textmodel import load_text_model
 from kiln_platform.gateway._tools import ToolPlan, plan
+from kiln_platform.gateway.llm_schemas import ChatCompletionRequest
 from tests.factories import accepts, byte_bpe
 
 WEATHER = {"type": "object", "properties": {
@@ -46,7 +60,10 @@ def _plan(call_format: CallFormat, parallel: bool = True) -> ToolPlan:
 
 @pytest.fixture(scope="module")
 def tokenizer() -> Tokenizer:
-    return byte_bpe([XML_CALL, XML_TIME, JSON_CALL, JSON_TIME, "It is sunny in Oslo."] * 20)
+    """A byte-level BPE with Mistral's ``[TOOL_CALLS]``, a special token."""
+    tok = byte_bpe([XML_CALL, XML_TIME, JSON_CALL, JSON_TIME, "It is sunny in Oslo."] * 20)
+    tok.add_tokens([AddedToken("[TOOL_CALLS]", special=True, normalized=False)])
+    return tok
 
 
 def _follows(
@@ -69,7 +86,18 @@ def _follows(
     ],
 )  # fmt: skip
 def test_a_template_teaches_its_format(template: str, expected: CallFormat) -> None:
-    assert taught(template) is expected
+    assert taught(template, byte_bpe(["x"])) is expected
+
+
+def test_mistrals_template_teaches_its_token_and_a_json_list(tokenizer: Tokenizer) -> None:
+    """Mistral's ``[TOOL_CALLS]`` is taught only by a tokenizer that has the token, and not in
+    its newer ``name[ARGS]{...}`` form (left to Hermes' format)."""
+    said = "{{ tools }}{{- '[TOOL_CALLS] [' }}"
+    made = taught(said, tokenizer)
+    assert isinstance(made, Mistral)
+    assert made.token_id == tokenizer.token_to_id("[TOOL_CALLS]")
+    assert taught(said, byte_bpe(["x"])) is HERMES
+    assert taught(said + "[ARGS]", tokenizer) is HERMES
 
 
 @pytest.mark.parametrize(
@@ -162,3 +190,77 @@ def test_json_calls_read_back_and_beside_a_json_answer(tokenizer: Any) -> None:
     assert _follows(tokenizer, made, '{"a": 1}', answer)
     assert _follows(tokenizer, made, JSON_CALL, answer)
     assert not _follows(tokenizer, made, "It is sunny.", answer)
+
+
+MISTRAL_CALL = '[TOOL_CALLS] [{"name": "weather", "arguments": {"city": "Oslo"}}]'
+MISTRAL_TIME = '{"name": "time", "arguments": {}}'
+
+
+def _marker(tokenizer: Tokenizer) -> int:
+    found = tokenizer.token_to_id("[TOOL_CALLS]")
+    assert found is not None
+    return found
+
+
+@pytest.mark.parametrize(
+    ("text", "parallel", "follows"),
+    [
+        ("It is sunny in Oslo.", True, True),
+        (MISTRAL_CALL, True, True),
+        (f"[TOOL_CALLS] [{MISTRAL_TIME}, {MISTRAL_TIME}]", True, True),
+        (f"[TOOL_CALLS] [{MISTRAL_TIME}, {MISTRAL_TIME}]", False, False),
+        ('[TOOL_CALLS] [{"name": "time", "arguments": {"city": "Oslo"}}]', True, False),
+        ("[TOOL_CALLS] It is sunny.", True, False),
+    ],
+)  # fmt: skip
+def test_mistral_calls_open_with_its_token(
+    tokenizer: Tokenizer, text: str, parallel: bool, follows: bool
+) -> None:
+    made = _plan(Mistral(_marker(tokenizer)), parallel)
+    assert _follows(tokenizer, made, text) is follows
+
+
+def test_mistral_calls_read_back_with_the_token_shown_or_not(tokenizer: Tokenizer) -> None:
+    made = _plan(Mistral(_marker(tokenizer)))
+    shown = made.calls(MISTRAL_CALL, "c")
+    assert [(c.function.name, json.loads(c.function.arguments)) for c in shown or []] == [
+        ("weather", {"city": "Oslo"})
+    ]  # fmt: skip
+    skipped = MISTRAL_CALL.removeprefix("[TOOL_CALLS]")  # skip_special_tokens, the default
+    assert made.calls(skipped, "c") == shown
+    assert (made.is_text(""), made.is_text("[TOOL_CALLS]"), made.is_text(' [{"na')) == (
+        False, False, False
+    )  # fmt: skip
+    assert made.is_text("It") is True
+
+
+MISTRAL_TEMPLATE = """{{ tools | length }}{% for m in messages %}
+{%- if m.tool_calls %}[TOOL_CALLS] {% for c in m.tool_calls %}{% if c.id | length != 9 %}
+{{- raise_exception("Tool call IDs should be alphanumeric strings with length 9!") }}{% endif %}
+{{- c.id }} {% endfor %}{% elif m.role == 'tool' %}{% if m.tool_call_id | length != 9 %}
+{{- raise_exception("bad id") }}{% endif %}[TOOL_RESULTS] {{ m.tool_call_id }}
+{%- else %}[INST] {{ m.content }}{% endif %}{% endfor %}"""
+"""The part of Mistral's template that checks call ids."""
+
+
+def test_call_ids_are_nine_characters_for_a_template_that_wants_them(
+    tmp_path: Path, tokenizer: Tokenizer
+) -> None:
+    """Mistral's template refuses any id but nine letters and digits (OpenAI's and Kiln's
+    are longer): an assistant's calls and the tool's answers get the same nine made from
+    each id."""
+    tokenizer.save(str(tmp_path / "tokenizer.json"))
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps({"chat_template": MISTRAL_TEMPLATE}))
+    model = load_text_model(tmp_path, "tokenizer.json")
+    assert model.nine_ids
+    call = {"id": "call-0f3a_0_0", "type": "function",
+            "function": {"name": "time", "arguments": "{}"}}  # fmt: skip
+    said = [{"role": "user", "content": "Hi"}, {"role": "assistant", "tool_calls": [call]},
+            {"role": "tool", "tool_call_id": "call-0f3a_0_0", "content": "noon"}]  # fmt: skip
+    request = msgspec.convert({"model": "m", "messages": said, "tools": TOOLS},
+                              ChatCompletionRequest)  # fmt: skip
+    text = model.tokenizer.decode(chat_prompt(request, model), skip_special_tokens=False)
+    ids = re.findall(r"\[TOOL_CALLS\] (\w+) |\[TOOL_RESULTS\] (\w+)", text)
+    (made, _), (_, answered) = ids
+    assert made == answered
+    assert len(made) == 9

@@ -118,10 +118,11 @@ def test_calls_go_back_as_the_template_can_show_them() -> None:
         {"id": "c", "type": "function",
          "function": {"name": "weather", "arguments": '{"city": "Oslo"}'}}
     ])  # fmt: skip
-    aware: Any = SimpleNamespace(tool_aware=True)
-    plain: Any = SimpleNamespace(tool_aware=False)
+    aware: Any = SimpleNamespace(tool_aware=True, nine_ids=False)
+    plain: Any = SimpleNamespace(tool_aware=False, nine_ids=False)
     assert _turn(0, said, aware) == {"role": "assistant", "content": "", "tool_calls": [
-        {"type": "function", "function": {"name": "weather", "arguments": {"city": "Oslo"}}}
+        {"type": "function", "id": "c",
+         "function": {"name": "weather", "arguments": {"city": "Oslo"}}}
     ]}  # fmt: skip
     shown = _turn(0, said, plain)["content"]
     assert shown == '<tool_call>\n{"name": "weather", "arguments": {"city": "Oslo"}}\n</tool_call>'

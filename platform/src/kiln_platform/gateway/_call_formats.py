@@ -8,6 +8,8 @@ chat template teaches, read from the template as vLLM's operators pick a tool pa
   ``qwen3_coder``): ``<tool_call>\\n<function=NAME>\\n<parameter=KEY>\\nVALUE\\n</parameter>\\n
   …</function>\\n</tool_call>``, a plain string parameter as raw text, any other as JSON,
   parameters in their schema's order.
+- ``Mistral`` (a template that writes ``[TOOL_CALLS]``, a special token of its tokenizer, and
+  no ``[ARGS]``; vLLM's ``mistral``): the token, then the calls as a JSON list.
 - ``JSON`` (Llama 3.1-3.3's ``{"name": function name, "parameters": dictionary of argument
   name and its value}``; vLLM's ``llama3_json``): the call's JSON alone, calls parted by
   ``; ``.
@@ -20,9 +22,12 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kiln_platform.gateway._structured import JSON_STYLE
+
+if TYPE_CHECKING:
+    from tokenizers import Tokenizer
 
 _ANNOTATIONS = frozenset({"type", "description", "title", "default", "examples", "deprecated",
                           "readOnly", "writeOnly", "$comment"})  # fmt: skip
@@ -42,15 +47,21 @@ class CallFormat:
     """What a call starts with (past blank space): text that does not is the model's answer."""
     pattern = open
     """``open`` as a regular expression."""
-    separator = ""
-    """Lark between two calls."""
+    marker = ""
+    """A special token the calls open with (left out of the text unless asked for)."""
     _call = re.compile(r"<tool_call>\n(.*?)\n</tool_call>", re.DOTALL)
 
-    def rules(self, functions: dict[str, dict[str, Any]], answered: bool) -> str:
-        """Lark defining ``call`` (``answered``: beside a JSON answer, not text)."""
+    def rules(self, functions: dict[str, dict[str, Any]], answered: bool, parallel: bool) -> str:
+        """Lark defining ``calls``, one or (``parallel``) more (``answered``: beside a JSON
+        answer, not text)."""
         del answered
         schema = held({"anyOf": schemas(functions, "arguments")})
-        return f'call: OPENING %json {schema} "\\n</tool_call>"\n' + OPENING
+        calls = "calls: call+" if parallel else "calls: call"
+        return f'{calls}\ncall: OPENING %json {schema} "\\n</tool_call>"\n' + OPENING
+
+    def begun(self, text: str) -> str:
+        """``text`` past blank space (and the marker, if the text shows it)."""
+        return text.lstrip().removeprefix(self.marker).lstrip() if self.marker else text.lstrip()
 
     def read(self, text: str, functions: dict[str, dict[str, Any]]) -> list[tuple[str, Any]]:
         """(name, arguments) of each call in ``text``; a ``ValueError`` if it holds none."""
@@ -78,9 +89,10 @@ class Xml(CallFormat):
     _call = re.compile(r"<tool_call>\n<function=(.*?)>\n(.*?)</function>\n</tool_call>", re.DOTALL)
     _parameter = re.compile(r"<parameter=(.*?)>\n(.*?)\n</parameter>\n", re.DOTALL)
 
-    def rules(self, functions: dict[str, dict[str, Any]], answered: bool) -> str:
+    def rules(self, functions: dict[str, dict[str, Any]], answered: bool, parallel: bool) -> str:
         del answered
-        lines = ["call: OPENING (" + " | ".join(f"f{i}" for i in range(len(functions))) + ")"
+        lines = ["calls: call+" if parallel else "calls: call",
+                 "call: OPENING (" + " | ".join(f"f{i}" for i in range(len(functions))) + ")"
                  ' "</tool_call>"', OPENING.strip(), VALUE]  # fmt: skip
         for i, (name, params) in enumerate(functions.items()):
             lines.extend(_function(f"f{i}", name, params))
@@ -135,16 +147,17 @@ class Json(CallFormat):
     name = "json"
     open = '{"name": "'
     pattern = r'\{"name": "'
-    separator = '"; "'
 
-    def rules(self, functions: dict[str, dict[str, Any]], answered: bool) -> str:
+    def rules(self, functions: dict[str, dict[str, Any]], answered: bool, parallel: bool) -> str:
+        calls = 'calls: call ("; " call)*\n' if parallel else "calls: call\n"
         if answered:  # beside a JSON answer: two JSON grammars (a lexeme would not part them)
-            return f"call: BLANK? %json {held({'anyOf': schemas(functions, 'parameters')})}\n"
+            one = held({"anyOf": schemas(functions, "parameters")})
+            return f"{calls}call: BLANK? %json {one}\n"
         alternatives, lexemes = [], []
         for i, (name, params) in enumerate(functions.items()):
             alternatives.append(f'OPEN{i} %json {held(params)} "}}"')
             lexemes.append(f'OPEN{i}: /[ \\t\\r\\n]{{0,4}}\\{{"name": "{name}", "parameters": /')
-        return "call: " + " | ".join(alternatives) + "\n" + "\n".join(lexemes) + "\n"
+        return calls + "call: " + " | ".join(alternatives) + "\n" + "\n".join(lexemes) + "\n"
 
     def read(self, text: str, functions: dict[str, dict[str, Any]]) -> list[tuple[str, Any]]:
         del functions
@@ -157,13 +170,41 @@ class Json(CallFormat):
         return calls
 
 
+class Mistral(CallFormat):
+    """Mistral's calls (its v3 and v7 templates: Mistral 7B v0.3, Mixtral 8x22B, Mistral Small
+    3-3.1, Ministral 8B): its ``[TOOL_CALLS]`` token (a special one), then the calls as a JSON
+    list."""
+
+    name = "mistral"
+    open = '[{"name": "'
+    pattern = r'\[\{"name": "'
+    marker = "[TOOL_CALLS]"
+
+    def __init__(self, token_id: int) -> None:
+        self.token_id = token_id
+
+    def rules(self, functions: dict[str, dict[str, Any]], answered: bool, parallel: bool) -> str:
+        del answered
+        items = schemas(functions, "arguments")
+        listed = {"type": "array", "items": {"anyOf": items}, "minItems": 1}
+        listed |= {} if parallel else {"maxItems": 1}
+        return f'calls: <[{self.token_id}]> " "? %json {held(listed)}\n'
+
+    def read(self, text: str, functions: dict[str, dict[str, Any]]) -> list[tuple[str, Any]]:
+        del functions
+        return [(c["name"], c["arguments"]) for c in json.loads(self.begun(text))]
+
+
 HERMES, XML, JSON = CallFormat(), Xml(), Json()
 
 
-def taught(template: str) -> CallFormat:
-    """The format a chat template teaches (Hermes' unless it teaches another)."""
+def taught(template: str, tokenizer: Tokenizer) -> CallFormat:
+    """The format a chat template teaches (Hermes' unless it teaches another this reads)."""
     if "<function=" in template and "<parameter=" in template:
         return XML
     if '"parameters": dictionary of argument name' in template:
         return JSON
+    mistral = tokenizer.token_to_id(Mistral.marker)
+    if mistral is not None and Mistral.marker in template and "[ARGS]" not in template:
+        return Mistral(mistral)
     return HERMES

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 from typing import TYPE_CHECKING, Any
 
@@ -55,15 +56,26 @@ def _turn(i: int, message: Message, model: TextModel) -> dict[str, Any]:
     role = "system" if message.role == "developer" else message.role
     turn: dict[str, Any] = {"role": role, "content": _message_text(i, message)}
     if message.tool_call_id is not None:
-        turn["tool_call_id"] = message.tool_call_id
+        turn["tool_call_id"] = _call_id(message.tool_call_id, model)
     if message.tool_calls:
         calls = _calls(i, message.tool_calls)
         if model.tool_aware:
-            turn["tool_calls"] = [{"type": "function", "function": c} for c in calls]
+            turn["tool_calls"] = [
+                {"type": "function", "id": _call_id(given.get("id"), model), "function": c}
+                for given, c in zip(message.tool_calls, calls, strict=True)
+            ]  # fmt: skip
         else:
             said = [f"<tool_call>\n{json.dumps(c)}\n</tool_call>" for c in calls]
             turn["content"] = "\n".join([turn["content"], *said]).strip()
     return turn
+
+
+def _call_id(given: Any, model: TextModel) -> Any:
+    """A call's id as the template takes it: nine letters and digits made from it (the same
+    for the same id) for a template that refuses any other (Mistral's)."""
+    if not model.nine_ids or not isinstance(given, str):
+        return given
+    return hashlib.sha256(given.encode()).hexdigest()[:9]
 
 
 def _calls(i: int, calls: list[dict[str, Any]]) -> list[dict[str, Any]]:

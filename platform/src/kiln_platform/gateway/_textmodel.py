@@ -49,6 +49,8 @@ class TextModel:
     """The ids of its ``<think>`` and ``</think>`` if it reasons in them (``_reasoning``)."""
     reads_effort: bool = False
     """The chat template reads ``reasoning_effort`` (gpt-oss's does)."""
+    nine_ids: bool = False
+    """The chat template refuses call ids other than nine characters (Mistral's)."""
     calls: CallFormat = HERMES
     """How the chat template teaches the model to call tools (``_call_formats``)."""
     _bytes: dict[int, bytes] = field(default_factory=dict, compare=False, repr=False)
@@ -160,5 +162,6 @@ def _templated(model: TextModel, source: str) -> TextModel:
         model, template=chat_environment().from_string(source),
         tool_aware="tool_calls" in source, shows_tools=shows_tools,
         reads_effort=bool(re.search(r"\breasoning_effort\b", source)),
-        calls=taught(source) if shows_tools else HERMES,
+        calls=taught(source, model.tokenizer) if shows_tools else HERMES,
+        nine_ids=bool(re.search(r"length\s*!=\s*9\b", source)),
     )  # fmt: skip

@@ -48,7 +48,7 @@ For each function call, return a json object with function name and arguments wi
 <tool_call>
 {{"name": <function-name>, "arguments": <args-json-object>}}
 </tool_call>"""
-TEXT_OR_CALLS = """start: {answer} | call{more}
+TEXT_OR_CALLS = """start: {answer} | calls
 {answer_rule}
 {calls}"""
 FREE_TEXT = r"TEXT: /(.|\n)+/ & ~/[ \t\r\n]*{opening}(.|\n)*/"
@@ -98,26 +98,23 @@ class ToolPlan:
         calls in the model's format."""
         if not self.auto:
             return "json", self.schema()
-        more = f" ({self.format.separator} call)*" if self.parallel else ""
         name, rule = "TEXT", FREE_TEXT.format(opening=self.format.pattern)
         if answer is not None:
             name, rule = "answer", f"answer: BLANK? %json {held(answer)}\n{BLANK}"
-        calls = self.format.rules(self.functions, answered=answer is not None)
-        return "grammar", TEXT_OR_CALLS.format(
-            answer=name, answer_rule=rule, more=more, calls=calls
-        )
+        calls = self.format.rules(self.functions, answer is not None, self.parallel)
+        return "grammar", TEXT_OR_CALLS.format(answer=name, answer_rule=rule, calls=calls)
 
     def is_text(self, begun: str) -> bool:
         """Whether an answer begun with ``begun`` is text the model chose over calls (``auto``):
         known once it is neither blank nor still spelling (or past) a call's opening."""
-        begun, opening = begun.lstrip(), self.format.open
+        begun, opening = self.format.begun(begun), self.format.open
         return self.auto and not (opening.startswith(begun) or begun.startswith(opening))
 
     def calls(self, text: str, call_id: str) -> list[ToolCall] | None:
         """The answer as tool calls (``None`` if it is text, or calls cut by ``max_tokens``)."""
         try:
             if self.auto:
-                said = text.lstrip().startswith(self.format.open)
+                said = self.format.begun(text).startswith(self.format.open)
                 pairs = self.format.read(text, self.functions) if said else []
             elif self.named:
                 pairs = [(self.named, json.loads(text))]

@@ -233,3 +233,40 @@ def test_a_reasoning_models_tool_calls_follow_its_reasoning(
     assert grammar is not None
     matcher = llguidance.LLMatcher(ll, grammar, log_level=0)
     assert (matcher.consume_tokens(ll.tokenize_str(text)) and matcher.is_accepting()) is follows
+
+
+def test_mistrals_special_call_token_opens_its_calls_in_the_worker(tmp_path: Path) -> None:
+    """Mistral's calls open with ``[TOOL_CALLS]``, a special token (named by id in the
+    gateway's grammar): drawn, the mask holds the rest to the JSON list of calls, whatever the
+    logits; not drawn, the answer is text."""
+    from tokenizers import AddedToken
+
+    from kiln_platform.gateway._call_formats import Mistral
+    from kiln_platform.gateway._structured import _compile
+    from kiln_platform.gateway._tools import plan
+
+    tok = byte_bpe(['[{"name": "f", "arguments": {"x": 1}}]', "it is sunny"] * 50)
+    tok.add_special_tokens([AddedToken("[TOOL_CALLS]", special=True)])
+    marker = tok.get_vocab(with_added_tokens=True)["[TOOL_CALLS]"]
+    path = tmp_path / "tokenizer.json"
+    tok.save(str(path))
+    tools = plan([{"type": "function", "function": {"name": "f", "parameters": {
+        "type": "object", "properties": {"x": {"type": "integer", "minimum": 0, "maximum": 9}},
+        "required": ["x"]}}}], "auto", False)  # fmt: skip
+    assert tools is not None
+    grammar = _compile(*tools.written(Mistral(marker)).constraint(), "tools")
+    vocab = tok.get_vocab_size()
+    for seed in range(4):
+        constraint = Grammars(path, vocab).constraint(_request(grammar))
+        assert constraint is not None
+        sampler = Sampler(constraint=constraint, temperature=1.0, top_p=1.0, seed=seed,
+                          shaping=Shaping(logit_bias={marker: 100.0}))  # fmt: skip
+        rng, ids = np.random.default_rng(seed), list[int]()
+        for _ in range(200):
+            if (token := sampler.sample(rng.normal(0, 3, vocab).astype(np.float32))) == EOS:
+                break
+            ids.append(token)
+        assert ids[0] == marker
+        (call,) = json.loads(tok.decode(ids[1:]))
+        assert call["name"] == "f"
+        assert set(call["arguments"]) == {"x"}
