@@ -671,6 +671,58 @@ def test_auto_tools_are_called_in_the_format_the_template_teaches(
     assert chunks[-1].finish_reason == "tool_calls"
 
 
+def test_words_before_a_call_are_the_messages_content(
+    kiln: KilnProcess, built: dict[str, dict[str, Any]], sources: dict[str, Path]
+) -> None:
+    """A model may write words, then call (Qwen3-Coder's template allows it): the words are
+    the message's content, streamed as they come, and the call its ``tool_calls``. Sampled
+    with seeds (a bias makes the model open a call soon, not at once)."""
+    from tokenizers import Tokenizer
+
+    assert built["think"]["status"] == "done", built["think"]
+    name, client = "tiny-think", _openai(kiln)
+    kiln.wait_until_serving(name, path="completions")
+    opening = Tokenizer.from_file(str(sources["think"] / "tokenizer.json")).token_to_id(
+        "<tool_call>"
+    )
+    tools = [
+        {
+            "type": "function",
+            "function": {
+                "name": "w",
+                "parameters": {
+                    "type": "object",
+                    "properties": {"u": {"enum": ["C", "F"]}},
+                    "required": ["u"],
+                },
+            },
+        }
+    ]
+    asked: dict[str, Any] = {
+        "model": name, "messages": [{"role": "user", "content": "weather?"}], "tools": tools,
+        "logit_bias": {opening: 5}, "parallel_tool_calls": False, "max_tokens": 90,
+        "temperature": 1,
+    }  # fmt: skip
+    kinds = set()
+    for seed in range(12):
+        whole = client.chat.completions.create(**asked, seed=seed).choices[0]
+        said, calls = whole.message.content, whole.message.tool_calls
+        kinds.add((bool(said), bool(calls)))
+        if not (said and calls):
+            continue
+        assert "<tool_call>" not in said
+        assert whole.finish_reason == "tool_calls"
+        chunks = [c.choices[0] for c in client.chat.completions.create(**asked, seed=seed,
+                                                                         stream=True)]  # fmt: skip
+        words = [c.delta.content for c in chunks if c.delta.content]
+        assert "".join(words) == said
+        streamed = [c.function for chunk in chunks for c in chunk.delta.tool_calls or []]
+        assert [(f.name, f.arguments) for f in streamed] == [
+            (c.function.name, c.function.arguments) for c in calls]  # fmt: skip
+        break
+    assert (True, True) in kinds, kinds
+
+
 def test_a_reasoning_models_message_has_thinking_blocks(
     kiln: KilnProcess, built: dict[str, dict[str, Any]]
 ) -> None:

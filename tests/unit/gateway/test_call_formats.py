@@ -109,6 +109,7 @@ def test_mistrals_template_teaches_its_token_and_a_json_list(tokenizer: Tokenize
         (f"{XML_CALL}\n{XML_TIME}", True, True),
         (f"{XML_CALL}\n{XML_TIME}", False, False),
         (f"\n\n{XML_TIME}", True, True),
+        (f"Let me look.\n\n{XML_TIME}", True, True),  # words, then calls
         ("<tool_call>\n<function=weather>\n<parameter=city>\nOslo\n</parameter>\n</function>\n"
          "</tool_call>", True, True),  # optional parameters left out
         ("<tool_call>\n<function=weather>\n<parameter=days>\n3\n</parameter>\n</function>\n"
@@ -139,6 +140,8 @@ def test_xml_calls_read_back_typed_as_their_schema_says() -> None:
     ]  # fmt: skip
     assert made.calls("It is sunny.", "c") is None
     assert made.calls(XML_CALL[:40], "c") is None  # cut by max_tokens: its text
+    assert made.preface(f"Let me look.\n\n{XML_TIME}") == "Let me look."
+    assert made.calls(f"Let me look.\n\n{XML_TIME}", "c") == made.calls(XML_TIME, "c")
     assert (raw({"type": "string"}), raw({"type": "string", "maxLength": 3})) == (True, False)
 
 
@@ -185,7 +188,8 @@ def test_json_calls_read_back_and_beside_a_json_answer(tokenizer: Any) -> None:
     ]  # fmt: skip
     assert made.calls('{"a": 1}', "c") is None
     assert made.calls('{"name": "Ada"}', "c") is None  # an answer that starts as a call would
-    assert (made.is_text('{"na'), made.is_text('{"a'), made.is_text("Sun")) == (False, True, True)
+    assert [made.sendable(said, False) for said in ('{"na', '{"a', "Sun")] == [0, 3, 3]
+    assert made.sendable('{"na', True) == 4  # past the first words, nothing opens a call
     answer = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
     assert _follows(tokenizer, made, '{"a": 1}', answer)
     assert _follows(tokenizer, made, JSON_CALL, answer)
@@ -228,10 +232,9 @@ def test_mistral_calls_read_back_with_the_token_shown_or_not(tokenizer: Tokenize
     ]  # fmt: skip
     skipped = MISTRAL_CALL.removeprefix("[TOOL_CALLS]")  # skip_special_tokens, the default
     assert made.calls(skipped, "c") == shown
-    assert (made.is_text(""), made.is_text("[TOOL_CALLS]"), made.is_text(' [{"na')) == (
-        False, False, False
-    )  # fmt: skip
-    assert made.is_text("It") is True
+    assert [made.sendable(said, False) for said in ("", "[TOOL_CALLS]", ' [{"na', "It")] == [
+        0, 0, 0, 2
+    ]  # fmt: skip
 
 
 MISTRAL_TEMPLATE = """{{ tools | length }}{% for m in messages %}

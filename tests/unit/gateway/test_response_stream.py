@@ -16,6 +16,7 @@ from kiln_platform.gateway.response_output import output
 from kiln_platform.gateway.response_stream import _Live, finished
 
 OPEN, CLOSE = 7, 8
+CALL = '<tool_call>\n{"name": "f", "arguments": {}}\n</tool_call>'
 
 
 def _gen(prompt: list[int], tokens: list[int]) -> Any:
@@ -37,6 +38,7 @@ def _streamed(gen: Any, pieces: list[Piece]) -> tuple[list[tuple[str, Any]], Ans
     items, _ = output(gen, answer, status)
     for index, item in enumerate(items):
         if index not in live.closed:
+            events += live.rest(item, index)
             events += finished(item, index, opened=index in live.opened.values())
     return [(kind, msgspec.to_builtins(fields)) for kind, fields in events], answer
 
@@ -119,3 +121,28 @@ def test_with_tools_a_reasoning_models_text_is_streamed_once_it_cannot_be_a_call
     events, _ = _streamed(gen, pieces)
     said = [f["delta"] for k, f in events if k == "response.output_text.delta"]
     assert said == ["\n\nHi"]
+
+
+@pytest.mark.parametrize(
+    ("texts", "deltas", "kinds"),
+    [
+        (["hm</think>", "Sure.", " Let me", "\n\n<tool_", CALL.removeprefix("<tool_")],
+         ["Sure.", " Let me"], ["reasoning", "message", "function_call"]),
+        (["hm</think>", "Hi", " there\n", "<tool", "s>"], ["Hi", " there", "\n<tools>"],
+         ["reasoning", "message"]),  # held while it may open a call, then sent at the end
+    ],
+)  # fmt: skip
+def test_words_before_calls_stream_as_a_message_before_them(
+    texts: list[str], deltas: list[str], kinds: list[str]
+) -> None:
+    gen = _gen([1, OPEN], list(range(20, 20 + len(texts))))
+    gen.tools = plan([{"type": "function", "function": {"name": "f"}}], "auto", None)
+    pieces = [Piece(text, "stop" if i == len(texts) - 1 else None, 0, (20 + i,))
+              for i, text in enumerate(texts)]  # fmt: skip
+    events, answer = _streamed(gen, pieces)
+    assert [f["delta"] for k, f in events if k == "response.output_text.delta"] == deltas
+    items, _ = output(gen, answer, "completed")
+    whole = [msgspec.to_builtins(item) for item in items]
+    assert [i["type"] for i in whole] == kinds
+    assert whole[1]["content"][0]["text"] == "".join(deltas)
+    assert [f["item"] for k, f in events if k == "response.output_item.done"] == whole

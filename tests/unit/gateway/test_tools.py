@@ -157,6 +157,9 @@ def matcher_tokenizer() -> Tokenizer:
         ("\n\n<tool_call>\nSunny", True, False),  # a call, not text, past the blank space
         ("<b>Sunny</b> in Oslo", True, True),
         ("<tool_callback>", True, True),
+        (f"Sure.\n\n{WEATHER_CALL}", True, True),  # words, then calls
+        (f"Sure.<tool_call>{WEATHER_CALL}", True, False),  # an opening is a call's
+        (f"{WEATHER_CALL} Done.", True, False),  # no words after them
         ("<tool_call>\nSunny", True, False),
         ('<tool_call>\n{"name": "weather", "arguments": {}}\n</tool_call>', True, False),
         ('<tool_call>\n{"name": "nope", "arguments": {}}\n</tool_call>', True, False),
@@ -197,16 +200,21 @@ def test_auto_reads_calls_back_and_text_as_text() -> None:
 
 
 @pytest.mark.parametrize(
-    ("begun", "text"),
-    [("", False), ("<", False), ("<tool_ca", False), ("<tool_call>\n{", False),
-     ("Sun", True), ("<b", True), ("<tool_cab", True), ("\n\n", False), (" <tool_call>", False),
-     ("\n\nSun", True)],
+    ("held", "sent", "sendable"),
+    [("", False, 0), ("<", False, 0), ("<tool_ca", False, 0), ("<tool_call>\n{", False, 0),
+     ("Sun", False, 3), ("<b", False, 2), ("<tool_cab", False, 9), ("\n\n", False, 0),
+     (" <tool_call>", False, 0), ("\n\nSun", False, 5), ("Sure <tool_c", True, 4),
+     ("Sure.\n\n<tool_call>\n{", True, 5), ("ny. ", True, 3), ("ny <b>", True, 6)],
 )  # fmt: skip
-def test_auto_streams_text_once_it_cannot_be_a_call(begun: str, text: bool) -> None:
-    """A stream holds an answer's first pieces only while they may still open a call."""
+def test_auto_streams_words_while_they_cannot_be_a_call(
+    held: str, sent: bool, sendable: int
+) -> None:
+    """A stream holds an answer's words only while they may still open a call (and the blank
+    space before it): the words before a call are sent as they come."""
     made = plan(TOOLS, "auto", None)
     assert made is not None
-    assert made.is_text(begun) is text
+    assert made.sendable(held, sent) == sendable
+    assert made.preface("Sure.\n\n<tool_call>\n{}") == "Sure."
 
 
 def test_auto_shows_the_tools_to_a_template_that_does_not() -> None:

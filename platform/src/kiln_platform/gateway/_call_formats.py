@@ -49,19 +49,57 @@ class CallFormat:
     """``open`` as a regular expression."""
     marker = ""
     """A special token the calls open with (left out of the text unless asked for)."""
+    prefaced = True
+    """Words may come before the calls (the answer's text, then its calls)."""
     _call = re.compile(r"<tool_call>\n(.*?)\n</tool_call>", re.DOTALL)
 
     def rules(self, functions: dict[str, dict[str, Any]], answered: bool, parallel: bool) -> str:
-        """Lark defining ``calls``, one or (``parallel``) more (``answered``: beside a JSON
-        answer, not text)."""
-        del answered
-        schema = held({"anyOf": schemas(functions, "arguments")})
-        calls = "calls: call+" if parallel else "calls: call"
-        return f'{calls}\ncall: OPENING %json {schema} "\\n</tool_call>"\n' + OPENING
+        """Lark defining ``calls``, one or (``parallel``) more, words before them or not
+        (``answered``: beside a JSON answer, not text: no words)."""
+        lines = [self.body(functions), OPENING, "call: OPENING body"]
+        if answered:
+            lines.append("calls: call+" if parallel else "calls: call")
+        else:
+            lines += [PREFACE, "first: PREFACE body", "calls: first call*" if parallel
+                      else "calls: first"]  # fmt: skip
+        return "\n".join(lines) + "\n"
+
+    def body(self, functions: dict[str, dict[str, Any]]) -> str:
+        """Lark defining ``body``: a call past its opening."""
+        return f'body: %json {held({"anyOf": schemas(functions, "arguments")})} "\\n</tool_call>"'
+
+    def free_text(self) -> str:
+        """The ``TEXT`` lexeme: text that holds no call (or, unless ``prefaced``, opens none),
+        blank space before it or not (llguidance's ``&`` and ``~``): HTML and XML too."""
+        if self.prefaced:
+            return rf"TEXT: /(.|\n)+/ & ~/(.|\n)*{self.pattern}(.|\n)*/"
+        return rf"TEXT: /(.|\n)+/ & ~/[ \t\r\n]*{self.pattern}(.|\n)*/"
 
     def begun(self, text: str) -> str:
         """``text`` past blank space (and the marker, if the text shows it)."""
         return text.lstrip().removeprefix(self.marker).lstrip() if self.marker else text.lstrip()
+
+    def called(self, text: str) -> bool:
+        """Whether a whole answer holds calls."""
+        return self.open in text if self.prefaced else self.begun(text).startswith(self.open)
+
+    def preface(self, text: str) -> str:
+        """The words before an answer's calls."""
+        return text[: text.find(self.open)].rstrip() if self.prefaced else ""
+
+    def sendable(self, text: str, sent: bool) -> int:
+        """How much of ``text`` (what is held of an answer, after what was ``sent``) is surely
+        the answer's words: all of it once they are known not to open a call; before a call,
+        or before what may yet spell its opening, and the blank space before either."""
+        if not self.prefaced:
+            begun = self.begun(text)
+            undecided = self.open.startswith(begun) or begun.startswith(self.open)
+            return len(text) if sent or not undecided else 0
+        end = text.find(self.open)
+        if end < 0:
+            end = next((len(text) - k for k in range(min(len(self.open) - 1, len(text)), 0, -1)
+                        if self.open.startswith(text[-k:])), len(text))  # fmt: skip
+        return len(text[:end].rstrip())
 
     def read(self, text: str, functions: dict[str, dict[str, Any]]) -> list[tuple[str, Any]]:
         """(name, arguments) of each call in ``text``; a ``ValueError`` if it holds none."""
@@ -69,7 +107,9 @@ class CallFormat:
         return [(c["name"], c["arguments"]) for c in map(json.loads, self._call.findall(text))]
 
 
-OPENING = "OPENING: /[ \\t\\r\\n]{0,4}<tool_call>\\n/\n"
+OPENING = "OPENING: /[ \\t\\r\\n]{0,4}<tool_call>\\n/"
+PREFACE = r"PREFACE: /(.|\n)*<tool_call>\n/ & ~/(.|\n)*<tool_call>(.|\n)*<tool_call>\n/"
+"""Words and the first call's opening (the words hold none)."""
 
 
 def schemas(functions: dict[str, dict[str, Any]], arguments: str) -> list[dict[str, Any]]:
@@ -89,14 +129,12 @@ class Xml(CallFormat):
     _call = re.compile(r"<tool_call>\n<function=(.*?)>\n(.*?)</function>\n</tool_call>", re.DOTALL)
     _parameter = re.compile(r"<parameter=(.*?)>\n(.*?)\n</parameter>\n", re.DOTALL)
 
-    def rules(self, functions: dict[str, dict[str, Any]], answered: bool, parallel: bool) -> str:
-        del answered
-        lines = ["calls: call+" if parallel else "calls: call",
-                 "call: OPENING (" + " | ".join(f"f{i}" for i in range(len(functions))) + ")"
-                 ' "</tool_call>"', OPENING.strip(), VALUE]  # fmt: skip
+    def body(self, functions: dict[str, dict[str, Any]]) -> str:
+        alternatives = " | ".join(f"f{i}" for i in range(len(functions)))
+        lines = [f'body: ({alternatives}) "</tool_call>"', VALUE]
         for i, (name, params) in enumerate(functions.items()):
             lines.extend(_function(f"f{i}", name, params))
-        return "\n".join(lines) + "\n"
+        return "\n".join(lines)
 
     def read(self, text: str, functions: dict[str, dict[str, Any]]) -> list[tuple[str, Any]]:
         calls = []
@@ -147,6 +185,7 @@ class Json(CallFormat):
     name = "json"
     open = '{"name": "'
     pattern = r'\{"name": "'
+    prefaced = False
 
     def rules(self, functions: dict[str, dict[str, Any]], answered: bool, parallel: bool) -> str:
         calls = 'calls: call ("; " call)*\n' if parallel else "calls: call\n"
@@ -179,6 +218,7 @@ class Mistral(CallFormat):
     open = '[{"name": "'
     pattern = r'\[\{"name": "'
     marker = "[TOOL_CALLS]"
+    prefaced = False
 
     def __init__(self, token_id: int) -> None:
         self.token_id = token_id

@@ -4,14 +4,13 @@ answer to a call and its text becomes ``tool_calls``.
 ``tool_choice: "required"`` writes a JSON list of ``{"name", "parameters"}`` (one item unless
 ``parallel_tool_calls``), each function's ``parameters`` schema enforced; a named function
 writes that function's arguments alone; ``"none"`` ignores the tools. ``"auto"`` (OpenAI's
-default when tools are given) lets the model choose: text that does not start as a call, or
-calls in the format its chat template teaches (``_call_formats``: Hermes', Qwen3-Coder's XML,
-Llama 3's JSON; a little blank space before each), each held to its function's schema, so the
-answer's first characters past blank space say which it is. A reasoning model reasons first,
-freely, and then answers so (``_structured.after_thought``; its reasoning is the message's).
-The tools are passed to the chat template (``tools``), as Hugging Face's
-``apply_chat_template`` does; for a template that does not show them, ``"auto"`` shows them,
-and Hermes' format, in a system message (``brief``).
+default when tools are given) lets the model choose: text, or calls in the format its chat
+template teaches (``_call_formats``: Hermes', Qwen3-Coder's XML, Llama 3's JSON, Mistral's;
+in the tagged ones words may come first), each held to its function's schema. A reasoning
+model reasons first, freely, and then answers so (``_structured.after_thought``; its
+reasoning is the message's). The tools are passed to the chat template (``tools``), as
+Hugging Face's ``apply_chat_template`` does; for a template that does not show them,
+``"auto"`` shows them, and Hermes' format, in a system message (``brief``).
 """
 
 from __future__ import annotations
@@ -51,9 +50,6 @@ For each function call, return a json object with function name and arguments wi
 TEXT_OR_CALLS = """start: {answer} | calls
 {answer_rule}
 {calls}"""
-FREE_TEXT = r"TEXT: /(.|\n)+/ & ~/[ \t\r\n]*{opening}(.|\n)*/"
-"""Any text but calls, blank space before them too (llguidance's `&` and `~` on a lexeme):
-HTML and XML answers too."""
 BLANK = r"BLANK: /[ \t\r\n]{1,4}/"
 """The blank space a JSON answer may open with, as a call may (a model that opens with a
 newline is not thereby held to a call)."""
@@ -98,23 +94,26 @@ class ToolPlan:
         calls in the model's format."""
         if not self.auto:
             return "json", self.schema()
-        name, rule = "TEXT", FREE_TEXT.format(opening=self.format.pattern)
+        name, rule = "TEXT", self.format.free_text()
         if answer is not None:
             name, rule = "answer", f"answer: BLANK? %json {held(answer)}\n{BLANK}"
         calls = self.format.rules(self.functions, answer is not None, self.parallel)
         return "grammar", TEXT_OR_CALLS.format(answer=name, answer_rule=rule, calls=calls)
 
-    def is_text(self, begun: str) -> bool:
-        """Whether an answer begun with ``begun`` is text the model chose over calls (``auto``):
-        known once it is neither blank nor still spelling (or past) a call's opening."""
-        begun, opening = self.format.begun(begun), self.format.open
-        return self.auto and not (opening.startswith(begun) or begun.startswith(opening))
+    def sendable(self, held: str, sent: bool) -> int:
+        """How much of what is held of an answer (after what was ``sent``) may be streamed as
+        its words: none unless ``auto``; past that, what surely opens no call."""
+        return self.format.sendable(held, sent) if self.auto else 0
+
+    def preface(self, text: str) -> str:
+        """The words an answer with calls wrote before them."""
+        return self.format.preface(text) if self.auto else ""
 
     def calls(self, text: str, call_id: str) -> list[ToolCall] | None:
         """The answer as tool calls (``None`` if it is text, or calls cut by ``max_tokens``)."""
         try:
             if self.auto:
-                said = self.format.begun(text).startswith(self.format.open)
+                said = self.format.called(text)
                 pairs = self.format.read(text, self.functions) if said else []
             elif self.named:
                 pairs = [(self.named, json.loads(text))]

@@ -13,6 +13,7 @@ from litestar.response import Stream
 
 from kiln_platform.errors import KilnError
 from kiln_platform.gateway import _logprobs
+from kiln_platform.gateway._chat_calls import release, tool_calls
 from kiln_platform.gateway._reasoning import Split
 from kiln_platform.gateway.llm import Generation, Piece, sse
 from kiln_platform.gateway.llm_schemas import (
@@ -26,8 +27,6 @@ from kiln_platform.gateway.llm_schemas import (
     TextChoice,
     TextCompletion,
     TextLogprobs,
-    ToolCall,
-    ToolCallDelta,
 )
 from kiln_platform.gateway.llm_usage import token_usage
 from kiln_platform.gateway.schemas import ErrorBody, ErrorResponse
@@ -35,7 +34,7 @@ from kiln_platform.registry import lifecycle
 from kiln_platform.registry.lifecycle import fingerprint
 
 if TYPE_CHECKING:
-    from collections.abc import AsyncGenerator, Callable
+    from collections.abc import AsyncGenerator
 
     from kiln_platform.gateway.llm_schemas import StreamOptions
     from kiln_runtimes.protocol import TokenLogprobs
@@ -89,14 +88,6 @@ async def collect(gen: Generation) -> list[Answer]:
     return answers
 
 
-def tool_calls(gen: Generation, index: int, text: str, finish: str) -> list[ToolCall] | None:
-    """A choice's answer as the tool calls the request asked for (``None``: it is text, or
-    was cut before the call was whole)."""
-    if gen.tools is None or finish != "stop":
-        return None
-    return gen.tools.calls(text, f"{ident('call', gen)}_{index}")
-
-
 def splitter(gen: Generation, index: int) -> Split | None:
     """Choice ``index``'s split into reasoning and content (its tool calls, if any), if its
     model reasons in tags (``_reasoning``)."""
@@ -119,7 +110,7 @@ def _message(
         finish = gen.tools.finish_reason
     elif split is None:
         return AssistantMessage(content=text), finish
-    said = None if calls else content
+    said = (gen.tools.preface(content) or None) if calls and gen.tools else content
     return AssistantMessage.reasoned(said, reasoning, shown=shown, tool_calls=calls), finish
 
 
@@ -238,23 +229,23 @@ async def stream_chat(
                                        usage=usage() if every else None))  # fmt: skip
 
     held: dict[int, list[Piece]] = {c.index: [] for c in gen.choices if gen.tools is not None}
+    spoke: set[int] = set()
     for choice in gen.choices:
         yield chunk(Piece("", index=choice.index), Delta(role="assistant", content=""))
     try:
         async for arrived in gen.pieces():
             piece, split = arrived, splits.get(arrived.index)
-            if piece.index in held:  # tool calls are sent whole
+            if piece.index in held:  # tool calls are sent whole, words as they are known
                 if split is not None:  # the reasoning is sent as it comes, the answer held
                     thought, piece = _thought(split, piece, reasoning)
                     if thought is not None:
                         yield chunk(arrived, thought)
-                held[piece.index].append(piece)
-                if not is_text(gen, "".join(p.text for p in held[piece.index])):
-                    if piece.finish_reason is not None:  # joined once, when it is whole
-                        for event in _held(gen, _joined(held[piece.index]), chunk):
-                            yield event
+                events, words = release(gen, held[piece.index], piece, spoke, chunk)
+                for event in events:
+                    yield event
+                if words is None:
                     continue
-                piece, split = _joined(held.pop(piece.index)), None  # text: streamed as is
+                piece, split = words, None  # surely words: streamed as they are
             delta = _delta(split, piece, reasoning)
             if delta is not None:
                 yield chunk(piece, delta)
@@ -298,35 +289,6 @@ def _thought(split: Split, piece: Piece, shown: bool) -> tuple[Delta | None, Pie
         return None, dataclasses.replace(piece, text=content)
     said = Delta(reasoning=reasoning, reasoning_content=reasoning)
     return said, dataclasses.replace(piece, text=content, token_ids=(), logprobs=None)
-
-
-def is_text(gen: Generation, text: str) -> bool:
-    """Whether an answer begun with ``text`` is text the model chose over calls (``auto``)."""
-    return gen.tools is not None and gen.tools.is_text(text)
-
-
-def _joined(pieces: list[Piece]) -> Piece:
-    """Held pieces of one choice as one."""
-    last, logprobs = pieces[-1], [p.logprobs for p in pieces if p.logprobs is not None]
-    return Piece(
-        "".join(p.text for p in pieces), last.finish_reason, last.index,
-        tuple(t for p in pieces for t in p.token_ids),
-        tuple(lp for group in logprobs for lp in group) if logprobs else None, last.stop,
-    )  # fmt: skip
-
-
-def _held(gen: Generation, answer: Piece, chunk: Callable[..., bytes]) -> list[bytes]:
-    """A held choice's finished ``answer`` (its pieces joined) in one chunk: its calls, or its
-    text, logprobs and all, if cut before they were whole; then its finish chunk."""
-    if gen.tools is None or answer.finish_reason is None:
-        return []
-    calls = tool_calls(gen, answer.index, answer.text, answer.finish_reason)
-    if calls is None:
-        said = [chunk(answer, Delta(content=answer.text))] if answer.text or answer.logprobs else []
-        return [*said, chunk(answer, Delta(), answer.finish_reason)]
-    deltas = [ToolCallDelta(index=i, id=c.id, function=c.function) for i, c in enumerate(calls)]
-    finish = gen.tools.finish_reason
-    return [chunk(answer, Delta(tool_calls=deltas)), chunk(answer, Delta(), finish)]
 
 
 async def stream_text(

@@ -8,7 +8,8 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from kiln_platform.gateway import _logprobs
-from kiln_platform.gateway.completions import ident, splitter, tool_calls
+from kiln_platform.gateway._chat_calls import tool_calls
+from kiln_platform.gateway.completions import ident, splitter
 from kiln_platform.gateway.conversation_items import named
 from kiln_platform.gateway.llm_usage import spent
 from kiln_platform.gateway.responses_schemas import (
@@ -82,7 +83,10 @@ def output(gen: Generation, answer: Answer, status: str) -> tuple[list[Item], in
         items.append(ReasoningItem(id=ident("rs", gen), content=[ReasoningText(text=thought)],
                                    status=closed))  # fmt: skip
     spent = reasoned(gen, split)
-    if (calls := tool_calls(gen, 0, content, answer.finish)) is not None:
+    if (calls := tool_calls(gen, 0, content, answer.finish)) is not None and gen.tools:
+        if words := gen.tools.preface(content):  # the words before the calls: no log-probs
+            items.append(OutputMessage(id=ident("msg", gen), status=status,
+                                       content=[OutputText(text=words)]))  # fmt: skip
         return [*items, *(
             FunctionCallItem(id=f"fc-{c.id}", call_id=c.id, name=c.function.name,
                              arguments=c.function.arguments) for c in calls

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 
 from kiln_platform.errors import KilnError
-from kiln_platform.gateway.completions import Answer, ident, is_text, splitter
+from kiln_platform.gateway.completions import Answer, ident, splitter
 from kiln_platform.gateway.response_output import Item, answered, reasoned, response, scored
 from kiln_platform.gateway.responses_schemas import (
     FunctionCallItem,
@@ -48,7 +48,9 @@ class _Live:
     closed: set[int] = field(default_factory=set)
     thought: str = ""
     held: str = ""
-    """A reasoning model's answer while it may be tool calls."""
+    """Words of the answer while they may be a tool call."""
+    said: str = ""
+    """The message's words sent."""
     sent: int = 0
 
     def at(self, kind: str) -> dict[str, Any]:
@@ -71,15 +73,33 @@ class _Live:
     def piece(self, answer: Answer, piece: Piece) -> Events:
         """The events a piece of the answer makes (text held while it may be a tool call, or
         a reasoning tag)."""
-        if self.split is not None:
-            answer.add(piece)
-            return self.split_text(answer, *self.split.push(piece.text))
-        held = "" if "message" in self.opened else "".join(answer.parts)
         answer.add(piece)
-        delta = held + piece.text
-        if not delta or ("message" not in self.opened and not is_text(self.gen, delta)):
+        if self.split is not None:
+            return self.split_text(answer, *self.split.push(piece.text))
+        return self.words(answer, piece.text)
+
+    def words(self, answer: Answer, content: str) -> Events:
+        """The answer's words sent, held while they may still be a tool call."""
+        if self.gen.tools is not None:
+            self.held += content
+            ready = self.gen.tools.sendable(self.held, "message" in self.opened)
+            content, self.held = self.held[:ready], self.held[ready:]
+        return self.say(answer, content) if content else []
+
+    def rest(self, item: Item, index: int) -> Events:
+        """The last of a streamed message's words, held until its end (blank space, or what
+        might have opened a call)."""
+        if not isinstance(item, OutputMessage) or self.opened.get("message") != index:
             return []
-        return self.say(answer, delta)
+        text = item.content[0].text
+        if len(text) <= len(self.said):
+            return []
+        return [
+            (
+                "response.output_text.delta",
+                {**self.at("message"), "delta": text[len(self.said) :], "logprobs": []},
+            )
+        ]
 
     def split_text(self, answer: Answer, thought: str, content: str) -> Events:
         events: Events = []
@@ -89,12 +109,7 @@ class _Live:
             self.thought += thought
             events.append(("response.reasoning_text.delta", {**self.at("reasoning"),
                                                              "delta": thought}))  # fmt: skip
-        if "message" not in self.opened and self.gen.tools is not None:
-            self.held += content
-            if not is_text(self.gen, self.held):
-                return events
-            content, self.held = self.held, ""
-        return events + self.say(answer, content) if content else events
+        return events + self.words(answer, content)
 
     def say(self, answer: Answer, text: str) -> Events:
         """A message delta (the reasoning item done first, the message added, if not yet)."""
@@ -109,6 +124,7 @@ class _Live:
             self.sent = max(self.sent, reasoned(self.gen, self.split))
         marks = scored(self.gen, answer, self.sent)
         self.sent += len(marks)
+        self.said += text
         delta = {**self.at("message"), "delta": text, "logprobs": marks}
         return [*events, ("response.output_text.delta", delta)]
 
@@ -154,6 +170,7 @@ async def events(
         ended(done)
     for index, item in enumerate(done.output):
         if index not in live.closed:
+            made += live.rest(item, index)
             made += finished(item, index, opened=index in live.opened.values())
     for kind, fields in made:
         yield event(kind, **fields)

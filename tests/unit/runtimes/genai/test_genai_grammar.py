@@ -203,7 +203,8 @@ CALL = '<tool_call>\n{"name": "f", "arguments": {"x": 1}}\n</tool_call>'
         ("hmm</think>\n\nIt is sunny.", True),
         (f"hmm</think>{CALL}\n{CALL}", True),
         (f"hmm</think>\n\n{CALL.replace('f', 'g', 1)}", False),  # not one of the tools
-        (f"hmm</think>\n\n\n\n\n\n{CALL}", False),  # a little blank space, not any amount
+        (f"hmm</think>\n\n\n\n\n\n{CALL}", True),  # words (blank too) before the first call
+        (f"hmm</think>{CALL}\n\n\n\n\n\n{CALL}", False),  # a little blank space between calls
         ("hmm</think>\n\n<tool_call>\nSunny", False),  # a call, past the blank space
         (f"hmm</think>\n\n\n\n{CALL}", True),
     ],
