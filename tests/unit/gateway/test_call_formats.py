@@ -20,6 +20,7 @@ from kiln_platform.gateway._call_formats import (
     XML,
     CallFormat,
     Mistral,
+    MistralArgs,
     raw,
     taught,
 )
@@ -62,7 +63,8 @@ def _plan(call_format: CallFormat, parallel: bool = True) -> ToolPlan:
 def tokenizer() -> Tokenizer:
     """A byte-level BPE with Mistral's ``[TOOL_CALLS]``, a special token."""
     tok = byte_bpe([XML_CALL, XML_TIME, JSON_CALL, JSON_TIME, "It is sunny in Oslo."] * 20)
-    tok.add_tokens([AddedToken("[TOOL_CALLS]", special=True, normalized=False)])
+    tok.add_tokens([AddedToken(t, special=True, normalized=False)
+                    for t in ("[TOOL_CALLS]", "[ARGS]")])  # fmt: skip
     return tok
 
 
@@ -97,7 +99,9 @@ def test_mistrals_template_teaches_its_token_and_a_json_list(tokenizer: Tokenize
     assert isinstance(made, Mistral)
     assert made.token_id == tokenizer.token_to_id("[TOOL_CALLS]")
     assert taught(said, byte_bpe(["x"])) is HERMES
-    assert taught(said + "[ARGS]", tokenizer) is HERMES
+    newer = taught(said + "{{- name + '[ARGS]' + arguments }}", tokenizer)
+    assert isinstance(newer, MistralArgs)
+    assert (newer.calls_id, newer.args_id) == (made.token_id, tokenizer.token_to_id("[ARGS]"))
 
 
 @pytest.mark.parametrize(
@@ -267,3 +271,46 @@ def test_call_ids_are_nine_characters_for_a_template_that_wants_them(
     (made, _), (_, answered) = ids
     assert made == answered
     assert len(made) == 9
+
+
+ARGS_CALL = '[TOOL_CALLS]weather[ARGS]{"city": "Oslo"}'
+
+
+def _args_format(tokenizer: Tokenizer) -> MistralArgs:
+    made = taught("{{ tools }}[TOOL_CALLS][ARGS]", tokenizer)
+    assert isinstance(made, MistralArgs)
+    return made
+
+
+@pytest.mark.parametrize(
+    ("text", "parallel", "follows"),
+    [
+        ("It is sunny in Oslo.", True, True),
+        (ARGS_CALL, True, True),
+        (f"{ARGS_CALL}[TOOL_CALLS]time[ARGS]{{}}", True, True),
+        (f"{ARGS_CALL}[TOOL_CALLS]time[ARGS]{{}}", False, False),
+        ('[TOOL_CALLS]weather[ARGS]{"days": 2}', True, False),
+        ('[TOOL_CALLS]nope[ARGS]{}', True, False),
+        ('weather{"city": "Oslo"}', True, False),  # what a call reads as, without its tokens
+    ],
+)  # fmt: skip
+def test_newer_mistral_calls_are_token_name_token_arguments(
+    tokenizer: Tokenizer, text: str, parallel: bool, follows: bool
+) -> None:
+    """Magistral's, Devstral's and Ministral 3's: ``[TOOL_CALLS]NAME[ARGS]{…}`` a call."""
+    assert _follows(tokenizer, _plan(_args_format(tokenizer), parallel), text) is follows
+
+
+def test_newer_mistral_calls_read_back_with_their_tokens_shown_or_not(
+    tokenizer: Tokenizer,
+) -> None:
+    made = _plan(_args_format(tokenizer))
+    both = f"{ARGS_CALL}[TOOL_CALLS]time[ARGS]{{}}"
+    calls = made.calls(both, "c")
+    assert [(c.function.name, json.loads(c.function.arguments)) for c in calls or []] == [
+        ("weather", {"city": "Oslo"}), ("time", {})
+    ]  # fmt: skip
+    assert made.calls(both.replace("[TOOL_CALLS]", "").replace("[ARGS]", ""), "c") == calls
+    assert made.calls("weathering the storm", "c") is None
+    said = ["", "weat", "weather{", "weathering", "It"]
+    assert [made.sendable(s, False) for s in said] == [0, 0, 0, 10, 2]

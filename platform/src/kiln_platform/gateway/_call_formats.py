@@ -10,6 +10,8 @@ chat template teaches, read from the template as vLLM's operators pick a tool pa
   parameters in their schema's order.
 - ``Mistral`` (a template that writes ``[TOOL_CALLS]``, a special token of its tokenizer, and
   no ``[ARGS]``; vLLM's ``mistral``): the token, then the calls as a JSON list.
+- ``MistralArgs`` (one that writes ``[TOOL_CALLS]`` and ``[ARGS]``, both its tokenizer's): a
+  call is ``[TOOL_CALLS]NAME[ARGS]{…}``.
 - ``JSON`` (Llama 3.1-3.3's ``{"name": function name, "parameters": dictionary of argument
   name and its value}``; vLLM's ``llama3_json``): the call's JSON alone, calls parted by
   ``; ``.
@@ -100,6 +102,11 @@ class CallFormat:
             end = next((len(text) - k for k in range(min(len(self.open) - 1, len(text)), 0, -1)
                         if self.open.startswith(text[-k:])), len(text))  # fmt: skip
         return len(text[:end].rstrip())
+
+    def bound(self, functions: dict[str, dict[str, Any]]) -> CallFormat:
+        """The format for a request that offers ``functions``."""
+        del functions
+        return self
 
     def read(self, text: str, functions: dict[str, dict[str, Any]]) -> list[tuple[str, Any]]:
         """(name, arguments) of each call in ``text``; a ``ValueError`` if it holds none."""
@@ -235,6 +242,54 @@ class Mistral(CallFormat):
         return [(c["name"], c["arguments"]) for c in json.loads(self.begun(text))]
 
 
+class MistralArgs(CallFormat):
+    """Mistral's newer calls (Magistral, Devstral, Ministral 3, Mistral Small 3.2): each its
+    ``[TOOL_CALLS]`` token, the function's name, its ``[ARGS]`` token and the arguments' JSON
+    (the tokens are special: left out of the text unless asked for)."""
+
+    name = "mistral_args"
+    marker = "[TOOL_CALLS]"
+    prefaced = False
+    _shown = re.compile(r"\[TOOL_CALLS\]|\[ARGS\]")
+
+    def __init__(self, calls_id: int, args_id: int, names: tuple[str, ...] = ()) -> None:
+        self.calls_id, self.args_id, self.names = calls_id, args_id, names
+        self.pattern = "(" + "|".join(names) + r")\{"
+
+    def bound(self, functions: dict[str, dict[str, Any]]) -> CallFormat:
+        return MistralArgs(self.calls_id, self.args_id, tuple(functions))
+
+    def rules(self, functions: dict[str, dict[str, Any]], answered: bool, parallel: bool) -> str:
+        del answered
+        calls = [f"<[{self.calls_id}]> {json.dumps(name)} <[{self.args_id}]> %json {held(params)}"
+                 for name, params in functions.items()]  # fmt: skip
+        return ("calls: call+" if parallel else "calls: call") + "\ncall: " + " | ".join(calls)
+
+    def begun(self, text: str) -> str:
+        return self._shown.sub("", text).lstrip()
+
+    def called(self, text: str) -> bool:
+        begun = self.begun(text)
+        return any(begun.startswith(name + "{") for name in self.names)
+
+    def sendable(self, text: str, sent: bool) -> int:
+        begun = self.begun(text)
+        undecided = any((name + "{").startswith(begun) for name in self.names)
+        return len(text) if sent or not (undecided or self.called(text)) else 0
+
+    def read(self, text: str, functions: dict[str, dict[str, Any]]) -> list[tuple[str, Any]]:
+        decoder, calls, at, text = json.JSONDecoder(), [], 0, self.begun(text).rstrip()
+        names = sorted(functions, key=len, reverse=True)  # ``get`` is not ``get_weather``
+        while at < len(text):
+            name = next((n for n in names if text.startswith(n + "{", at)), None)
+            if name is None:
+                raise ValueError(f"no call at {at}")
+            arguments, at = decoder.raw_decode(text, at + len(name))
+            calls.append((name, arguments))
+            at += len(text[at:]) - len(text[at:].lstrip())
+        return calls
+
+
 HERMES, XML, JSON = CallFormat(), Xml(), Json()
 
 
@@ -244,7 +299,9 @@ def taught(template: str, tokenizer: Tokenizer) -> CallFormat:
         return XML
     if '"parameters": dictionary of argument name' in template:
         return JSON
-    mistral = tokenizer.token_to_id(Mistral.marker)
-    if mistral is not None and Mistral.marker in template and "[ARGS]" not in template:
+    mistral, args = tokenizer.token_to_id(Mistral.marker), tokenizer.token_to_id("[ARGS]")
+    if mistral is None or Mistral.marker not in template:
+        return HERMES
+    if "[ARGS]" not in template:
         return Mistral(mistral)
-    return HERMES
+    return MistralArgs(mistral, args) if args is not None else HERMES

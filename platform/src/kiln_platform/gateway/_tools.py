@@ -71,7 +71,7 @@ class ToolPlan:
 
     def written(self, call_format: CallFormat) -> ToolPlan:
         """The plan for a model whose template teaches ``call_format``."""
-        return replace(self, format=call_format)
+        return replace(self, format=call_format.bound(self.functions))
 
     @property
     def finish_reason(self) -> str:
