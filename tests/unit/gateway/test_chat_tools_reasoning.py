@@ -31,7 +31,8 @@ def _gen(pieces: list[Piece], choice: Any = "auto") -> Any:
 
     return SimpleNamespace(
         request=SimpleNamespace(request_id="req_1", logprobs=None), name="m",
-        model=SimpleNamespace(think=(OPEN, CLOSE), tokenizer=None), tools=plan(TOOLS, choice, None),
+        model=SimpleNamespace(think=(OPEN, CLOSE), harmony=None, tokenizer=None),
+        tools=plan(TOOLS, choice, None),
         choices=[SimpleNamespace(index=0, request=SimpleNamespace(prompt_ids=[1, OPEN]),
                                  tokens=[4, 5, CLOSE, 6])],
         version=SimpleNamespace(version=1, artifact_digest="sha256:ab"),

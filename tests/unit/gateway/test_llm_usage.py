@@ -18,8 +18,8 @@ TEXT = {OPEN: "<think>", CLOSE: "</think>", 4: "a", 5: "b", 6: "c", 9: "\n"}
 def _gen(prompt: list[int], tokens: list[int]) -> Any:
     tokenizer = SimpleNamespace(decode=lambda ids: "".join(TEXT[t] for t in ids))
     choice = SimpleNamespace(request=SimpleNamespace(prompt_ids=prompt), tokens=tokens)
-    return SimpleNamespace(model=SimpleNamespace(think=(OPEN, CLOSE), tokenizer=tokenizer),
-                           choices=[choice])  # fmt: skip
+    model = SimpleNamespace(think=(OPEN, CLOSE), harmony=None, tokenizer=tokenizer)
+    return SimpleNamespace(model=model, choices=[choice])
 
 
 @pytest.mark.parametrize(

@@ -24,7 +24,8 @@ def _gen(prompt: list[int], tokens: list[int]) -> Any:
     choice = SimpleNamespace(request=SimpleNamespace(prompt_ids=prompt), tokens=tokens)
     return SimpleNamespace(
         request=SimpleNamespace(request_id="req_1", logprobs=None), tools=None,
-        model=SimpleNamespace(think=(OPEN, CLOSE), tokenizer=SimpleNamespace(decode=lambda _: "")),
+        model=SimpleNamespace(think=(OPEN, CLOSE), harmony=None,
+                              tokenizer=SimpleNamespace(decode=lambda _: "")),
         choices=[choice],
     )  # fmt: skip
 
@@ -145,4 +146,22 @@ def test_words_before_calls_stream_as_a_message_before_them(
     whole = [msgspec.to_builtins(item) for item in items]
     assert [i["type"] for i in whole] == kinds
     assert whole[1]["content"][0]["text"] == "".join(deltas)
+    assert [f["item"] for k, f in events if k == "response.output_item.done"] == whole
+
+
+def test_gpt_oss_analysis_streams_as_reasoning_and_final_as_the_message() -> None:
+    """Harmony's channels (``_harmony``): the same items as a ``<think>`` model's, no marker
+    in any event."""
+    gen = _gen([1], list(range(20, 26)))
+    gen.model.think, gen.model.harmony = None, 99
+    texts = ["<|channel|>anal", "ysis<|message|>Hm", "m.<|end|><|start|>assistant",
+             "<|channel|>final<|message|>A ", "cat.", ""]  # fmt: skip
+    pieces = [Piece(t, "stop" if i == len(texts) - 1 else None, 0, (20 + i,))
+              for i, t in enumerate(texts)]  # fmt: skip
+    events, answer = _streamed(gen, pieces)
+    items, _ = output(gen, answer, "completed")
+    whole = [msgspec.to_builtins(item) for item in items]
+    assert [(i["type"], i["content"][0]["text"]) for i in whole] == [
+        ("reasoning", "Hmm."), ("message", "A cat.")]  # fmt: skip
+    assert "".join(f["delta"] for k, f in events if k.endswith("text.delta")) == "Hmm.A cat."
     assert [f["item"] for k, f in events if k == "response.output_item.done"] == whole

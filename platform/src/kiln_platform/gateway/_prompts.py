@@ -190,15 +190,16 @@ def completion_prompts(request: CompletionRequest, model: TextModel) -> list[lis
     return prompts
 
 
-def stops(request: ChatCompletionRequest | CompletionRequest) -> Detokenizing:
+def stops(request: ChatCompletionRequest | CompletionRequest, marked: bool = False) -> Detokenizing:
     """The request's ``stop`` strings, and vLLM's ``include_stop_str_in_output`` and
-    ``skip_special_tokens``."""
+    ``skip_special_tokens`` (off for a chat whose answer is read by its special tokens,
+    ``marked``: harmony's, which ``_harmony`` takes out)."""
     value = request.stop
     stops = [value] if isinstance(value, str) else list(value or [])
     if len(stops) > MAX_STOP or not all(stops):
         raise BadRequest(f"'stop' takes up to {MAX_STOP} non-empty strings.", param="stop")
     return Detokenizing(tuple(stops), include_stop=bool(request.include_stop_str_in_output),
-                        skip_special=request.skip_special_tokens is not False,
+                        skip_special=request.skip_special_tokens is not False and not marked,
                         min_tokens=request.min_tokens or 0,
                         stop_ids=tuple(request.stop_token_ids or ()))  # fmt: skip
 

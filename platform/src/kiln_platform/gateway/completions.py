@@ -14,6 +14,7 @@ from litestar.response import Stream
 from kiln_platform.errors import KilnError
 from kiln_platform.gateway import _logprobs
 from kiln_platform.gateway._chat_calls import release, tool_calls
+from kiln_platform.gateway._harmony import Harmony
 from kiln_platform.gateway._reasoning import Split
 from kiln_platform.gateway.llm import Generation, Piece, sse
 from kiln_platform.gateway.llm_schemas import (
@@ -91,10 +92,10 @@ async def collect(gen: Generation) -> list[Answer]:
 def splitter(gen: Generation, index: int) -> Split | None:
     """Choice ``index``'s split into reasoning and content (its tool calls, if any), if its
     model reasons in tags (``_reasoning``)."""
-    think = gen.model.think
-    if think is None:
-        return None
-    return Split.after(think, gen.choices[index].request.prompt_ids)
+    think, prompt = gen.model.think, gen.choices[index].request.prompt_ids
+    if gen.model.harmony is not None:
+        return Harmony.opened(gen.model.harmony, prompt)
+    return None if think is None else Split.after(think, prompt)
 
 
 def _message(

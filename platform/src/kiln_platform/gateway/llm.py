@@ -362,7 +362,8 @@ async def prepare(
     )
     chat = isinstance(request, ChatCompletionRequest)  # the answer is split
     grammar = _structured.after_thought(grammar, model.think if chat else None, prompts[0])
-    stop, eos = _prompts.stops(request), {*model.eos_token_ids, *version.manifest.stop_token_ids}
+    stop, eos = _prompts.stops(request, chat and model.harmony is not None), {
+        *model.eos_token_ids, *version.manifest.stop_token_ids}  # fmt: skip
     plan = sampling(request, model.tokenizer.get_vocab_size(), len(prompts), grammar=grammar,
                     eos=eos, defaults=version.manifest.sampling)  # fmt: skip
     choices = _choices(
