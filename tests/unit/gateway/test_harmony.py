@@ -10,7 +10,7 @@ import msgspec
 import pytest
 from tokenizers import AddedToken
 
-from kiln_platform.gateway._harmony import Harmony, harmony_id
+from kiln_platform.gateway._harmony import Harmony, after_analysis, harmony_ids
 from kiln_platform.gateway._prompts import stops
 from kiln_platform.gateway._textmodel import load_text_model
 from kiln_platform.gateway.llm_schemas import ChatCompletionRequest
@@ -50,19 +50,51 @@ def test_a_preamble_is_content_and_a_cut_reasoning_stays_reasoning() -> None:
 def test_a_harmony_tokenizer_keeps_its_markers_in_a_chats_text(tmp_path: Path) -> None:
     tok = byte_bpe(["Paris analysis final"])
     tok.add_special_tokens([AddedToken(m, special=True) for m in MARKERS])
-    assert harmony_id(tok) == tok.token_to_id("<|message|>")
-    assert harmony_id(byte_bpe(["Paris"])) is None
+    ids = harmony_ids(tok)
+    assert ids == tuple(tok.token_to_id(m) for m in ("<|start|>", "<|channel|>", "<|message|>",
+                                                     "<|end|>"))  # fmt: skip
+    assert harmony_ids(byte_bpe(["Paris"])) is None
     tok.save(str(tmp_path / "tokenizer.json"))
     (tmp_path / "tokenizer_config.json").write_text(json.dumps({"chat_template": "{{ messages }}"}))
     model = load_text_model(tmp_path, "tokenizer.json")
-    assert model.harmony == tok.token_to_id("<|message|>")
+    assert model.harmony == ids
     request = msgspec.convert({"model": "m", "messages": [{"role": "user", "content": "Hi"}]},
                               ChatCompletionRequest)  # fmt: skip
     assert (stops(request).skip_special, stops(request, marked=True).skip_special) == (True, False)
     text = stops(request, marked=True).stream(model.tokenizer)  # the worker's ids, one by one
-    ids = model.tokenizer.encode(ANSWER.replace("capital", "Paris"), add_special_tokens=False).ids
+    tokens = model.tokenizer.encode(ANSWER.replace("capital", "Paris"), add_special_tokens=False)
     split, said = Harmony.opened(99, [1]), [("", "")]
-    said += [split.push(text.push([token])) for token in ids] + [split.push(text.flush())]
+    said += [split.push(text.push([token])) for token in tokens.ids] + [split.push(text.flush())]
     said.append(split.flush())
     reasoning, content = ("".join(part) for part in zip(*said, strict=True))
     assert (reasoning, content) == ("User asks the Paris. <b>Easy</b>.", "Paris, <i>of course</i>.")
+
+
+@pytest.mark.parametrize(
+    ("text", "follows"),
+    [
+        ('<|channel|>analysis<|message|>hmm<|end|><|start|>assistant<|channel|>final<|message|>'
+         '{"a": 1}', True),
+        ('<|channel|>final<|message|>{"a": 1}', True),  # no reasoning
+        ('<|channel|>final<|message|>hmm', False),
+        ('{"a": 1}', False),  # the final message's, not the header's place
+    ],
+)  # fmt: skip
+def test_a_structured_output_holds_the_final_message_after_the_analysis(
+    text: str, follows: bool
+) -> None:
+    """vLLM's structured outputs start after gpt-oss's reasoning: the grammar is the final
+    channel's message's, after an analysis message the model may write freely."""
+    import llguidance
+
+    from kiln_platform.gateway._structured import JSON_STYLE
+    from tests.factories import accepts
+
+    tok = byte_bpe(['{"a": 1} analysis final assistant hmm'] * 20)
+    tok.add_special_tokens([AddedToken(m, special=True) for m in MARKERS])
+    ids = harmony_ids(tok)
+    assert ids is not None
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
+    answer = llguidance.LLMatcher.grammar_from_json_schema(schema, overrides=JSON_STYLE)
+    assert accepts(tok, after_analysis(answer, ids), text) is follows
+    assert Harmony.opened(ids[2], [1]).whole('{"a": 1}') == ("", '{"a": 1}')  # no header

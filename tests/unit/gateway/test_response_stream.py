@@ -153,7 +153,7 @@ def test_gpt_oss_analysis_streams_as_reasoning_and_final_as_the_message() -> Non
     """Harmony's channels (``_harmony``): the same items as a ``<think>`` model's, no marker
     in any event."""
     gen = _gen([1], list(range(20, 26)))
-    gen.model.think, gen.model.harmony = None, 99
+    gen.model.think, gen.model.harmony = None, (96, 97, 99, 98)
     texts = ["<|channel|>anal", "ysis<|message|>Hm", "m.<|end|><|start|>assistant",
              "<|channel|>final<|message|>A ", "cat.", ""]  # fmt: skip
     pieces = [Piece(t, "stop" if i == len(texts) - 1 else None, 0, (20 + i,))

@@ -8,6 +8,7 @@ for such a model) so this reads them, and they reach no client.
 
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -25,11 +26,31 @@ ENDS = ("<|end|>", "<|return|>", "<|call|>")
 CHANNEL = re.compile(r"<\|channel\|>\s*(\w+)")
 
 
-def harmony_id(tokenizer: Tokenizer) -> int | None:
-    """The id of ``<|message|>`` if the tokenizer's special tokens are harmony's (gpt-oss's
-    ``o200k_harmony``), else ``None``."""
+MARKS = ("<|start|>", "<|channel|>", MESSAGE, ENDS[0])
+
+
+def harmony_ids(tokenizer: Tokenizer) -> tuple[int, int, int, int] | None:
+    """The ids of ``<|start|>``, ``<|channel|>``, ``<|message|>`` and ``<|end|>`` if the
+    tokenizer's special tokens are harmony's (gpt-oss's ``o200k_harmony``), else ``None``."""
     special = {t.content: i for i, t in tokenizer.get_added_tokens_decoder().items() if t.special}
-    return special[MESSAGE] if {"<|channel|>", MESSAGE, ENDS[0]} <= special.keys() else None
+    if not set(MARKS) <= special.keys():
+        return None
+    start, channel, message, end = (special[mark] for mark in MARKS)
+    return start, channel, message, end
+
+
+def after_analysis(grammar: str, ids: tuple[int, int, int, int]) -> str:
+    """A grammar (llguidance's JSON form) for the final channel's message, after an analysis
+    one the model may write first: vLLM's structured outputs after gpt-oss's reasoning."""
+    start, channel, message, end = ids
+    spec = json.loads(grammar) if grammar.lstrip().startswith("{") else None
+    parts = spec["grammars"] if spec is not None else [{"lark_grammar": grammar}]
+    wrapper = f"""start: analysis? <[{channel}]> "final" <[{message}]> @answer
+analysis: <[{channel}]> "analysis" <[{message}]> THOUGHT <[{end}]> <[{start}]> "assistant"
+THOUGHT: /(.|\\n)*/
+"""
+    grammars = [{"name": "harmony", "lark_grammar": wrapper}, {**parts[0], "name": "answer"}]
+    return json.dumps({**(spec or {}), "grammars": [*grammars, *parts[1:]]})
 
 
 @dataclass(slots=True)
@@ -55,6 +76,10 @@ class Harmony(Split):
         reasoning = content = ""
         while True:
             if self.channel is None:  # a header: its channel, up to the body
+                bare = self._held.lstrip()
+                if bare and not "<|".startswith(bare[:2]):  # no header: the answer's words
+                    self.channel, self.state = "final", "after"
+                    continue
                 at = self._held.find(MESSAGE)
                 if at < 0:
                     return reasoning, content

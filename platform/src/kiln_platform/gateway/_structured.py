@@ -24,6 +24,7 @@ import anyio.to_thread
 import llguidance
 
 from kiln_platform.errors import BadRequest
+from kiln_platform.gateway._harmony import after_analysis
 from kiln_platform.gateway._reasoning import CLOSE, OPEN, Split
 
 if TYPE_CHECKING:
@@ -190,12 +191,16 @@ weights)."""
 
 
 def after_thought(
-    grammar: str | None, think: tuple[int, int] | None, prompt: Sequence[int]
-) -> str | None:
+    grammar: str | None, think: tuple[int, int] | None, prompt: Sequence[int],
+    harmony: tuple[int, int, int, int] | None = None,
+) -> str | None:  # fmt: skip
     """``grammar`` after a reasoning model's reasoning (``think``: its tags' ids; ``None``, or
     no grammar: as it is): inside it first if ``prompt`` left a ``<think>`` open, else the
     model may open one before the answer. A grammar that writes the tags itself (a regex or
-    Lark grammar shaping the reasoning too) is the whole answer's, as it is."""
+    Lark grammar shaping the reasoning too) is the whole answer's, as it is. gpt-oss's
+    (``harmony``: its markers' ids) is its final channel's, unless the prompt opened it."""
+    if grammar is not None and harmony is not None and prompt and prompt[-1] != harmony[2]:
+        return after_analysis(grammar, harmony)
     if grammar is None or think is None or "think>" in grammar:  # `<\/think>` in a regex too
         return grammar
     inside = Split.after(think, prompt).state == "inside"

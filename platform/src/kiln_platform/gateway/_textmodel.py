@@ -13,7 +13,7 @@ from jinja2.exceptions import TemplateError
 from kiln_platform.errors import BadRequest
 from kiln_platform.gateway._call_formats import HERMES, CallFormat, taught
 from kiln_platform.gateway._chat_jinja import chat_environment
-from kiln_platform.gateway._harmony import harmony_id
+from kiln_platform.gateway._harmony import harmony_ids
 from kiln_platform.gateway._items import text_of
 from kiln_platform.gateway._reasoning import think_ids
 from kiln_platform.gateway.services import load_tokenizer
@@ -50,8 +50,9 @@ class TextModel:
     """The ids of its ``<think>`` and ``</think>`` if it reasons in them (``_reasoning``)."""
     reads_effort: bool = False
     """The chat template reads ``reasoning_effort`` (gpt-oss's does)."""
-    harmony: int | None = None
-    """The id of its ``<|message|>`` if it answers in harmony's channels (gpt-oss's)."""
+    harmony: tuple[int, int, int, int] | None = None
+    """Its harmony markers' ids if it answers in harmony's channels (gpt-oss's,
+    ``_harmony.harmony_ids``)."""
     nine_ids: bool = False
     """The chat template refuses call ids other than nine characters (Mistral's)."""
     calls: CallFormat = HERMES
@@ -151,7 +152,7 @@ def load_text_model(model_dir: Path, tokenizer_file: str) -> TextModel:
     model = TextModel(
         tokenizer=tokenizer, template=None, bos_token=_token(config.get("bos_token")),
         eos_token=eos_token, eos_token_ids=tuple(sorted(eos_ids)), think=think_ids(tokenizer),
-        harmony=harmony_id(tokenizer),
+        harmony=harmony_ids(tokenizer),
     )  # fmt: skip
     tool_use = model_dir / "additional_chat_templates" / "tool_use.jinja"
     if tool_use.is_file():

@@ -94,7 +94,7 @@ def splitter(gen: Generation, index: int) -> Split | None:
     model reasons in tags (``_reasoning``)."""
     think, prompt = gen.model.think, gen.choices[index].request.prompt_ids
     if gen.model.harmony is not None:
-        return Harmony.opened(gen.model.harmony, prompt)
+        return Harmony.opened(gen.model.harmony[2], prompt)
     return None if think is None else Split.after(think, prompt)
 
 

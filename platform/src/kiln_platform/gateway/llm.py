@@ -361,7 +361,8 @@ async def prepare(
         request, model, tools, version.context_length
     )
     chat = isinstance(request, ChatCompletionRequest)  # the answer is split
-    grammar = _structured.after_thought(grammar, model.think if chat else None, prompts[0])
+    grammar = _structured.after_thought(grammar, model.think if chat else None, prompts[0],
+                                        model.harmony if chat else None)  # fmt: skip
     stop, eos = _prompts.stops(request, chat and model.harmony is not None), {
         *model.eos_token_ids, *version.manifest.stop_token_ids}  # fmt: skip
     plan = sampling(request, model.tokenizer.get_vocab_size(), len(prompts), grammar=grammar,
