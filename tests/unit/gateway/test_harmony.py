@@ -8,11 +8,14 @@ from pathlib import Path
 
 import msgspec
 import pytest
-from tokenizers import AddedToken
+from tokenizers import AddedToken, Tokenizer
 
+from kiln_platform.gateway._call_formats import HarmonyCalls, taught
 from kiln_platform.gateway._harmony import Harmony, after_analysis, harmony_ids
 from kiln_platform.gateway._prompts import stops
+from kiln_platform.gateway._structured import _compile, after_thought
 from kiln_platform.gateway._textmodel import load_text_model
+from kiln_platform.gateway._tools import ToolPlan, plan
 from kiln_platform.gateway.llm_schemas import ChatCompletionRequest
 from tests.factories import byte_bpe
 
@@ -98,3 +101,62 @@ def test_a_structured_output_holds_the_final_message_after_the_analysis(
     answer = llguidance.LLMatcher.grammar_from_json_schema(schema, overrides=JSON_STYLE)
     assert accepts(tok, after_analysis(answer, ids), text) is follows
     assert Harmony.opened(ids[2], [1]).whole('{"a": 1}') == ("", '{"a": 1}')  # no header
+
+
+CALLS = (*MARKERS, "<|constrain|>")
+WEATHER = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
+HEAD = "<|channel|>analysis<|message|>hmm<|end|><|start|>assistant"
+CALL = '<|channel|>commentary to=functions.weather <|constrain|>json<|message|>{"city": "Oslo"}'
+
+
+@pytest.fixture(scope="module")
+def harmony_tokenizer() -> Tokenizer:
+    tok = byte_bpe([CALL, HEAD, "It is sunny final commentary"] * 20)
+    tok.add_special_tokens([AddedToken(m, special=True) for m in CALLS])
+    return tok
+
+
+def _tools(tok: Tokenizer) -> ToolPlan:
+    made = plan([{"type": "function", "function": {"name": "weather", "parameters": WEATHER}}],
+                "auto", None)  # fmt: skip
+    assert made is not None
+    found = taught("{{ tools }}", tok)
+    assert isinstance(found, HarmonyCalls)
+    return made.written(found)
+
+
+@pytest.mark.parametrize(
+    ("text", "follows"),
+    [
+        (f"{HEAD}{CALL}", True),
+        (CALL, True),
+        (f"{HEAD}<|channel|>final<|message|>It is sunny.", True),
+        (f"<|channel|>commentary<|message|>Let me look.<|end|><|start|>assistant{CALL}", True),
+        (CALL.replace("weather", "time"), False),  # not one of the tools
+        (CALL.replace("city", "town"), False),  # its arguments held to the schema
+        ("It is sunny.", False),  # a header first
+    ],
+)
+def test_gpt_oss_calls_are_commentary_messages_to_a_function(
+    harmony_tokenizer: Tokenizer, text: str, follows: bool
+) -> None:
+    from tests.factories import accepts
+
+    kind, lark = _tools(harmony_tokenizer).constraint()
+    grammar = _compile(kind, lark, "tools")
+    ids = harmony_ids(harmony_tokenizer)
+    assert after_thought(grammar, None, [1], ids) == grammar  # it writes the messages itself
+    assert accepts(harmony_tokenizer, grammar, text) is follows
+
+
+def test_a_gpt_oss_call_reads_back_with_its_preamble_as_content(
+    harmony_tokenizer: Tokenizer,
+) -> None:
+    preamble = "<|channel|>commentary<|message|>Let me look.<|end|><|start|>assistant"
+    reasoning, content = Harmony.opened(99, [1]).whole(f"{HEAD}{preamble}{CALL}")
+    assert reasoning == "hmm"
+    made = _tools(harmony_tokenizer)
+    calls = made.calls(content, "c") or []
+    assert [(c.function.name, json.loads(c.function.arguments)) for c in calls] == [
+        ("weather", {"city": "Oslo"})]  # fmt: skip
+    assert made.preface(content) == "Let me look."

@@ -12,6 +12,7 @@ chat template teaches, read from the template as vLLM's operators pick a tool pa
   no ``[ARGS]``; vLLM's ``mistral``): the token, then the calls as a JSON list.
 - ``MistralArgs`` (one that writes ``[TOOL_CALLS]`` and ``[ARGS]``, both its tokenizer's): a
   call is ``[TOOL_CALLS]NAME[ARGS]{…}``.
+- ``HarmonyCalls`` (gpt-oss's tokenizer): a ``commentary`` message to ``functions.NAME``.
 - ``JSON`` (Llama 3.1-3.3's ``{"name": function name, "parameters": dictionary of argument
   name and its value}``; vLLM's ``llama3_json``): the call's JSON alone, calls parted by
   ``; ``.
@@ -26,6 +27,7 @@ import json
 import re
 from typing import TYPE_CHECKING, Any
 
+from kiln_platform.gateway._harmony import harmony_ids
 from kiln_platform.gateway._structured import JSON_STYLE
 
 if TYPE_CHECKING:
@@ -290,11 +292,41 @@ class MistralArgs(CallFormat):
         return calls
 
 
+class HarmonyCalls(CallFormat):
+    """gpt-oss's calls: a ``commentary`` message to ``functions.NAME`` (``<|constrain|>json``,
+    then its arguments' JSON), ended by ``<|call|>``, a stop token, after any ``analysis`` or
+    preamble messages; ``_harmony.Harmony`` puts each in the content as a Hermes block, which
+    this reads (a preamble's words before it)."""
+
+    name = "harmony"
+
+    def __init__(self, ids: tuple[int, int, int, int], constrain: int) -> None:
+        self.ids, self.constrain = ids, constrain
+
+    def grammar(self, functions: dict[str, dict[str, Any]], answer: dict[str, Any] | None) -> str:
+        """The whole answer's Lark: messages the model writes freely, then its final message
+        (text, or ``answer``'s JSON) or one call (the turn ends with it)."""
+        start, channel, message, end = self.ids
+        typed = f'(" " <[{self.constrain}]> "json")? <[{message}]>'
+        calls = " | ".join(f"{json.dumps(name)} {typed} %json {held(params)}"
+                           for name, params in functions.items())  # fmt: skip
+        final = "TEXT" if answer is None else f"%json {held(answer)}"
+        return f"""start: thought* (<[{channel}]> "final" <[{message}]> {final} | call)
+thought: <[{channel}]> ("analysis" | "commentary") <[{message}]> TEXT <[{end}]> again
+again: <[{start}]> "assistant"
+call: <[{channel}]> "commentary to=functions." ({calls})
+TEXT: /(.|\\n)*/
+"""
+
+
 HERMES, XML, JSON = CallFormat(), Xml(), Json()
 
 
 def taught(template: str, tokenizer: Tokenizer) -> CallFormat:
     """The format a chat template teaches (Hermes' unless it teaches another this reads)."""
+    harmony, constrain = harmony_ids(tokenizer), tokenizer.token_to_id("<|constrain|>")
+    if harmony is not None and constrain is not None:
+        return HarmonyCalls(harmony, constrain)
     if "<function=" in template and "<parameter=" in template:
         return XML
     if '"parameters": dictionary of argument name' in template:

@@ -24,6 +24,7 @@ if TYPE_CHECKING:
 MESSAGE = "<|message|>"
 ENDS = ("<|end|>", "<|return|>", "<|call|>")
 CHANNEL = re.compile(r"<\|channel\|>\s*(\w+)")
+RECIPIENT = re.compile(r"\bto=functions\.([\w.-]+)")
 
 
 MARKS = ("<|start|>", "<|channel|>", MESSAGE, ENDS[0])
@@ -61,6 +62,9 @@ class Harmony(Split):
 
     channel: str | None = None
     """The channel of the message being read (``None``: in a header)."""
+    recipient: str | None = None
+    """The function the message being read calls (``to=functions.NAME`` in its header)."""
+    _body: str = ""
 
     @classmethod
     def opened(cls, message_id: int, prompt_ids: Sequence[int]) -> Harmony:
@@ -83,8 +87,9 @@ class Harmony(Split):
                 at = self._held.find(MESSAGE)
                 if at < 0:
                     return reasoning, content
-                named = CHANNEL.search(self._held[:at])
+                named, to = CHANNEL.search(self._held[:at]), RECIPIENT.search(self._held[:at])
                 self.channel = named.group(1) if named else "final"
+                self.recipient = to.group(1) if to else None
                 self._held = self._held[at + len(MESSAGE) :]
                 if self.channel == "analysis":
                     self.reasoned = True
@@ -95,13 +100,16 @@ class Harmony(Split):
             cut = min(ends) if ends else len(self._held) - longest_stop_prefix_suffix(
                 self._held, (*ENDS, "<|start|>", "<|channel|>"))  # fmt: skip
             said, self._held = self._held[:cut], self._held[cut:]
-            if self.channel == "analysis":
+            if self.recipient is not None:  # a call: whole, once it ends
+                self._body += said
+            elif self.channel == "analysis":
                 reasoning += said
             else:
                 content += said
             if not ends:
                 return reasoning, content
             self._held = self._held[len(next(e for e in ENDS if self._held.startswith(e))) :]
+            content += self._called()
             self.channel = None
 
     def flush(self) -> tuple[str, str]:
@@ -110,7 +118,19 @@ class Harmony(Split):
         held, self._held = self._held, ""
         if self.channel is None:
             return "", ""
+        if self.recipient is not None:  # ended by ``<|call|>``, a stop token
+            self._body += held
+            return "", self._called()
         return (held, "") if self.channel == "analysis" else ("", held)
+
+    def _called(self) -> str:
+        """The call message just read, as a Hermes block (``_call_formats.HarmonyCalls``
+        reads it; none if the message was no call)."""
+        if self.recipient is None:
+            return ""
+        body, name, self._body, self.recipient = self._body.strip(), self.recipient, "", None
+        called = f'{{"name": {json.dumps(name)}, "arguments": {body or "{}"}}}'
+        return f"<tool_call>\n{called}\n</tool_call>"
 
     def whole(self, text: str) -> tuple[str, str]:
         """A whole answer's (reasoning, content)."""

@@ -199,8 +199,10 @@ def after_thought(
     model may open one before the answer. A grammar that writes the tags itself (a regex or
     Lark grammar shaping the reasoning too) is the whole answer's, as it is. gpt-oss's
     (``harmony``: its markers' ids) is its final channel's, unless the prompt opened it."""
-    if grammar is not None and harmony is not None and prompt and prompt[-1] != harmony[2]:
-        return after_analysis(grammar, harmony)
+    if grammar is not None and harmony is not None:  # unless it writes the messages itself
+        opened = bool(prompt) and prompt[-1] == harmony[2]
+        return grammar if opened or f"<[{harmony[1]}]>" in grammar else after_analysis(
+            grammar, harmony)  # fmt: skip
     if grammar is None or think is None or "think>" in grammar:  # `<\/think>` in a regex too
         return grammar
     inside = Split.after(think, prompt).state == "inside"

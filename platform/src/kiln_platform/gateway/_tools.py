@@ -21,7 +21,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from kiln_platform.errors import BadRequest
-from kiln_platform.gateway._call_formats import HERMES, CallFormat, held, schemas
+from kiln_platform.gateway._call_formats import HERMES, CallFormat, HarmonyCalls, held, schemas
 from kiln_platform.gateway.llm_schemas import ChatCompletionRequest, FunctionCall, ToolCall
 
 if TYPE_CHECKING:
@@ -94,6 +94,8 @@ class ToolPlan:
         calls in the model's format."""
         if not self.auto:
             return "json", self.schema()
+        if isinstance(self.format, HarmonyCalls):  # its messages, not text, around the calls
+            return "grammar", self.format.grammar(self.functions, answer)
         name, rule = "TEXT", self.format.free_text()
         if answer is not None:
             name, rule = "answer", f"answer: BLANK? %json {held(answer)}\n{BLANK}"
