@@ -160,3 +160,22 @@ def test_a_gpt_oss_call_reads_back_with_its_preamble_as_content(
     assert [(c.function.name, json.loads(c.function.arguments)) for c in calls] == [
         ("weather", {"city": "Oslo"})]  # fmt: skip
     assert made.preface(content) == "Let me look."
+
+
+def test_the_analysis_tokens_are_the_reasoning_tokens(harmony_tokenizer: Tokenizer) -> None:
+    """``usage``'s ``reasoning_tokens``: the analysis messages' tokens, markers and all, known
+    for good once another channel's message begins."""
+    from kiln_platform.gateway._harmony import analysis_tokens
+
+    ids = harmony_ids(harmony_tokenizer)
+    assert ids is not None
+
+    def tokens(text: str) -> list[int]:
+        return list(harmony_tokenizer.encode(text, add_special_tokens=False).ids)
+
+    thought = tokens("<|channel|>analysis<|message|>hmm<|end|>")
+    final = tokens("<|start|>assistant<|channel|>final<|message|>It is sunny.")
+    assert analysis_tokens(thought + final, ids, harmony_tokenizer) == (len(thought), True)
+    assert analysis_tokens(thought[:-1], ids, harmony_tokenizer) == (len(thought) - 1, False)
+    assert analysis_tokens(final[2:], ids, harmony_tokenizer) == (0, True)
+    assert analysis_tokens(tokens("It is"), ids, harmony_tokenizer) == (0, True)

@@ -136,3 +136,25 @@ class Harmony(Split):
         """A whole answer's (reasoning, content)."""
         (reasoning, content), rest = self.push(text), self.flush()
         return reasoning + rest[0], content + rest[1]
+
+
+def analysis_tokens(
+    tokens: Sequence[int], ids: tuple[int, int, int, int], tokenizer: Tokenizer
+) -> tuple[int, bool]:
+    """How many of an answer's tokens (so far) were its analysis messages, their headers and
+    markers included (those before its first message on another channel; all if it wrote
+    none yet, after analysis), and whether no later token can change the count."""
+    _, channel, message, _ = ids
+    opened, began, analysed = 0, -1, False
+    for i, token in enumerate(tokens):
+        if token == channel:
+            began = i
+        elif token == message and began >= 0:
+            if not tokenizer.decode(list(tokens[began + 1 : i])).strip().startswith("analysis"):
+                return opened, True
+            analysed = True
+        elif token not in ids and began < 0 and not analysed:
+            return 0, True  # words before any header: no analysis
+        if token == ids[3]:  # ``<|end|>``: the next message's header begins after it
+            opened, began = i + 1, -1
+    return (len(tokens) if analysed else 0), False

@@ -59,6 +59,11 @@ class TextModel:
     """How the chat template teaches the model to call tools (``_call_formats``)."""
     _bytes: dict[int, bytes] = field(default_factory=dict, compare=False, repr=False)
 
+    @property
+    def reasons(self) -> bool:
+        """Whether its answers carry reasoning (in tags, or on harmony's channels)."""
+        return self.think is not None or self.harmony is not None
+
     def token_bytes(self, token_id: int) -> bytes:
         """The bytes one token stands for (exact for byte-level BPE, where a token may be part
         of a UTF-8 character), as ``logprobs`` report them."""

@@ -385,7 +385,7 @@ async def prepare(
     if adapter is None:  # a tenant's adapter is served by the primary's pool alone
         gen.shadow = kiln.shadows.plan(version, admission.request_id)
     for c in choices:  # a shadow compares the first's, a reasoning model's chat counts them
-        c.tokens = [] if (chat and model.think) or (c.index == 0 and gen.shadow) else None
+        c.tokens = [] if (chat and model.reasons) or (c.index == 0 and gen.shadow) else None
     return gen
 
 

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 
 import msgspec
 
+from kiln_platform.gateway._harmony import analysis_tokens
 from kiln_platform.gateway._reasoning import reasoning_tokens
 from kiln_platform.gateway.llm_schemas import (
     CompletionTokensDetails,
@@ -43,9 +44,14 @@ def spent(gen: Generation, index: int, settled: dict[int, int] | None = None) ->
     if settled is not None and index in settled:
         return settled[index]
     think, choice = gen.model.think, gen.choices[index]
-    if think is None or choice.tokens is None:
+    tokens, tokenizer, harmony = choice.tokens, gen.model.tokenizer, gen.model.harmony
+    if tokens is not None and harmony is not None:  # gpt-oss's channels
+        count, done = analysis_tokens(tokens, harmony, tokenizer)
+        if settled is not None and done:
+            settled[index] = count
+        return count
+    if think is None or tokens is None:
         return 0
-    tokens, tokenizer = choice.tokens, gen.model.tokenizer
     count = reasoning_tokens(think, choice.request.prompt_ids, tokens, tokenizer)
     closed = count > 0 and tokens[count - 1] == think[1]
     if settled is not None and (closed or (not count and tokenizer.decode(list(tokens)).strip())):
