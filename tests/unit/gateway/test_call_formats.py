@@ -39,7 +39,7 @@ TOOLS = [{"type": "function", "function": {"name": "weather", "parameters": WEAT
          {"type": "function", "function": {"name": "time"}}]  # fmt: skip
 XML_CALL = (
     "<tool_call>\n<function=weather>\n<parameter=city>\nSt. Louis, <b>MO</b>\nUSA\n</parameter>"
-    '\n<parameter=days>\n3\n</parameter>\n<parameter=unit>\n"F"\n</parameter>\n'
+    "\n<parameter=days>\n3\n</parameter>\n<parameter=unit>\nF\n</parameter>\n"
     '<parameter=where>\n{"lat": 38.6}\n</parameter>\n</function>\n</tool_call>'
 )
 XML_TIME = "<tool_call>\n<function=time>\n</function>\n</tool_call>"
@@ -146,7 +146,9 @@ def test_xml_calls_read_back_typed_as_their_schema_says() -> None:
     assert made.calls(XML_CALL[:40], "c") is None  # cut by max_tokens: its text
     assert made.preface(f"Let me look.\n\n{XML_TIME}") == "Let me look."
     assert made.calls(f"Let me look.\n\n{XML_TIME}", "c") == made.calls(XML_TIME, "c")
-    assert (raw({"type": "string"}), raw({"type": "string", "maxLength": 3})) == (True, False)
+    kinds = [{"type": "string"}, {"enum": ["C", "F"]}, {"type": "string", "maxLength": 3},
+             {"enum": ["C", 1]}, {"type": "integer"}]  # fmt: skip
+    assert [raw(kind) for kind in kinds] == [True, True, False, False, False]
 
 
 def test_a_call_written_as_qwen35s_template_writes_it_is_what_the_grammar_takes(

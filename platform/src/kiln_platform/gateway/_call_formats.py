@@ -18,7 +18,7 @@ chat template teaches, read from the template as vLLM's operators pick a tool pa
   ``; ``.
 
 Each holds a call's name to the offered functions and its arguments to the function's schema
-(a format's ``rules`` are Lark lines defining ``call``; ``read`` takes them back).
+(a format's ``rules`` are Lark lines defining ``calls``; ``read`` takes them back).
 """
 
 from __future__ import annotations
@@ -162,11 +162,21 @@ VALUE = r"VALUE: /(.|\n)*\n<\/parameter>\n/ & ~/(.|\n)*\n<\/parameter>\n(.|\n)+/
 
 def raw(schema: Any) -> bool:
     """Whether a parameter is written as raw text: a plain string (or one its schema does not
-    describe, as an open object's); a string with a pattern, bounds or choices, and anything
-    else, is JSON, so the grammar can hold it."""
+    describe, as an open object's), or one of a few strings; a string with a pattern or bounds,
+    and anything else, is JSON, so the grammar can hold it."""
     if not isinstance(schema, dict):
         return True
-    return schema.get("type") == "string" and _ANNOTATIONS.issuperset(schema)
+    return _choices(schema) is not None or (
+        schema.get("type") == "string" and _ANNOTATIONS.issuperset(schema)
+    )
+
+
+def _choices(schema: dict[str, Any]) -> list[str] | None:
+    """The strings a parameter may be (its ``enum`` or ``const``), if that is all it says."""
+    given = schema.get("enum", [schema["const"]] if "const" in schema else None)
+    plain = _ANNOTATIONS.issuperset(schema.keys() - {"enum", "const"})
+    strings = isinstance(given, list) and given and all(isinstance(g, str) for g in given)
+    return given if strings and plain and schema.get("type", "string") == "string" else None
 
 
 def _function(rule: str, name: str, params: dict[str, Any]) -> list[str]:
@@ -181,7 +191,10 @@ def _function(rule: str, name: str, params: dict[str, Any]) -> list[str]:
     parts, lines = [], []
     for j, (key, schema) in enumerate(properties.items()):
         opened = json.dumps(f"<parameter={key}>\n")
+        choices = _choices(schema) if isinstance(schema, dict) else None
         value = "VALUE" if raw(schema) else f'%json {held(schema | defs)} "\\n</parameter>\\n"'
+        if choices:
+            value = "(" + " | ".join(json.dumps(f"{c}\n</parameter>\n") for c in choices) + ")"
         lines.append(f"{rule}_{j}: {opened} {value}")
         parts.append(f"{rule}_{j}" + ("" if key in required else "?"))
     head = f'{rule}: "<function={name}>\\n" {" ".join(parts)} "</function>\\n"'
