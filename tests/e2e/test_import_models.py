@@ -60,6 +60,7 @@ def sources(tmp_path_factory: pytest.TempPathFactory, tiny_models: Any) -> dict[
     config = made["bert-mean"] / "config.json"  # trained to be cut to 32 (Matryoshka)
     config.write_text(json.dumps({**json.loads(config.read_text()), "matryoshka_dimensions": [32]}))
     made["think"] = tiny_models.causal(root / "think", "qwen2", seed=7, think=True)
+    made["harmony"] = tiny_models.causal(root / "harmony", "qwen2", seed=7, harmony=True)
     made["bert-rerank"] = tiny_models.cross_encoder(root / "bert-rerank", seed=3)
     made["bert-classify"] = tiny_models.cross_encoder(root / "bert-classify", seed=4, labels=LABELS)
     return made
@@ -721,6 +722,36 @@ def test_words_before_a_call_are_the_messages_content(
             (c.function.name, c.function.arguments) for c in calls]  # fmt: skip
         break
     assert (True, True) in kinds, kinds
+
+
+def test_a_gpt_oss_shaped_answer_is_split_by_its_channels(
+    kiln: KilnProcess, built: dict[str, dict[str, Any]], sources: dict[str, Path]
+) -> None:
+    """A model whose tokenizer has harmony's markers (gpt-oss's): a structured output holds
+    its final message, after an analysis message it may write first (a bias ends that one at
+    once: random weights would write on), and the markers reach no client: the message's
+    content is the schema's JSON, whole and streamed."""
+    from tokenizers import Tokenizer
+
+    assert built["harmony"]["status"] == "done", built["harmony"]
+    name, client = "tiny-harmony", _openai(kiln)
+    kiln.wait_until_serving(name, path="completions")
+    end = Tokenizer.from_file(str(sources["harmony"] / "tokenizer.json")).token_to_id("<|end|>")
+    schema = {"type": "object", "properties": {"a": {"type": "integer", "minimum": 0,
+              "maximum": 999}}, "required": ["a"], "additionalProperties": False}  # fmt: skip
+    asked: dict[str, Any] = {
+        "model": name, "messages": [{"role": "user", "content": "a cat"}], "max_tokens": 60,
+        "response_format": {"type": "json_schema", "json_schema": {"name": "a", "schema": schema}},
+        "logit_bias": {end: 100}, "temperature": 1,
+    }  # fmt: skip
+    for seed in range(3):
+        message = client.chat.completions.create(**asked, seed=seed).choices[0].message
+        said = [message.content or "", (message.model_extra or {}).get("reasoning") or ""]
+        assert set(json.loads(said[0])) == {"a"}, said
+        assert not any("<|" in text for text in said), said
+        chunks = [c.choices[0].delta for c in client.chat.completions.create(
+            **asked, seed=seed, stream=True) if c.choices]  # fmt: skip
+        assert "".join(d.content or "" for d in chunks) == said[0]
 
 
 def test_a_reasoning_models_message_has_thinking_blocks(
