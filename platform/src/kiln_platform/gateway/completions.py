@@ -91,7 +91,7 @@ async def collect(gen: Generation) -> list[Answer]:
 
 def splitter(gen: Generation, index: int) -> Split | None:
     """Choice ``index``'s split into reasoning and content (its tool calls, if any), if its
-    model reasons in tags (``_reasoning``)."""
+    model reasons in tags (``_reasoning``) or on harmony's channels (``_harmony``)."""
     think, prompt = gen.model.think, gen.choices[index].request.prompt_ids
     if gen.model.harmony is not None:
         return Harmony.opened(gen.model.harmony[2], prompt)
