@@ -46,7 +46,6 @@ def held(schema: dict[str, Any]) -> str:
 class CallFormat:
     """Hermes' calls: the base the others vary."""
 
-    name = "hermes"
     open = "<tool_call>"
     """What a call starts with (past blank space): text that does not is the model's answer."""
     pattern = open
@@ -56,6 +55,17 @@ class CallFormat:
     prefaced = True
     """Words may come before the calls (the answer's text, then its calls)."""
     _call = re.compile(r"<tool_call>\n(.*?)\n</tool_call>", re.DOTALL)
+
+    def grammar(
+        self, functions: dict[str, dict[str, Any]], answer: dict[str, Any] | None, parallel: bool
+    ) -> str:
+        """The Lark of an answer that is text (or JSON following ``answer``, a schema) or
+        calls, one or (``parallel``) more."""
+        name, rule = "TEXT", self.free_text()
+        if answer is not None:
+            name, rule = "answer", f"answer: BLANK? %json {held(answer)}\n{BLANK}"
+        calls = self.rules(functions, answer is not None, parallel)
+        return f"start: {name} | calls\n{rule}\n{calls}"
 
     def rules(self, functions: dict[str, dict[str, Any]], answered: bool, parallel: bool) -> str:
         """Lark defining ``calls``, one or (``parallel``) more, words before them or not
@@ -116,6 +126,9 @@ class CallFormat:
         return [(c["name"], c["arguments"]) for c in map(json.loads, self._call.findall(text))]
 
 
+BLANK = r"BLANK: /[ \t\r\n]{1,4}/"
+"""The blank space a JSON answer may open with, as a call may (a model that opens with a
+newline is not thereby held to a call)."""
 OPENING = "OPENING: /[ \\t\\r\\n]{0,4}<tool_call>\\n/"
 PREFACE = r"PREFACE: /(.|\n)*<tool_call>\n/ & ~/(.|\n)*<tool_call>(.|\n)*<tool_call>\n/"
 """Words and the first call's opening (the words hold none)."""
@@ -134,7 +147,6 @@ def schemas(functions: dict[str, dict[str, Any]], arguments: str) -> list[dict[s
 class Xml(CallFormat):
     """Qwen3-Coder's and Qwen 3.5's calls."""
 
-    name = "xml"
     _call = re.compile(r"<tool_call>\n<function=(.*?)>\n(.*?)</function>\n</tool_call>", re.DOTALL)
     _parameter = re.compile(r"<parameter=(.*?)>\n(.*?)\n</parameter>\n", re.DOTALL)
 
@@ -192,9 +204,10 @@ def _function(rule: str, name: str, params: dict[str, Any]) -> list[str]:
     for j, (key, schema) in enumerate(properties.items()):
         opened = json.dumps(f"<parameter={key}>\n")
         choices = _choices(schema) if isinstance(schema, dict) else None
-        value = "VALUE" if raw(schema) else f'%json {held(schema | defs)} "\\n</parameter>\\n"'
         if choices:
             value = "(" + " | ".join(json.dumps(f"{c}\n</parameter>\n") for c in choices) + ")"
+        else:
+            value = "VALUE" if raw(schema) else f'%json {held(schema | defs)} "\\n</parameter>\\n"'
         lines.append(f"{rule}_{j}: {opened} {value}")
         parts.append(f"{rule}_{j}" + ("" if key in required else "?"))
     head = f'{rule}: "<function={name}>\\n" {" ".join(parts)} "</function>\\n"'
@@ -204,7 +217,6 @@ def _function(rule: str, name: str, params: dict[str, Any]) -> list[str]:
 class Json(CallFormat):
     """Llama 3.1-3.3's calls."""
 
-    name = "json"
     open = '{"name": "'
     pattern = r'\{"name": "'
     prefaced = False
@@ -227,16 +239,19 @@ class Json(CallFormat):
         while at < len(text):
             call, at = decoder.raw_decode(text, at)
             calls.append((call["name"], call["parameters"]))
-            at += len(text[at:]) - len(text[at:].lstrip("; \t\r\n"))
+            at = _past(text, at, "; \t\r\n")
         return calls
 
 
-class Mistral(CallFormat):
-    """Mistral's calls (its v3 and v7 templates: Mistral 7B v0.3, Mixtral 8x22B, Mistral Small
-    3-3.1, Ministral 8B): its ``[TOOL_CALLS]`` token (a special one), then the calls as a JSON
-    list."""
+def _past(text: str, at: int, chars: str) -> int:
+    """Where ``text`` goes on after ``chars`` from ``at`` (between two calls)."""
+    return len(text) - len(text[at:].lstrip(chars))
 
-    name = "mistral"
+
+class Mistral(CallFormat):
+    """Mistral's calls (Mistral 7B v0.3's template, for one): its ``[TOOL_CALLS]`` token (a
+    special one), then the calls as a JSON list."""
+
     open = '[{"name": "'
     pattern = r'\[\{"name": "'
     marker = "[TOOL_CALLS]"
@@ -258,11 +273,10 @@ class Mistral(CallFormat):
 
 
 class MistralArgs(CallFormat):
-    """Mistral's newer calls (Magistral, Devstral, Ministral 3, Mistral Small 3.2): each its
+    """Mistral's newer calls (Ministral 3's and Mistral Small 3.2's templates): each its
     ``[TOOL_CALLS]`` token, the function's name, its ``[ARGS]`` token and the arguments' JSON
     (the tokens are special: left out of the text unless asked for)."""
 
-    name = "mistral_args"
     marker = "[TOOL_CALLS]"
     prefaced = False
     _shown = re.compile(r"\[TOOL_CALLS\]|\[ARGS\]")
@@ -301,7 +315,7 @@ class MistralArgs(CallFormat):
                 raise ValueError(f"no call at {at}")
             arguments, at = decoder.raw_decode(text, at + len(name))
             calls.append((name, arguments))
-            at += len(text[at:]) - len(text[at:].lstrip())
+            at = _past(text, at, " \t\r\n")
         return calls
 
 
@@ -311,14 +325,15 @@ class HarmonyCalls(CallFormat):
     preamble messages; ``_harmony.Harmony`` puts each in the content as a Hermes block, which
     this reads (a preamble's words before it)."""
 
-    name = "harmony"
-
     def __init__(self, ids: tuple[int, int, int, int], constrain: int) -> None:
         self.ids, self.constrain = ids, constrain
 
-    def grammar(self, functions: dict[str, dict[str, Any]], answer: dict[str, Any] | None) -> str:
-        """The whole answer's Lark: messages the model writes freely, then its final message
-        (text, or ``answer``'s JSON) or one call (the turn ends with it)."""
+    def grammar(
+        self, functions: dict[str, dict[str, Any]], answer: dict[str, Any] | None, parallel: bool
+    ) -> str:
+        """Messages the model writes freely, then its final message (text, or ``answer``'s
+        JSON) or one call (the turn ends with it, ``parallel`` or not)."""
+        del parallel
         start, channel, message, end = self.ids
         typed = f'(" " <[{self.constrain}]> "json")? <[{message}]>'
         calls = " | ".join(f"{json.dumps(name)} {typed} %json {held(params)}"

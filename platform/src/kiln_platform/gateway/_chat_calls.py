@@ -1,5 +1,6 @@
 """A chat stream's answer while it may be tool calls (``tool_choice``): held, its words sent
-as soon as they are known not to open a call, its calls whole once the choice ends."""
+as soon as they are known not to open a call, its calls whole once the choice ends; and the
+ids a response's objects carry (``ident``)."""
 
 from __future__ import annotations
 
@@ -14,9 +15,9 @@ if TYPE_CHECKING:
     from kiln_platform.gateway.llm import Generation
 
 
-def call_id(gen: Generation) -> str:
-    """The prefix of ``gen``'s call ids (``completions.ident``'s, for calls)."""
-    return f"call-{gen.request.request_id.removeprefix('req_')}"
+def ident(prefix: str, gen: Generation) -> str:
+    """The object id a response of ``gen`` carries: ``<prefix>-<request id>``."""
+    return f"{prefix}-{gen.request.request_id.removeprefix('req_')}"
 
 
 def tool_calls(gen: Generation, index: int, text: str, finish: str) -> list[ToolCall] | None:
@@ -24,7 +25,7 @@ def tool_calls(gen: Generation, index: int, text: str, finish: str) -> list[Tool
     was cut before the call was whole)."""
     if gen.tools is None or finish != "stop":
         return None
-    return gen.tools.calls(text, f"{call_id(gen)}_{index}")
+    return gen.tools.calls(text, f"{ident('call', gen)}_{index}")
 
 
 def release(

@@ -21,7 +21,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from kiln_platform.errors import BadRequest
-from kiln_platform.gateway._call_formats import HERMES, CallFormat, HarmonyCalls, held, schemas
+from kiln_platform.gateway._call_formats import HERMES, CallFormat, schemas
 from kiln_platform.gateway.llm_schemas import ChatCompletionRequest, FunctionCall, ToolCall
 
 if TYPE_CHECKING:
@@ -47,12 +47,6 @@ For each function call, return a json object with function name and arguments wi
 <tool_call>
 {{"name": <function-name>, "arguments": <args-json-object>}}
 </tool_call>"""
-TEXT_OR_CALLS = """start: {answer} | calls
-{answer_rule}
-{calls}"""
-BLANK = r"BLANK: /[ \t\r\n]{1,4}/"
-"""The blank space a JSON answer may open with, as a call may (a model that opens with a
-newline is not thereby held to a call)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,13 +88,7 @@ class ToolPlan:
         calls in the model's format."""
         if not self.auto:
             return "json", self.schema()
-        if isinstance(self.format, HarmonyCalls):  # its messages, not text, around the calls
-            return "grammar", self.format.grammar(self.functions, answer)
-        name, rule = "TEXT", self.format.free_text()
-        if answer is not None:
-            name, rule = "answer", f"answer: BLANK? %json {held(answer)}\n{BLANK}"
-        calls = self.format.rules(self.functions, answer is not None, self.parallel)
-        return "grammar", TEXT_OR_CALLS.format(answer=name, answer_rule=rule, calls=calls)
+        return "grammar", self.format.grammar(self.functions, answer, self.parallel)
 
     def sendable(self, held: str, sent: bool) -> int:
         """How much of what is held of an answer (after what was ``sent``) may be streamed as

@@ -13,7 +13,7 @@ from litestar.response import Stream
 
 from kiln_platform.errors import KilnError
 from kiln_platform.gateway import _logprobs
-from kiln_platform.gateway._chat_calls import release, tool_calls
+from kiln_platform.gateway._chat_calls import ident, release, tool_calls
 from kiln_platform.gateway._harmony import Harmony
 from kiln_platform.gateway._reasoning import Split
 from kiln_platform.gateway.llm import Generation, Piece, sse
@@ -50,11 +50,6 @@ def streamed(gen: Generation, events: AsyncGenerator[bytes, None]) -> Stream:
     suspended: closing it cancels the worker's sequence)."""
     gen.admission.closers.append(events.aclose)
     return Stream(events, media_type=SSE, headers=lifecycle.headers(gen.version))
-
-
-def ident(prefix: str, gen: Generation) -> str:
-    """The object id a response of ``gen`` carries: ``<prefix>-<request id>``."""
-    return f"{prefix}-{gen.request.request_id.removeprefix('req_')}"
 
 
 @dataclass(slots=True)

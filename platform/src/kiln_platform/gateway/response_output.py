@@ -8,8 +8,8 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from kiln_platform.gateway import _logprobs
-from kiln_platform.gateway._chat_calls import tool_calls
-from kiln_platform.gateway.completions import ident, splitter
+from kiln_platform.gateway._chat_calls import ident, tool_calls
+from kiln_platform.gateway.completions import splitter
 from kiln_platform.gateway.conversation_items import named
 from kiln_platform.gateway.llm_usage import spent
 from kiln_platform.gateway.responses_schemas import (

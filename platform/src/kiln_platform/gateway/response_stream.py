@@ -15,7 +15,8 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 
 from kiln_platform.errors import KilnError
-from kiln_platform.gateway.completions import Answer, ident, splitter
+from kiln_platform.gateway._chat_calls import ident
+from kiln_platform.gateway.completions import Answer, splitter
 from kiln_platform.gateway.response_output import Item, answered, reasoned, response, scored
 from kiln_platform.gateway.responses_schemas import (
     FunctionCallItem,
