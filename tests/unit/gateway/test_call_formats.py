@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import re
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import jinja2
@@ -17,16 +18,18 @@ from tokenizers import AddedToken, Tokenizer
 from kiln_platform.gateway._call_formats import (
     HERMES,
     JSON,
-    XML,
+    Apertus,
     CallFormat,
     Mistral,
     MistralArgs,
-    raw,
-    taught,
 )
+from kiln_platform.gateway._call_values import raw
+from kiln_platform.gateway._chat_jinja import chat_environment
 from kiln_platform.gateway._prompts import chat_prompt
+from kiln_platform.gateway._tagged_calls import GLM, GLM47, MINIMAX, SEED, XML
+from kiln_platform.gateway._taught import taught
 from kiln_platform.gateway._textmodel import load_text_model
-from kiln_platform.gateway._tools import ToolPlan, plan
+from kiln_platform.gateway._tools import ToolPlan, marked, plan
 from kiln_platform.gateway.llm_schemas import ChatCompletionRequest
 from tests.factories import accepts, byte_bpe
 
@@ -61,10 +64,13 @@ def _plan(call_format: CallFormat, parallel: bool = True) -> ToolPlan:
 
 @pytest.fixture(scope="module")
 def tokenizer() -> Tokenizer:
-    """A byte-level BPE with Mistral's ``[TOOL_CALLS]``, a special token."""
+    """A byte-level BPE with Mistral's ``[TOOL_CALLS]`` and ``[ARGS]``, Granite 3's
+    ``<|tool_call|>`` and Apertus's ``<|tools_prefix|>`` and ``<|tools_suffix|>``, special
+    tokens."""
     tok = byte_bpe([XML_CALL, XML_TIME, JSON_CALL, JSON_TIME, "It is sunny in Oslo."] * 20)
     tok.add_tokens([AddedToken(t, special=True, normalized=False)
-                    for t in ("[TOOL_CALLS]", "[ARGS]")])  # fmt: skip
+                    for t in ("[TOOL_CALLS]", "[ARGS]", "<|tool_call|>", "<|tools_prefix|>",
+                              "<|tools_suffix|>")])  # fmt: skip
     return tok
 
 
@@ -167,6 +173,146 @@ def test_a_call_written_as_qwen35s_template_writes_it_is_what_the_grammar_takes(
     assert [json.loads(c.function.arguments) for c in calls] == [arguments, {}]
 
 
+SEED_CALLS = """{%- for call in calls %}
+{{ "\\n<seed:tool_call>\\n<function=" + call.name + ">\\n" }}
+{%- for name, value in call.arguments | items %}
+{{ "<parameter=" + name + ">" }}
+{%- set value = value if value is string else value | string %}
+{{ value + "</parameter>\\n" }}
+{%- endfor %}
+{{ "</function>\\n</seed:tool_call>" }}
+{%- endfor %}"""
+"""How Seed-OSS's template writes calls (its words; a value not a string through ``string``)."""
+GLM_CALLS = """{% for tc in calls %}
+{{ '\\n<tool_call>' + tc.name }}
+{% set _args = tc.arguments or {} %}
+{% for k, v in _args.items() %}
+<arg_key>{{ k }}</arg_key>
+<arg_value>{{ v | tojson(ensure_ascii=False) if v is not string else v }}</arg_value>
+{% endfor %}
+</tool_call>{% endfor %}"""
+"""How GLM-4.5's and 4.6's template writes calls (its words)."""
+GLM47_CALLS = GLM_CALLS.replace("tc.name }}\n", "tc.name }}").replace("</arg_key>\n", "</arg_key>")
+GLM47_CALLS = GLM47_CALLS.replace("</arg_value>\n", "</arg_value>")
+MINIMAX_CALLS = """{{- '\\n' ~ '<minimax:tool_call>' ~ '\\n' }}
+{%- for tool_call in calls -%}
+    {{- '<invoke name="' + tool_call.name + '">\\n' }}
+    {%- if tool_call.arguments is defined and tool_call.arguments is mapping -%}
+    {% set _args = tool_call.arguments %}
+    {%- for k, v in _args|items %}
+    {{- '<parameter name="' + k + '">' }}
+    {{- v | tojson | string if v is not string else v }}
+    {{- '</parameter>' }}
+    {% endfor %}{%- endif -%}
+    {{- '</invoke>' ~ '\\n' }}
+{%- endfor -%}
+{{- '</minimax:tool_call>' }}"""
+"""How MiniMax-M2's template writes calls (its words, and its blank space)."""
+
+
+@pytest.mark.parametrize(
+    ("template", "expected"),
+    [
+        (SEED_CALLS, SEED),
+        ("For each function call, output the function name and arguments within the following "
+         "XML format:\n<tool_call>{function-name}\n<arg_key>{arg-key-1}</arg_key>\n<arg_value>"
+         "{arg-value-1}</arg_value>", GLM),
+        ("<tool_call>{function-name}<arg_key>{arg-key-1}</arg_key><arg_value>{arg-value-1}"
+         "</arg_value>...</tool_call>", GLM47),
+        (MINIMAX_CALLS, MINIMAX),
+    ],
+)  # fmt: skip
+def test_seed_glm_and_minimax_templates_teach_their_tags(
+    template: str, expected: CallFormat
+) -> None:
+    """Seed-OSS's block holds Qwen's ``<function=`` tags: its own tell is read first."""
+    assert taught(template, byte_bpe(["x"])) is expected
+
+
+@pytest.mark.parametrize(
+    ("call_format", "template"),
+    [(SEED, SEED_CALLS), (GLM, GLM_CALLS), (GLM47, GLM47_CALLS), (MINIMAX, MINIMAX_CALLS)],
+)
+def test_calls_written_as_seeds_glms_and_minimaxs_templates_write_them_are_read_back(
+    tokenizer: Tokenizer, call_format: CallFormat, template: str
+) -> None:
+    """The calls a chat's history shows the model (rendered as Kiln renders templates) are
+    what the grammar takes, and read back to the same arguments; words may come first."""
+    arguments = {"city": "St. Louis,\n<b>MO</b>", "days": 3, "unit": "F"}
+    written = (
+        chat_environment()
+        .from_string(template)
+        .render(
+            calls=[{"name": "weather", "arguments": arguments}, {"name": "time", "arguments": {}}]
+        )
+    )
+    made = _plan(call_format)
+    assert _follows(tokenizer, made, written)
+    assert _follows(tokenizer, made, f"Let me look.{written}")
+    assert not _follows(tokenizer, _plan(call_format, parallel=False), written)
+    calls = made.calls(f"Let me look.{written}", "c") or []
+    assert [(c.function.name, json.loads(c.function.arguments)) for c in calls] == [
+        ("weather", arguments), ("time", {})
+    ]  # fmt: skip
+    assert made.preface(f"Let me look.{written}") == "Let me look."
+    assert [made.sendable(s, False) for s in ("Sun", "Sun <", f"Sun {call_format.open[:-1]}")] == [
+        3, 3, 3
+    ]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("text", "follows"),
+    [
+        ("<seed:tool_call>\n<function=weather>\n<parameter=city>Oslo</parameter>\n</function>"
+         "\n</seed:tool_call>", True),
+        ("<seed:tool_call>\n<function=weather>\n<parameter=days>3</parameter>\n</function>"
+         "\n</seed:tool_call>", False),  # the required city missing
+        ("<seed:tool_call>\n<function=weather>\n<parameter=city>Oslo</parameter>\n"
+         "<parameter=days>three</parameter>\n</function>\n</seed:tool_call>", False),
+        ("<seed:tool_call>\n<function=time>\n</function>\n</tool_call>", False),
+        ("<seed:tool_call>\n<function=nope>\n</function>\n</seed:tool_call>", False),
+        ("<tool_call>\n<function=time>\n</function>\n</tool_call>", True),  # text to Seed
+    ],
+)  # fmt: skip
+def test_seed_calls_hold_each_parameter_to_its_schema(
+    tokenizer: Tokenizer, text: str, follows: bool
+) -> None:
+    assert _follows(tokenizer, _plan(SEED), text) is follows
+
+
+def test_minimax_calls_are_one_block(tokenizer: Tokenizer) -> None:
+    """MiniMax-M2's calls share one block: one call in it unless parallel, and no second."""
+    one = '<invoke name="weather">\n<parameter name="city">Oslo</parameter>\n</invoke>\n'
+    two = one + '<invoke name="time">\n</invoke>\n'
+    block = "<minimax:tool_call>\n{}</minimax:tool_call>"
+    assert _follows(tokenizer, _plan(MINIMAX, parallel=False), block.format(one))
+    assert not _follows(tokenizer, _plan(MINIMAX, parallel=False), block.format(two))
+    assert not _follows(tokenizer, _plan(MINIMAX), block.format(one) + block.format(one))
+    assert not _follows(tokenizer, _plan(MINIMAX), block.format(one.replace("Oslo", "")[:-9]))
+    words = f"Call {one}? No.\n{block.format(one)}"
+    calls = _plan(MINIMAX).calls(words, "c") or []
+    assert [(c.function.name, json.loads(c.function.arguments)) for c in calls] == [
+        ("weather", {"city": "Oslo"})
+    ]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("text", "follows"),
+    [
+        ("<tool_call>weather\n<arg_key>city</arg_key>\n<arg_value>Oslo</arg_value>\n"
+         "<arg_key>where</arg_key>\n<arg_value>{\"lat\": 1}</arg_value>\n</tool_call>", True),
+        ("<tool_call>weather\n<arg_key>city</arg_key>\n<arg_value>Oslo</arg_value>\n"
+         "<arg_key>unit</arg_key>\n<arg_value>K</arg_value>\n</tool_call>", False),
+        ("<tool_call>nope\n</tool_call>", False),
+        ("<tool_call>\n{\"name\": \"time\", \"arguments\": {}}\n</tool_call>", False),
+    ],
+)  # fmt: skip
+def test_glm_calls_hold_each_parameter_to_its_schema(
+    tokenizer: Tokenizer, text: str, follows: bool
+) -> None:
+    assert _follows(tokenizer, _plan(GLM), text) is follows
+
+
 @pytest.mark.parametrize(
     ("text", "parallel", "follows"),
     [
@@ -241,6 +387,76 @@ def test_mistral_calls_read_back_with_the_token_shown_or_not(tokenizer: Tokenize
     assert [made.sendable(said, False) for said in ("", "[TOOL_CALLS]", ' [{"na', "It")] == [
         0, 0, 0, 2
     ]  # fmt: skip
+
+
+GRANITE_CALLS = """{%- if message.tool_calls %}
+{{- '<|start_of_role|>assistant<|end_of_role|><|tool_call|>' + message.tool_calls | tojson }}
+{{- '<|end_of_text|>' }}{% endif %}"""
+"""How Granite 3's template writes calls (its words)."""
+
+
+def test_granites_template_teaches_its_token_and_mistrals_list(tokenizer: Tokenizer) -> None:
+    made = taught(GRANITE_CALLS, tokenizer)
+    assert isinstance(made, Mistral)
+    assert (made.token_id, made.marker) == (tokenizer.token_to_id("<|tool_call|>"), "<|tool_call|>")
+    assert taught(GRANITE_CALLS, byte_bpe(["x"])) is HERMES  # no such token
+    written = (
+        chat_environment()
+        .from_string(GRANITE_CALLS)
+        .render(message={"tool_calls": [{"name": "weather", "arguments": {"city": "Oslo"}}]})
+    )
+    calls = written.removeprefix("<|start_of_role|>assistant<|end_of_role|>").removesuffix(
+        "<|end_of_text|>"
+    )
+    made_plan = _plan(made, parallel=False)
+    assert _follows(tokenizer, made_plan, calls)
+    assert not _follows(tokenizer, made_plan, calls.replace("<|tool_call|>", ""))
+    for shown in (calls, calls.removeprefix("<|tool_call|>")):  # skip_special_tokens or not
+        read = made_plan.calls(shown, "c") or []
+        assert [(c.function.name, json.loads(c.function.arguments)) for c in read] == [
+            ("weather", {"city": "Oslo"})
+        ]  # fmt: skip
+
+
+APERTUS_CALL = '<|tools_prefix|>[{"weather": {"city": "Oslo"}}, {"time": {}}]<|tools_suffix|>'
+
+
+@pytest.mark.parametrize(
+    ("text", "parallel", "follows"),
+    [
+        ("It is sunny in Oslo.", True, True),
+        (APERTUS_CALL, True, True),
+        (f"Let me look. {APERTUS_CALL}", True, True),  # words, then calls
+        (APERTUS_CALL, False, False),
+        ('<|tools_prefix|>[{"time": {}}]<|tools_suffix|>', False, True),
+        ('<|tools_prefix|>[{"weather": {"days": 2}}]<|tools_suffix|>', True, False),
+        ('<|tools_prefix|>[{"time": {}, "weather": {}}]<|tools_suffix|>', True, False),
+        ('<|tools_prefix|>[{"time": {}}]', True, False),  # unclosed
+    ],
+)  # fmt: skip
+def test_apertus_calls_are_a_list_between_its_tokens(
+    tokenizer: Tokenizer, text: str, parallel: bool, follows: bool
+) -> None:
+    made = taught("{{ '<|tools_prefix|>' + calls | tojson + '<|tools_suffix|>' }}", tokenizer)
+    assert isinstance(made, Apertus)
+    assert _follows(tokenizer, _plan(made, parallel), text) is follows
+
+
+def test_apertus_calls_read_back_from_a_text_that_keeps_its_tokens(tokenizer: Tokenizer) -> None:
+    """Its tokens are special: a chat that may call keeps them in its text (``marked``), as
+    vLLM's parser turns ``skip_special_tokens`` off, so words and calls part."""
+    made = _plan(Apertus(1, 2))
+    calls = made.calls(f"Let me look. {APERTUS_CALL}", "c") or []
+    assert [(c.function.name, json.loads(c.function.arguments)) for c in calls] == [
+        ("weather", {"city": "Oslo"}), ("time", {})
+    ]  # fmt: skip
+    assert made.preface(f"Let me look. {APERTUS_CALL}") == "Let me look."
+    assert made.calls("It is sunny.", "c") is None
+    model = SimpleNamespace(harmony=None)
+    assert marked(made, model)  # type: ignore[arg-type]
+    assert not marked(_plan(XML), model)  # type: ignore[arg-type]
+    assert not marked(None, model)  # type: ignore[arg-type]
+    assert marked(None, SimpleNamespace(harmony=(1, 2, 3, 4)))  # type: ignore[arg-type]
 
 
 MISTRAL_TEMPLATE = """{{ tools | length }}{% for m in messages %}

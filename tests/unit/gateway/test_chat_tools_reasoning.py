@@ -11,6 +11,7 @@ from typing import Any
 import msgspec
 import pytest
 
+from kiln_platform.gateway._reasoning import Think
 from kiln_platform.gateway._tools import plan
 from kiln_platform.gateway.completions import complete_chat, stream_chat
 from kiln_platform.gateway.llm import Piece
@@ -31,7 +32,7 @@ def _gen(pieces: list[Piece], choice: Any = "auto") -> Any:
 
     return SimpleNamespace(
         request=SimpleNamespace(request_id="req_1", logprobs=None), name="m",
-        model=SimpleNamespace(think=(OPEN, CLOSE), harmony=None, tokenizer=None),
+        model=SimpleNamespace(think=Think(OPEN, CLOSE), harmony=None, tokenizer=None),
         tools=plan(TOOLS, choice, None),
         choices=[SimpleNamespace(index=0, request=SimpleNamespace(prompt_ids=[1, OPEN]),
                                  tokens=[4, 5, CLOSE, 6])],

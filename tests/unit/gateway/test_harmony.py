@@ -10,10 +10,11 @@ import msgspec
 import pytest
 from tokenizers import AddedToken, Tokenizer
 
-from kiln_platform.gateway._call_formats import HarmonyCalls, taught
+from kiln_platform.gateway._call_formats import HarmonyCalls
 from kiln_platform.gateway._harmony import Harmony, after_analysis, harmony_ids
 from kiln_platform.gateway._prompts import stops
 from kiln_platform.gateway._structured import _compile, after_thought
+from kiln_platform.gateway._taught import taught
 from kiln_platform.gateway._textmodel import load_text_model
 from kiln_platform.gateway._tools import ToolPlan, plan
 from kiln_platform.gateway.llm_schemas import ChatCompletionRequest

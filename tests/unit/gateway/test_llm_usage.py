@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from kiln_platform.gateway._reasoning import Think
 from kiln_platform.gateway.llm_usage import spent
 
 OPEN, CLOSE = 7, 8
@@ -18,7 +19,7 @@ TEXT = {OPEN: "<think>", CLOSE: "</think>", 4: "a", 5: "b", 6: "c", 9: "\n"}
 def _gen(prompt: list[int], tokens: list[int]) -> Any:
     tokenizer = SimpleNamespace(decode=lambda ids: "".join(TEXT[t] for t in ids))
     choice = SimpleNamespace(request=SimpleNamespace(prompt_ids=prompt), tokens=tokens)
-    model = SimpleNamespace(think=(OPEN, CLOSE), harmony=None, tokenizer=tokenizer)
+    model = SimpleNamespace(think=Think(OPEN, CLOSE), harmony=None, tokenizer=tokenizer)
     return SimpleNamespace(model=model, choices=[choice])
 
 

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from tokenizers import AddedToken, Tokenizer, models
 
-from kiln_platform.gateway._reasoning import Split, reasoning_tokens, think_ids
+from kiln_platform.gateway._reasoning import Split, Think, reasoning_tokens, think_ids
 
 OPEN, CLOSE = 7, 8
 
@@ -65,7 +65,7 @@ def test_held_text_is_only_what_may_be_a_tag() -> None:
 def test_an_answer_starts_inside_when_the_prompt_left_think_open(
     prompt: list[int], state: str
 ) -> None:
-    assert Split.after((OPEN, CLOSE), prompt).state == state
+    assert Split.after(Think(OPEN, CLOSE), prompt).state == state
 
 
 def test_only_tags_the_text_shows_make_a_reasoning_model() -> None:
@@ -77,7 +77,19 @@ def test_only_tags_the_text_shows_make_a_reasoning_model() -> None:
     assert think_ids(tokenizer) is None  # decoding would leave the special one out
     shown = Tokenizer(models.WordLevel({"[UNK]": 0, "a": 1}, unk_token="[UNK]"))
     shown.add_tokens([AddedToken("<think>", special=False), AddedToken("</think>", special=False)])
-    assert think_ids(shown) == (2, 3)
+    assert think_ids(shown) == Think(2, 3, "<think>", "</think>")
+
+
+def test_seed_oss_reasons_in_its_own_tags() -> None:
+    """Seed-OSS's ``<seed:think>`` and ``</seed:think>``: its reasoning is split by them."""
+    tokenizer = Tokenizer(models.WordLevel({"[UNK]": 0, "a": 1}, unk_token="[UNK]"))
+    tokenizer.add_tokens([AddedToken(t, special=False) for t in ("<seed:think>", "</seed:think>")])
+    think = think_ids(tokenizer)
+    assert think == Think(2, 3, "<seed:think>", "</seed:think>")
+    split, said = Split.after(think, [1]), ["<seed:", "think>Hm, <think>", "</seed:th", "ink>Yes."]
+    pushed = [split.push(piece) for piece in said]
+    assert pushed == [("", ""), ("Hm, <think>", ""), ("", ""), ("", "Yes.")]
+    assert Split.after(think, [1, 2]).whole("Hm.</seed:think>Yes.") == ("Hm.", "Yes.")
 
 
 @pytest.mark.parametrize(
@@ -95,9 +107,9 @@ def test_reasoning_tokens_run_to_the_first_close_as_the_split_splits(
     prompt: list[int], answer: list[int], spent: int
 ) -> None:
     text = {OPEN: "<think>", CLOSE: "</think>", 4: "a", 5: "b", 6: "c", 9: "\n"}
-    split = Split.after((OPEN, CLOSE), prompt)
+    split = Split.after(Think(OPEN, CLOSE), prompt)
     split.whole("".join(text[t] for t in answer))
     assert split.reasoned is (spent > 0)
 
     tokenizer: Any = SimpleNamespace(decode=lambda ids: "".join(text[t] for t in ids))
-    assert reasoning_tokens((OPEN, CLOSE), prompt, answer, tokenizer) == spent
+    assert reasoning_tokens(Think(OPEN, CLOSE), prompt, answer, tokenizer) == spent

@@ -9,6 +9,7 @@ from typing import Any
 import msgspec
 import pytest
 
+from kiln_platform.gateway._reasoning import Think
 from kiln_platform.gateway._tools import plan
 from kiln_platform.gateway.completions import Answer, splitter
 from kiln_platform.gateway.llm import Piece
@@ -24,7 +25,7 @@ def _gen(prompt: list[int], tokens: list[int]) -> Any:
     choice = SimpleNamespace(request=SimpleNamespace(prompt_ids=prompt), tokens=tokens)
     return SimpleNamespace(
         request=SimpleNamespace(request_id="req_1", logprobs=None), tools=None,
-        model=SimpleNamespace(think=(OPEN, CLOSE), harmony=None,
+        model=SimpleNamespace(think=Think(OPEN, CLOSE), harmony=None,
                               tokenizer=SimpleNamespace(decode=lambda _: "")),
         choices=[choice],
     )  # fmt: skip

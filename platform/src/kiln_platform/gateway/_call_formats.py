@@ -4,14 +4,15 @@ chat template teaches, read from the template as vLLM's operators pick a tool pa
 - ``HERMES`` (Qwen2.5, Qwen3, Hermes, SmolLM3, and any template that does not show the tools,
   which gets them in Hermes' words): ``<tool_call>\\n{"name": …, "arguments": {…}}\\n
   </tool_call>``, a block per call.
-- ``XML`` (Qwen3-Coder, Qwen 3.5: ``<function=`` and ``<parameter=`` in the template; vLLM's
-  ``qwen3_coder``): ``<tool_call>\\n<function=NAME>\\n<parameter=KEY>\\nVALUE\\n</parameter>\\n
-  …</function>\\n</tool_call>``, a plain string parameter as raw text, any other as JSON,
-  parameters in their schema's order.
+- Tag-shaped calls (``_tagged_calls``): Qwen3-Coder's and Qwen 3.5's ``<function=`` XML,
+  Seed-OSS's, GLM-4.5's to 4.7's ``<arg_key>`` pairs, MiniMax-M2's ``<invoke`` block.
 - ``Mistral`` (a template that writes ``[TOOL_CALLS]``, a special token of its tokenizer, and
-  no ``[ARGS]``; vLLM's ``mistral``): the token, then the calls as a JSON list.
+  no ``[ARGS]``; vLLM's ``mistral``): the token, then the calls as a JSON list; Granite 3's
+  the same after its ``<|tool_call|>`` (vLLM's ``granite``).
 - ``MistralArgs`` (one that writes ``[TOOL_CALLS]`` and ``[ARGS]``, both its tokenizer's): a
   call is ``[TOOL_CALLS]NAME[ARGS]{…}``.
+- ``Apertus`` (a template that writes ``<|tools_prefix|>``, a special token of its
+  tokenizer, as is ``<|tools_suffix|>``): words, then the calls as a JSON list between them.
 - ``HarmonyCalls`` (gpt-oss's tokenizer): a ``commentary`` message to ``functions.NAME``.
 - ``JSON`` (Llama 3.1-3.3's ``{"name": function name, "parameters": dictionary of argument
   name and its value}``; vLLM's ``llama3_json``): the call's JSON alone, calls parted by
@@ -25,17 +26,9 @@ from __future__ import annotations
 
 import json
 import re
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from kiln_platform.gateway._harmony import harmony_ids
 from kiln_platform.gateway._structured import JSON_STYLE
-
-if TYPE_CHECKING:
-    from tokenizers import Tokenizer
-
-_ANNOTATIONS = frozenset({"type", "description", "title", "default", "examples", "deprecated",
-                          "readOnly", "writeOnly", "$comment"})  # fmt: skip
-_DEFS = ("$defs", "definitions")
 
 
 def held(schema: dict[str, Any]) -> str:
@@ -50,10 +43,17 @@ class CallFormat:
     """What a call starts with (past blank space): text that does not is the model's answer."""
     pattern = open
     """``open`` as a regular expression."""
+    opening = "<tool_call>\n"
+    """``open`` and what always follows it: the text before a call's ``body``."""
     marker = ""
     """A special token the calls open with (left out of the text unless asked for)."""
     prefaced = True
     """Words may come before the calls (the answer's text, then its calls)."""
+    blocked = False
+    """One block holds all the calls (else each call is a block of its own)."""
+    marked = False
+    """Its tags are special tokens: a chat's text keeps them when it may call (vLLM's parsers
+    turn ``skip_special_tokens`` off for theirs)."""
     _call = re.compile(r"<tool_call>\n(.*?)\n</tool_call>", re.DOTALL)
 
     def grammar(
@@ -70,16 +70,22 @@ class CallFormat:
     def rules(self, functions: dict[str, dict[str, Any]], answered: bool, parallel: bool) -> str:
         """Lark defining ``calls``, one or (``parallel``) more, words before them or not
         (``answered``: beside a JSON answer, not text: no words)."""
-        lines = [self.body(functions), OPENING, "call: OPENING body"]
+        opening, tag = lark_re(self.opening), lark_re(self.open)
+        lines = [self.body(functions, parallel), f"OPENING: /[ \\t\\r\\n]{{0,4}}{opening}/",
+                 "call: OPENING body"]  # fmt: skip
+        many = parallel and not self.blocked
         if answered:
-            lines.append("calls: call+" if parallel else "calls: call")
+            lines.append("calls: call+" if many else "calls: call")
         else:
-            lines += [PREFACE, "first: PREFACE body", "calls: first call*" if parallel
+            lines += [f"PREFACE: /(.|\\n)*{opening}/ & ~/(.|\\n)*{tag}(.|\\n)*{opening}/",
+                      "first: PREFACE body", "calls: first call*" if many
                       else "calls: first"]  # fmt: skip
         return "\n".join(lines) + "\n"
 
-    def body(self, functions: dict[str, dict[str, Any]]) -> str:
-        """Lark defining ``body``: a call past its opening."""
+    def body(self, functions: dict[str, dict[str, Any]], parallel: bool) -> str:
+        """Lark defining ``body``: a call past its opening (or, ``blocked``, the block's
+        calls, one or (``parallel``) more)."""
+        del parallel
         return f'body: %json {held({"anyOf": schemas(functions, "arguments")})} "\\n</tool_call>"'
 
     def free_text(self) -> str:
@@ -129,9 +135,11 @@ class CallFormat:
 BLANK = r"BLANK: /[ \t\r\n]{1,4}/"
 """The blank space a JSON answer may open with, as a call may (a model that opens with a
 newline is not thereby held to a call)."""
-OPENING = "OPENING: /[ \\t\\r\\n]{0,4}<tool_call>\\n/"
-PREFACE = r"PREFACE: /(.|\n)*<tool_call>\n/ & ~/(.|\n)*<tool_call>(.|\n)*<tool_call>\n/"
-"""Words and the first call's opening (the words hold none)."""
+
+
+def lark_re(text: str) -> str:
+    """``text`` as a Lark regular expression (between slashes, on one line)."""
+    return "\\n".join(re.escape(line) for line in text.split("\n")).replace("/", "\\/")
 
 
 def schemas(functions: dict[str, dict[str, Any]], arguments: str) -> list[dict[str, Any]]:
@@ -142,76 +150,6 @@ def schemas(functions: dict[str, dict[str, Any]], arguments: str) -> list[dict[s
          "required": ["name", arguments], "additionalProperties": False}
         for name, params in functions.items()
     ]  # fmt: skip
-
-
-class Xml(CallFormat):
-    """Qwen3-Coder's and Qwen 3.5's calls."""
-
-    _call = re.compile(r"<tool_call>\n<function=(.*?)>\n(.*?)</function>\n</tool_call>", re.DOTALL)
-    _parameter = re.compile(r"<parameter=(.*?)>\n(.*?)\n</parameter>\n", re.DOTALL)
-
-    def body(self, functions: dict[str, dict[str, Any]]) -> str:
-        alternatives = " | ".join(f"f{i}" for i in range(len(functions)))
-        lines = [f'body: ({alternatives}) "</tool_call>"', VALUE]
-        for i, (name, params) in enumerate(functions.items()):
-            lines.extend(_function(f"f{i}", name, params))
-        return "\n".join(lines)
-
-    def read(self, text: str, functions: dict[str, dict[str, Any]]) -> list[tuple[str, Any]]:
-        calls = []
-        for name, body in self._call.findall(text):
-            properties = functions[name].get("properties", {})
-            calls.append((name, {
-                key: value if raw(properties.get(key)) else json.loads(value)
-                for key, value in self._parameter.findall(body)
-            }))  # fmt: skip
-        return calls
-
-
-VALUE = r"VALUE: /(.|\n)*\n<\/parameter>\n/ & ~/(.|\n)*\n<\/parameter>\n(.|\n)+/"
-"""A raw parameter's text and its closing tag (the first one ends it)."""
-
-
-def raw(schema: Any) -> bool:
-    """Whether a parameter is written as raw text: a plain string (or one its schema does not
-    describe, as an open object's), or one of a few strings; a string with a pattern or bounds,
-    and anything else, is JSON, so the grammar can hold it."""
-    if not isinstance(schema, dict):
-        return True
-    return _choices(schema) is not None or (
-        schema.get("type") == "string" and _ANNOTATIONS.issuperset(schema)
-    )
-
-
-def _choices(schema: dict[str, Any]) -> list[str] | None:
-    """The strings a parameter may be (its ``enum`` or ``const``), if that is all it says."""
-    given = schema.get("enum", [schema["const"]] if "const" in schema else None)
-    plain = _ANNOTATIONS.issuperset(schema.keys() - {"enum", "const"})
-    strings = isinstance(given, list) and given and all(isinstance(g, str) for g in given)
-    return given if strings and plain and schema.get("type", "string") == "string" else None
-
-
-def _function(rule: str, name: str, params: dict[str, Any]) -> list[str]:
-    """Lark for one function's block: its declared parameters in order, the required ones
-    required; an object that declares none takes any, as raw text."""
-    properties = params.get("properties")
-    if not isinstance(properties, dict):
-        return [f'{rule}: "<function={name}>\\n" {rule}_any* "</function>\\n"',
-                f'{rule}_any: "<parameter=" /[^>\\n]+/ ">\\n" VALUE']  # fmt: skip
-    required = set(params.get("required", []))
-    defs = {key: params[key] for key in _DEFS if key in params}
-    parts, lines = [], []
-    for j, (key, schema) in enumerate(properties.items()):
-        opened = json.dumps(f"<parameter={key}>\n")
-        choices = _choices(schema) if isinstance(schema, dict) else None
-        if choices:
-            value = "(" + " | ".join(json.dumps(f"{c}\n</parameter>\n") for c in choices) + ")"
-        else:
-            value = "VALUE" if raw(schema) else f'%json {held(schema | defs)} "\\n</parameter>\\n"'
-        lines.append(f"{rule}_{j}: {opened} {value}")
-        parts.append(f"{rule}_{j}" + ("" if key in required else "?"))
-    head = f'{rule}: "<function={name}>\\n" {" ".join(parts)} "</function>\\n"'
-    return [head, *lines]
 
 
 class Json(CallFormat):
@@ -250,15 +188,16 @@ def _past(text: str, at: int, chars: str) -> int:
 
 class Mistral(CallFormat):
     """Mistral's calls (Mistral 7B v0.3's template, for one): its ``[TOOL_CALLS]`` token (a
-    special one), then the calls as a JSON list."""
+    special one), then the calls as a JSON list; Granite 3's the same after its
+    ``<|tool_call|>`` (``marker``)."""
 
     open = '[{"name": "'
     pattern = r'\[\{"name": "'
     marker = "[TOOL_CALLS]"
     prefaced = False
 
-    def __init__(self, token_id: int) -> None:
-        self.token_id = token_id
+    def __init__(self, token_id: int, marker: str = "[TOOL_CALLS]") -> None:
+        self.token_id, self.marker = token_id, marker
 
     def rules(self, functions: dict[str, dict[str, Any]], answered: bool, parallel: bool) -> str:
         del answered
@@ -319,6 +258,32 @@ class MistralArgs(CallFormat):
         return calls
 
 
+class Apertus(CallFormat):
+    """Apertus's calls: its ``<|tools_prefix|>`` token, a JSON list of ``{NAME: arguments}``
+    objects, its ``<|tools_suffix|>`` token; words may come before. The tokens are special,
+    so a chat's text keeps them (``marked``), as vLLM's ``apertus`` parser asks."""
+
+    open = "<|tools_prefix|>"
+    pattern = lark_re(open)
+    marked = True
+
+    def __init__(self, prefix_id: int, suffix_id: int) -> None:
+        self.prefix_id, self.suffix_id = prefix_id, suffix_id
+
+    def rules(self, functions: dict[str, dict[str, Any]], answered: bool, parallel: bool) -> str:
+        items = [{"type": "object", "properties": {name: params}, "required": [name],
+                  "additionalProperties": False} for name, params in functions.items()]  # fmt: skip
+        listed = {"type": "array", "items": {"anyOf": items}, "minItems": 1}
+        listed |= {} if parallel else {"maxItems": 1}
+        calls = f"<[{self.prefix_id}]> %json {held(listed)} <[{self.suffix_id}]>"
+        return f"calls: {'BLANK?' if answered else 'TEXT?'} {calls}\n"
+
+    def read(self, text: str, functions: dict[str, dict[str, Any]]) -> list[tuple[str, Any]]:
+        del functions
+        listed = text[text.index(self.open) + len(self.open) :].lstrip()
+        return [next(iter(item.items())) for item in json.JSONDecoder().raw_decode(listed)[0]]
+
+
 class HarmonyCalls(CallFormat):
     """gpt-oss's calls: a ``commentary`` message to ``functions.NAME`` (``<|constrain|>json``,
     then its arguments' JSON), ended by ``<|call|>``, a stop token, after any ``analysis`` or
@@ -347,21 +312,4 @@ TEXT: /(.|\\n)*/
 """
 
 
-HERMES, XML, JSON = CallFormat(), Xml(), Json()
-
-
-def taught(template: str, tokenizer: Tokenizer) -> CallFormat:
-    """The format a chat template teaches (Hermes' unless it teaches another this reads)."""
-    harmony, constrain = harmony_ids(tokenizer), tokenizer.token_to_id("<|constrain|>")
-    if harmony is not None and constrain is not None:
-        return HarmonyCalls(harmony, constrain)
-    if "<function=" in template and "<parameter=" in template:
-        return XML
-    if '"parameters": dictionary of argument name' in template:
-        return JSON
-    mistral, args = tokenizer.token_to_id(Mistral.marker), tokenizer.token_to_id("[ARGS]")
-    if mistral is None or Mistral.marker not in template:
-        return HERMES
-    if "[ARGS]" not in template:
-        return Mistral(mistral)
-    return MistralArgs(mistral, args) if args is not None else HERMES
+HERMES, JSON = CallFormat(), Json()

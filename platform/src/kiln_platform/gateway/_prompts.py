@@ -193,7 +193,7 @@ def completion_prompts(request: CompletionRequest, model: TextModel) -> list[lis
 def stops(request: ChatCompletionRequest | CompletionRequest, marked: bool = False) -> Detokenizing:
     """The request's ``stop`` strings, and vLLM's ``include_stop_str_in_output`` and
     ``skip_special_tokens`` (off for a chat whose answer is read by its special tokens,
-    ``marked``: harmony's, which ``_harmony`` takes out)."""
+    ``marked``: harmony's, which ``_harmony`` takes out, or calls', ``_tools.marked``)."""
     value = request.stop
     stops = [value] if isinstance(value, str) else list(value or [])
     if len(stops) > MAX_STOP or not all(stops):

@@ -12,7 +12,7 @@ ones), else only if it opens one itself, before any other text (Qwen3's; with
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Literal, NamedTuple
 
 from kiln_platform.gateway._textstream import longest_stop_prefix_suffix
 
@@ -22,13 +22,25 @@ if TYPE_CHECKING:
     from tokenizers import Tokenizer
 
 OPEN, CLOSE = "<think>", "</think>"
+TAGS = ((OPEN, CLOSE), ("<seed:think>", "</seed:think>"))
+"""The reasoning tags read: most models', and Seed-OSS's."""
 
 
-def think_ids(tokenizer: Tokenizer) -> tuple[int, int] | None:
-    """The ids of ``<think>`` and ``</think>`` if the tokenizer has both as added tokens its
-    text shows (``None``: the model does not reason in tags)."""
+class Think(NamedTuple):
+    """A reasoning model's tags: their ids, and their text."""
+
+    open_id: int
+    close_id: int
+    open: str = OPEN
+    close: str = CLOSE
+
+
+def think_ids(tokenizer: Tokenizer) -> Think | None:
+    """The reasoning tags (``TAGS``) the tokenizer has both of as added tokens its text shows
+    (``None``: the model does not reason in tags)."""
     shown = {t.content: i for i, t in tokenizer.get_added_tokens_decoder().items() if not t.special}
-    return (shown[OPEN], shown[CLOSE]) if OPEN in shown and CLOSE in shown else None
+    return next((Think(shown[o], shown[c], o, c) for o, c in TAGS if o in shown and c in shown),
+                None)  # fmt: skip
 
 
 def _last(ids: Sequence[int], token: int) -> int:
@@ -44,34 +56,36 @@ class Split:
     reasoned: bool = False
     """Whether the answer began inside the reasoning or opened it."""
     _held: str = ""
+    tags: tuple[str, str] = (OPEN, CLOSE)
 
     @classmethod
-    def after(cls, think: tuple[int, int], prompt_ids: Sequence[int]) -> Split:
+    def after(cls, think: Think, prompt_ids: Sequence[int]) -> Split:
         """The split of an answer to ``prompt_ids`` (inside the reasoning if it left one open)."""
-        opened = _last(prompt_ids, think[0]) > _last(prompt_ids, think[1])
-        return cls("inside", reasoned=True) if opened else cls()
+        opened = _last(prompt_ids, think.open_id) > _last(prompt_ids, think.close_id)
+        tags = (think.open, think.close)
+        return cls("inside", reasoned=True, tags=tags) if opened else cls(tags=tags)
 
     def push(self, text: str) -> tuple[str, str]:
         """(reasoning, content) made final by ``text``."""
         self._held += text
-        reasoning = content = ""
+        (opening, closing), reasoning, content = self.tags, "", ""
         while True:
             if self.state == "start":
                 bare = self._held.lstrip()
-                if bare.startswith(OPEN):
-                    self._held, self.state, self.reasoned = bare[len(OPEN) :], "inside", True
-                elif OPEN.startswith(bare):  # nothing yet, or the start of the tag
+                if bare.startswith(opening):
+                    self._held, self.state, self.reasoned = bare[len(opening) :], "inside", True
+                elif opening.startswith(bare):  # nothing yet, or the start of the tag
                     return reasoning, content
                 else:
                     self.state = "after"
             elif self.state == "inside":
-                at = self._held.find(CLOSE)
+                at = self._held.find(closing)
                 if at < 0:
-                    cut = len(self._held) - longest_stop_prefix_suffix(self._held, (CLOSE,))
+                    cut = len(self._held) - longest_stop_prefix_suffix(self._held, (closing,))
                     reasoning, self._held = reasoning + self._held[:cut], self._held[cut:]
                     return reasoning, content
                 reasoning += self._held[:at]
-                self._held, self.state = self._held[at + len(CLOSE) :], "after"
+                self._held, self.state = self._held[at + len(closing) :], "after"
             else:
                 content, self._held = content + self._held, ""
                 return reasoning, content
@@ -88,7 +102,7 @@ class Split:
 
 
 def reasoning_tokens(
-    think: tuple[int, int], prompt: Sequence[int], answer: Sequence[int], tokenizer: Tokenizer
+    think: Think, prompt: Sequence[int], answer: Sequence[int], tokenizer: Tokenizer
 ) -> int:
     """How many of an answer's tokens (so far) were its reasoning, tags included, as ``Split``
     splits its text: to the first ``</think>`` (all if it never closed) if the prompt left

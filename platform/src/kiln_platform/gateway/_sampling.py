@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from kiln_platform.errors import BadRequest
-from kiln_platform.gateway._reasoning import Split
+from kiln_platform.gateway._reasoning import Split, Think
 from kiln_platform.gateway.llm_schemas import ChatCompletionRequest, CompletionRequest
 from kiln_runtimes.protocol import MAX_LOGPROBS, ThinkBudget
 
@@ -197,7 +197,7 @@ def sampling(
 
 
 def think_budget(
-    request: ChatCompletionRequest | CompletionRequest, think: tuple[int, int] | None,
+    request: ChatCompletionRequest | CompletionRequest, think: Think | None,
     prompt: Sequence[int],
 ) -> ThinkBudget | None:  # fmt: skip
     """vLLM's ``thinking_token_budget`` of a chat on a model that reasons in tags (``think``:

@@ -25,7 +25,7 @@ import llguidance
 
 from kiln_platform.errors import BadRequest
 from kiln_platform.gateway._harmony import after_analysis
-from kiln_platform.gateway._reasoning import CLOSE, OPEN, Split
+from kiln_platform.gateway._reasoning import Split, Think
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -182,16 +182,16 @@ def grammar(
     return _checked(_compile(kind, value, where), where)
 
 
-THOUGHT = f"""thought[stop="{CLOSE}"]: /(.|\\n)*/
+THOUGHT = """thought[stop="{close}"]: /(.|\\n)*/
 GAP: /[ \\t\\r\\n]{{0,4}}/
 """
-"""The reasoning (free text, ended by ``</think>``) and a little blank space after it (with no
-bound a sampled answer can drift into blank space to its token limit, seen with random
-weights)."""
+"""The reasoning (free text, ended by its closing tag, ``</think>``) and a little blank space
+after it (with no bound a sampled answer can drift into blank space to its token limit, seen
+with random weights)."""
 
 
 def after_thought(
-    grammar: str | None, think: tuple[int, int] | None, prompt: Sequence[int],
+    grammar: str | None, think: Think | None, prompt: Sequence[int],
     harmony: tuple[int, int, int, int] | None = None,
 ) -> str | None:  # fmt: skip
     """``grammar`` after a reasoning model's reasoning (``think``: its tags' ids; ``None``, or
@@ -206,9 +206,10 @@ def after_thought(
     if grammar is None or think is None or "think>" in grammar:  # `<\/think>` in a regex too
         return grammar
     inside = Split.after(think, prompt).state == "inside"
-    start = "thought GAP" if inside else f'("{OPEN}" thought GAP)?'
+    start = "thought GAP" if inside else f'("{think.open}" thought GAP)?'
     spec = json.loads(grammar) if grammar.lstrip().startswith("{") else None
     parts = spec["grammars"] if spec is not None else [{"lark_grammar": grammar}]
     main = {**parts[0], "name": "answer"}
-    wrapper = {"name": "thinking", "lark_grammar": f"start: {start} @answer\n{THOUGHT}"}
+    thought = THOUGHT.format(close=think.close)
+    wrapper = {"name": "thinking", "lark_grammar": f"start: {start} @answer\n{thought}"}
     return json.dumps({**(spec or {}), "grammars": [wrapper, main, *parts[1:]]})

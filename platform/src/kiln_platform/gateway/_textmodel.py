@@ -11,11 +11,12 @@ from typing import TYPE_CHECKING, Any
 from jinja2.exceptions import TemplateError
 
 from kiln_platform.errors import BadRequest
-from kiln_platform.gateway._call_formats import HERMES, CallFormat, taught
+from kiln_platform.gateway._call_formats import HERMES, CallFormat
 from kiln_platform.gateway._chat_jinja import chat_environment
 from kiln_platform.gateway._harmony import harmony_ids
 from kiln_platform.gateway._items import text_of
-from kiln_platform.gateway._reasoning import think_ids
+from kiln_platform.gateway._reasoning import Think, think_ids
+from kiln_platform.gateway._taught import taught
 from kiln_platform.gateway.services import load_tokenizer
 from kiln_runtimes.byte_level import BYTE_OF
 
@@ -46,8 +47,8 @@ class TextModel:
     tool_use: TextModel | None = None
     """The model with its ``tool_use`` chat template, for requests that offer tools (as
     ``apply_chat_template`` picks it)."""
-    think: tuple[int, int] | None = None
-    """The ids of its ``<think>`` and ``</think>`` if it reasons in them (``_reasoning``)."""
+    think: Think | None = None
+    """Its reasoning tags (``<think>`` and ``</think>``) if it reasons in them (``_reasoning``)."""
     reads_effort: bool = False
     """The chat template reads ``reasoning_effort`` (gpt-oss's does)."""
     harmony: tuple[int, int, int, int] | None = None

@@ -205,6 +205,12 @@ def requested(
     return made and made.written((model.tool_use or model).calls)
 
 
+def marked(tools: ToolPlan | None, model: TextModel) -> bool:
+    """Whether a chat's text keeps special tokens (``skip_special_tokens`` off): those of
+    harmony's channels, or of the calls the model may choose (``CallFormat.marked``)."""
+    return model.harmony is not None or bool(tools and tools.auto and tools.format.marked)
+
+
 def brief(tools: list[dict[str, Any]]) -> str:
     """The system text that shows ``tools`` and the Hermes call format to a model whose chat
     template does not (the words of Qwen2.5's template)."""

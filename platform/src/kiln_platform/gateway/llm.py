@@ -363,7 +363,7 @@ async def prepare(
     chat = isinstance(request, ChatCompletionRequest)  # the answer is split
     grammar = _structured.after_thought(grammar, model.think if chat else None, prompts[0],
                                         model.harmony if chat else None)  # fmt: skip
-    stop, eos = _prompts.stops(request, chat and model.harmony is not None), {
+    stop, eos = _prompts.stops(request, chat and _tools.marked(tools, model)), {
         *model.eos_token_ids, *version.manifest.stop_token_ids}  # fmt: skip
     plan = sampling(request, model.tokenizer.get_vocab_size(), len(prompts), grammar=grammar,
                     eos=eos, defaults=version.manifest.sampling)  # fmt: skip

@@ -153,9 +153,14 @@ def grammar_of(regex: str) -> str:
     return llguidance.LLMatcher.grammar_from_regex(regex)
 
 
-@pytest.mark.parametrize("opened", [True, False], ids=["prompt-opened", "model-may-open"])
+@pytest.mark.parametrize(
+    ("opened", "tags"),
+    [(True, ("<think>", "</think>")), (False, ("<think>", "</think>")),
+     (False, ("<seed:think>", "</seed:think>"))],
+    ids=["prompt-opened", "model-may-open", "seed-oss-tags"],
+)  # fmt: skip
 def test_a_reasoning_models_answer_follows_the_grammar_after_its_reasoning(
-    tmp_path: Path, opened: bool
+    tmp_path: Path, opened: bool, tags: tuple[str, str]
 ) -> None:
     """``_structured.after_thought``: a reasoning model writes what it likes until ``</think>``
     (after a ``<think>`` the prompt left open, or one it opens), then the schema; noise for
@@ -163,13 +168,13 @@ def test_a_reasoning_models_answer_follows_the_grammar_after_its_reasoning(
     the reasoning."""
     from tokenizers import AddedToken
 
-    from kiln_platform.gateway._reasoning import Split
+    from kiln_platform.gateway._reasoning import Split, Think
     from kiln_platform.gateway._structured import after_thought
 
     tok = byte_bpe(['{"ok": true, "n": 42}', "hmm so the answer is"] * 50)
-    tok.add_tokens([AddedToken(t, special=False) for t in ("<think>", "</think>")])
+    tok.add_tokens([AddedToken(t, special=False) for t in tags])
     ids = tok.get_vocab(with_added_tokens=True)
-    think = (ids["<think>"], ids["</think>"])
+    think = Think(ids[tags[0]], ids[tags[1]], *tags)
     path = tmp_path / "tokenizer.json"
     tok.save(str(path))
     prompt = [1, think[0]] if opened else [1]
@@ -182,7 +187,7 @@ def test_a_reasoning_models_answer_follows_the_grammar_after_its_reasoning(
         rng, drawn = np.random.default_rng(seed), list[int]()
         while len(drawn) < 400:
             logits = rng.normal(0, 3, vocab).astype(np.float32)
-            logits[list(think)] += 4.0  # the tags come soon, or the reasoning runs long
+            logits[[think.open_id, think.close_id]] += 4.0  # the tags soon, or a long reasoning
             if (token := sampler.sample(logits)) == EOS:
                 break
             drawn.append(token)
@@ -216,6 +221,7 @@ def test_a_reasoning_models_tool_calls_follow_its_reasoning(
     or calls, each call held to its function's schema."""
     from tokenizers import AddedToken
 
+    from kiln_platform.gateway._reasoning import Think
     from kiln_platform.gateway._structured import _compile, after_thought
     from kiln_platform.gateway._tools import plan
 
@@ -227,7 +233,7 @@ def test_a_reasoning_models_tool_calls_follow_its_reasoning(
     tools = plan([{"type": "function", "function": {"name": "f", "parameters": {
         "type": "object", "properties": {"x": {"type": "integer"}}}}}], "auto", None)  # fmt: skip
     assert tools is not None
-    grammar = after_thought(_compile(*tools.constraint(), "tools"), (ids["<think>"],
+    grammar = after_thought(_compile(*tools.constraint(), "tools"), Think(ids["<think>"],
                             ids["</think>"]), [1, ids["<think>"]])  # fmt: skip
     ll = llguidance.LLTokenizer(text_added_tokens(path.read_text()), n_vocab=tok.get_vocab_size(),
                                 eos_token=[EOS])  # fmt: skip
@@ -258,16 +264,72 @@ def test_mistrals_special_call_token_opens_its_calls_in_the_worker(tmp_path: Pat
     grammar = _compile(*tools.written(Mistral(marker)).constraint(), "tools")
     vocab = tok.get_vocab_size()
     for seed in range(4):
-        constraint = Grammars(path, vocab).constraint(_request(grammar))
-        assert constraint is not None
-        sampler = Sampler(constraint=constraint, temperature=1.0, top_p=1.0, seed=seed,
-                          shaping=Shaping(logit_bias={marker: 100.0}))  # fmt: skip
-        rng, ids = np.random.default_rng(seed), list[int]()
-        for _ in range(200):
-            if (token := sampler.sample(rng.normal(0, 3, vocab).astype(np.float32))) == EOS:
-                break
-            ids.append(token)
+        ids = _drawn(Grammars(path, vocab), vocab, grammar, seed, marker)
         assert ids[0] == marker
         (call,) = json.loads(tok.decode(ids[1:]))
         assert call["name"] == "f"
         assert set(call["arguments"]) == {"x"}
+
+
+@pytest.mark.parametrize(
+    ("name", "tags"),
+    [("SEED", ("<seed:tool_call>", "</seed:tool_call>")),
+     ("GLM", ("<tool_call>", "</tool_call>", "<arg_key>", "</arg_key>", "<arg_value>",
+              "</arg_value>")),
+     ("MINIMAX", ("<minimax:tool_call>", "</minimax:tool_call>")),
+     ("Apertus", ("<|tools_prefix|>", "<|tools_suffix|>"))],
+)  # fmt: skip
+def test_tag_shaped_calls_are_drawn_through_their_added_tokens(
+    tmp_path: Path, name: str, tags: tuple[str, ...]
+) -> None:
+    """Seed-OSS's, GLM's and MiniMax-M2's tags are added tokens their text shows, Apertus's
+    special ones (which its chat's text keeps): once the opening tag is drawn, the mask holds
+    the rest to a call of an offered function, whatever the logits, and the call reads back
+    with its arguments typed."""
+    from tokenizers import AddedToken
+
+    from kiln_platform.gateway import _call_formats, _tagged_calls
+    from kiln_platform.gateway._structured import _compile
+    from kiln_platform.gateway._tools import plan
+
+    tok = byte_bpe(["<function=f>\n<parameter=x>", '<invoke name="f">', "it is sunny"] * 50)
+    special = name == "Apertus"
+    tok.add_tokens([AddedToken(t, special=special) for t in tags])
+    vocabulary = tok.get_vocab(with_added_tokens=True)
+    opening = vocabulary[tags[0]]
+    call_format = (_call_formats.Apertus(opening, vocabulary[tags[1]]) if special
+                   else getattr(_tagged_calls, name))  # fmt: skip
+    path = tmp_path / "tokenizer.json"
+    tok.save(str(path))
+    tools = plan([{"type": "function", "function": {"name": "f", "parameters": {
+        "type": "object", "properties": {"x": {"type": "integer", "minimum": 0, "maximum": 9},
+                                         "s": {"type": "string", "maxLength": 8}},
+        "required": ["x"]}}}], "auto", False)  # fmt: skip
+    assert tools is not None
+    made = tools.written(call_format)
+    grammar = _compile(*made.constraint(), "tools")
+    vocab = tok.get_vocab_size()
+    for seed in range(4):
+        ids = _drawn(Grammars(path, vocab), vocab, grammar, seed, opening)
+        text = tok.decode(ids, skip_special_tokens=False)
+        assert ids[0] == opening, text
+        (call,) = made.calls(text, "c") or []
+        assert call.function.name == "f", text
+        arguments = json.loads(call.function.arguments)
+        assert isinstance(arguments["x"], int), text
+        assert set(arguments) <= {"x", "s"}, text
+
+
+def _drawn(grammars: Grammars, vocab: int, grammar: str, seed: int, first: int) -> list[int]:
+    """Up to 300 tokens drawn under ``grammar`` from noise for logits, ``first`` biased (the
+    token that opens a call)."""
+    constraint = grammars.constraint(_request(grammar))
+    assert constraint is not None
+    sampler = Sampler(constraint=constraint, temperature=1.0, top_p=1.0, seed=seed,
+                      shaping=Shaping(logit_bias={first: 100.0}))  # fmt: skip
+    rng, ids = np.random.default_rng(seed), list[int]()
+    for _ in range(300):
+        if (token := sampler.sample(rng.normal(0, 3, vocab).astype(np.float32))) == EOS:
+            break
+        ids.append(token)
+    return ids
