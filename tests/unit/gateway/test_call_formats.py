@@ -26,6 +26,7 @@ from kiln_platform.gateway._call_formats import (
 from kiln_platform.gateway._call_values import raw
 from kiln_platform.gateway._chat_jinja import chat_environment
 from kiln_platform.gateway._prompts import chat_prompt
+from kiln_platform.gateway._python_calls import Pythonic
 from kiln_platform.gateway._tagged_calls import GLM, GLM47, MINIMAX, SEED, XML
 from kiln_platform.gateway._taught import taught
 from kiln_platform.gateway._textmodel import load_text_model
@@ -65,12 +66,12 @@ def _plan(call_format: CallFormat, parallel: bool = True) -> ToolPlan:
 @pytest.fixture(scope="module")
 def tokenizer() -> Tokenizer:
     """A byte-level BPE with Mistral's ``[TOOL_CALLS]`` and ``[ARGS]``, Granite 3's
-    ``<|tool_call|>`` and Apertus's ``<|tools_prefix|>`` and ``<|tools_suffix|>``, special
-    tokens."""
+    ``<|tool_call|>``, Apertus's ``<|tools_prefix|>`` and ``<|tools_suffix|>`` and LFM2's
+    ``<|tool_call_start|>`` and ``<|tool_call_end|>``, special tokens."""
     tok = byte_bpe([XML_CALL, XML_TIME, JSON_CALL, JSON_TIME, "It is sunny in Oslo."] * 20)
-    tok.add_tokens([AddedToken(t, special=True, normalized=False)
-                    for t in ("[TOOL_CALLS]", "[ARGS]", "<|tool_call|>", "<|tools_prefix|>",
-                              "<|tools_suffix|>")])  # fmt: skip
+    specials = ("[TOOL_CALLS]", "[ARGS]", "<|tool_call|>", "<|tools_prefix|>",
+                "<|tools_suffix|>", "<|tool_call_start|>", "<|tool_call_end|>")  # fmt: skip
+    tok.add_tokens([AddedToken(t, special=True, normalized=False) for t in specials])
     return tok
 
 
@@ -457,6 +458,62 @@ def test_apertus_calls_read_back_from_a_text_that_keeps_its_tokens(tokenizer: To
     assert not marked(_plan(XML), model)  # type: ignore[arg-type]
     assert not marked(None, model)  # type: ignore[arg-type]
     assert marked(None, SimpleNamespace(harmony=(1, 2, 3, 4)))  # type: ignore[arg-type]
+
+
+LFM2_CALLS = """{%- macro format_arg_value(arg_value) -%}
+    {%- if arg_value is string -%}{{- "'" + arg_value + "'" -}}
+    {%- elif arg_value is mapping -%}{{- arg_value | tojson -}}
+    {%- else -%}{{- arg_value | string -}}{%- endif -%}
+{%- endmacro -%}
+{%- set tool_calls_ns = namespace(tool_calls=[]) -%}
+{%- for tool_call in calls -%}
+    {%- set args_ns = namespace(arg_strings=[]) -%}
+    {%- for arg_name, arg_value in tool_call["arguments"].items() -%}
+        {%- set args_ns.arg_strings = args_ns.arg_strings + [arg_name + "=" +
+            format_arg_value(arg_value)] -%}
+    {%- endfor -%}
+    {%- set tool_calls_ns.tool_calls = tool_calls_ns.tool_calls + [tool_call["name"] + "(" +
+        (args_ns.arg_strings | join(", ")) + ")"] -%}
+{%- endfor -%}
+{{- "<|tool_call_start|>[" + (tool_calls_ns.tool_calls | join(", ")) + "]<|tool_call_end|>" -}}"""
+"""How LFM2.5's template writes calls (its words)."""
+FLAG = {"type": "object", "properties": {"on": {"type": "boolean"}, "note": {"type": "string"},
+        "unit": {"enum": ["C", "F"]}}, "required": ["on"]}  # fmt: skip
+
+
+def test_lfm2_calls_are_a_python_list_between_its_tokens(tokenizer: Tokenizer) -> None:
+    """LFM2's calls as its template writes them in a chat's history are what the grammar
+    takes (after words), read back to the same arguments; booleans are Python's."""
+    made = taught(LFM2_CALLS, tokenizer)
+    assert isinstance(made, Pythonic)
+    tools = [*TOOLS, {"type": "function", "function": {"name": "flag", "parameters": FLAG}}]
+    made_plan = plan(tools, "auto", True)
+    assert made_plan is not None
+    made_plan = made_plan.written(made)
+    said = [{"name": "weather", "arguments": {"city": "St. Louis\n<b>MO</b>", "days": 3,
+                                              "where": {"lat": 38.6}}},
+            {"name": "time", "arguments": {}},
+            {"name": "flag", "arguments": {"on": False, "unit": "F"}}]  # fmt: skip
+    written = chat_environment().from_string(LFM2_CALLS).render(calls=said)
+    assert _follows(tokenizer, made_plan, written)
+    assert _follows(tokenizer, made_plan, f"Let me look. {written}")
+    read = made_plan.calls(f"Let me look. {written}", "c") or []
+    assert [(c.function.name, json.loads(c.function.arguments)) for c in read] == [
+        (call["name"], call["arguments"]) for call in said
+    ]
+    assert made_plan.preface(f"Let me look. {written}") == "Let me look."
+    bad = ["<|tool_call_start|>[flag(note='x')]<|tool_call_end|>",  # "on" is required
+           "<|tool_call_start|>[flag(on=true)]<|tool_call_end|>",  # Python's, not JSON's
+           "<|tool_call_start|>[flag(unit='F', on=True)]<|tool_call_end|>",  # schema order
+           "<|tool_call_start|>[weather(city='Oslo', days='3')]<|tool_call_end|>",
+           "<|tool_call_start|>[nope()]<|tool_call_end|>",
+           "<|tool_call_start|>[time()]"]  # fmt: skip
+    assert [_follows(tokenizer, made_plan, text) for text in bad] == [False] * len(bad)
+    assert _follows(tokenizer, made_plan, "<|tool_call_start|>[flag(on=True, note='a, b')]"
+                    "<|tool_call_end|>")  # fmt: skip
+    one = made_plan.calls("<|tool_call_start|>[flag(on=True, note='a, b')]<|tool_call_end|>", "c")
+    assert [json.loads(c.function.arguments) for c in one or []] == [{"on": True, "note": "a, b"}]
+    assert marked(made_plan, SimpleNamespace(harmony=None))  # type: ignore[arg-type]
 
 
 MISTRAL_TEMPLATE = """{{ tools | length }}{% for m in messages %}

@@ -16,6 +16,7 @@ from kiln_platform.gateway._call_formats import (
     MistralArgs,
 )
 from kiln_platform.gateway._harmony import harmony_ids
+from kiln_platform.gateway._python_calls import Pythonic
 from kiln_platform.gateway._tagged_calls import GLM, GLM47, MINIMAX, SEED, XML
 
 if TYPE_CHECKING:
@@ -35,9 +36,11 @@ def taught(template: str, tokenizer: Tokenizer) -> CallFormat:
         return tagged
     if '"parameters": dictionary of argument name' in template:
         return JSON
-    prefix, suffix = (tokenizer.token_to_id(t) for t in (Apertus.open, "<|tools_suffix|>"))
-    if prefix is not None and suffix is not None and Apertus.open in template:
-        return Apertus(prefix, suffix)
+    for made, tags in ((Apertus, (Apertus.open, "<|tools_suffix|>")),
+                       (Pythonic, (Pythonic.open, "<|tool_call_end|>"))):  # fmt: skip
+        ids = [tokenizer.token_to_id(tag) for tag in tags]
+        if tags[0] in template and ids[0] is not None and ids[1] is not None:
+            return made(ids[0], ids[1])
     return _mistral(template, tokenizer)
 
 

@@ -277,27 +277,28 @@ def test_mistrals_special_call_token_opens_its_calls_in_the_worker(tmp_path: Pat
      ("GLM", ("<tool_call>", "</tool_call>", "<arg_key>", "</arg_key>", "<arg_value>",
               "</arg_value>")),
      ("MINIMAX", ("<minimax:tool_call>", "</minimax:tool_call>")),
-     ("Apertus", ("<|tools_prefix|>", "<|tools_suffix|>"))],
+     ("Apertus", ("<|tools_prefix|>", "<|tools_suffix|>")),
+     ("Pythonic", ("<|tool_call_start|>", "<|tool_call_end|>"))],
 )  # fmt: skip
 def test_tag_shaped_calls_are_drawn_through_their_added_tokens(
     tmp_path: Path, name: str, tags: tuple[str, ...]
 ) -> None:
     """Seed-OSS's, GLM's and MiniMax-M2's tags are added tokens their text shows, Apertus's
-    special ones (which its chat's text keeps): once the opening tag is drawn, the mask holds
-    the rest to a call of an offered function, whatever the logits, and the call reads back
-    with its arguments typed."""
+    and LFM2's special ones (which their chat's text keeps): once the opening tag is drawn,
+    the mask holds the rest to a call of an offered function, whatever the logits, and the
+    call reads back with its arguments typed."""
     from tokenizers import AddedToken
 
-    from kiln_platform.gateway import _call_formats, _tagged_calls
+    from kiln_platform.gateway import _call_formats, _python_calls, _tagged_calls
     from kiln_platform.gateway._structured import _compile
     from kiln_platform.gateway._tools import plan
 
     tok = byte_bpe(["<function=f>\n<parameter=x>", '<invoke name="f">', "it is sunny"] * 50)
-    special = name == "Apertus"
-    tok.add_tokens([AddedToken(t, special=special) for t in tags])
+    made_by = {"Apertus": _call_formats.Apertus, "Pythonic": _python_calls.Pythonic}.get(name)
+    tok.add_tokens([AddedToken(t, special=made_by is not None) for t in tags])
     vocabulary = tok.get_vocab(with_added_tokens=True)
     opening = vocabulary[tags[0]]
-    call_format = (_call_formats.Apertus(opening, vocabulary[tags[1]]) if special
+    call_format = (made_by(opening, vocabulary[tags[1]]) if made_by
                    else getattr(_tagged_calls, name))  # fmt: skip
     path = tmp_path / "tokenizer.json"
     tok.save(str(path))
