@@ -516,6 +516,35 @@ def test_lfm2_calls_are_a_python_list_between_its_tokens(tokenizer: Tokenizer) -
     assert marked(made_plan, SimpleNamespace(harmony=None))  # type: ignore[arg-type]
 
 
+def test_tags_a_tokenizer_has_as_special_tokens_are_those_tokens(tmp_path: Path) -> None:
+    """Some fine-tunes' ``<tool_call>`` (and GLM-4.7's tags) are special tokens: the grammar
+    names them by id (text cannot spell them), and the chat's text keeps them (``marked``),
+    as vLLM turns ``skip_special_tokens`` off; words before and a text answer as before."""
+    glm = ("<tool_call>", "</tool_call>", "<arg_key>", "</arg_key>", "<arg_value>", "</arg_value>")
+    tok = byte_bpe([JSON_CALL, "It is sunny in Oslo.", "weather city Oslo"] * 20)
+    tok.add_tokens([AddedToken(t, special=True, normalized=False) for t in glm])
+    hermes = taught("{{ tools }}", tok)
+    assert hermes.marked
+    assert set(hermes.specials) == {"<tool_call>", "</tool_call>"}
+    call = '<tool_call>\n{"name": "weather", "arguments": {"city": "Oslo"}}\n</tool_call>'
+    made = _plan(hermes)
+    for text in ("It is sunny.", call, f"Let me look.\n{call}", f"{call}\n{call}"):
+        assert _follows(tok, made, text), text
+    assert not _follows(tok, made, call.replace("Oslo", "Oslo\n"))
+    assert [c.function.name for c in made.calls(f"Let me look.\n{call}", "c") or []] == ["weather"]
+    assert made.preface(f"Let me look.\n{call}") == "Let me look."
+    assert marked(made, SimpleNamespace(harmony=None))  # type: ignore[arg-type]
+    glm47 = taught("<arg_key>{k}</arg_key><arg_value>{v}</arg_value>", tok)
+    assert glm47.specials.keys() == set(glm)
+    said = "<tool_call>weather<arg_key>city</arg_key><arg_value>Oslo</arg_value></tool_call>"
+    assert _follows(tok, _plan(glm47), f"Sure.{said}")
+    assert not _follows(tok, _plan(glm47), said.replace("city", "town"))
+    assert [json.loads(c.function.arguments) for c in _plan(glm47).calls(said, "c") or []] == [
+        {"city": "Oslo"}
+    ]  # fmt: skip
+    assert taught("{{ tools }}", byte_bpe(["x"])).specials == {}
+
+
 MISTRAL_TEMPLATE = """{{ tools | length }}{% for m in messages %}
 {%- if m.tool_calls %}[TOOL_CALLS] {% for c in m.tool_calls %}{% if c.id | length != 9 %}
 {{- raise_exception("Tool call IDs should be alphanumeric strings with length 9!") }}{% endif %}

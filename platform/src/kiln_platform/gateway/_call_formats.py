@@ -24,11 +24,15 @@ Each holds a call's name to the offered functions and its arguments to the funct
 
 from __future__ import annotations
 
+import copy
 import json
 import re
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kiln_platform.gateway._structured import JSON_STYLE
+
+if TYPE_CHECKING:
+    from tokenizers import Tokenizer
 
 
 def held(schema: dict[str, Any]) -> str:
@@ -54,7 +58,32 @@ class CallFormat:
     marked = False
     """Its tags are special tokens: a chat's text keeps them when it may call (vLLM's parsers
     turn ``skip_special_tokens`` off for theirs)."""
+    specials: dict[str, int] = {}  # noqa: RUF012 (replaced, never changed)
+    """Its tags the model's tokenizer has as special tokens, and their ids (``spoken``)."""
     _call = re.compile(r"<tool_call>\n(.*?)\n</tool_call>", re.DOTALL)
+
+    def tags(self) -> tuple[str, ...]:
+        """The tags its grammar writes as text (a tokenizer may have them as special tokens)."""
+        return ("<tool_call>", "</tool_call>")
+
+    def spoken(self, tokenizer: Tokenizer) -> CallFormat:
+        """This format for ``tokenizer``: a tag it has as a special token (Hermes' in some
+        fine-tunes) is that token in the grammar, and kept in the chat's text (``marked``)."""
+        found = {t.content: i for i, t in tokenizer.get_added_tokens_decoder().items()
+                 if t.special and t.content in self.tags()}  # fmt: skip
+        if not found:
+            return self
+        made = copy.copy(self)
+        made.specials, made.marked = found, True
+        return made
+
+    def lit(self, text: str) -> str:
+        """``text`` as a Lark sequence: strings, and the special tokens among its tags."""
+        if not self.specials:
+            return json.dumps(text)
+        pieces = re.split("(" + "|".join(map(re.escape, self.specials)) + ")", text)
+        return " ".join(f"<[{self.specials[p]}]>" if p in self.specials else json.dumps(p)
+                        for p in pieces if p)  # fmt: skip
 
     def grammar(
         self, functions: dict[str, dict[str, Any]], answer: dict[str, Any] | None, parallel: bool
@@ -73,20 +102,25 @@ class CallFormat:
         opening, tag = lark_re(self.opening), lark_re(self.open)
         lines = [self.body(functions, parallel), f"OPENING: /[ \\t\\r\\n]{{0,4}}{opening}/",
                  "call: OPENING body"]  # fmt: skip
+        preface = [f"PREFACE: /(.|\\n)*{opening}/ & ~/(.|\\n)*{tag}(.|\\n)*{opening}/",
+                   "first: PREFACE body"]  # fmt: skip
+        if self.open in self.specials:  # a token no text lexeme holds: rules around it
+            said = self.lit(self.opening)
+            lines[1:] = ["GAP: /[ \\t\\r\\n]{1,4}/", f"call: GAP? {said} body"]
+            preface = [f"first: TEXT? {said} body"]
         many = parallel and not self.blocked
         if answered:
             lines.append("calls: call+" if many else "calls: call")
         else:
-            lines += [f"PREFACE: /(.|\\n)*{opening}/ & ~/(.|\\n)*{tag}(.|\\n)*{opening}/",
-                      "first: PREFACE body", "calls: first call*" if many
-                      else "calls: first"]  # fmt: skip
+            lines += [*preface, "calls: first call*" if many else "calls: first"]
         return "\n".join(lines) + "\n"
 
     def body(self, functions: dict[str, dict[str, Any]], parallel: bool) -> str:
         """Lark defining ``body``: a call past its opening (or, ``blocked``, the block's
         calls, one or (``parallel``) more)."""
         del parallel
-        return f'body: %json {held({"anyOf": schemas(functions, "arguments")})} "\\n</tool_call>"'
+        closed = self.lit("\n</tool_call>")
+        return f"body: %json {held({'anyOf': schemas(functions, 'arguments')})} {closed}"
 
     def free_text(self) -> str:
         """The ``TEXT`` lexeme: text that holds no call (or, unless ``prefaced``, opens none),

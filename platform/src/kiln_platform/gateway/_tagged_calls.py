@@ -25,6 +25,8 @@ from kiln_platform.gateway._call_formats import CallFormat, held, lark_re
 from kiln_platform.gateway._call_values import choices, raw
 
 _DEFS = ("$defs", "definitions")
+_TAG = re.compile(r"</?[\w:|]+>")
+"""A tag of a format's text (``<function=NAME>`` is none: its name varies)."""
 _NAME = r"([^<>\n]+)"
 """A function's or parameter's name in a call's text."""
 
@@ -46,14 +48,27 @@ class Tagged(CallFormat):
             f"{re.escape(key_0)}{_NAME}{re.escape(key_1)}(.*?){re.escape(end)}", re.DOTALL
         )
 
+    def tags(self) -> tuple[str, ...]:
+        parts = (self.opening, self.head, self.key, self.end, self.close)
+        return tuple(tag for part in parts for tag in _TAG.findall(part))
+
     def body(self, functions: dict[str, dict[str, Any]], parallel: bool) -> str:
         alternatives = " | ".join(f"f{i}" for i in range(len(functions)))
-        end = lark_re(self.end)
-        lines = [self.calls_in_body(parallel), f"one: ({alternatives}) {json.dumps(self.close)}",
-                 f"VALUE: /(.|\\n)*{end}/ & ~/(.|\\n)*{end}(.|\\n)+/"]  # fmt: skip
+        lines = [self.calls_in_body(parallel), f"one: ({alternatives}) {self.lit(self.close)}",
+                 *self._value()]  # fmt: skip
         for i, (name, params) in enumerate(functions.items()):
             lines.extend(self._function(f"f{i}", name, params))
         return "\n".join(lines)
+
+    def _value(self) -> list[str]:
+        """Lark defining ``value``: a raw value and the ``end`` after it (the first ``end``
+        ends it; a special token in ``end`` ends the text lexeme, which cannot hold it)."""
+        special = min((self.end.find(t) for t in self.specials if t in self.end), default=-1)
+        if special < 0:
+            end = lark_re(self.end)
+            return ["value: VALUE", f"VALUE: /(.|\\n)*{end}/ & ~/(.|\\n)*{end}(.|\\n)+/"]
+        before = lark_re(self.end[:special])
+        return [f"value: VALUE {self.lit(self.end[special:])}", f"VALUE: /(.|\\n)*{before}/"]
 
     def calls_in_body(self, parallel: bool) -> str:
         """Lark defining ``body`` by ``one``, a call and its ``close``."""
@@ -64,23 +79,23 @@ class Tagged(CallFormat):
         """Lark for one function's call: its declared parameters in order, the required ones
         required; an object that declares none takes any, as raw text. ``VALUE`` is a raw
         value and the ``end`` after it (the first ``end`` ends it)."""
-        head = json.dumps(self.head.format(name))
+        head = self.lit(self.head.format(name))
         properties = params.get("properties")
         if not isinstance(properties, dict):
-            before, after = (json.dumps(part) for part in self.key.split("{}"))
+            before, after = (self.lit(part) for part in self.key.split("{}"))
             return [f"{rule}: {head} {rule}_any*",
-                    f'{rule}_any: {before} /[^<>\\n]+/ {after} VALUE']  # fmt: skip
+                    f'{rule}_any: {before} /[^<>\\n]+/ {after} value']  # fmt: skip
         required = set(params.get("required", []))
         defs = {key: params[key] for key in _DEFS if key in params}
-        end = json.dumps(self.end)
+        end = self.lit(self.end)
         parts, lines = [], []
         for j, (key, schema) in enumerate(properties.items()):
             given = choices(schema) if isinstance(schema, dict) else None
             if given:
-                value = "(" + " | ".join(json.dumps(c + self.end) for c in given) + ")"
+                value = "(" + " | ".join(f"{json.dumps(c)} {end}" for c in given) + ")"
             else:
-                value = "VALUE" if raw(schema) else f"%json {held(schema | defs)} {end}"
-            lines.append(f"{rule}_{j}: {json.dumps(self.key.format(key))} {value}")
+                value = "value" if raw(schema) else f"%json {held(schema | defs)} {end}"
+            lines.append(f"{rule}_{j}: {self.lit(self.key.format(key))} {value}")
             parts.append(f"{rule}_{j}" + ("" if key in required else "?"))
         return [f"{rule}: {head} {' '.join(parts)}", *lines]
 
@@ -111,7 +126,10 @@ class Block(Tagged):
         )
 
     def calls_in_body(self, parallel: bool) -> str:
-        return f"body: one{'+' if parallel else ''} {json.dumps(self.last)}"
+        return f"body: one{'+' if parallel else ''} {self.lit(self.last)}"
+
+    def tags(self) -> tuple[str, ...]:
+        return (*super().tags(), self.last)
 
     def read(self, text: str, functions: dict[str, dict[str, Any]]) -> list[tuple[str, Any]]:
         """The calls in the block (words before it may spell a call's tags)."""

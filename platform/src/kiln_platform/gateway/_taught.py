@@ -27,13 +27,14 @@ GRANITE = "<|tool_call|>"
 
 
 def taught(template: str, tokenizer: Tokenizer) -> CallFormat:
-    """The format ``template`` teaches."""
+    """The format ``template`` teaches (its tags the tokenizer's special tokens, where they
+    are, ``CallFormat.spoken``)."""
     harmony, constrain = harmony_ids(tokenizer), tokenizer.token_to_id("<|constrain|>")
     if harmony is not None and constrain is not None:
         return HarmonyCalls(harmony, constrain)
     tagged = _tagged(template)
     if tagged is not None:
-        return tagged
+        return tagged.spoken(tokenizer)
     if '"parameters": dictionary of argument name' in template:
         return JSON
     for made, tags in ((Apertus, (Apertus.open, "<|tools_suffix|>")),
@@ -64,7 +65,9 @@ def _mistral(template: str, tokenizer: Tokenizer) -> CallFormat:
     mistral, args = tokenizer.token_to_id(Mistral.marker), tokenizer.token_to_id("[ARGS]")
     granite = tokenizer.token_to_id(GRANITE)
     if mistral is None or Mistral.marker not in template:
-        return HERMES if granite is None or GRANITE not in template else Mistral(granite, GRANITE)
+        if granite is None or GRANITE not in template:
+            return HERMES.spoken(tokenizer)
+        return Mistral(granite, GRANITE)
     if "[ARGS]" not in template:
         return Mistral(mistral)
-    return MistralArgs(mistral, args) if args is not None else HERMES
+    return MistralArgs(mistral, args) if args is not None else HERMES.spoken(tokenizer)

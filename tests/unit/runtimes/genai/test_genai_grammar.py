@@ -277,6 +277,8 @@ def test_mistrals_special_call_token_opens_its_calls_in_the_worker(tmp_path: Pat
      ("GLM", ("<tool_call>", "</tool_call>", "<arg_key>", "</arg_key>", "<arg_value>",
               "</arg_value>")),
      ("MINIMAX", ("<minimax:tool_call>", "</minimax:tool_call>")),
+     ("GLM47*", ("<tool_call>", "</tool_call>", "<arg_key>", "</arg_key>", "<arg_value>",
+                 "</arg_value>")),
      ("Apertus", ("<|tools_prefix|>", "<|tools_suffix|>")),
      ("Pythonic", ("<|tool_call_start|>", "<|tool_call_end|>"))],
 )  # fmt: skip
@@ -284,9 +286,9 @@ def test_tag_shaped_calls_are_drawn_through_their_added_tokens(
     tmp_path: Path, name: str, tags: tuple[str, ...]
 ) -> None:
     """Seed-OSS's, GLM's and MiniMax-M2's tags are added tokens their text shows, Apertus's
-    and LFM2's special ones (which their chat's text keeps): once the opening tag is drawn,
-    the mask holds the rest to a call of an offered function, whatever the logits, and the
-    call reads back with its arguments typed."""
+    and LFM2's special ones (which their chat's text keeps), and GLM's may be: once the
+    opening tag is drawn, the mask holds the rest to a call of an offered function, whatever
+    the logits, and the call reads back with its arguments typed."""
     from tokenizers import AddedToken
 
     from kiln_platform.gateway import _call_formats, _python_calls, _tagged_calls
@@ -295,11 +297,12 @@ def test_tag_shaped_calls_are_drawn_through_their_added_tokens(
 
     tok = byte_bpe(["<function=f>\n<parameter=x>", '<invoke name="f">', "it is sunny"] * 50)
     made_by = {"Apertus": _call_formats.Apertus, "Pythonic": _python_calls.Pythonic}.get(name)
-    tok.add_tokens([AddedToken(t, special=made_by is not None) for t in tags])
+    special = made_by is not None or name.endswith("*")  # GLM-4.7's tags as special tokens
+    tok.add_tokens([AddedToken(t, special=special) for t in tags])
     vocabulary = tok.get_vocab(with_added_tokens=True)
     opening = vocabulary[tags[0]]
     call_format = (made_by(opening, vocabulary[tags[1]]) if made_by
-                   else getattr(_tagged_calls, name))  # fmt: skip
+                   else getattr(_tagged_calls, name.rstrip("*")).spoken(tok))  # fmt: skip
     path = tmp_path / "tokenizer.json"
     tok.save(str(path))
     tools = plan([{"type": "function", "function": {"name": "f", "parameters": {
