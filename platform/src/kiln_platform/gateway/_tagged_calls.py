@@ -77,8 +77,7 @@ class Tagged(CallFormat):
 
     def _function(self, rule: str, name: str, params: dict[str, Any]) -> list[str]:
         """Lark for one function's call: its declared parameters in order, the required ones
-        required; an object that declares none takes any, as raw text. ``VALUE`` is a raw
-        value and the ``end`` after it (the first ``end`` ends it)."""
+        required; an object that declares none takes any, as raw text (``value``)."""
         head = self.lit(self.head.format(name))
         properties = params.get("properties")
         if not isinstance(properties, dict):
