@@ -754,6 +754,38 @@ def test_a_gpt_oss_shaped_answer_is_split_by_its_channels(
         assert "".join(d.content or "" for d in chunks) == said[0]
 
 
+def test_a_gpt_oss_thinking_budget_ends_its_analysis(
+    kiln: KilnProcess, built: dict[str, dict[str, Any]], sources: dict[str, Path]
+) -> None:
+    """``thinking_token_budget`` on harmony's channels: an analysis message the model would
+    not end (a bias keeps ``<|end|>`` away) runs to ``max_tokens`` without it; with it, the
+    worker ends it and writes the final message's header, and the answer is the schema's."""
+    from tokenizers import Tokenizer
+
+    assert built["harmony"]["status"] == "done", built["harmony"]
+    name, client = "tiny-harmony", _openai(kiln)
+    kiln.wait_until_serving(name, path="completions")
+    tokenizer = Tokenizer.from_file(str(sources["harmony"] / "tokenizer.json"))
+    end = tokenizer.token_to_id("<|end|>")
+    analysis = tokenizer.encode("analysis", add_special_tokens=False).ids
+    schema = {"type": "object", "properties": {"a": {"type": "integer", "minimum": 0,
+              "maximum": 9}}, "required": ["a"], "additionalProperties": False}  # fmt: skip
+    asked: dict[str, Any] = {
+        "model": name, "messages": [{"role": "user", "content": "a cat"}], "max_tokens": 40,
+        "response_format": {"type": "json_schema", "json_schema": {"name": "a", "schema": schema}},
+        "logit_bias": {end: -100, analysis[0]: 50}, "temperature": 1, "seed": 3,
+    }  # fmt: skip
+    free = client.chat.completions.create(**asked).choices[0]
+    assert (free.finish_reason, free.message.content or "") == ("length", "")
+    done = client.chat.completions.create(**asked, extra_body={"thinking_token_budget": 4})
+    message = done.choices[0].message
+    assert set(json.loads(message.content or "")) == {"a"}, message
+    assert done.usage is not None
+    assert done.usage.completion_tokens_details is not None
+    header = 1 + len(analysis) + 1  # <|channel|>analysis<|message|>
+    assert done.usage.completion_tokens_details.reasoning_tokens == header + 4 + 1  # and <|end|>
+
+
 def test_a_reasoning_models_message_has_thinking_blocks(
     kiln: KilnProcess, built: dict[str, dict[str, Any]]
 ) -> None:

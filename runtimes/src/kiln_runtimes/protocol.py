@@ -178,12 +178,16 @@ MAX_LOGPROBS = 20
 class ThinkBudget(msgspec.Struct, frozen=True, kw_only=True, array_like=True):
     """A reasoning model's reasoning budget: once ``tokens`` tokens are written inside its
     reasoning (after ``open``, or from the start when ``inside``: the prompt left it open), the
-    next token drawn is ``close``."""
+    next token drawn is ``close``, then the tokens of ``then`` (gpt-oss's header of its final
+    message). ``open`` opens it only right after ``after`` (harmony's ``<|message|>`` after
+    ``analysis``), if given."""
 
     open: int
     close: int
     tokens: int
     inside: bool
+    after: int = -1
+    then: tuple[int, ...] = ()
 
 
 class GenerateRequest(_Call, frozen=True, kw_only=True):

@@ -7,12 +7,14 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from kiln_platform.errors import BadRequest
-from kiln_platform.gateway._reasoning import Split, Think
+from kiln_platform.gateway._reasoning import Split
 from kiln_platform.gateway.llm_schemas import ChatCompletionRequest, CompletionRequest
 from kiln_runtimes.protocol import MAX_LOGPROBS, ThinkBudget
 
 if TYPE_CHECKING:
     from collections.abc import Mapping, Sequence
+
+    from kiln_platform.gateway._textmodel import TextModel
 
 MAX_N = 16
 """Choices one request may ask for (each is its own sequence on a worker)."""
@@ -197,17 +199,34 @@ def sampling(
 
 
 def think_budget(
-    request: ChatCompletionRequest | CompletionRequest, think: Think | None,
+    request: ChatCompletionRequest | CompletionRequest, model: TextModel | None,
     prompt: Sequence[int],
 ) -> ThinkBudget | None:  # fmt: skip
-    """vLLM's ``thinking_token_budget`` of a chat on a model that reasons in tags (``think``:
-    their ids; a model that does not reason ignores it): its reasoning is closed once it has
-    written so many tokens (0: at once). A negative budget is a 400 naming it."""
+    """vLLM's ``thinking_token_budget`` of a chat (``model``: the chat's; ``None``, or a model
+    that does not reason, ignores it): its reasoning is closed once it has written so many
+    tokens (0: at once). A negative budget is a 400 naming it."""
     budget = getattr(request, "thinking_token_budget", None)
-    if budget is None or think is None:
+    if budget is None or model is None or not model.reasons:
         return None
     if budget < 0:
         raise BadRequest("'thinking_token_budget' must be at least 0.",
                          param="thinking_token_budget")  # fmt: skip
+    if model.harmony is not None:
+        return _harmony_budget(model, model.harmony, budget)
+    think = model.think
+    assert think is not None  # it reasons, in tags
     inside = Split.after(think, prompt).state == "inside"
-    return ThinkBudget(open=think[0], close=think[1], tokens=budget, inside=inside)
+    return ThinkBudget(open=think.open_id, close=think.close_id, tokens=budget, inside=inside)
+
+
+def _harmony_budget(
+    model: TextModel, harmony: tuple[int, int, int, int], budget: int
+) -> ThinkBudget:
+    """gpt-oss's: its analysis message (counted from the ``<|message|>`` right after
+    ``analysis``) is ended by ``<|end|>``, and the final message's header follows."""
+    start, channel, message, end = harmony
+    word = {w: model.tokenizer.encode(w, add_special_tokens=False).ids
+            for w in ("analysis", "assistant", "final")}  # fmt: skip
+    then = (start, *word["assistant"], channel, *word["final"], message)
+    return ThinkBudget(open=message, close=end, tokens=budget, inside=False,
+                       after=word["analysis"][-1], then=then)  # fmt: skip

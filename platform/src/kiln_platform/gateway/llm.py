@@ -371,7 +371,7 @@ async def prepare(
         request, admission.request_id, prompts=prompts, echoes=echoes, plan=plan,
         context=version.context_length, adapter=adapter,
         tenant=str(admission.principal.tenant_id), grammar=grammar,
-        think_budget=think_budget(request, model.think if chat else None, prompts[0]),
+        think_budget=think_budget(request, model if chat else None, prompts[0]),
     )  # fmt: skip
     prompt_tokens = sum(len(prompt) for prompt in prompts)
     most = Quantities(input_tokens=prompt_tokens,

@@ -91,6 +91,9 @@ class Processor:
         """Inside the reasoning now (a budget's); whether it was ever opened."""
         self.thought = 0
         """Tokens written inside it."""
+        self.last = -1
+        self.forced: tuple[int, ...] = ()
+        """Tokens still to be drawn, in order, after a spent budget's close."""
 
     def record(self, token: int) -> None:
         """Count a generated token."""
@@ -98,14 +101,18 @@ class Processor:
         self.counts[token] = self.counts.get(token, 0) + 1
         if self.shaping.repeats:
             self.seen.add(token)
-        think = self.shaping.think
+        think, last, self.last = self.shaping.think, self.last, token
         if think is None:
             return
-        if self.thinking:
+        if self.forced:
+            self.forced = self.forced[1:]
+        elif self.thinking:
             self.thinking = token != think.close
             self.thought += self.thinking
-        elif token == think.open and not self.opened:  # opened (once) by the model
-            self.thinking = self.opened = True
+            if not self.thinking and self.thought >= think.tokens:  # the budget closed it
+                self.forced = think.then
+        elif token == think.open and not self.opened and think.after in (-1, last):
+            self.thinking = self.opened = True  # opened (once) by the model
 
     def apply(self, logits: npt.NDArray[np.float32]) -> npt.NDArray[np.float32]:
         s, out = self.shaping, logits.astype(np.float32, copy=True)
@@ -125,6 +132,9 @@ class Processor:
         if self.thinking and s.think is not None and self.thought >= s.think.tokens:
             out.fill(-np.inf)  # the budget is spent: the reasoning closes
             out[s.think.close] = 0.0
+        elif self.forced:
+            out.fill(-np.inf)
+            out[self.forced[0]] = 0.0
         return out
 
 

@@ -229,3 +229,43 @@ def test_a_spent_thinking_budget_forces_the_close(
         processor.record(token)
     processor.record(CLOSE)
     assert not np.isneginf(processor.apply(row)[:CLOSE]).any()  # closed: free again
+
+
+@pytest.mark.parametrize("budget", [0, 3])
+def test_gpt_oss_budget_ends_its_analysis_with_the_final_header(budget: int) -> None:
+    """gpt-oss's analysis message, counted from its ``<|message|>`` (right after ``analysis``),
+    is ended by ``<|end|>`` once the budget is spent, then the final message's header is drawn,
+    whatever the logits; another message opens nothing."""
+    from types import SimpleNamespace
+
+    from tokenizers import AddedToken
+
+    from kiln_platform.gateway._harmony import harmony_ids
+    from kiln_platform.gateway._sampling import think_budget
+    from kiln_platform.gateway.llm_schemas import ChatCompletionRequest
+    from tests.factories import byte_bpe
+
+    tok = byte_bpe(["analysis assistant final hmm so", "It is sunny"] * 20)
+    tok.add_special_tokens([AddedToken(m, special=True) for m in
+                            ("<|start|>", "<|channel|>", "<|message|>", "<|end|>")])  # fmt: skip
+    model = SimpleNamespace(harmony=harmony_ids(tok), think=None, reasons=True, tokenizer=tok)
+    asked = ChatCompletionRequest(model="m", messages=[], thinking_token_budget=budget)
+    made = think_budget(asked, model, [1])  # type: ignore[arg-type]
+    assert made is not None
+    ids = tok.encode("<|message|>so<|channel|>analysis<|message|>hmm so hmm so hmm so",
+                     add_special_tokens=False).ids  # fmt: skip
+    processor, vocab = Processor(Shaping(think=made), [1]), tok.get_vocab_size()
+    row, drawn = np.zeros(vocab, np.float32), list[int]()
+    for given in [*ids, *[ids[-1]] * 10]:
+        shaped = processor.apply(row)
+        forced = np.isneginf(shaped).sum() == vocab - 1
+        token = int(np.argmax(shaped)) if forced else given
+        processor.record(token)
+        drawn.append(token)
+    text = tok.decode(drawn, skip_special_tokens=False)
+    head = "<|message|>so<|channel|>analysis<|message|>"
+    assert text.startswith(head), text
+    thought = text[len(head) :].split("<|end|>")[0]
+    assert len(tok.encode(thought, add_special_tokens=False).ids) == budget, text
+    assert "<|end|><|start|>assistant<|channel|>final<|message|>" in text, text
+    assert text.count("<|end|>") == 1, text
