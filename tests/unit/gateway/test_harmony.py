@@ -11,9 +11,9 @@ import pytest
 from tokenizers import AddedToken, Tokenizer
 
 from kiln_platform.gateway._call_formats import HarmonyCalls
-from kiln_platform.gateway._harmony import Harmony, after_analysis, harmony_ids
+from kiln_platform.gateway._harmony import Harmony, harmony_ids
 from kiln_platform.gateway._prompts import stops
-from kiln_platform.gateway._structured import _compile, after_thought
+from kiln_platform.gateway._structured import _compile, after_analysis, after_thought
 from kiln_platform.gateway._taught import taught
 from kiln_platform.gateway._textmodel import load_text_model
 from kiln_platform.gateway._tools import ToolPlan, plan

@@ -55,12 +55,15 @@ class CallFormat:
     """Words may come before the calls (the answer's text, then its calls)."""
     blocked = False
     """One block holds all the calls (else each call is a block of its own)."""
-    marked = False
-    """Its tags are special tokens: a chat's text keeps them when it may call (vLLM's parsers
-    turn ``skip_special_tokens`` off for theirs)."""
     specials: dict[str, int] = {}  # noqa: RUF012 (replaced, never changed)
     """Its tags the model's tokenizer has as special tokens, and their ids (``spoken``)."""
     _call = re.compile(r"<tool_call>\n(.*?)\n</tool_call>", re.DOTALL)
+
+    @property
+    def marked(self) -> bool:
+        """Its tags are special tokens: a chat's text keeps them when it may call (vLLM's
+        parsers turn ``skip_special_tokens`` off for theirs)."""
+        return bool(self.specials)
 
     def tags(self) -> tuple[str, ...]:
         """The tags its grammar writes as text (a tokenizer may have them as special tokens)."""
@@ -74,7 +77,7 @@ class CallFormat:
         if not found:
             return self
         made = copy.copy(self)
-        made.specials, made.marked = found, True
+        made.specials = found
         return made
 
     def lit(self, text: str) -> str:
@@ -292,25 +295,37 @@ class MistralArgs(CallFormat):
         return calls
 
 
-class Apertus(CallFormat):
-    """Apertus's calls: its ``<|tools_prefix|>`` token, a JSON list of ``{NAME: arguments}``
-    objects, its ``<|tools_suffix|>`` token; words may come before. The tokens are special,
-    so a chat's text keeps them (``marked``), as vLLM's ``apertus`` parser asks."""
+class Bracketed(CallFormat):
+    """Calls between two special tokens of the model's tokenizer, ``open`` and ``close``, words
+    before them; the chat's text keeps the tokens (``marked``), as vLLM's parsers ask."""
 
-    open = "<|tools_prefix|>"
-    pattern = lark_re(open)
-    marked = True
+    close = ""
 
-    def __init__(self, prefix_id: int, suffix_id: int) -> None:
-        self.prefix_id, self.suffix_id = prefix_id, suffix_id
+    def __init__(self, open_id: int, close_id: int) -> None:
+        self.specials = {self.open: open_id, self.close: close_id}
+        self.pattern = lark_re(self.open)
 
     def rules(self, functions: dict[str, dict[str, Any]], answered: bool, parallel: bool) -> str:
+        between, *lines = self.between(functions, parallel)
+        said = f"{self.lit(self.open)} {between} {self.lit(self.close)}"
+        return "\n".join([f"calls: {'BLANK?' if answered else 'TEXT?'} {said}", *lines]) + "\n"
+
+    def between(self, functions: dict[str, dict[str, Any]], parallel: bool) -> list[str]:
+        """Lark for the calls between the tokens, then lines defining the rules it names."""
+        raise NotImplementedError
+
+
+class Apertus(Bracketed):
+    """Apertus's calls: a JSON list of ``{NAME: arguments}`` objects between its
+    ``<|tools_prefix|>`` and ``<|tools_suffix|>`` (vLLM's ``apertus``)."""
+
+    open, close = "<|tools_prefix|>", "<|tools_suffix|>"
+
+    def between(self, functions: dict[str, dict[str, Any]], parallel: bool) -> list[str]:
         items = [{"type": "object", "properties": {name: params}, "required": [name],
                   "additionalProperties": False} for name, params in functions.items()]  # fmt: skip
         listed = {"type": "array", "items": {"anyOf": items}, "minItems": 1}
-        listed |= {} if parallel else {"maxItems": 1}
-        calls = f"<[{self.prefix_id}]> %json {held(listed)} <[{self.suffix_id}]>"
-        return f"calls: {'BLANK?' if answered else 'TEXT?'} {calls}\n"
+        return [f"%json {held(listed | ({} if parallel else {'maxItems': 1}))}"]
 
     def read(self, text: str, functions: dict[str, dict[str, Any]]) -> list[tuple[str, Any]]:
         del functions

@@ -40,20 +40,6 @@ def harmony_ids(tokenizer: Tokenizer) -> tuple[int, int, int, int] | None:
     return start, channel, message, end
 
 
-def after_analysis(grammar: str, ids: tuple[int, int, int, int]) -> str:
-    """A grammar (llguidance's JSON form) for the final channel's message, after an analysis
-    one the model may write first: vLLM's structured outputs after gpt-oss's reasoning."""
-    start, channel, message, end = ids
-    spec = json.loads(grammar) if grammar.lstrip().startswith("{") else None
-    parts = spec["grammars"] if spec is not None else [{"lark_grammar": grammar}]
-    wrapper = f"""start: analysis? <[{channel}]> "final" <[{message}]> @answer
-analysis: <[{channel}]> "analysis" <[{message}]> THOUGHT <[{end}]> <[{start}]> "assistant"
-THOUGHT: /(.|\\n)*/
-"""
-    grammars = [{"name": "harmony", "lark_grammar": wrapper}, {**parts[0], "name": "answer"}]
-    return json.dumps({**(spec or {}), "grammars": [*grammars, *parts[1:]]})
-
-
 @dataclass(slots=True)
 class Harmony(Split):
     """Feed an answer's text (its markers shown) as it comes; get the reasoning and the content

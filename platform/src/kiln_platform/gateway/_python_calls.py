@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from kiln_platform.gateway._call_formats import CallFormat, held, lark_re
+from kiln_platform.gateway._call_formats import Bracketed, held
 from kiln_platform.gateway._call_values import choices, raw
 
 _CONSTANTS = {"True": True, "False": False, "None": None}
@@ -19,24 +19,18 @@ _ANY = '(QUOTED | "True" | "False" | "None" | %json {})'
 """A value a parameter no schema describes may take."""
 
 
-class Pythonic(CallFormat):
+class Pythonic(Bracketed):
     """The format, bound to the ids of the tokens around the calls."""
 
-    open = "<|tool_call_start|>"
-    pattern = lark_re(open)
-    marked = True
+    open, close = "<|tool_call_start|>", "<|tool_call_end|>"
 
-    def __init__(self, start_id: int, end_id: int) -> None:
-        self.start_id, self.end_id = start_id, end_id
-
-    def rules(self, functions: dict[str, dict[str, Any]], answered: bool, parallel: bool) -> str:
+    def between(self, functions: dict[str, dict[str, Any]], parallel: bool) -> list[str]:
         listed = '"[" call (", " call)* "]"' if parallel else '"[" call "]"'
         alternatives = " | ".join(f"f{i}" for i in range(len(functions)))
-        lines = [f"calls: {'BLANK?' if answered else 'TEXT?'} <[{self.start_id}]> {listed} "
-                 f"<[{self.end_id}]>", f"call: {alternatives}", "QUOTED: /'[^']*'/"]  # fmt: skip
+        lines = [listed, f"call: {alternatives}", "QUOTED: /'[^']*'/"]
         for i, (name, params) in enumerate(functions.items()):
             lines.extend(_function(f"f{i}", name, params))
-        return "\n".join(lines) + "\n"
+        return lines
 
     def read(self, text: str, functions: dict[str, dict[str, Any]]) -> list[tuple[str, Any]]:
         del functions

@@ -108,7 +108,7 @@ def reasoning_tokens(
     splits its text: to the first ``</think>`` (all if it never closed) if the prompt left
     ``<think>`` open or the answer opens it after nothing but blank space; else none."""
     if Split.after(think, prompt).state != "inside":
-        at = next((i for i, t in enumerate(answer) if t == think[0]), None)
+        at = next((i for i, t in enumerate(answer) if t == think.open_id), None)
         if at is None or tokenizer.decode(list(answer[:at])).strip():
             return 0
-    return next((i + 1 for i, t in enumerate(answer) if t == think[1]), len(answer))
+    return next((i + 1 for i, t in enumerate(answer) if t == think.close_id), len(answer))

@@ -24,7 +24,6 @@ import anyio.to_thread
 import llguidance
 
 from kiln_platform.errors import BadRequest
-from kiln_platform.gateway._harmony import after_analysis
 from kiln_platform.gateway._reasoning import Split, Think
 
 if TYPE_CHECKING:
@@ -207,9 +206,25 @@ def after_thought(
         return grammar
     inside = Split.after(think, prompt).state == "inside"
     start = "thought GAP" if inside else f'("{think.open}" thought GAP)?'
+    lead = f"start: {start} @answer\n{THOUGHT.format(close=think.close)}"
+    return behind(grammar, "thinking", lead)
+
+
+def after_analysis(grammar: str, ids: tuple[int, int, int, int]) -> str:
+    """``grammar`` for gpt-oss's final channel's message, after an analysis one the model may
+    write first: vLLM's structured outputs after gpt-oss's reasoning."""
+    start, channel, message, end = ids
+    lead = f"""start: analysis? <[{channel}]> "final" <[{message}]> @answer
+analysis: <[{channel}]> "analysis" <[{message}]> THOUGHT <[{end}]> <[{start}]> "assistant"
+THOUGHT: /(.|\\n)*/
+"""
+    return behind(grammar, "harmony", lead)
+
+
+def behind(grammar: str, name: str, lead: str) -> str:
+    """``grammar`` (Lark, or llguidance's JSON form) after ``lead``, a Lark grammar that
+    names it ``@answer`` (its first grammar; any others kept), in llguidance's JSON form."""
     spec = json.loads(grammar) if grammar.lstrip().startswith("{") else None
     parts = spec["grammars"] if spec is not None else [{"lark_grammar": grammar}]
-    main = {**parts[0], "name": "answer"}
-    thought = THOUGHT.format(close=think.close)
-    wrapper = {"name": "thinking", "lark_grammar": f"start: {start} @answer\n{thought}"}
-    return json.dumps({**(spec or {}), "grammars": [wrapper, main, *parts[1:]]})
+    grammars = [{"name": name, "lark_grammar": lead}, {**parts[0], "name": "answer"}, *parts[1:]]
+    return json.dumps({**(spec or {}), "grammars": grammars})

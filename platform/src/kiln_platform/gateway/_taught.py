@@ -37,11 +37,10 @@ def taught(template: str, tokenizer: Tokenizer) -> CallFormat:
         return tagged.spoken(tokenizer)
     if '"parameters": dictionary of argument name' in template:
         return JSON
-    for made, tags in ((Apertus, (Apertus.open, "<|tools_suffix|>")),
-                       (Pythonic, (Pythonic.open, "<|tool_call_end|>"))):  # fmt: skip
-        ids = [tokenizer.token_to_id(tag) for tag in tags]
-        if tags[0] in template and ids[0] is not None and ids[1] is not None:
-            return made(ids[0], ids[1])
+    for made in (Apertus, Pythonic):
+        first, last = (tokenizer.token_to_id(tag) for tag in (made.open, made.close))
+        if made.open in template and first is not None and last is not None:
+            return made(first, last)
     return _mistral(template, tokenizer)
 
 

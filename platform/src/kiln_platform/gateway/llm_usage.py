@@ -53,7 +53,7 @@ def spent(gen: Generation, index: int, settled: dict[int, int] | None = None) ->
     if think is None or tokens is None:
         return 0
     count = reasoning_tokens(think, choice.request.prompt_ids, tokens, tokenizer)
-    closed = count > 0 and tokens[count - 1] == think[1]
+    closed = count > 0 and tokens[count - 1] == think.close_id
     if settled is not None and (closed or (not count and tokenizer.decode(list(tokens)).strip())):
         settled[index] = count
     return count

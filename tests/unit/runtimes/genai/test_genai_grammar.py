@@ -177,7 +177,7 @@ def test_a_reasoning_models_answer_follows_the_grammar_after_its_reasoning(
     think = Think(ids[tags[0]], ids[tags[1]], *tags)
     path = tmp_path / "tokenizer.json"
     tok.save(str(path))
-    prompt = [1, think[0]] if opened else [1]
+    prompt = [1, think.open_id] if opened else [1]
     vocab = tok.get_vocab_size()
     thought = []
     for seed in range(6):
